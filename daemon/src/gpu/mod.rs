@@ -1,0 +1,239 @@
+//! GPU backends: one trait, two implementations.
+//!
+//! * [`nvml::NvmlBackend`] talks to the NVIDIA driver through nvml-wrapper.
+//! * [`sim::SimBackend`] is a faithful model of NVML for A100/H100/H200 (the default
+//!   backend on hosts without NVIDIA GPUs). Its hardware state lives in a state file,
+//!   outside the daemon's database, because real MIG instances outlive a daemon restart.
+//!
+//! The trait is synchronous, like NVML. Callers serialise hardware changes per GPU.
+
+pub mod nvml;
+pub mod profiles;
+pub mod sim;
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// NVML return codes the daemon reacts to. Names follow `nvmlReturn_t`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NvmlCode {
+    Uninitialized,
+    InvalidArgument,
+    NotSupported,
+    NoPermission,
+    NotFound,
+    InsufficientResources,
+    InUse,
+    DriverNotLoaded,
+    LibraryNotFound,
+    GpuIsLost,
+    Unknown,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    /// An NVML call failed with a return code (the sim reproduces these codes).
+    #[error("{call} failed: NVML_ERROR_{code:?}: {detail}")]
+    Nvml {
+        call: &'static str,
+        code: NvmlCode,
+        detail: String,
+    },
+    #[error("no GPU with index {0}")]
+    NoSuchGpu(u32),
+    #[error("MIG mode is disabled on GPU {0}")]
+    MigDisabled(u32),
+    #[error("unknown GPU-instance profile id {profile_id} on GPU {gpu}")]
+    UnknownProfile { gpu: u32, profile_id: u32 },
+    #[error("NVIDIA driver not usable: {0}")]
+    DriverUnavailable(String),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: corrupt state file: {detail}")]
+    CorruptState { path: PathBuf, detail: String },
+    #[error("MPS control for {lease}: {detail}")]
+    Mps { lease: String, detail: String },
+}
+
+impl GpuError {
+    /// The NVML code, when the failure came from NVML (or the sim's model of it).
+    pub fn nvml_code(&self) -> Option<NvmlCode> {
+        match self {
+            GpuError::Nvml { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+}
+
+/// One physical GPU as the backend sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuInfo {
+    pub index: u32,
+    pub uuid: String,
+    /// Marketing name as NVML reports it, e.g. "NVIDIA H100 80GB HBM3".
+    pub name: String,
+    pub memory_bytes: u64,
+    /// Minor number of /dev/nvidia<N>.
+    pub minor: u32,
+    pub pci_bus_id: String,
+    pub mig_current: bool,
+    pub mig_pending: bool,
+    pub sm_count: u32,
+}
+
+/// A compute-instance profile available inside a GI profile.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CiProfile {
+    /// NVML CI profile id (`NVML_COMPUTE_INSTANCE_PROFILE_*`).
+    pub id: u32,
+    /// e.g. "1c", "2c", "7c".
+    pub name: String,
+    pub slices: u32,
+    pub max_count: u32,
+    pub sm_count: u32,
+}
+
+/// A possible placement: start and size in memory slices (8 per GPU).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Placement {
+    pub start: u32,
+    pub size: u32,
+}
+
+impl Placement {
+    pub fn end(&self) -> u32 {
+        self.start + self.size
+    }
+    pub fn overlaps(&self, other: &Placement) -> bool {
+        self.start < other.end() && other.start < self.end()
+    }
+}
+
+/// A GPU-instance profile as NVML reports it for one GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GiProfile {
+    /// NVML profile id (`NVML_GPU_INSTANCE_PROFILE_*`), e.g. 0 for 1 slice.
+    pub id: u32,
+    /// Name as `nvidia-smi mig -lgip` prints it, e.g. "1g.10gb", "1g.10gb+me".
+    pub name: String,
+    /// Compute slices (the "Ng" of the name).
+    pub slices: u32,
+    /// Memory slices (placement size).
+    pub memory_slices: u32,
+    pub memory_bytes: u64,
+    pub sm_count: u32,
+    pub max_count: u32,
+    /// Possible placements, from `nvmlDeviceGetGpuInstancePossiblePlacements`.
+    pub placements: Vec<Placement>,
+    pub ci_profiles: Vec<CiProfile>,
+    /// True for "+me" profiles (all media engines).
+    pub media_extensions: bool,
+}
+
+/// A MIG instance: one GI with (normally) one CI, created and destroyed as a unit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigInstance {
+    pub gpu: u32,
+    pub gi_id: u32,
+    pub gi_profile_id: u32,
+    pub placement: Placement,
+    /// None when a GI exists without a CI (a half-done create, or made by another tool).
+    pub ci_id: Option<u32>,
+    pub ci_profile_id: Option<u32>,
+    /// `MIG-<uuid>`; changes on every re-create.
+    pub uuid: String,
+    pub memory_bytes: u64,
+    pub sm_count: u32,
+}
+
+/// A process using a GPU or MIG instance.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuProcess {
+    pub pid: u32,
+    pub used_memory_bytes: u64,
+    /// Set when the process runs inside a MIG instance.
+    pub gi_id: Option<u32>,
+    pub ci_id: Option<u32>,
+}
+
+/// The nvidia-caps minors from `/proc/driver/nvidia-caps/mig-minors`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigMinors {
+    pub config: Option<u32>,
+    pub monitor: Option<u32>,
+    /// (gpu, gi) -> minor of `gpu<N>/gi<X>/access`.
+    pub gi_access: std::collections::BTreeMap<(u32, u32), u32>,
+    /// (gpu, gi, ci) -> minor of `gpu<N>/gi<X>/ci<Y>/access`.
+    pub ci_access: std::collections::BTreeMap<(u32, u32, u32), u32>,
+}
+
+/// Utilisation as NVML reports it (per GPU).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Utilization {
+    pub gpu_percent: u32,
+    pub memory_used_bytes: u64,
+}
+
+/// The limits of one MPS control daemon (one per MPS lease).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MpsSpec {
+    /// The lease the daemon belongs to.
+    pub lease_id: String,
+    pub gpu: u32,
+    pub gpu_uuid: String,
+    pub sm_percent: u32,
+    pub memory_bytes: u64,
+    pub pipe_dir: PathBuf,
+    pub log_dir: PathBuf,
+    /// uid that owns pipe and log dirs (the uid the container runs as); None = root.
+    pub owner_uid: Option<u32>,
+}
+
+/// A running MPS control daemon as the backend reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MpsDaemon {
+    pub spec: MpsSpec,
+    pub pid: Option<u32>,
+    pub running: bool,
+}
+
+/// The hardware interface. Every method maps to NVML calls (or the sim's model of them).
+pub trait GpuBackend: Send + Sync {
+    /// "nvml" or "sim".
+    fn name(&self) -> &'static str;
+    fn driver_version(&self) -> Result<String, GpuError>;
+    fn devices(&self) -> Result<Vec<GpuInfo>, GpuError>;
+    /// GI profiles supported on this GPU (empty when MIG is disabled), with their
+    /// possible placements and CI profiles.
+    fn gi_profiles(&self, gpu: u32) -> Result<Vec<GiProfile>, GpuError>;
+    /// Create a GI at an explicit placement and its CI as one unit: if the CI cannot
+    /// be created, the GI is destroyed again before the error is returned.
+    /// `ci_profile_id` None = the CI profile that spans the whole GI.
+    fn create_instance(
+        &self,
+        gpu: u32,
+        gi_profile_id: u32,
+        placement: Placement,
+        ci_profile_id: Option<u32>,
+    ) -> Result<MigInstance, GpuError>;
+    /// Destroy a GI's CIs then the GI. Fails with IN_USE while processes run in it.
+    fn destroy_instance(&self, gpu: u32, gi_id: u32) -> Result<(), GpuError>;
+    fn instances(&self, gpu: u32) -> Result<Vec<MigInstance>, GpuError>;
+    fn processes(&self, gpu: u32) -> Result<Vec<GpuProcess>, GpuError>;
+    fn mig_minors(&self) -> Result<MigMinors, GpuError>;
+    fn utilization(&self, gpu: u32) -> Result<Utilization, GpuError>;
+
+    /// Start one MPS control daemon with the spec's limits as the daemon-side
+    /// defaults (`set_default_active_thread_percentage`,
+    /// `set_default_device_pinned_mem_limit`). Idempotent for the same lease.
+    fn mps_start(&self, spec: &MpsSpec) -> Result<MpsDaemon, GpuError>;
+    /// Stop it cleanly (`quit`). Idempotent: stopping a stopped daemon is Ok.
+    fn mps_stop(&self, lease_id: &str) -> Result<(), GpuError>;
+    /// The MPS daemons the backend knows of (the sim's state file, or pid files).
+    fn mps_daemons(&self) -> Result<Vec<MpsDaemon>, GpuError>;
+}

@@ -1,0 +1,1 @@
+//! NVML backend (nvml-wrapper). SCAFFOLD: replaced by the gpu work.

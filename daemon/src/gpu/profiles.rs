@@ -1,0 +1,1 @@
+//! Reference MIG tables the simulator reproduces (shared/reference/mig-mps.md).

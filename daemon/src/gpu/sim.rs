@@ -1,0 +1,1 @@
+//! Simulated GPUs: a faithful model of NVML. SCAFFOLD: replaced by the gpu work.

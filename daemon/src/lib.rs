@@ -1,0 +1,9 @@
+//! tesserad: the Tessera node daemon as a library (the binary is a thin `main`).
+
+pub mod api;
+pub mod config;
+pub mod gpu;
+pub mod lease;
+pub mod mps;
+pub mod partition;
+pub mod store;

@@ -1,0 +1,58 @@
+//! Partitions and placement: shapes, the placement planner, MPS admission.
+//!
+//! Pure logic over plain data: it never calls the backend. The lease manager builds a
+//! [`GpuView`] per GPU from the backend and its own records, asks [`plan`] where a shape
+//! goes, and then performs the hardware change itself.
+
+pub mod planner;
+
+pub use planner::{plan, PlanDecision, PlanError, PlanOptions, Strategy};
+
+use serde::{Deserialize, Serialize};
+
+use crate::gpu::{GiProfile, GpuInfo, Placement};
+
+/// What a tenant asks for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Shape {
+    /// A MIG instance of a GI profile (e.g. "1g.10gb"), optionally one CI profile
+    /// inside it (e.g. "1c"); None = the CI spanning the whole GI.
+    Mig {
+        profile: String,
+        compute_profile: Option<String>,
+    },
+    /// An MPS share: SM percentage 1..=100 and a device-memory limit in bytes.
+    Mps { sm_percent: u32, memory_bytes: u64 },
+    /// The whole GPU: excludes any other partition on it.
+    WholeGpu,
+}
+
+/// A MIG instance that exists on a GPU (leased, or free in the static pool).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OccupiedMig {
+    pub gi_profile_id: u32,
+    pub placement: Placement,
+    /// Some(partition id) when it is a free static-pool partition a lease may take.
+    pub free_static: Option<String>,
+}
+
+/// One MPS share on a GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MpsShare {
+    pub sm_percent: u32,
+    pub memory_bytes: u64,
+}
+
+/// Everything the planner needs to know about one GPU.
+#[derive(Debug, Clone)]
+pub struct GpuView {
+    pub info: GpuInfo,
+    /// GI profiles NVML reports for this GPU (empty when MIG is off).
+    pub profiles: Vec<GiProfile>,
+    /// MIG instances present (leased, pending, or free static ones).
+    pub mig: Vec<OccupiedMig>,
+    pub mps: Vec<MpsShare>,
+    /// A whole-GPU lease holds this GPU.
+    pub whole_leased: bool,
+}
