@@ -1,1 +1,481 @@
-//! config
+//! tesserad's configuration: TOML, parsed and validated before anything is bound.
+//!
+//! Unknown keys are errors (a typo must not silently weaken a setting). Every error
+//! names the field, so `tesserad` can exit 64 with a message a person can act on.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::partition::Strategy;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("{path}: field `{field}`: {message}")]
+    Invalid {
+        path: PathBuf,
+        field: String,
+        message: String,
+    },
+}
+
+/// Which GPU backend drives the hardware.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    /// Simulated GPUs (the default on hosts without NVIDIA GPUs).
+    Sim,
+    /// The NVIDIA driver through NVML.
+    Nvml,
+}
+
+/// What happens to a dynamically created MIG instance when its lease ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum OnRelease {
+    /// Destroy it (frees the placement for any profile).
+    #[default]
+    Destroy,
+    /// Keep it as a free pool partition of the same profile.
+    Keep,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub path: PathBuf,
+    pub daemon: DaemonConfig,
+    pub gpu: GpuConfig,
+    pub sim: SimSection,
+    pub partition: PartitionConfig,
+    pub lease: LeaseConfig,
+    pub devices: DevicesConfig,
+}
+
+#[derive(Debug, Clone)]
+pub struct DaemonConfig {
+    pub socket: PathBuf,
+    pub socket_mode: u32,
+    pub socket_group: Option<String>,
+    pub state_dir: PathBuf,
+    pub run_dir: PathBuf,
+    pub shutdown_grace: Duration,
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone)]
+pub struct GpuConfig {
+    pub backend: BackendKind,
+    /// Path of `nvidia-cuda-mps-control` (nvml backend).
+    pub mps_control: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimGpuEntry {
+    /// "a100-40gb", "a100-80gb", "h100-80gb" or "h200-141gb".
+    pub model: String,
+    #[serde(default)]
+    pub mig: bool,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct SimSection {
+    pub state_file: PathBuf,
+    pub gpus: Vec<SimGpuEntry>,
+}
+
+/// One GPU's static MIG layout (like mig-parted's `mig-devices`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StaticLayout {
+    pub gpu: u32,
+    /// profile name -> count
+    pub devices: BTreeMap<String, u32>,
+}
+
+#[derive(Debug, Clone)]
+pub struct PartitionConfig {
+    pub strategy: Strategy,
+    pub dynamic_mig: bool,
+    pub on_release: OnRelease,
+    pub mps_oversubscribe: bool,
+    pub static_layouts: Vec<StaticLayout>,
+}
+
+#[derive(Debug, Clone)]
+pub struct LeaseConfig {
+    pub default_ttl: Duration,
+    pub max_ttl: Duration,
+    pub min_ttl: Duration,
+    /// WatchLeases reports `expiring` this long before a lease's end.
+    pub expiring_notice: Duration,
+    /// Time between SIGTERM and SIGKILL when a lease's containers are stopped.
+    pub revocation_grace: Duration,
+    /// Keep ended leases in the database this long (ListLeases --all shows them).
+    pub retain_ended: Duration,
+    pub pids_limit: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct DevicesConfig {
+    /// Where the host's device nodes live (tests point this at a temp dir).
+    pub dev_root: PathBuf,
+    /// Major of nvidia-uvm; None = read "nvidia-uvm" from /proc/devices.
+    pub nvidia_uvm_major: Option<u32>,
+    /// Major of nvidia-caps; None = read "nvidia-caps" from /proc/devices.
+    pub nvidia_caps_major: Option<u32>,
+}
+
+// ---- the raw file format ----
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default)]
+    daemon: RawDaemon,
+    #[serde(default)]
+    gpu: RawGpu,
+    #[serde(default)]
+    sim: RawSim,
+    #[serde(default)]
+    partition: RawPartition,
+    #[serde(default)]
+    lease: RawLease,
+    #[serde(default)]
+    devices: RawDevices,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDaemon {
+    socket: Option<PathBuf>,
+    socket_mode: Option<String>,
+    socket_group: Option<String>,
+    state_dir: Option<PathBuf>,
+    run_dir: Option<PathBuf>,
+    shutdown_grace: Option<String>,
+    log_format: Option<LogFormat>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawGpu {
+    backend: Option<BackendKind>,
+    mps_control: Option<PathBuf>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSim {
+    state_file: Option<PathBuf>,
+    #[serde(default)]
+    gpus: Vec<SimGpuEntry>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawStatic {
+    gpu: u32,
+    devices: BTreeMap<String, u32>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPartition {
+    strategy: Option<Strategy>,
+    dynamic_mig: Option<bool>,
+    on_release: Option<OnRelease>,
+    mps_oversubscribe: Option<bool>,
+    #[serde(default, rename = "static")]
+    static_layouts: Vec<RawStatic>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLease {
+    default_ttl: Option<String>,
+    max_ttl: Option<String>,
+    min_ttl: Option<String>,
+    expiring_notice: Option<String>,
+    revocation_grace: Option<String>,
+    retain_ended: Option<String>,
+    pids_limit: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDevices {
+    dev_root: Option<PathBuf>,
+    nvidia_uvm_major: Option<u32>,
+    nvidia_caps_major: Option<u32>,
+}
+
+pub const KNOWN_SIM_MODELS: &[&str] = &["a100-40gb", "a100-80gb", "h100-80gb", "h200-141gb"];
+
+impl Config {
+    /// Read and validate a config file. Binds and creates nothing.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Config::parse(path, &text)
+    }
+
+    /// Parse and validate config text; `path` is used in messages only.
+    pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
+        let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message: e.to_string().trim().replace('\n', " "),
+        })?;
+        let v = Validator { path };
+        let d = raw.daemon;
+        let state_dir = d
+            .state_dir
+            .unwrap_or_else(|| PathBuf::from("/var/lib/tessera"));
+        let run_dir = d.run_dir.unwrap_or_else(|| PathBuf::from("/run/tessera"));
+        let socket = d.socket.unwrap_or_else(|| run_dir.join("tesserad.sock"));
+        let socket_mode = match d.socket_mode {
+            None => 0o660,
+            Some(s) => u32::from_str_radix(s.trim_start_matches("0o"), 8)
+                .ok()
+                .filter(|m| *m <= 0o777 && m & 0o007 == 0)
+                .ok_or_else(|| {
+                    v.err(
+                        "daemon.socket_mode",
+                        format!("{s:?} is not an octal mode without world bits, e.g. \"0660\""),
+                    )
+                })?,
+        };
+        let daemon = DaemonConfig {
+            socket,
+            socket_mode,
+            socket_group: d.socket_group,
+            state_dir,
+            run_dir,
+            shutdown_grace: v.duration("daemon.shutdown_grace", d.shutdown_grace, "10s")?,
+            log_format: d.log_format.unwrap_or_default(),
+        };
+
+        let gpu = GpuConfig {
+            backend: raw.gpu.backend.unwrap_or(BackendKind::Sim),
+            mps_control: raw.gpu.mps_control,
+        };
+
+        let sim = SimSection {
+            state_file: raw
+                .sim
+                .state_file
+                .unwrap_or_else(|| daemon.state_dir.join("sim-gpus.json")),
+            gpus: raw.sim.gpus,
+        };
+        if gpu.backend == BackendKind::Sim {
+            if sim.gpus.is_empty() {
+                return Err(v.err(
+                    "sim.gpus",
+                    "backend = \"sim\" needs at least one [[sim.gpus]] entry".into(),
+                ));
+            }
+            for (i, g) in sim.gpus.iter().enumerate() {
+                if !KNOWN_SIM_MODELS.contains(&g.model.to_ascii_lowercase().as_str()) {
+                    return Err(v.err(
+                        &format!("sim.gpus[{i}].model"),
+                        format!(
+                            "unknown model {:?}; known: {}",
+                            g.model,
+                            KNOWN_SIM_MODELS.join(", ")
+                        ),
+                    ));
+                }
+            }
+        }
+
+        let p = raw.partition;
+        let mut static_layouts = Vec::new();
+        for (i, s) in p.static_layouts.into_iter().enumerate() {
+            if gpu.backend == BackendKind::Sim && s.gpu as usize >= sim.gpus.len() {
+                return Err(v.err(
+                    &format!("partition.static[{i}].gpu"),
+                    format!("no simulated GPU with index {}", s.gpu),
+                ));
+            }
+            if static_layouts.iter().any(|l: &StaticLayout| l.gpu == s.gpu) {
+                return Err(v.err(
+                    &format!("partition.static[{i}].gpu"),
+                    format!("GPU {} has two static layouts", s.gpu),
+                ));
+            }
+            for (name, n) in &s.devices {
+                if *n == 0 || *n > 7 {
+                    return Err(v.err(
+                        &format!("partition.static[{i}].devices.{name}"),
+                        format!("count {n} is not in 1..=7"),
+                    ));
+                }
+            }
+            static_layouts.push(StaticLayout {
+                gpu: s.gpu,
+                devices: s.devices,
+            });
+        }
+        let partition = PartitionConfig {
+            strategy: p.strategy.unwrap_or_default(),
+            dynamic_mig: p.dynamic_mig.unwrap_or(true),
+            on_release: p.on_release.unwrap_or_default(),
+            mps_oversubscribe: p.mps_oversubscribe.unwrap_or(false),
+            static_layouts,
+        };
+
+        let l = raw.lease;
+        let lease = LeaseConfig {
+            default_ttl: v.duration("lease.default_ttl", l.default_ttl, "1h")?,
+            max_ttl: v.duration("lease.max_ttl", l.max_ttl, "7d")?,
+            min_ttl: v.duration("lease.min_ttl", l.min_ttl, "1s")?,
+            expiring_notice: v.duration("lease.expiring_notice", l.expiring_notice, "5m")?,
+            revocation_grace: v.duration("lease.revocation_grace", l.revocation_grace, "10s")?,
+            retain_ended: v.duration("lease.retain_ended", l.retain_ended, "30d")?,
+            pids_limit: l.pids_limit.unwrap_or(4096),
+        };
+        if lease.min_ttl > lease.max_ttl {
+            return Err(v.err("lease.min_ttl", "is longer than lease.max_ttl".into()));
+        }
+        if lease.default_ttl < lease.min_ttl || lease.default_ttl > lease.max_ttl {
+            return Err(v.err(
+                "lease.default_ttl",
+                "must lie between lease.min_ttl and lease.max_ttl".into(),
+            ));
+        }
+        if lease.pids_limit == 0 {
+            return Err(v.err("lease.pids_limit", "must be at least 1".into()));
+        }
+
+        let devices = DevicesConfig {
+            dev_root: raw.devices.dev_root.unwrap_or_else(|| PathBuf::from("/dev")),
+            nvidia_uvm_major: raw.devices.nvidia_uvm_major,
+            nvidia_caps_major: raw.devices.nvidia_caps_major,
+        };
+
+        Ok(Config {
+            path: path.to_path_buf(),
+            daemon,
+            gpu,
+            sim,
+            partition,
+            lease,
+            devices,
+        })
+    }
+}
+
+struct Validator<'a> {
+    path: &'a Path,
+}
+
+impl Validator<'_> {
+    fn err(&self, field: &str, message: String) -> ConfigError {
+        ConfigError::Invalid {
+            path: self.path.to_path_buf(),
+            field: field.to_string(),
+            message,
+        }
+    }
+
+    fn duration(
+        &self,
+        field: &str,
+        value: Option<String>,
+        default: &str,
+    ) -> Result<Duration, ConfigError> {
+        let s = value.unwrap_or_else(|| default.to_string());
+        humantime::parse_duration(&s)
+            .map_err(|e| self.err(field, format!("{s:?} is not a duration like \"30s\" or \"1h\": {e}")))
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(Path::new("test.toml"), text)
+    }
+
+    const MINIMAL: &str = "[[sim.gpus]]\nmodel = \"h100-80gb\"\nmig = true\n";
+
+    #[test]
+    fn defaults_are_sane() {
+        let c = parse(MINIMAL).unwrap();
+        assert_eq!(c.gpu.backend, BackendKind::Sim);
+        assert_eq!(c.daemon.socket, PathBuf::from("/run/tessera/tesserad.sock"));
+        assert_eq!(c.daemon.socket_mode, 0o660);
+        assert_eq!(c.lease.default_ttl, Duration::from_secs(3600));
+        assert_eq!(c.partition.strategy, Strategy::BestFit);
+        assert!(c.partition.dynamic_mig);
+    }
+
+    #[test]
+    fn unknown_key_is_refused_naming_it() {
+        let e = parse(&format!("{MINIMAL}[lease]\ndefault_tll = \"1h\"\n")).unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.contains("default_tll"), "{msg}");
+    }
+
+    #[test]
+    fn bad_duration_names_the_field() {
+        let e = parse(&format!("{MINIMAL}[lease]\nmax_ttl = \"forever\"\n")).unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.contains("lease.max_ttl"), "{msg}");
+    }
+
+    #[test]
+    fn unknown_sim_model_is_refused() {
+        let e = parse("[[sim.gpus]]\nmodel = \"v100\"\n").unwrap_err();
+        assert!(e.to_string().contains("sim.gpus[0].model"), "{e}");
+    }
+
+    #[test]
+    fn sim_backend_needs_gpus() {
+        let e = parse("[gpu]\nbackend = \"sim\"\n").unwrap_err();
+        assert!(e.to_string().contains("sim.gpus"), "{e}");
+    }
+
+    #[test]
+    fn world_accessible_socket_is_refused() {
+        let e = parse(&format!("{MINIMAL}[daemon]\nsocket_mode = \"0666\"\n")).unwrap_err();
+        assert!(e.to_string().contains("daemon.socket_mode"), "{e}");
+    }
+
+    #[test]
+    fn static_layout_on_missing_gpu_is_refused() {
+        let e = parse(&format!(
+            "{MINIMAL}[[partition.static]]\ngpu = 3\ndevices = {{ \"1g.10gb\" = 2 }}\n"
+        ))
+        .unwrap_err();
+        assert!(e.to_string().contains("partition.static[0].gpu"), "{e}");
+    }
+
+    #[test]
+    fn ttl_bounds_are_checked() {
+        let e = parse(&format!("{MINIMAL}[lease]\ndefault_ttl = \"30d\"\n")).unwrap_err();
+        assert!(e.to_string().contains("lease.default_ttl"), "{e}");
+    }
+}

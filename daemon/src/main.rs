@@ -1,1 +1,198 @@
-fn main() {}
+//! tesserad: parse args, load config (exit 64 when invalid), open the GPU backend and
+//! the store, reconcile, bind, serve, and drain on SIGTERM.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use tesserad::config::{BackendKind, Config, LogFormat};
+use tesserad::gpu::GpuBackend;
+use tesserad::lease::{LeaseManager, now_ms};
+use tesserad::store::Store;
+use tokio::signal::unix::{SignalKind, signal};
+use tracing::{error, info, warn};
+
+/// Exit status for a bad config (EX_USAGE).
+const EXIT_CONFIG: u8 = 64;
+/// Exit status when the GPU backend is unavailable (EX_UNAVAILABLE).
+const EXIT_UNAVAILABLE: u8 = 69;
+
+#[derive(Debug, Parser)]
+#[command(name = "tesserad", version, about = "Tessera node daemon: leases GPU partitions to tenants")]
+struct Args {
+    /// Path of the TOML config file.
+    #[arg(long, short, default_value = "/etc/tessera/tesserad.toml", env = "TESSERAD_CONFIG")]
+    config: PathBuf,
+    /// Validate the config file and exit.
+    #[arg(long)]
+    check_config: bool,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let cfg = match Config::load(&args.config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("tesserad: invalid config: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    init_tracing(cfg.daemon.log_format);
+    if args.check_config {
+        println!("{}: OK", args.config.display());
+        return ExitCode::SUCCESS;
+    }
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("tesserad")
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            error!(error = %e, "cannot start the async runtime");
+            return ExitCode::FAILURE;
+        }
+    };
+    let backend = match open_backend(&cfg) {
+        Ok(b) => b,
+        Err(e) => {
+            error!("{e:#}");
+            return ExitCode::from(EXIT_UNAVAILABLE);
+        }
+    };
+    match rt.block_on(run(cfg, backend)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            error!("{e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_tracing(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("TESSERA_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
+fn open_backend(cfg: &Config) -> anyhow::Result<Arc<dyn GpuBackend>> {
+    match cfg.gpu.backend {
+        BackendKind::Sim => {
+            let b = tesserad::gpu::open_sim(&cfg.sim)
+                .with_context(|| format!("simulated GPUs ({})", cfg.sim.state_file.display()))?;
+            Ok(Arc::new(b))
+        }
+        BackendKind::Nvml => {
+            let b = tesserad::gpu::open_nvml(cfg.gpu.mps_control.clone())
+                .context("backend = \"nvml\"")?;
+            Ok(Arc::new(b))
+        }
+    }
+}
+
+async fn run(cfg: Config, backend: Arc<dyn GpuBackend>) -> anyhow::Result<()> {
+    let store = Arc::new(Store::open(&cfg.daemon.state_dir)?);
+    info!(db = %store.path().display(), backend = backend.name(), "store opened");
+    let socket = cfg.daemon.socket.clone();
+    let grace = cfg.daemon.shutdown_grace;
+    let mode = cfg.daemon.socket_mode;
+    let group = cfg.daemon.socket_group.clone();
+    let mgr = LeaseManager::start(cfg, backend, store.clone())?;
+
+    let listener = tesserad::api::bind_unix(&socket, mode)?;
+    if let Some(group) = group {
+        set_socket_group(&socket, &group)?;
+    }
+    info!(socket = %socket.display(), "serving the tessera.v1 API");
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let housekeeping = tokio::spawn(mgr.clone().run_housekeeping(stop_rx.clone()));
+    let watchdog = tokio::spawn(feed_watchdog(mgr.clone(), stop_rx.clone()));
+    notify(&[sd_notify::NotifyState::Ready]);
+
+    let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
+    let mut hup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
+    let (drain_tx, drain_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(tesserad::api::serve_unix(mgr.clone(), listener, async {
+        let _ = drain_rx.await;
+    }));
+    let mut server = server;
+    loop {
+        tokio::select! {
+            _ = term.recv() => { info!("SIGTERM: draining"); break; }
+            _ = int.recv() => { info!("SIGINT: draining"); break; }
+            _ = hup.recv() => { warn!("SIGHUP: this build has nothing to reload"); }
+            res = &mut server => {
+                res.context("server task")??;
+                anyhow::bail!("the API server stopped unexpectedly");
+            }
+        }
+    }
+    notify(&[sd_notify::NotifyState::Stopping]);
+    mgr.begin_shutdown();
+    let _ = drain_tx.send(());
+    match tokio::time::timeout(grace, &mut server).await {
+        Ok(res) => res.context("server task")??,
+        Err(_) => {
+            warn!(grace = ?grace, "in-flight calls did not finish within the grace period; stopping anyway");
+            server.abort();
+        }
+    }
+    let _ = stop_tx.send(true);
+    let _ = housekeeping.await;
+    let _ = watchdog.await;
+    let _ = std::fs::remove_file(&socket);
+    store.close();
+    info!("stopped; leases and partitions are kept for the next start");
+    Ok(())
+}
+
+fn notify(state: &[sd_notify::NotifyState]) {
+    if std::env::var_os("NOTIFY_SOCKET").is_some()
+        && let Err(e) = sd_notify::notify(false, state)
+    {
+        warn!(error = %e, "sd_notify failed");
+    }
+}
+
+/// Feed the systemd watchdog at half its interval, but only while the lease manager's
+/// housekeeping loop keeps completing passes.
+async fn feed_watchdog(mgr: Arc<LeaseManager>, mut stop: tokio::sync::watch::Receiver<bool>) {
+    let mut usec = 0u64;
+    if !sd_notify::watchdog_enabled(false, &mut usec) || usec == 0 {
+        return;
+    }
+    let interval = Duration::from_micros(usec / 2);
+    let healthy_within = Duration::from_micros(usec).as_millis() as i64;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {}
+            _ = stop.changed() => return,
+        }
+        let age = now_ms() - mgr.heartbeat_ms();
+        if age < healthy_within {
+            notify(&[sd_notify::NotifyState::Watchdog]);
+        } else {
+            warn!(age_ms = age, "lease manager loop stalled: not feeding the watchdog");
+        }
+    }
+}
+
+fn set_socket_group(path: &std::path::Path, group: &str) -> anyhow::Result<()> {
+    let g = nix::unistd::Group::from_name(group)
+        .with_context(|| format!("looking up group {group:?}"))?
+        .with_context(|| format!("daemon.socket_group: no group {group:?} on this host"))?;
+    nix::unistd::chown(path, None, Some(g.gid))
+        .with_context(|| format!("{}: chown to group {group}", path.display()))?;
+    Ok(())
+}

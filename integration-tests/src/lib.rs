@@ -1,1 +1,230 @@
-//! Helpers shared by the integration tests.
+//! Helpers shared by the integration tests: start the real `tesserad` binary on the
+//! simulator in a temp dir, talk to it over its unix socket.
+//!
+//! The binaries must be built first (`make test` runs `cargo build --bins`).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use tessera_proto::v1::tessera_client::TesseraClient;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+/// Path of a workspace binary next to the test executable (target/<profile>/<name>).
+pub fn bin_path(name: &str) -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe().context("current_exe")?;
+    // target/<profile>/deps/<test>-<hash>
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .context("test executable has no target dir")?;
+    let p = dir.join(name);
+    if !p.exists() {
+        bail!(
+            "{} is missing: build the binaries first (`cargo build --bins`, which `make test` does)",
+            p.display()
+        );
+    }
+    Ok(p)
+}
+
+/// Connect a client to a unix socket.
+pub async fn connect(socket: &Path) -> anyhow::Result<TesseraClient<Channel>> {
+    let path = socket.to_path_buf();
+    let channel = Endpoint::try_from("http://[::]:50051")?
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move {
+                let s = tokio::net::UnixStream::connect(path).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
+            }
+        }))
+        .await
+        .with_context(|| format!("connect {}", socket.display()))?;
+    Ok(TesseraClient::new(channel))
+}
+
+/// A `tesserad` process on simulated GPUs in its own temp dir.
+pub struct TestDaemon {
+    pub dir: tempfile::TempDir,
+    pub config: PathBuf,
+    pub socket: PathBuf,
+    child: Option<Child>,
+}
+
+/// Two H100-80GB with MIG and one A100-40GB without: the `make run` node.
+pub const DEV_GPUS: &str = r#"
+[[sim.gpus]]
+model = "h100-80gb"
+mig = true
+
+[[sim.gpus]]
+model = "h100-80gb"
+mig = true
+
+[[sim.gpus]]
+model = "a100-40gb"
+mig = false
+"#;
+
+impl TestDaemon {
+    /// Start a daemon with `DEV_GPUS` plus `extra` TOML (sections other than
+    /// [daemon], [sim] state).
+    pub fn start(extra: &str) -> anyhow::Result<TestDaemon> {
+        Self::start_with(DEV_GPUS, extra)
+    }
+
+    pub fn start_with(gpus: &str, extra: &str) -> anyhow::Result<TestDaemon> {
+        let dir = tempfile::Builder::new().prefix("tesserad-it").tempdir()?;
+        let socket = dir.path().join("tesserad.sock");
+        let config = dir.path().join("tesserad.toml");
+        let text = format!(
+            "[daemon]\nsocket = {:?}\nstate_dir = {:?}\nrun_dir = {:?}\nshutdown_grace = \"3s\"\n\n[gpu]\nbackend = \"sim\"\n\n[sim]\nstate_file = {:?}\n{gpus}\n{extra}\n",
+            socket,
+            dir.path().join("state"),
+            dir.path().join("run"),
+            dir.path().join("sim-gpus.json"),
+        );
+        std::fs::write(&config, text)?;
+        let mut d = TestDaemon {
+            dir,
+            config,
+            socket,
+            child: None,
+        };
+        d.spawn()?;
+        Ok(d)
+    }
+
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.path().join("tesserad.log")
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    pub fn sim_state(&self) -> PathBuf {
+        self.dir.path().join("sim-gpus.json")
+    }
+
+    /// Start the process and wait until its socket answers.
+    pub fn spawn(&mut self) -> anyhow::Result<()> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path())?;
+        let child = Command::new(bin_path("tesserad")?)
+            .arg("--config")
+            .arg(&self.config)
+            .env("TESSERA_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("spawn tesserad")?;
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(c) = self.child.as_mut()
+                && let Some(status) = c.try_wait()?
+            {
+                bail!("tesserad exited with {status} at start:\n{}", self.log());
+            }
+            if std::os::unix::net::UnixStream::connect(&self.socket).is_ok() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("tesserad did not open its socket in 30s:\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// SIGKILL (a crash) and reap.
+    pub fn kill(&mut self) -> anyhow::Result<()> {
+        if let Some(mut c) = self.child.take() {
+            c.kill()?;
+            c.wait()?;
+        }
+        Ok(())
+    }
+
+    /// SIGTERM and wait for a clean exit; returns the exit status code.
+    pub fn stop(&mut self) -> anyhow::Result<Option<i32>> {
+        let Some(mut c) = self.child.take() else {
+            return Ok(None);
+        };
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(c.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )?;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(s) = c.try_wait()? {
+                return Ok(s.code());
+            }
+            if Instant::now() > deadline {
+                c.kill()?;
+                bail!("tesserad did not stop within 20s of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub async fn client(&self) -> anyhow::Result<TesseraClient<Channel>> {
+        connect(&self.socket).await
+    }
+}
+
+impl Drop for TestDaemon {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Shape helpers.
+pub mod shape {
+    use tessera_proto::v1 as pb;
+
+    pub fn mig(profile: &str) -> pb::Shape {
+        pb::Shape {
+            kind: Some(pb::shape::Kind::Mig(pb::MigShape {
+                profile: profile.into(),
+                compute_profile: String::new(),
+            })),
+        }
+    }
+
+    pub fn mps(sm_percent: u32, memory_gib: u64) -> pb::Shape {
+        pb::Shape {
+            kind: Some(pb::shape::Kind::Mps(pb::MpsShape {
+                sm_percent,
+                memory_bytes: memory_gib << 30,
+            })),
+        }
+    }
+
+    pub fn whole() -> pb::Shape {
+        pb::Shape {
+            kind: Some(pb::shape::Kind::WholeGpu(pb::WholeGpuShape {})),
+        }
+    }
+}
+
+/// A CreateLease request for `tenant` with `shape`.
+pub fn create_req(tenant: &str, shape: tessera_proto::v1::Shape) -> tessera_proto::v1::CreateLeaseRequest {
+    tessera_proto::v1::CreateLeaseRequest {
+        tenant: tenant.into(),
+        shape: Some(shape),
+        ..Default::default()
+    }
+}

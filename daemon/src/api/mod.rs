@@ -1,1 +1,7 @@
-//! api
+//! gRPC API: tonic service implementations. They unpack requests, call the domain,
+//! and map errors to `tonic::Status`. No domain logic lives here.
+
+pub mod convert;
+mod service;
+
+pub use service::{ServeError, TesseraService, bind_unix, serve_unix};

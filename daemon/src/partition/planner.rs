@@ -65,3 +65,14 @@ pub fn plan(shape: &Shape, gpus: &[GpuView], opts: &PlanOptions) -> Result<PlanD
     let _ = (shape, gpus, opts);
     Err(PlanError::NoCapacity("planner not yet written".into()))
 }
+
+/// How many more instances of each GI profile could be created now: (profile id, count).
+pub fn free_capacity(view: &GpuView) -> Vec<(u32, u32)> {
+    let _ = view;
+    Vec::new()
+}
+
+/// Memory slices (of 8) in use on a GPU.
+pub fn used_memory_slices(view: &GpuView) -> u32 {
+    view.mig.iter().map(|m| m.placement.size).sum()
+}

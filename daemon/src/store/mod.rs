@@ -1,1 +1,518 @@
-//! store
+//! SQLite persistence: leases, partitions, token hashes, write-ahead intents.
+//!
+//! * WAL mode with `synchronous=FULL`: a commit that returned is on disk.
+//! * One writer thread does *group commit*: writes queued while a commit is in flight
+//!   are applied together in the next transaction (each in its own savepoint, so one
+//!   failing write does not undo the others), then acknowledged after one fsync.
+//!   This is what lets many concurrent CreateLease calls each wait for a durable commit
+//!   without each paying a whole fsync.
+//! * Versioned schema migrations (`PRAGMA user_version`).
+//! * A lock file in the state directory: a second daemon on it refuses to start.
+//! * A damaged or unreadable database is an error at open: never start empty.
+
+mod schema;
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::mpsc;
+
+use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
+
+use crate::lease::model::{Intent, IntentOp, Lease, LeaseState, Partition};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "{path}: another tesserad holds this state directory (lock file {lock} is taken); stop it first"
+    )]
+    Locked { path: PathBuf, lock: PathBuf },
+    #[error("{path}: the database is damaged or unreadable ({detail}); refusing to start without it: restore it from a backup or move it aside to start empty")]
+    Damaged { path: PathBuf, detail: String },
+    #[error("{path}: database schema version {found} is newer than this tesserad knows ({known}); upgrade tesserad")]
+    TooNew {
+        path: PathBuf,
+        found: i64,
+        known: i64,
+    },
+    #[error("database: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("database record {what} {id} is corrupt: {detail}")]
+    Corrupt {
+        what: &'static str,
+        id: String,
+        detail: String,
+    },
+    #[error("the store's writer has stopped")]
+    WriterGone,
+    #[error("a request with id {request_id:?} already exists for tenant {tenant:?}")]
+    DuplicateRequest { tenant: String, request_id: String },
+}
+
+type Completion = Box<dyn FnOnce(Result<(), String>) + Send>;
+type Job = Box<dyn FnOnce(&Connection) -> (bool, Completion) + Send>;
+
+/// What the daemon reloads at start.
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    pub leases: Vec<Lease>,
+    pub partitions: Vec<Partition>,
+    pub intents: Vec<Intent>,
+    /// (token hash, lease id) for live leases.
+    pub tokens: Vec<(String, String)>,
+}
+
+/// Filter for listing leases from the database (ended ones included).
+#[derive(Debug, Default, Clone)]
+pub struct LeaseQuery {
+    pub tenant: Option<String>,
+    pub state: Option<LeaseState>,
+    pub limit: usize,
+}
+
+pub struct Store {
+    path: PathBuf,
+    jobs: Mutex<Option<mpsc::Sender<Job>>>,
+    writer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    reader: Mutex<Connection>,
+    _lock: nix::fcntl::Flock<File>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("path", &self.path).finish()
+    }
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
+    move |source| StoreError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+impl Store {
+    /// Open (or create) the database `tessera.db` in `state_dir`.
+    pub fn open(state_dir: &Path) -> Result<Store, StoreError> {
+        std::fs::create_dir_all(state_dir).map_err(io_err(state_dir))?;
+        let lock_path = state_dir.join("tesserad.lock");
+        let lock_file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(io_err(&lock_path))?;
+        let lock = nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusiveNonblock)
+            .map_err(|(_, errno)| {
+                if errno == nix::errno::Errno::EWOULDBLOCK {
+                    StoreError::Locked {
+                        path: state_dir.to_path_buf(),
+                        lock: lock_path.clone(),
+                    }
+                } else {
+                    StoreError::Io {
+                        path: lock_path.clone(),
+                        source: errno.into(),
+                    }
+                }
+            })?;
+
+        let path = state_dir.join("tessera.db");
+        let damaged = |detail: String| StoreError::Damaged {
+            path: path.clone(),
+            detail,
+        };
+        if path.exists() {
+            std::fs::File::open(&path).map_err(|e| damaged(e.to_string()))?;
+        }
+        let writer_conn = Connection::open_with_flags(
+            &path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE
+                | OpenFlags::SQLITE_OPEN_CREATE
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(|e| damaged(e.to_string()))?;
+        let check: String = writer_conn
+            .query_row("PRAGMA quick_check", [], |r| r.get(0))
+            .map_err(|e| damaged(e.to_string()))?;
+        if check != "ok" {
+            return Err(damaged(check));
+        }
+        writer_conn
+            .pragma_update(None, "journal_mode", "WAL")
+            .map_err(|e| damaged(e.to_string()))?;
+        writer_conn.pragma_update(None, "synchronous", "FULL")?;
+        writer_conn.pragma_update(None, "foreign_keys", "ON")?;
+        writer_conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        schema::migrate(&writer_conn, &path)?;
+
+        let reader = Connection::open_with_flags(
+            &path,
+            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )?;
+        reader.busy_timeout(std::time::Duration::from_secs(5))?;
+
+        let (tx, rx) = mpsc::channel::<Job>();
+        let writer = std::thread::Builder::new()
+            .name("store-writer".into())
+            .spawn(move || writer_loop(writer_conn, rx))
+            .map_err(io_err(&path))?;
+        Ok(Store {
+            path,
+            jobs: Mutex::new(Some(tx)),
+            writer: Mutex::new(Some(writer)),
+            reader: Mutex::new(reader),
+            _lock: lock,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Run `f` in a write transaction and wait until it is durably committed.
+    /// Concurrent writes are grouped into one commit.
+    pub async fn write<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Writer<'_>) -> Result<T, StoreError> + Send + 'static,
+    {
+        let (otx, orx) = tokio::sync::oneshot::channel::<Result<T, StoreError>>();
+        let job: Job = Box::new(move |conn: &Connection| {
+            let result = f(&Writer { conn });
+            let ok = result.is_ok();
+            let completion: Completion = Box::new(move |commit: Result<(), String>| {
+                let out = match commit {
+                    Ok(()) => result,
+                    Err(e) => Err(StoreError::Sqlite(rusqlite::Error::SqliteFailure(
+                        rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_IOERR),
+                        Some(e),
+                    ))),
+                };
+                let _ = otx.send(out);
+            });
+            (ok, completion)
+        });
+        {
+            let guard = self.jobs.lock().map_err(|_| StoreError::WriterGone)?;
+            let sender = guard.as_ref().ok_or(StoreError::WriterGone)?;
+            sender.send(job).map_err(|_| StoreError::WriterGone)?;
+        }
+        orx.await.map_err(|_| StoreError::WriterGone)?
+    }
+
+    /// Blocking variant of [`Store::write`] for start-up and tests.
+    pub fn write_blocking<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Writer<'_>) -> Result<T, StoreError> + Send + 'static,
+    {
+        let (otx, orx) = mpsc::channel::<Result<T, StoreError>>();
+        let job: Job = Box::new(move |conn: &Connection| {
+            let result = f(&Writer { conn });
+            let ok = result.is_ok();
+            let completion: Completion = Box::new(move |commit: Result<(), String>| {
+                let out = match commit {
+                    Ok(()) => result,
+                    Err(e) => Err(StoreError::Sqlite(rusqlite::Error::SqliteFailure(
+                        rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_IOERR),
+                        Some(e),
+                    ))),
+                };
+                let _ = otx.send(out);
+            });
+            (ok, completion)
+        });
+        {
+            let guard = self.jobs.lock().map_err(|_| StoreError::WriterGone)?;
+            let sender = guard.as_ref().ok_or(StoreError::WriterGone)?;
+            sender.send(job).map_err(|_| StoreError::WriterGone)?;
+        }
+        orx.recv().map_err(|_| StoreError::WriterGone)?
+    }
+
+    /// Everything the daemon needs to rebuild its state at start.
+    pub fn snapshot(&self) -> Result<Snapshot, StoreError> {
+        let conn = self.reader.lock().map_err(|_| StoreError::WriterGone)?;
+        let mut snap = Snapshot::default();
+        let mut stmt = conn.prepare(
+            "SELECT id, body FROM leases WHERE state IN ('pending','active','revoking') ORDER BY created_at_ms",
+        )?;
+        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
+        for row in rows {
+            let (id, body) = row?;
+            snap.leases.push(decode("lease", &id, &body)?);
+        }
+        let mut stmt = conn.prepare("SELECT id, body FROM partitions ORDER BY id")?;
+        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
+        for row in rows {
+            let (id, body) = row?;
+            snap.partitions.push(decode("partition", &id, &body)?);
+        }
+        let mut stmt = conn.prepare(
+            "SELECT id, op, partition_id, lease_id, created_at_ms FROM intents WHERE done_at_ms IS NULL ORDER BY id",
+        )?;
+        let rows = stmt.query_map([], |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, Option<String>>(3)?,
+                r.get::<_, i64>(4)?,
+            ))
+        })?;
+        for row in rows {
+            let (id, op, partition_id, lease_id, created_at_ms) = row?;
+            let op = IntentOp::parse(&op).ok_or_else(|| StoreError::Corrupt {
+                what: "intent",
+                id: id.to_string(),
+                detail: format!("unknown op {op:?}"),
+            })?;
+            snap.intents.push(Intent {
+                id,
+                op,
+                partition_id,
+                lease_id,
+                created_at_ms,
+            });
+        }
+        let mut stmt = conn.prepare(
+            "SELECT t.hash, t.lease_id FROM tokens t JOIN leases l ON l.id = t.lease_id \
+             WHERE l.state IN ('pending','active','revoking')",
+        )?;
+        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
+        for row in rows {
+            snap.tokens.push(row?);
+        }
+        Ok(snap)
+    }
+
+    pub fn get_lease(&self, id: &str) -> Result<Option<Lease>, StoreError> {
+        let conn = self.reader.lock().map_err(|_| StoreError::WriterGone)?;
+        let body: Option<String> = conn
+            .query_row("SELECT body FROM leases WHERE id = ?1", [id], |r| r.get(0))
+            .optional()?;
+        body.map(|b| decode("lease", id, &b)).transpose()
+    }
+
+    /// Leases from the database, newest first (includes ended ones).
+    pub fn list_leases(&self, q: &LeaseQuery) -> Result<Vec<Lease>, StoreError> {
+        let conn = self.reader.lock().map_err(|_| StoreError::WriterGone)?;
+        let limit = if q.limit == 0 { 1000 } else { q.limit } as i64;
+        let mut stmt = conn.prepare(
+            "SELECT id, body FROM leases WHERE (?1 IS NULL OR tenant = ?1) AND (?2 IS NULL OR state = ?2) \
+             ORDER BY created_at_ms DESC LIMIT ?3",
+        )?;
+        let rows = stmt.query_map(
+            params![q.tenant, q.state.map(|s| s.as_str()), limit],
+            |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)),
+        )?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (id, body) = row?;
+            out.push(decode("lease", &id, &body)?);
+        }
+        Ok(out)
+    }
+
+    /// Stop the writer after the queued writes are committed.
+    pub fn close(&self) {
+        if let Ok(mut g) = self.jobs.lock() {
+            g.take();
+        }
+        if let Ok(mut w) = self.writer.lock()
+            && let Some(handle) = w.take()
+        {
+            let _ = handle.join();
+        }
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+fn decode<T: serde::de::DeserializeOwned>(
+    what: &'static str,
+    id: &str,
+    body: &str,
+) -> Result<T, StoreError> {
+    serde_json::from_str(body).map_err(|e| StoreError::Corrupt {
+        what,
+        id: id.to_string(),
+        detail: e.to_string(),
+    })
+}
+
+fn encode<T: serde::Serialize>(what: &'static str, id: &str, v: &T) -> Result<String, StoreError> {
+    serde_json::to_string(v).map_err(|e| StoreError::Corrupt {
+        what,
+        id: id.to_string(),
+        detail: e.to_string(),
+    })
+}
+
+/// The most writes grouped into one commit.
+const MAX_BATCH: usize = 256;
+
+fn writer_loop(conn: Connection, rx: mpsc::Receiver<Job>) {
+    while let Ok(first) = rx.recv() {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        let mut completions = Vec::with_capacity(batch.len());
+        if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+            let msg = e.to_string();
+            for job in batch {
+                // Run nothing: report the failure to every waiter.
+                let (_, done) = job(&conn);
+                done(Err(msg.clone()));
+            }
+            continue;
+        }
+        for job in batch {
+            let sp = conn.execute_batch("SAVEPOINT w");
+            let (ok, done) = job(&conn);
+            if sp.is_ok() {
+                if ok {
+                    let _ = conn.execute_batch("RELEASE w");
+                } else {
+                    let _ = conn.execute_batch("ROLLBACK TO w; RELEASE w");
+                }
+            }
+            completions.push(done);
+        }
+        let commit = conn.execute_batch("COMMIT").map_err(|e| e.to_string());
+        if commit.is_err() {
+            let _ = conn.execute_batch("ROLLBACK");
+        }
+        for done in completions {
+            done(commit.clone());
+        }
+    }
+}
+
+/// Write access inside one transaction.
+pub struct Writer<'a> {
+    conn: &'a Connection,
+}
+
+impl Writer<'_> {
+    /// Insert or replace a lease.
+    pub fn put_lease(&self, lease: &Lease) -> Result<(), StoreError> {
+        let body = encode("lease", &lease.id, lease)?;
+        self.conn.execute(
+            "INSERT INTO leases (id, tenant, state, request_id, created_at_ms, expires_at_ms, ended_at_ms, body) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) \
+             ON CONFLICT(id) DO UPDATE SET state = excluded.state, request_id = excluded.request_id, \
+             expires_at_ms = excluded.expires_at_ms, ended_at_ms = excluded.ended_at_ms, body = excluded.body",
+            params![
+                lease.id,
+                lease.tenant,
+                lease.state.as_str(),
+                lease.request_id,
+                lease.created_at_ms,
+                lease.expires_at_ms,
+                lease.ended_at_ms,
+                body
+            ],
+        ).map_err(|e| match &e {
+            rusqlite::Error::SqliteFailure(f, _) if f.code == rusqlite::ErrorCode::ConstraintViolation => {
+                StoreError::DuplicateRequest {
+                    tenant: lease.tenant.clone(),
+                    request_id: lease.request_id.clone().unwrap_or_default(),
+                }
+            }
+            _ => StoreError::Sqlite(e),
+        })?;
+        Ok(())
+    }
+
+    pub fn put_partition(&self, p: &Partition) -> Result<(), StoreError> {
+        let body = encode("partition", &p.id, p)?;
+        self.conn.execute(
+            "INSERT INTO partitions (id, gpu, lease_id, body) VALUES (?1, ?2, ?3, ?4) \
+             ON CONFLICT(id) DO UPDATE SET gpu = excluded.gpu, lease_id = excluded.lease_id, body = excluded.body",
+            params![p.id, p.gpu, p.lease_id, body],
+        )?;
+        Ok(())
+    }
+
+    pub fn delete_partition(&self, id: &str) -> Result<(), StoreError> {
+        self.conn
+            .execute("DELETE FROM partitions WHERE id = ?1", [id])?;
+        Ok(())
+    }
+
+    pub fn add_token(&self, hash: &str, lease_id: &str, now_ms: i64) -> Result<(), StoreError> {
+        self.conn.execute(
+            "INSERT INTO tokens (hash, lease_id, created_at_ms) VALUES (?1, ?2, ?3)",
+            params![hash, lease_id, now_ms],
+        )?;
+        Ok(())
+    }
+
+    pub fn delete_tokens(&self, lease_id: &str) -> Result<(), StoreError> {
+        self.conn
+            .execute("DELETE FROM tokens WHERE lease_id = ?1", [lease_id])?;
+        Ok(())
+    }
+
+    /// Record a hardware change about to happen; returns the intent id.
+    pub fn begin_intent(
+        &self,
+        op: IntentOp,
+        partition_id: &str,
+        lease_id: Option<&str>,
+        now_ms: i64,
+    ) -> Result<i64, StoreError> {
+        self.conn.execute(
+            "INSERT INTO intents (op, partition_id, lease_id, created_at_ms) VALUES (?1, ?2, ?3, ?4)",
+            params![op.as_str(), partition_id, lease_id, now_ms],
+        )?;
+        Ok(self.conn.last_insert_rowid())
+    }
+
+    /// Mark an intent done (the hardware change happened, or was undone).
+    pub fn finish_intent(&self, id: i64, now_ms: i64, outcome: &str) -> Result<(), StoreError> {
+        self.conn.execute(
+            "UPDATE intents SET done_at_ms = ?2, outcome = ?3 WHERE id = ?1",
+            params![id, now_ms, outcome],
+        )?;
+        Ok(())
+    }
+
+    /// Forget ended leases older than `before_ms` (and intents done before it).
+    pub fn prune(&self, before_ms: i64) -> Result<usize, StoreError> {
+        let n = self.conn.execute(
+            "DELETE FROM leases WHERE ended_at_ms IS NOT NULL AND ended_at_ms < ?1",
+            [before_ms],
+        )?;
+        self.conn.execute(
+            "DELETE FROM intents WHERE done_at_ms IS NOT NULL AND done_at_ms < ?1",
+            [before_ms],
+        )?;
+        Ok(n)
+    }
+
+    /// Raw access for other modules' tables (usage, quota grants).
+    pub fn conn(&self) -> &Connection {
+        self.conn
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests;

@@ -1,0 +1,260 @@
+//! Conversions between domain types and the generated protobuf types.
+
+use tessera_proto::v1 as pb;
+use tonic::Status;
+
+use crate::lease::devices::Resolved;
+use crate::lease::model::{Lease, LeaseState, PartKind, Partition};
+use crate::lease::{EventKind, GpuReport, LeaseError, LeaseEvent};
+use crate::partition::Shape;
+
+/// Map a domain error to a precise gRPC status. Internal details of hardware or
+/// storage failures are kept (operators need them) but never include tokens.
+pub fn status(e: LeaseError) -> Status {
+    match e {
+        LeaseError::InvalidArgument { .. } => Status::invalid_argument(e.to_string()),
+        LeaseError::NotFound(m) => Status::not_found(m),
+        LeaseError::ResourceExhausted(m) => Status::resource_exhausted(m),
+        LeaseError::FailedPrecondition(m) => Status::failed_precondition(m),
+        LeaseError::PermissionDenied(m) => Status::permission_denied(m),
+        LeaseError::ShuttingDown => Status::unavailable(e.to_string()),
+        LeaseError::Hardware(_) | LeaseError::Store(_) | LeaseError::Internal(_) => {
+            Status::internal(e.to_string())
+        }
+    }
+}
+
+pub fn shape_from_pb(s: Option<pb::Shape>) -> Result<Option<Shape>, Status> {
+    let Some(s) = s else { return Ok(None) };
+    Ok(match s.kind {
+        None => None,
+        Some(pb::shape::Kind::Mig(m)) => {
+            if m.profile.is_empty() || m.profile.len() > 64 {
+                return Err(Status::invalid_argument(
+                    "invalid shape.mig.profile: must be a profile name like \"1g.10gb\"",
+                ));
+            }
+            if m.compute_profile.len() > 64 {
+                return Err(Status::invalid_argument(
+                    "invalid shape.mig.compute_profile: too long",
+                ));
+            }
+            Some(Shape::Mig {
+                profile: m.profile,
+                compute_profile: (!m.compute_profile.is_empty()).then_some(m.compute_profile),
+            })
+        }
+        Some(pb::shape::Kind::Mps(m)) => Some(Shape::Mps {
+            sm_percent: m.sm_percent,
+            memory_bytes: m.memory_bytes,
+        }),
+        Some(pb::shape::Kind::WholeGpu(_)) => Some(Shape::WholeGpu),
+    })
+}
+
+pub fn shape_to_pb(s: &Shape) -> pb::Shape {
+    let kind = match s {
+        Shape::Mig {
+            profile,
+            compute_profile,
+        } => pb::shape::Kind::Mig(pb::MigShape {
+            profile: profile.clone(),
+            compute_profile: compute_profile.clone().unwrap_or_default(),
+        }),
+        Shape::Mps {
+            sm_percent,
+            memory_bytes,
+        } => pb::shape::Kind::Mps(pb::MpsShape {
+            sm_percent: *sm_percent,
+            memory_bytes: *memory_bytes,
+        }),
+        Shape::WholeGpu => pb::shape::Kind::WholeGpu(pb::WholeGpuShape {}),
+    };
+    pb::Shape { kind: Some(kind) }
+}
+
+pub fn state_to_pb(s: LeaseState) -> pb::LeaseState {
+    match s {
+        LeaseState::Pending => pb::LeaseState::Pending,
+        LeaseState::Active => pb::LeaseState::Active,
+        LeaseState::Revoking => pb::LeaseState::Revoking,
+        LeaseState::Released => pb::LeaseState::Released,
+        LeaseState::Expired => pb::LeaseState::Expired,
+        LeaseState::Revoked => pb::LeaseState::Revoked,
+        LeaseState::Failed => pb::LeaseState::Failed,
+    }
+}
+
+/// None for UNSPECIFIED; Err for values this daemon does not know.
+pub fn state_from_pb(v: i32) -> Result<Option<LeaseState>, Status> {
+    let s = pb::LeaseState::try_from(v)
+        .map_err(|_| Status::invalid_argument(format!("invalid state: unknown value {v}")))?;
+    Ok(match s {
+        pb::LeaseState::Unspecified => None,
+        pb::LeaseState::Pending => Some(LeaseState::Pending),
+        pb::LeaseState::Active => Some(LeaseState::Active),
+        pb::LeaseState::Revoking => Some(LeaseState::Revoking),
+        pb::LeaseState::Released => Some(LeaseState::Released),
+        pb::LeaseState::Expired => Some(LeaseState::Expired),
+        pb::LeaseState::Revoked => Some(LeaseState::Revoked),
+        pb::LeaseState::Failed => Some(LeaseState::Failed),
+    })
+}
+
+pub fn partition_to_pb(p: &Partition) -> pb::Partition {
+    let mut out = pb::Partition {
+        id: p.id.clone(),
+        gpu_index: p.gpu,
+        gpu_uuid: p.gpu_uuid.clone(),
+        lease_id: p.lease_id.clone().unwrap_or_default(),
+        origin: match p.origin {
+            crate::lease::model::Origin::Static => "static".into(),
+            crate::lease::model::Origin::Dynamic => "dynamic".into(),
+        },
+        ..Default::default()
+    };
+    match &p.kind {
+        PartKind::Mig(m) => {
+            out.kind = pb::PartitionKind::Mig as i32;
+            out.mig = Some(pb::MigPartition {
+                profile: m.profile.clone(),
+                gi_profile_id: m.gi_profile_id,
+                placement_start: m.placement.start,
+                placement_size: m.placement.size,
+                gi_id: m.gi_id.unwrap_or_default(),
+                ci_id: m.ci_id.unwrap_or_default(),
+                compute_profile: m.compute_profile.clone().unwrap_or_default(),
+                mig_uuid: m.uuid.clone().unwrap_or_default(),
+                memory_bytes: m.memory_bytes,
+                sm_count: m.sm_count,
+            });
+        }
+        PartKind::Mps(m) => {
+            out.kind = pb::PartitionKind::Mps as i32;
+            out.mps = Some(pb::MpsPartition {
+                sm_percent: m.sm_percent,
+                memory_bytes: m.memory_bytes,
+                pipe_dir: m.pipe_dir.display().to_string(),
+                log_dir: m.log_dir.display().to_string(),
+            });
+        }
+        PartKind::WholeGpu => out.kind = pb::PartitionKind::WholeGpu as i32,
+    }
+    out
+}
+
+pub fn lease_to_pb(l: &Lease, p: Option<&Partition>) -> pb::Lease {
+    pb::Lease {
+        id: l.id.clone(),
+        tenant: l.tenant.clone(),
+        state: state_to_pb(l.state) as i32,
+        shape: Some(shape_to_pb(&l.shape)),
+        partition: p.map(partition_to_pb),
+        created_at_ms: l.created_at_ms,
+        expires_at_ms: l.expires_at_ms,
+        ttl_seconds: l.ttl_secs,
+        request_id: l.request_id.clone().unwrap_or_default(),
+        labels: l.labels.clone().into_iter().collect(),
+        containers: l
+            .containers
+            .iter()
+            .map(|c| pb::Container {
+                id: c.id.clone(),
+                cgroup_path: c.cgroup_path.clone(),
+                runtime_root: c.runtime_root.clone(),
+                bound_at_ms: c.bound_at_ms,
+            })
+            .collect(),
+        priority_class: l.priority_class.clone(),
+        burst: l.burst,
+        end_reason: l.end_reason.clone().unwrap_or_default(),
+        ended_at_ms: l.ended_at_ms.unwrap_or_default(),
+    }
+}
+
+pub fn event_to_pb(e: &LeaseEvent) -> pb::LeaseEvent {
+    let kind = match e.kind {
+        EventKind::Created => pb::LeaseEventKind::Created,
+        EventKind::Renewed => pb::LeaseEventKind::Renewed,
+        EventKind::Expiring => pb::LeaseEventKind::Expiring,
+        EventKind::Released => pb::LeaseEventKind::Released,
+        EventKind::Revoked => pb::LeaseEventKind::Revoked,
+        EventKind::Revoking => pb::LeaseEventKind::Revoking,
+        EventKind::Preempting => pb::LeaseEventKind::Preempting,
+        EventKind::ContainerBound => pb::LeaseEventKind::ContainerBound,
+        EventKind::ContainerUnbound => pb::LeaseEventKind::ContainerUnbound,
+    };
+    pb::LeaseEvent {
+        kind: kind as i32,
+        lease: Some(lease_to_pb(&e.lease, e.partition.as_ref())),
+        at_ms: e.at_ms,
+        message: e.message.clone(),
+    }
+}
+
+pub fn gpu_to_pb(g: &GpuReport) -> pb::Gpu {
+    pb::Gpu {
+        index: g.info.index,
+        uuid: g.info.uuid.clone(),
+        name: g.info.name.clone(),
+        memory_bytes: g.info.memory_bytes,
+        minor: g.info.minor,
+        pci_bus_id: g.info.pci_bus_id.clone(),
+        mig_enabled: g.info.mig_current,
+        mig_pending: g.info.mig_pending,
+        sm_count: g.info.sm_count,
+        profiles: g
+            .profiles
+            .iter()
+            .map(|(p, free)| pb::ProfileCapacity {
+                profile: p.name.clone(),
+                gi_profile_id: p.id,
+                slices: p.slices,
+                memory_bytes: p.memory_bytes,
+                sm_count: p.sm_count,
+                free: *free,
+                max_count: p.max_count,
+            })
+            .collect(),
+        mps_sm_percent_used: g.mps_sm_percent_used,
+        mps_memory_bytes_used: g.mps_memory_used,
+        whole_leased: g.whole_leased,
+        partitions: g.partitions.iter().map(partition_to_pb).collect(),
+        free_slices: g.free_slices,
+    }
+}
+
+pub fn resolved_to_pb(r: &Resolved) -> pb::ResolveTokenResponse {
+    pb::ResolveTokenResponse {
+        lease: Some(lease_to_pb(&r.lease, Some(&r.partition))),
+        tenant: r.lease.tenant.clone(),
+        devices: r
+            .devices
+            .iter()
+            .map(|d| pb::DeviceNode {
+                host_path: d.host_path.display().to_string(),
+                container_path: d.container_path.clone(),
+                r#type: "c".into(),
+                major: d.major,
+                minor: d.minor,
+                permissions: d.permissions.clone(),
+                file_mode: d.file_mode,
+            })
+            .collect(),
+        env: r.env.clone().into_iter().collect(),
+        mounts: r
+            .mounts
+            .iter()
+            .map(|m| pb::Mount {
+                source: m.source.display().to_string(),
+                destination: m.destination.clone(),
+                r#type: "bind".into(),
+                options: m.options.clone(),
+            })
+            .collect(),
+        visible_gpu_indices: r.visible_gpu_indices.clone(),
+        granted_capabilities: r.granted_capabilities.clone(),
+        cgroup_parent: r.cgroup_parent.clone(),
+        pids_limit: r.pids_limit,
+    }
+}

@@ -1,0 +1,1891 @@
+//! The lease manager: admission, placement, write-ahead hardware changes, expiry,
+//! revocation and reconciliation at start.
+//!
+//! Protocol for every hardware change (invariant 2 of DESIGN.md):
+//! 1. reserve in memory (under the state lock) so no concurrent call takes the same
+//!    placement or share;
+//! 2. durably record the intent (lease + partition + intent row in one commit);
+//! 3. change the hardware;
+//! 4. durably record the outcome and finish the intent;
+//! 5. publish in memory and acknowledge.
+//!
+//! A crash between any two steps leaves an open intent that [`LeaseManager::start`]
+//! resolves: it adopts what the daemon created, undoes half-done work, and never
+//! touches instances no record explains.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::{Notify, broadcast};
+use tracing::{info, warn};
+
+use crate::config::{Config, OnRelease};
+use crate::gpu::{GiProfile, GpuBackend, GpuError, GpuInfo, MigInstance, MpsSpec, NvmlCode};
+use crate::partition::{
+    self, GpuView, MpsShare, OccupiedMig, PlanDecision, PlanError, PlanOptions, Shape,
+};
+use crate::store::{LeaseQuery, Store, StoreError};
+
+use super::devices::{self, Resolved};
+use super::model::{
+    ContainerBinding, IntentOp, Lease, LeaseState, MigPart, MpsPart, Origin, PartKind, Partition,
+    PartitionState,
+};
+use super::token;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseError {
+    #[error("invalid {field}: {message}")]
+    InvalidArgument { field: &'static str, message: String },
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    ResourceExhausted(String),
+    #[error("{0}")]
+    FailedPrecondition(String),
+    #[error("{0}")]
+    PermissionDenied(String),
+    #[error("the daemon is shutting down")]
+    ShuttingDown,
+    #[error("GPU: {0}")]
+    Hardware(#[from] GpuError),
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
+    #[error("internal: {0}")]
+    Internal(String),
+}
+
+impl From<PlanError> for LeaseError {
+    fn from(e: PlanError) -> Self {
+        match e {
+            PlanError::InvalidShape(m) => LeaseError::InvalidArgument {
+                field: "shape",
+                message: m,
+            },
+            e @ PlanError::UnknownProfile { .. } => LeaseError::InvalidArgument {
+                field: "shape.mig.profile",
+                message: e.to_string(),
+            },
+            PlanError::NoCapacity(m) => LeaseError::ResourceExhausted(m),
+        }
+    }
+}
+
+/// Kinds of lease events (WatchLeases).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventKind {
+    Created,
+    Renewed,
+    Expiring,
+    Released,
+    Revoked,
+    Revoking,
+    Preempting,
+    ContainerBound,
+    ContainerUnbound,
+}
+
+#[derive(Debug, Clone)]
+pub struct LeaseEvent {
+    pub kind: EventKind,
+    pub lease: Lease,
+    pub partition: Option<Partition>,
+    pub at_ms: i64,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct CreateRequest {
+    pub tenant: String,
+    pub shape: Option<Shape>,
+    pub ttl: Option<Duration>,
+    pub request_id: Option<String>,
+    pub labels: BTreeMap<String, String>,
+    pub priority_class: Option<String>,
+    pub gpu_index: Option<u32>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Created {
+    pub lease: Lease,
+    pub partition: Option<Partition>,
+    /// None when the lease was found ended on a retry (no token is issued then).
+    pub token: Option<String>,
+    pub replayed: bool,
+}
+
+/// One GPU as the manager knows it.
+#[derive(Debug, Clone)]
+pub struct GpuState {
+    pub info: GpuInfo,
+    pub profiles: Vec<GiProfile>,
+}
+
+/// A GPU with its partitions and free capacity (GetNode).
+#[derive(Debug, Clone)]
+pub struct GpuReport {
+    pub info: GpuInfo,
+    pub profiles: Vec<(GiProfile, u32)>,
+    pub partitions: Vec<Partition>,
+    pub mps_sm_percent_used: u32,
+    pub mps_memory_used: u64,
+    pub whole_leased: bool,
+    pub free_slices: u32,
+}
+
+#[derive(Default)]
+struct State {
+    gpus: Vec<GpuState>,
+    leases: HashMap<String, Lease>,
+    partitions: HashMap<String, Partition>,
+    tokens: HashMap<String, String>,
+    requests: HashMap<(String, String), String>,
+    pending: HashMap<String, Arc<Notify>>,
+    /// Leases whose teardown is running right now.
+    tearing_down: HashSet<String>,
+    /// Leases that were told they are close to expiry.
+    expiring_notified: HashSet<String>,
+    /// MIG instances no record explains (never touched, but occupied).
+    foreign: Vec<MigInstance>,
+}
+
+pub struct LeaseManager {
+    config: Config,
+    backend: Arc<dyn GpuBackend>,
+    store: Arc<Store>,
+    state: Mutex<State>,
+    events: broadcast::Sender<LeaseEvent>,
+    shutting_down: std::sync::atomic::AtomicBool,
+    /// Unix ms of the housekeeping loop's last completed pass (watchdog feed).
+    heartbeat: std::sync::atomic::AtomicI64,
+}
+
+impl std::fmt::Debug for LeaseManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseManager").finish_non_exhaustive()
+    }
+}
+
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or_default()
+}
+
+fn new_id(prefix: &str) -> String {
+    let u = uuid::Uuid::new_v4().simple().to_string();
+    format!("{prefix}{}", &u[..20])
+}
+
+fn invalid(field: &'static str, message: impl Into<String>) -> LeaseError {
+    LeaseError::InvalidArgument {
+        field,
+        message: message.into(),
+    }
+}
+
+/// Tenant names: 1..=63 of [a-z0-9._-], starting with [a-z0-9] (fits a Kubernetes
+/// namespace, which the runtime may bind tenants to).
+pub fn validate_tenant(tenant: &str) -> Result<(), LeaseError> {
+    let ok = !tenant.is_empty()
+        && tenant.len() <= 63
+        && tenant
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
+        && tenant
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+    if ok {
+        Ok(())
+    } else {
+        Err(invalid(
+            "tenant",
+            format!(
+                "{:?} must be 1-63 characters of a-z, 0-9, '.', '_' or '-', starting with a letter or digit",
+                truncate(tenant, 80)
+            ),
+        ))
+    }
+}
+
+fn truncate(s: &str, n: usize) -> String {
+    if s.len() <= n {
+        s.to_string()
+    } else {
+        let mut end = n;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        format!("{}…", &s[..end])
+    }
+}
+
+fn validate_labels(labels: &BTreeMap<String, String>) -> Result<(), LeaseError> {
+    if labels.len() > 64 {
+        return Err(invalid("labels", format!("{} labels; at most 64", labels.len())));
+    }
+    for (k, v) in labels {
+        let key_ok = !k.is_empty()
+            && k.len() <= 253
+            && k.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._/-".contains(&b));
+        if !key_ok {
+            return Err(invalid(
+                "labels",
+                format!(
+                    "key {:?} must be 1-253 characters of A-Z, a-z, 0-9, '.', '_', '/', '-'",
+                    truncate(k, 80)
+                ),
+            ));
+        }
+        if v.len() > 1024 || v.chars().any(char::is_control) {
+            return Err(invalid(
+                "labels",
+                format!("value of {k:?} must be at most 1024 printable characters"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn validate_request_id(rid: &str) -> Result<(), LeaseError> {
+    if rid.len() > 128 || rid.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return Err(invalid(
+            "request_id",
+            "must be at most 128 characters without spaces or control characters",
+        ));
+    }
+    Ok(())
+}
+
+/// A hardware step that follows a durable intent.
+enum HwCreate {
+    Mig {
+        gpu: u32,
+        gi_profile_id: u32,
+        placement: crate::gpu::Placement,
+        ci_profile_id: Option<u32>,
+    },
+    Mps(MpsSpec),
+}
+
+enum HwDestroy {
+    Mig { gpu: u32, gi_id: u32 },
+    Mps { lease_id: String },
+}
+
+impl LeaseManager {
+    /// Load the store, reconcile it with the hardware, and set up the static layout.
+    pub fn start(
+        config: Config,
+        backend: Arc<dyn GpuBackend>,
+        store: Arc<Store>,
+    ) -> Result<Arc<LeaseManager>, LeaseError> {
+        let (events, _) = broadcast::channel(4096);
+        let mgr = Arc::new(LeaseManager {
+            config,
+            backend,
+            store,
+            state: Mutex::new(State::default()),
+            events,
+            shutting_down: std::sync::atomic::AtomicBool::new(false),
+            heartbeat: std::sync::atomic::AtomicI64::new(now_ms()),
+        });
+        mgr.load_and_reconcile()?;
+        mgr.ensure_static_layout()?;
+        Ok(mgr)
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    pub fn backend(&self) -> &Arc<dyn GpuBackend> {
+        &self.backend
+    }
+
+    /// Unix ms when the housekeeping loop last completed a pass.
+    pub fn heartbeat_ms(&self) -> i64 {
+        self.heartbeat.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    pub fn subscribe(&self) -> broadcast::Receiver<LeaseEvent> {
+        self.events.subscribe()
+    }
+
+    pub fn begin_shutdown(&self) {
+        self.shutting_down
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock would be a bug; keep serving with the data.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn emit(&self, kind: EventKind, lease: &Lease, partition: Option<&Partition>, msg: String) {
+        let _ = self.events.send(LeaseEvent {
+            kind,
+            lease: lease.clone(),
+            partition: partition.cloned(),
+            at_ms: now_ms(),
+            message: msg,
+        });
+    }
+
+    fn plan_options(&self, gpu_index: Option<u32>) -> PlanOptions {
+        PlanOptions {
+            strategy: self.config.partition.strategy,
+            mps_oversubscribe: self.config.partition.mps_oversubscribe,
+            dynamic_mig: self.config.partition.dynamic_mig,
+            gpu_index,
+        }
+    }
+
+    fn views(st: &State) -> Vec<GpuView> {
+        st.gpus
+            .iter()
+            .map(|g| {
+                let idx = g.info.index;
+                let mut mig = Vec::new();
+                let mut mps = Vec::new();
+                let mut whole = false;
+                for p in st.partitions.values().filter(|p| p.gpu == idx) {
+                    match &p.kind {
+                        PartKind::Mig(m) => mig.push(OccupiedMig {
+                            gi_profile_id: m.gi_profile_id,
+                            placement: m.placement,
+                            free_static: (p.lease_id.is_none()
+                                && p.state == PartitionState::Ready)
+                                .then(|| p.id.clone()),
+                        }),
+                        PartKind::Mps(m) => mps.push(MpsShare {
+                            sm_percent: m.sm_percent,
+                            memory_bytes: m.memory_bytes,
+                        }),
+                        PartKind::WholeGpu => whole = true,
+                    }
+                }
+                for f in st.foreign.iter().filter(|f| f.gpu == idx) {
+                    mig.push(OccupiedMig {
+                        gi_profile_id: f.gi_profile_id,
+                        placement: f.placement,
+                        free_static: None,
+                    });
+                }
+                GpuView {
+                    info: g.info.clone(),
+                    profiles: g.profiles.clone(),
+                    mig,
+                    mps,
+                    whole_leased: whole,
+                }
+            })
+            .collect()
+    }
+
+    // ---------------------------------------------------------------- queries
+
+    pub fn node(&self) -> Vec<GpuReport> {
+        let st = self.lock();
+        let views = Self::views(&st);
+        views
+            .iter()
+            .map(|v| {
+                let free = partition::planner::free_capacity(v);
+                let profiles = v
+                    .profiles
+                    .iter()
+                    .map(|p| {
+                        let n = free
+                            .iter()
+                            .find(|(id, _)| *id == p.id)
+                            .map(|(_, n)| *n)
+                            .unwrap_or(0);
+                        (p.clone(), n)
+                    })
+                    .collect();
+                let mut partitions: Vec<Partition> = st
+                    .partitions
+                    .values()
+                    .filter(|p| p.gpu == v.info.index)
+                    .cloned()
+                    .collect();
+                partitions.sort_by(|a, b| a.id.cmp(&b.id));
+                let used = partition::planner::used_memory_slices(v);
+                GpuReport {
+                    info: v.info.clone(),
+                    profiles,
+                    partitions,
+                    mps_sm_percent_used: v.mps.iter().map(|m| m.sm_percent).sum(),
+                    mps_memory_used: v.mps.iter().map(|m| m.memory_bytes).sum(),
+                    whole_leased: v.whole_leased,
+                    free_slices: if v.info.mig_current {
+                        8u32.saturating_sub(used)
+                    } else {
+                        0
+                    },
+                }
+            })
+            .collect()
+    }
+
+    /// A lease (live from memory, ended from the store) with its partition.
+    pub fn get(&self, id: &str) -> Result<(Lease, Option<Partition>), LeaseError> {
+        {
+            let st = self.lock();
+            if let Some(l) = st.leases.get(id) {
+                let p = st.partitions.get(&l.partition_id).cloned();
+                return Ok((l.clone(), p));
+            }
+        }
+        match self.store.get_lease(id)? {
+            Some(l) => Ok((l, None)),
+            None => Err(LeaseError::NotFound(format!("no lease {:?}", truncate(id, 80)))),
+        }
+    }
+
+    pub fn list(
+        &self,
+        tenant: Option<&str>,
+        state: Option<LeaseState>,
+        include_ended: bool,
+    ) -> Result<Vec<(Lease, Option<Partition>)>, LeaseError> {
+        let live_only = state.is_none_or(LeaseState::is_live) && !include_ended;
+        if live_only {
+            let st = self.lock();
+            let mut out: Vec<_> = st
+                .leases
+                .values()
+                .filter(|l| tenant.is_none_or(|t| l.tenant == t))
+                .filter(|l| state.is_none_or(|s| l.state == s))
+                .map(|l| (l.clone(), st.partitions.get(&l.partition_id).cloned()))
+                .collect();
+            out.sort_by_key(|(l, _)| l.created_at_ms);
+            return Ok(out);
+        }
+        let rows = self.store.list_leases(&LeaseQuery {
+            tenant: tenant.map(String::from),
+            state,
+            limit: 1000,
+        })?;
+        let st = self.lock();
+        Ok(rows
+            .into_iter()
+            .map(|l| {
+                // Prefer the in-memory copy of live leases (it is newer).
+                let l = st.leases.get(&l.id).cloned().unwrap_or(l);
+                let p = st.partitions.get(&l.partition_id).cloned();
+                (l, p)
+            })
+            .collect())
+    }
+
+    // ---------------------------------------------------------------- create
+
+    pub async fn create(&self, req: CreateRequest) -> Result<Created, LeaseError> {
+        if self.shutting_down.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(LeaseError::ShuttingDown);
+        }
+        validate_tenant(&req.tenant)?;
+        let shape = req
+            .shape
+            .clone()
+            .ok_or_else(|| invalid("shape", "one of mig, mps or whole_gpu is required"))?;
+        if let Some(rid) = &req.request_id {
+            validate_request_id(rid)?;
+        }
+        validate_labels(&req.labels)?;
+        let ttl = req.ttl.unwrap_or(self.config.lease.default_ttl);
+        if ttl < self.config.lease.min_ttl || ttl > self.config.lease.max_ttl {
+            return Err(invalid(
+                "ttl_seconds",
+                format!(
+                    "{}s is outside the allowed {}s..={}s",
+                    ttl.as_secs(),
+                    self.config.lease.min_ttl.as_secs(),
+                    self.config.lease.max_ttl.as_secs()
+                ),
+            ));
+        }
+        let priority_class = req.priority_class.clone().unwrap_or_default();
+
+        // Idempotent retries: an existing lease for (tenant, request_id).
+        loop {
+            let wait = {
+                let st = self.lock();
+                let key = req
+                    .request_id
+                    .as_ref()
+                    .map(|r| (req.tenant.clone(), r.clone()));
+                match key.and_then(|k| st.requests.get(&k).cloned()) {
+                    None => None,
+                    Some(lid) => match st.pending.get(&lid) {
+                        Some(n) => Some(Ok(n.clone().notified_owned())),
+                        None => Some(Err(lid)),
+                    },
+                }
+            };
+            match wait {
+                None => break,
+                Some(Ok(notified)) => {
+                    notified.await;
+                    continue;
+                }
+                Some(Err(lid)) => return self.replay(&lid).await,
+            }
+        }
+        if let Some(rid) = &req.request_id {
+            let ended = self.store.list_leases(&LeaseQuery {
+                tenant: Some(req.tenant.clone()),
+                state: None,
+                limit: 0,
+            })?;
+            if let Some(l) = ended
+                .into_iter()
+                .find(|l| l.request_id.as_deref() == Some(rid) && l.state != LeaseState::Failed)
+            {
+                return Ok(Created {
+                    lease: l,
+                    partition: None,
+                    token: None,
+                    replayed: true,
+                });
+            }
+        }
+
+        let now = now_ms();
+        let lease_id = new_id("l-");
+        let partition_id = new_id("p-");
+        let tok = token::generate();
+        let tok_hash = token::hash(&tok);
+        let notify = Arc::new(Notify::new());
+
+        // 1. Reserve under the lock.
+        let (lease, partition, hw) = {
+            let mut st = self.lock();
+            let views = Self::views(&st);
+            let decision = partition::plan(&shape, &views, &self.plan_options(req.gpu_index))?;
+            let gpu_index = match &decision {
+                PlanDecision::NewMig { gpu, .. }
+                | PlanDecision::Static { gpu, .. }
+                | PlanDecision::Mps { gpu }
+                | PlanDecision::WholeGpu { gpu } => *gpu,
+            };
+            let gpu = st
+                .gpus
+                .iter()
+                .find(|g| g.info.index == gpu_index)
+                .cloned()
+                .ok_or_else(|| LeaseError::Internal(format!("planner chose unknown GPU {gpu_index}")))?;
+            let (partition, hw) = match decision {
+                PlanDecision::NewMig {
+                    gpu: g,
+                    gi_profile_id,
+                    placement,
+                    ci_profile_id,
+                } => {
+                    let prof = gpu
+                        .profiles
+                        .iter()
+                        .find(|p| p.id == gi_profile_id)
+                        .ok_or_else(|| LeaseError::Internal("planner chose unknown profile".into()))?;
+                    let ci = ci_profile_id
+                        .and_then(|id| prof.ci_profiles.iter().find(|c| c.id == id));
+                    let p = Partition {
+                        id: partition_id.clone(),
+                        gpu: g,
+                        gpu_uuid: gpu.info.uuid.clone(),
+                        origin: Origin::Dynamic,
+                        state: PartitionState::Creating,
+                        lease_id: Some(lease_id.clone()),
+                        kind: PartKind::Mig(MigPart {
+                            gi_profile_id,
+                            profile: prof.name.clone(),
+                            placement,
+                            ci_profile_id,
+                            compute_profile: ci.map(|c| c.name.clone()),
+                            gi_id: None,
+                            ci_id: None,
+                            uuid: None,
+                            memory_bytes: prof.memory_bytes,
+                            sm_count: ci.map(|c| c.sm_count).unwrap_or(prof.sm_count),
+                            slices: prof.slices,
+                        }),
+                    };
+                    (
+                        p,
+                        Some(HwCreate::Mig {
+                            gpu: g,
+                            gi_profile_id,
+                            placement,
+                            ci_profile_id,
+                        }),
+                    )
+                }
+                PlanDecision::Static { partition_id: pid, .. } => {
+                    let mut p = st.partitions.get(&pid).cloned().ok_or_else(|| {
+                        LeaseError::Internal(format!("planner chose unknown partition {pid}"))
+                    })?;
+                    p.lease_id = Some(lease_id.clone());
+                    (p, None)
+                }
+                PlanDecision::Mps { gpu: g } => {
+                    let Shape::Mps {
+                        sm_percent,
+                        memory_bytes,
+                    } = shape
+                    else {
+                        return Err(LeaseError::Internal("MPS decision for a non-MPS shape".into()));
+                    };
+                    let base = self.config.daemon.run_dir.join("mps").join(&lease_id);
+                    let spec = MpsSpec {
+                        lease_id: lease_id.clone(),
+                        gpu: g,
+                        gpu_uuid: gpu.info.uuid.clone(),
+                        sm_percent,
+                        memory_bytes,
+                        pipe_dir: base.join("pipe"),
+                        log_dir: base.join("log"),
+                        owner_uid: None,
+                    };
+                    let p = Partition {
+                        id: partition_id.clone(),
+                        gpu: g,
+                        gpu_uuid: gpu.info.uuid.clone(),
+                        origin: Origin::Dynamic,
+                        state: PartitionState::Creating,
+                        lease_id: Some(lease_id.clone()),
+                        kind: PartKind::Mps(MpsPart {
+                            sm_percent,
+                            memory_bytes,
+                            pipe_dir: spec.pipe_dir.clone(),
+                            log_dir: spec.log_dir.clone(),
+                        }),
+                    };
+                    (p, Some(HwCreate::Mps(spec)))
+                }
+                PlanDecision::WholeGpu { gpu: g } => (
+                    Partition {
+                        id: partition_id.clone(),
+                        gpu: g,
+                        gpu_uuid: gpu.info.uuid.clone(),
+                        origin: Origin::Dynamic,
+                        state: PartitionState::Ready,
+                        lease_id: Some(lease_id.clone()),
+                        kind: PartKind::WholeGpu,
+                    },
+                    None,
+                ),
+            };
+            let lease = Lease {
+                id: lease_id.clone(),
+                tenant: req.tenant.clone(),
+                state: if hw.is_some() {
+                    LeaseState::Pending
+                } else {
+                    LeaseState::Active
+                },
+                shape: shape.clone(),
+                partition_id: partition.id.clone(),
+                gpu: partition.gpu,
+                created_at_ms: now,
+                expires_at_ms: now + ttl.as_millis() as i64,
+                ttl_secs: ttl.as_secs(),
+                request_id: req.request_id.clone(),
+                labels: req.labels.clone(),
+                priority_class,
+                burst: false,
+                ending_as: None,
+                end_reason: None,
+                ended_at_ms: None,
+                containers: vec![],
+            };
+            st.partitions.insert(partition.id.clone(), partition.clone());
+            st.leases.insert(lease.id.clone(), lease.clone());
+            if let Some(rid) = &lease.request_id {
+                st.requests
+                    .insert((lease.tenant.clone(), rid.clone()), lease.id.clone());
+            }
+            st.pending.insert(lease.id.clone(), notify.clone());
+            (lease, partition, hw)
+        };
+
+        // 2. Durable intent (or, without hardware work, the final record).
+        let op = match &hw {
+            Some(HwCreate::Mig { .. }) => Some(IntentOp::CreateMig),
+            Some(HwCreate::Mps(_)) => Some(IntentOp::StartMps),
+            None => None,
+        };
+        let (l2, p2, h2) = (lease.clone(), partition.clone(), tok_hash.clone());
+        let intent = self
+            .store
+            .write(move |w| {
+                w.put_lease(&l2)?;
+                w.put_partition(&p2)?;
+                w.add_token(&h2, &l2.id, now)?;
+                op.map(|op| w.begin_intent(op, &p2.id, Some(&l2.id), now))
+                    .transpose()
+            })
+            .await;
+        let intent = match intent {
+            Ok(i) => i,
+            Err(e) => {
+                self.forget_reservation(&lease, &partition, true);
+                return Err(match e {
+                    StoreError::DuplicateRequest { .. } => LeaseError::FailedPrecondition(
+                        "a lease with this request_id is being created concurrently; retry".into(),
+                    ),
+                    e => e.into(),
+                });
+            }
+        };
+
+        let Some(hw) = hw else {
+            // Static-pool partition or whole GPU: nothing to change on the hardware.
+            let mut st = self.lock();
+            st.tokens.insert(tok_hash, lease.id.clone());
+            if let Some(n) = st.pending.remove(&lease.id) {
+                n.notify_waiters();
+            }
+            drop(st);
+            self.emit(EventKind::Created, &lease, Some(&partition), String::new());
+            info!(lease = %lease.id, tenant = %lease.tenant, gpu = lease.gpu, "lease created");
+            return Ok(Created {
+                lease,
+                partition: Some(partition),
+                token: Some(tok),
+                replayed: false,
+            });
+        };
+        let intent = intent.ok_or_else(|| LeaseError::Internal("intent id missing".into()))?;
+
+        // 3. Hardware.
+        let result = self.hw_create(hw).await;
+
+        // 4. Outcome.
+        let mut lease = lease;
+        let mut partition = partition;
+        let now = now_ms();
+        match result {
+            Ok(inst) => {
+                partition.state = PartitionState::Ready;
+                if let (PartKind::Mig(m), Some(inst)) = (&mut partition.kind, inst) {
+                    m.gi_id = Some(inst.gi_id);
+                    m.ci_id = inst.ci_id;
+                    m.uuid = Some(inst.uuid);
+                }
+                lease.state = LeaseState::Active;
+                let (l2, p2) = (lease.clone(), partition.clone());
+                let res = self
+                    .store
+                    .write(move |w| {
+                        w.put_partition(&p2)?;
+                        w.put_lease(&l2)?;
+                        w.finish_intent(intent, now, "done")
+                    })
+                    .await;
+                if let Err(e) = res {
+                    // The hardware exists and the intent stays open: the next start
+                    // reconciles it. Keep the reservation so nothing else takes it.
+                    return Err(e.into());
+                }
+                let mut st = self.lock();
+                st.partitions.insert(partition.id.clone(), partition.clone());
+                st.leases.insert(lease.id.clone(), lease.clone());
+                st.tokens.insert(tok_hash, lease.id.clone());
+                if let Some(n) = st.pending.remove(&lease.id) {
+                    n.notify_waiters();
+                }
+                drop(st);
+                self.emit(EventKind::Created, &lease, Some(&partition), String::new());
+                info!(lease = %lease.id, tenant = %lease.tenant, gpu = lease.gpu, "lease created");
+                Ok(Created {
+                    lease,
+                    partition: Some(partition),
+                    token: Some(tok),
+                    replayed: false,
+                })
+            }
+            Err(e) => {
+                lease.state = LeaseState::Failed;
+                lease.end_reason = Some(format!("hardware set-up failed: {e}"));
+                lease.ended_at_ms = Some(now);
+                let (l2, pid) = (lease.clone(), partition.id.clone());
+                let res = self
+                    .store
+                    .write(move |w| {
+                        w.put_lease(&l2)?;
+                        w.delete_partition(&pid)?;
+                        w.delete_tokens(&l2.id)?;
+                        w.finish_intent(intent, now, "failed")
+                    })
+                    .await;
+                if res.is_ok() {
+                    self.forget_reservation(&lease, &partition, false);
+                }
+                Err(match e.nvml_code() {
+                    Some(NvmlCode::InsufficientResources) => LeaseError::ResourceExhausted(format!(
+                        "GPU {} has no room for this instance: {e}",
+                        partition.gpu
+                    )),
+                    _ => LeaseError::Hardware(e),
+                })
+            }
+        }
+    }
+
+    fn forget_reservation(&self, lease: &Lease, partition: &Partition, undo_static: bool) {
+        let mut st = self.lock();
+        st.leases.remove(&lease.id);
+        if let Some(rid) = &lease.request_id {
+            st.requests.remove(&(lease.tenant.clone(), rid.clone()));
+        }
+        if partition.origin == Origin::Static && undo_static {
+            if let Some(p) = st.partitions.get_mut(&partition.id) {
+                p.lease_id = None;
+            }
+        } else {
+            st.partitions.remove(&partition.id);
+        }
+        if let Some(n) = st.pending.remove(&lease.id) {
+            n.notify_waiters();
+        }
+    }
+
+    async fn replay(&self, lease_id: &str) -> Result<Created, LeaseError> {
+        let (lease, partition) = self.get(lease_id)?;
+        if !lease.state.is_live() {
+            return Ok(Created {
+                lease,
+                partition,
+                token: None,
+                replayed: true,
+            });
+        }
+        let tok = token::generate();
+        let h = token::hash(&tok);
+        let (h2, lid) = (h.clone(), lease.id.clone());
+        let now = now_ms();
+        self.store
+            .write(move |w| w.add_token(&h2, &lid, now))
+            .await?;
+        self.lock().tokens.insert(h, lease.id.clone());
+        Ok(Created {
+            lease,
+            partition,
+            token: Some(tok),
+            replayed: true,
+        })
+    }
+
+    async fn hw_create(&self, hw: HwCreate) -> Result<Option<MigInstance>, GpuError> {
+        let backend = self.backend.clone();
+        let run = move || match hw {
+            HwCreate::Mig {
+                gpu,
+                gi_profile_id,
+                placement,
+                ci_profile_id,
+            } => backend
+                .create_instance(gpu, gi_profile_id, placement, ci_profile_id)
+                .map(Some),
+            HwCreate::Mps(spec) => {
+                for dir in [&spec.pipe_dir, &spec.log_dir] {
+                    create_private_dir(dir)?;
+                }
+                backend.mps_start(&spec).map(|_| None)
+            }
+        };
+        tokio::task::spawn_blocking(run)
+            .await
+            .map_err(|e| GpuError::Mps {
+                lease: String::new(),
+                detail: format!("hardware task failed: {e}"),
+            })?
+    }
+
+    // ---------------------------------------------------------------- renew
+
+    pub async fn renew(&self, id: &str, ttl: Option<Duration>) -> Result<Lease, LeaseError> {
+        let lease = {
+            let mut st = self.lock();
+            let lease = st.leases.get_mut(id).ok_or_else(|| {
+                LeaseError::NotFound(format!("no live lease {:?}", truncate(id, 80)))
+            })?;
+            if lease.state != LeaseState::Active {
+                return Err(LeaseError::FailedPrecondition(format!(
+                    "lease {id} is {}, only active leases can be renewed",
+                    lease.state.as_str()
+                )));
+            }
+            let ttl = ttl.unwrap_or(Duration::from_secs(lease.ttl_secs));
+            if ttl < self.config.lease.min_ttl || ttl > self.config.lease.max_ttl {
+                return Err(invalid(
+                    "ttl_seconds",
+                    format!(
+                        "{}s is outside the allowed {}s..={}s",
+                        ttl.as_secs(),
+                        self.config.lease.min_ttl.as_secs(),
+                        self.config.lease.max_ttl.as_secs()
+                    ),
+                ));
+            }
+            lease.expires_at_ms = now_ms() + ttl.as_millis() as i64;
+            lease.ttl_secs = ttl.as_secs();
+            let l = lease.clone();
+            st.expiring_notified.remove(id);
+            l
+        };
+        let l2 = lease.clone();
+        self.store.write(move |w| w.put_lease(&l2)).await?;
+        self.emit(EventKind::Renewed, &lease, None, String::new());
+        Ok(lease)
+    }
+
+    // ---------------------------------------------------------------- end
+
+    /// Release (tenant), expire (TTL) or revoke (admin, preemption) a lease. Returns
+    /// the lease as it is afterwards: ended, or `revoking` when teardown must be
+    /// retried (it then finishes in the background).
+    pub async fn end(
+        &self,
+        id: &str,
+        ending_as: LeaseState,
+        reason: &str,
+    ) -> Result<Lease, LeaseError> {
+        let (lease, partition, teardown) = {
+            let mut st = self.lock();
+            let Some(lease) = st.leases.get(id).cloned() else {
+                // Already ended: releasing twice is not an error.
+                return match self.store.get_lease(id)? {
+                    Some(l) => Ok(l),
+                    None => Err(LeaseError::NotFound(format!(
+                        "no lease {:?}",
+                        truncate(id, 80)
+                    ))),
+                };
+            };
+            match lease.state {
+                LeaseState::Pending => {
+                    return Err(LeaseError::FailedPrecondition(format!(
+                        "lease {id} is still being created; retry in a moment"
+                    )));
+                }
+                LeaseState::Revoking => return Ok(lease),
+                _ => {}
+            }
+            if st.tearing_down.contains(id) {
+                return Ok(lease);
+            }
+            let partition = st
+                .partitions
+                .get(&lease.partition_id)
+                .cloned()
+                .ok_or_else(|| LeaseError::Internal(format!("lease {id} has no partition")))?;
+            let teardown = self.teardown_for(&partition);
+            let l = st.leases.get_mut(id).ok_or_else(|| LeaseError::Internal("vanished".into()))?;
+            l.state = LeaseState::Revoking;
+            l.ending_as = Some(ending_as);
+            l.end_reason = Some(reason.to_string());
+            let lease = l.clone();
+            st.tearing_down.insert(id.to_string());
+            (lease, partition, teardown)
+        };
+        let result = self.teardown(lease, partition, teardown).await;
+        self.lock().tearing_down.remove(id);
+        result
+    }
+
+    fn teardown_for(&self, p: &Partition) -> Option<HwDestroy> {
+        match &p.kind {
+            PartKind::Mig(m) => {
+                let keep = p.origin == Origin::Static
+                    || self.config.partition.on_release == OnRelease::Keep;
+                match (keep, m.gi_id) {
+                    (false, Some(gi_id)) => Some(HwDestroy::Mig { gpu: p.gpu, gi_id }),
+                    _ => None,
+                }
+            }
+            PartKind::Mps(_) => Some(HwDestroy::Mps {
+                lease_id: p.lease_id.clone().unwrap_or_default(),
+            }),
+            PartKind::WholeGpu => None,
+        }
+    }
+
+    async fn teardown(
+        &self,
+        mut lease: Lease,
+        partition: Partition,
+        hw: Option<HwDestroy>,
+    ) -> Result<Lease, LeaseError> {
+        let now = now_ms();
+        let op = match &hw {
+            Some(HwDestroy::Mig { .. }) => Some(IntentOp::DestroyMig),
+            Some(HwDestroy::Mps { .. }) => Some(IntentOp::StopMps),
+            None => None,
+        };
+        let mut destroying = partition.clone();
+        destroying.state = PartitionState::Destroying;
+        let intent = if let Some(op) = op {
+            let (l2, p2) = (lease.clone(), destroying.clone());
+            Some(
+                self.store
+                    .write(move |w| {
+                        w.put_lease(&l2)?;
+                        w.put_partition(&p2)?;
+                        w.begin_intent(op, &p2.id, Some(&l2.id), now)
+                    })
+                    .await?,
+            )
+        } else {
+            None
+        };
+        self.emit(
+            EventKind::Revoking,
+            &lease,
+            Some(&partition),
+            format!(
+                "ending as {}: {}",
+                lease.ending_as.unwrap_or(LeaseState::Released).as_str(),
+                lease.end_reason.clone().unwrap_or_default()
+            ),
+        );
+
+        if let Some(hw) = hw {
+            let backend = self.backend.clone();
+            let res = tokio::task::spawn_blocking(move || match hw {
+                HwDestroy::Mig { gpu, gi_id } => backend.destroy_instance(gpu, gi_id),
+                HwDestroy::Mps { lease_id } => backend.mps_stop(&lease_id),
+            })
+            .await
+            .map_err(|e| LeaseError::Internal(format!("hardware task failed: {e}")))?;
+            if let Err(e) = res {
+                warn!(lease = %lease.id, error = %e, "teardown failed; will retry");
+                let mut st = self.lock();
+                if let Some(p) = st.partitions.get_mut(&partition.id) {
+                    p.state = PartitionState::Destroying;
+                }
+                if let Some(l) = st.leases.get_mut(&lease.id) {
+                    *l = lease.clone();
+                }
+                drop(st);
+                self.emit(
+                    EventKind::Revoking,
+                    &lease,
+                    Some(&partition),
+                    format!("teardown failed, retrying: {e}"),
+                );
+                return Ok(lease);
+            }
+        }
+
+        let final_state = lease.ending_as.unwrap_or(LeaseState::Released);
+        lease.state = final_state;
+        lease.ended_at_ms = Some(now_ms());
+        let now = now_ms();
+        let back_to_pool = hw_keeps(&partition, self.config.partition.on_release);
+        let mut freed = partition.clone();
+        freed.lease_id = None;
+        freed.state = PartitionState::Ready;
+        let (l2, f2) = (lease.clone(), freed.clone());
+        self.store
+            .write(move |w| {
+                w.put_lease(&l2)?;
+                if back_to_pool {
+                    w.put_partition(&f2)?;
+                } else {
+                    w.delete_partition(&f2.id)?;
+                }
+                w.delete_tokens(&l2.id)?;
+                if let Some(i) = intent {
+                    w.finish_intent(i, now, "done")?;
+                }
+                Ok(())
+            })
+            .await?;
+        {
+            let mut st = self.lock();
+            st.leases.remove(&lease.id);
+            st.tokens.retain(|_, l| *l != lease.id);
+            st.expiring_notified.remove(&lease.id);
+            if let Some(rid) = &lease.request_id {
+                st.requests.remove(&(lease.tenant.clone(), rid.clone()));
+            }
+            if back_to_pool {
+                st.partitions.insert(freed.id.clone(), freed);
+            } else {
+                st.partitions.remove(&partition.id);
+            }
+        }
+        let kind = if final_state == LeaseState::Released {
+            EventKind::Released
+        } else {
+            EventKind::Revoked
+        };
+        self.emit(kind, &lease, Some(&partition), lease.end_reason.clone().unwrap_or_default());
+        info!(lease = %lease.id, state = final_state.as_str(), "lease ended");
+        Ok(lease)
+    }
+
+    // ---------------------------------------------------------------- runtime
+
+    pub fn resolve_token(&self, tok: &str) -> Result<Resolved, LeaseError> {
+        let not_found = || LeaseError::NotFound("unknown, expired or revoked lease token".into());
+        if !token::looks_valid(tok) {
+            return Err(not_found());
+        }
+        let h = token::hash(tok);
+        let (lease, partition, gpu) = {
+            let st = self.lock();
+            let lid = st.tokens.get(&h).ok_or_else(not_found)?;
+            let lease = st.leases.get(lid).cloned().ok_or_else(not_found)?;
+            if lease.state != LeaseState::Active {
+                return Err(LeaseError::FailedPrecondition(format!(
+                    "lease {} is {}",
+                    lease.id,
+                    lease.state.as_str()
+                )));
+            }
+            let partition = st
+                .partitions
+                .get(&lease.partition_id)
+                .cloned()
+                .ok_or_else(|| LeaseError::Internal("lease without partition".into()))?;
+            let gpu = st
+                .gpus
+                .iter()
+                .find(|g| g.info.index == partition.gpu)
+                .map(|g| g.info.clone())
+                .ok_or_else(|| LeaseError::Internal("partition on unknown GPU".into()))?;
+            (lease, partition, gpu)
+        };
+        let minors = match partition.kind {
+            PartKind::Mig(_) => self.backend.mig_minors()?,
+            _ => Default::default(),
+        };
+        Ok(devices::resolve(
+            &lease,
+            &partition,
+            gpu.minor,
+            &gpu.uuid,
+            &minors,
+            &self.config.devices,
+            self.config.lease.pids_limit,
+        ))
+    }
+
+    pub async fn bind_container(
+        &self,
+        tok: &str,
+        binding: ContainerBinding,
+    ) -> Result<Lease, LeaseError> {
+        if binding.id.is_empty() || binding.id.len() > 1024 {
+            return Err(invalid("container_id", "must be 1-1024 characters"));
+        }
+        let resolved = self.resolve_token(tok)?;
+        let lease = {
+            let mut st = self.lock();
+            let l = st
+                .leases
+                .get_mut(&resolved.lease.id)
+                .ok_or_else(|| LeaseError::NotFound("lease ended".into()))?;
+            l.containers.retain(|c| c.id != binding.id);
+            l.containers.push(binding.clone());
+            l.clone()
+        };
+        let l2 = lease.clone();
+        self.store.write(move |w| w.put_lease(&l2)).await?;
+        self.emit(EventKind::ContainerBound, &lease, None, binding.id);
+        Ok(lease)
+    }
+
+    pub async fn unbind_container(&self, container_id: &str) -> Result<(), LeaseError> {
+        let lease = {
+            let mut st = self.lock();
+            let Some(l) = st
+                .leases
+                .values_mut()
+                .find(|l| l.containers.iter().any(|c| c.id == container_id))
+            else {
+                return Ok(());
+            };
+            l.containers.retain(|c| c.id != container_id);
+            l.clone()
+        };
+        let l2 = lease.clone();
+        self.store.write(move |w| w.put_lease(&l2)).await?;
+        self.emit(
+            EventKind::ContainerUnbound,
+            &lease,
+            None,
+            container_id.to_string(),
+        );
+        Ok(())
+    }
+
+    // ---------------------------------------------------------------- background
+
+    /// One pass of the housekeeping loop: expire leases, warn of expiry, retry stuck
+    /// teardowns. Returns how many leases it ended.
+    pub async fn tick(&self) -> usize {
+        let now = now_ms();
+        let notice = self.config.lease.expiring_notice.as_millis() as i64;
+        let (expired, expiring, stuck) = {
+            let mut st = self.lock();
+            let mut expired = Vec::new();
+            let mut expiring = Vec::new();
+            let mut stuck = Vec::new();
+            for l in st.leases.values() {
+                if l.state == LeaseState::Active && l.expires_at_ms <= now {
+                    expired.push(l.id.clone());
+                } else if l.state == LeaseState::Active
+                    && l.expires_at_ms - notice <= now
+                    && !st.expiring_notified.contains(&l.id)
+                {
+                    expiring.push(l.clone());
+                } else if l.state == LeaseState::Revoking && !st.tearing_down.contains(&l.id) {
+                    stuck.push(l.id.clone());
+                }
+            }
+            for l in &expiring {
+                st.expiring_notified.insert(l.id.clone());
+            }
+            (expired, expiring, stuck)
+        };
+        for l in expiring {
+            let left = (l.expires_at_ms - now).max(0) / 1000;
+            self.emit(
+                EventKind::Expiring,
+                &l,
+                None,
+                format!("expires in {left}s unless renewed"),
+            );
+        }
+        let mut ended = 0;
+        for id in expired {
+            match self.end(&id, LeaseState::Expired, "TTL ran out").await {
+                Ok(_) => ended += 1,
+                Err(e) => warn!(lease = %id, error = %e, "could not expire lease"),
+            }
+        }
+        for id in stuck {
+            if let Err(e) = self.retry_teardown(&id).await {
+                warn!(lease = %id, error = %e, "teardown retry failed");
+            }
+        }
+        ended
+    }
+
+    async fn retry_teardown(&self, id: &str) -> Result<(), LeaseError> {
+        let (lease, partition) = {
+            let mut st = self.lock();
+            if st.tearing_down.contains(id) {
+                return Ok(());
+            }
+            let Some(lease) = st.leases.get(id).cloned() else {
+                return Ok(());
+            };
+            let Some(p) = st.partitions.get(&lease.partition_id).cloned() else {
+                return Ok(());
+            };
+            st.tearing_down.insert(id.to_string());
+            (lease, p)
+        };
+        let hw = self.teardown_for(&partition);
+        let r = self.teardown(lease, partition, hw).await;
+        self.lock().tearing_down.remove(id);
+        r.map(|_| ())
+    }
+
+    /// Run [`LeaseManager::tick`] until `stop` fires.
+    pub async fn run_housekeeping(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
+        let mut every = tokio::time::interval(Duration::from_millis(250));
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_prune = now_ms();
+        loop {
+            tokio::select! {
+                _ = every.tick() => {}
+                _ = stop.changed() => return,
+            }
+            self.tick().await;
+            self.heartbeat
+                .store(now_ms(), std::sync::atomic::Ordering::SeqCst);
+            if now_ms() - last_prune > 3_600_000 {
+                last_prune = now_ms();
+                let before = now_ms() - self.config.lease.retain_ended.as_millis() as i64;
+                if let Err(e) = self.store.write(move |w| w.prune(before)).await {
+                    warn!(error = %e, "pruning ended leases failed");
+                }
+            }
+        }
+    }
+
+    // ---------------------------------------------------------------- start-up
+
+    fn load_and_reconcile(&self) -> Result<(), LeaseError> {
+        let devices = self.backend.devices()?;
+        let mut gpus = Vec::new();
+        for info in devices {
+            let profiles = if info.mig_current {
+                self.backend.gi_profiles(info.index)?
+            } else {
+                Vec::new()
+            };
+            gpus.push(GpuState { info, profiles });
+        }
+        let snap = self.store.snapshot()?;
+        let mut st = State {
+            gpus,
+            ..Default::default()
+        };
+        for p in snap.partitions {
+            st.partitions.insert(p.id.clone(), p);
+        }
+        for l in snap.leases {
+            if let Some(rid) = &l.request_id {
+                st.requests
+                    .insert((l.tenant.clone(), rid.clone()), l.id.clone());
+            }
+            st.leases.insert(l.id.clone(), l);
+        }
+        for (h, lid) in snap.tokens {
+            st.tokens.insert(h, lid);
+        }
+        let mut instances: HashMap<u32, Vec<MigInstance>> = HashMap::new();
+        for g in &st.gpus {
+            if g.info.mig_current {
+                instances.insert(g.info.index, self.backend.instances(g.info.index)?);
+            }
+        }
+        let now = now_ms();
+        let mut report = Reconciled::default();
+
+        // Open intents first: each explains a hardware change that may be half done.
+        for intent in &snap.intents {
+            self.reconcile_intent(&mut st, &mut instances, intent, now, &mut report)?;
+        }
+
+        // Records that point at hardware: verify it is still there.
+        let mps_running: HashSet<String> = self
+            .backend
+            .mps_daemons()?
+            .into_iter()
+            .filter(|d| d.running)
+            .map(|d| d.spec.lease_id)
+            .collect();
+        let ids: Vec<String> = st.partitions.keys().cloned().collect();
+        for id in ids {
+            let Some(p) = st.partitions.get(&id).cloned() else {
+                continue;
+            };
+            if p.state != PartitionState::Ready {
+                continue;
+            }
+            match &p.kind {
+                PartKind::Mig(m) => {
+                    let present = instances.get(&p.gpu).is_some_and(|v| {
+                        v.iter().any(|i| Some(i.gi_id) == m.gi_id && Some(&i.uuid) == m.uuid.as_ref())
+                    });
+                    if !present {
+                        // The instance vanished (GPU reset, reboot): recreate it at
+                        // the same placement for the lease that holds it.
+                        self.recreate_vanished(&mut st, &p, m, now, &mut report)?;
+                        if let Some(inst) = st
+                            .partitions
+                            .get(&p.id)
+                            .and_then(|p| p.mig().and_then(|m| m.gi_id))
+                        {
+                            let list = instances.entry(p.gpu).or_default();
+                            if let Ok(all) = self.backend.instances(p.gpu) {
+                                *list = all;
+                            }
+                            let _ = inst;
+                        }
+                    }
+                }
+                PartKind::Mps(m) => {
+                    if let Some(lid) = &p.lease_id
+                        && !mps_running.contains(lid)
+                    {
+                        let spec = MpsSpec {
+                            lease_id: lid.clone(),
+                            gpu: p.gpu,
+                            gpu_uuid: p.gpu_uuid.clone(),
+                            sm_percent: m.sm_percent,
+                            memory_bytes: m.memory_bytes,
+                            pipe_dir: m.pipe_dir.clone(),
+                            log_dir: m.log_dir.clone(),
+                            owner_uid: None,
+                        };
+                        for dir in [&spec.pipe_dir, &spec.log_dir] {
+                            create_private_dir(dir)?;
+                        }
+                        self.backend.mps_start(&spec)?;
+                        report.mps_restarted += 1;
+                    }
+                }
+                PartKind::WholeGpu => {}
+            }
+        }
+
+        // Instances no record explains: never touched, but counted as occupied.
+        for (gpu, list) in &instances {
+            for inst in list {
+                let explained = st.partitions.values().any(|p| {
+                    p.gpu == *gpu
+                        && p.mig().is_some_and(|m| {
+                            m.gi_id == Some(inst.gi_id) || m.placement == inst.placement
+                        })
+                });
+                if !explained {
+                    warn!(gpu, gi = inst.gi_id, uuid = %inst.uuid,
+                        "MIG instance not created by tesserad: leaving it alone and treating its placement as occupied");
+                    st.foreign.push(inst.clone());
+                }
+            }
+        }
+        info!(
+            leases = st.leases.len(),
+            partitions = st.partitions.len(),
+            intents = snap.intents.len(),
+            adopted = report.adopted,
+            rolled_back = report.rolled_back,
+            recreated = report.recreated,
+            mps_restarted = report.mps_restarted,
+            foreign = st.foreign.len(),
+            "state loaded and reconciled with the hardware"
+        );
+        *self.lock() = st;
+        Ok(())
+    }
+
+    fn reconcile_intent(
+        &self,
+        st: &mut State,
+        instances: &mut HashMap<u32, Vec<MigInstance>>,
+        intent: &super::model::Intent,
+        now: i64,
+        report: &mut Reconciled,
+    ) -> Result<(), LeaseError> {
+        let iid = intent.id;
+        let Some(p) = st.partitions.get(&intent.partition_id).cloned() else {
+            self.store
+                .write_blocking(move |w| w.finish_intent(iid, now, "orphan"))?;
+            return Ok(());
+        };
+        let lease = p.lease_id.as_ref().and_then(|l| st.leases.get(l).cloned());
+        match intent.op {
+            IntentOp::CreateMig => {
+                let Some(m) = p.mig().cloned() else {
+                    return Ok(());
+                };
+                let list = instances.entry(p.gpu).or_default();
+                let found = list
+                    .iter()
+                    .find(|i| i.placement == m.placement && i.gi_profile_id == m.gi_profile_id)
+                    .cloned();
+                match found {
+                    Some(inst) if inst.ci_id.is_some() => {
+                        // Created completely: adopt it.
+                        let mut p2 = p.clone();
+                        if let PartKind::Mig(mm) = &mut p2.kind {
+                            mm.gi_id = Some(inst.gi_id);
+                            mm.ci_id = inst.ci_id;
+                            mm.uuid = Some(inst.uuid.clone());
+                        }
+                        p2.state = PartitionState::Ready;
+                        let mut l2 = lease.clone();
+                        if let Some(l) = &mut l2
+                            && l.state == LeaseState::Pending
+                        {
+                            l.state = LeaseState::Active;
+                        }
+                        let (pp, ll) = (p2.clone(), l2.clone());
+                        self.store.write_blocking(move |w| {
+                            w.put_partition(&pp)?;
+                            if let Some(l) = &ll {
+                                w.put_lease(l)?;
+                            }
+                            w.finish_intent(iid, now, "adopted")
+                        })?;
+                        st.partitions.insert(p2.id.clone(), p2);
+                        if let Some(l) = l2 {
+                            st.leases.insert(l.id.clone(), l);
+                        }
+                        report.adopted += 1;
+                    }
+                    other => {
+                        if let Some(inst) = other {
+                            // A GI without its CI: our half-done create. Undo it.
+                            self.backend.destroy_instance(inst.gpu, inst.gi_id)?;
+                            list.retain(|i| i.gi_id != inst.gi_id);
+                        }
+                        self.fail_creation(st, &p, lease, iid, now)?;
+                        report.rolled_back += 1;
+                    }
+                }
+            }
+            IntentOp::StartMps => {
+                let lid = p.lease_id.clone().unwrap_or_default();
+                let running = self
+                    .backend
+                    .mps_daemons()?
+                    .iter()
+                    .any(|d| d.spec.lease_id == lid && d.running);
+                if running {
+                    let mut p2 = p.clone();
+                    p2.state = PartitionState::Ready;
+                    let mut l2 = lease.clone();
+                    if let Some(l) = &mut l2 {
+                        l.state = LeaseState::Active;
+                    }
+                    let (pp, ll) = (p2.clone(), l2.clone());
+                    self.store.write_blocking(move |w| {
+                        w.put_partition(&pp)?;
+                        if let Some(l) = &ll {
+                            w.put_lease(l)?;
+                        }
+                        w.finish_intent(iid, now, "adopted")
+                    })?;
+                    st.partitions.insert(p2.id.clone(), p2);
+                    if let Some(l) = l2 {
+                        st.leases.insert(l.id.clone(), l);
+                    }
+                    report.adopted += 1;
+                } else {
+                    let _ = self.backend.mps_stop(&lid);
+                    self.fail_creation(st, &p, lease, iid, now)?;
+                    report.rolled_back += 1;
+                }
+            }
+            IntentOp::DestroyMig | IntentOp::StopMps => {
+                let hw = match (&p.kind, intent.op) {
+                    (PartKind::Mig(m), IntentOp::DestroyMig) => {
+                        let list = instances.entry(p.gpu).or_default();
+                        let present = list
+                            .iter()
+                            .any(|i| Some(i.gi_id) == m.gi_id && Some(&i.uuid) == m.uuid.as_ref());
+                        if present {
+                            let gi = m.gi_id.unwrap_or_default();
+                            if let Err(e) = self.backend.destroy_instance(p.gpu, gi) {
+                                warn!(partition = %p.id, error = %e, "teardown still fails; will retry");
+                                return Ok(());
+                            }
+                            list.retain(|i| i.gi_id != gi);
+                        }
+                        true
+                    }
+                    _ => {
+                        if let Some(l) = &p.lease_id {
+                            self.backend.mps_stop(l)?;
+                        }
+                        true
+                    }
+                };
+                let _ = hw;
+                let mut l2 = lease.clone();
+                if let Some(l) = &mut l2 {
+                    l.state = l.ending_as.unwrap_or(LeaseState::Released);
+                    l.ended_at_ms = Some(now);
+                }
+                let (pid, ll) = (p.id.clone(), l2.clone());
+                self.store.write_blocking(move |w| {
+                    w.delete_partition(&pid)?;
+                    if let Some(l) = &ll {
+                        w.put_lease(l)?;
+                        w.delete_tokens(&l.id)?;
+                    }
+                    w.finish_intent(iid, now, "done")
+                })?;
+                st.partitions.remove(&p.id);
+                if let Some(l) = l2 {
+                    st.leases.remove(&l.id);
+                    st.tokens.retain(|_, v| *v != l.id);
+                    if let Some(rid) = &l.request_id {
+                        st.requests.remove(&(l.tenant.clone(), rid.clone()));
+                    }
+                }
+                report.rolled_back += 0;
+            }
+        }
+        Ok(())
+    }
+
+    fn fail_creation(
+        &self,
+        st: &mut State,
+        p: &Partition,
+        lease: Option<Lease>,
+        iid: i64,
+        now: i64,
+    ) -> Result<(), LeaseError> {
+        let mut l2 = lease;
+        if let Some(l) = &mut l2 {
+            l.state = LeaseState::Failed;
+            l.end_reason = Some("the daemon stopped while creating the partition".into());
+            l.ended_at_ms = Some(now);
+        }
+        let (pid, ll) = (p.id.clone(), l2.clone());
+        self.store.write_blocking(move |w| {
+            w.delete_partition(&pid)?;
+            if let Some(l) = &ll {
+                w.put_lease(l)?;
+                w.delete_tokens(&l.id)?;
+            }
+            w.finish_intent(iid, now, "rolled back")
+        })?;
+        st.partitions.remove(&p.id);
+        if let Some(l) = l2 {
+            st.leases.remove(&l.id);
+            st.tokens.retain(|_, v| *v != l.id);
+            if let Some(rid) = &l.request_id {
+                st.requests.remove(&(l.tenant.clone(), rid.clone()));
+            }
+        }
+        Ok(())
+    }
+
+    fn recreate_vanished(
+        &self,
+        st: &mut State,
+        p: &Partition,
+        m: &MigPart,
+        now: i64,
+        report: &mut Reconciled,
+    ) -> Result<(), LeaseError> {
+        warn!(partition = %p.id, gpu = p.gpu, "MIG instance of a record is gone (GPU reset or reboot?): re-creating it");
+        let pid = p.id.clone();
+        let lid = p.lease_id.clone();
+        let iid = self.store.write_blocking(move |w| {
+            w.begin_intent(IntentOp::CreateMig, &pid, lid.as_deref(), now)
+        })?;
+        match self
+            .backend
+            .create_instance(p.gpu, m.gi_profile_id, m.placement, m.ci_profile_id)
+        {
+            Ok(inst) => {
+                let mut p2 = p.clone();
+                if let PartKind::Mig(mm) = &mut p2.kind {
+                    mm.gi_id = Some(inst.gi_id);
+                    mm.ci_id = inst.ci_id;
+                    mm.uuid = Some(inst.uuid);
+                }
+                let pp = p2.clone();
+                self.store.write_blocking(move |w| {
+                    w.put_partition(&pp)?;
+                    w.finish_intent(iid, now, "recreated")
+                })?;
+                st.partitions.insert(p2.id.clone(), p2);
+                report.recreated += 1;
+            }
+            Err(e) => {
+                warn!(partition = %p.id, error = %e, "could not re-create the MIG instance; revoking its lease");
+                let mut l2 = p.lease_id.as_ref().and_then(|l| st.leases.get(l).cloned());
+                if let Some(l) = &mut l2 {
+                    l.state = LeaseState::Revoked;
+                    l.end_reason = Some(format!("MIG instance vanished and could not be re-created: {e}"));
+                    l.ended_at_ms = Some(now);
+                }
+                let (pid, ll) = (p.id.clone(), l2.clone());
+                self.store.write_blocking(move |w| {
+                    w.delete_partition(&pid)?;
+                    if let Some(l) = &ll {
+                        w.put_lease(l)?;
+                        w.delete_tokens(&l.id)?;
+                    }
+                    w.finish_intent(iid, now, "failed")
+                })?;
+                st.partitions.remove(&p.id);
+                if let Some(l) = l2 {
+                    st.leases.remove(&l.id);
+                    st.tokens.retain(|_, v| *v != l.id);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Create the operator's static MIG layout where it is missing.
+    fn ensure_static_layout(&self) -> Result<(), LeaseError> {
+        for layout in &self.config.partition.static_layouts {
+            for (profile, want) in &layout.devices {
+                loop {
+                    let (have, decision, gpu) = {
+                        let st = self.lock();
+                        let gpu = st
+                            .gpus
+                            .iter()
+                            .find(|g| g.info.index == layout.gpu)
+                            .cloned()
+                            .ok_or_else(|| {
+                                LeaseError::FailedPrecondition(format!(
+                                    "static layout names GPU {} which this host does not have",
+                                    layout.gpu
+                                ))
+                            })?;
+                        if !gpu.info.mig_current {
+                            return Err(LeaseError::FailedPrecondition(format!(
+                                "static layout for GPU {} needs MIG mode, which is off (tesserad never toggles it)",
+                                layout.gpu
+                            )));
+                        }
+                        let have = st
+                            .partitions
+                            .values()
+                            .filter(|p| {
+                                p.gpu == layout.gpu
+                                    && p.origin == Origin::Static
+                                    && p.mig().is_some_and(|m| m.profile.eq_ignore_ascii_case(profile))
+                            })
+                            .count() as u32;
+                        if have >= *want {
+                            break;
+                        }
+                        let views = Self::views(&st);
+                        let mut opts = self.plan_options(Some(layout.gpu));
+                        opts.dynamic_mig = true;
+                        let shape = Shape::Mig {
+                            profile: profile.clone(),
+                            compute_profile: None,
+                        };
+                        let decision = match partition::plan(&shape, &views, &opts) {
+                            Ok(PlanDecision::NewMig { .. }) | Err(_) => {
+                                // Never take an existing free instance for the layout.
+                                let mut o2 = opts.clone();
+                                o2.dynamic_mig = true;
+                                let mut v2 = views.clone();
+                                for v in &mut v2 {
+                                    for m in &mut v.mig {
+                                        m.free_static = None;
+                                    }
+                                }
+                                partition::plan(&shape, &v2, &o2).map_err(|e| {
+                                    LeaseError::FailedPrecondition(format!(
+                                        "static layout for GPU {}: cannot place {profile}: {e}",
+                                        layout.gpu
+                                    ))
+                                })?
+                            }
+                            Ok(d) => d,
+                        };
+                        (have, decision, gpu)
+                    };
+                    let PlanDecision::NewMig {
+                        gpu: g,
+                        gi_profile_id,
+                        placement,
+                        ci_profile_id,
+                    } = decision
+                    else {
+                        return Err(LeaseError::Internal(format!(
+                            "static layout for GPU {}: planner did not create a new instance",
+                            layout.gpu
+                        )));
+                    };
+                    let prof = gpu
+                        .profiles
+                        .iter()
+                        .find(|p| p.id == gi_profile_id)
+                        .cloned()
+                        .ok_or_else(|| LeaseError::Internal("unknown profile".into()))?;
+                    let now = now_ms();
+                    let mut p = Partition {
+                        id: new_id("p-"),
+                        gpu: g,
+                        gpu_uuid: gpu.info.uuid.clone(),
+                        origin: Origin::Static,
+                        state: PartitionState::Creating,
+                        lease_id: None,
+                        kind: PartKind::Mig(MigPart {
+                            gi_profile_id,
+                            profile: prof.name.clone(),
+                            placement,
+                            ci_profile_id,
+                            compute_profile: None,
+                            gi_id: None,
+                            ci_id: None,
+                            uuid: None,
+                            memory_bytes: prof.memory_bytes,
+                            sm_count: prof.sm_count,
+                            slices: prof.slices,
+                        }),
+                    };
+                    self.lock().partitions.insert(p.id.clone(), p.clone());
+                    let pp = p.clone();
+                    let iid = self.store.write_blocking(move |w| {
+                        w.put_partition(&pp)?;
+                        w.begin_intent(IntentOp::CreateMig, &pp.id, None, now)
+                    })?;
+                    let inst = self
+                        .backend
+                        .create_instance(g, gi_profile_id, placement, ci_profile_id);
+                    match inst {
+                        Ok(inst) => {
+                            if let PartKind::Mig(m) = &mut p.kind {
+                                m.gi_id = Some(inst.gi_id);
+                                m.ci_id = inst.ci_id;
+                                m.uuid = Some(inst.uuid);
+                            }
+                            p.state = PartitionState::Ready;
+                            let pp = p.clone();
+                            self.store.write_blocking(move |w| {
+                                w.put_partition(&pp)?;
+                                w.finish_intent(iid, now, "done")
+                            })?;
+                            info!(gpu = g, profile = %prof.name, start = placement.start, n = have + 1, "static partition created");
+                            self.lock().partitions.insert(p.id.clone(), p);
+                        }
+                        Err(e) => {
+                            let pid = p.id.clone();
+                            self.store.write_blocking(move |w| {
+                                w.delete_partition(&pid)?;
+                                w.finish_intent(iid, now, "failed")
+                            })?;
+                            self.lock().partitions.remove(&p.id);
+                            return Err(e.into());
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Shared read of state for tests and metrics: (live leases, partitions).
+    pub fn counts(&self) -> (usize, usize) {
+        let st = self.lock();
+        (st.leases.len(), st.partitions.len())
+    }
+}
+
+fn hw_keeps(p: &Partition, on_release: OnRelease) -> bool {
+    matches!(p.kind, PartKind::Mig(_))
+        && (p.origin == Origin::Static || on_release == OnRelease::Keep)
+}
+
+#[derive(Default)]
+struct Reconciled {
+    adopted: usize,
+    rolled_back: usize,
+    recreated: usize,
+    mps_restarted: usize,
+}
+
+/// Create a directory (and parents) with mode 0700.
+fn create_private_dir(dir: &std::path::Path) -> Result<(), GpuError> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .and_then(|_| std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)))
+        .map_err(|source| GpuError::Io {
+            path: dir.to_path_buf(),
+            source,
+        })
+}

@@ -1,0 +1,72 @@
+//! Versioned schema migrations, applied in order inside one transaction each.
+
+use std::path::Path;
+
+use rusqlite::Connection;
+
+use super::StoreError;
+
+/// Each entry upgrades the schema from version i to i+1.
+const MIGRATIONS: &[&str] = &[
+    // 1: leases, partitions, tokens, intents
+    "CREATE TABLE leases (
+        id TEXT PRIMARY KEY,
+        tenant TEXT NOT NULL,
+        state TEXT NOT NULL,
+        request_id TEXT,
+        created_at_ms INTEGER NOT NULL,
+        expires_at_ms INTEGER NOT NULL,
+        ended_at_ms INTEGER,
+        body TEXT NOT NULL
+    );
+    CREATE INDEX leases_tenant ON leases(tenant, state);
+    CREATE INDEX leases_state ON leases(state);
+    -- A request id names at most one non-failed lease per tenant (idempotent retries).
+    CREATE UNIQUE INDEX leases_request ON leases(tenant, request_id)
+        WHERE request_id IS NOT NULL AND state <> 'failed';
+    CREATE TABLE partitions (
+        id TEXT PRIMARY KEY,
+        gpu INTEGER NOT NULL,
+        lease_id TEXT,
+        body TEXT NOT NULL
+    );
+    CREATE TABLE tokens (
+        hash TEXT PRIMARY KEY,
+        lease_id TEXT NOT NULL,
+        created_at_ms INTEGER NOT NULL
+    );
+    CREATE INDEX tokens_lease ON tokens(lease_id);
+    CREATE TABLE intents (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        op TEXT NOT NULL,
+        partition_id TEXT NOT NULL,
+        lease_id TEXT,
+        created_at_ms INTEGER NOT NULL,
+        done_at_ms INTEGER,
+        outcome TEXT
+    );
+    CREATE INDEX intents_open ON intents(done_at_ms);",
+];
+
+pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+pub fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> {
+    let found: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    if found > SCHEMA_VERSION {
+        return Err(StoreError::TooNew {
+            path: path.to_path_buf(),
+            found,
+            known: SCHEMA_VERSION,
+        });
+    }
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(found as usize) {
+        let version = i as i64 + 1;
+        conn.execute_batch(&format!(
+            "BEGIN IMMEDIATE; {sql}; PRAGMA user_version = {version}; COMMIT;"
+        ))
+        .inspect_err(|_| {
+            let _ = conn.execute_batch("ROLLBACK");
+        })?;
+    }
+    Ok(())
+}

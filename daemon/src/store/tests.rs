@@ -1,0 +1,160 @@
+use std::collections::BTreeMap;
+
+use super::*;
+use crate::lease::model::{LeaseState, Origin, PartKind, PartitionState};
+use crate::partition::Shape;
+
+fn lease(id: &str, tenant: &str, request_id: Option<&str>) -> Lease {
+    Lease {
+        id: id.into(),
+        tenant: tenant.into(),
+        state: LeaseState::Active,
+        shape: Shape::WholeGpu,
+        partition_id: format!("p-{id}"),
+        gpu: 0,
+        created_at_ms: 1,
+        expires_at_ms: 2,
+        ttl_secs: 60,
+        request_id: request_id.map(String::from),
+        labels: BTreeMap::new(),
+        priority_class: String::new(),
+        burst: false,
+        ending_as: None,
+        end_reason: None,
+        ended_at_ms: None,
+        containers: vec![],
+    }
+}
+
+#[test]
+fn leases_partitions_and_intents_survive_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = Store::open(dir.path()).unwrap();
+        store
+            .write_blocking(|w| {
+                w.put_lease(&lease("l1", "a", Some("r1")))?;
+                w.put_partition(&Partition {
+                    id: "p-l1".into(),
+                    gpu: 0,
+                    gpu_uuid: "GPU-x".into(),
+                    origin: Origin::Dynamic,
+                    state: PartitionState::Ready,
+                    lease_id: Some("l1".into()),
+                    kind: PartKind::WholeGpu,
+                })?;
+                w.add_token("h1", "l1", 5)?;
+                w.begin_intent(IntentOp::CreateMig, "p-l1", Some("l1"), 5)?;
+                Ok(())
+            })
+            .unwrap();
+    }
+    let store = Store::open(dir.path()).unwrap();
+    let snap = store.snapshot().unwrap();
+    assert_eq!(snap.leases.len(), 1);
+    assert_eq!(snap.leases[0], lease("l1", "a", Some("r1")));
+    assert_eq!(snap.partitions.len(), 1);
+    assert_eq!(snap.tokens, vec![("h1".to_string(), "l1".to_string())]);
+    assert_eq!(snap.intents.len(), 1);
+    assert_eq!(snap.intents[0].op, IntentOp::CreateMig);
+}
+
+#[test]
+fn second_open_of_the_same_state_dir_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let _first = Store::open(dir.path()).unwrap();
+    let err = Store::open(dir.path()).unwrap_err();
+    assert!(matches!(err, StoreError::Locked { .. }), "{err}");
+    assert!(err.to_string().contains("another tesserad"), "{err}");
+}
+
+#[test]
+fn damaged_database_is_refused_not_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("tessera.db");
+    std::fs::write(&db, vec![0x42u8; 8192]).unwrap();
+    let err = Store::open(dir.path()).unwrap_err();
+    assert!(matches!(err, StoreError::Damaged { .. }), "{err}");
+    // The damaged file is left as it was for the operator.
+    assert_eq!(std::fs::read(&db).unwrap(), vec![0x42u8; 8192]);
+}
+
+#[test]
+fn a_failing_write_does_not_undo_its_batch_neighbours() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = std::sync::Arc::new(Store::open(dir.path()).unwrap());
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut handles = Vec::new();
+        for i in 0..64 {
+            let store = store.clone();
+            handles.push(tokio::spawn(async move {
+                store
+                    .write(move |w| {
+                        // Every 4th write reuses a request id: a constraint failure.
+                        let rid = if i % 4 == 0 { "dup".to_string() } else { format!("r{i}") };
+                        w.put_lease(&lease(&format!("l{i}"), "t", Some(&rid)))
+                    })
+                    .await
+            }));
+        }
+        let mut ok = 0;
+        let mut dup = 0;
+        for h in handles {
+            match h.await.unwrap() {
+                Ok(()) => ok += 1,
+                Err(StoreError::DuplicateRequest { .. }) => dup += 1,
+                Err(e) => panic!("unexpected {e}"),
+            }
+        }
+        // 16 writers share "dup": exactly one wins.
+        assert_eq!(dup, 15);
+        assert_eq!(ok, 49);
+    });
+    let all = store
+        .list_leases(&LeaseQuery {
+            tenant: Some("t".into()),
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(all.len(), 49);
+}
+
+#[test]
+fn failed_leases_free_their_request_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let mut failed = lease("l1", "a", Some("r"));
+    failed.state = LeaseState::Failed;
+    store.write_blocking(move |w| w.put_lease(&failed)).unwrap();
+    store
+        .write_blocking(|w| w.put_lease(&lease("l2", "a", Some("r"))))
+        .unwrap();
+    // Another tenant may use the same request id.
+    store
+        .write_blocking(|w| w.put_lease(&lease("l3", "b", Some("r"))))
+        .unwrap();
+}
+
+#[test]
+fn prune_forgets_old_ended_leases_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let mut old = lease("old", "a", None);
+    old.state = LeaseState::Released;
+    old.ended_at_ms = Some(10);
+    let live = lease("live", "a", None);
+    store
+        .write_blocking(move |w| {
+            w.put_lease(&old)?;
+            w.put_lease(&live)
+        })
+        .unwrap();
+    let n = store.write_blocking(|w| w.prune(100)).unwrap();
+    assert_eq!(n, 1);
+    assert!(store.get_lease("old").unwrap().is_none());
+    assert!(store.get_lease("live").unwrap().is_some());
+}

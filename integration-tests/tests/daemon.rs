@@ -1,0 +1,499 @@
+//! The real `tesserad` binary on simulated GPUs, driven over its unix socket.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use tessera_integration_tests::{TestDaemon, bin_path, create_req, shape};
+use tessera_proto::v1 as pb;
+use tonic::Code;
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn two_h100s_take_fourteen_1g_instances_and_refuse_the_fifteenth() {
+    let d = TestDaemon::start("").unwrap();
+    rt().block_on(async {
+        let mut c = d.client().await.unwrap();
+        let mut placements = HashSet::new();
+        for i in 0..14 {
+            let r = c
+                .create_lease(create_req("team-a", shape::mig("1g.10gb")))
+                .await
+                .unwrap_or_else(|e| panic!("lease {i}: {e}"))
+                .into_inner();
+            let lease = r.lease.unwrap();
+            assert_eq!(lease.state, pb::LeaseState::Active as i32);
+            assert!(r.token.starts_with("tsr1_"), "token {}", r.token.len());
+            let p = lease.partition.unwrap();
+            let mig = p.mig.unwrap();
+            assert!(mig.mig_uuid.starts_with("MIG-"), "{}", mig.mig_uuid);
+            assert!(placements.insert((p.gpu_index, mig.placement_start)));
+            assert!(p.gpu_index < 2, "1g instances only on the MIG GPUs");
+        }
+        let err = c
+            .create_lease(create_req("team-a", shape::mig("1g.10gb")))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::ResourceExhausted, "{err}");
+        assert!(err.message().contains("1g.10gb"), "{}", err.message());
+
+        let node = c.get_node(pb::GetNodeRequest {}).await.unwrap().into_inner();
+        assert_eq!(node.backend, "sim");
+        assert_eq!(node.gpus.len(), 3);
+        for g in &node.gpus[..2] {
+            assert!(g.mig_enabled);
+            assert_eq!(g.partitions.len(), 7);
+            assert_eq!(g.free_slices, 1);
+            let p = g.profiles.iter().find(|p| p.profile == "1g.10gb").unwrap();
+            assert_eq!(p.free, 0);
+        }
+    });
+}
+
+#[test]
+fn mixed_profiles_pack_without_overlap_and_capacity_is_reported() {
+    let d = TestDaemon::start("").unwrap();
+    rt().block_on(async {
+        let mut c = d.client().await.unwrap();
+        let mut made = Vec::new();
+        for prof in ["3g.40gb", "2g.20gb", "1g.10gb", "3g.40gb", "4g.40gb", "1g.20gb"] {
+            let r = c
+                .create_lease(create_req("team-a", shape::mig(prof)))
+                .await
+                .unwrap_or_else(|e| panic!("{prof}: {e}"))
+                .into_inner();
+            let p = r.lease.unwrap().partition.unwrap();
+            let m = p.mig.unwrap();
+            assert_eq!(m.profile, prof);
+            made.push((p.gpu_index, m.placement_start, m.placement_size));
+        }
+        for (i, a) in made.iter().enumerate() {
+            for b in &made[i + 1..] {
+                let overlap = a.0 == b.0 && a.1 < b.1 + b.2 && b.1 < a.1 + a.2;
+                assert!(!overlap, "{a:?} overlaps {b:?}");
+            }
+        }
+        // An unknown profile is an InvalidArgument naming what exists.
+        let err = c
+            .create_lease(create_req("team-a", shape::mig("5g.50gb")))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument);
+        assert!(err.message().contains("1g.10gb"), "{}", err.message());
+    });
+}
+
+#[test]
+fn mps_admission_keeps_sm_and_memory_sums_within_the_gpu() {
+    let d = TestDaemon::start("").unwrap();
+    rt().block_on(async {
+        let mut c = d.client().await.unwrap();
+        // GPU 2 is the A100-40GB without MIG: the only place for MPS.
+        let a = c
+            .create_lease(create_req("t1", shape::mps(60, 16)))
+            .await
+            .unwrap()
+            .into_inner();
+        let la = a.lease.unwrap();
+        assert_eq!(la.partition.as_ref().unwrap().gpu_index, 2);
+        let mps = la.partition.unwrap().mps.unwrap();
+        assert_eq!(mps.sm_percent, 60);
+        assert!(std::path::Path::new(&mps.pipe_dir).is_dir(), "pipe dir made");
+
+        let err = c
+            .create_lease(create_req("t2", shape::mps(50, 4)))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::ResourceExhausted, "{err}");
+        assert!(err.message().contains('%'), "{}", err.message());
+
+        c.create_lease(create_req("t2", shape::mps(40, 8)))
+            .await
+            .unwrap();
+        let err = c
+            .create_lease(create_req("t3", shape::mps(0, 1)))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument, "0% is invalid: {err}");
+        // A whole GPU is refused while shares exist on the only non-MIG GPU.
+        let err = c
+            .create_lease(create_req("t3", shape::whole()))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::ResourceExhausted, "{err}");
+
+        // Releasing a share frees its SM percent.
+        c.release_lease(pb::ReleaseLeaseRequest {
+            lease_id: la.id.clone(),
+            reason: String::new(),
+        })
+        .await
+        .unwrap();
+        c.create_lease(create_req("t3", shape::mps(50, 8)))
+            .await
+            .unwrap();
+        // Memory: 8 + 8 of 40 GiB are admitted; 30 GiB more does not fit even
+        // though 10% of the SMs are still free.
+        let err = c
+            .create_lease(create_req("t4", shape::mps(10, 30)))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::ResourceExhausted, "{err}");
+    });
+}
+
+#[test]
+fn a_retry_with_the_same_request_id_returns_the_same_lease() {
+    let d = TestDaemon::start("").unwrap();
+    rt().block_on(async {
+        let c = d.client().await.unwrap();
+        let mut req = create_req("team-a", shape::mig("2g.20gb"));
+        req.request_id = "job-42".into();
+        let mut handles = Vec::new();
+        for _ in 0..8 {
+            let mut c = c.clone();
+            let req = req.clone();
+            handles.push(tokio::spawn(async move {
+                c.create_lease(req).await.map(|r| r.into_inner())
+            }));
+        }
+        let mut ids = HashSet::new();
+        let mut tokens = Vec::new();
+        let mut replayed = 0;
+        for h in handles {
+            let r = h.await.unwrap().unwrap();
+            ids.insert(r.lease.unwrap().id);
+            replayed += usize::from(r.replayed);
+            tokens.push(r.token);
+        }
+        assert_eq!(ids.len(), 1, "one lease for one request id: {ids:?}");
+        assert_eq!(replayed, 7);
+        let mut c = c.clone();
+        // Every token handed out resolves to that lease.
+        for t in tokens {
+            let r = c
+                .resolve_token(pb::ResolveTokenRequest { token: t })
+                .await
+                .unwrap()
+                .into_inner();
+            assert!(ids.contains(&r.lease.unwrap().id));
+        }
+        let node = c.get_node(pb::GetNodeRequest {}).await.unwrap().into_inner();
+        let n: usize = node.gpus.iter().map(|g| g.partitions.len()).sum();
+        assert_eq!(n, 1, "no second partition was made");
+    });
+}
+
+#[test]
+fn an_unrenewed_lease_expires_and_frees_its_partition() {
+    let d = TestDaemon::start("[lease]\nmin_ttl = \"1s\"\nexpiring_notice = \"1s\"\n").unwrap();
+    rt().block_on(async {
+        let mut c = d.client().await.unwrap();
+        let mut watch = c
+            .watch_leases(pb::WatchLeasesRequest {
+                tenant: "team-a".into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let mut req = create_req("team-a", shape::mig("7g.80gb"));
+        req.ttl_seconds = 2;
+        let r = c.create_lease(req).await.unwrap().into_inner();
+        let id = r.lease.unwrap().id;
+        let mut kinds = Vec::new();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+        while let Ok(Some(ev)) = tokio::time::timeout_at(deadline, watch.message()).await.unwrap_or(Ok(None)) {
+            assert_eq!(ev.lease.as_ref().unwrap().id, id);
+            kinds.push(ev.kind);
+            if ev.kind == pb::LeaseEventKind::Revoked as i32 {
+                assert!(ev.message.contains("TTL"), "{}", ev.message);
+                break;
+            }
+        }
+        assert!(kinds.contains(&(pb::LeaseEventKind::Created as i32)), "{kinds:?}");
+        assert!(kinds.contains(&(pb::LeaseEventKind::Expiring as i32)), "{kinds:?}");
+        assert!(kinds.contains(&(pb::LeaseEventKind::Revoked as i32)), "{kinds:?}");
+        let l = c
+            .get_lease(pb::GetLeaseRequest { lease_id: id })
+            .await
+            .unwrap()
+            .into_inner()
+            .lease
+            .unwrap();
+        assert_eq!(l.state, pb::LeaseState::Expired as i32);
+        // The 7g placement is free again.
+        c.create_lease(create_req("team-b", shape::mig("7g.80gb")))
+            .await
+            .unwrap();
+        let err = c
+            .resolve_token(pb::ResolveTokenRequest { token: r.token })
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::NotFound);
+    });
+}
+
+#[test]
+fn renewing_extends_a_lease() {
+    let d = TestDaemon::start("[lease]\nmin_ttl = \"1s\"\n").unwrap();
+    rt().block_on(async {
+        let mut c = d.client().await.unwrap();
+        let mut req = create_req("team-a", shape::mig("1g.10gb"));
+        req.ttl_seconds = 2;
+        let l = c.create_lease(req).await.unwrap().into_inner().lease.unwrap();
+        let r = c
+            .renew_lease(pb::RenewLeaseRequest {
+                lease_id: l.id.clone(),
+                ttl_seconds: 600,
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .lease
+            .unwrap();
+        assert!(r.expires_at_ms > l.expires_at_ms + 500_000);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let g = c
+            .get_lease(pb::GetLeaseRequest { lease_id: l.id })
+            .await
+            .unwrap()
+            .into_inner()
+            .lease
+            .unwrap();
+        assert_eq!(g.state, pb::LeaseState::Active as i32);
+    });
+}
+
+#[test]
+fn leases_and_instances_survive_a_daemon_crash() {
+    let mut d = TestDaemon::start("").unwrap();
+    let r = rt();
+    let (mig, mps, tokens) = r.block_on(async {
+        let mut c = d.client().await.unwrap();
+        let a = c
+            .create_lease(create_req("team-a", shape::mig("3g.40gb")))
+            .await
+            .unwrap()
+            .into_inner();
+        let b = c
+            .create_lease(create_req("team-b", shape::mps(25, 8)))
+            .await
+            .unwrap()
+            .into_inner();
+        (a.lease.unwrap(), b.lease.unwrap(), vec![a.token, b.token])
+    });
+    d.kill().unwrap();
+    d.spawn().unwrap();
+    r.block_on(async {
+        let mut c = d.client().await.unwrap();
+        let list = c
+            .list_leases(pb::ListLeasesRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .leases;
+        let ids: HashSet<_> = list.iter().map(|l| l.id.clone()).collect();
+        assert!(ids.contains(&mig.id) && ids.contains(&mps.id), "{ids:?}");
+        let again = list.iter().find(|l| l.id == mig.id).unwrap();
+        // The same MIG instance was adopted, not re-created: the UUID is unchanged.
+        assert_eq!(
+            again.partition.as_ref().unwrap().mig.as_ref().unwrap().mig_uuid,
+            mig.partition.as_ref().unwrap().mig.as_ref().unwrap().mig_uuid
+        );
+        for t in tokens {
+            c.resolve_token(pb::ResolveTokenRequest { token: t })
+                .await
+                .unwrap();
+        }
+    });
+    assert!(d.log().contains("reconciled"), "{}", d.log());
+}
+
+#[test]
+fn sigterm_drains_and_exits_cleanly_keeping_leases() {
+    let mut d = TestDaemon::start("").unwrap();
+    let r = rt();
+    let id = r.block_on(async {
+        let mut c = d.client().await.unwrap();
+        c.create_lease(create_req("team-a", shape::whole()))
+            .await
+            .unwrap()
+            .into_inner()
+            .lease
+            .unwrap()
+            .id
+    });
+    assert_eq!(d.stop().unwrap(), Some(0), "{}", d.log());
+    assert!(!d.socket.exists(), "socket removed on clean stop");
+    d.spawn().unwrap();
+    r.block_on(async {
+        let mut c = d.client().await.unwrap();
+        let l = c
+            .get_lease(pb::GetLeaseRequest { lease_id: id })
+            .await
+            .unwrap()
+            .into_inner()
+            .lease
+            .unwrap();
+        assert_eq!(l.state, pb::LeaseState::Active as i32);
+    });
+}
+
+#[test]
+fn a_mig_token_resolves_to_exactly_its_nodes_and_uuid() {
+    let d = TestDaemon::start("").unwrap();
+    rt().block_on(async {
+        let mut c = d.client().await.unwrap();
+        let r = c
+            .create_lease(create_req("team-a", shape::mig("1g.10gb")))
+            .await
+            .unwrap()
+            .into_inner();
+        let lease = r.lease.unwrap();
+        let p = lease.partition.unwrap();
+        let m = p.mig.unwrap();
+        let res = c
+            .resolve_token(pb::ResolveTokenRequest { token: r.token })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(res.tenant, "team-a");
+        assert_eq!(res.env.get("CUDA_VISIBLE_DEVICES"), Some(&m.mig_uuid));
+        let paths: Vec<_> = res.devices.iter().map(|d| d.container_path.clone()).collect();
+        assert!(paths.contains(&"/dev/nvidiactl".to_string()), "{paths:?}");
+        assert!(paths.contains(&format!("/dev/nvidia{}", p.gpu_index)), "{paths:?}");
+        let gi_minor = 3 + p.gpu_index * 135 + m.gi_id * 9;
+        let ci_minor = gi_minor + 1 + m.ci_id;
+        assert!(paths.contains(&format!("/dev/nvidia-caps/nvidia-cap{gi_minor}")), "{paths:?}");
+        assert!(paths.contains(&format!("/dev/nvidia-caps/nvidia-cap{ci_minor}")), "{paths:?}");
+        assert_eq!(res.devices.len(), 5, "{paths:?}");
+        assert!(
+            res.granted_capabilities
+                .iter()
+                .all(|c| !c.contains("config") && !c.contains("monitor"))
+        );
+        assert_eq!(res.visible_gpu_indices, vec![p.gpu_index]);
+        let err = c
+            .resolve_token(pb::ResolveTokenRequest {
+                token: "tsr1_".to_string() + &"0".repeat(64),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::NotFound);
+    });
+}
+
+#[test]
+fn health_and_reflection_services_answer() {
+    let d = TestDaemon::start("").unwrap();
+    rt().block_on(async {
+        let path = d.socket.clone();
+        let channel = tonic::transport::Endpoint::try_from("http://[::]:50051")
+            .unwrap()
+            .connect_with_connector(tower::service_fn(move |_| {
+                let path = path.clone();
+                async move {
+                    let s = tokio::net::UnixStream::connect(path).await?;
+                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
+                }
+            }))
+            .await
+            .unwrap();
+        let mut h = tonic_health::pb::health_client::HealthClient::new(channel);
+        let r = h
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: "tessera.v1.Tessera".into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            r.status,
+            tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+        );
+    });
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&d.socket).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o660);
+}
+
+#[test]
+fn invalid_requests_name_the_field() {
+    let d = TestDaemon::start("").unwrap();
+    rt().block_on(async {
+        let mut c = d.client().await.unwrap();
+        for (req, field) in [
+            (create_req("", shape::whole()), "tenant"),
+            (create_req("Team A", shape::whole()), "tenant"),
+            (
+                pb::CreateLeaseRequest {
+                    tenant: "a".into(),
+                    ..Default::default()
+                },
+                "shape",
+            ),
+            (
+                pb::CreateLeaseRequest {
+                    ttl_seconds: u64::MAX,
+                    ..create_req("a", shape::whole())
+                },
+                "ttl_seconds",
+            ),
+            (create_req("a", shape::mps(101, 1)), "shape"),
+        ] {
+            let err = c.create_lease(req).await.unwrap_err();
+            assert_eq!(err.code(), Code::InvalidArgument, "{err}");
+            assert!(err.message().contains(field), "{field}: {}", err.message());
+        }
+        let err = c
+            .release_lease(pb::ReleaseLeaseRequest {
+                lease_id: "l-nope".into(),
+                reason: String::new(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::NotFound);
+    });
+}
+
+#[test]
+fn a_bad_config_exits_64_naming_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("bad.toml");
+    std::fs::write(&cfg, "[[sim.gpus]]\nmodel = \"h100-80gb\"\n[lease]\nmax_ttl = \"soon\"\n").unwrap();
+    let out = std::process::Command::new(bin_path("tesserad").unwrap())
+        .arg("--config")
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("lease.max_ttl"), "{err}");
+}
+
+#[test]
+fn a_second_daemon_on_the_same_state_dir_refuses_to_start() {
+    let d = TestDaemon::start("").unwrap();
+    // Same config, other socket: the state dir lock must stop it.
+    let text = std::fs::read_to_string(&d.config)
+        .unwrap()
+        .replace("tesserad.sock", "second.sock");
+    let cfg2 = d.dir.path().join("second.toml");
+    std::fs::write(&cfg2, text).unwrap();
+    let out = std::process::Command::new(bin_path("tesserad").unwrap())
+        .arg("--config")
+        .arg(&cfg2)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("another tesserad"), "{err}");
+}
