@@ -7,6 +7,8 @@
 pub mod fragmentation;
 pub mod planner;
 #[cfg(test)]
+mod planner_props;
+#[cfg(test)]
 pub(crate) mod test_fixtures;
 
 pub use fragmentation::{free_capacity, free_static_counts, used_memory_slices};

@@ -170,7 +170,7 @@ pub fn profile_id(profiles: &[GiProfile], name: &str) -> u32 {
         .id
 }
 
-pub fn profile<'a>(profiles: &'a [GiProfile], id: u32) -> &'a GiProfile {
+pub fn profile(profiles: &[GiProfile], id: u32) -> &GiProfile {
     profiles.iter().find(|p| p.id == id).unwrap()
 }
 
