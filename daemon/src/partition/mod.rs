@@ -4,9 +4,15 @@
 //! [`GpuView`] per GPU from the backend and its own records, asks [`plan`] where a shape
 //! goes, and then performs the hardware change itself.
 
+pub mod fragmentation;
 pub mod planner;
+#[cfg(test)]
+mod planner_props;
+#[cfg(test)]
+pub(crate) mod test_fixtures;
 
-pub use planner::{plan, PlanDecision, PlanError, PlanOptions, Strategy};
+pub use fragmentation::{free_capacity, free_static_counts, used_memory_slices};
+pub use planner::{PlanDecision, PlanError, PlanOptions, Strategy, plan};
 
 use serde::{Deserialize, Serialize};
 

@@ -1,9 +1,74 @@
-//! Placement planner. SCAFFOLD: the planner work replaces this body.
+//! Placement planner: decides which GPU (and which MIG placement) a [`Shape`] goes to.
+//!
+//! [`plan`] is pure: it reads [`GpuView`]s and returns a [`PlanDecision`]; the lease
+//! manager performs the change. GPUs are always considered in ascending `info.index`
+//! order, whatever order the slice has. `opts.gpu_index` restricts the search to one GPU.
+//!
+//! # MIG
+//!
+//! * Only GPUs with `info.mig_current` and no whole-GPU lease are considered. The GI
+//!   profile is matched by name, case-insensitively, per GPU (a node may mix GPU models
+//!   whose profile ids differ). A name no considered GPU offers is
+//!   [`PlanError::UnknownProfile`]. A `compute_profile` must name one of the GI profile's
+//!   CI profiles (case-insensitive), else [`PlanError::InvalidShape`].
+//! * A free static-pool instance of the profile is taken before any new instance is
+//!   created ([`PlanDecision::Static`], lowest GPU then lowest start) — only when no CI
+//!   profile is asked for, since static partitions are whole GIs. A CI request on a node
+//!   without dynamic MIG is [`PlanError::InvalidShape`]: no static partition can serve it.
+//! * A new instance (only with `opts.dynamic_mig`) goes at one of the profile's possible
+//!   placements that overlaps no present instance (leased, pending or free static), and
+//!   only while fewer than `max_count` instances of that profile id exist on the GPU.
+//!
+//! ## First fit
+//!
+//! Lowest GPU index, then lowest placement start.
+//!
+//! ## Best fit (the default): least capacity destroyed
+//!
+//! The free space of a GPU is worth [`capacity_value`]: for every GI profile `q` of the
+//! GPU, `size(q)^2 * n(q)`, where `size` is the profile's memory slices and `n(q)` the
+//! number of `q` instances that could still be created *together* (non-overlapping,
+//! within `max_count`). Each profile's term is the free memory it could still use,
+//! weighted once more by its size, so a hole that can still take a 3g or 4g counts for
+//! more than the same slices usable only by 1g instances.
+//!
+//! For every feasible (GPU, placement) the planner computes the *loss*: the GPU's value
+//! before minus its value with the new instance in place, and picks the smallest loss.
+//! Ties go to the GPU with fewer free memory slices (pack partly used GPUs before
+//! touching empty ones), then the lower GPU index, then the lower start.
+//!
+//! The loss is comparable across GPUs and naturally prefers partly used GPUs: on an
+//! empty H100 any placement destroys the 7g (weight 64), on a GPU where the 7g is
+//! already impossible it does not. Within a GPU it keeps holes aligned: a lone 1g.10gb
+//! goes to slice 6 (it costs the 7g, one 3g and one 1g.20gb) rather than slice 0 (which
+//! would also cost the 4g, the other 3g, a 2g), so a later 4g.40gb still fits. The
+//! tests in this module show best fit refusing fewer requests than first fit under a
+//! seeded random workload.
+//!
+//! # MPS
+//!
+//! `sm_percent` must be 1..=100 and `memory_bytes` > 0. Only GPUs with MIG disabled and
+//! no whole-GPU lease take MPS shares. Admission on a GPU: the SM percentages of its
+//! shares plus the new one stay <= 100 (unless `opts.mps_oversubscribe`), and their
+//! memory limits plus the new one stay <= the GPU's memory (always). Best fit packs:
+//! the fitting GPU with the least SM percentage left (then least memory left, then lowest
+//! index); first fit takes the lowest fitting index.
+//!
+//! # Whole GPU
+//!
+//! A GPU with MIG disabled, no MIG instances, no MPS shares and no whole-GPU lease;
+//! lowest index for both strategies.
+//!
+//! Every [`PlanError::NoCapacity`] names, per GPU considered, what ran out.
 
 use serde::{Deserialize, Serialize};
 
-use super::{GpuView, Shape};
-use crate::gpu::Placement;
+use super::fragmentation::{
+    below_max_count, capacity_value, free_placements, instance_count, total_memory_slices,
+    used_memory_slices,
+};
+use super::{GpuView, OccupiedMig, Shape};
+use crate::gpu::{GiProfile, Placement};
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -46,9 +111,16 @@ pub enum PlanDecision {
         ci_profile_id: Option<u32>,
     },
     /// Take this free static-pool partition.
-    Static { gpu: u32, partition_id: String },
-    Mps { gpu: u32 },
-    WholeGpu { gpu: u32 },
+    Static {
+        gpu: u32,
+        partition_id: String,
+    },
+    Mps {
+        gpu: u32,
+    },
+    WholeGpu {
+        gpu: u32,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -61,9 +133,962 @@ pub enum PlanError {
     NoCapacity(String),
 }
 
-pub fn plan(shape: &Shape, gpus: &[GpuView], opts: &PlanOptions) -> Result<PlanDecision, PlanError> {
-    let _ = (shape, gpus, opts);
-    Err(PlanError::NoCapacity("planner not yet written".into()))
+/// Decide where `shape` goes among `gpus`. See the module doc for the rules.
+pub fn plan(
+    shape: &Shape,
+    gpus: &[GpuView],
+    opts: &PlanOptions,
+) -> Result<PlanDecision, PlanError> {
+    let considered = considered_gpus(gpus, opts.gpu_index)?;
+    match shape {
+        Shape::Mig {
+            profile,
+            compute_profile,
+        } => plan_mig(profile, compute_profile.as_deref(), &considered, opts),
+        Shape::Mps {
+            sm_percent,
+            memory_bytes,
+        } => plan_mps(*sm_percent, *memory_bytes, &considered, opts),
+        Shape::WholeGpu => plan_whole(&considered),
+    }
+}
+
+/// The GPUs to look at, sorted by index.
+fn considered_gpus(gpus: &[GpuView], only: Option<u32>) -> Result<Vec<&GpuView>, PlanError> {
+    let mut all: Vec<&GpuView> = gpus.iter().collect();
+    all.sort_by_key(|g| g.info.index);
+    match only {
+        None => Ok(all),
+        Some(i) => match all.iter().find(|g| g.info.index == i) {
+            Some(g) => Ok(vec![*g]),
+            None => Err(PlanError::InvalidShape(format!(
+                "no GPU with index {i} on this node (GPUs: {})",
+                if all.is_empty() {
+                    "none".to_string()
+                } else {
+                    join(all.iter().map(|g| g.info.index.to_string()))
+                }
+            ))),
+        },
+    }
+}
+
+fn join(items: impl Iterator<Item = String>) -> String {
+    items.collect::<Vec<_>>().join(", ")
+}
+
+fn gpu_name(g: &GpuView) -> String {
+    format!("gpu{}", g.info.index)
+}
+
+// ---------------------------------------------------------------------------------------
+// MIG
+
+/// A considered MIG GPU with the GI profile (and CI profile) the request maps to on it.
+struct MigTarget<'a> {
+    view: &'a GpuView,
+    profile: &'a GiProfile,
+    ci_profile_id: Option<u32>,
+}
+
+fn plan_mig(
+    profile_name: &str,
+    compute_profile: Option<&str>,
+    gpus: &[&GpuView],
+    opts: &PlanOptions,
+) -> Result<PlanDecision, PlanError> {
+    // Why each considered GPU cannot take the instance, for the NoCapacity message.
+    let mut reasons: Vec<String> = Vec::new();
+
+    let mut mig_gpus: Vec<&GpuView> = Vec::new();
+    for g in gpus {
+        if !g.info.mig_current {
+            reasons.push(format!("{}: MIG disabled", gpu_name(g)));
+        } else if g.whole_leased {
+            reasons.push(format!("{}: held by a whole-GPU lease", gpu_name(g)));
+        } else {
+            mig_gpus.push(g);
+        }
+    }
+    if mig_gpus.is_empty() {
+        return Err(PlanError::NoCapacity(format!(
+            "no MIG-enabled GPU to place {profile_name} on ({})",
+            reasons.join("; ")
+        )));
+    }
+
+    let offering: Vec<(&GpuView, &GiProfile)> = mig_gpus
+        .iter()
+        .filter_map(|g| {
+            g.profiles
+                .iter()
+                .find(|p| p.name.eq_ignore_ascii_case(profile_name))
+                .map(|p| (*g, p))
+        })
+        .collect();
+    if offering.is_empty() {
+        let mut known: Vec<&str> = mig_gpus
+            .iter()
+            .flat_map(|g| g.profiles.iter().map(|p| p.name.as_str()))
+            .collect();
+        known.sort_unstable();
+        known.dedup();
+        return Err(PlanError::UnknownProfile {
+            profile: profile_name.to_string(),
+            known: if known.is_empty() {
+                "none".to_string()
+            } else {
+                known.join(", ")
+            },
+        });
+    }
+    for g in &mig_gpus {
+        if !offering.iter().any(|(o, _)| o.info.index == g.info.index) {
+            reasons.push(format!("{}: does not offer {profile_name}", gpu_name(g)));
+        }
+    }
+
+    // Resolve the CI profile on each GPU offering the GI profile.
+    let mut targets: Vec<MigTarget> = Vec::new();
+    let mut allowed_ci: Vec<&str> = Vec::new();
+    for (view, gp) in &offering {
+        let ci_profile_id = match compute_profile {
+            None => None,
+            Some(c) => match gp
+                .ci_profiles
+                .iter()
+                .find(|ci| ci.name.eq_ignore_ascii_case(c))
+            {
+                Some(ci) => Some(ci.id),
+                None => {
+                    allowed_ci.extend(gp.ci_profiles.iter().map(|ci| ci.name.as_str()));
+                    reasons.push(format!(
+                        "{}: {} has no compute profile {c}",
+                        gpu_name(view),
+                        gp.name
+                    ));
+                    continue;
+                }
+            },
+        };
+        targets.push(MigTarget {
+            view,
+            profile: gp,
+            ci_profile_id,
+        });
+    }
+    if let (true, Some(c)) = (targets.is_empty(), compute_profile) {
+        allowed_ci.sort_unstable();
+        allowed_ci.dedup();
+        return Err(PlanError::InvalidShape(format!(
+            "compute profile {c:?} is not offered inside {profile_name}; allowed: {}",
+            if allowed_ci.is_empty() {
+                "none".to_string()
+            } else {
+                allowed_ci.join(", ")
+            }
+        )));
+    }
+
+    // The static pool first (whole-GI requests only).
+    if compute_profile.is_none() {
+        let taken = targets
+            .iter()
+            .flat_map(|t| {
+                t.view.mig.iter().filter_map(move |m| match &m.free_static {
+                    Some(id) if m.gi_profile_id == t.profile.id => {
+                        Some((t.view.info.index, m.placement.start, id))
+                    }
+                    _ => None,
+                })
+            })
+            .min();
+        if let Some((gpu, _, id)) = taken {
+            return Ok(PlanDecision::Static {
+                gpu,
+                partition_id: id.clone(),
+            });
+        }
+    }
+
+    if !opts.dynamic_mig {
+        if let Some(c) = compute_profile {
+            return Err(PlanError::InvalidShape(format!(
+                "compute profile {c:?} needs a new MIG instance, but dynamic MIG is disabled \
+                 on this node and static-pool partitions are whole GPU instances"
+            )));
+        }
+        return Err(PlanError::NoCapacity(format!(
+            "no free static-pool {profile_name} partition, and dynamic MIG is disabled on this \
+             node ({})",
+            join(
+                targets
+                    .iter()
+                    .map(|t| {
+                        let n = instance_count(&t.view.mig, t.profile.id);
+                        format!(
+                            "{}: {n} static-pool or leased {} instance{}, none free",
+                            gpu_name(t.view),
+                            t.profile.name,
+                            if n == 1 { "" } else { "s" }
+                        )
+                    })
+                    .chain(reasons)
+            )
+        )));
+    }
+
+    // Every feasible (GPU, placement) for a new instance.
+    let mut feasible: Vec<(&MigTarget, Placement)> = Vec::new();
+    let mut blocked: Vec<String> = Vec::new();
+    for t in &targets {
+        if !below_max_count(&t.view.mig, t.profile) {
+            blocked.push(format!(
+                "{}: already {} {} instances (max {})",
+                gpu_name(t.view),
+                instance_count(&t.view.mig, t.profile.id),
+                t.profile.name,
+                t.profile.max_count
+            ));
+            continue;
+        }
+        let free = free_placements(t.profile, &t.view.mig);
+        if free.is_empty() {
+            blocked.push(format!(
+                "{}: {} of {} memory slices used, no free {}-slice placement at start {}",
+                gpu_name(t.view),
+                used_memory_slices(t.view),
+                total_memory_slices(t.view),
+                t.profile.memory_slices,
+                describe_starts(&t.profile.placements)
+            ));
+            continue;
+        }
+        feasible.extend(free.into_iter().map(|p| (t, p)));
+    }
+    blocked.extend(reasons);
+
+    let chosen = match opts.strategy {
+        Strategy::FirstFit => feasible
+            .into_iter()
+            .min_by_key(|(t, p)| (t.view.info.index, p.start)),
+        Strategy::BestFit => feasible
+            .into_iter()
+            .map(|(t, p)| (best_fit_key(t, p), t, p))
+            .min_by_key(|(k, _, _)| *k)
+            .map(|(_, t, p)| (t, p)),
+    };
+    match chosen {
+        Some((t, placement)) => Ok(PlanDecision::NewMig {
+            gpu: t.view.info.index,
+            gi_profile_id: t.profile.id,
+            placement,
+            ci_profile_id: t.ci_profile_id,
+        }),
+        None => Err(PlanError::NoCapacity(format!(
+            "no free placement for {profile_name} on any MIG-enabled GPU ({})",
+            blocked.join("; ")
+        ))),
+    }
+}
+
+/// Sort key for best fit: (capacity lost, free slices on the GPU, GPU index, start).
+fn best_fit_key(t: &MigTarget, placement: Placement) -> (u64, u32, u32, u32) {
+    let before = capacity_value(&t.view.profiles, &t.view.mig);
+    let mut after: Vec<OccupiedMig> = t.view.mig.clone();
+    after.push(OccupiedMig {
+        gi_profile_id: t.profile.id,
+        placement,
+        free_static: None,
+    });
+    let loss = before.saturating_sub(capacity_value(&t.view.profiles, &after));
+    let free_slices = total_memory_slices(t.view).saturating_sub(used_memory_slices(t.view));
+    (loss, free_slices, t.view.info.index, placement.start)
+}
+
+fn describe_starts(placements: &[Placement]) -> String {
+    let starts: Vec<String> = placements.iter().map(|p| p.start.to_string()).collect();
+    match starts.len() {
+        0 => "(none)".to_string(),
+        1 => starts.join(""),
+        n => format!("{} or {}", starts[..n - 1].join(", "), starts[n - 1]),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// MPS
+
+fn plan_mps(
+    sm_percent: u32,
+    memory_bytes: u64,
+    gpus: &[&GpuView],
+    opts: &PlanOptions,
+) -> Result<PlanDecision, PlanError> {
+    if !(1..=100).contains(&sm_percent) {
+        return Err(PlanError::InvalidShape(format!(
+            "MPS sm_percent must be 1..=100, got {sm_percent}"
+        )));
+    }
+    if memory_bytes == 0 {
+        return Err(PlanError::InvalidShape(
+            "MPS memory_bytes must be greater than 0".to_string(),
+        ));
+    }
+    let asked_sm = u64::from(sm_percent);
+    let asked_mem = u128::from(memory_bytes);
+
+    let mut reasons: Vec<String> = Vec::new();
+    // (SM percent left, memory left, index) of every GPU that admits the share.
+    let mut fitting: Vec<(i64, u128, u32)> = Vec::new();
+    for g in gpus {
+        let name = gpu_name(g);
+        if g.info.mig_current {
+            reasons.push(format!("{name}: MIG enabled"));
+            continue;
+        }
+        if g.whole_leased {
+            reasons.push(format!("{name}: held by a whole-GPU lease"));
+            continue;
+        }
+        let used_sm: u64 = g.mps.iter().map(|s| u64::from(s.sm_percent)).sum();
+        let used_mem: u128 = g.mps.iter().map(|s| u128::from(s.memory_bytes)).sum();
+        let total_mem = u128::from(g.info.memory_bytes);
+        let sm_ok = opts.mps_oversubscribe || used_sm + asked_sm <= 100;
+        let mem_ok = used_mem + asked_mem <= total_mem;
+        if !sm_ok {
+            reasons.push(format!(
+                "MPS on {name}: {used_sm}% of SMs already admitted, {sm_percent}% asked"
+            ));
+        }
+        if !mem_ok {
+            reasons.push(format!(
+                "MPS on {name}: {} of {} memory already admitted, {} asked",
+                fmt_bytes(used_mem),
+                fmt_bytes(total_mem),
+                fmt_bytes(asked_mem)
+            ));
+        }
+        if sm_ok && mem_ok {
+            let sm_left = 100i64.saturating_sub(i64::try_from(used_sm).unwrap_or(i64::MAX));
+            fitting.push((sm_left, total_mem - used_mem, g.info.index));
+        }
+    }
+    let chosen = match opts.strategy {
+        Strategy::FirstFit => fitting.iter().min_by_key(|(_, _, i)| *i),
+        Strategy::BestFit => fitting.iter().min(),
+    };
+    match chosen {
+        Some((_, _, gpu)) => Ok(PlanDecision::Mps { gpu: *gpu }),
+        None => Err(PlanError::NoCapacity(format!(
+            "no GPU can admit an MPS share of {sm_percent}% SMs and {} ({})",
+            fmt_bytes(asked_mem),
+            if reasons.is_empty() {
+                "no GPUs".to_string()
+            } else {
+                reasons.join("; ")
+            }
+        ))),
+    }
+}
+
+fn fmt_bytes(b: u128) -> String {
+    // Display only: the float conversion's precision loss does not matter here.
+    let gib = b as f64 / f64::from(1u32 << 30);
+    format!("{gib:.2} GiB")
+}
+
+// ---------------------------------------------------------------------------------------
+// Whole GPU
+
+fn plan_whole(gpus: &[&GpuView]) -> Result<PlanDecision, PlanError> {
+    let mut reasons: Vec<String> = Vec::new();
+    for g in gpus {
+        let name = gpu_name(g);
+        if g.info.mig_current {
+            reasons.push(format!("{name}: MIG enabled"));
+        } else if !g.mig.is_empty() {
+            reasons.push(format!("{name}: {} MIG instances present", g.mig.len()));
+        } else if g.whole_leased {
+            reasons.push(format!("{name}: already leased whole"));
+        } else if !g.mps.is_empty() {
+            reasons.push(format!(
+                "{name}: {} MPS share{} active",
+                g.mps.len(),
+                if g.mps.len() == 1 { "" } else { "s" }
+            ));
+        } else {
+            return Ok(PlanDecision::WholeGpu { gpu: g.info.index });
+        }
+    }
+    Err(PlanError::NoCapacity(format!(
+        "no whole GPU free ({})",
+        if reasons.is_empty() {
+            "no GPUs".to_string()
+        } else {
+            reasons.join("; ")
+        }
+    )))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use crate::partition::test_fixtures::*;
+    use crate::partition::{MpsShare, free_capacity};
+
+    fn first_fit() -> PlanOptions {
+        PlanOptions {
+            strategy: Strategy::FirstFit,
+            ..PlanOptions::default()
+        }
+    }
+
+    fn best_fit() -> PlanOptions {
+        PlanOptions::default()
+    }
+
+    fn new_mig(d: &PlanDecision) -> (u32, u32, u32) {
+        match d {
+            PlanDecision::NewMig {
+                gpu,
+                gi_profile_id,
+                placement,
+                ..
+            } => (*gpu, *gi_profile_id, placement.start),
+            other => panic!("expected NewMig, got {other:?}"),
+        }
+    }
+
+    fn no_capacity(r: Result<PlanDecision, PlanError>) -> String {
+        match r {
+            Err(PlanError::NoCapacity(m)) => m,
+            other => panic!("expected NoCapacity, got {other:?}"),
+        }
+    }
+
+    fn invalid(r: Result<PlanDecision, PlanError>) -> String {
+        match r {
+            Err(PlanError::InvalidShape(m)) => m,
+            other => panic!("expected InvalidShape, got {other:?}"),
+        }
+    }
+
+    fn mps(sm_percent: u32, memory_bytes: u64) -> Shape {
+        Shape::Mps {
+            sm_percent,
+            memory_bytes,
+        }
+    }
+
+    fn share(sm_percent: u32, memory_bytes: u64) -> MpsShare {
+        MpsShare {
+            sm_percent,
+            memory_bytes,
+        }
+    }
+
+    // ------------------------------------------------------------------ MIG: matching
+
+    #[test]
+    fn mig_goes_only_to_mig_enabled_gpus() {
+        let gpus = [h100_plain(0), h100_mig(1)];
+        for opts in [first_fit(), best_fit()] {
+            let d = plan(&mig_shape("1g.10gb"), &gpus, &opts).unwrap();
+            assert_eq!(new_mig(&d).0, 1);
+        }
+        let msg = no_capacity(plan(&mig_shape("1g.10gb"), &[h100_plain(0)], &best_fit()));
+        assert!(msg.contains("no MIG-enabled GPU"), "{msg}");
+        assert!(msg.contains("gpu0: MIG disabled"), "{msg}");
+    }
+
+    #[test]
+    fn mig_skips_a_whole_leased_gpu() {
+        let mut g0 = h100_mig(0);
+        g0.whole_leased = true;
+        let gpus = [g0, h100_mig(1)];
+        let d = plan(&mig_shape("1g.10gb"), &gpus, &first_fit()).unwrap();
+        assert_eq!(new_mig(&d).0, 1);
+    }
+
+    #[test]
+    fn profile_name_is_case_insensitive() {
+        let gpus = [h100_mig(0)];
+        let d = plan(&mig_shape("3G.40GB"), &gpus, &first_fit()).unwrap();
+        assert_eq!(new_mig(&d), (0, 2, 0));
+    }
+
+    #[test]
+    fn unknown_profile_lists_what_the_node_offers() {
+        let gpus = [h100_mig(0), h100_plain(1)];
+        match plan(&mig_shape("3g.20gb"), &gpus, &best_fit()) {
+            Err(PlanError::UnknownProfile { profile, known }) => {
+                assert_eq!(profile, "3g.20gb");
+                assert_eq!(
+                    known,
+                    "1g.10gb, 1g.10gb+me, 1g.20gb, 2g.20gb, 3g.40gb, 4g.40gb, 7g.80gb"
+                );
+            }
+            other => panic!("expected UnknownProfile, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn same_name_maps_to_each_gpus_own_profile_id() {
+        // "1g.10gb" is id 0 on an H100 but id 9 (2 memory slices) on an A100-40GB.
+        let mut h = h100_mig(0);
+        h.mig.push(occ(&h, "7g.80gb", 0));
+        let gpus = [h, a100_mig(1)];
+        let d = plan(&mig_shape("1g.10gb"), &gpus, &first_fit()).unwrap();
+        match d {
+            PlanDecision::NewMig {
+                gpu,
+                gi_profile_id,
+                placement,
+                ..
+            } => {
+                assert_eq!((gpu, gi_profile_id), (1, 9));
+                assert_eq!(placement.size, 2);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn compute_profile_resolves_to_its_ci_id() {
+        let gpus = [h100_mig(0)];
+        let shape = Shape::Mig {
+            profile: "3g.40gb".into(),
+            compute_profile: Some("2C".into()),
+        };
+        match plan(&shape, &gpus, &best_fit()).unwrap() {
+            PlanDecision::NewMig { ci_profile_id, .. } => assert_eq!(ci_profile_id, Some(1)),
+            other => panic!("{other:?}"),
+        }
+        let whole = plan(&mig_shape("3g.40gb"), &gpus, &best_fit()).unwrap();
+        match whole {
+            PlanDecision::NewMig { ci_profile_id, .. } => assert_eq!(ci_profile_id, None),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn unknown_compute_profile_names_the_allowed_ones() {
+        let gpus = [h100_mig(0)];
+        let shape = Shape::Mig {
+            profile: "3g.40gb".into(),
+            compute_profile: Some("4c".into()),
+        };
+        let msg = invalid(plan(&shape, &gpus, &best_fit()));
+        assert!(msg.contains("\"4c\""), "{msg}");
+        assert!(msg.contains("allowed: 1c, 2c, 3c"), "{msg}");
+    }
+
+    // ------------------------------------------------------------------ MIG: static pool
+
+    fn with_static(mut v: GpuView, name: &str, start: u32, id: &str) -> GpuView {
+        let mut m = occ(&v, name, start);
+        m.free_static = Some(id.to_string());
+        v.mig.push(m);
+        v
+    }
+
+    #[test]
+    fn free_static_partition_is_preferred_over_a_new_instance() {
+        let g0 = with_static(h100_mig(0), "1g.10gb", 3, "static-a");
+        let g1 = with_static(h100_mig(1), "1g.10gb", 1, "static-b");
+        let gpus = [g1, g0];
+        for opts in [first_fit(), best_fit()] {
+            assert_eq!(
+                plan(&mig_shape("1g.10gb"), &gpus, &opts).unwrap(),
+                PlanDecision::Static {
+                    gpu: 0,
+                    partition_id: "static-a".into()
+                }
+            );
+        }
+        // A static partition of another profile is not taken.
+        let d = plan(&mig_shape("2g.20gb"), &gpus, &first_fit()).unwrap();
+        assert_eq!(new_mig(&d), (0, 1, 0));
+    }
+
+    #[test]
+    fn a_leased_static_partition_is_not_offered_again() {
+        let mut g0 = with_static(h100_mig(0), "3g.40gb", 0, "s1");
+        g0.mig[0].free_static = None;
+        let gpus = [g0];
+        let d = plan(&mig_shape("3g.40gb"), &gpus, &best_fit()).unwrap();
+        assert_eq!(new_mig(&d), (0, 2, 4));
+    }
+
+    #[test]
+    fn compute_profile_requests_never_take_static_partitions() {
+        let gpus = [with_static(h100_mig(0), "3g.40gb", 0, "s1")];
+        let shape = Shape::Mig {
+            profile: "3g.40gb".into(),
+            compute_profile: Some("1c".into()),
+        };
+        let d = plan(&shape, &gpus, &best_fit()).unwrap();
+        assert_eq!(new_mig(&d), (0, 2, 4));
+        let static_only = PlanOptions {
+            dynamic_mig: false,
+            ..best_fit()
+        };
+        let msg = invalid(plan(&shape, &gpus, &static_only));
+        assert!(msg.contains("dynamic MIG is disabled"), "{msg}");
+    }
+
+    #[test]
+    fn without_dynamic_mig_only_the_static_pool_is_used() {
+        let opts = PlanOptions {
+            dynamic_mig: false,
+            ..best_fit()
+        };
+        let gpus = [with_static(h100_mig(0), "2g.20gb", 2, "s2")];
+        assert_eq!(
+            plan(&mig_shape("2g.20gb"), &gpus, &opts).unwrap(),
+            PlanDecision::Static {
+                gpu: 0,
+                partition_id: "s2".into()
+            }
+        );
+        let msg = no_capacity(plan(&mig_shape("1g.10gb"), &gpus, &opts));
+        assert!(
+            msg.contains("no free static-pool 1g.10gb partition"),
+            "{msg}"
+        );
+        assert!(msg.contains("dynamic MIG is disabled"), "{msg}");
+    }
+
+    // ------------------------------------------------------------------ MIG: geometry
+
+    #[test]
+    fn new_instances_never_overlap_present_ones() {
+        let mut g = h100_mig(0);
+        g.mig.push(occ(&g, "3g.40gb", 0));
+        g.mig.push(occ(&g, "1g.10gb", 5));
+        let gpus = [g];
+        for opts in [first_fit(), best_fit()] {
+            // 2g: start 0 and 2 overlap the 3g, 4 overlaps the 1g at 5.
+            let msg = no_capacity(plan(&mig_shape("2g.20gb"), &gpus, &opts));
+            assert!(
+                msg.contains(
+                    "gpu0: 5 of 8 memory slices used, no free 2-slice placement at start 0, 2 or 4"
+                ),
+                "{msg}"
+            );
+            let d = plan(&mig_shape("1g.20gb"), &gpus, &opts).unwrap();
+            assert_eq!(new_mig(&d), (0, 9, 6));
+        }
+    }
+
+    #[test]
+    fn media_extension_profile_shares_slices_with_1g() {
+        let mut g = h100_mig(0);
+        for s in 0..6 {
+            g.mig.push(occ(&g, "1g.10gb", s));
+        }
+        let mut gpus = [g];
+        let d = plan(&mig_shape("1g.10gb+me"), &gpus, &best_fit()).unwrap();
+        assert_eq!(new_mig(&d), (0, 7, 6));
+        apply(&mut gpus, &mig_shape("1g.10gb+me"), &d);
+        // All seven 1g slots are now taken, one of them by the +me instance.
+        let msg = no_capacity(plan(&mig_shape("1g.10gb"), &gpus, &best_fit()));
+        assert!(msg.contains("7 of 8 memory slices used"), "{msg}");
+    }
+
+    #[test]
+    fn max_count_is_enforced_even_with_free_slices() {
+        let mut g = h100_mig(0);
+        g.mig.push(occ(&g, "1g.10gb+me", 0));
+        let gpus = [g];
+        let msg = no_capacity(plan(&mig_shape("1g.10gb+me"), &gpus, &first_fit()));
+        assert!(
+            msg.contains("gpu0: already 1 1g.10gb+me instances (max 1)"),
+            "{msg}"
+        );
+
+        // Three 2g (max 3) leave slices 6-7 free, but no fourth 2g may be created.
+        let mut g = h100_mig(0);
+        for s in [0, 2, 4] {
+            g.mig.push(occ(&g, "2g.20gb", s));
+        }
+        let gpus = [g];
+        let msg = no_capacity(plan(&mig_shape("2g.20gb"), &gpus, &first_fit()));
+        assert!(msg.contains("already 3 2g.20gb instances (max 3)"), "{msg}");
+    }
+
+    #[test]
+    fn first_fit_takes_lowest_gpu_then_lowest_start() {
+        let mut g0 = h100_mig(0);
+        g0.mig.push(occ(&g0, "1g.10gb", 0));
+        let gpus = [h100_mig(1), g0];
+        let d = plan(&mig_shape("1g.10gb"), &gpus, &first_fit()).unwrap();
+        assert_eq!(new_mig(&d), (0, 0, 1));
+    }
+
+    #[test]
+    fn gpu_index_restricts_the_search() {
+        let gpus = [h100_mig(0), h100_mig(1)];
+        let opts = PlanOptions {
+            gpu_index: Some(1),
+            ..first_fit()
+        };
+        let d = plan(&mig_shape("7g.80gb"), &gpus, &opts).unwrap();
+        assert_eq!(new_mig(&d), (1, 4, 0));
+        let opts = PlanOptions {
+            gpu_index: Some(7),
+            ..first_fit()
+        };
+        let msg = invalid(plan(&mig_shape("7g.80gb"), &gpus, &opts));
+        assert!(msg.contains("no GPU with index 7"), "{msg}");
+        assert!(msg.contains("GPUs: 0, 1"), "{msg}");
+    }
+
+    #[test]
+    fn no_capacity_names_every_gpu_and_why() {
+        let mut g0 = h100_mig(0);
+        g0.mig.push(occ(&g0, "3g.40gb", 0));
+        g0.mig.push(occ(&g0, "2g.20gb", 4));
+        let mut g1 = h100_mig(1);
+        g1.mig.push(occ(&g1, "3g.40gb", 0));
+        g1.mig.push(occ(&g1, "3g.40gb", 4));
+        let gpus = [g0, g1, h100_plain(2)];
+        let msg = no_capacity(plan(&mig_shape("3g.40gb"), &gpus, &best_fit()));
+        assert!(
+            msg.starts_with("no free placement for 3g.40gb on any MIG-enabled GPU ("),
+            "{msg}"
+        );
+        assert!(
+            msg.contains(
+                "gpu0: 6 of 8 memory slices used, no free 4-slice placement at start 0 or 4"
+            ),
+            "{msg}"
+        );
+        assert!(
+            msg.contains("gpu1: already 2 3g.40gb instances (max 2)"),
+            "{msg}"
+        );
+        assert!(msg.contains("gpu2: MIG disabled"), "{msg}");
+    }
+
+    // ------------------------------------------------------------------ MIG: best fit
+
+    /// Plan `shapes` one after another on `gpus`, applying each decision; returns the
+    /// results.
+    fn run(
+        gpus: &mut [GpuView],
+        shapes: &[&str],
+        opts: &PlanOptions,
+    ) -> Vec<Result<PlanDecision, PlanError>> {
+        shapes
+            .iter()
+            .map(|name| {
+                let shape = mig_shape(name);
+                let r = plan(&shape, gpus, opts);
+                if let Ok(d) = &r {
+                    apply(gpus, &shape, d);
+                }
+                r
+            })
+            .collect()
+    }
+
+    #[test]
+    fn best_fit_keeps_room_for_a_4g_after_a_lone_1g() {
+        // First fit puts the 1g at slice 0, which is the only 4g placement.
+        let mut ff = [h100_mig(0)];
+        let r = run(&mut ff, &["1g.10gb", "4g.40gb"], &first_fit());
+        assert_eq!(new_mig(r[0].as_ref().unwrap()), (0, 0, 0));
+        assert!(matches!(r[1], Err(PlanError::NoCapacity(_))), "{:?}", r[1]);
+
+        // Best fit puts it at slice 6 and the 4g still fits.
+        let mut bf = [h100_mig(0)];
+        let r = run(&mut bf, &["1g.10gb", "4g.40gb"], &best_fit());
+        assert_eq!(new_mig(r[0].as_ref().unwrap()), (0, 0, 6));
+        assert_eq!(new_mig(r[1].as_ref().unwrap()), (0, 3, 0));
+    }
+
+    #[test]
+    fn best_fit_does_not_block_a_3g_with_a_2g() {
+        // A 1g already sits at slice 6, so the 3g at 4 is gone; a 3g can only go at 0.
+        let start = || {
+            let mut g = h100_mig(0);
+            g.mig.push(occ(&g, "1g.10gb", 6));
+            [g]
+        };
+        // First fit puts the 2g at 0 and the 3g is refused.
+        let mut ff = start();
+        let r = run(&mut ff, &["2g.20gb", "3g.40gb"], &first_fit());
+        assert_eq!(new_mig(r[0].as_ref().unwrap()), (0, 1, 0));
+        let msg = match &r[1] {
+            Err(PlanError::NoCapacity(m)) => m.clone(),
+            other => panic!("{other:?}"),
+        };
+        assert!(msg.contains("3 of 8 memory slices used"), "{msg}");
+        // Best fit puts the 2g at 4 (next to the 1g) and the 3g fits at 0.
+        let mut bf = start();
+        let r = run(&mut bf, &["2g.20gb", "3g.40gb"], &best_fit());
+        assert_eq!(new_mig(r[0].as_ref().unwrap()), (0, 1, 4));
+        assert_eq!(new_mig(r[1].as_ref().unwrap()), (0, 2, 0));
+    }
+
+    #[test]
+    fn best_fit_packs_partly_used_gpus_first() {
+        let empty = h100_mig(0);
+        let mut used = h100_mig(1);
+        used.mig.push(occ(&used, "3g.40gb", 0));
+        let gpus = [empty, used];
+        let d = plan(&mig_shape("2g.20gb"), &gpus, &best_fit()).unwrap();
+        assert_eq!(new_mig(&d).0, 1, "best fit keeps gpu0 whole for a 7g");
+        let d = plan(&mig_shape("2g.20gb"), &gpus, &first_fit()).unwrap();
+        assert_eq!(new_mig(&d), (0, 1, 0));
+        // And the 7g still fits after best fit's choice.
+        let mut gpus = gpus;
+        run(&mut gpus, &["2g.20gb"], &best_fit());
+        let d = plan(&mig_shape("7g.80gb"), &gpus, &best_fit()).unwrap();
+        assert_eq!(new_mig(&d), (0, 4, 0));
+    }
+
+    #[test]
+    fn best_fit_fills_seven_1g_without_waste() {
+        let mut gpus = [h100_mig(0)];
+        let r = run(&mut gpus, &["1g.10gb"; 7], &best_fit());
+        assert!(r.iter().all(Result::is_ok), "{r:?}");
+        assert!(free_capacity(&gpus[0]).iter().all(|(_, n)| *n == 0));
+    }
+
+    // ------------------------------------------------------------------ MPS
+
+    #[test]
+    fn mps_shape_is_validated() {
+        let gpus = [h100_plain(0)];
+        assert!(invalid(plan(&mps(0, gib(1)), &gpus, &best_fit())).contains("1..=100"));
+        assert!(invalid(plan(&mps(101, gib(1)), &gpus, &best_fit())).contains("got 101"));
+        assert!(invalid(plan(&mps(10, 0), &gpus, &best_fit())).contains("memory_bytes"));
+    }
+
+    #[test]
+    fn mps_only_on_mig_disabled_gpus_without_whole_lease() {
+        let mut leased = h100_plain(1);
+        leased.whole_leased = true;
+        let gpus = [h100_mig(0), leased, h100_plain(2)];
+        for opts in [first_fit(), best_fit()] {
+            assert_eq!(
+                plan(&mps(10, gib(1)), &gpus, &opts).unwrap(),
+                PlanDecision::Mps { gpu: 2 }
+            );
+        }
+        let msg = no_capacity(plan(&mps(10, gib(1)), &gpus[..2], &best_fit()));
+        assert!(msg.contains("gpu0: MIG enabled"), "{msg}");
+        assert!(msg.contains("gpu1: held by a whole-GPU lease"), "{msg}");
+    }
+
+    #[test]
+    fn mps_sm_admission_sums_to_at_most_100() {
+        let mut g = h100_plain(2);
+        g.mps = vec![share(50, gib(1)), share(30, gib(1))];
+        let gpus = [g];
+        let msg = no_capacity(plan(&mps(30, gib(1)), &gpus, &best_fit()));
+        assert!(
+            msg.contains("MPS on gpu2: 80% of SMs already admitted, 30% asked"),
+            "{msg}"
+        );
+        assert_eq!(
+            plan(&mps(20, gib(1)), &gpus, &best_fit()).unwrap(),
+            PlanDecision::Mps { gpu: 2 }
+        );
+        let over = PlanOptions {
+            mps_oversubscribe: true,
+            ..best_fit()
+        };
+        assert_eq!(
+            plan(&mps(30, gib(1)), &gpus, &over).unwrap(),
+            PlanDecision::Mps { gpu: 2 }
+        );
+    }
+
+    #[test]
+    fn mps_memory_admission_holds_even_when_oversubscribing() {
+        let mut g = h100_plain(0);
+        g.mps = vec![share(10, gib(70))];
+        let gpus = [g];
+        let over = PlanOptions {
+            mps_oversubscribe: true,
+            ..best_fit()
+        };
+        let msg = no_capacity(plan(&mps(10, gib(11)), &gpus, &over));
+        assert!(
+            msg.contains(
+                "MPS on gpu0: 70.00 GiB of 80.00 GiB memory already admitted, 11.00 GiB asked"
+            ),
+            "{msg}"
+        );
+        assert_eq!(
+            plan(&mps(10, gib(10)), &gpus, &over).unwrap(),
+            PlanDecision::Mps { gpu: 0 }
+        );
+        // A share larger than the GPU is refused on an empty GPU too.
+        let msg = no_capacity(plan(&mps(10, gib(81)), &[h100_plain(0)], &best_fit()));
+        assert!(msg.contains("0.00 GiB of 80.00 GiB"), "{msg}");
+    }
+
+    #[test]
+    fn mps_best_fit_packs_first_fit_takes_lowest_index() {
+        let mut g1 = h100_plain(1);
+        g1.mps = vec![share(50, gib(10))];
+        let mut g2 = h100_plain(2);
+        g2.mps = vec![share(70, gib(10))];
+        let gpus = [h100_plain(0), g1, g2];
+        assert_eq!(
+            plan(&mps(30, gib(1)), &gpus, &best_fit()).unwrap(),
+            PlanDecision::Mps { gpu: 2 }
+        );
+        assert_eq!(
+            plan(&mps(40, gib(1)), &gpus, &best_fit()).unwrap(),
+            PlanDecision::Mps { gpu: 1 },
+            "gpu2 has only 30% left"
+        );
+        assert_eq!(
+            plan(&mps(30, gib(1)), &gpus, &first_fit()).unwrap(),
+            PlanDecision::Mps { gpu: 0 }
+        );
+    }
+
+    // ------------------------------------------------------------------ whole GPU
+
+    #[test]
+    fn whole_gpu_needs_an_idle_mig_disabled_gpu() {
+        let mut with_mps = h100_plain(1);
+        with_mps.mps = vec![share(10, gib(1))];
+        let mut leased = h100_plain(2);
+        leased.whole_leased = true;
+        let gpus = [h100_plain(3), leased, with_mps, h100_mig(0)];
+        for opts in [first_fit(), best_fit()] {
+            assert_eq!(
+                plan(&Shape::WholeGpu, &gpus, &opts).unwrap(),
+                PlanDecision::WholeGpu { gpu: 3 }
+            );
+        }
+        let msg = no_capacity(plan(&Shape::WholeGpu, &gpus[1..], &best_fit()));
+        assert_eq!(
+            msg,
+            "no whole GPU free (gpu0: MIG enabled; gpu1: 1 MPS share active; \
+             gpu2: already leased whole)"
+        );
+    }
+
+    #[test]
+    fn a_whole_gpu_lease_excludes_mps_and_further_whole_leases() {
+        let mut gpus = [h100_plain(0)];
+        let d = plan(&Shape::WholeGpu, &gpus, &best_fit()).unwrap();
+        apply(&mut gpus, &Shape::WholeGpu, &d);
+        assert!(
+            no_capacity(plan(&mps(10, gib(1)), &gpus, &best_fit()))
+                .contains("gpu0: held by a whole-GPU lease")
+        );
+        assert!(plan(&Shape::WholeGpu, &gpus, &best_fit()).is_err());
+    }
 }
 
 /// How many more instances of each GI profile could be created now: (profile id, count).
