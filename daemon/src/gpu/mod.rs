@@ -7,6 +7,7 @@
 //!
 //! The trait is synchronous, like NVML. Callers serialise hardware changes per GPU.
 
+pub mod caps;
 pub mod nvml;
 pub mod profiles;
 pub mod sim;

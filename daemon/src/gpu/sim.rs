@@ -1,1 +1,1499 @@
-//! Simulated GPUs: a faithful model of NVML. SCAFFOLD: replaced by the gpu work.
+//! Simulated GPUs: a faithful model of NVML for A100/H100/H200.
+//!
+//! The simulated hardware state (GIs, CIs, MIG UUIDs, MPS daemons, injected faults,
+//! fake processes) lives in a JSON *state file*, not in memory: like real MIG
+//! instances it outlives the daemon process, so a restarted daemon finds what the
+//! last one created. Every call loads the file, and every mutating call writes it
+//! back before returning, under an in-process mutex plus an advisory `flock` on a
+//! sibling lock file, so a test harness in another process can inject faults or add
+//! processes through its own `SimBackend` on the same file.
+//!
+//! Deleting the state file models a reboot: MIG instances and MPS daemons are gone,
+//! MIG mode comes back from the config.
+//!
+//! Fidelity notes (see shared/reference/mig-mps.md):
+//! * errors carry the NVML code NVML returns for the same mistake;
+//! * GI ids and CI ids are the lowest free ones (reused), MIG UUIDs are fresh
+//!   `MIG-<uuid v4>` values on every create;
+//! * a MIG device (and so a MIG UUID) exists per CI: a GI without a CI is reported
+//!   with `ci_id: None` and an empty `uuid`, as NVML has no MIG device handle for it;
+//! * [`GpuBackend::mig_minors`] returns the full table the driver publishes for the
+//!   simulated GPUs (every GI and CI id, whether or not an instance exists), exactly
+//!   what `/proc/driver/nvidia-caps/mig-minors` lists; [`SimBackend::mig_minors_text`]
+//!   renders it in that file's format.
+
+use std::collections::BTreeSet;
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+
+use nix::fcntl::{Flock, FlockArg};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::profiles::GpuModel;
+use super::{
+    GiProfile, GpuBackend, GpuError, GpuInfo, GpuProcess, MigInstance, MigMinors, MpsDaemon,
+    MpsSpec, NvmlCode, Placement, Utilization, caps,
+};
+
+/// Driver version the simulator reports.
+pub const SIM_DRIVER_VERSION: &str = "sim-580.65.06";
+/// Version of the state-file layout.
+const STATE_VERSION: u32 = 1;
+/// First fake pid handed to simulated MPS daemons.
+const FIRST_FAKE_PID: u32 = 40_000;
+/// GI ids available per GPU (the nvidia-caps minor space holds 15).
+const MAX_GI_IDS: u32 = caps::GI_IDS_PER_GPU;
+
+fn default_true() -> bool {
+    true
+}
+
+/// One simulated GPU in the daemon config (`[[sim.gpus]]`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimGpuConfig {
+    /// "a100-40gb", "a100-80gb", "h100-80gb" or "h200-141gb".
+    pub model: GpuModel,
+    /// MIG mode (current and pending). Default: enabled.
+    #[serde(default = "default_true")]
+    pub mig: bool,
+    /// Fixed `GPU-<uuid>`; default derived from the seed, index and model.
+    #[serde(default)]
+    pub uuid: Option<String>,
+}
+
+/// The `[sim]` section of the daemon config.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimConfig {
+    pub gpus: Vec<SimGpuConfig>,
+    /// Seed for derived GPU UUIDs (two simulated hosts with different seeds get
+    /// different UUIDs).
+    #[serde(default)]
+    pub seed: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SimConfigError {
+    #[error("the simulator needs at least one GPU ([[sim.gpus]])")]
+    NoGpus,
+    #[error("sim GPU {index}: uuid {uuid:?} is not GPU-<uuid>")]
+    BadUuid { index: u32, uuid: String },
+    #[error("sim GPUs {first} and {second} have the same uuid {uuid}")]
+    DuplicateUuid {
+        first: u32,
+        second: u32,
+        uuid: String,
+    },
+}
+
+impl SimConfig {
+    /// Checks the config without touching any file.
+    pub fn validate(&self) -> Result<(), SimConfigError> {
+        if self.gpus.is_empty() {
+            return Err(SimConfigError::NoGpus);
+        }
+        let uuids = self.gpu_uuids()?;
+        for (i, a) in uuids.iter().enumerate() {
+            if let Some(j) = uuids[i + 1..].iter().position(|b| b == a) {
+                return Err(SimConfigError::DuplicateUuid {
+                    first: i as u32,
+                    second: (i + 1 + j) as u32,
+                    uuid: a.clone(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The GPU UUIDs, configured or derived.
+    fn gpu_uuids(&self) -> Result<Vec<String>, SimConfigError> {
+        self.gpus
+            .iter()
+            .enumerate()
+            .map(|(i, g)| {
+                let index = i as u32;
+                match &g.uuid {
+                    Some(u) => {
+                        let ok = u
+                            .strip_prefix("GPU-")
+                            .is_some_and(|rest| uuid::Uuid::parse_str(rest).is_ok());
+                        if ok {
+                            Ok(u.clone())
+                        } else {
+                            Err(SimConfigError::BadUuid {
+                                index,
+                                uuid: u.clone(),
+                            })
+                        }
+                    }
+                    None => Ok(derived_gpu_uuid(
+                        self.seed.as_deref().unwrap_or(""),
+                        index,
+                        g.model,
+                    )),
+                }
+            })
+            .collect()
+    }
+}
+
+/// `GPU-<uuid>` derived from sha256(seed, index, model): stable across restarts.
+pub fn derived_gpu_uuid(seed: &str, index: u32, model: GpuModel) -> String {
+    let digest = Sha256::digest(format!(
+        "tessera-sim\0{seed}\0{index}\0{}",
+        model.short_name()
+    ));
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&digest[..16]);
+    format!(
+        "GPU-{}",
+        uuid::Builder::from_random_bytes(bytes).into_uuid()
+    )
+}
+
+/// Where an injected create failure strikes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CreateStage {
+    /// `nvmlDeviceCreateGpuInstanceWithPlacement` fails: nothing is created.
+    Gi,
+    /// `nvmlGpuInstanceCreateComputeInstance` fails: the GI is rolled back.
+    Ci,
+}
+
+/// A fault armed for the next create on one GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CreateFault {
+    Fail(CreateStage),
+    /// The GI is created, then the call errors without creating the CI and without
+    /// rolling back: what a daemon crash between the two steps leaves behind.
+    CrashAfterGi,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct Faults {
+    next_create: Option<CreateFault>,
+    fail_next_destroy: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct SimCi {
+    ci_id: u32,
+    profile_id: u32,
+    uuid: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct SimGi {
+    gi_id: u32,
+    profile_id: u32,
+    placement: Placement,
+    ci: Option<SimCi>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct SimGpu {
+    index: u32,
+    model: GpuModel,
+    uuid: String,
+    mig: bool,
+    instances: Vec<SimGi>,
+    processes: Vec<GpuProcess>,
+    faults: Faults,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct SimState {
+    version: u32,
+    gpus: Vec<SimGpu>,
+    mps: Vec<MpsDaemon>,
+    next_pid: u32,
+}
+
+impl SimState {
+    fn fresh(config: &SimConfig, uuids: &[String]) -> SimState {
+        SimState {
+            version: STATE_VERSION,
+            gpus: config
+                .gpus
+                .iter()
+                .zip(uuids)
+                .enumerate()
+                .map(|(i, (g, uuid))| SimGpu {
+                    index: i as u32,
+                    model: g.model,
+                    uuid: uuid.clone(),
+                    mig: g.mig,
+                    instances: Vec::new(),
+                    processes: Vec::new(),
+                    faults: Faults::default(),
+                })
+                .collect(),
+            mps: Vec::new(),
+            next_pid: FIRST_FAKE_PID,
+        }
+    }
+
+    fn gpu(&self, gpu: u32) -> Result<&SimGpu, GpuError> {
+        self.gpus.get(gpu as usize).ok_or(GpuError::NoSuchGpu(gpu))
+    }
+
+    fn gpu_mut(&mut self, gpu: u32) -> Result<&mut SimGpu, GpuError> {
+        self.gpus
+            .get_mut(gpu as usize)
+            .ok_or(GpuError::NoSuchGpu(gpu))
+    }
+}
+
+fn nvml_err(call: &'static str, code: NvmlCode, detail: impl Into<String>) -> GpuError {
+    GpuError::Nvml {
+        call,
+        code,
+        detail: detail.into(),
+    }
+}
+
+const CALL_CREATE_GI: &str = "nvmlDeviceCreateGpuInstanceWithPlacement";
+const CALL_CREATE_CI: &str = "nvmlGpuInstanceCreateComputeInstance";
+const CALL_DESTROY_GI: &str = "nvmlGpuInstanceDestroy";
+const CALL_DESTROY_CI: &str = "nvmlComputeInstanceDestroy";
+const CALL_GET_GI: &str = "nvmlDeviceGetGpuInstanceById";
+
+impl SimGpu {
+    fn profile(&self, profile_id: u32) -> Result<GiProfile, GpuError> {
+        self.model
+            .gi_profile(profile_id)
+            .ok_or(GpuError::UnknownProfile {
+                gpu: self.index,
+                profile_id,
+            })
+    }
+
+    fn require_mig(&self, call: &'static str) -> Result<(), GpuError> {
+        if self.mig {
+            Ok(())
+        } else {
+            Err(nvml_err(
+                call,
+                NvmlCode::NotSupported,
+                format!("MIG mode is disabled on GPU {}", self.index),
+            ))
+        }
+    }
+
+    fn instance(&self, gi: &SimGi) -> Result<MigInstance, GpuError> {
+        let profile = self.profile(gi.profile_id)?;
+        let ci_sm = gi.ci.as_ref().and_then(|ci| {
+            profile
+                .ci_profiles
+                .iter()
+                .find(|c| c.id == ci.profile_id)
+                .map(|c| c.sm_count)
+        });
+        Ok(MigInstance {
+            gpu: self.index,
+            gi_id: gi.gi_id,
+            gi_profile_id: gi.profile_id,
+            placement: gi.placement,
+            ci_id: gi.ci.as_ref().map(|c| c.ci_id),
+            ci_profile_id: gi.ci.as_ref().map(|c| c.profile_id),
+            uuid: gi.ci.as_ref().map(|c| c.uuid.clone()).unwrap_or_default(),
+            memory_bytes: profile.memory_bytes,
+            sm_count: ci_sm.unwrap_or(profile.sm_count),
+        })
+    }
+
+    /// `nvmlDeviceCreateGpuInstanceWithPlacement`: checks as NVML does.
+    fn create_gi(&mut self, profile: &GiProfile, placement: Placement) -> Result<u32, GpuError> {
+        if !profile.placements.contains(&placement) {
+            return Err(nvml_err(
+                CALL_CREATE_GI,
+                NvmlCode::InvalidArgument,
+                format!(
+                    "placement {}:{} is not a possible placement of {}",
+                    placement.start, placement.size, profile.name
+                ),
+            ));
+        }
+        let same_profile = self
+            .instances
+            .iter()
+            .filter(|g| g.profile_id == profile.id)
+            .count() as u32;
+        if same_profile >= profile.max_count {
+            return Err(nvml_err(
+                CALL_CREATE_GI,
+                NvmlCode::InsufficientResources,
+                format!(
+                    "{} already has its maximum of {} instances",
+                    profile.name, profile.max_count
+                ),
+            ));
+        }
+        if let Some(other) = self
+            .instances
+            .iter()
+            .find(|g| g.placement.overlaps(&placement))
+        {
+            return Err(nvml_err(
+                CALL_CREATE_GI,
+                NvmlCode::InsufficientResources,
+                format!(
+                    "placement {}:{} overlaps GI {} at {}:{}",
+                    placement.start,
+                    placement.size,
+                    other.gi_id,
+                    other.placement.start,
+                    other.placement.size
+                ),
+            ));
+        }
+        let used: BTreeSet<u32> = self.instances.iter().map(|g| g.gi_id).collect();
+        let gi_id = (0..MAX_GI_IDS)
+            .find(|id| !used.contains(id))
+            .ok_or_else(|| {
+                nvml_err(
+                    CALL_CREATE_GI,
+                    NvmlCode::InsufficientResources,
+                    "no free GPU-instance id",
+                )
+            })?;
+        self.instances.push(SimGi {
+            gi_id,
+            profile_id: profile.id,
+            placement,
+            ci: None,
+        });
+        self.instances.sort_by_key(|g| g.gi_id);
+        Ok(gi_id)
+    }
+
+    /// `nvmlGpuInstanceCreateComputeInstance` on a GI without a CI.
+    fn create_ci(
+        &mut self,
+        profile: &GiProfile,
+        gi_id: u32,
+        ci_profile_id: Option<u32>,
+    ) -> Result<(), GpuError> {
+        let ci_profile = match ci_profile_id {
+            Some(id) => profile.ci_profiles.iter().find(|c| c.id == id),
+            None => profile
+                .ci_profiles
+                .iter()
+                .find(|c| c.slices == profile.slices),
+        }
+        .ok_or_else(|| {
+            nvml_err(
+                CALL_CREATE_CI,
+                NvmlCode::InvalidArgument,
+                format!(
+                    "CI profile {ci_profile_id:?} does not exist in GI profile {}",
+                    profile.name
+                ),
+            )
+        })?;
+        let gi = self
+            .instances
+            .iter_mut()
+            .find(|g| g.gi_id == gi_id)
+            .ok_or_else(|| nvml_err(CALL_CREATE_CI, NvmlCode::NotFound, "GI vanished"))?;
+        gi.ci = Some(SimCi {
+            // The lowest free CI id: the GI has none yet.
+            ci_id: 0,
+            profile_id: ci_profile.id,
+            uuid: format!("MIG-{}", uuid::Uuid::new_v4()),
+        });
+        Ok(())
+    }
+}
+
+/// The simulated backend. Cheap to construct; all state is in the state file.
+pub struct SimBackend {
+    config: SimConfig,
+    uuids: Vec<String>,
+    path: PathBuf,
+    lock_path: PathBuf,
+    mutex: Mutex<()>,
+}
+
+impl std::fmt::Debug for SimBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimBackend")
+            .field("path", &self.path)
+            .field("gpus", &self.config.gpus.len())
+            .finish()
+    }
+}
+
+/// Holds the in-process mutex and the cross-process flock for one operation.
+struct Locked<'a> {
+    _guard: MutexGuard<'a, ()>,
+    _flock: Flock<File>,
+}
+
+impl SimBackend {
+    /// Open (or create) the simulated hardware described by `config`, with its
+    /// state in `state_file`. An existing state file must describe the same GPUs
+    /// (models, order, UUIDs); otherwise this fails rather than wiping it.
+    pub fn open(config: &SimConfig, state_file: impl Into<PathBuf>) -> Result<Self, GpuError> {
+        config
+            .validate()
+            .map_err(|e| GpuError::DriverUnavailable(format!("invalid [sim] config: {e}")))?;
+        let uuids = config
+            .gpu_uuids()
+            .map_err(|e| GpuError::DriverUnavailable(format!("invalid [sim] config: {e}")))?;
+        let path: PathBuf = state_file.into();
+        let mut lock_name = path.file_name().unwrap_or_default().to_os_string();
+        lock_name.push(".lock");
+        let lock_path = path.with_file_name(lock_name);
+        let backend = SimBackend {
+            config: config.clone(),
+            uuids,
+            path,
+            lock_path,
+            mutex: Mutex::new(()),
+        };
+        // Create the file now (or check the existing one) so errors surface at start.
+        backend.read(|_| Ok(()))?;
+        Ok(backend)
+    }
+
+    /// The state file's path.
+    pub fn state_path(&self) -> &Path {
+        &self.path
+    }
+
+    fn io_err(path: &Path, source: std::io::Error) -> GpuError {
+        GpuError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+
+    fn lock(&self) -> Result<Locked<'_>, GpuError> {
+        // A panic in another thread leaves no half-written state behind (writes go
+        // through rename), so a poisoned mutex is safe to take over.
+        let guard = self.mutex.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            fs::create_dir_all(dir).map_err(|e| Self::io_err(dir, e))?;
+        }
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&self.lock_path)
+            .map_err(|e| Self::io_err(&self.lock_path, e))?;
+        let flock = Flock::lock(file, FlockArg::LockExclusive)
+            .map_err(|(_, errno)| Self::io_err(&self.lock_path, errno.into()))?;
+        Ok(Locked {
+            _guard: guard,
+            _flock: flock,
+        })
+    }
+
+    fn corrupt(&self, detail: impl Into<String>) -> GpuError {
+        GpuError::CorruptState {
+            path: self.path.clone(),
+            detail: detail.into(),
+        }
+    }
+
+    /// Load the state; a missing file is a freshly booted host.
+    fn load(&self) -> Result<(SimState, bool), GpuError> {
+        let text = match fs::read_to_string(&self.path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok((SimState::fresh(&self.config, &self.uuids), true));
+            }
+            Err(e) => return Err(Self::io_err(&self.path, e)),
+        };
+        let state: SimState =
+            serde_json::from_str(&text).map_err(|e| self.corrupt(e.to_string()))?;
+        if state.version != STATE_VERSION {
+            return Err(self.corrupt(format!(
+                "state version {} (this daemon reads version {STATE_VERSION})",
+                state.version
+            )));
+        }
+        self.check_matches_config(&state)?;
+        Ok((state, false))
+    }
+
+    fn check_matches_config(&self, state: &SimState) -> Result<(), GpuError> {
+        let have: Vec<(GpuModel, &str)> = state
+            .gpus
+            .iter()
+            .map(|g| (g.model, g.uuid.as_str()))
+            .collect();
+        let want: Vec<(GpuModel, &str)> = self
+            .config
+            .gpus
+            .iter()
+            .zip(&self.uuids)
+            .map(|(g, u)| (g.model, u.as_str()))
+            .collect();
+        let indices_ok = state
+            .gpus
+            .iter()
+            .enumerate()
+            .all(|(i, g)| g.index == i as u32);
+        if have != want || !indices_ok {
+            let fmt = |v: &[(GpuModel, &str)]| {
+                v.iter()
+                    .map(|(m, u)| format!("{m} {u}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            return Err(self.corrupt(format!(
+                "the simulated GPUs in this state file [{}] differ from the config [{}]; \
+                 refusing to discard the instances it records: fix the config, or delete \
+                 the file to simulate a fresh host",
+                fmt(&have),
+                fmt(&want)
+            )));
+        }
+        Ok(())
+    }
+
+    /// Write atomically: a temp file in the same directory, then rename over the old
+    /// file. The rename makes a reader see either the old or the new state, never a
+    /// torn one, which is what a daemon crash needs (real MIG instances survive a
+    /// daemon crash). No fsync: real MIG instances do not survive a reboot or power
+    /// loss either, so losing the last write on power loss models the hardware.
+    fn save(&self, state: &SimState) -> Result<(), GpuError> {
+        let json = serde_json::to_vec_pretty(state).map_err(|e| self.corrupt(e.to_string()))?;
+        let mut tmp_name = std::ffi::OsString::from(".");
+        tmp_name.push(self.path.file_name().unwrap_or_default());
+        tmp_name.push(format!(".tmp.{}", std::process::id()));
+        let tmp = self.path.with_file_name(tmp_name);
+        let result = (|| {
+            let mut f = File::create(&tmp)?;
+            f.write_all(&json)?;
+            f.write_all(b"\n")?;
+            drop(f);
+            fs::rename(&tmp, &self.path)
+        })();
+        if let Err(e) = result {
+            let _ = fs::remove_file(&tmp);
+            return Err(Self::io_err(&self.path, e));
+        }
+        Ok(())
+    }
+
+    /// Run a mutation. The state is saved even when `f` fails, because NVML can fail
+    /// after changing hardware (the crash-midway fault), and a consumed fault must
+    /// stay consumed.
+    fn mutate<T>(
+        &self,
+        f: impl FnOnce(&mut SimState) -> Result<T, GpuError>,
+    ) -> Result<T, GpuError> {
+        let _locked = self.lock()?;
+        let (mut state, _) = self.load()?;
+        let before = state.clone();
+        let out = f(&mut state);
+        if state != before {
+            self.save(&state)?;
+        }
+        out
+    }
+
+    fn read<T>(&self, f: impl FnOnce(&SimState) -> Result<T, GpuError>) -> Result<T, GpuError> {
+        let _locked = self.lock()?;
+        let (state, fresh) = self.load()?;
+        if fresh {
+            self.save(&state)?;
+        }
+        f(&state)
+    }
+
+    // ---- fault injection and fake load (tests, demos) ----
+
+    /// The next `create_instance` on `gpu` fails at `stage` (NVML_ERROR_UNKNOWN).
+    /// A CI-stage failure rolls the GI back, as the trait requires.
+    pub fn fail_next_create(&self, gpu: u32, stage: CreateStage) -> Result<(), GpuError> {
+        self.mutate(|s| {
+            s.gpu_mut(gpu)?.faults.next_create = Some(CreateFault::Fail(stage));
+            Ok(())
+        })
+    }
+
+    /// The next `create_instance` on `gpu` creates the GI and then errors without
+    /// creating the CI or rolling back: a daemon crash between the two steps.
+    pub fn crash_next_create_after_gi(&self, gpu: u32) -> Result<(), GpuError> {
+        self.mutate(|s| {
+            s.gpu_mut(gpu)?.faults.next_create = Some(CreateFault::CrashAfterGi);
+            Ok(())
+        })
+    }
+
+    /// The next `destroy_instance` on `gpu` fails (NVML_ERROR_UNKNOWN), destroying
+    /// nothing.
+    pub fn fail_next_destroy(&self, gpu: u32) -> Result<(), GpuError> {
+        self.mutate(|s| {
+            s.gpu_mut(gpu)?.faults.fail_next_destroy = true;
+            Ok(())
+        })
+    }
+
+    /// Disarm every fault on `gpu`.
+    pub fn clear_faults(&self, gpu: u32) -> Result<(), GpuError> {
+        self.mutate(|s| {
+            s.gpu_mut(gpu)?.faults = Faults::default();
+            Ok(())
+        })
+    }
+
+    /// A fake process using `used_memory_bytes` on `gpu`: inside MIG instance
+    /// (gi_id, ci_id) when MIG is enabled (both required then), on the whole GPU
+    /// (both None) when it is disabled.
+    pub fn add_process(
+        &self,
+        gpu: u32,
+        gi_id: Option<u32>,
+        ci_id: Option<u32>,
+        pid: u32,
+        used_memory_bytes: u64,
+    ) -> Result<(), GpuError> {
+        const CALL: &str = "sim add_process";
+        self.mutate(|s| {
+            let g = s.gpu_mut(gpu)?;
+            if g.processes.iter().any(|p| p.pid == pid) {
+                return Err(nvml_err(
+                    CALL,
+                    NvmlCode::InvalidArgument,
+                    format!("pid {pid} already runs on GPU {gpu}"),
+                ));
+            }
+            match (g.mig, gi_id, ci_id) {
+                (true, Some(gi), Some(ci)) => {
+                    let ok = g
+                        .instances
+                        .iter()
+                        .any(|i| i.gi_id == gi && i.ci.as_ref().is_some_and(|c| c.ci_id == ci));
+                    if !ok {
+                        return Err(nvml_err(
+                            CALL,
+                            NvmlCode::NotFound,
+                            format!("no CI {ci} in GI {gi} on GPU {gpu}"),
+                        ));
+                    }
+                }
+                (false, None, None) => {}
+                _ => {
+                    return Err(nvml_err(
+                        CALL,
+                        NvmlCode::InvalidArgument,
+                        format!(
+                            "GPU {gpu} has MIG {}: gi/ci must be {}",
+                            if g.mig { "enabled" } else { "disabled" },
+                            if g.mig { "given" } else { "None" }
+                        ),
+                    ));
+                }
+            }
+            g.processes.push(GpuProcess {
+                pid,
+                used_memory_bytes,
+                gi_id,
+                ci_id,
+            });
+            Ok(())
+        })
+    }
+
+    /// Remove a fake process. Err(NotFound) when it is not there.
+    pub fn remove_process(&self, gpu: u32, pid: u32) -> Result<(), GpuError> {
+        self.mutate(|s| {
+            let g = s.gpu_mut(gpu)?;
+            let before = g.processes.len();
+            g.processes.retain(|p| p.pid != pid);
+            if g.processes.len() == before {
+                return Err(nvml_err(
+                    "sim remove_process",
+                    NvmlCode::NotFound,
+                    format!("pid {pid} is not running on GPU {gpu}"),
+                ));
+            }
+            Ok(())
+        })
+    }
+
+    /// Mark an MPS daemon as dead (it crashed), for supervision tests. Err(Mps) when
+    /// the lease has no daemon.
+    pub fn kill_mps(&self, lease_id: &str) -> Result<(), GpuError> {
+        self.mutate(|s| {
+            let d = s
+                .mps
+                .iter_mut()
+                .find(|d| d.spec.lease_id == lease_id)
+                .ok_or_else(|| GpuError::Mps {
+                    lease: lease_id.to_owned(),
+                    detail: "no MPS control daemon for this lease".to_owned(),
+                })?;
+            d.running = false;
+            d.pid = None;
+            Ok(())
+        })
+    }
+
+    /// `/proc/driver/nvidia-caps/mig-minors` as the driver would print it.
+    pub fn mig_minors_text(&self) -> Result<String, GpuError> {
+        Ok(caps::render(&self.mig_minors()?))
+    }
+}
+
+impl GpuBackend for SimBackend {
+    fn name(&self) -> &'static str {
+        "sim"
+    }
+
+    fn driver_version(&self) -> Result<String, GpuError> {
+        Ok(SIM_DRIVER_VERSION.to_owned())
+    }
+
+    fn devices(&self) -> Result<Vec<GpuInfo>, GpuError> {
+        self.read(|s| {
+            Ok(s.gpus
+                .iter()
+                .map(|g| GpuInfo {
+                    index: g.index,
+                    uuid: g.uuid.clone(),
+                    name: g.model.marketing_name().to_owned(),
+                    memory_bytes: g.model.memory_bytes(),
+                    minor: g.index,
+                    // Distinct buses, in the style of an SXM board: 1B, 2B, 3B, ...
+                    pci_bus_id: format!("00000000:{:02X}:00.0", 0x1B + 0x10 * g.index),
+                    mig_current: g.mig,
+                    mig_pending: g.mig,
+                    sm_count: g.model.sm_count(),
+                })
+                .collect())
+        })
+    }
+
+    fn gi_profiles(&self, gpu: u32) -> Result<Vec<GiProfile>, GpuError> {
+        self.read(|s| {
+            let g = s.gpu(gpu)?;
+            Ok(if g.mig {
+                g.model.gi_profiles()
+            } else {
+                Vec::new()
+            })
+        })
+    }
+
+    fn create_instance(
+        &self,
+        gpu: u32,
+        gi_profile_id: u32,
+        placement: Placement,
+        ci_profile_id: Option<u32>,
+    ) -> Result<MigInstance, GpuError> {
+        self.mutate(|s| {
+            let g = s.gpu_mut(gpu)?;
+            g.require_mig(CALL_CREATE_GI)?;
+            let profile = g.profile(gi_profile_id)?;
+            let fault = g.faults.next_create.take();
+            if fault == Some(CreateFault::Fail(CreateStage::Gi)) {
+                return Err(nvml_err(
+                    CALL_CREATE_GI,
+                    NvmlCode::Unknown,
+                    "injected fault",
+                ));
+            }
+            let gi_id = g.create_gi(&profile, placement)?;
+            let ci_result = match fault {
+                Some(CreateFault::CrashAfterGi) => {
+                    return Err(nvml_err(
+                        CALL_CREATE_CI,
+                        NvmlCode::Unknown,
+                        format!("injected crash after creating GI {gi_id}: no CI, no rollback"),
+                    ));
+                }
+                Some(CreateFault::Fail(CreateStage::Ci)) => Err(nvml_err(
+                    CALL_CREATE_CI,
+                    NvmlCode::Unknown,
+                    "injected fault",
+                )),
+                _ => g.create_ci(&profile, gi_id, ci_profile_id),
+            };
+            if let Err(e) = ci_result {
+                // The unit rollback: destroy the GI again before reporting.
+                g.instances.retain(|i| i.gi_id != gi_id);
+                return Err(e);
+            }
+            let gi = g
+                .instances
+                .iter()
+                .find(|i| i.gi_id == gi_id)
+                .ok_or_else(|| nvml_err(CALL_GET_GI, NvmlCode::NotFound, "GI vanished"))?;
+            g.instance(gi)
+        })
+    }
+
+    fn destroy_instance(&self, gpu: u32, gi_id: u32) -> Result<(), GpuError> {
+        self.mutate(|s| {
+            let g = s.gpu_mut(gpu)?;
+            g.require_mig(CALL_GET_GI)?;
+            let Some(pos) = g.instances.iter().position(|i| i.gi_id == gi_id) else {
+                return Err(nvml_err(
+                    CALL_GET_GI,
+                    NvmlCode::NotFound,
+                    format!("no GI {gi_id} on GPU {gpu}"),
+                ));
+            };
+            if std::mem::take(&mut g.faults.fail_next_destroy) {
+                return Err(nvml_err(
+                    CALL_DESTROY_GI,
+                    NvmlCode::Unknown,
+                    "injected fault",
+                ));
+            }
+            let busy: Vec<u32> = g
+                .processes
+                .iter()
+                .filter(|p| p.gi_id == Some(gi_id))
+                .map(|p| p.pid)
+                .collect();
+            if !busy.is_empty() {
+                let call = if g.instances[pos].ci.is_some() {
+                    CALL_DESTROY_CI
+                } else {
+                    CALL_DESTROY_GI
+                };
+                return Err(nvml_err(
+                    call,
+                    NvmlCode::InUse,
+                    format!("GI {gi_id} on GPU {gpu} has running processes {busy:?}"),
+                ));
+            }
+            g.instances.remove(pos);
+            Ok(())
+        })
+    }
+
+    fn instances(&self, gpu: u32) -> Result<Vec<MigInstance>, GpuError> {
+        self.read(|s| {
+            let g = s.gpu(gpu)?;
+            g.instances.iter().map(|i| g.instance(i)).collect()
+        })
+    }
+
+    fn processes(&self, gpu: u32) -> Result<Vec<GpuProcess>, GpuError> {
+        self.read(|s| Ok(s.gpu(gpu)?.processes.clone()))
+    }
+
+    fn mig_minors(&self) -> Result<MigMinors, GpuError> {
+        Ok(caps::full_table(self.config.gpus.len() as u32))
+    }
+
+    /// The load model: memory used is the sum of the fake processes' memory. A
+    /// process on a whole GPU keeps it 100% busy; processes in MIG instances keep
+    /// their instances fully busy, so the GPU is busy in proportion to the compute
+    /// slices of the instances that have at least one process (rounded down).
+    fn utilization(&self, gpu: u32) -> Result<Utilization, GpuError> {
+        self.read(|s| {
+            let g = s.gpu(gpu)?;
+            let memory_used_bytes = g.processes.iter().map(|p| p.used_memory_bytes).sum();
+            let gpu_percent = if g.processes.iter().any(|p| p.gi_id.is_none()) {
+                100
+            } else {
+                let busy: BTreeSet<u32> = g.processes.iter().filter_map(|p| p.gi_id).collect();
+                let slices: u32 = g
+                    .instances
+                    .iter()
+                    .filter(|i| busy.contains(&i.gi_id))
+                    .filter_map(|i| g.model.gi_profile(i.profile_id))
+                    .map(|p| p.slices)
+                    .sum();
+                (slices * 100 / super::profiles::COMPUTE_SLICES).min(100)
+            };
+            Ok(Utilization {
+                gpu_percent,
+                memory_used_bytes,
+            })
+        })
+    }
+
+    fn mps_start(&self, spec: &MpsSpec) -> Result<MpsDaemon, GpuError> {
+        let mps_err = |detail: String| GpuError::Mps {
+            lease: spec.lease_id.clone(),
+            detail,
+        };
+        self.mutate(|s| {
+            let g = s.gpu(spec.gpu)?;
+            let uuid_ok = g.uuid == spec.gpu_uuid
+                || g.instances
+                    .iter()
+                    .any(|i| i.ci.as_ref().is_some_and(|c| c.uuid == spec.gpu_uuid));
+            if !uuid_ok {
+                return Err(mps_err(format!(
+                    "uuid {} is neither GPU {} nor one of its MIG devices",
+                    spec.gpu_uuid, spec.gpu
+                )));
+            }
+            if !(1..=100).contains(&spec.sm_percent) {
+                return Err(mps_err(format!(
+                    "active thread percentage {} is outside 1..=100",
+                    spec.sm_percent
+                )));
+            }
+            if spec.memory_bytes == 0 || spec.memory_bytes > g.model.memory_bytes() {
+                return Err(mps_err(format!(
+                    "pinned memory limit {} bytes does not fit GPU {}",
+                    spec.memory_bytes, spec.gpu
+                )));
+            }
+            if let Some(other) = s
+                .mps
+                .iter()
+                .find(|d| d.spec.lease_id != spec.lease_id && d.spec.pipe_dir == spec.pipe_dir)
+            {
+                return Err(mps_err(format!(
+                    "pipe directory {} is in use by lease {}",
+                    spec.pipe_dir.display(),
+                    other.spec.lease_id
+                )));
+            }
+            let pid = s.next_pid;
+            match s.mps.iter_mut().find(|d| d.spec.lease_id == spec.lease_id) {
+                Some(d) if d.spec != *spec => Err(mps_err(
+                    "an MPS control daemon with different limits runs for this lease".to_owned(),
+                )),
+                Some(d) if d.running => Ok(d.clone()),
+                Some(d) => {
+                    // Restart a daemon that died.
+                    d.running = true;
+                    d.pid = Some(pid);
+                    let d = d.clone();
+                    s.next_pid += 1;
+                    Ok(d)
+                }
+                None => {
+                    let d = MpsDaemon {
+                        spec: spec.clone(),
+                        pid: Some(pid),
+                        running: true,
+                    };
+                    s.mps.push(d.clone());
+                    s.next_pid += 1;
+                    Ok(d)
+                }
+            }
+        })
+    }
+
+    fn mps_stop(&self, lease_id: &str) -> Result<(), GpuError> {
+        self.mutate(|s| {
+            s.mps.retain(|d| d.spec.lease_id != lease_id);
+            Ok(())
+        })
+    }
+
+    fn mps_daemons(&self) -> Result<Vec<MpsDaemon>, GpuError> {
+        self.read(|s| Ok(s.mps.clone()))
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use crate::gpu::profiles::{
+        GI_PROFILE_1_SLICE, GI_PROFILE_1_SLICE_REV1, GI_PROFILE_2_SLICE, GI_PROFILE_3_SLICE,
+        GI_PROFILE_4_SLICE, GI_PROFILE_7_SLICE,
+    };
+
+    const GIB: u64 = 1024 * 1024 * 1024;
+
+    fn config(models: &[(GpuModel, bool)]) -> SimConfig {
+        SimConfig {
+            gpus: models
+                .iter()
+                .map(|&(model, mig)| SimGpuConfig {
+                    model,
+                    mig,
+                    uuid: None,
+                })
+                .collect(),
+            seed: Some("test".to_owned()),
+        }
+    }
+
+    fn sim(models: &[(GpuModel, bool)]) -> (tempfile::TempDir, SimBackend) {
+        let dir = tempfile::tempdir().unwrap();
+        let b = SimBackend::open(&config(models), dir.path().join("sim-state.json")).unwrap();
+        (dir, b)
+    }
+
+    fn h100() -> (tempfile::TempDir, SimBackend) {
+        sim(&[(GpuModel::H100Hbm3_80Gb, true)])
+    }
+
+    fn at(start: u32, size: u32) -> Placement {
+        Placement { start, size }
+    }
+
+    fn code(r: Result<impl std::fmt::Debug, GpuError>) -> NvmlCode {
+        r.unwrap_err().nvml_code().expect("an NVML error")
+    }
+
+    #[test]
+    fn config_parses_from_toml() {
+        let c: SimConfig = toml::from_str(
+            "seed = \"host-a\"\n[[gpus]]\nmodel = \"h100-80gb\"\nmig = true\n\
+             [[gpus]]\nmodel = \"a100-40gb\"\nmig = false\n\
+             [[gpus]]\nmodel = \"h200-141gb\"\n\
+             uuid = \"GPU-6f1e2b6a-5d0c-4a44-9a51-2f1f0c3b2e11\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.gpus.len(), 3);
+        assert!(!c.gpus[1].mig);
+        assert!(c.gpus[2].mig, "mig defaults to enabled");
+        c.validate().unwrap();
+        assert!(toml::from_str::<SimConfig>("[[gpus]]\nmodel = \"v100\"\n").is_err());
+        let bad = SimConfig {
+            gpus: vec![SimGpuConfig {
+                model: GpuModel::H200_141Gb,
+                mig: true,
+                uuid: Some("6f1e2b6a".to_owned()),
+            }],
+            seed: None,
+        };
+        assert!(matches!(
+            bad.validate(),
+            Err(SimConfigError::BadUuid { .. })
+        ));
+        assert_eq!(
+            SimConfig {
+                gpus: vec![],
+                seed: None
+            }
+            .validate(),
+            Err(SimConfigError::NoGpus)
+        );
+    }
+
+    #[test]
+    fn devices_report_model_facts_and_stable_uuids() {
+        let (dir, b) = sim(&[(GpuModel::A100Sxm40Gb, true), (GpuModel::H200_141Gb, false)]);
+        let devs = b.devices().unwrap();
+        assert_eq!(devs.len(), 2);
+        assert_eq!(devs[0].name, "NVIDIA A100-SXM4-40GB");
+        assert_eq!(devs[0].memory_bytes, 40 * GIB);
+        assert_eq!(devs[0].sm_count, 108);
+        assert_eq!(devs[1].name, "NVIDIA H200");
+        assert_eq!(devs[1].memory_bytes, 141 * GIB);
+        assert_eq!((devs[1].minor, devs[1].mig_current), (1, false));
+        assert_ne!(devs[0].pci_bus_id, devs[1].pci_bus_id);
+        assert_ne!(devs[0].uuid, devs[1].uuid);
+        assert!(devs[0].uuid.starts_with("GPU-"));
+        assert!(b.driver_version().unwrap().starts_with("sim-"));
+        // Same config, new state file: same UUIDs (derived, not random).
+        let again = SimBackend::open(
+            &config(&[(GpuModel::A100Sxm40Gb, true), (GpuModel::H200_141Gb, false)]),
+            dir.path().join("other.json"),
+        )
+        .unwrap();
+        assert_eq!(again.devices().unwrap(), devs);
+        // MIG disabled: no profiles, GI calls are NOT_SUPPORTED.
+        assert!(b.gi_profiles(1).unwrap().is_empty());
+        assert_eq!(
+            code(b.create_instance(1, GI_PROFILE_7_SLICE, at(0, 8), None)),
+            NvmlCode::NotSupported
+        );
+        assert!(matches!(b.gi_profiles(7), Err(GpuError::NoSuchGpu(7))));
+    }
+
+    #[test]
+    fn profiles_served_match_reference_for_every_model() {
+        for m in GpuModel::ALL {
+            let (_d, b) = sim(&[(m, true)]);
+            assert_eq!(b.gi_profiles(0).unwrap(), m.gi_profiles());
+        }
+    }
+
+    #[test]
+    fn h100_holds_seven_1g_and_refuses_the_eighth() {
+        let (_d, b) = h100();
+        for start in 0..7 {
+            let i = b
+                .create_instance(0, GI_PROFILE_1_SLICE, at(start, 1), None)
+                .unwrap();
+            assert_eq!(i.gi_id, start, "lowest free GI id");
+            assert_eq!(i.ci_id, Some(0));
+            assert_eq!(i.sm_count, 16);
+            assert_eq!(i.memory_bytes, 9984 * 1024 * 1024);
+        }
+        assert_eq!(b.instances(0).unwrap().len(), 7);
+        // Max count reached (and every 1-slice placement is taken).
+        assert_eq!(
+            code(b.create_instance(0, GI_PROFILE_1_SLICE, at(6, 1), None)),
+            NvmlCode::InsufficientResources
+        );
+        // Memory slice 7 is not a possible placement for 1g.
+        assert_eq!(
+            code(b.create_instance(0, GI_PROFILE_1_SLICE, at(7, 1), None)),
+            NvmlCode::InvalidArgument
+        );
+        assert_eq!(b.instances(0).unwrap().len(), 7);
+    }
+
+    #[test]
+    fn overlapping_and_impossible_placements_are_refused() {
+        let (_d, b) = h100();
+        b.create_instance(0, GI_PROFILE_2_SLICE, at(2, 2), None)
+            .unwrap();
+        assert_eq!(
+            code(b.create_instance(0, GI_PROFILE_1_SLICE, at(3, 1), None)),
+            NvmlCode::InsufficientResources
+        );
+        assert_eq!(
+            code(b.create_instance(0, GI_PROFILE_3_SLICE, at(0, 4), None)),
+            NvmlCode::InsufficientResources
+        );
+        // 3g may start at 0 or 4 only, and its size must be 4.
+        assert_eq!(
+            code(b.create_instance(0, GI_PROFILE_3_SLICE, at(2, 4), None)),
+            NvmlCode::InvalidArgument
+        );
+        assert_eq!(
+            code(b.create_instance(0, GI_PROFILE_3_SLICE, at(4, 3), None)),
+            NvmlCode::InvalidArgument
+        );
+        assert!(matches!(
+            b.create_instance(0, 42, at(0, 1), None),
+            Err(GpuError::UnknownProfile { profile_id: 42, .. })
+        ));
+        // Only one +me instance.
+        b.create_instance(0, GI_PROFILE_1_SLICE_REV1, at(0, 1), None)
+            .unwrap();
+        assert_eq!(
+            code(b.create_instance(0, GI_PROFILE_1_SLICE_REV1, at(1, 1), None)),
+            NvmlCode::InsufficientResources
+        );
+        assert_eq!(b.instances(0).unwrap().len(), 2);
+    }
+
+    #[test]
+    fn two_3g_then_nothing_and_4g_plus_3g_fits() {
+        let (_d, b) = h100();
+        b.create_instance(0, GI_PROFILE_3_SLICE, at(0, 4), None)
+            .unwrap();
+        let second = b
+            .create_instance(0, GI_PROFILE_3_SLICE, at(4, 4), None)
+            .unwrap();
+        assert_eq!(second.sm_count, 60);
+        for (p, pl) in [
+            (GI_PROFILE_1_SLICE, at(0, 1)),
+            (GI_PROFILE_1_SLICE, at(6, 1)),
+            (GI_PROFILE_4_SLICE, at(0, 4)),
+            (GI_PROFILE_7_SLICE, at(0, 8)),
+        ] {
+            assert_eq!(
+                code(b.create_instance(0, p, pl, None)),
+                NvmlCode::InsufficientResources
+            );
+        }
+
+        let (_d2, b) = h100();
+        b.create_instance(0, GI_PROFILE_4_SLICE, at(0, 4), None)
+            .unwrap();
+        b.create_instance(0, GI_PROFILE_3_SLICE, at(4, 4), None)
+            .unwrap();
+        let insts = b.instances(0).unwrap();
+        assert_eq!(
+            insts.iter().map(|i| i.placement).collect::<Vec<_>>(),
+            vec![at(0, 4), at(4, 4)]
+        );
+        assert_eq!(b.utilization(0).unwrap(), Utilization::default());
+    }
+
+    #[test]
+    fn ci_profile_choice_and_invalid_ci_rolls_back() {
+        let (_d, b) = h100();
+        let i = b
+            .create_instance(0, GI_PROFILE_7_SLICE, at(0, 8), Some(2))
+            .unwrap();
+        assert_eq!((i.ci_profile_id, i.sm_count), (Some(2), 60), "3c in a 7g");
+        b.destroy_instance(0, i.gi_id).unwrap();
+        let e = b.create_instance(0, GI_PROFILE_1_SLICE, at(0, 1), Some(4));
+        assert_eq!(code(e), NvmlCode::InvalidArgument);
+        assert!(b.instances(0).unwrap().is_empty());
+    }
+
+    #[test]
+    fn recreate_reuses_gi_id_with_a_new_uuid() {
+        let (_d, b) = h100();
+        let a = b
+            .create_instance(0, GI_PROFILE_1_SLICE, at(0, 1), None)
+            .unwrap();
+        let c = b
+            .create_instance(0, GI_PROFILE_1_SLICE, at(1, 1), None)
+            .unwrap();
+        assert_eq!((a.gi_id, c.gi_id), (0, 1));
+        assert!(a.uuid.starts_with("MIG-") && a.uuid != c.uuid);
+        b.destroy_instance(0, a.gi_id).unwrap();
+        let again = b
+            .create_instance(0, GI_PROFILE_1_SLICE, at(0, 1), None)
+            .unwrap();
+        assert_eq!(again.gi_id, a.gi_id, "lowest free id reused");
+        assert_ne!(again.uuid, a.uuid, "MIG UUID churns");
+        assert_eq!(
+            code(b.destroy_instance(0, 9)),
+            NvmlCode::NotFound,
+            "destroying a missing GI"
+        );
+    }
+
+    #[test]
+    fn destroy_with_a_process_is_in_use_and_keeps_the_instance() {
+        let (_d, b) = h100();
+        let i = b
+            .create_instance(0, GI_PROFILE_2_SLICE, at(0, 2), None)
+            .unwrap();
+        b.add_process(0, Some(i.gi_id), i.ci_id, 4242, 3 * GIB)
+            .unwrap();
+        assert_eq!(code(b.destroy_instance(0, i.gi_id)), NvmlCode::InUse);
+        assert_eq!(b.instances(0).unwrap(), vec![i.clone()]);
+        let procs = b.processes(0).unwrap();
+        assert_eq!(procs.len(), 1);
+        assert_eq!((procs[0].pid, procs[0].gi_id), (4242, Some(i.gi_id)));
+        // 2 of 7 compute slices busy.
+        assert_eq!(
+            b.utilization(0).unwrap(),
+            Utilization {
+                gpu_percent: 28,
+                memory_used_bytes: 3 * GIB
+            }
+        );
+        // Processes must name an existing CI on a MIG GPU.
+        assert_eq!(
+            code(b.add_process(0, Some(5), Some(0), 1, 1)),
+            NvmlCode::NotFound
+        );
+        assert_eq!(
+            code(b.add_process(0, None, None, 1, 1)),
+            NvmlCode::InvalidArgument
+        );
+        b.remove_process(0, 4242).unwrap();
+        assert_eq!(code(b.remove_process(0, 4242)), NvmlCode::NotFound);
+        b.destroy_instance(0, i.gi_id).unwrap();
+        assert!(b.instances(0).unwrap().is_empty());
+    }
+
+    #[test]
+    fn injected_faults() {
+        let (_d, b) = h100();
+        // GI stage: nothing created.
+        b.fail_next_create(0, CreateStage::Gi).unwrap();
+        let e = b.create_instance(0, GI_PROFILE_3_SLICE, at(0, 4), None);
+        assert_eq!(code(e), NvmlCode::Unknown);
+        assert!(b.instances(0).unwrap().is_empty());
+        // CI stage: the GI is rolled back.
+        b.fail_next_create(0, CreateStage::Ci).unwrap();
+        let e = b
+            .create_instance(0, GI_PROFILE_3_SLICE, at(0, 4), None)
+            .unwrap_err();
+        assert!(matches!(
+            e,
+            GpuError::Nvml {
+                call: CALL_CREATE_CI,
+                ..
+            }
+        ));
+        assert!(b.instances(0).unwrap().is_empty(), "no GI left behind");
+        // Faults are one-shot.
+        let ok = b
+            .create_instance(0, GI_PROFILE_3_SLICE, at(0, 4), None)
+            .unwrap();
+        // Destroy fault: nothing destroyed, then the next destroy works.
+        b.fail_next_destroy(0).unwrap();
+        assert_eq!(code(b.destroy_instance(0, ok.gi_id)), NvmlCode::Unknown);
+        assert_eq!(b.instances(0).unwrap().len(), 1);
+        b.destroy_instance(0, ok.gi_id).unwrap();
+        // Crash midway: a GI without CI stays behind, for reconciliation.
+        b.crash_next_create_after_gi(0).unwrap();
+        assert!(
+            b.create_instance(0, GI_PROFILE_4_SLICE, at(0, 4), None)
+                .is_err()
+        );
+        let left = b.instances(0).unwrap();
+        assert_eq!(left.len(), 1);
+        assert_eq!((left[0].ci_id, left[0].uuid.as_str()), (None, ""));
+        assert_eq!(left[0].placement, at(0, 4));
+        b.destroy_instance(0, left[0].gi_id).unwrap();
+        // clear_faults disarms.
+        b.fail_next_create(0, CreateStage::Gi).unwrap();
+        b.clear_faults(0).unwrap();
+        b.create_instance(0, GI_PROFILE_4_SLICE, at(0, 4), None)
+            .unwrap();
+    }
+
+    #[test]
+    fn restart_finds_instances_faults_and_mps() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state").join("sim.json");
+        let cfg = config(&[
+            (GpuModel::H100Hbm3_80Gb, true),
+            (GpuModel::A100Sxm80Gb, true),
+        ]);
+        let first = SimBackend::open(&cfg, &path).unwrap();
+        let made = first
+            .create_instance(1, GI_PROFILE_3_SLICE, at(4, 4), None)
+            .unwrap();
+        first.fail_next_destroy(1).unwrap();
+        let spec = mps_spec(&first, "lease-1");
+        first.mps_start(&spec).unwrap();
+        drop(first);
+
+        let second = SimBackend::open(&cfg, &path).unwrap();
+        assert_eq!(second.instances(1).unwrap(), vec![made.clone()]);
+        assert_eq!(second.mps_daemons().unwrap().len(), 1);
+        assert_eq!(
+            code(second.destroy_instance(1, made.gi_id)),
+            NvmlCode::Unknown
+        );
+        // Two backends on one file see each other's changes (cross-process harness).
+        let harness = SimBackend::open(&cfg, &path).unwrap();
+        harness
+            .add_process(1, Some(made.gi_id), Some(0), 7, GIB)
+            .unwrap();
+        assert_eq!(
+            code(second.destroy_instance(1, made.gi_id)),
+            NvmlCode::InUse
+        );
+
+        // A config that disagrees with the file is refused, and the file is kept.
+        let other = config(&[(GpuModel::H100Hbm3_80Gb, true)]);
+        let e = SimBackend::open(&other, &path).unwrap_err();
+        assert!(matches!(e, GpuError::CorruptState { .. }), "{e}");
+        assert!(e.to_string().contains("differ from the config"), "{e}");
+        assert_eq!(second.instances(1).unwrap().len(), 1);
+
+        // Deleting the file is a reboot: instances are gone.
+        fs::remove_file(&path).unwrap();
+        assert!(second.instances(1).unwrap().is_empty());
+    }
+
+    #[test]
+    fn corrupt_state_file_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sim.json");
+        let cfg = config(&[(GpuModel::H100Hbm3_80Gb, true)]);
+        fs::write(&path, "{\"version\": 1, \"gpus\": [").unwrap();
+        let e = SimBackend::open(&cfg, &path).unwrap_err();
+        assert!(matches!(e, GpuError::CorruptState { .. }), "{e}");
+        assert_eq!(
+            fs::read_to_string(&path).unwrap(),
+            "{\"version\": 1, \"gpus\": ["
+        );
+        fs::write(
+            &path,
+            "{\"version\": 99, \"gpus\": [], \"mps\": [], \"next_pid\": 1}",
+        )
+        .unwrap();
+        let e = SimBackend::open(&cfg, &path).unwrap_err();
+        assert!(e.to_string().contains("version 99"), "{e}");
+    }
+
+    #[test]
+    fn no_temp_files_left_behind() {
+        let (d, b) = h100();
+        b.create_instance(0, GI_PROFILE_1_SLICE, at(0, 1), None)
+            .unwrap();
+        let mut names: Vec<String> = fs::read_dir(d.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, vec!["sim-state.json", "sim-state.json.lock"]);
+    }
+
+    #[test]
+    fn mig_minors_follow_the_formula() {
+        let (_d, b) = sim(&[
+            (GpuModel::H100Hbm3_80Gb, true),
+            (GpuModel::H100Hbm3_80Gb, true),
+        ]);
+        let m = b.mig_minors().unwrap();
+        assert_eq!((m.config, m.monitor), (Some(1), Some(2)));
+        assert_eq!(m.gi_access[&(0, 0)], 3);
+        assert_eq!(m.ci_access[&(0, 0, 0)], 4);
+        assert_eq!(m.gi_access[&(1, 2)], 3 + 135 + 18);
+        assert_eq!(m.ci_access[&(1, 2, 0)], 3 + 135 + 18 + 1);
+        let text = b.mig_minors_text().unwrap();
+        assert!(text.contains("\ngpu1/gi2/ci0/access 157\n"));
+        assert_eq!(caps::parse(&text).unwrap(), m);
+    }
+
+    fn mps_spec(b: &SimBackend, lease: &str) -> MpsSpec {
+        let gpu = b.devices().unwrap().remove(0);
+        MpsSpec {
+            lease_id: lease.to_owned(),
+            gpu: 0,
+            gpu_uuid: gpu.uuid,
+            sm_percent: 25,
+            memory_bytes: 8 * GIB,
+            pipe_dir: PathBuf::from(format!("/run/tessera/mps/{lease}/pipe")),
+            log_dir: PathBuf::from(format!("/run/tessera/mps/{lease}/log")),
+            owner_uid: Some(1000),
+        }
+    }
+
+    #[test]
+    fn mps_daemons_lifecycle() {
+        let (_d, b) = sim(&[(GpuModel::H100Hbm3_80Gb, false)]);
+        let spec = mps_spec(&b, "lease-a");
+        let d = b.mps_start(&spec).unwrap();
+        assert!(d.running);
+        assert_eq!(b.mps_start(&spec).unwrap(), d, "idempotent per lease");
+        let mut changed = spec.clone();
+        changed.sm_percent = 50;
+        assert!(matches!(b.mps_start(&changed), Err(GpuError::Mps { .. })));
+        let mut bad = mps_spec(&b, "lease-b");
+        bad.sm_percent = 0;
+        assert!(b.mps_start(&bad).is_err());
+        bad.sm_percent = 10;
+        bad.gpu_uuid = "GPU-nope".to_owned();
+        assert!(b.mps_start(&bad).is_err());
+        let mut clash = mps_spec(&b, "lease-c");
+        clash.pipe_dir = spec.pipe_dir.clone();
+        assert!(b.mps_start(&clash).is_err(), "one daemon per pipe dir");
+
+        b.kill_mps("lease-a").unwrap();
+        let dead = b.mps_daemons().unwrap();
+        assert_eq!((dead[0].running, dead[0].pid), (false, None));
+        let restarted = b.mps_start(&spec).unwrap();
+        assert!(restarted.running);
+        assert_ne!(restarted.pid, d.pid);
+
+        b.mps_stop("lease-a").unwrap();
+        b.mps_stop("lease-a").unwrap();
+        assert!(b.mps_daemons().unwrap().is_empty());
+        assert!(b.kill_mps("lease-a").is_err());
+    }
+
+    #[test]
+    fn whole_gpu_process_makes_it_busy() {
+        let (_d, b) = sim(&[(GpuModel::A100Sxm40Gb, false)]);
+        assert_eq!(b.utilization(0).unwrap().gpu_percent, 0);
+        b.add_process(0, None, None, 10, 2 * GIB).unwrap();
+        b.add_process(0, None, None, 11, GIB).unwrap();
+        assert_eq!(
+            code(b.add_process(0, None, None, 11, GIB)),
+            NvmlCode::InvalidArgument
+        );
+        assert_eq!(
+            b.utilization(0).unwrap(),
+            Utilization {
+                gpu_percent: 100,
+                memory_used_bytes: 3 * GIB
+            }
+        );
+        assert!(b.instances(0).unwrap().is_empty());
+    }
+}
