@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::gpu::sim::{SimConfig, SimGpuConfig};
 use crate::partition::Strategy;
 
 #[derive(Debug, thiserror::Error)]
@@ -88,19 +89,12 @@ pub struct GpuConfig {
     pub mps_control: Option<PathBuf>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SimGpuEntry {
-    /// "a100-40gb", "a100-80gb", "h100-80gb" or "h200-141gb".
-    pub model: String,
-    #[serde(default)]
-    pub mig: bool,
-}
-
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct SimSection {
+    /// The simulator's hardware state (outside the daemon's database: real MIG
+    /// instances outlive a daemon restart).
     pub state_file: PathBuf,
-    pub gpus: Vec<SimGpuEntry>,
+    pub gpus: SimConfig,
 }
 
 /// One GPU's static MIG layout (like mig-parted's `mig-devices`).
@@ -187,7 +181,8 @@ struct RawGpu {
 struct RawSim {
     state_file: Option<PathBuf>,
     #[serde(default)]
-    gpus: Vec<SimGpuEntry>,
+    gpus: Vec<SimGpuConfig>,
+    seed: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -227,8 +222,6 @@ struct RawDevices {
     nvidia_uvm_major: Option<u32>,
     nvidia_caps_major: Option<u32>,
 }
-
-pub const KNOWN_SIM_MODELS: &[&str] = &["a100-40gb", "a100-80gb", "h100-80gb", "h200-141gb"];
 
 impl Config {
     /// Read and validate a config file. Binds and creates nothing.
@@ -285,33 +278,27 @@ impl Config {
                 .sim
                 .state_file
                 .unwrap_or_else(|| daemon.state_dir.join("sim-gpus.json")),
-            gpus: raw.sim.gpus,
+            gpus: SimConfig {
+                gpus: raw.sim.gpus,
+                seed: raw.sim.seed,
+            },
         };
         if gpu.backend == BackendKind::Sim {
-            if sim.gpus.is_empty() {
+            if sim.gpus.gpus.is_empty() {
                 return Err(v.err(
                     "sim.gpus",
                     "backend = \"sim\" needs at least one [[sim.gpus]] entry".into(),
                 ));
             }
-            for (i, g) in sim.gpus.iter().enumerate() {
-                if !KNOWN_SIM_MODELS.contains(&g.model.to_ascii_lowercase().as_str()) {
-                    return Err(v.err(
-                        &format!("sim.gpus[{i}].model"),
-                        format!(
-                            "unknown model {:?}; known: {}",
-                            g.model,
-                            KNOWN_SIM_MODELS.join(", ")
-                        ),
-                    ));
-                }
-            }
+            sim.gpus
+                .validate()
+                .map_err(|e| v.err("sim.gpus", e.to_string()))?;
         }
 
         let p = raw.partition;
         let mut static_layouts = Vec::new();
         for (i, s) in p.static_layouts.into_iter().enumerate() {
-            if gpu.backend == BackendKind::Sim && s.gpu as usize >= sim.gpus.len() {
+            if gpu.backend == BackendKind::Sim && s.gpu as usize >= sim.gpus.gpus.len() {
                 return Err(v.err(
                     &format!("partition.static[{i}].gpu"),
                     format!("no simulated GPU with index {}", s.gpu),
@@ -449,7 +436,8 @@ mod tests {
     #[test]
     fn unknown_sim_model_is_refused() {
         let e = parse("[[sim.gpus]]\nmodel = \"v100\"\n").unwrap_err();
-        assert!(e.to_string().contains("sim.gpus[0].model"), "{e}");
+        let msg = e.to_string();
+        assert!(msg.contains("v100") && msg.contains("h100-80gb"), "{msg}");
     }
 
     #[test]

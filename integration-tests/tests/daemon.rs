@@ -64,7 +64,7 @@ fn mixed_profiles_pack_without_overlap_and_capacity_is_reported() {
     rt().block_on(async {
         let mut c = d.client().await.unwrap();
         let mut made = Vec::new();
-        for prof in ["3g.40gb", "2g.20gb", "1g.10gb", "3g.40gb", "4g.40gb", "1g.20gb"] {
+        for prof in ["4g.40gb", "3g.40gb", "3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"] {
             let r = c
                 .create_lease(create_req("team-a", shape::mig(prof)))
                 .await
@@ -81,6 +81,14 @@ fn mixed_profiles_pack_without_overlap_and_capacity_is_reported() {
                 assert!(!overlap, "{a:?} overlaps {b:?}");
             }
         }
+        // Both GPUs are now full: all 16 memory slices are used.
+        let node = c.get_node(pb::GetNodeRequest {}).await.unwrap().into_inner();
+        assert_eq!(node.gpus[0].free_slices + node.gpus[1].free_slices, 0);
+        let err = c
+            .create_lease(create_req("team-a", shape::mig("1g.10gb")))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::ResourceExhausted, "{err}");
         // An unknown profile is an InvalidArgument naming what exists.
         let err = c
             .create_lease(create_req("team-a", shape::mig("5g.50gb")))

@@ -203,6 +203,19 @@ pub struct MpsDaemon {
     pub running: bool,
 }
 
+/// Open the simulated GPUs of the config's `[sim]` section.
+pub fn open_sim(section: &crate::config::SimSection) -> Result<sim::SimBackend, GpuError> {
+    if let Some(dir) = section.state_file.parent()
+        && !dir.as_os_str().is_empty()
+    {
+        std::fs::create_dir_all(dir).map_err(|source| GpuError::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+    }
+    sim::SimBackend::open(&section.gpus, &section.state_file)
+}
+
 /// The hardware interface. Every method maps to NVML calls (or the sim's model of them).
 pub trait GpuBackend: Send + Sync {
     /// "nvml" or "sim".

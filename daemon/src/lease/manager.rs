@@ -395,7 +395,7 @@ impl LeaseManager {
         views
             .iter()
             .map(|v| {
-                let free = partition::planner::free_capacity(v);
+                let free = partition::free_capacity(v);
                 let profiles = v
                     .profiles
                     .iter()
@@ -415,7 +415,7 @@ impl LeaseManager {
                     .cloned()
                     .collect();
                 partitions.sort_by(|a, b| a.id.cmp(&b.id));
-                let used = partition::planner::used_memory_slices(v);
+                let used = partition::used_memory_slices(v);
                 GpuReport {
                     info: v.info.clone(),
                     profiles,

@@ -1090,14 +1090,3 @@ mod tests {
         assert!(plan(&Shape::WholeGpu, &gpus, &best_fit()).is_err());
     }
 }
-
-/// How many more instances of each GI profile could be created now: (profile id, count).
-pub fn free_capacity(view: &GpuView) -> Vec<(u32, u32)> {
-    let _ = view;
-    Vec::new()
-}
-
-/// Memory slices (of 8) in use on a GPU.
-pub fn used_memory_slices(view: &GpuView) -> u32 {
-    view.mig.iter().map(|m| m.placement.size).sum()
-}
