@@ -1063,6 +1063,28 @@ mod tests {
         );
     }
 
+    #[test]
+    fn gpu_index_pins_mps_and_whole_gpu_requests() {
+        let mut g1 = h100_plain(1);
+        g1.mps = vec![share(50, gib(10))];
+        let gpus = [h100_plain(0), g1];
+        let on0 = PlanOptions {
+            gpu_index: Some(0),
+            ..best_fit()
+        };
+        // Best fit alone would pack onto gpu1.
+        assert_eq!(
+            plan(&mps(30, gib(1)), &gpus, &on0).unwrap(),
+            PlanDecision::Mps { gpu: 0 }
+        );
+        let on1 = PlanOptions {
+            gpu_index: Some(1),
+            ..best_fit()
+        };
+        let msg = no_capacity(plan(&Shape::WholeGpu, &gpus, &on1));
+        assert_eq!(msg, "no whole GPU free (gpu1: 1 MPS share active)");
+    }
+
     // ------------------------------------------------------------------ whole GPU
 
     #[test]
