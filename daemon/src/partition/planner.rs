@@ -9,8 +9,9 @@
 //! * Only GPUs with `info.mig_current` and no whole-GPU lease are considered. The GI
 //!   profile is matched by name, case-insensitively, per GPU (a node may mix GPU models
 //!   whose profile ids differ). A name no considered GPU offers is
-//!   [`PlanError::UnknownProfile`]. A `compute_profile` must name one of the GI profile's
-//!   CI profiles (case-insensitive), else [`PlanError::InvalidShape`].
+//!   [`PlanError::UnknownProfile`], listing the names the considered GPUs offer. A
+//!   `compute_profile` must name one of the GI profile's CI profiles
+//!   (case-insensitive), else [`PlanError::InvalidShape`].
 //! * A free static-pool instance of the profile is taken before any new instance is
 //!   created ([`PlanDecision::Static`], lowest GPU then lowest start) — only when no CI
 //!   profile is asked for, since static partitions are whole GIs. A CI request on a node
@@ -41,9 +42,16 @@
 //! empty H100 any placement destroys the 7g (weight 64), on a GPU where the 7g is
 //! already impossible it does not. Within a GPU it keeps holes aligned: a lone 1g.10gb
 //! goes to slice 6 (it costs the 7g, one 3g and one 1g.20gb) rather than slice 0 (which
-//! would also cost the 4g, the other 3g, a 2g), so a later 4g.40gb still fits. The
-//! tests in this module show best fit refusing fewer requests than first fit under a
-//! seeded random workload.
+//! would also cost the 4g, the other 3g, a 2g), so a later 4g.40gb still fits.
+//!
+//! `partition::planner_props` replays a seeded random workload on two H100s (10,000
+//! requests of mixed profiles with random lifetimes, the same for both strategies):
+//! best fit refuses 1299 requests against first fit's 1489, and only 323 of its
+//! refusals happen while some GPU still had as many free memory slices as asked,
+//! against 594 for first fit. Weighting by `size` instead of `size^2` gives the same
+//! choices on the H100 table; an unweighted count of creatable instances refused
+//! slightly more requests (1311) and more memory (7764 slices against 7514), because it
+//! gives up places for large instances to keep places for small ones.
 //!
 //! # MPS
 //!
@@ -1053,6 +1061,28 @@ mod tests {
             plan(&mps(30, gib(1)), &gpus, &first_fit()).unwrap(),
             PlanDecision::Mps { gpu: 0 }
         );
+    }
+
+    #[test]
+    fn gpu_index_pins_mps_and_whole_gpu_requests() {
+        let mut g1 = h100_plain(1);
+        g1.mps = vec![share(50, gib(10))];
+        let gpus = [h100_plain(0), g1];
+        let on0 = PlanOptions {
+            gpu_index: Some(0),
+            ..best_fit()
+        };
+        // Best fit alone would pack onto gpu1.
+        assert_eq!(
+            plan(&mps(30, gib(1)), &gpus, &on0).unwrap(),
+            PlanDecision::Mps { gpu: 0 }
+        );
+        let on1 = PlanOptions {
+            gpu_index: Some(1),
+            ..best_fit()
+        };
+        let msg = no_capacity(plan(&Shape::WholeGpu, &gpus, &on1));
+        assert_eq!(msg, "no whole GPU free (gpu1: 1 MPS share active)");
     }
 
     // ------------------------------------------------------------------ whole GPU
