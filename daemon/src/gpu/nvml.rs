@@ -30,8 +30,9 @@ use crate::mps::{MpsConfig, MpsControl};
 /// Where the driver lists the nvidia-caps minors.
 pub const MIG_MINORS_PATH: &str = "/proc/driver/nvidia-caps/mig-minors";
 const MIB: u64 = 1024 * 1024;
-/// GIs or CIs of one profile never exceed this (7 compute slices, 8 memory slices).
-const MAX_PER_PROFILE: usize = 8;
+/// Slots allocated at least for instance lists (a GPU has 8 memory slices), in case
+/// a driver reports a smaller instance count than it returns.
+const MIN_BUFFER: usize = 8;
 
 fn default_mig_minors_path() -> PathBuf {
     PathBuf::from(MIG_MINORS_PATH)
@@ -274,16 +275,20 @@ impl NvmlBackend {
             &self.lib().nvmlDeviceGetGpuInstancePossiblePlacements_v2,
             CALL,
         )?;
-        let mut buf = [sys::nvmlGpuInstancePlacement_t { start: 0, size: 0 }; MAX_PER_PROFILE];
-        let mut count = buf.len() as u32;
-        // SAFETY: `buf` has room for `count` placements; NVML writes at most `count`
-        // entries and stores the number written in `count`.
+        let mut count = 0u32;
+        // SAFETY: a null buffer asks NVML only for the number of placements.
+        check(CALL, unsafe {
+            f(dev, driver_id, std::ptr::null_mut(), &mut count)
+        })?;
+        let mut buf = vec![sys::nvmlGpuInstancePlacement_t { start: 0, size: 0 }; count as usize];
+        // SAFETY: `buf` has room for the `count` placements NVML just reported; NVML
+        // stores the number written in `count`.
         check(CALL, unsafe {
             f(dev, driver_id, buf.as_mut_ptr(), &mut count)
         })?;
+        buf.truncate(count as usize);
         Ok(buf
             .iter()
-            .take((count as usize).min(buf.len()))
             .map(|p| Placement {
                 start: p.start,
                 size: p.size,
@@ -377,19 +382,20 @@ impl NvmlBackend {
     fn gpu_instances(
         &self,
         dev: sys::nvmlDevice_t,
-        driver_id: u32,
+        profile: &RawGiProfile,
     ) -> Result<Vec<sys::nvmlGpuInstance_t>, GpuError> {
         const CALL: &str = "nvmlDeviceGetGpuInstances";
         let f = sym(&self.lib().nvmlDeviceGetGpuInstances, CALL)?;
-        let mut buf: [sys::nvmlGpuInstance_t; MAX_PER_PROFILE] =
-            [std::ptr::null_mut(); MAX_PER_PROFILE];
+        let mut buf: Vec<sys::nvmlGpuInstance_t> =
+            vec![std::ptr::null_mut(); (profile.max_count as usize).max(MIN_BUFFER)];
         let mut count = 0u32;
-        // SAFETY: `buf` holds MAX_PER_PROFILE handles, more than any profile's
-        // instance count; NVML stores the number written in `count`.
+        // SAFETY: NVML requires room for the profile's instance count; `buf` has at
+        // least that many slots. NVML stores the number written in `count`.
         check(CALL, unsafe {
-            f(dev, driver_id, buf.as_mut_ptr(), &mut count)
+            f(dev, profile.driver_id, buf.as_mut_ptr(), &mut count)
         })?;
-        Ok(buf[..(count as usize).min(buf.len())].to_vec())
+        buf.truncate(count as usize);
+        Ok(buf)
     }
 
     fn gi_info(&self, gi: sys::nvmlGpuInstance_t) -> Result<sys::nvmlGpuInstanceInfo_t, GpuError> {
@@ -406,22 +412,23 @@ impl NvmlBackend {
     fn compute_instances(
         &self,
         gi: sys::nvmlGpuInstance_t,
-        ci_driver_id: u32,
+        profile: &RawCiProfile,
     ) -> Result<Vec<(sys::nvmlComputeInstance_t, u32)>, GpuError> {
         const CALL: &str = "nvmlGpuInstanceGetComputeInstances";
         const INFO: &str = "nvmlComputeInstanceGetInfo_v2";
         let f = sym(&self.lib().nvmlGpuInstanceGetComputeInstances, CALL)?;
         let info_f = sym(&self.lib().nvmlComputeInstanceGetInfo_v2, INFO)?;
-        let mut buf: [sys::nvmlComputeInstance_t; MAX_PER_PROFILE] =
-            [std::ptr::null_mut(); MAX_PER_PROFILE];
+        let mut buf: Vec<sys::nvmlComputeInstance_t> =
+            vec![std::ptr::null_mut(); (profile.max_count as usize).max(MIN_BUFFER)];
         let mut count = 0u32;
-        // SAFETY: `buf` holds more handles than a GI can have CIs; NVML stores the
-        // number written in `count`.
+        // SAFETY: NVML requires room for the CI profile's instance count; `buf` has at
+        // least that many slots. NVML stores the number written in `count`.
         check(CALL, unsafe {
-            f(gi, ci_driver_id, buf.as_mut_ptr(), &mut count)
+            f(gi, profile.driver_id, buf.as_mut_ptr(), &mut count)
         })?;
+        buf.truncate(count as usize);
         let mut out = Vec::new();
-        for &ci in &buf[..(count as usize).min(buf.len())] {
+        for &ci in &buf {
             // SAFETY: a zeroed plain-C struct is a valid value for NVML to fill.
             let mut info: sys::nvmlComputeInstanceInfo_t = unsafe { std::mem::zeroed() };
             // SAFETY: `ci` was just returned by NVML; `info` is a valid out-parameter.
@@ -588,7 +595,7 @@ impl GpuBackend for NvmlBackend {
         let mut out = Vec::new();
         for r in &raws {
             // Read CI profiles from an existing GI of this profile when there is one.
-            let existing = self.gpu_instances(dev, r.driver_id)?;
+            let existing = self.gpu_instances(dev, r)?;
             let ci_profiles: Vec<CiProfile> = match existing.first() {
                 Some(&gi) => self
                     .raw_ci_profiles(gi)?
@@ -701,7 +708,7 @@ impl GpuBackend for NvmlBackend {
         }
         let f = sym(&self.lib().nvmlComputeInstanceDestroy, CALL)?;
         for c in self.raw_ci_profiles(gi)? {
-            for (ci, _) in self.compute_instances(gi, c.driver_id)? {
+            for (ci, _) in self.compute_instances(gi, &c)? {
                 // SAFETY: `ci` is a live CI handle; it is not used after this call.
                 check(CALL, unsafe { f(ci) })?;
             }
@@ -717,11 +724,11 @@ impl GpuBackend for NvmlBackend {
         let mut uuids = self.mig_uuids(dev)?;
         let mut out = Vec::new();
         for p in self.raw_gi_profiles(dev)? {
-            for gi in self.gpu_instances(dev, p.driver_id)? {
+            for gi in self.gpu_instances(dev, &p)? {
                 let info = self.gi_info(gi)?;
                 let mut first_ci: Option<(u32, RawCiProfile)> = None;
                 for c in self.raw_ci_profiles(gi)? {
-                    for (_, ci_id) in self.compute_instances(gi, c.driver_id)? {
+                    for (_, ci_id) in self.compute_instances(gi, &c)? {
                         if first_ci.as_ref().is_none_or(|(id, _)| ci_id < *id) {
                             first_ci = Some((ci_id, c.clone()));
                         }
