@@ -12,6 +12,10 @@ pub mod nvml;
 pub mod profiles;
 pub mod sim;
 
+pub use nvml::{NvmlBackend, NvmlConfig};
+pub use profiles::GpuModel;
+pub use sim::{SimBackend, SimConfig, SimGpuConfig};
+
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};

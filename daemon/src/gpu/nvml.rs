@@ -1,1 +1,943 @@
-//! NVML backend (nvml-wrapper). SCAFFOLD: replaced by the gpu work.
+//! The real backend: NVML through nvml-wrapper, plus the raw MIG calls nvml-wrapper
+//! has no safe wrappers for (through `Nvml::lib()`, the loaded `nvml-wrapper-sys`
+//! bindings). Every symbol is looked up through its `Result` field, so a driver that
+//! lacks one yields an error, never a panic.
+//!
+//! Profiles and placements come from the driver (`nvmlDeviceGetGpuInstanceProfileInfoV`,
+//! `nvmlDeviceGetGpuInstancePossiblePlacements_v2`), not from the reference tables. CI
+//! profiles can only be read through an existing GI; for a GI profile without one, the
+//! reference CI layout is used with the SM counts the driver reports for the GI
+//! profiles (see [`profiles::ci_profiles_for`]).
+
+use std::collections::BTreeMap;
+use std::ffi::c_char;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+
+use nvml_wrapper::Nvml;
+use nvml_wrapper::enums::device::UsedGpuMemory;
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper_sys::bindings as sys;
+use serde::{Deserialize, Serialize};
+
+use super::profiles::{self, GpuModel};
+use super::{
+    CiProfile, GiProfile, GpuBackend, GpuError, GpuInfo, GpuProcess, MigInstance, MigMinors,
+    MpsDaemon, MpsSpec, NvmlCode, Placement, Utilization, caps,
+};
+use crate::mps::{MpsConfig, MpsControl};
+
+/// Where the driver lists the nvidia-caps minors.
+pub const MIG_MINORS_PATH: &str = "/proc/driver/nvidia-caps/mig-minors";
+const MIB: u64 = 1024 * 1024;
+/// Slots allocated at least for instance lists (a GPU has 8 memory slices), in case
+/// a driver reports a smaller instance count than it returns.
+const MIN_BUFFER: usize = 8;
+
+fn default_mig_minors_path() -> PathBuf {
+    PathBuf::from(MIG_MINORS_PATH)
+}
+
+/// The `[nvml]` section of the daemon config.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NvmlConfig {
+    /// Path of libnvidia-ml; default: `libnvidia-ml.so.1` from the loader path.
+    #[serde(default)]
+    pub library_path: Option<PathBuf>,
+    #[serde(default = "default_mig_minors_path")]
+    pub mig_minors_path: PathBuf,
+    #[serde(default)]
+    pub mps: MpsConfig,
+}
+
+impl Default for NvmlConfig {
+    fn default() -> Self {
+        NvmlConfig {
+            library_path: None,
+            mig_minors_path: default_mig_minors_path(),
+            mps: MpsConfig::default(),
+        }
+    }
+}
+
+/// Map a raw `nvmlReturn_t` to the daemon's codes.
+pub fn code_of_return(ret: sys::nvmlReturn_t) -> NvmlCode {
+    match ret {
+        sys::nvmlReturn_enum_NVML_ERROR_UNINITIALIZED => NvmlCode::Uninitialized,
+        sys::nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT => NvmlCode::InvalidArgument,
+        sys::nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED => NvmlCode::NotSupported,
+        sys::nvmlReturn_enum_NVML_ERROR_NO_PERMISSION => NvmlCode::NoPermission,
+        sys::nvmlReturn_enum_NVML_ERROR_NOT_FOUND => NvmlCode::NotFound,
+        sys::nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_RESOURCES => NvmlCode::InsufficientResources,
+        sys::nvmlReturn_enum_NVML_ERROR_IN_USE => NvmlCode::InUse,
+        sys::nvmlReturn_enum_NVML_ERROR_DRIVER_NOT_LOADED => NvmlCode::DriverNotLoaded,
+        sys::nvmlReturn_enum_NVML_ERROR_LIBRARY_NOT_FOUND => NvmlCode::LibraryNotFound,
+        sys::nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST => NvmlCode::GpuIsLost,
+        _ => NvmlCode::Unknown,
+    }
+}
+
+/// Map an nvml-wrapper error to the daemon's codes.
+pub fn code_of_error(e: &NvmlError) -> NvmlCode {
+    match e {
+        NvmlError::Uninitialized => NvmlCode::Uninitialized,
+        NvmlError::InvalidArg => NvmlCode::InvalidArgument,
+        NvmlError::NotSupported | NvmlError::FailedToLoadSymbol(_) => NvmlCode::NotSupported,
+        NvmlError::NoPermission => NvmlCode::NoPermission,
+        NvmlError::NotFound => NvmlCode::NotFound,
+        NvmlError::InUse => NvmlCode::InUse,
+        NvmlError::DriverNotLoaded => NvmlCode::DriverNotLoaded,
+        NvmlError::LibraryNotFound | NvmlError::LibloadingError(_) => NvmlCode::LibraryNotFound,
+        NvmlError::GpuLost => NvmlCode::GpuIsLost,
+        NvmlError::UnexpectedVariant(v)
+            if *v == sys::nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_RESOURCES =>
+        {
+            NvmlCode::InsufficientResources
+        }
+        _ => NvmlCode::Unknown,
+    }
+}
+
+fn wrap(call: &'static str) -> impl FnOnce(NvmlError) -> GpuError {
+    move |e| GpuError::Nvml {
+        call,
+        code: code_of_error(&e),
+        detail: e.to_string(),
+    }
+}
+
+/// Ok for NVML_SUCCESS, else the error named after `call`.
+fn check(call: &'static str, ret: sys::nvmlReturn_t) -> Result<(), GpuError> {
+    if ret == sys::nvmlReturn_enum_NVML_SUCCESS {
+        Ok(())
+    } else {
+        Err(GpuError::Nvml {
+            call,
+            code: code_of_return(ret),
+            detail: format!("nvmlReturn_t {ret}"),
+        })
+    }
+}
+
+/// A function pointer from the loaded library, or NOT_SUPPORTED if the driver lacks it.
+fn sym<F: Copy, E: std::fmt::Display>(f: &Result<F, E>, call: &'static str) -> Result<F, GpuError> {
+    f.as_ref().copied().map_err(|e| GpuError::Nvml {
+        call,
+        code: NvmlCode::NotSupported,
+        detail: format!("symbol missing from libnvidia-ml: {e}"),
+    })
+}
+
+/// The error for a failed `nvmlInit`: clear about what to do next.
+pub fn init_error(e: &NvmlError) -> GpuError {
+    let msg = match e {
+        NvmlError::LibloadingError(_) | NvmlError::LibraryNotFound => format!(
+            "libnvidia-ml.so.1 not found: is the NVIDIA driver installed? set backend = \"sim\" \
+             to use simulated GPUs ({e})"
+        ),
+        NvmlError::DriverNotLoaded => format!(
+            "the NVIDIA kernel driver is not loaded (nvmlInit: {e}); load it, or set backend = \
+             \"sim\" to use simulated GPUs"
+        ),
+        NvmlError::NoPermission => {
+            format!("no permission to talk to the NVIDIA driver (nvmlInit: {e})")
+        }
+        other => format!("nvmlInit failed: {other}"),
+    };
+    GpuError::DriverUnavailable(msg)
+}
+
+/// The profile name as `nvidia-smi mig -lgip` prints it ("MIG 1g.10gb" -> "1g.10gb").
+pub fn profile_name(raw: &[c_char]) -> String {
+    let bytes: Vec<u8> = raw
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
+    let s = String::from_utf8_lossy(&bytes);
+    s.trim().strip_prefix("MIG ").unwrap_or(s.trim()).to_owned()
+}
+
+/// `NVML_STRUCT_VERSION(name, ver)`: size of the struct | ver << 24.
+const fn struct_version<T>(ver: u32) -> u32 {
+    (std::mem::size_of::<T>() as u32) | (ver << 24)
+}
+
+/// One GI profile as the driver reports it, with the id NVML's create calls take.
+#[derive(Debug, Clone)]
+struct RawGiProfile {
+    /// `NVML_GPU_INSTANCE_PROFILE_*` (what the daemon calls the profile id).
+    index: u32,
+    /// `nvmlGpuInstanceProfileInfo_t.id`, passed to create/list calls.
+    driver_id: u32,
+    name: String,
+    slices: u32,
+    max_count: u32,
+    sm_count: u32,
+    memory_bytes: u64,
+    placements: Vec<Placement>,
+}
+
+/// A GI's CI profile as the driver reports it.
+#[derive(Debug, Clone)]
+struct RawCiProfile {
+    index: u32,
+    driver_id: u32,
+    slices: u32,
+    max_count: u32,
+    sm_count: u32,
+}
+
+/// NVML, for real GPUs.
+pub struct NvmlBackend {
+    nvml: Nvml,
+    mps: MpsControl,
+    mig_minors_path: PathBuf,
+    /// Serialises create/destroy so a unit (GI + CI) is never interleaved with another.
+    changes: Mutex<()>,
+}
+
+impl std::fmt::Debug for NvmlBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NvmlBackend")
+            .field("mig_minors_path", &self.mig_minors_path)
+            .finish()
+    }
+}
+
+impl NvmlBackend {
+    /// Load libnvidia-ml and initialise NVML. Without a driver this returns
+    /// `GpuError::DriverUnavailable`, never panics.
+    pub fn new(config: &NvmlConfig) -> Result<Self, GpuError> {
+        let nvml = match &config.library_path {
+            Some(p) => Nvml::builder().lib_path(p.as_os_str()).init(),
+            None => Nvml::init(),
+        }
+        .map_err(|e| init_error(&e))?;
+        Ok(NvmlBackend {
+            nvml,
+            mps: MpsControl::new(&config.mps),
+            mig_minors_path: config.mig_minors_path.clone(),
+            changes: Mutex::new(()),
+        })
+    }
+
+    fn lib(&self) -> &sys::NvmlLib {
+        self.nvml.lib()
+    }
+
+    fn lock_changes(&self) -> MutexGuard<'_, ()> {
+        // The guard protects no data, only ordering: a poisoned one is still usable.
+        self.changes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn device(&self, gpu: u32) -> Result<nvml_wrapper::Device<'_>, GpuError> {
+        self.nvml.device_by_index(gpu).map_err(|e| match e {
+            NvmlError::InvalidArg | NvmlError::NotFound => GpuError::NoSuchGpu(gpu),
+            other => wrap("nvmlDeviceGetHandleByIndex")(other),
+        })
+    }
+
+    fn handle(&self, gpu: u32) -> Result<sys::nvmlDevice_t, GpuError> {
+        let dev = self.device(gpu)?;
+        // SAFETY: the handle is only used with this `Nvml`, which stays initialised
+        // for the lifetime of `self`.
+        Ok(unsafe { dev.handle() })
+    }
+
+    fn mig_enabled(&self, gpu: u32) -> Result<bool, GpuError> {
+        match self.device(gpu)?.mig_mode() {
+            Ok(m) => Ok(m.current == sys::NVML_DEVICE_MIG_ENABLE),
+            Err(NvmlError::NotSupported) => Ok(false),
+            Err(e) => Err(wrap("nvmlDeviceGetMigMode")(e)),
+        }
+    }
+
+    fn require_mig(&self, gpu: u32, call: &'static str) -> Result<sys::nvmlDevice_t, GpuError> {
+        if !self.mig_enabled(gpu)? {
+            return Err(GpuError::Nvml {
+                call,
+                code: NvmlCode::NotSupported,
+                detail: format!("MIG mode is disabled on GPU {gpu}"),
+            });
+        }
+        self.handle(gpu)
+    }
+
+    fn possible_placements(
+        &self,
+        dev: sys::nvmlDevice_t,
+        driver_id: u32,
+    ) -> Result<Vec<Placement>, GpuError> {
+        const CALL: &str = "nvmlDeviceGetGpuInstancePossiblePlacements_v2";
+        let f = sym(
+            &self.lib().nvmlDeviceGetGpuInstancePossiblePlacements_v2,
+            CALL,
+        )?;
+        let mut count = 0u32;
+        // SAFETY: a null buffer asks NVML only for the number of placements.
+        check(CALL, unsafe {
+            f(dev, driver_id, std::ptr::null_mut(), &mut count)
+        })?;
+        let mut buf = vec![sys::nvmlGpuInstancePlacement_t { start: 0, size: 0 }; count as usize];
+        // SAFETY: `buf` has room for the `count` placements NVML just reported; NVML
+        // stores the number written in `count`.
+        check(CALL, unsafe {
+            f(dev, driver_id, buf.as_mut_ptr(), &mut count)
+        })?;
+        buf.truncate(count as usize);
+        Ok(buf
+            .iter()
+            .map(|p| Placement {
+                start: p.start,
+                size: p.size,
+            })
+            .collect())
+    }
+
+    /// Every GI profile this GPU supports (profile ids NVML refuses are skipped).
+    fn raw_gi_profiles(&self, dev: sys::nvmlDevice_t) -> Result<Vec<RawGiProfile>, GpuError> {
+        const CALL: &str = "nvmlDeviceGetGpuInstanceProfileInfoV";
+        let f = sym(&self.lib().nvmlDeviceGetGpuInstanceProfileInfoV, CALL)?;
+        let mut out = Vec::new();
+        for index in 0..sys::NVML_GPU_INSTANCE_PROFILE_COUNT {
+            // SAFETY: a zeroed plain-C struct is a valid value for NVML to fill.
+            let mut info: sys::nvmlGpuInstanceProfileInfo_v2_t = unsafe { std::mem::zeroed() };
+            info.version = struct_version::<sys::nvmlGpuInstanceProfileInfo_v2_t>(2);
+            // SAFETY: `info` is a valid, versioned out-parameter for this call.
+            let ret = unsafe { f(dev, index, &mut info) };
+            if ret == sys::nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED
+                || ret == sys::nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT
+            {
+                continue;
+            }
+            check(CALL, ret)?;
+            let placements = self.possible_placements(dev, info.id)?;
+            out.push(RawGiProfile {
+                index,
+                driver_id: info.id,
+                name: profile_name(&info.name),
+                slices: info.sliceCount,
+                max_count: info.instanceCount,
+                sm_count: info.multiprocessorCount,
+                memory_bytes: info.memorySizeMB * MIB,
+                placements,
+            });
+        }
+        Ok(out)
+    }
+
+    fn raw_gi_profile(
+        &self,
+        gpu: u32,
+        dev: sys::nvmlDevice_t,
+        profile_id: u32,
+    ) -> Result<RawGiProfile, GpuError> {
+        self.raw_gi_profiles(dev)?
+            .into_iter()
+            .find(|p| p.index == profile_id)
+            .ok_or(GpuError::UnknownProfile { gpu, profile_id })
+    }
+
+    /// The CI profiles of an existing GI.
+    fn raw_ci_profiles(&self, gi: sys::nvmlGpuInstance_t) -> Result<Vec<RawCiProfile>, GpuError> {
+        const CALL: &str = "nvmlGpuInstanceGetComputeInstanceProfileInfoV";
+        let f = sym(
+            &self.lib().nvmlGpuInstanceGetComputeInstanceProfileInfoV,
+            CALL,
+        )?;
+        let mut out = Vec::new();
+        for index in 0..sys::NVML_COMPUTE_INSTANCE_PROFILE_COUNT {
+            // SAFETY: a zeroed plain-C struct is a valid value for NVML to fill.
+            let mut info: sys::nvmlComputeInstanceProfileInfo_v2_t = unsafe { std::mem::zeroed() };
+            info.version = struct_version::<sys::nvmlComputeInstanceProfileInfo_v2_t>(2);
+            // SAFETY: `gi` is a live GI handle; `info` is a valid out-parameter.
+            let ret = unsafe {
+                f(
+                    gi,
+                    index,
+                    sys::NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
+                    &mut info,
+                )
+            };
+            if ret == sys::nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED
+                || ret == sys::nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT
+            {
+                continue;
+            }
+            check(CALL, ret)?;
+            out.push(RawCiProfile {
+                index,
+                driver_id: info.id,
+                slices: info.sliceCount,
+                max_count: info.instanceCount,
+                sm_count: info.multiprocessorCount,
+            });
+        }
+        Ok(out)
+    }
+
+    /// The GIs of one profile.
+    fn gpu_instances(
+        &self,
+        dev: sys::nvmlDevice_t,
+        profile: &RawGiProfile,
+    ) -> Result<Vec<sys::nvmlGpuInstance_t>, GpuError> {
+        const CALL: &str = "nvmlDeviceGetGpuInstances";
+        let f = sym(&self.lib().nvmlDeviceGetGpuInstances, CALL)?;
+        let mut buf: Vec<sys::nvmlGpuInstance_t> =
+            vec![std::ptr::null_mut(); (profile.max_count as usize).max(MIN_BUFFER)];
+        let mut count = 0u32;
+        // SAFETY: NVML requires room for the profile's instance count; `buf` has at
+        // least that many slots. NVML stores the number written in `count`.
+        check(CALL, unsafe {
+            f(dev, profile.driver_id, buf.as_mut_ptr(), &mut count)
+        })?;
+        buf.truncate(count as usize);
+        Ok(buf)
+    }
+
+    fn gi_info(&self, gi: sys::nvmlGpuInstance_t) -> Result<sys::nvmlGpuInstanceInfo_t, GpuError> {
+        const CALL: &str = "nvmlGpuInstanceGetInfo";
+        let f = sym(&self.lib().nvmlGpuInstanceGetInfo, CALL)?;
+        // SAFETY: a zeroed plain-C struct is a valid value for NVML to fill.
+        let mut info: sys::nvmlGpuInstanceInfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `gi` is a live GI handle; `info` is a valid out-parameter.
+        check(CALL, unsafe { f(gi, &mut info) })?;
+        Ok(info)
+    }
+
+    /// The CIs of one CI profile in a GI, as (handle, ci id).
+    fn compute_instances(
+        &self,
+        gi: sys::nvmlGpuInstance_t,
+        profile: &RawCiProfile,
+    ) -> Result<Vec<(sys::nvmlComputeInstance_t, u32)>, GpuError> {
+        const CALL: &str = "nvmlGpuInstanceGetComputeInstances";
+        const INFO: &str = "nvmlComputeInstanceGetInfo_v2";
+        let f = sym(&self.lib().nvmlGpuInstanceGetComputeInstances, CALL)?;
+        let info_f = sym(&self.lib().nvmlComputeInstanceGetInfo_v2, INFO)?;
+        let mut buf: Vec<sys::nvmlComputeInstance_t> =
+            vec![std::ptr::null_mut(); (profile.max_count as usize).max(MIN_BUFFER)];
+        let mut count = 0u32;
+        // SAFETY: NVML requires room for the CI profile's instance count; `buf` has at
+        // least that many slots. NVML stores the number written in `count`.
+        check(CALL, unsafe {
+            f(gi, profile.driver_id, buf.as_mut_ptr(), &mut count)
+        })?;
+        buf.truncate(count as usize);
+        let mut out = Vec::new();
+        for &ci in &buf {
+            // SAFETY: a zeroed plain-C struct is a valid value for NVML to fill.
+            let mut info: sys::nvmlComputeInstanceInfo_t = unsafe { std::mem::zeroed() };
+            // SAFETY: `ci` was just returned by NVML; `info` is a valid out-parameter.
+            check(INFO, unsafe { info_f(ci, &mut info) })?;
+            out.push((ci, info.id));
+        }
+        Ok(out)
+    }
+
+    /// MIG device UUIDs by (gi id, ci id).
+    fn mig_uuids(&self, dev: sys::nvmlDevice_t) -> Result<BTreeMap<(u32, u32), String>, GpuError> {
+        const MAX: &str = "nvmlDeviceGetMaxMigDeviceCount";
+        const BY_INDEX: &str = "nvmlDeviceGetMigDeviceHandleByIndex";
+        const GI_ID: &str = "nvmlDeviceGetGpuInstanceId";
+        const CI_ID: &str = "nvmlDeviceGetComputeInstanceId";
+        let max_f = sym(&self.lib().nvmlDeviceGetMaxMigDeviceCount, MAX)?;
+        let by_index = sym(&self.lib().nvmlDeviceGetMigDeviceHandleByIndex, BY_INDEX)?;
+        let gi_f = sym(&self.lib().nvmlDeviceGetGpuInstanceId, GI_ID)?;
+        let ci_f = sym(&self.lib().nvmlDeviceGetComputeInstanceId, CI_ID)?;
+        let mut max = 0u32;
+        // SAFETY: `dev` is a live device handle; `max` is a valid out-parameter.
+        check(MAX, unsafe { max_f(dev, &mut max) })?;
+        let mut out = BTreeMap::new();
+        for i in 0..max {
+            let mut mig: sys::nvmlDevice_t = std::ptr::null_mut();
+            // SAFETY: `dev` is a live device handle; `mig` is a valid out-parameter.
+            let ret = unsafe { by_index(dev, i, &mut mig) };
+            if ret == sys::nvmlReturn_enum_NVML_ERROR_NOT_FOUND {
+                continue;
+            }
+            check(BY_INDEX, ret)?;
+            let (mut gi, mut ci) = (0u32, 0u32);
+            // SAFETY: `mig` is the MIG device handle NVML just returned.
+            check(GI_ID, unsafe { gi_f(mig, &mut gi) })?;
+            // SAFETY: as above.
+            check(CI_ID, unsafe { ci_f(mig, &mut ci) })?;
+            // SAFETY: `mig` is a valid device handle belonging to `self.nvml`.
+            let device = unsafe { nvml_wrapper::Device::new(mig, &self.nvml) };
+            let uuid = device.uuid().map_err(wrap("nvmlDeviceGetUUID"))?;
+            out.insert((gi, ci), uuid);
+        }
+        Ok(out)
+    }
+
+    fn destroy_gi_handle(&self, gi: sys::nvmlGpuInstance_t) -> Result<(), GpuError> {
+        const CALL: &str = "nvmlGpuInstanceDestroy";
+        let f = sym(&self.lib().nvmlGpuInstanceDestroy, CALL)?;
+        // SAFETY: `gi` is a live GI handle; it is not used after this call.
+        check(CALL, unsafe { f(gi) })
+    }
+
+    /// Create the CI inside a fresh GI; returns (ci id, CI profile index, SMs).
+    fn create_ci(
+        &self,
+        gi: sys::nvmlGpuInstance_t,
+        gi_slices: u32,
+        ci_profile_id: Option<u32>,
+    ) -> Result<(u32, u32, u32), GpuError> {
+        const CALL: &str = "nvmlGpuInstanceCreateComputeInstance";
+        const INFO: &str = "nvmlComputeInstanceGetInfo_v2";
+        let cis = self.raw_ci_profiles(gi)?;
+        let chosen = match ci_profile_id {
+            Some(id) => cis.iter().find(|c| c.index == id),
+            None => cis.iter().find(|c| c.slices == gi_slices),
+        }
+        .ok_or_else(|| GpuError::Nvml {
+            call: CALL,
+            code: NvmlCode::InvalidArgument,
+            detail: format!("CI profile {ci_profile_id:?} is not available in this GI"),
+        })?;
+        let f = sym(&self.lib().nvmlGpuInstanceCreateComputeInstance, CALL)?;
+        let info_f = sym(&self.lib().nvmlComputeInstanceGetInfo_v2, INFO)?;
+        let mut ci: sys::nvmlComputeInstance_t = std::ptr::null_mut();
+        // SAFETY: `gi` is a live GI handle; `ci` is a valid out-parameter.
+        check(CALL, unsafe { f(gi, chosen.driver_id, &mut ci) })?;
+        // SAFETY: a zeroed plain-C struct is a valid value for NVML to fill.
+        let mut info: sys::nvmlComputeInstanceInfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `ci` was just created; `info` is a valid out-parameter.
+        check(INFO, unsafe { info_f(ci, &mut info) })?;
+        Ok((info.id, chosen.index, chosen.sm_count))
+    }
+
+    fn find_gi(
+        &self,
+        dev: sys::nvmlDevice_t,
+        gi_id: u32,
+    ) -> Result<sys::nvmlGpuInstance_t, GpuError> {
+        const CALL: &str = "nvmlDeviceGetGpuInstanceById";
+        let f = sym(&self.lib().nvmlDeviceGetGpuInstanceById, CALL)?;
+        let mut gi: sys::nvmlGpuInstance_t = std::ptr::null_mut();
+        // SAFETY: `dev` is a live device handle; `gi` is a valid out-parameter.
+        check(CALL, unsafe { f(dev, gi_id, &mut gi) })?;
+        Ok(gi)
+    }
+}
+
+impl GpuBackend for NvmlBackend {
+    fn name(&self) -> &'static str {
+        "nvml"
+    }
+
+    fn driver_version(&self) -> Result<String, GpuError> {
+        self.nvml
+            .sys_driver_version()
+            .map_err(wrap("nvmlSystemGetDriverVersion"))
+    }
+
+    fn devices(&self) -> Result<Vec<GpuInfo>, GpuError> {
+        let count = self
+            .nvml
+            .device_count()
+            .map_err(wrap("nvmlDeviceGetCount"))?;
+        let mut out = Vec::new();
+        for index in 0..count {
+            let d = self.device(index)?;
+            let name = d.name().map_err(wrap("nvmlDeviceGetName"))?;
+            let (mig_current, mig_pending) = match d.mig_mode() {
+                Ok(m) => (
+                    m.current == sys::NVML_DEVICE_MIG_ENABLE,
+                    m.pending == sys::NVML_DEVICE_MIG_ENABLE,
+                ),
+                Err(NvmlError::NotSupported) => (false, false),
+                Err(e) => return Err(wrap("nvmlDeviceGetMigMode")(e)),
+            };
+            // NVML reports SM counts for MIG devices only: use it when it answers,
+            // else the known model's count (0 for a model the tables do not know).
+            let sm_count = d
+                .attributes()
+                .map(|a| a.multiprocessor_count)
+                .ok()
+                .or_else(|| GpuModel::from_name(&name).map(GpuModel::sm_count))
+                .unwrap_or(0);
+            out.push(GpuInfo {
+                index,
+                uuid: d.uuid().map_err(wrap("nvmlDeviceGetUUID"))?,
+                memory_bytes: d
+                    .memory_info()
+                    .map_err(wrap("nvmlDeviceGetMemoryInfo"))?
+                    .total,
+                minor: d.minor_number().map_err(wrap("nvmlDeviceGetMinorNumber"))?,
+                pci_bus_id: d.pci_info().map_err(wrap("nvmlDeviceGetPciInfo"))?.bus_id,
+                mig_current,
+                mig_pending,
+                sm_count,
+                name,
+            });
+        }
+        Ok(out)
+    }
+
+    fn gi_profiles(&self, gpu: u32) -> Result<Vec<GiProfile>, GpuError> {
+        if !self.mig_enabled(gpu)? {
+            return Ok(Vec::new());
+        }
+        let dev = self.handle(gpu)?;
+        let raws = self.raw_gi_profiles(dev)?;
+        let sm_of_slices = |n: u32| {
+            raws.iter()
+                .filter(|r| r.slices == n)
+                .map(|r| r.sm_count)
+                .min()
+                .unwrap_or(0)
+        };
+        let mut out = Vec::new();
+        for r in &raws {
+            // Read CI profiles from an existing GI of this profile when there is one.
+            let existing = self.gpu_instances(dev, r)?;
+            let ci_profiles: Vec<CiProfile> = match existing.first() {
+                Some(&gi) => self
+                    .raw_ci_profiles(gi)?
+                    .into_iter()
+                    .map(|c| CiProfile {
+                        id: c.index,
+                        name: format!("{}c", c.slices),
+                        slices: c.slices,
+                        max_count: c.max_count,
+                        sm_count: c.sm_count,
+                    })
+                    .collect(),
+                None => profiles::ci_profiles_for(r.slices, r.sm_count, sm_of_slices),
+            };
+            out.push(GiProfile {
+                id: r.index,
+                name: r.name.clone(),
+                slices: r.slices,
+                memory_slices: r.placements.first().map_or(0, |p| p.size),
+                memory_bytes: r.memory_bytes,
+                sm_count: r.sm_count,
+                max_count: r.max_count,
+                placements: r.placements.clone(),
+                ci_profiles,
+                media_extensions: r.name.contains("+me"),
+            });
+        }
+        Ok(out)
+    }
+
+    fn create_instance(
+        &self,
+        gpu: u32,
+        gi_profile_id: u32,
+        placement: Placement,
+        ci_profile_id: Option<u32>,
+    ) -> Result<MigInstance, GpuError> {
+        const CALL: &str = "nvmlDeviceCreateGpuInstanceWithPlacement";
+        let _guard = self.lock_changes();
+        let dev = self.require_mig(gpu, CALL)?;
+        let profile = self.raw_gi_profile(gpu, dev, gi_profile_id)?;
+        let f = sym(&self.lib().nvmlDeviceCreateGpuInstanceWithPlacement, CALL)?;
+        let raw_placement = sys::nvmlGpuInstancePlacement_t {
+            start: placement.start,
+            size: placement.size,
+        };
+        let mut gi: sys::nvmlGpuInstance_t = std::ptr::null_mut();
+        // SAFETY: `dev` is a live device handle, `raw_placement` outlives the call,
+        // `gi` is a valid out-parameter.
+        check(CALL, unsafe {
+            f(dev, profile.driver_id, &raw_placement, &mut gi)
+        })?;
+        let made = self
+            .gi_info(gi)
+            .and_then(|info| Ok((info, self.create_ci(gi, profile.slices, ci_profile_id)?)));
+        let (info, (ci_id, ci_index, ci_sm)) = match made {
+            Ok(v) => v,
+            Err(e) => {
+                // The unit rollback: no GI without its CI.
+                return Err(match self.destroy_gi_handle(gi) {
+                    Ok(()) => e,
+                    Err(rollback) => GpuError::Nvml {
+                        call: "nvmlGpuInstanceDestroy",
+                        code: rollback.nvml_code().unwrap_or(NvmlCode::Unknown),
+                        detail: format!(
+                            "rolling back the GI after `{e}` failed too: {rollback}; the GI \
+                             is left without a CI"
+                        ),
+                    },
+                });
+            }
+        };
+        let uuid = self
+            .mig_uuids(dev)?
+            .remove(&(info.id, ci_id))
+            .unwrap_or_default();
+        Ok(MigInstance {
+            gpu,
+            gi_id: info.id,
+            gi_profile_id,
+            placement: Placement {
+                start: info.placement.start,
+                size: info.placement.size,
+            },
+            ci_id: Some(ci_id),
+            ci_profile_id: Some(ci_index),
+            uuid,
+            memory_bytes: profile.memory_bytes,
+            sm_count: ci_sm,
+        })
+    }
+
+    fn destroy_instance(&self, gpu: u32, gi_id: u32) -> Result<(), GpuError> {
+        const CALL: &str = "nvmlComputeInstanceDestroy";
+        let _guard = self.lock_changes();
+        let dev = self.require_mig(gpu, "nvmlDeviceGetGpuInstanceById")?;
+        let gi = self.find_gi(dev, gi_id)?;
+        let busy: Vec<u32> = self
+            .processes(gpu)?
+            .iter()
+            .filter(|p| p.gi_id == Some(gi_id))
+            .map(|p| p.pid)
+            .collect();
+        if !busy.is_empty() {
+            return Err(GpuError::Nvml {
+                call: CALL,
+                code: NvmlCode::InUse,
+                detail: format!("GI {gi_id} on GPU {gpu} has running processes {busy:?}"),
+            });
+        }
+        let f = sym(&self.lib().nvmlComputeInstanceDestroy, CALL)?;
+        for c in self.raw_ci_profiles(gi)? {
+            for (ci, _) in self.compute_instances(gi, &c)? {
+                // SAFETY: `ci` is a live CI handle; it is not used after this call.
+                check(CALL, unsafe { f(ci) })?;
+            }
+        }
+        self.destroy_gi_handle(gi)
+    }
+
+    fn instances(&self, gpu: u32) -> Result<Vec<MigInstance>, GpuError> {
+        if !self.mig_enabled(gpu)? {
+            return Ok(Vec::new());
+        }
+        let dev = self.handle(gpu)?;
+        let mut uuids = self.mig_uuids(dev)?;
+        let mut out = Vec::new();
+        for p in self.raw_gi_profiles(dev)? {
+            for gi in self.gpu_instances(dev, &p)? {
+                let info = self.gi_info(gi)?;
+                let mut first_ci: Option<(u32, RawCiProfile)> = None;
+                for c in self.raw_ci_profiles(gi)? {
+                    for (_, ci_id) in self.compute_instances(gi, &c)? {
+                        if first_ci.as_ref().is_none_or(|(id, _)| ci_id < *id) {
+                            first_ci = Some((ci_id, c.clone()));
+                        }
+                    }
+                }
+                out.push(MigInstance {
+                    gpu,
+                    gi_id: info.id,
+                    gi_profile_id: p.index,
+                    placement: Placement {
+                        start: info.placement.start,
+                        size: info.placement.size,
+                    },
+                    ci_id: first_ci.as_ref().map(|(id, _)| *id),
+                    ci_profile_id: first_ci.as_ref().map(|(_, c)| c.index),
+                    uuid: first_ci
+                        .as_ref()
+                        .and_then(|(id, _)| uuids.remove(&(info.id, *id)))
+                        .unwrap_or_default(),
+                    memory_bytes: p.memory_bytes,
+                    sm_count: first_ci.as_ref().map_or(p.sm_count, |(_, c)| c.sm_count),
+                });
+            }
+        }
+        out.sort_by_key(|i| i.gi_id);
+        Ok(out)
+    }
+
+    fn processes(&self, gpu: u32) -> Result<Vec<GpuProcess>, GpuError> {
+        let d = self.device(gpu)?;
+        let procs = d
+            .running_compute_processes()
+            .map_err(wrap("nvmlDeviceGetComputeRunningProcesses"))?;
+        Ok(procs
+            .into_iter()
+            .map(|p| GpuProcess {
+                pid: p.pid,
+                used_memory_bytes: match p.used_gpu_memory {
+                    UsedGpuMemory::Used(b) => b,
+                    UsedGpuMemory::Unavailable => 0,
+                },
+                gi_id: p.gpu_instance_id,
+                ci_id: p.compute_instance_id,
+            })
+            .collect())
+    }
+
+    /// The whole table the driver publishes (every possible GI/CI of every GPU).
+    fn mig_minors(&self) -> Result<MigMinors, GpuError> {
+        read_mig_minors(&self.mig_minors_path)
+    }
+
+    /// GPU busy percent from `nvmlDeviceGetUtilizationRates`; NVML does not report it
+    /// with MIG enabled, then it is 0 and only the memory figure is meaningful.
+    fn utilization(&self, gpu: u32) -> Result<Utilization, GpuError> {
+        let d = self.device(gpu)?;
+        let gpu_percent = match d.utilization_rates() {
+            Ok(u) => u.gpu,
+            Err(NvmlError::NotSupported) => 0,
+            Err(e) => return Err(wrap("nvmlDeviceGetUtilizationRates")(e)),
+        };
+        let memory_used_bytes = d
+            .memory_info()
+            .map_err(wrap("nvmlDeviceGetMemoryInfo"))?
+            .used;
+        Ok(Utilization {
+            gpu_percent,
+            memory_used_bytes,
+        })
+    }
+
+    fn mps_start(&self, spec: &MpsSpec) -> Result<MpsDaemon, GpuError> {
+        self.mps
+            .start(spec)
+            .map_err(|e| e.into_gpu_error(&spec.lease_id))
+    }
+
+    fn mps_stop(&self, lease_id: &str) -> Result<(), GpuError> {
+        self.mps
+            .stop(lease_id)
+            .map_err(|e| e.into_gpu_error(lease_id))
+    }
+
+    fn mps_daemons(&self) -> Result<Vec<MpsDaemon>, GpuError> {
+        self.mps.daemons().map_err(|e| e.into_gpu_error(""))
+    }
+}
+
+/// Read and parse the driver's `mig-minors` file.
+pub fn read_mig_minors(path: &Path) -> Result<MigMinors, GpuError> {
+    let text = std::fs::read_to_string(path).map_err(|source| GpuError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    caps::parse(&text).map_err(|e| GpuError::DriverUnavailable(format!("{}: {e}", path.display())))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_driver_is_a_clear_error_not_a_panic() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = NvmlConfig {
+            library_path: Some(dir.path().join("libnvidia-ml.so.1")),
+            ..NvmlConfig::default()
+        };
+        let e = NvmlBackend::new(&config).unwrap_err();
+        match &e {
+            GpuError::DriverUnavailable(msg) => {
+                assert!(msg.contains("libnvidia-ml.so.1 not found"), "{msg}");
+                assert!(msg.contains("backend = \"sim\""), "{msg}");
+            }
+            other => panic!("expected DriverUnavailable, got {other}"),
+        }
+    }
+
+    #[test]
+    fn default_library_absent_here_or_usable() {
+        // On a host without the driver this must be DriverUnavailable; on a GPU host
+        // it must work. Either way: no panic.
+        match NvmlBackend::new(&NvmlConfig::default()) {
+            Ok(b) => assert_eq!(b.name(), "nvml"),
+            Err(e) => assert!(matches!(e, GpuError::DriverUnavailable(_)), "{e}"),
+        }
+    }
+
+    #[test]
+    fn return_codes_map_to_daemon_codes() {
+        assert_eq!(
+            code_of_return(sys::nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_RESOURCES),
+            NvmlCode::InsufficientResources
+        );
+        assert_eq!(
+            code_of_return(sys::nvmlReturn_enum_NVML_ERROR_IN_USE),
+            NvmlCode::InUse
+        );
+        assert_eq!(
+            code_of_return(sys::nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT),
+            NvmlCode::InvalidArgument
+        );
+        assert_eq!(code_of_return(999), NvmlCode::Unknown);
+        assert!(check("x", sys::nvmlReturn_enum_NVML_SUCCESS).is_ok());
+        let e = check(
+            "nvmlGpuInstanceDestroy",
+            sys::nvmlReturn_enum_NVML_ERROR_IN_USE,
+        )
+        .unwrap_err();
+        assert_eq!(e.nvml_code(), Some(NvmlCode::InUse));
+        assert!(e.to_string().contains("nvmlGpuInstanceDestroy"), "{e}");
+        assert_eq!(code_of_error(&NvmlError::InUse), NvmlCode::InUse);
+        assert_eq!(
+            code_of_error(&NvmlError::UnexpectedVariant(
+                sys::nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_RESOURCES
+            )),
+            NvmlCode::InsufficientResources
+        );
+    }
+
+    #[test]
+    fn missing_symbol_is_not_supported() {
+        let missing: Result<fn(), String> = Err("undefined symbol".to_owned());
+        let e = sym(&missing, "nvmlDeviceGetGpuInstances").unwrap_err();
+        assert_eq!(e.nvml_code(), Some(NvmlCode::NotSupported));
+    }
+
+    #[test]
+    fn profile_names_drop_the_mig_prefix() {
+        let raw = |s: &str| {
+            let mut raw = [0 as c_char; 96];
+            for (i, b) in s.bytes().enumerate() {
+                raw[i] = b as c_char;
+            }
+            raw
+        };
+        assert_eq!(profile_name(&raw("MIG 1g.10gb+me")), "1g.10gb+me");
+        assert_eq!(profile_name(&raw("MIG 7g.80gb")), "7g.80gb");
+        assert_eq!(profile_name(&raw("3g.40gb")), "3g.40gb");
+        assert_eq!(profile_name(&[0 as c_char; 4]), "");
+    }
+
+    #[test]
+    fn struct_versions_follow_the_nvml_macro() {
+        let v = struct_version::<sys::nvmlGpuInstanceProfileInfo_v2_t>(2);
+        assert_eq!(v >> 24, 2);
+        assert_eq!(
+            (v & 0x00ff_ffff) as usize,
+            std::mem::size_of::<sys::nvmlGpuInstanceProfileInfo_v2_t>()
+        );
+    }
+
+    #[test]
+    fn mig_minors_file_is_read_and_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mig-minors");
+        let e = read_mig_minors(&path).unwrap_err();
+        assert!(matches!(e, GpuError::Io { ref path, .. } if path.ends_with("mig-minors")));
+        std::fs::write(
+            &path,
+            "config 1\nmonitor 2\ngpu0/gi1/access 12\ngpu0/gi1/ci0/access 13\n",
+        )
+        .unwrap();
+        let m = read_mig_minors(&path).unwrap();
+        assert_eq!(m.gi_access[&(0, 1)], caps::gi_minor(0, 1));
+        assert_eq!(m.ci_access[&(0, 1, 0)], caps::ci_minor(0, 1, 0));
+        std::fs::write(&path, "config 1\ngpu0/gi1/access twelve\n").unwrap();
+        let e = read_mig_minors(&path).unwrap_err();
+        assert!(e.to_string().contains("line 2"), "{e}");
+    }
+}

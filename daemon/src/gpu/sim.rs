@@ -74,6 +74,10 @@ pub struct SimConfig {
     /// different UUIDs).
     #[serde(default)]
     pub seed: Option<String>,
+    /// Where the simulated hardware state lives; the daemon picks a default (e.g.
+    /// under its state directory) when unset. See [`SimConfig::state_file_or`].
+    #[serde(default)]
+    pub state_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -91,6 +95,11 @@ pub enum SimConfigError {
 }
 
 impl SimConfig {
+    /// The configured state file, or `default`.
+    pub fn state_file_or(&self, default: impl Into<PathBuf>) -> PathBuf {
+        self.state_file.clone().unwrap_or_else(|| default.into())
+    }
+
     /// Checks the config without touching any file.
     pub fn validate(&self) -> Result<(), SimConfigError> {
         if self.gpus.is_empty() {
@@ -1020,6 +1029,7 @@ mod tests {
                 })
                 .collect(),
             seed: Some("test".to_owned()),
+            state_file: None,
         }
     }
 
@@ -1044,7 +1054,7 @@ mod tests {
     #[test]
     fn config_parses_from_toml() {
         let c: SimConfig = toml::from_str(
-            "seed = \"host-a\"\n[[gpus]]\nmodel = \"h100-80gb\"\nmig = true\n\
+            "seed = \"host-a\"\nstate_file = \"/var/lib/t/sim.json\"\n[[gpus]]\nmodel = \"h100-80gb\"\nmig = true\n\
              [[gpus]]\nmodel = \"a100-40gb\"\nmig = false\n\
              [[gpus]]\nmodel = \"h200-141gb\"\n\
              uuid = \"GPU-6f1e2b6a-5d0c-4a44-9a51-2f1f0c3b2e11\"\n",
@@ -1054,7 +1064,21 @@ mod tests {
         assert!(!c.gpus[1].mig);
         assert!(c.gpus[2].mig, "mig defaults to enabled");
         c.validate().unwrap();
+        assert_eq!(c.state_file_or("/x"), PathBuf::from("/var/lib/t/sim.json"));
         assert!(toml::from_str::<SimConfig>("[[gpus]]\nmodel = \"v100\"\n").is_err());
+        assert!(
+            toml::from_str::<SimConfig>("[[gpus]]\nmodel = \"h100-80gb\"\nmigg = true\n").is_err()
+        );
+        let mut dup = c.clone();
+        dup.gpus[0].uuid = dup.gpus[2].uuid.clone();
+        assert!(matches!(
+            dup.validate(),
+            Err(SimConfigError::DuplicateUuid {
+                first: 0,
+                second: 2,
+                ..
+            })
+        ));
         let bad = SimConfig {
             gpus: vec![SimGpuConfig {
                 model: GpuModel::H200_141Gb,
@@ -1062,6 +1086,7 @@ mod tests {
                 uuid: Some("6f1e2b6a".to_owned()),
             }],
             seed: None,
+            state_file: None,
         };
         assert!(matches!(
             bad.validate(),
@@ -1070,7 +1095,8 @@ mod tests {
         assert_eq!(
             SimConfig {
                 gpus: vec![],
-                seed: None
+                seed: None,
+                state_file: None,
             }
             .validate(),
             Err(SimConfigError::NoGpus)
