@@ -6,7 +6,7 @@ use clap::{Args, Subcommand};
 use serde::Serialize;
 use tessera_proto::v1 as pb;
 
-use crate::client::Daemon;
+use crate::client::{CliError, Daemon};
 use crate::output::{self, Table, human_bytes, when};
 use crate::parse;
 
@@ -123,13 +123,13 @@ pub fn quota_text(q: &QuotaView) -> String {
 }
 
 impl GrantArgs {
-    pub fn to_request(&self, now: SystemTime) -> anyhow::Result<pb::GrantQuotaRequest> {
+    pub fn to_request(&self, now: SystemTime) -> Result<pb::GrantQuotaRequest, CliError> {
         let expires = now
             .checked_add(self.expires)
             .and_then(parse::system_time_to_ms)
-            .ok_or_else(|| anyhow::anyhow!("--expires is too far in the future"))?;
+            .ok_or_else(|| CliError::Usage("--expires is too far in the future".to_owned()))?;
         if self.reason.trim().is_empty() {
-            anyhow::bail!("--reason must not be empty");
+            return Err(CliError::Usage("--reason must not be empty".to_owned()));
         }
         Ok(pb::GrantQuotaRequest {
             tenant: self.tenant.clone(),
@@ -142,6 +142,16 @@ impl GrantArgs {
             expires_at_ms: expires,
             reason: self.reason.clone(),
         })
+    }
+}
+
+impl QuotaCmd {
+    /// Checks the grant before anything is sent.
+    pub fn validate(&self) -> Result<(), CliError> {
+        match self {
+            Self::Grant(args) => args.to_request(SystemTime::now()).map(drop),
+            Self::Show { .. } => Ok(()),
+        }
     }
 }
 
@@ -330,5 +340,24 @@ mod tests {
             serde_json::to_value(&view).unwrap()["burst"]["mig_slices"],
             0
         );
+    }
+
+    #[test]
+    fn blank_reason_is_a_usage_error() {
+        let parsed = Harness::try_parse_from([
+            "tessera",
+            "grant",
+            "t",
+            "--whole-gpus",
+            "1",
+            "--expires",
+            "1h",
+            "--reason",
+            "  ",
+        ])
+        .unwrap();
+        let err = parsed.cmd.validate().unwrap_err();
+        assert_eq!(err.exit_code(), 2);
+        assert_eq!(err.to_string(), "--reason must not be empty");
     }
 }

@@ -14,6 +14,8 @@ pub const DEFAULT_SOCKET: &str = "/run/tessera/tesserad.sock";
 
 /// Exit code when the daemon answered with a refusal (or any other failure).
 pub const EXIT_REFUSED: u8 = 1;
+/// Exit code for a usage error (clap uses the same).
+pub const EXIT_USAGE: u8 = 2;
 /// Exit code when the daemon cannot be reached.
 pub const EXIT_UNREACHABLE: u8 = 3;
 
@@ -29,6 +31,9 @@ pub enum CliError {
         rpc: &'static str,
         status: tonic::Status,
     },
+    /// Arguments that parse but do not make sense together; found before connecting.
+    #[error("{0}")]
+    Usage(String),
     #[error("tesserad at {} closed the event stream", .socket.display())]
     StreamEnded { socket: PathBuf },
 }
@@ -38,6 +43,7 @@ impl CliError {
         match self {
             Self::Unreachable { .. } | Self::StreamEnded { .. } => EXIT_UNREACHABLE,
             Self::Refused { .. } => EXIT_REFUSED,
+            Self::Usage(_) => EXIT_USAGE,
         }
     }
 }

@@ -7,7 +7,7 @@ use clap::{Args, Subcommand, ValueEnum};
 use serde::Serialize;
 use tessera_proto::v1 as pb;
 
-use crate::client::Daemon;
+use crate::client::{CliError, Daemon};
 use crate::output::{self, LeaseView, lease_table};
 use crate::parse;
 
@@ -143,6 +143,19 @@ impl CreateArgs {
             priority_class: self.priority_class.clone().unwrap_or_default(),
             gpu_index: self.gpu_index,
         })
+    }
+}
+
+impl LeaseCmd {
+    /// Checks what clap cannot (duplicate labels) before anything is sent.
+    pub fn validate(&self) -> Result<(), CliError> {
+        match self {
+            Self::Create(args) => args
+                .to_request()
+                .map(drop)
+                .map_err(|e| CliError::Usage(e.to_string())),
+            _ => Ok(()),
+        }
     }
 }
 

@@ -60,7 +60,21 @@ enum Command {
     Reload,
 }
 
+impl Command {
+    /// Checks what clap cannot, before connecting: a bad combination is a usage error
+    /// (exit 2) whether or not the daemon is up.
+    fn validate(&self) -> Result<(), CliError> {
+        match self {
+            Self::Lease(cmd) => cmd.validate(),
+            Self::Usage(args) => args.validate(),
+            Self::Quota(cmd) => cmd.validate(),
+            Self::Gpus | Self::Node | Self::Watch { .. } | Self::Reload => Ok(()),
+        }
+    }
+}
+
 async fn run(cli: Cli) -> anyhow::Result<()> {
+    cli.command.validate()?;
     let mut daemon = Daemon::connect(&cli.socket).await?;
     let json = cli.json;
     match cli.command {

@@ -213,6 +213,11 @@ pub fn parse_time_at(input: &str, now: SystemTime) -> Result<i64, ParseError> {
     system_time_to_ms(t).ok_or_else(|| ParseError::Time(input.to_owned()))
 }
 
+/// [`parse_time_at`] relative to now, for clap.
+pub fn parse_time_ago(input: &str) -> Result<i64, ParseError> {
+    parse_time_at(input, SystemTime::now())
+}
+
 /// Unix milliseconds of a time, `None` before 1970 or out of range.
 pub fn system_time_to_ms(t: SystemTime) -> Option<i64> {
     let d = t.duration_since(UNIX_EPOCH).ok()?;

@@ -4,7 +4,7 @@ use clap::Args;
 use serde::Serialize;
 use tessera_proto::v1 as pb;
 
-use crate::client::Daemon;
+use crate::client::{CliError, Daemon};
 use crate::output::{self, Table};
 use crate::parse;
 
@@ -14,11 +14,11 @@ pub struct UsageArgs {
     #[arg(long)]
     pub tenant: Option<String>,
     /// Window start: RFC 3339 UTC (2026-11-21T00:00:00Z) or a duration ago (24h, "2h ago").
-    #[arg(long)]
-    pub from: Option<String>,
+    #[arg(long, value_parser = parse::parse_time_ago, value_name = "TIME")]
+    pub from: Option<i64>,
     /// Window end, same forms as --from; default now.
-    #[arg(long)]
-    pub to: Option<String>,
+    #[arg(long, value_parser = parse::parse_time_ago, value_name = "TIME")]
+    pub to: Option<i64>,
     /// CSV with raw numbers instead of a table.
     #[arg(long)]
     pub csv: bool,
@@ -47,23 +47,24 @@ impl From<&pb::TenantUsage> for UsageView {
     }
 }
 
-pub async fn run(daemon: &mut Daemon, args: UsageArgs, json: bool) -> anyhow::Result<()> {
-    let now = std::time::SystemTime::now();
-    let from_ms = args
-        .from
-        .as_deref()
-        .map(|s| parse::parse_time_at(s, now))
-        .transpose()?
-        .unwrap_or(0);
-    let to_ms = args
-        .to
-        .as_deref()
-        .map(|s| parse::parse_time_at(s, now))
-        .transpose()?
-        .unwrap_or(0);
-    if to_ms != 0 && from_ms > to_ms {
-        anyhow::bail!("--from is after --to");
+impl UsageArgs {
+    /// Checks the window before anything is sent.
+    pub fn validate(&self) -> Result<(), CliError> {
+        match (self.from, self.to) {
+            (Some(from), Some(to)) if from > to => Err(CliError::Usage(format!(
+                "--from ({}) is after --to ({})",
+                output::abs_time(from),
+                output::abs_time(to)
+            ))),
+            _ => Ok(()),
+        }
     }
+}
+
+pub async fn run(daemon: &mut Daemon, args: UsageArgs, json: bool) -> anyhow::Result<()> {
+    args.validate()?;
+    let from_ms = args.from.unwrap_or(0);
+    let to_ms = args.to.unwrap_or(0);
     let resp = daemon
         .client
         .get_usage(pb::GetUsageRequest {

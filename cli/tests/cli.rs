@@ -370,3 +370,33 @@ async fn usage_error_exits_2_without_contacting_the_daemon() {
         text(&out.stderr)
     );
 }
+
+#[tokio::test]
+async fn contradictory_arguments_exit_2_before_connecting() {
+    let missing = Path::new("/nonexistent.sock");
+    let out = tessera(
+        missing,
+        &[
+            "usage",
+            "--from",
+            "2026-11-21T10:00:00Z",
+            "--to",
+            "2026-11-20T10:00:00Z",
+        ],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        text(&out.stderr),
+        "tessera: --from (2026-11-21T10:00:00Z) is after --to (2026-11-20T10:00:00Z)\n"
+    );
+    let out = tessera(
+        missing,
+        &[
+            "lease", "create", "--tenant", "t", "--gpu", "--label", "a=1", "--label", "a=2",
+        ],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(text(&out.stderr), "tessera: label \"a\" given twice\n");
+}
