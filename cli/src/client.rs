@@ -22,10 +22,14 @@ pub const EXIT_UNREACHABLE: u8 = 3;
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
     #[error(
-        "cannot reach tesserad at {}: {reason} — is it running? set --socket or TESSERA_SOCKET",
+        "cannot reach tesserad at {}: {reason} — {hint}",
         .socket.display()
     )]
-    Unreachable { socket: PathBuf, reason: String },
+    Unreachable {
+        socket: PathBuf,
+        reason: String,
+        hint: &'static str,
+    },
     #[error("{}", refusal_text(.rpc, .status))]
     Refused {
         rpc: &'static str,
@@ -87,6 +91,7 @@ impl Daemon {
                 .map_err(|e| CliError::Unreachable {
                     socket: socket.to_path_buf(),
                     reason: root_cause(&e),
+                    hint: hint_for(&e),
                 })?;
         Ok(Self {
             client: TesseraClient::new(channel),
@@ -98,16 +103,36 @@ impl Daemon {
     /// anything the daemon answered is a refusal naming its code and message.
     pub fn fail(&self, rpc: &'static str, status: tonic::Status) -> CliError {
         if status.code() == tonic::Code::Unavailable && status.source().is_some() {
-            let reason = status
-                .source()
-                .map_or_else(|| status.message().to_owned(), root_cause);
+            let (reason, hint) = status.source().map_or_else(
+                || (status.message().to_owned(), HINT_NOT_RUNNING),
+                |e| (root_cause(e), hint_for(e)),
+            );
             return CliError::Unreachable {
                 socket: self.socket.clone(),
                 reason,
+                hint,
             };
         }
         CliError::Refused { rpc, status }
     }
+}
+
+const HINT_NOT_RUNNING: &str = "is it running? set --socket or TESSERA_SOCKET";
+const HINT_PERMISSION: &str =
+    "the socket is for root and group tessera: run as root or join group tessera";
+
+/// What to suggest: a permission problem is not solved by starting the daemon.
+fn hint_for(err: &(dyn std::error::Error + 'static)) -> &'static str {
+    let mut cur = Some(err);
+    while let Some(e) = cur {
+        if let Some(io) = e.downcast_ref::<std::io::Error>()
+            && io.kind() == std::io::ErrorKind::PermissionDenied
+        {
+            return HINT_PERMISSION;
+        }
+        cur = e.source();
+    }
+    HINT_NOT_RUNNING
 }
 
 /// The innermost cause of an error as one short phrase; an OS error without its
@@ -142,6 +167,14 @@ mod tests {
                 socket.display()
             )
         );
+    }
+
+    #[test]
+    fn permission_denied_suggests_the_group_not_starting_the_daemon() {
+        let err = std::io::Error::from(std::io::ErrorKind::PermissionDenied);
+        assert_eq!(hint_for(&err), HINT_PERMISSION);
+        let err = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert_eq!(hint_for(&err), HINT_NOT_RUNNING);
     }
 
     #[test]
