@@ -1,1 +1,140 @@
-fn main() {}
+//! tessera: operator CLI for tesserad, over its gRPC API on a unix socket.
+//!
+//! Exit codes: 0 ok, 1 refused by the daemon (or another failure), 2 usage error,
+//! 3 daemon unreachable.
+
+mod admin;
+mod client;
+mod lease;
+mod node;
+mod output;
+mod parse;
+mod usage;
+mod watch;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::client::{CliError, DEFAULT_SOCKET, Daemon, EXIT_REFUSED};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "tessera",
+    version,
+    about = "Operator CLI for tesserad (GPU partition leases)"
+)]
+struct Cli {
+    /// tesserad's unix socket.
+    #[arg(long, global = true, env = "TESSERA_SOCKET", default_value = DEFAULT_SOCKET)]
+    socket: PathBuf,
+    /// JSON for scripts instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// The GPUs: MIG mode, free slices, MPS use, partitions.
+    Gpus,
+    /// The whole node, with free capacity per profile per GPU.
+    Node,
+    /// Create, list, show, renew and release leases.
+    #[command(subcommand)]
+    Lease(lease::LeaseCmd),
+    /// Stream lease events, one line each.
+    Watch {
+        /// Only this tenant's leases.
+        #[arg(long)]
+        tenant: Option<String>,
+    },
+    /// Usage per tenant (partition-seconds weighted by size).
+    Usage(usage::UsageArgs),
+    /// Show quotas or grant a temporary raise.
+    #[command(subcommand)]
+    Quota(admin::QuotaCmd),
+    /// Make tesserad reload its configuration (like SIGHUP).
+    Reload,
+}
+
+impl Command {
+    /// Checks what clap cannot, before connecting: a bad combination is a usage error
+    /// (exit 2) whether or not the daemon is up.
+    fn validate(&self) -> Result<(), CliError> {
+        match self {
+            Self::Lease(cmd) => cmd.validate(),
+            Self::Usage(args) => args.validate(),
+            Self::Quota(cmd) => cmd.validate(),
+            Self::Gpus | Self::Node | Self::Watch { .. } | Self::Reload => Ok(()),
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    cli.command.validate()?;
+    let mut daemon = Daemon::connect(&cli.socket).await?;
+    let json = cli.json;
+    match cli.command {
+        Command::Gpus => node::gpus(&mut daemon, json).await,
+        Command::Node => node::node(&mut daemon, json).await,
+        Command::Lease(cmd) => lease::run(&mut daemon, cmd, json).await,
+        Command::Watch { tenant } => watch::run(&mut daemon, tenant, json).await,
+        Command::Usage(args) => usage::run(&mut daemon, args, json).await,
+        Command::Quota(cmd) => admin::quota(&mut daemon, cmd, json).await,
+        Command::Reload => admin::reload(&mut daemon, json).await,
+    }
+}
+
+fn main() -> ExitCode {
+    // clap prints usage errors and exits 2 itself (0 for --help/--version).
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("tessera: cannot start the async runtime: {e}");
+            return ExitCode::from(EXIT_REFUSED);
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            let code = err
+                .downcast_ref::<CliError>()
+                .map_or(EXIT_REFUSED, CliError::exit_code);
+            eprintln!("tessera: {err:#}");
+            ExitCode::from(code)
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn json_flag_is_global() {
+        let cli = Cli::try_parse_from(["tessera", "lease", "list", "--json"]).unwrap();
+        assert!(cli.json);
+        let cli = Cli::try_parse_from(["tessera", "--json", "gpus"]).unwrap();
+        assert!(cli.json);
+    }
+
+    #[test]
+    fn usage_errors_exit_2() {
+        let err = Cli::try_parse_from(["tessera", "lease", "create"]).unwrap_err();
+        assert_eq!(err.exit_code(), 2);
+    }
+}

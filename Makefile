@@ -1,0 +1,157 @@
+# Tessera: build, test, run and install.
+#
+#   make run      tesserad on simulated GPUs (configs/dev.toml), in the foreground
+#   make test     deps + fmt check + clippy + the whole test suite (CI runs this as root)
+#   make deps     the Debian packages the tests need, installed only when missing
+#   make lint / fmt / build / bench / install / clean
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := build
+MAKEFLAGS += --no-print-directory
+
+CARGO ?= cargo
+TARGET_DIR ?= $(if $(CARGO_TARGET_DIR),$(CARGO_TARGET_DIR),target)
+# Which build `make install` copies binaries from: release (make build) or debug.
+PROFILE ?= release
+
+# Install layout. DESTDIR stages a package root; PREFIX/BINDIR place the binaries.
+DESTDIR ?=
+PREFIX ?= /usr/local
+BINDIR ?= $(PREFIX)/bin
+SYSCONFDIR ?= /etc
+CONFDIR ?= $(SYSCONFDIR)/tessera
+UNITDIR ?= /lib/systemd/system
+TMPFILESDIR ?= /usr/lib/tmpfiles.d
+SYSUSERSDIR ?= /usr/lib/sysusers.d
+APPARMORDIR ?= $(SYSCONFDIR)/apparmor.d
+CONFIGS ?= configs
+
+BINARIES := tesserad tessera tessera-runtime
+# Benchmark binaries `make bench` runs (cargo --bin names).
+BENCH_BINS ?= tessera-bench tessera-runtime-bench
+
+# Packages the test suite needs: "package:probe", probe = a command that proves it is
+# there, or "-" to ask dpkg.
+DEPS := runc:runc containerd:containerd busybox-static:- libseccomp-dev:- \
+        protobuf-compiler:protoc pkg-config:pkg-config build-essential:cc
+
+.PHONY: all run deps test lint fmt build bench install clean help
+
+all: build
+
+help:
+	@sed -n '3,8p' $(firstword $(MAKEFILE_LIST))
+
+run:
+	$(CARGO) build --bin tesserad --bin tessera
+	mkdir -p run
+	@echo
+	@echo "tesserad starts in the foreground (Ctrl-C stops it). In another shell:"
+	@echo "  export TESSERA_SOCKET=$(CURDIR)/run/tesserad.sock; $(abspath $(TARGET_DIR))/debug/tessera gpus"
+	@echo
+	exec $(TARGET_DIR)/debug/tesserad --config configs/dev.toml
+
+deps:
+	@missing=(); \
+	for entry in $(DEPS); do \
+	  pkg=$${entry%%:*}; probe=$${entry#*:}; \
+	  if [ "$$probe" != "-" ] && command -v "$$probe" >/dev/null 2>&1; then continue; fi; \
+	  if dpkg-query -W -f='$${Status}' "$$pkg" 2>/dev/null | grep -q 'install ok installed'; then continue; fi; \
+	  missing+=("$$pkg"); \
+	done; \
+	if [ $${#missing[@]} -eq 0 ]; then \
+	  echo "deps: all system packages present, nothing to install"; \
+	else \
+	  echo "deps: installing $${missing[*]}"; \
+	  if [ "$$(id -u)" -eq 0 ]; then sudo=(); \
+	  elif command -v sudo >/dev/null 2>&1; then sudo=(sudo); \
+	  else echo "deps: missing $${missing[*]} and not root (no sudo): install them first" >&2; exit 1; fi; \
+	  "$${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q; \
+	  "$${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$${missing[@]}"; \
+	fi; \
+	for tool in clippy fmt; do \
+	  if $(CARGO) $$tool --version >/dev/null 2>&1; then continue; fi; \
+	  comp=$$tool; [ "$$tool" = fmt ] && comp=rustfmt; \
+	  if command -v rustup >/dev/null 2>&1; then \
+	    echo "deps: rustup component add $$comp"; rustup component add "$$comp"; \
+	  else \
+	    echo "deps: cargo $$tool is missing and rustup is absent: install $$comp yourself" >&2; \
+	  fi; \
+	done
+
+# Each stage says what it runs; the first failure stops the run and names its stage.
+test: deps
+	@stage() { name=$$1; shift; echo "==> make test: $$name: $$*"; \
+	  if ! "$$@"; then echo "==> make test: stage '$$name' FAILED" >&2; exit 1; fi; }; \
+	stage fmt $(CARGO) fmt --all -- --check; \
+	stage clippy $(CARGO) clippy --workspace --all-targets -- -D warnings; \
+	stage test $(CARGO) test --workspace; \
+	echo "==> make test: all stages passed"
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+fmt:
+	$(CARGO) fmt --all
+
+build:
+	$(CARGO) build --release $(addprefix --bin ,$(BINARIES))
+
+# Runs each benchmark binary in release mode (cargo names a missing one); every
+# bench runs even when an earlier one fails, and the target fails if any did.
+bench:
+	@failed=(); \
+	for b in $(BENCH_BINS); do \
+	  echo "==> bench: $$b"; \
+	  $(CARGO) run --release --bin "$$b" || failed+=("$$b"); \
+	done; \
+	if [ $${#failed[@]} -ne 0 ]; then echo "==> bench: FAILED: $${failed[*]} (names: BENCH_BINS=...)" >&2; exit 1; fi
+
+# Installs what `make build` built (PROFILE=debug for a debug build). Configs already
+# present under $(CONFDIR) are never overwritten: the new version lands next to them
+# as NAME.example. AppArmor profiles that exist are left alone too; their new version
+# goes to $(CONFDIR)/apparmor/NAME.example (never into apparmor.d, which would load it).
+install:
+	@for b in $(BINARIES); do \
+	  if [ ! -x "$(TARGET_DIR)/$(PROFILE)/$$b" ]; then \
+	    echo "install: $(TARGET_DIR)/$(PROFILE)/$$b is missing: run 'make build' first (or PROFILE=debug)" >&2; exit 1; fi; \
+	done; \
+	for f in $(CONFIGS)/tesserad.toml $(CONFIGS)/runtime.toml; do \
+	  if [ ! -f "$$f" ]; then echo "install: $$f is missing" >&2; exit 1; fi; \
+	done
+	install -d -m 0755 "$(DESTDIR)$(BINDIR)"
+	install -m 0755 $(addprefix $(TARGET_DIR)/$(PROFILE)/,$(BINARIES)) "$(DESTDIR)$(BINDIR)/"
+	install -d -m 0755 "$(DESTDIR)$(UNITDIR)"
+	sed 's|/usr/local/bin/|$(BINDIR)/|g; s|/etc/tessera/|$(CONFDIR)/|g' systemd/tesserad.service \
+	  > "$(DESTDIR)$(UNITDIR)/tesserad.service"
+	chmod 0644 "$(DESTDIR)$(UNITDIR)/tesserad.service"
+	install -D -m 0644 systemd/tessera.tmpfiles.conf "$(DESTDIR)$(TMPFILESDIR)/tessera.conf"
+	install -D -m 0644 systemd/tessera.sysusers.conf "$(DESTDIR)$(SYSUSERSDIR)/tessera.conf"
+	@conf() { src=$$1; dst=$$2; \
+	  if [ -e "$$dst" ]; then install -D -m 0644 "$$src" "$$dst.example"; \
+	    echo "install: kept existing $$dst; new version is $$dst.example"; \
+	  else install -D -m 0644 "$$src" "$$dst"; echo "install: $$dst"; fi; }; \
+	conf $(CONFIGS)/tesserad.toml "$(DESTDIR)$(CONFDIR)/tesserad.toml"; \
+	conf $(CONFIGS)/runtime.toml "$(DESTDIR)$(CONFDIR)/runtime.toml"; \
+	install -d -m 0755 "$(DESTDIR)$(CONFDIR)/seccomp"; \
+	found=0; \
+	for f in $(CONFIGS)/seccomp/*; do [ -f "$$f" ] || continue; found=1; \
+	  conf "$$f" "$(DESTDIR)$(CONFDIR)/seccomp/$$(basename "$$f")"; done; \
+	[ $$found = 1 ] || echo "install: WARNING: no seccomp profiles under $(CONFIGS)/seccomp" >&2; \
+	install -d -m 0755 "$(DESTDIR)$(APPARMORDIR)"; \
+	found=0; \
+	for f in $(CONFIGS)/apparmor/*; do [ -f "$$f" ] || continue; found=1; \
+	  name=$$(basename "$$f"); dst="$(DESTDIR)$(APPARMORDIR)/$$name"; \
+	  if [ -e "$$dst" ]; then \
+	    install -D -m 0644 "$$f" "$(DESTDIR)$(CONFDIR)/apparmor/$$name.example"; \
+	    echo "install: kept existing $$dst; new version is $(DESTDIR)$(CONFDIR)/apparmor/$$name.example"; \
+	  else install -m 0644 "$$f" "$$dst"; echo "install: $$dst"; fi; \
+	done; \
+	[ $$found = 1 ] || echo "install: WARNING: no AppArmor profiles under $(CONFIGS)/apparmor" >&2
+	@echo "install: done. Then: systemd-sysusers; systemd-tmpfiles --create; systemctl daemon-reload; systemctl enable --now tesserad"
+
+clean:
+	$(CARGO) clean
+	rm -rf run

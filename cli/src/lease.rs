@@ -1,0 +1,374 @@
+//! `tessera lease ...`: create, list, show, renew, release.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use clap::{Args, Subcommand, ValueEnum};
+use serde::Serialize;
+use tessera_proto::v1 as pb;
+
+use crate::client::{CliError, Daemon};
+use crate::output::{self, LeaseView, lease_table};
+use crate::parse;
+
+#[derive(Debug, Subcommand)]
+pub enum LeaseCmd {
+    /// Lease a MIG instance, an MPS share or a whole GPU; prints the lease and its token.
+    Create(CreateArgs),
+    /// List leases (live ones unless --state or --all).
+    List(ListArgs),
+    /// Show one lease, with the containers bound to it.
+    Show {
+        /// Lease id.
+        id: String,
+    },
+    /// Extend a lease's expiry.
+    Renew {
+        /// Lease id.
+        id: String,
+        /// New time to live from now (e.g. 1h, 30m); default: the lease's own TTL.
+        #[arg(long, value_parser = parse::parse_duration)]
+        ttl: Option<Duration>,
+    },
+    /// Release a lease: its containers are stopped and its partition freed.
+    Release {
+        /// Lease id.
+        id: String,
+        /// Why, for the audit log.
+        #[arg(long)]
+        reason: Option<String>,
+    },
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("shape").required(true).multiple(false)))]
+pub struct CreateArgs {
+    /// Tenant the lease is for.
+    #[arg(long)]
+    pub tenant: String,
+    /// A MIG instance: GPU instance profile, optionally /compute profile (1g.10gb, 3g.40gb/1c).
+    #[arg(long, group = "shape", value_parser = parse::parse_mig, value_name = "PROFILE[/CI]")]
+    pub mig: Option<pb::MigShape>,
+    /// An MPS share: SM percentage and memory limit (25%,8GiB or 50,16384MiB).
+    #[arg(long, group = "shape", value_parser = parse::parse_mps, value_name = "SM%,MEMORY")]
+    pub mps: Option<pb::MpsShape>,
+    /// A whole GPU.
+    #[arg(long, group = "shape")]
+    pub gpu: bool,
+    /// Time to live (e.g. 1h, 30m); default: the daemon's configured default.
+    #[arg(long, value_parser = parse::parse_duration)]
+    pub ttl: Option<Duration>,
+    /// Idempotency key: a retry with the same id returns the same lease.
+    #[arg(long)]
+    pub request_id: Option<String>,
+    /// A label KEY=VALUE; repeat for more.
+    #[arg(long = "label", value_parser = parse::parse_label, value_name = "KEY=VALUE")]
+    pub labels: Vec<(String, String)>,
+    /// Priority class; default: the tenant's.
+    #[arg(long)]
+    pub priority_class: Option<String>,
+    /// Pin the lease to this GPU (index).
+    #[arg(long)]
+    pub gpu_index: Option<u32>,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum StateArg {
+    Active,
+    Pending,
+    Revoking,
+    Released,
+    Expired,
+    Revoked,
+    Failed,
+}
+
+impl From<StateArg> for pb::LeaseState {
+    fn from(s: StateArg) -> Self {
+        match s {
+            StateArg::Active => Self::Active,
+            StateArg::Pending => Self::Pending,
+            StateArg::Revoking => Self::Revoking,
+            StateArg::Released => Self::Released,
+            StateArg::Expired => Self::Expired,
+            StateArg::Revoked => Self::Revoked,
+            StateArg::Failed => Self::Failed,
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// Only this tenant's leases.
+    #[arg(long)]
+    pub tenant: Option<String>,
+    /// Only leases in this state.
+    #[arg(long, value_enum, conflicts_with = "all")]
+    pub state: Option<StateArg>,
+    /// Include ended leases (released, expired, revoked, failed).
+    #[arg(long)]
+    pub all: bool,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum LeaseArgError {
+    #[error("label {0:?} given twice")]
+    DuplicateLabel(String),
+}
+
+impl CreateArgs {
+    /// The request this command sends.
+    pub fn to_request(&self) -> Result<pb::CreateLeaseRequest, LeaseArgError> {
+        use pb::shape::Kind;
+        let kind = if let Some(m) = &self.mig {
+            Kind::Mig(m.clone())
+        } else if let Some(m) = &self.mps {
+            Kind::Mps(*m)
+        } else {
+            // clap's "shape" group guarantees exactly one of --mig, --mps, --gpu.
+            Kind::WholeGpu(pb::WholeGpuShape {})
+        };
+        let mut labels = HashMap::new();
+        for (k, v) in &self.labels {
+            if labels.insert(k.clone(), v.clone()).is_some() {
+                return Err(LeaseArgError::DuplicateLabel(k.clone()));
+            }
+        }
+        Ok(pb::CreateLeaseRequest {
+            tenant: self.tenant.clone(),
+            shape: Some(pb::Shape { kind: Some(kind) }),
+            ttl_seconds: self.ttl.map_or(0, |d| d.as_secs()),
+            request_id: self.request_id.clone().unwrap_or_default(),
+            labels,
+            priority_class: self.priority_class.clone().unwrap_or_default(),
+            gpu_index: self.gpu_index,
+        })
+    }
+}
+
+impl LeaseCmd {
+    /// Checks what clap cannot (duplicate labels) before anything is sent.
+    pub fn validate(&self) -> Result<(), CliError> {
+        match self {
+            Self::Create(args) => args
+                .to_request()
+                .map(drop)
+                .map_err(|e| CliError::Usage(e.to_string())),
+            _ => Ok(()),
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct CreatedView {
+    lease: Option<LeaseView>,
+    token: String,
+    replayed: bool,
+}
+
+const TOKEN_NOTICE: &str = "This token is shown once: store it now. tesserad keeps only its hash and cannot show it again.";
+
+pub async fn run(daemon: &mut Daemon, cmd: LeaseCmd, json: bool) -> anyhow::Result<()> {
+    let now = parse::now_ms();
+    match cmd {
+        LeaseCmd::Create(args) => {
+            let req = args.to_request()?;
+            let resp = daemon
+                .client
+                .create_lease(req)
+                .await
+                .map_err(|s| daemon.fail("CreateLease", s))?
+                .into_inner();
+            let view = CreatedView {
+                lease: resp.lease.as_ref().map(LeaseView::from),
+                token: resp.token,
+                replayed: resp.replayed,
+            };
+            if json {
+                eprintln!("{TOKEN_NOTICE}");
+                return output::print_json(&view);
+            }
+            let mut text = String::new();
+            if view.replayed {
+                text.push_str("request id matched an existing lease: returning it with a new token (earlier tokens stay valid)\n");
+            }
+            if let Some(lease) = &view.lease {
+                text.push_str(&lease.render_detail(now));
+            }
+            text.push_str(&format!("\ntoken: {}\n{TOKEN_NOTICE}\n", view.token));
+            output::print(&text)?;
+        }
+        LeaseCmd::List(args) => {
+            let req = pb::ListLeasesRequest {
+                tenant: args.tenant.unwrap_or_default(),
+                state: args
+                    .state
+                    .map_or(pb::LeaseState::Unspecified, pb::LeaseState::from)
+                    as i32,
+                include_ended: args.all,
+            };
+            let resp = daemon
+                .client
+                .list_leases(req)
+                .await
+                .map_err(|s| daemon.fail("ListLeases", s))?
+                .into_inner();
+            let views: Vec<LeaseView> = resp.leases.iter().map(LeaseView::from).collect();
+            if json {
+                return output::print_json(&views);
+            }
+            if views.is_empty() {
+                output::print("no leases\n")?;
+            } else {
+                output::print(&lease_table(&views, now))?;
+            }
+        }
+        LeaseCmd::Show { id } => {
+            let resp = daemon
+                .client
+                .get_lease(pb::GetLeaseRequest { lease_id: id })
+                .await
+                .map_err(|s| daemon.fail("GetLease", s))?
+                .into_inner();
+            print_lease(resp.lease.as_ref(), json, now)?;
+        }
+        LeaseCmd::Renew { id, ttl } => {
+            let resp = daemon
+                .client
+                .renew_lease(pb::RenewLeaseRequest {
+                    lease_id: id,
+                    ttl_seconds: ttl.map_or(0, |d| d.as_secs()),
+                })
+                .await
+                .map_err(|s| daemon.fail("RenewLease", s))?
+                .into_inner();
+            print_lease(resp.lease.as_ref(), json, now)?;
+        }
+        LeaseCmd::Release { id, reason } => {
+            let resp = daemon
+                .client
+                .release_lease(pb::ReleaseLeaseRequest {
+                    lease_id: id,
+                    reason: reason.unwrap_or_default(),
+                })
+                .await
+                .map_err(|s| daemon.fail("ReleaseLease", s))?
+                .into_inner();
+            print_lease(resp.lease.as_ref(), json, now)?;
+        }
+    }
+    Ok(())
+}
+
+fn print_lease(lease: Option<&pb::Lease>, json: bool, now: i64) -> anyhow::Result<()> {
+    let view = lease.map(LeaseView::from);
+    if json {
+        return output::print_json(&view);
+    }
+    match view {
+        Some(v) => output::print(&v.render_detail(now))?,
+        None => output::print("the daemon returned no lease\n")?,
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Harness {
+        #[command(subcommand)]
+        cmd: LeaseCmd,
+    }
+
+    fn create(args: &[&str]) -> Result<CreateArgs, clap::Error> {
+        let argv = ["tessera", "create"].iter().chain(args);
+        match Harness::try_parse_from(argv)?.cmd {
+            LeaseCmd::Create(c) => Ok(c),
+            other => panic!("parsed as {other:?}"),
+        }
+    }
+
+    #[test]
+    fn create_mps_request() {
+        let req = create(&[
+            "--tenant",
+            "team-a",
+            "--mps",
+            "25%,8GiB",
+            "--ttl",
+            "1h",
+            "--label",
+            "team=ml",
+            "--label",
+            "run=7",
+            "--request-id",
+            "r1",
+            "--gpu-index",
+            "1",
+        ])
+        .unwrap()
+        .to_request()
+        .unwrap();
+        assert_eq!(req.tenant, "team-a");
+        assert_eq!(
+            req.shape.unwrap().kind,
+            Some(pb::shape::Kind::Mps(pb::MpsShape {
+                sm_percent: 25,
+                memory_bytes: 8 << 30
+            }))
+        );
+        assert_eq!(req.ttl_seconds, 3600);
+        assert_eq!(req.labels.get("team").map(String::as_str), Some("ml"));
+        assert_eq!(req.labels.len(), 2);
+        assert_eq!(req.request_id, "r1");
+        assert_eq!(req.gpu_index, Some(1));
+    }
+
+    #[test]
+    fn create_needs_exactly_one_shape() {
+        let err = create(&["--tenant", "t"]).unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::MissingRequiredArgument);
+        let err = create(&["--tenant", "t", "--gpu", "--mig", "1g.10gb"]).unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::ArgumentConflict);
+        let req = create(&["--tenant", "t", "--gpu"])
+            .unwrap()
+            .to_request()
+            .unwrap();
+        assert_eq!(
+            req.shape.unwrap().kind,
+            Some(pb::shape::Kind::WholeGpu(pb::WholeGpuShape {}))
+        );
+        assert_eq!(req.ttl_seconds, 0, "no --ttl means the daemon's default");
+        assert_eq!(req.gpu_index, None);
+    }
+
+    #[test]
+    fn create_refuses_bad_values_and_duplicate_labels() {
+        let err = create(&["--tenant", "t", "--mps", "150%,8G"]).unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::ValueValidation);
+        let err = create(&["--tenant", "t", "--gpu", "--label", "novalue"]).unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::ValueValidation);
+        let args = create(&["--tenant", "t", "--gpu", "--label", "a=1", "--label", "a=2"]).unwrap();
+        assert_eq!(
+            args.to_request().unwrap_err(),
+            LeaseArgError::DuplicateLabel("a".to_owned())
+        );
+    }
+
+    #[test]
+    fn list_state_maps_to_proto() {
+        let parsed = Harness::try_parse_from(["tessera", "list", "--state", "revoking"]).unwrap();
+        let LeaseCmd::List(args) = parsed.cmd else {
+            panic!("not list")
+        };
+        assert_eq!(
+            pb::LeaseState::from(args.state.unwrap()),
+            pb::LeaseState::Revoking
+        );
+        assert!(Harness::try_parse_from(["tessera", "list", "--state", "bogus"]).is_err());
+    }
+}

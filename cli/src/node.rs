@@ -1,0 +1,317 @@
+//! `tessera gpus` and `tessera node`: the node's GPUs, MIG mode, free capacity, partitions.
+
+use serde::Serialize;
+use tessera_proto::v1 as pb;
+
+use crate::client::Daemon;
+use crate::output::{self, PartitionView, Table, human_bytes, mig_mode};
+
+#[derive(Debug, Serialize)]
+pub struct ProfileView {
+    pub profile: String,
+    pub gi_profile_id: u32,
+    pub slices: u32,
+    pub memory_bytes: u64,
+    pub sm_count: u32,
+    pub free: u32,
+    pub max_count: u32,
+}
+
+#[derive(Debug, Serialize)]
+pub struct GpuView {
+    pub index: u32,
+    pub uuid: String,
+    pub name: String,
+    pub memory_bytes: u64,
+    pub minor: u32,
+    pub pci_bus_id: String,
+    /// "on", "off" or "pending" (a mode change waits for a GPU reset).
+    pub mig_mode: String,
+    pub mig_enabled: bool,
+    pub mig_pending: bool,
+    pub sm_count: u32,
+    pub free_slices: u32,
+    pub mps_sm_percent_used: u32,
+    pub mps_memory_bytes_used: u64,
+    pub whole_leased: bool,
+    pub profiles: Vec<ProfileView>,
+    pub partitions: Vec<PartitionView>,
+}
+
+impl From<&pb::Gpu> for GpuView {
+    fn from(g: &pb::Gpu) -> Self {
+        Self {
+            index: g.index,
+            uuid: g.uuid.clone(),
+            name: g.name.clone(),
+            memory_bytes: g.memory_bytes,
+            minor: g.minor,
+            pci_bus_id: g.pci_bus_id.clone(),
+            mig_mode: mig_mode(g).to_owned(),
+            mig_enabled: g.mig_enabled,
+            mig_pending: g.mig_pending,
+            sm_count: g.sm_count,
+            free_slices: g.free_slices,
+            mps_sm_percent_used: g.mps_sm_percent_used,
+            mps_memory_bytes_used: g.mps_memory_bytes_used,
+            whole_leased: g.whole_leased,
+            profiles: g
+                .profiles
+                .iter()
+                .map(|p| ProfileView {
+                    profile: p.profile.clone(),
+                    gi_profile_id: p.gi_profile_id,
+                    slices: p.slices,
+                    memory_bytes: p.memory_bytes,
+                    sm_count: p.sm_count,
+                    free: p.free,
+                    max_count: p.max_count,
+                })
+                .collect(),
+            partitions: g.partitions.iter().map(PartitionView::from).collect(),
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct NodeView {
+    pub hostname: String,
+    pub backend: String,
+    pub version: String,
+    pub driver_version: String,
+    pub gpus: Vec<GpuView>,
+}
+
+impl From<&pb::GetNodeResponse> for NodeView {
+    fn from(n: &pb::GetNodeResponse) -> Self {
+        Self {
+            hostname: n.hostname.clone(),
+            backend: n.backend.clone(),
+            version: n.version.clone(),
+            driver_version: n.driver_version.clone(),
+            gpus: n.gpus.iter().map(GpuView::from).collect(),
+        }
+    }
+}
+
+async fn get_node(daemon: &mut Daemon) -> anyhow::Result<NodeView> {
+    let resp = daemon
+        .client
+        .get_node(pb::GetNodeRequest {})
+        .await
+        .map_err(|s| daemon.fail("GetNode", s))?
+        .into_inner();
+    Ok(NodeView::from(&resp))
+}
+
+/// `tessera gpus`
+pub async fn gpus(daemon: &mut Daemon, json: bool) -> anyhow::Result<()> {
+    let node = get_node(daemon).await?;
+    if json {
+        return output::print_json(&node.gpus);
+    }
+    output::print(&gpus_table(&node.gpus))?;
+    Ok(())
+}
+
+pub fn gpus_table(gpus: &[GpuView]) -> String {
+    let mut t = Table::new(&[
+        "INDEX",
+        "NAME",
+        "UUID",
+        "MEMORY",
+        "MIG",
+        "FREE SLICES",
+        "MPS SM%",
+        "PARTITIONS",
+    ]);
+    for g in gpus {
+        t.row(vec![
+            g.index.to_string(),
+            g.name.clone(),
+            g.uuid.clone(),
+            human_bytes(g.memory_bytes),
+            g.mig_mode.clone(),
+            if g.mig_enabled {
+                g.free_slices.to_string()
+            } else {
+                "-".to_owned()
+            },
+            format!("{}%", g.mps_sm_percent_used),
+            g.partitions.len().to_string(),
+        ]);
+    }
+    t.render()
+}
+
+/// `tessera node`
+pub async fn node(daemon: &mut Daemon, json: bool) -> anyhow::Result<()> {
+    let node = get_node(daemon).await?;
+    if json {
+        return output::print_json(&node);
+    }
+    output::print(&node_text(&node))?;
+    Ok(())
+}
+
+pub fn node_text(node: &NodeView) -> String {
+    let mut out = format!(
+        "node {}  backend {}  tesserad {}  driver {}\n",
+        dash(&node.hostname),
+        dash(&node.backend),
+        dash(&node.version),
+        dash(&node.driver_version)
+    );
+    for g in &node.gpus {
+        out.push('\n');
+        out.push_str(&format!(
+            "GPU {}  {}  {}\n  pci {}  minor {}  memory {}  SMs {}  MIG {}{}\n",
+            g.index,
+            g.name,
+            g.uuid,
+            dash(&g.pci_bus_id),
+            g.minor,
+            human_bytes(g.memory_bytes),
+            g.sm_count,
+            g.mig_mode,
+            if g.whole_leased {
+                "  (leased whole)"
+            } else {
+                ""
+            },
+        ));
+        if g.mig_enabled {
+            out.push_str(&format!("  free slices {}\n", g.free_slices));
+        }
+        out.push_str(&format!(
+            "  MPS used {}% SM, {}\n",
+            g.mps_sm_percent_used,
+            human_bytes(g.mps_memory_bytes_used)
+        ));
+        if !g.profiles.is_empty() {
+            out.push_str("  free capacity:\n");
+            let mut t = Table::new(&["PROFILE", "ID", "SLICES", "MEMORY", "SMS", "FREE", "MAX"]);
+            for p in &g.profiles {
+                t.row(vec![
+                    p.profile.clone(),
+                    p.gi_profile_id.to_string(),
+                    p.slices.to_string(),
+                    human_bytes(p.memory_bytes),
+                    p.sm_count.to_string(),
+                    p.free.to_string(),
+                    p.max_count.to_string(),
+                ]);
+            }
+            indent(&mut out, &t.render(), "    ");
+        }
+        if g.partitions.is_empty() {
+            out.push_str("  partitions: none\n");
+        } else {
+            out.push_str("  partitions:\n");
+            let mut t = Table::new(&["ID", "KIND", "WHAT", "MEMORY", "ORIGIN", "LEASE"]);
+            for p in &g.partitions {
+                t.row(vec![
+                    p.id.clone(),
+                    p.kind.clone(),
+                    p.describe(),
+                    p.memory_bytes().map_or_else(|| "-".to_owned(), human_bytes),
+                    dash(&p.origin).to_owned(),
+                    if p.lease_id.is_empty() {
+                        "free".to_owned()
+                    } else {
+                        p.lease_id.clone()
+                    },
+                ]);
+            }
+            indent(&mut out, &t.render(), "    ");
+        }
+    }
+    out
+}
+
+fn dash(s: &str) -> &str {
+    if s.is_empty() { "-" } else { s }
+}
+
+fn indent(out: &mut String, text: &str, prefix: &str) {
+    for line in text.lines() {
+        out.push_str(prefix);
+        out.push_str(line);
+        out.push('\n');
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    fn sample_gpu() -> pb::Gpu {
+        pb::Gpu {
+            index: 0,
+            uuid: "GPU-1111".to_owned(),
+            name: "NVIDIA A100-SXM4-80GB".to_owned(),
+            memory_bytes: 80 << 30,
+            minor: 0,
+            pci_bus_id: "00000000:07:00.0".to_owned(),
+            mig_enabled: true,
+            mig_pending: false,
+            sm_count: 108,
+            profiles: vec![pb::ProfileCapacity {
+                profile: "1g.10gb".to_owned(),
+                gi_profile_id: 19,
+                slices: 1,
+                memory_bytes: 10_468_982_784,
+                sm_count: 14,
+                free: 6,
+                max_count: 7,
+            }],
+            mps_sm_percent_used: 0,
+            mps_memory_bytes_used: 0,
+            whole_leased: false,
+            partitions: vec![crate::output::tests::sample_lease().partition.unwrap()],
+            free_slices: 6,
+        }
+    }
+
+    #[test]
+    fn gpus_table_shows_mig_mode_and_free_slices() {
+        let text = gpus_table(&[GpuView::from(&sample_gpu())]);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[0],
+            "INDEX  NAME                   UUID      MEMORY  MIG  FREE SLICES  MPS SM%  PARTITIONS"
+        );
+        assert_eq!(
+            lines[1],
+            "0      NVIDIA A100-SXM4-80GB  GPU-1111  80 GiB  on   6            0%       1"
+        );
+        let mut pending = sample_gpu();
+        pending.mig_enabled = false;
+        pending.mig_pending = true;
+        assert_eq!(GpuView::from(&pending).mig_mode, "pending");
+    }
+
+    #[test]
+    fn node_text_lists_free_capacity_per_profile() {
+        let node = NodeView::from(&pb::GetNodeResponse {
+            hostname: "gpu-host-1".to_owned(),
+            backend: "sim".to_owned(),
+            version: "0.1.0".to_owned(),
+            gpus: vec![sample_gpu()],
+            driver_version: "550.54".to_owned(),
+        });
+        let text = node_text(&node);
+        assert!(
+            text.contains("    1g.10gb  19  1       9.75 GiB  14   6     7\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("p-0-3  mig   1g.10gb  9.75 GiB  dynamic  l-7f3a"),
+            "{text}"
+        );
+        let json = serde_json::to_value(&node).unwrap();
+        assert_eq!(json["gpus"][0]["mig_mode"], "on");
+        assert_eq!(json["gpus"][0]["profiles"][0]["free"], 6);
+    }
+}
