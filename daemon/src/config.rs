@@ -274,13 +274,16 @@ impl Config {
         };
 
         let sim = SimSection {
+            // Under the run dir by default: /run is emptied at boot, and real MIG
+            // instances do not survive a reboot either.
             state_file: raw
                 .sim
                 .state_file
-                .unwrap_or_else(|| daemon.state_dir.join("sim-gpus.json")),
+                .unwrap_or_else(|| daemon.run_dir.join("sim-gpus.json")),
             gpus: SimConfig {
                 gpus: raw.sim.gpus,
                 seed: raw.sim.seed,
+                state_file: None,
             },
         };
         if gpu.backend == BackendKind::Sim {
@@ -355,7 +358,10 @@ impl Config {
         }
 
         let devices = DevicesConfig {
-            dev_root: raw.devices.dev_root.unwrap_or_else(|| PathBuf::from("/dev")),
+            dev_root: raw
+                .devices
+                .dev_root
+                .unwrap_or_else(|| PathBuf::from("/dev")),
             nvidia_uvm_major: raw.devices.nvidia_uvm_major,
             nvidia_caps_major: raw.devices.nvidia_caps_major,
         };
@@ -392,8 +398,12 @@ impl Validator<'_> {
         default: &str,
     ) -> Result<Duration, ConfigError> {
         let s = value.unwrap_or_else(|| default.to_string());
-        humantime::parse_duration(&s)
-            .map_err(|e| self.err(field, format!("{s:?} is not a duration like \"30s\" or \"1h\": {e}")))
+        humantime::parse_duration(&s).map_err(|e| {
+            self.err(
+                field,
+                format!("{s:?} is not a duration like \"30s\" or \"1h\": {e}"),
+            )
+        })
     }
 }
 

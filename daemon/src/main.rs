@@ -21,10 +21,19 @@ const EXIT_CONFIG: u8 = 64;
 const EXIT_UNAVAILABLE: u8 = 69;
 
 #[derive(Debug, Parser)]
-#[command(name = "tesserad", version, about = "Tessera node daemon: leases GPU partitions to tenants")]
+#[command(
+    name = "tesserad",
+    version,
+    about = "Tessera node daemon: leases GPU partitions to tenants"
+)]
 struct Args {
     /// Path of the TOML config file.
-    #[arg(long, short, default_value = "/etc/tessera/tesserad.toml", env = "TESSERAD_CONFIG")]
+    #[arg(
+        long,
+        short,
+        default_value = "/etc/tessera/tesserad.toml",
+        env = "TESSERAD_CONFIG"
+    )]
     config: PathBuf,
     /// Validate the config file and exit.
     #[arg(long)]
@@ -181,7 +190,10 @@ async fn feed_watchdog(mgr: Arc<LeaseManager>, mut stop: tokio::sync::watch::Rec
         if age < healthy_within {
             notify(&[sd_notify::NotifyState::Watchdog]);
         } else {
-            warn!(age_ms = age, "lease manager loop stalled: not feeding the watchdog");
+            warn!(
+                age_ms = age,
+                "lease manager loop stalled: not feeding the watchdog"
+            );
         }
     }
 }

@@ -221,7 +221,10 @@ pub mod shape {
 }
 
 /// A CreateLease request for `tenant` with `shape`.
-pub fn create_req(tenant: &str, shape: tessera_proto::v1::Shape) -> tessera_proto::v1::CreateLeaseRequest {
+pub fn create_req(
+    tenant: &str,
+    shape: tessera_proto::v1::Shape,
+) -> tessera_proto::v1::CreateLeaseRequest {
     tessera_proto::v1::CreateLeaseRequest {
         tenant: tenant.into(),
         shape: Some(shape),

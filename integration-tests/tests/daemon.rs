@@ -45,7 +45,11 @@ fn two_h100s_take_fourteen_1g_instances_and_refuse_the_fifteenth() {
         assert_eq!(err.code(), Code::ResourceExhausted, "{err}");
         assert!(err.message().contains("1g.10gb"), "{}", err.message());
 
-        let node = c.get_node(pb::GetNodeRequest {}).await.unwrap().into_inner();
+        let node = c
+            .get_node(pb::GetNodeRequest {})
+            .await
+            .unwrap()
+            .into_inner();
         assert_eq!(node.backend, "sim");
         assert_eq!(node.gpus.len(), 3);
         for g in &node.gpus[..2] {
@@ -64,7 +68,9 @@ fn mixed_profiles_pack_without_overlap_and_capacity_is_reported() {
     rt().block_on(async {
         let mut c = d.client().await.unwrap();
         let mut made = Vec::new();
-        for prof in ["4g.40gb", "3g.40gb", "3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"] {
+        for prof in [
+            "4g.40gb", "3g.40gb", "3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb",
+        ] {
             let r = c
                 .create_lease(create_req("team-a", shape::mig(prof)))
                 .await
@@ -82,7 +88,11 @@ fn mixed_profiles_pack_without_overlap_and_capacity_is_reported() {
             }
         }
         // Both GPUs are now full: all 16 memory slices are used.
-        let node = c.get_node(pb::GetNodeRequest {}).await.unwrap().into_inner();
+        let node = c
+            .get_node(pb::GetNodeRequest {})
+            .await
+            .unwrap()
+            .into_inner();
         assert_eq!(node.gpus[0].free_slices + node.gpus[1].free_slices, 0);
         let err = c
             .create_lease(create_req("team-a", shape::mig("1g.10gb")))
@@ -114,7 +124,10 @@ fn mps_admission_keeps_sm_and_memory_sums_within_the_gpu() {
         assert_eq!(la.partition.as_ref().unwrap().gpu_index, 2);
         let mps = la.partition.unwrap().mps.unwrap();
         assert_eq!(mps.sm_percent, 60);
-        assert!(std::path::Path::new(&mps.pipe_dir).is_dir(), "pipe dir made");
+        assert!(
+            std::path::Path::new(&mps.pipe_dir).is_dir(),
+            "pipe dir made"
+        );
 
         let err = c
             .create_lease(create_req("t2", shape::mps(50, 4)))
@@ -194,7 +207,11 @@ fn a_retry_with_the_same_request_id_returns_the_same_lease() {
                 .into_inner();
             assert!(ids.contains(&r.lease.unwrap().id));
         }
-        let node = c.get_node(pb::GetNodeRequest {}).await.unwrap().into_inner();
+        let node = c
+            .get_node(pb::GetNodeRequest {})
+            .await
+            .unwrap()
+            .into_inner();
         let n: usize = node.gpus.iter().map(|g| g.partitions.len()).sum();
         assert_eq!(n, 1, "no second partition was made");
     });
@@ -218,7 +235,10 @@ fn an_unrenewed_lease_expires_and_frees_its_partition() {
         let id = r.lease.unwrap().id;
         let mut kinds = Vec::new();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-        while let Ok(Some(ev)) = tokio::time::timeout_at(deadline, watch.message()).await.unwrap_or(Ok(None)) {
+        while let Ok(Some(ev)) = tokio::time::timeout_at(deadline, watch.message())
+            .await
+            .unwrap_or(Ok(None))
+        {
             assert_eq!(ev.lease.as_ref().unwrap().id, id);
             kinds.push(ev.kind);
             if ev.kind == pb::LeaseEventKind::Revoked as i32 {
@@ -226,9 +246,18 @@ fn an_unrenewed_lease_expires_and_frees_its_partition() {
                 break;
             }
         }
-        assert!(kinds.contains(&(pb::LeaseEventKind::Created as i32)), "{kinds:?}");
-        assert!(kinds.contains(&(pb::LeaseEventKind::Expiring as i32)), "{kinds:?}");
-        assert!(kinds.contains(&(pb::LeaseEventKind::Revoked as i32)), "{kinds:?}");
+        assert!(
+            kinds.contains(&(pb::LeaseEventKind::Created as i32)),
+            "{kinds:?}"
+        );
+        assert!(
+            kinds.contains(&(pb::LeaseEventKind::Expiring as i32)),
+            "{kinds:?}"
+        );
+        assert!(
+            kinds.contains(&(pb::LeaseEventKind::Revoked as i32)),
+            "{kinds:?}"
+        );
         let l = c
             .get_lease(pb::GetLeaseRequest { lease_id: id })
             .await
@@ -256,7 +285,13 @@ fn renewing_extends_a_lease() {
         let mut c = d.client().await.unwrap();
         let mut req = create_req("team-a", shape::mig("1g.10gb"));
         req.ttl_seconds = 2;
-        let l = c.create_lease(req).await.unwrap().into_inner().lease.unwrap();
+        let l = c
+            .create_lease(req)
+            .await
+            .unwrap()
+            .into_inner()
+            .lease
+            .unwrap();
         let r = c
             .renew_lease(pb::RenewLeaseRequest {
                 lease_id: l.id.clone(),
@@ -313,8 +348,21 @@ fn leases_and_instances_survive_a_daemon_crash() {
         let again = list.iter().find(|l| l.id == mig.id).unwrap();
         // The same MIG instance was adopted, not re-created: the UUID is unchanged.
         assert_eq!(
-            again.partition.as_ref().unwrap().mig.as_ref().unwrap().mig_uuid,
-            mig.partition.as_ref().unwrap().mig.as_ref().unwrap().mig_uuid
+            again
+                .partition
+                .as_ref()
+                .unwrap()
+                .mig
+                .as_ref()
+                .unwrap()
+                .mig_uuid,
+            mig.partition
+                .as_ref()
+                .unwrap()
+                .mig
+                .as_ref()
+                .unwrap()
+                .mig_uuid
         );
         for t in tokens {
             c.resolve_token(pb::ResolveTokenRequest { token: t })
@@ -375,13 +423,26 @@ fn a_mig_token_resolves_to_exactly_its_nodes_and_uuid() {
             .into_inner();
         assert_eq!(res.tenant, "team-a");
         assert_eq!(res.env.get("CUDA_VISIBLE_DEVICES"), Some(&m.mig_uuid));
-        let paths: Vec<_> = res.devices.iter().map(|d| d.container_path.clone()).collect();
+        let paths: Vec<_> = res
+            .devices
+            .iter()
+            .map(|d| d.container_path.clone())
+            .collect();
         assert!(paths.contains(&"/dev/nvidiactl".to_string()), "{paths:?}");
-        assert!(paths.contains(&format!("/dev/nvidia{}", p.gpu_index)), "{paths:?}");
+        assert!(
+            paths.contains(&format!("/dev/nvidia{}", p.gpu_index)),
+            "{paths:?}"
+        );
         let gi_minor = 3 + p.gpu_index * 135 + m.gi_id * 9;
         let ci_minor = gi_minor + 1 + m.ci_id;
-        assert!(paths.contains(&format!("/dev/nvidia-caps/nvidia-cap{gi_minor}")), "{paths:?}");
-        assert!(paths.contains(&format!("/dev/nvidia-caps/nvidia-cap{ci_minor}")), "{paths:?}");
+        assert!(
+            paths.contains(&format!("/dev/nvidia-caps/nvidia-cap{gi_minor}")),
+            "{paths:?}"
+        );
+        assert!(
+            paths.contains(&format!("/dev/nvidia-caps/nvidia-cap{ci_minor}")),
+            "{paths:?}"
+        );
         assert_eq!(res.devices.len(), 5, "{paths:?}");
         assert!(
             res.granted_capabilities
@@ -476,7 +537,11 @@ fn invalid_requests_name_the_field() {
 fn a_bad_config_exits_64_naming_the_field() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("bad.toml");
-    std::fs::write(&cfg, "[[sim.gpus]]\nmodel = \"h100-80gb\"\n[lease]\nmax_ttl = \"soon\"\n").unwrap();
+    std::fs::write(
+        &cfg,
+        "[[sim.gpus]]\nmodel = \"h100-80gb\"\n[lease]\nmax_ttl = \"soon\"\n",
+    )
+    .unwrap();
     let out = std::process::Command::new(bin_path("tesserad").unwrap())
         .arg("--config")
         .arg(&cfg)

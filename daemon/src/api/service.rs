@@ -79,7 +79,10 @@ impl Tessera for TesseraService {
             .await
             .map_err(status)?;
         Ok(Response::new(pb::CreateLeaseResponse {
-            lease: Some(convert::lease_to_pb(&created.lease, created.partition.as_ref())),
+            lease: Some(convert::lease_to_pb(
+                &created.lease,
+                created.partition.as_ref(),
+            )),
             token: created.token.unwrap_or_default(),
             replayed: created.replayed,
         }))
@@ -115,7 +118,11 @@ impl Tessera for TesseraService {
         };
         let lease = self
             .mgr
-            .end(&r.lease_id, crate::lease::model::LeaseState::Released, &reason)
+            .end(
+                &r.lease_id,
+                crate::lease::model::LeaseState::Released,
+                &reason,
+            )
             .await
             .map_err(status)?;
         Ok(Response::new(pb::ReleaseLeaseResponse {
@@ -254,28 +261,36 @@ impl Tessera for TesseraService {
         &self,
         _req: Request<pb::GetUsageRequest>,
     ) -> Result<Response<pb::GetUsageResponse>, Status> {
-        Err(Status::unimplemented("usage accounting is not available in this build"))
+        Err(Status::unimplemented(
+            "usage accounting is not available in this build",
+        ))
     }
 
     async fn reload_config(
         &self,
         _req: Request<pb::ReloadConfigRequest>,
     ) -> Result<Response<pb::ReloadConfigResponse>, Status> {
-        Err(Status::unimplemented("config reload is not available in this build"))
+        Err(Status::unimplemented(
+            "config reload is not available in this build",
+        ))
     }
 
     async fn grant_quota(
         &self,
         _req: Request<pb::GrantQuotaRequest>,
     ) -> Result<Response<pb::GrantQuotaResponse>, Status> {
-        Err(Status::unimplemented("quotas are not available in this build"))
+        Err(Status::unimplemented(
+            "quotas are not available in this build",
+        ))
     }
 
     async fn get_quota(
         &self,
         _req: Request<pb::GetQuotaRequest>,
     ) -> Result<Response<pb::GetQuotaResponse>, Status> {
-        Err(Status::unimplemented("quotas are not available in this build"))
+        Err(Status::unimplemented(
+            "quotas are not available in this build",
+        ))
     }
 }
 
@@ -327,9 +342,7 @@ pub async fn serve_unix(
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
     let (health, health_service) = tonic_health::server::health_reporter();
-    health
-        .set_serving::<TesseraServer<TesseraService>>()
-        .await;
+    health.set_serving::<TesseraServer<TesseraService>>().await;
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)

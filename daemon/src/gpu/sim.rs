@@ -425,7 +425,33 @@ pub struct SimBackend {
     uuids: Vec<String>,
     path: PathBuf,
     lock_path: PathBuf,
-    mutex: Mutex<()>,
+    /// Serialises operations in this process; holds the last state this process
+    /// read or wrote, with the identity of the file it came from.
+    mutex: Mutex<Option<(FileId, SimState)>>,
+}
+
+/// Identity of one version of the state file. Every save renames a new file into
+/// place, so another process's write changes the inode (and mtime); while the
+/// identity is unchanged the cached state is the file's content.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileId {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime_ns: i128,
+}
+
+impl FileId {
+    fn of(path: &Path) -> Option<FileId> {
+        use std::os::unix::fs::MetadataExt;
+        let m = fs::metadata(path).ok()?;
+        Some(FileId {
+            dev: m.dev(),
+            ino: m.ino(),
+            len: m.len(),
+            mtime_ns: i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
+        })
+    }
 }
 
 impl std::fmt::Debug for SimBackend {
@@ -439,7 +465,7 @@ impl std::fmt::Debug for SimBackend {
 
 /// Holds the in-process mutex and the cross-process flock for one operation.
 struct Locked<'a> {
-    _guard: MutexGuard<'a, ()>,
+    guard: MutexGuard<'a, Option<(FileId, SimState)>>,
     _flock: Flock<File>,
 }
 
@@ -463,7 +489,7 @@ impl SimBackend {
             uuids,
             path,
             lock_path,
-            mutex: Mutex::new(()),
+            mutex: Mutex::new(None),
         };
         // Create the file now (or check the existing one) so errors surface at start.
         backend.read(|_| Ok(()))?;
@@ -498,7 +524,7 @@ impl SimBackend {
         let flock = Flock::lock(file, FlockArg::LockExclusive)
             .map_err(|(_, errno)| Self::io_err(&self.lock_path, errno.into()))?;
         Ok(Locked {
-            _guard: guard,
+            guard,
             _flock: flock,
         })
     }
@@ -573,7 +599,7 @@ impl SimBackend {
     /// daemon crash). No fsync: real MIG instances do not survive a reboot or power
     /// loss either, so losing the last write on power loss models the hardware.
     fn save(&self, state: &SimState) -> Result<(), GpuError> {
-        let json = serde_json::to_vec_pretty(state).map_err(|e| self.corrupt(e.to_string()))?;
+        let json = serde_json::to_vec(state).map_err(|e| self.corrupt(e.to_string()))?;
         let mut tmp_name = std::ffi::OsString::from(".");
         tmp_name.push(self.path.file_name().unwrap_or_default());
         tmp_name.push(format!(".tmp.{}", std::process::id()));
@@ -599,23 +625,41 @@ impl SimBackend {
         &self,
         f: impl FnOnce(&mut SimState) -> Result<T, GpuError>,
     ) -> Result<T, GpuError> {
-        let _locked = self.lock()?;
-        let (mut state, _) = self.load()?;
+        let mut locked = self.lock()?;
+        let mut state = match Self::cached(&locked.guard, &self.path) {
+            Some(s) => s.clone(),
+            None => self.load()?.0,
+        };
         let before = state.clone();
         let out = f(&mut state);
         if state != before {
-            self.save(&state)?;
+            if let Err(e) = self.save(&state) {
+                *locked.guard = None;
+                return Err(e);
+            }
         }
+        *locked.guard = FileId::of(&self.path).map(|id| (id, state));
         out
     }
 
     fn read<T>(&self, f: impl FnOnce(&SimState) -> Result<T, GpuError>) -> Result<T, GpuError> {
-        let _locked = self.lock()?;
+        let mut locked = self.lock()?;
+        if let Some(state) = Self::cached(&locked.guard, &self.path) {
+            return f(state);
+        }
         let (state, fresh) = self.load()?;
         if fresh {
             self.save(&state)?;
         }
-        f(&state)
+        let out = f(&state);
+        *locked.guard = FileId::of(&self.path).map(|id| (id, state));
+        out
+    }
+
+    /// The cached state, if the file is still the version this process last saw.
+    fn cached<'s>(cache: &'s Option<(FileId, SimState)>, path: &Path) -> Option<&'s SimState> {
+        let (id, state) = cache.as_ref()?;
+        (FileId::of(path)? == *id).then_some(state)
     }
 
     // ---- fault injection and fake load (tests, demos) ----

@@ -119,7 +119,12 @@ pub fn resolve(
     let mut devices = vec![
         node(dev, "nvidiactl", NVIDIA_MAJOR, NVIDIACTL_MINOR),
         node(dev, "nvidia-uvm", uvm_major, 0),
-        node(dev, &format!("nvidia{gpu_minor}"), NVIDIA_MAJOR, i64::from(gpu_minor)),
+        node(
+            dev,
+            &format!("nvidia{gpu_minor}"),
+            NVIDIA_MAJOR,
+            i64::from(gpu_minor),
+        ),
     ];
     let mut env = BTreeMap::new();
     let mut mounts = Vec::new();

@@ -37,7 +37,10 @@ use super::token;
 #[derive(Debug, thiserror::Error)]
 pub enum LeaseError {
     #[error("invalid {field}: {message}")]
-    InvalidArgument { field: &'static str, message: String },
+    InvalidArgument {
+        field: &'static str,
+        message: String,
+    },
     #[error("{0}")]
     NotFound(String),
     #[error("{0}")]
@@ -225,7 +228,10 @@ fn truncate(s: &str, n: usize) -> String {
 
 fn validate_labels(labels: &BTreeMap<String, String>) -> Result<(), LeaseError> {
     if labels.len() > 64 {
-        return Err(invalid("labels", format!("{} labels; at most 64", labels.len())));
+        return Err(invalid(
+            "labels",
+            format!("{} labels; at most 64", labels.len()),
+        ));
     }
     for (k, v) in labels {
         let key_ok = !k.is_empty()
@@ -358,8 +364,7 @@ impl LeaseManager {
                         PartKind::Mig(m) => mig.push(OccupiedMig {
                             gi_profile_id: m.gi_profile_id,
                             placement: m.placement,
-                            free_static: (p.lease_id.is_none()
-                                && p.state == PartitionState::Ready)
+                            free_static: (p.lease_id.is_none() && p.state == PartitionState::Ready)
                                 .then(|| p.id.clone()),
                         }),
                         PartKind::Mps(m) => mps.push(MpsShare {
@@ -444,7 +449,10 @@ impl LeaseManager {
         }
         match self.store.get_lease(id)? {
             Some(l) => Ok((l, None)),
-            None => Err(LeaseError::NotFound(format!("no lease {:?}", truncate(id, 80)))),
+            None => Err(LeaseError::NotFound(format!(
+                "no lease {:?}",
+                truncate(id, 80)
+            ))),
         }
     }
 
@@ -580,7 +588,9 @@ impl LeaseManager {
                 .iter()
                 .find(|g| g.info.index == gpu_index)
                 .cloned()
-                .ok_or_else(|| LeaseError::Internal(format!("planner chose unknown GPU {gpu_index}")))?;
+                .ok_or_else(|| {
+                    LeaseError::Internal(format!("planner chose unknown GPU {gpu_index}"))
+                })?;
             let (partition, hw) = match decision {
                 PlanDecision::NewMig {
                     gpu: g,
@@ -592,9 +602,11 @@ impl LeaseManager {
                         .profiles
                         .iter()
                         .find(|p| p.id == gi_profile_id)
-                        .ok_or_else(|| LeaseError::Internal("planner chose unknown profile".into()))?;
-                    let ci = ci_profile_id
-                        .and_then(|id| prof.ci_profiles.iter().find(|c| c.id == id));
+                        .ok_or_else(|| {
+                            LeaseError::Internal("planner chose unknown profile".into())
+                        })?;
+                    let ci =
+                        ci_profile_id.and_then(|id| prof.ci_profiles.iter().find(|c| c.id == id));
                     let p = Partition {
                         id: partition_id.clone(),
                         gpu: g,
@@ -626,7 +638,9 @@ impl LeaseManager {
                         }),
                     )
                 }
-                PlanDecision::Static { partition_id: pid, .. } => {
+                PlanDecision::Static {
+                    partition_id: pid, ..
+                } => {
                     let mut p = st.partitions.get(&pid).cloned().ok_or_else(|| {
                         LeaseError::Internal(format!("planner chose unknown partition {pid}"))
                     })?;
@@ -639,7 +653,9 @@ impl LeaseManager {
                         memory_bytes,
                     } = shape
                     else {
-                        return Err(LeaseError::Internal("MPS decision for a non-MPS shape".into()));
+                        return Err(LeaseError::Internal(
+                            "MPS decision for a non-MPS shape".into(),
+                        ));
                     };
                     let base = self.config.daemon.run_dir.join("mps").join(&lease_id);
                     let spec = MpsSpec {
@@ -704,7 +720,8 @@ impl LeaseManager {
                 ended_at_ms: None,
                 containers: vec![],
             };
-            st.partitions.insert(partition.id.clone(), partition.clone());
+            st.partitions
+                .insert(partition.id.clone(), partition.clone());
             st.leases.insert(lease.id.clone(), lease.clone());
             if let Some(rid) = &lease.request_id {
                 st.requests
@@ -794,7 +811,8 @@ impl LeaseManager {
                     return Err(e.into());
                 }
                 let mut st = self.lock();
-                st.partitions.insert(partition.id.clone(), partition.clone());
+                st.partitions
+                    .insert(partition.id.clone(), partition.clone());
                 st.leases.insert(lease.id.clone(), lease.clone());
                 st.tokens.insert(tok_hash, lease.id.clone());
                 if let Some(n) = st.pending.remove(&lease.id) {
@@ -828,10 +846,9 @@ impl LeaseManager {
                     self.forget_reservation(&lease, &partition, false);
                 }
                 Err(match e.nvml_code() {
-                    Some(NvmlCode::InsufficientResources) => LeaseError::ResourceExhausted(format!(
-                        "GPU {} has no room for this instance: {e}",
-                        partition.gpu
-                    )),
+                    Some(NvmlCode::InsufficientResources) => LeaseError::ResourceExhausted(
+                        format!("GPU {} has no room for this instance: {e}", partition.gpu),
+                    ),
                     _ => LeaseError::Hardware(e),
                 })
             }
@@ -987,7 +1004,10 @@ impl LeaseManager {
                 .cloned()
                 .ok_or_else(|| LeaseError::Internal(format!("lease {id} has no partition")))?;
             let teardown = self.teardown_for(&partition);
-            let l = st.leases.get_mut(id).ok_or_else(|| LeaseError::Internal("vanished".into()))?;
+            let l = st
+                .leases
+                .get_mut(id)
+                .ok_or_else(|| LeaseError::Internal("vanished".into()))?;
             l.state = LeaseState::Revoking;
             l.ending_as = Some(ending_as);
             l.end_reason = Some(reason.to_string());
@@ -1084,6 +1104,14 @@ impl LeaseManager {
             }
         }
 
+        if let PartKind::Mps(m) = &partition.kind
+            && let Some(base) = m.pipe_dir.parent()
+            && base.starts_with(self.config.daemon.run_dir.join("mps"))
+            && let Err(e) = std::fs::remove_dir_all(base)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            warn!(lease = %lease.id, dir = %base.display(), error = %e, "could not remove the MPS directories");
+        }
         let final_state = lease.ending_as.unwrap_or(LeaseState::Released);
         lease.state = final_state;
         lease.ended_at_ms = Some(now_ms());
@@ -1127,7 +1155,12 @@ impl LeaseManager {
         } else {
             EventKind::Revoked
         };
-        self.emit(kind, &lease, Some(&partition), lease.end_reason.clone().unwrap_or_default());
+        self.emit(
+            kind,
+            &lease,
+            Some(&partition),
+            lease.end_reason.clone().unwrap_or_default(),
+        );
         info!(lease = %lease.id, state = final_state.as_str(), "lease ended");
         Ok(lease)
     }
@@ -1389,7 +1422,8 @@ impl LeaseManager {
             match &p.kind {
                 PartKind::Mig(m) => {
                     let present = instances.get(&p.gpu).is_some_and(|v| {
-                        v.iter().any(|i| Some(i.gi_id) == m.gi_id && Some(&i.uuid) == m.uuid.as_ref())
+                        v.iter()
+                            .any(|i| Some(i.gi_id) == m.gi_id && Some(&i.uuid) == m.uuid.as_ref())
                     });
                     if !present {
                         // The instance vanished (GPU reset, reboot): recreate it at
@@ -1688,7 +1722,9 @@ impl LeaseManager {
                 let mut l2 = p.lease_id.as_ref().and_then(|l| st.leases.get(l).cloned());
                 if let Some(l) = &mut l2 {
                     l.state = LeaseState::Revoked;
-                    l.end_reason = Some(format!("MIG instance vanished and could not be re-created: {e}"));
+                    l.end_reason = Some(format!(
+                        "MIG instance vanished and could not be re-created: {e}"
+                    ));
                     l.ended_at_ms = Some(now);
                 }
                 let (pid, ll) = (p.id.clone(), l2.clone());
@@ -1740,7 +1776,8 @@ impl LeaseManager {
                             .filter(|p| {
                                 p.gpu == layout.gpu
                                     && p.origin == Origin::Static
-                                    && p.mig().is_some_and(|m| m.profile.eq_ignore_ascii_case(profile))
+                                    && p.mig()
+                                        .is_some_and(|m| m.profile.eq_ignore_ascii_case(profile))
                             })
                             .count() as u32;
                         if have >= *want {
@@ -1821,9 +1858,9 @@ impl LeaseManager {
                         w.put_partition(&pp)?;
                         w.begin_intent(IntentOp::CreateMig, &pp.id, None, now)
                     })?;
-                    let inst = self
-                        .backend
-                        .create_instance(g, gi_profile_id, placement, ci_profile_id);
+                    let inst =
+                        self.backend
+                            .create_instance(g, gi_profile_id, placement, ci_profile_id);
                     match inst {
                         Ok(inst) => {
                             if let PartKind::Mig(m) = &mut p.kind {

@@ -33,9 +33,13 @@ pub enum StoreError {
         "{path}: another tesserad holds this state directory (lock file {lock} is taken); stop it first"
     )]
     Locked { path: PathBuf, lock: PathBuf },
-    #[error("{path}: the database is damaged or unreadable ({detail}); refusing to start without it: restore it from a backup or move it aside to start empty")]
+    #[error(
+        "{path}: the database is damaged or unreadable ({detail}); refusing to start without it: restore it from a backup or move it aside to start empty"
+    )]
     Damaged { path: PathBuf, detail: String },
-    #[error("{path}: database schema version {found} is newer than this tesserad knows ({known}); upgrade tesserad")]
+    #[error(
+        "{path}: database schema version {found} is newer than this tesserad knows ({known}); upgrade tesserad"
+    )]
     TooNew {
         path: PathBuf,
         found: i64,
@@ -149,6 +153,9 @@ impl Store {
             .map_err(|e| damaged(e.to_string()))?;
         writer_conn.pragma_update(None, "synchronous", "FULL")?;
         writer_conn.pragma_update(None, "foreign_keys", "ON")?;
+        // Savepoint journals in memory: they only matter within one transaction.
+        writer_conn.pragma_update(None, "temp_store", "MEMORY")?;
+        writer_conn.set_prepared_statement_cache_capacity(64);
         writer_conn.busy_timeout(std::time::Duration::from_secs(5))?;
         schema::migrate(&writer_conn, &path)?;
 
@@ -309,10 +316,9 @@ impl Store {
             "SELECT id, body FROM leases WHERE (?1 IS NULL OR tenant = ?1) AND (?2 IS NULL OR state = ?2) \
              ORDER BY created_at_ms DESC LIMIT ?3",
         )?;
-        let rows = stmt.query_map(
-            params![q.tenant, q.state.map(|s| s.as_str()), limit],
-            |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)),
-        )?;
+        let rows = stmt.query_map(params![q.tenant, q.state.map(|s| s.as_str()), limit], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+        })?;
         let mut out = Vec::new();
         for row in rows {
             let (id, body) = row?;
@@ -382,15 +388,17 @@ fn writer_loop(conn: Connection, rx: mpsc::Receiver<Job>) {
             }
             continue;
         }
+        let run = |sql: &str| conn.prepare_cached(sql).and_then(|mut s| s.execute([]));
         for job in batch {
-            let sp = conn.execute_batch("SAVEPOINT w");
+            // Each write in its own savepoint: one failing write (a duplicate
+            // request id, say) is undone alone, the rest of the batch commits.
+            let sp = run("SAVEPOINT w");
             let (ok, done) = job(&conn);
             if sp.is_ok() {
-                if ok {
-                    let _ = conn.execute_batch("RELEASE w");
-                } else {
-                    let _ = conn.execute_batch("ROLLBACK TO w; RELEASE w");
+                if !ok {
+                    let _ = run("ROLLBACK TO w");
                 }
+                let _ = run("RELEASE w");
             }
             completions.push(done);
         }
@@ -410,10 +418,16 @@ pub struct Writer<'a> {
 }
 
 impl Writer<'_> {
+    /// Execute a cached prepared statement (parsing SQL per write costs more than
+    /// the write itself).
+    fn exec<P: rusqlite::Params>(&self, sql: &str, params: P) -> rusqlite::Result<usize> {
+        self.conn.prepare_cached(sql)?.execute(params)
+    }
+
     /// Insert or replace a lease.
     pub fn put_lease(&self, lease: &Lease) -> Result<(), StoreError> {
         let body = encode("lease", &lease.id, lease)?;
-        self.conn.execute(
+        self.exec(
             "INSERT INTO leases (id, tenant, state, request_id, created_at_ms, expires_at_ms, ended_at_ms, body) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) \
              ON CONFLICT(id) DO UPDATE SET state = excluded.state, request_id = excluded.request_id, \
@@ -442,7 +456,7 @@ impl Writer<'_> {
 
     pub fn put_partition(&self, p: &Partition) -> Result<(), StoreError> {
         let body = encode("partition", &p.id, p)?;
-        self.conn.execute(
+        self.exec(
             "INSERT INTO partitions (id, gpu, lease_id, body) VALUES (?1, ?2, ?3, ?4) \
              ON CONFLICT(id) DO UPDATE SET gpu = excluded.gpu, lease_id = excluded.lease_id, body = excluded.body",
             params![p.id, p.gpu, p.lease_id, body],
@@ -451,13 +465,12 @@ impl Writer<'_> {
     }
 
     pub fn delete_partition(&self, id: &str) -> Result<(), StoreError> {
-        self.conn
-            .execute("DELETE FROM partitions WHERE id = ?1", [id])?;
+        self.exec("DELETE FROM partitions WHERE id = ?1", [id])?;
         Ok(())
     }
 
     pub fn add_token(&self, hash: &str, lease_id: &str, now_ms: i64) -> Result<(), StoreError> {
-        self.conn.execute(
+        self.exec(
             "INSERT INTO tokens (hash, lease_id, created_at_ms) VALUES (?1, ?2, ?3)",
             params![hash, lease_id, now_ms],
         )?;
@@ -465,8 +478,7 @@ impl Writer<'_> {
     }
 
     pub fn delete_tokens(&self, lease_id: &str) -> Result<(), StoreError> {
-        self.conn
-            .execute("DELETE FROM tokens WHERE lease_id = ?1", [lease_id])?;
+        self.exec("DELETE FROM tokens WHERE lease_id = ?1", [lease_id])?;
         Ok(())
     }
 
@@ -478,7 +490,7 @@ impl Writer<'_> {
         lease_id: Option<&str>,
         now_ms: i64,
     ) -> Result<i64, StoreError> {
-        self.conn.execute(
+        self.exec(
             "INSERT INTO intents (op, partition_id, lease_id, created_at_ms) VALUES (?1, ?2, ?3, ?4)",
             params![op.as_str(), partition_id, lease_id, now_ms],
         )?;
@@ -487,7 +499,7 @@ impl Writer<'_> {
 
     /// Mark an intent done (the hardware change happened, or was undone).
     pub fn finish_intent(&self, id: i64, now_ms: i64, outcome: &str) -> Result<(), StoreError> {
-        self.conn.execute(
+        self.exec(
             "UPDATE intents SET done_at_ms = ?2, outcome = ?3 WHERE id = ?1",
             params![id, now_ms, outcome],
         )?;
@@ -496,11 +508,11 @@ impl Writer<'_> {
 
     /// Forget ended leases older than `before_ms` (and intents done before it).
     pub fn prune(&self, before_ms: i64) -> Result<usize, StoreError> {
-        let n = self.conn.execute(
+        let n = self.exec(
             "DELETE FROM leases WHERE ended_at_ms IS NOT NULL AND ended_at_ms < ?1",
             [before_ms],
         )?;
-        self.conn.execute(
+        self.exec(
             "DELETE FROM intents WHERE done_at_ms IS NOT NULL AND done_at_ms < ?1",
             [before_ms],
         )?;

@@ -20,7 +20,6 @@ const MIGRATIONS: &[&str] = &[
         body TEXT NOT NULL
     );
     CREATE INDEX leases_tenant ON leases(tenant, state);
-    CREATE INDEX leases_state ON leases(state);
     -- A request id names at most one non-failed lease per tenant (idempotent retries).
     CREATE UNIQUE INDEX leases_request ON leases(tenant, request_id)
         WHERE request_id IS NOT NULL AND state <> 'failed';
@@ -37,7 +36,7 @@ const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX tokens_lease ON tokens(lease_id);
     CREATE TABLE intents (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        id INTEGER PRIMARY KEY,
         op TEXT NOT NULL,
         partition_id TEXT NOT NULL,
         lease_id TEXT,

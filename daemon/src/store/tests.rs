@@ -95,7 +95,11 @@ fn a_failing_write_does_not_undo_its_batch_neighbours() {
                 store
                     .write(move |w| {
                         // Every 4th write reuses a request id: a constraint failure.
-                        let rid = if i % 4 == 0 { "dup".to_string() } else { format!("r{i}") };
+                        let rid = if i % 4 == 0 {
+                            "dup".to_string()
+                        } else {
+                            format!("r{i}")
+                        };
                         w.put_lease(&lease(&format!("l{i}"), "t", Some(&rid)))
                     })
                     .await
