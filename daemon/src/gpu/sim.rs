@@ -632,11 +632,11 @@ impl SimBackend {
         };
         let before = state.clone();
         let out = f(&mut state);
-        if state != before {
-            if let Err(e) = self.save(&state) {
-                *locked.guard = None;
-                return Err(e);
-            }
+        if state != before
+            && let Err(e) = self.save(&state)
+        {
+            *locked.guard = None;
+            return Err(e);
         }
         *locked.guard = FileId::of(&self.path).map(|id| (id, state));
         out
