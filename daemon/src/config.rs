@@ -69,6 +69,80 @@ pub struct Config {
     pub partition: PartitionConfig,
     pub lease: LeaseConfig,
     pub devices: DevicesConfig,
+    pub auth: AuthConfig,
+    pub tenancy: TenancyConfig,
+    pub audit: AuditConfig,
+}
+
+/// What a caller may do (see `api::auth`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Role {
+    /// Everything.
+    Admin,
+    /// ResolveToken, container binding and admission reports only.
+    Runtime,
+    /// Its own tenant's leases, usage and quota only.
+    Tenant(String),
+}
+
+/// A mapping from unix credentials or a client certificate to a principal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrincipalRule {
+    pub name: String,
+    pub role: Role,
+    pub uids: Vec<u32>,
+    pub gids: Vec<u32>,
+    /// Client certificate common names (mTLS listener).
+    pub cert_cns: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsConfig {
+    pub listen: std::net::SocketAddr,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub client_ca: PathBuf,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuthConfig {
+    /// Rules in order; the first match wins. uid 0 is always admin.
+    pub principals: Vec<PrincipalRule>,
+    pub tls: Option<TlsConfig>,
+}
+
+/// Amounts counted against quotas.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Amounts {
+    pub mig_slices: u32,
+    pub mps_sm_percent: u32,
+    pub memory_bytes: u64,
+    pub whole_gpus: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantQuota {
+    pub guaranteed: Amounts,
+    pub burst: Amounts,
+    pub priority_class: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenancyConfig {
+    /// name -> quota. Empty: quotas are off (every tenant unlimited).
+    pub tenants: BTreeMap<String, TenantQuota>,
+    /// class -> priority (higher wins).
+    pub priority_classes: BTreeMap<String, i32>,
+    pub default_priority_class: String,
+    /// Preempt burst leases of other tenants for a request within its guarantee.
+    pub preemption: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditConfig {
+    pub path: PathBuf,
+    pub max_bytes: u64,
+    pub keep: u32,
 }
 
 #[derive(Debug, Clone)]
@@ -155,6 +229,83 @@ struct RawConfig {
     lease: RawLease,
     #[serde(default)]
     devices: RawDevices,
+    #[serde(default)]
+    auth: RawAuth,
+    #[serde(default)]
+    tenants: BTreeMap<String, RawTenant>,
+    #[serde(default)]
+    priority_classes: BTreeMap<String, i32>,
+    #[serde(default)]
+    quota: RawQuota,
+    #[serde(default)]
+    audit: RawAudit,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAuth {
+    #[serde(default)]
+    principals: Vec<RawPrincipal>,
+    tls: Option<RawTls>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPrincipal {
+    name: String,
+    role: String,
+    tenant: Option<String>,
+    #[serde(default)]
+    uids: Vec<u32>,
+    #[serde(default)]
+    gids: Vec<u32>,
+    #[serde(default)]
+    cert_cns: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTls {
+    listen: String,
+    cert: PathBuf,
+    key: PathBuf,
+    client_ca: PathBuf,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAmounts {
+    #[serde(default)]
+    mig_slices: u32,
+    #[serde(default)]
+    mps_sm_percent: u32,
+    memory: Option<String>,
+    #[serde(default)]
+    whole_gpus: u32,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTenant {
+    #[serde(default)]
+    guaranteed: RawAmounts,
+    burst: Option<RawAmounts>,
+    priority_class: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawQuota {
+    default_priority_class: Option<String>,
+    preemption: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAudit {
+    path: Option<PathBuf>,
+    max_size: Option<String>,
+    keep: Option<u32>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -366,6 +517,39 @@ impl Config {
             nvidia_caps_major: raw.devices.nvidia_caps_major,
         };
 
+        let auth = validate_auth(&v, raw.auth)?;
+        let tenancy = validate_tenancy(&v, raw.tenants, raw.priority_classes, raw.quota)?;
+        for p in &auth.principals {
+            if let Role::Tenant(t) = &p.role
+                && !tenancy.tenants.is_empty()
+                && !tenancy.tenants.contains_key(t)
+            {
+                return Err(v.err(
+                    &format!("auth.principals.{}.tenant", p.name),
+                    format!("tenant {t:?} has no [tenants.{t}] section"),
+                ));
+            }
+        }
+        let audit = AuditConfig {
+            path: raw
+                .audit
+                .path
+                .unwrap_or_else(|| daemon.state_dir.join("audit.jsonl")),
+            max_bytes: match raw.audit.max_size {
+                None => 64 << 20,
+                Some(s) => parse_size(&s).ok_or_else(|| {
+                    v.err(
+                        "audit.max_size",
+                        format!("{s:?} is not a size like \"64MiB\""),
+                    )
+                })?,
+            },
+            keep: raw.audit.keep.unwrap_or(5),
+        };
+        if audit.max_bytes < 4096 {
+            return Err(v.err("audit.max_size", "must be at least 4KiB".into()));
+        }
+
         Ok(Config {
             path: path.to_path_buf(),
             daemon,
@@ -374,8 +558,191 @@ impl Config {
             partition,
             lease,
             devices,
+            auth,
+            tenancy,
+            audit,
         })
     }
+}
+
+/// Parse "8GiB", "512MiB", "40G", "1024" (bytes).
+pub fn parse_size(s: &str) -> Option<u64> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        _ => return None,
+    };
+    if num.contains('.') {
+        let f: f64 = num.parse().ok()?;
+        if !(0.0..1e15).contains(&f) {
+            return None;
+        }
+        Some((f * mult as f64) as u64)
+    } else {
+        num.parse::<u64>().ok()?.checked_mul(mult)
+    }
+}
+
+fn validate_auth(v: &Validator<'_>, raw: RawAuth) -> Result<AuthConfig, ConfigError> {
+    let mut principals = Vec::new();
+    for (i, p) in raw.principals.into_iter().enumerate() {
+        let field = |k: &str| format!("auth.principals[{i}].{k}");
+        if p.name.is_empty() || p.name.len() > 64 {
+            return Err(v.err(&field("name"), "must be 1-64 characters".into()));
+        }
+        let role = match (p.role.as_str(), p.tenant) {
+            ("admin", None) => Role::Admin,
+            ("runtime", None) => Role::Runtime,
+            ("tenant", Some(t)) => {
+                crate::lease::manager::validate_tenant(&t)
+                    .map_err(|e| v.err(&field("tenant"), e.to_string()))?;
+                Role::Tenant(t)
+            }
+            ("tenant", None) => {
+                return Err(v.err(&field("tenant"), "role \"tenant\" needs a tenant".into()));
+            }
+            ("admin" | "runtime", Some(_)) => {
+                return Err(v.err(
+                    &field("tenant"),
+                    "only role \"tenant\" takes a tenant".into(),
+                ));
+            }
+            (other, _) => {
+                return Err(v.err(
+                    &field("role"),
+                    format!("{other:?} is not one of admin, runtime, tenant"),
+                ));
+            }
+        };
+        if p.uids.is_empty() && p.gids.is_empty() && p.cert_cns.is_empty() {
+            return Err(v.err(
+                &field("uids"),
+                "a principal needs at least one of uids, gids or cert_cns".into(),
+            ));
+        }
+        principals.push(PrincipalRule {
+            name: p.name,
+            role,
+            uids: p.uids,
+            gids: p.gids,
+            cert_cns: p.cert_cns,
+        });
+    }
+    let tls = match raw.tls {
+        None => None,
+        Some(t) => {
+            let listen: std::net::SocketAddr = t.listen.parse().map_err(|e| {
+                v.err(
+                    "auth.tls.listen",
+                    format!("{:?} is not an address like 127.0.0.1:7443: {e}", t.listen),
+                )
+            })?;
+            Some(TlsConfig {
+                listen,
+                cert: t.cert,
+                key: t.key,
+                client_ca: t.client_ca,
+            })
+        }
+    };
+    Ok(AuthConfig { principals, tls })
+}
+
+fn validate_tenancy(
+    v: &Validator<'_>,
+    tenants: BTreeMap<String, RawTenant>,
+    mut classes: BTreeMap<String, i32>,
+    quota: RawQuota,
+) -> Result<TenancyConfig, ConfigError> {
+    if classes.is_empty() {
+        classes.insert("production".into(), 100);
+        classes.insert("batch".into(), 10);
+    }
+    let default_class = quota.default_priority_class.unwrap_or_else(|| {
+        if classes.contains_key("batch") {
+            "batch".into()
+        } else {
+            classes.keys().next().cloned().unwrap_or_default()
+        }
+    });
+    if !classes.contains_key(&default_class) {
+        return Err(v.err(
+            "quota.default_priority_class",
+            format!("{default_class:?} is not in [priority_classes]"),
+        ));
+    }
+    let amounts = |field: &str, a: RawAmounts| -> Result<Amounts, ConfigError> {
+        let memory_bytes = match a.memory {
+            None => 0,
+            Some(m) => parse_size(&m).ok_or_else(|| {
+                v.err(
+                    &format!("{field}.memory"),
+                    format!("{m:?} is not a size like \"40GiB\""),
+                )
+            })?,
+        };
+        if a.mps_sm_percent > 100 * 64 {
+            return Err(v.err(
+                &format!("{field}.mps_sm_percent"),
+                "is larger than any host".into(),
+            ));
+        }
+        Ok(Amounts {
+            mig_slices: a.mig_slices,
+            mps_sm_percent: a.mps_sm_percent,
+            memory_bytes,
+            whole_gpus: a.whole_gpus,
+        })
+    };
+    let mut out = BTreeMap::new();
+    for (name, t) in tenants {
+        crate::lease::manager::validate_tenant(&name)
+            .map_err(|e| v.err(&format!("tenants.{name}"), e.to_string()))?;
+        let guaranteed = amounts(&format!("tenants.{name}.guaranteed"), t.guaranteed)?;
+        let burst = match t.burst {
+            None => guaranteed,
+            Some(b) => amounts(&format!("tenants.{name}.burst"), b)?,
+        };
+        if burst.mig_slices < guaranteed.mig_slices
+            || burst.mps_sm_percent < guaranteed.mps_sm_percent
+            || burst.memory_bytes < guaranteed.memory_bytes
+            || burst.whole_gpus < guaranteed.whole_gpus
+        {
+            return Err(v.err(
+                &format!("tenants.{name}.burst"),
+                "must be at least the guaranteed amount in every dimension".into(),
+            ));
+        }
+        let class = t.priority_class.unwrap_or_else(|| default_class.clone());
+        if !classes.contains_key(&class) {
+            return Err(v.err(
+                &format!("tenants.{name}.priority_class"),
+                format!("{class:?} is not in [priority_classes]"),
+            ));
+        }
+        out.insert(
+            name,
+            TenantQuota {
+                guaranteed,
+                burst,
+                priority_class: class,
+            },
+        );
+    }
+    Ok(TenancyConfig {
+        tenants: out,
+        priority_classes: classes,
+        default_priority_class: default_class,
+        preemption: quota.preemption.unwrap_or(true),
+    })
 }
 
 struct Validator<'a> {
@@ -469,6 +836,46 @@ mod tests {
         ))
         .unwrap_err();
         assert!(e.to_string().contains("partition.static[0].gpu"), "{e}");
+    }
+
+    #[test]
+    fn tenants_quotas_and_principals_parse() {
+        let c = parse(&format!(
+            "{MINIMAL}[tenants.team-a]\nguaranteed = {{ mig_slices = 4, memory = \"8GiB\" }}\nburst = {{ mig_slices = 7, memory = \"16GiB\" }}\npriority_class = \"production\"\n\n[[auth.principals]]\nname = \"a\"\nrole = \"tenant\"\ntenant = \"team-a\"\nuids = [1000]\n"
+        ))
+        .unwrap();
+        let t = &c.tenancy.tenants["team-a"];
+        assert_eq!(t.guaranteed.mig_slices, 4);
+        assert_eq!(t.burst.memory_bytes, 16 << 30);
+        assert_eq!(c.auth.principals[0].role, Role::Tenant("team-a".into()));
+    }
+
+    #[test]
+    fn burst_below_guarantee_is_refused() {
+        let e = parse(&format!(
+            "{MINIMAL}[tenants.a]\nguaranteed = {{ mig_slices = 4 }}\nburst = {{ mig_slices = 2 }}\n"
+        ))
+        .unwrap_err();
+        assert!(e.to_string().contains("tenants.a.burst"), "{e}");
+    }
+
+    #[test]
+    fn principal_for_an_unknown_tenant_is_refused() {
+        let e = parse(&format!(
+            "{MINIMAL}[tenants.a]\n[[auth.principals]]\nname = \"b\"\nrole = \"tenant\"\ntenant = \"b\"\nuids = [5]\n"
+        ))
+        .unwrap_err();
+        assert!(e.to_string().contains("auth.principals.b.tenant"), "{e}");
+    }
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("8GiB"), Some(8 << 30));
+        assert_eq!(parse_size("512M"), Some(512 << 20));
+        assert_eq!(parse_size("1.5G"), Some(3 << 29));
+        assert_eq!(parse_size("12"), Some(12));
+        assert_eq!(parse_size("lots"), None);
+        assert_eq!(parse_size("99999999999999999999T"), None);
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! tesserad: the Tessera node daemon as a library (the binary is a thin `main`).
 
 pub mod api;
+pub mod audit;
 pub mod config;
 pub mod gpu;
 pub mod lease;

@@ -8,6 +8,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
+use tesserad::api::TesseraService;
+use tesserad::api::auth::Authenticator;
+use tesserad::audit::AuditLog;
 use tesserad::config::{BackendKind, Config, LogFormat};
 use tesserad::gpu::GpuBackend;
 use tesserad::lease::{LeaseManager, now_ms};
@@ -113,7 +116,18 @@ async fn run(cfg: Config, backend: Arc<dyn GpuBackend>) -> anyhow::Result<()> {
     let grace = cfg.daemon.shutdown_grace;
     let mode = cfg.daemon.socket_mode;
     let group = cfg.daemon.socket_group.clone();
+    let tls = cfg.auth.tls.clone();
+    let audit = Arc::new(
+        AuditLog::open(&cfg.audit.path, cfg.audit.max_bytes, cfg.audit.keep)
+            .context("opening the audit log")?,
+    );
+    info!(audit = %audit.path().display(), "audit log opened");
+    let auth = Arc::new(Authenticator::new(cfg.auth.principals.clone()));
+    if cfg.tenancy.tenants.is_empty() {
+        warn!("no [tenants] configured: quotas are off, every tenant may use any free capacity");
+    }
     let mgr = LeaseManager::start(cfg, backend, store.clone())?;
+    let service = TesseraService::new(mgr.clone(), auth, Some(audit));
 
     let listener = tesserad::api::bind_unix(&socket, mode)?;
     if let Some(group) = group {
@@ -129,16 +143,29 @@ async fn run(cfg: Config, backend: Arc<dyn GpuBackend>) -> anyhow::Result<()> {
     let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
     let mut hup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
-    let (drain_tx, drain_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(tesserad::api::serve_unix(mgr.clone(), listener, async {
-        let _ = drain_rx.await;
-    }));
-    let mut server = server;
+    let (drain_tx, drain_rx) = tokio::sync::watch::channel(false);
+    let drained = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|d| *d).await;
+    };
+    let mut server = tokio::spawn(tesserad::api::serve_unix(
+        service.clone(),
+        listener,
+        drained(drain_rx.clone()),
+    ));
+    let tls_server = tls.map(|tls| {
+        let service = service.clone();
+        let done = drained(drain_rx.clone());
+        tokio::spawn(async move { tesserad::api::serve_tls(service, &tls, done).await })
+    });
     loop {
         tokio::select! {
             _ = term.recv() => { info!("SIGTERM: draining"); break; }
             _ = int.recv() => { info!("SIGINT: draining"); break; }
-            _ = hup.recv() => { warn!("SIGHUP: this build has nothing to reload"); }
+            _ = hup.recv() => {
+                if let Err(e) = service.reload() {
+                    error!("SIGHUP: {}", e.message());
+                }
+            }
             res = &mut server => {
                 res.context("server task")??;
                 anyhow::bail!("the API server stopped unexpectedly");
@@ -147,7 +174,14 @@ async fn run(cfg: Config, backend: Arc<dyn GpuBackend>) -> anyhow::Result<()> {
     }
     notify(&[sd_notify::NotifyState::Stopping]);
     mgr.begin_shutdown();
-    let _ = drain_tx.send(());
+    let _ = drain_tx.send(true);
+    if let Some(t) = tls_server {
+        match tokio::time::timeout(grace, t).await {
+            Ok(Ok(Err(e))) => warn!(error = %e, "TLS listener"),
+            Err(_) => warn!("TLS listener did not drain within the grace period"),
+            _ => {}
+        }
+    }
     match tokio::time::timeout(grace, &mut server).await {
         Ok(res) => res.context("server task")??,
         Err(_) => {

@@ -1,7 +1,8 @@
 //! gRPC API: tonic service implementations. They unpack requests, call the domain,
 //! and map errors to `tonic::Status`. No domain logic lives here.
 
+pub mod auth;
 pub mod convert;
 mod service;
 
-pub use service::{ServeError, TesseraService, bind_unix, serve_unix};
+pub use service::{ServeError, TesseraService, bind_unix, serve_tls, serve_unix};

@@ -10,7 +10,10 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 use tracing::info;
 
+use super::auth::{self, Authenticator, Caller, Principal, Rpc};
 use super::convert::{self, status};
+use crate::audit::{AuditLog, Record};
+use crate::config::{Amounts, Config};
 use crate::lease::model::ContainerBinding;
 use crate::lease::{CreateRequest, LeaseManager, now_ms};
 
@@ -20,17 +23,152 @@ pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
 #[derive(Debug, Clone)]
 pub struct TesseraService {
     mgr: Arc<LeaseManager>,
+    auth: Arc<Authenticator>,
+    audit: Option<Arc<AuditLog>>,
+}
+
+fn code_name(code: tonic::Code) -> String {
+    format!("{code:?}")
 }
 
 impl TesseraService {
-    pub fn new(mgr: Arc<LeaseManager>) -> Self {
-        TesseraService { mgr }
+    pub fn new(
+        mgr: Arc<LeaseManager>,
+        auth: Arc<Authenticator>,
+        audit: Option<Arc<AuditLog>>,
+    ) -> Self {
+        TesseraService { mgr, auth, audit }
+    }
+
+    /// Re-read the config file and apply what can change at run time: tenants,
+    /// quotas, priority classes and principals. A bad file changes nothing.
+    pub fn reload(&self) -> Result<String, Status> {
+        let path = self.mgr.config().path.clone();
+        let cfg = Config::load(&path).map_err(|e| {
+            Status::failed_precondition(format!("config not reloaded, the old one stays: {e}"))
+        })?;
+        let tenants = cfg.tenancy.tenants.len();
+        let principals = cfg.auth.principals.len();
+        self.mgr.set_tenancy(cfg.tenancy);
+        self.auth.set_rules(cfg.auth.principals);
+        let msg = format!(
+            "reloaded {}: {tenants} tenant quotas, {principals} principals (other sections apply at the next start)",
+            path.display()
+        );
+        info!("{msg}");
+        Ok(msg)
+    }
+
+    fn write_audit(&self, rec: Record) {
+        if let Some(a) = &self.audit
+            && let Err(e) = a.record(rec)
+        {
+            tracing::error!(error = %e, "audit log write failed");
+        }
+    }
+
+    /// Identify the caller and check that its kind may call `rpc` at all.
+    fn begin<T>(&self, rpc: Rpc, req: &Request<T>) -> Result<Principal, Status> {
+        let caller = auth::caller_of(req);
+        let refuse = |st: Status, who: String| {
+            self.write_audit(Record {
+                at_ms: now_ms(),
+                source: "api".into(),
+                principal: who,
+                tenant: String::new(),
+                action: rpc.name().into(),
+                lease: String::new(),
+                container: String::new(),
+                result: code_name(st.code()),
+                reasons: vec![st.message().to_string()],
+            });
+            st
+        };
+        let who = self
+            .auth
+            .identify(&caller)
+            .map_err(|st| refuse(st, describe(&caller)))?;
+        if !auth::allowed(rpc, &who) {
+            let st = Status::permission_denied(format!(
+                "principal {:?} may not call {}",
+                who.name(),
+                rpc.name()
+            ));
+            return Err(refuse(st, who.name().to_string()));
+        }
+        Ok(who)
+    }
+
+    /// Audit the outcome of a call and pass it through.
+    fn done<R>(
+        &self,
+        rpc: Rpc,
+        who: &Principal,
+        tenant: &str,
+        lease: &str,
+        r: Result<R, Status>,
+    ) -> Result<R, Status> {
+        let (result, reasons) = match &r {
+            Ok(_) => ("ok".to_string(), vec![]),
+            Err(st) => (code_name(st.code()), vec![st.message().to_string()]),
+        };
+        self.write_audit(Record {
+            at_ms: now_ms(),
+            source: "api".into(),
+            principal: who.name().to_string(),
+            tenant: tenant.to_string(),
+            action: rpc.name().into(),
+            lease: lease.to_string(),
+            container: String::new(),
+            result,
+            reasons,
+        });
+        r
+    }
+
+    /// The tenant a tenant principal may act for: its own. `asked` must be empty or
+    /// equal. Admins act for whatever they ask.
+    fn scope(&self, who: &Principal, asked: &str) -> Result<String, Status> {
+        match who.tenant() {
+            None => Ok(asked.to_string()),
+            Some(own) if asked.is_empty() || asked == own => Ok(own.to_string()),
+            Some(own) => Err(Status::permission_denied(format!(
+                "principal {:?} acts for tenant {own:?}, not {asked:?}",
+                who.name()
+            ))),
+        }
+    }
+
+    /// For a tenant principal, the lease must be its own tenant's.
+    fn check_lease_owner(&self, who: &Principal, lease_id: &str) -> Result<String, Status> {
+        let (lease, _) = self.mgr.get(lease_id).map_err(status)?;
+        if let Some(own) = who.tenant()
+            && lease.tenant != own
+        {
+            return Err(Status::permission_denied(format!(
+                "lease {lease_id} belongs to another tenant"
+            )));
+        }
+        Ok(lease.tenant)
     }
 
     pub fn into_server(self) -> TesseraServer<Self> {
         TesseraServer::new(self)
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(16 * MAX_MESSAGE_BYTES)
+    }
+}
+
+fn describe(c: &Caller) -> String {
+    c.describe()
+}
+
+fn amounts_to_pb(a: Amounts) -> pb::QuotaAmounts {
+    pb::QuotaAmounts {
+        mig_slices: a.mig_slices,
+        mps_sm_percent: a.mps_sm_percent,
+        memory_bytes: a.memory_bytes,
+        whole_gpus: a.whole_gpus,
     }
 }
 
@@ -44,120 +182,201 @@ type EventStream = Pin<Box<dyn Stream<Item = Result<pb::LeaseEvent, Status>> + S
 impl Tessera for TesseraService {
     async fn get_node(
         &self,
-        _req: Request<pb::GetNodeRequest>,
+        req: Request<pb::GetNodeRequest>,
     ) -> Result<Response<pb::GetNodeResponse>, Status> {
-        let gpus = self.mgr.node();
-        Ok(Response::new(pb::GetNodeResponse {
+        let who = self.begin(Rpc::GetNode, &req)?;
+        let mut gpus: Vec<pb::Gpu> = self.mgr.node().iter().map(convert::gpu_to_pb).collect();
+        if let Some(own) = who.tenant() {
+            // A tenant sees capacity, and only its own partitions.
+            let mine: std::collections::HashSet<String> = self
+                .mgr
+                .list(Some(own), None, false)
+                .map_err(status)?
+                .into_iter()
+                .map(|(l, _)| l.id)
+                .collect();
+            for g in &mut gpus {
+                g.partitions.retain(|p| mine.contains(&p.lease_id));
+            }
+        }
+        let r = Ok(Response::new(pb::GetNodeResponse {
             hostname: std::fs::read_to_string("/proc/sys/kernel/hostname")
                 .map(|h| h.trim().to_string())
                 .unwrap_or_default(),
             backend: self.mgr.backend().name().to_string(),
             version: env!("CARGO_PKG_VERSION").to_string(),
-            gpus: gpus.iter().map(convert::gpu_to_pb).collect(),
+            gpus,
             driver_version: self.mgr.backend().driver_version().unwrap_or_default(),
-        }))
+        }));
+        self.done(Rpc::GetNode, &who, who.tenant().unwrap_or(""), "", r)
     }
 
     async fn create_lease(
         &self,
         req: Request<pb::CreateLeaseRequest>,
     ) -> Result<Response<pb::CreateLeaseResponse>, Status> {
+        let who = self.begin(Rpc::CreateLease, &req)?;
         let r = req.into_inner();
-        let shape = convert::shape_from_pb(r.shape)?;
-        let labels: BTreeMap<String, String> = r.labels.into_iter().collect();
-        let created = self
-            .mgr
-            .create(CreateRequest {
-                tenant: r.tenant,
-                shape,
-                ttl: (r.ttl_seconds > 0).then(|| Duration::from_secs(r.ttl_seconds)),
-                request_id: non_empty(r.request_id),
-                labels,
-                priority_class: non_empty(r.priority_class),
-                gpu_index: r.gpu_index,
+        let tenant = match self.scope(&who, &r.tenant) {
+            Ok(t) => t,
+            Err(st) => return self.done(Rpc::CreateLease, &who, &r.tenant, "", Err(st)),
+        };
+        let result = async {
+            let shape = convert::shape_from_pb(r.shape)?;
+            let labels: BTreeMap<String, String> = r.labels.into_iter().collect();
+            self.mgr
+                .create(CreateRequest {
+                    tenant: tenant.clone(),
+                    shape,
+                    ttl: (r.ttl_seconds > 0).then(|| Duration::from_secs(r.ttl_seconds)),
+                    request_id: non_empty(r.request_id),
+                    labels,
+                    priority_class: non_empty(r.priority_class),
+                    gpu_index: r.gpu_index,
+                })
+                .await
+                .map_err(status)
+        }
+        .await;
+        let lease_id = result
+            .as_ref()
+            .map(|c| c.lease.id.clone())
+            .unwrap_or_default();
+        let r = result.map(|created| {
+            Response::new(pb::CreateLeaseResponse {
+                lease: Some(convert::lease_to_pb(
+                    &created.lease,
+                    created.partition.as_ref(),
+                )),
+                token: created.token.unwrap_or_default(),
+                replayed: created.replayed,
             })
-            .await
-            .map_err(status)?;
-        Ok(Response::new(pb::CreateLeaseResponse {
-            lease: Some(convert::lease_to_pb(
-                &created.lease,
-                created.partition.as_ref(),
-            )),
-            token: created.token.unwrap_or_default(),
-            replayed: created.replayed,
-        }))
+        });
+        self.done(Rpc::CreateLease, &who, &tenant, &lease_id, r)
     }
 
     async fn renew_lease(
         &self,
         req: Request<pb::RenewLeaseRequest>,
     ) -> Result<Response<pb::RenewLeaseResponse>, Status> {
+        let who = self.begin(Rpc::RenewLease, &req)?;
         let r = req.into_inner();
-        let ttl = (r.ttl_seconds > 0).then(|| Duration::from_secs(r.ttl_seconds));
-        let lease = self.mgr.renew(&r.lease_id, ttl).await.map_err(status)?;
-        let (l, p) = self.mgr.get(&lease.id).map_err(status)?;
-        Ok(Response::new(pb::RenewLeaseResponse {
-            lease: Some(convert::lease_to_pb(&l, p.as_ref())),
-        }))
+        let result = async {
+            let tenant = self.check_lease_owner(&who, &r.lease_id)?;
+            let ttl = (r.ttl_seconds > 0).then(|| Duration::from_secs(r.ttl_seconds));
+            let lease = self.mgr.renew(&r.lease_id, ttl).await.map_err(status)?;
+            let (l, p) = self.mgr.get(&lease.id).map_err(status)?;
+            Ok((
+                tenant,
+                Response::new(pb::RenewLeaseResponse {
+                    lease: Some(convert::lease_to_pb(&l, p.as_ref())),
+                }),
+            ))
+        }
+        .await;
+        let tenant = result.as_ref().map(|(t, _)| t.clone()).unwrap_or_default();
+        self.done(
+            Rpc::RenewLease,
+            &who,
+            &tenant,
+            &r.lease_id,
+            result.map(|(_, r)| r),
+        )
     }
 
     async fn release_lease(
         &self,
         req: Request<pb::ReleaseLeaseRequest>,
     ) -> Result<Response<pb::ReleaseLeaseResponse>, Status> {
+        let who = self.begin(Rpc::ReleaseLease, &req)?;
         let r = req.into_inner();
-        if r.reason.len() > 1024 {
-            return Err(Status::invalid_argument(
-                "invalid reason: at most 1024 characters",
-            ));
+        let result = async {
+            let tenant = self.check_lease_owner(&who, &r.lease_id)?;
+            if r.reason.len() > 1024 {
+                return Err(Status::invalid_argument(
+                    "invalid reason: at most 1024 characters",
+                ));
+            }
+            let reason = if r.reason.is_empty() {
+                format!("released by {}", who.name())
+            } else {
+                r.reason.clone()
+            };
+            let lease = self
+                .mgr
+                .end(
+                    &r.lease_id,
+                    crate::lease::model::LeaseState::Released,
+                    &reason,
+                )
+                .await
+                .map_err(status)?;
+            Ok((
+                tenant,
+                Response::new(pb::ReleaseLeaseResponse {
+                    lease: Some(convert::lease_to_pb(&lease, None)),
+                }),
+            ))
         }
-        let reason = if r.reason.is_empty() {
-            "released by the tenant".to_string()
-        } else {
-            r.reason
-        };
-        let lease = self
-            .mgr
-            .end(
-                &r.lease_id,
-                crate::lease::model::LeaseState::Released,
-                &reason,
-            )
-            .await
-            .map_err(status)?;
-        Ok(Response::new(pb::ReleaseLeaseResponse {
-            lease: Some(convert::lease_to_pb(&lease, None)),
-        }))
+        .await;
+        let tenant = result.as_ref().map(|(t, _)| t.clone()).unwrap_or_default();
+        self.done(
+            Rpc::ReleaseLease,
+            &who,
+            &tenant,
+            &r.lease_id,
+            result.map(|(_, r)| r),
+        )
     }
 
     async fn get_lease(
         &self,
         req: Request<pb::GetLeaseRequest>,
     ) -> Result<Response<pb::GetLeaseResponse>, Status> {
+        let who = self.begin(Rpc::GetLease, &req)?;
         let r = req.into_inner();
-        let (l, p) = self.mgr.get(&r.lease_id).map_err(status)?;
-        Ok(Response::new(pb::GetLeaseResponse {
-            lease: Some(convert::lease_to_pb(&l, p.as_ref())),
-        }))
+        let result = (|| {
+            let tenant = self.check_lease_owner(&who, &r.lease_id)?;
+            let (l, p) = self.mgr.get(&r.lease_id).map_err(status)?;
+            Ok((
+                tenant,
+                Response::new(pb::GetLeaseResponse {
+                    lease: Some(convert::lease_to_pb(&l, p.as_ref())),
+                }),
+            ))
+        })();
+        let tenant = result.as_ref().map(|(t, _)| t.clone()).unwrap_or_default();
+        self.done(
+            Rpc::GetLease,
+            &who,
+            &tenant,
+            &r.lease_id,
+            result.map(|(_, r)| r),
+        )
     }
 
     async fn list_leases(
         &self,
         req: Request<pb::ListLeasesRequest>,
     ) -> Result<Response<pb::ListLeasesResponse>, Status> {
+        let who = self.begin(Rpc::ListLeases, &req)?;
         let r = req.into_inner();
-        let state = convert::state_from_pb(r.state)?;
-        let tenant = non_empty(r.tenant);
-        let leases = self
-            .mgr
-            .list(tenant.as_deref(), state, r.include_ended)
-            .map_err(status)?;
-        Ok(Response::new(pb::ListLeasesResponse {
-            leases: leases
-                .iter()
-                .map(|(l, p)| convert::lease_to_pb(l, p.as_ref()))
-                .collect(),
-        }))
+        let result = (|| {
+            let tenant = self.scope(&who, &r.tenant)?;
+            let state = convert::state_from_pb(r.state)?;
+            let tenant = non_empty(tenant);
+            let leases = self
+                .mgr
+                .list(tenant.as_deref(), state, r.include_ended)
+                .map_err(status)?;
+            Ok(Response::new(pb::ListLeasesResponse {
+                leases: leases
+                    .iter()
+                    .map(|(l, p)| convert::lease_to_pb(l, p.as_ref()))
+                    .collect(),
+            }))
+        })();
+        self.done(Rpc::ListLeases, &who, &r.tenant, "", result)
     }
 
     type WatchLeasesStream = EventStream;
@@ -166,16 +385,22 @@ impl Tessera for TesseraService {
         &self,
         req: Request<pb::WatchLeasesRequest>,
     ) -> Result<Response<Self::WatchLeasesStream>, Status> {
-        let tenant = non_empty(req.into_inner().tenant);
+        let who = self.begin(Rpc::WatchLeases, &req)?;
+        let asked = req.into_inner().tenant;
+        let tenant = match self.scope(&who, &asked) {
+            Ok(t) => non_empty(t),
+            Err(st) => return self.done(Rpc::WatchLeases, &who, &asked, "", Err(st)),
+        };
         let mut rx = self.mgr.subscribe();
         let (tx, out) = tokio::sync::mpsc::channel(256);
         // Forward matching events until the client goes away; a watcher that falls
         // behind gets DATA_LOSS once and the stream ends (it must re-list).
+        let filter = tenant.clone();
         tokio::spawn(async move {
             loop {
                 let item = match rx.recv().await {
                     Ok(ev) => {
-                        if tenant.as_ref().is_some_and(|t| *t != ev.lease.tenant) {
+                        if filter.as_ref().is_some_and(|t| *t != ev.lease.tenant) {
                             continue;
                         }
                         Ok(convert::event_to_pb(&ev))
@@ -194,58 +419,102 @@ impl Tessera for TesseraService {
             }
         });
         let stream = tokio_stream::wrappers::ReceiverStream::new(out);
-        Ok(Response::new(Box::pin(stream) as EventStream))
+        self.done(
+            Rpc::WatchLeases,
+            &who,
+            tenant.as_deref().unwrap_or(""),
+            "",
+            Ok(Response::new(Box::pin(stream) as EventStream)),
+        )
     }
 
     async fn resolve_token(
         &self,
         req: Request<pb::ResolveTokenRequest>,
     ) -> Result<Response<pb::ResolveTokenResponse>, Status> {
+        let who = self.begin(Rpc::ResolveToken, &req)?;
         let r = req.into_inner();
-        let resolved = self.mgr.resolve_token(&r.token).map_err(status)?;
-        Ok(Response::new(convert::resolved_to_pb(&resolved)))
+        let result = self.mgr.resolve_token(&r.token).map_err(status);
+        let (tenant, lease) = result
+            .as_ref()
+            .map(|x| (x.lease.tenant.clone(), x.lease.id.clone()))
+            .unwrap_or_default();
+        let r = result.map(|x| Response::new(convert::resolved_to_pb(&x)));
+        self.done(Rpc::ResolveToken, &who, &tenant, &lease, r)
     }
 
     async fn bind_container(
         &self,
         req: Request<pb::BindContainerRequest>,
     ) -> Result<Response<pb::BindContainerResponse>, Status> {
+        let who = self.begin(Rpc::BindContainer, &req)?;
         let r = req.into_inner();
-        let lease = self
+        let result = self
             .mgr
             .bind_container(
                 &r.token,
                 ContainerBinding {
-                    id: r.container_id,
+                    id: r.container_id.clone(),
                     cgroup_path: r.cgroup_path,
                     runtime_root: r.runtime_root,
                     bound_at_ms: now_ms(),
                 },
             )
             .await
-            .map_err(status)?;
-        Ok(Response::new(pb::BindContainerResponse {
-            lease: Some(convert::lease_to_pb(&lease, None)),
-        }))
+            .map_err(status);
+        let (tenant, lease) = result
+            .as_ref()
+            .map(|l| (l.tenant.clone(), l.id.clone()))
+            .unwrap_or_default();
+        let r = result.map(|l| {
+            Response::new(pb::BindContainerResponse {
+                lease: Some(convert::lease_to_pb(&l, None)),
+            })
+        });
+        self.done(Rpc::BindContainer, &who, &tenant, &lease, r)
     }
 
     async fn unbind_container(
         &self,
         req: Request<pb::UnbindContainerRequest>,
     ) -> Result<Response<pb::UnbindContainerResponse>, Status> {
+        let who = self.begin(Rpc::UnbindContainer, &req)?;
         let r = req.into_inner();
-        self.mgr
+        let result = self
+            .mgr
             .unbind_container(&r.container_id)
             .await
-            .map_err(status)?;
-        Ok(Response::new(pb::UnbindContainerResponse {}))
+            .map_err(status)
+            .map(|()| Response::new(pb::UnbindContainerResponse {}));
+        self.done(Rpc::UnbindContainer, &who, "", "", result)
     }
 
     async fn report_admission(
         &self,
         req: Request<pb::ReportAdmissionRequest>,
     ) -> Result<Response<pb::ReportAdmissionResponse>, Status> {
+        let who = self.begin(Rpc::ReportAdmission, &req)?;
         let r = req.into_inner();
+        if r.reasons.len() > 256
+            || r.reasons.iter().any(|x| x.len() > 4096)
+            || r.container_id.len() > 1024
+            || r.command.len() > 64
+        {
+            return self.done(
+                Rpc::ReportAdmission,
+                &who,
+                "",
+                "",
+                Err(Status::invalid_argument(
+                    "invalid reasons: at most 256 reasons of 4096 bytes",
+                )),
+            );
+        }
+        let tenant = self
+            .mgr
+            .get(&r.lease_id)
+            .map(|(l, _)| l.tenant)
+            .unwrap_or_default();
         info!(
             container = %r.container_id,
             lease = %r.lease_id,
@@ -254,43 +523,134 @@ impl Tessera for TesseraService {
             reasons = ?r.reasons,
             "runtime admission"
         );
+        self.write_audit(Record {
+            at_ms: now_ms(),
+            source: "runtime".into(),
+            principal: who.name().to_string(),
+            tenant,
+            action: if r.command.is_empty() {
+                "admission".into()
+            } else {
+                r.command.clone()
+            },
+            lease: r.lease_id,
+            container: r.container_id,
+            result: if r.admitted {
+                "admitted".into()
+            } else {
+                "refused".into()
+            },
+            reasons: r.reasons,
+        });
         Ok(Response::new(pb::ReportAdmissionResponse {}))
     }
 
     async fn get_usage(
         &self,
-        _req: Request<pb::GetUsageRequest>,
+        req: Request<pb::GetUsageRequest>,
     ) -> Result<Response<pb::GetUsageResponse>, Status> {
-        Err(Status::unimplemented(
-            "usage accounting is not available in this build",
-        ))
+        let who = self.begin(Rpc::GetUsage, &req)?;
+        let r = req.into_inner();
+        let result = self.scope(&who, &r.tenant).and_then(|_| {
+            Err(Status::unimplemented(
+                "usage accounting is not available in this build",
+            ))
+        });
+        self.done(Rpc::GetUsage, &who, &r.tenant, "", result)
     }
 
     async fn reload_config(
         &self,
-        _req: Request<pb::ReloadConfigRequest>,
+        req: Request<pb::ReloadConfigRequest>,
     ) -> Result<Response<pb::ReloadConfigResponse>, Status> {
-        Err(Status::unimplemented(
-            "config reload is not available in this build",
-        ))
+        let who = self.begin(Rpc::ReloadConfig, &req)?;
+        let r = self
+            .reload()
+            .map(|message| Response::new(pb::ReloadConfigResponse { message }));
+        self.done(Rpc::ReloadConfig, &who, "", "", r)
     }
 
     async fn grant_quota(
         &self,
-        _req: Request<pb::GrantQuotaRequest>,
+        req: Request<pb::GrantQuotaRequest>,
     ) -> Result<Response<pb::GrantQuotaResponse>, Status> {
-        Err(Status::unimplemented(
-            "quotas are not available in this build",
-        ))
+        let who = self.begin(Rpc::GrantQuota, &req)?;
+        let r = req.into_inner();
+        let extra = r.extra_burst.unwrap_or_default();
+        let result = self
+            .mgr
+            .grant_quota(
+                &r.tenant,
+                Amounts {
+                    mig_slices: extra.mig_slices,
+                    mps_sm_percent: extra.mps_sm_percent,
+                    memory_bytes: extra.memory_bytes,
+                    whole_gpus: extra.whole_gpus,
+                },
+                r.expires_at_ms,
+                &r.reason,
+                who.name(),
+            )
+            .await
+            .map_err(status)
+            .map(|grant_id| Response::new(pb::GrantQuotaResponse { grant_id }));
+        let grant = result
+            .as_ref()
+            .map(|g| g.get_ref().grant_id.clone())
+            .unwrap_or_default();
+        let out = self.done(Rpc::GrantQuota, &who, &r.tenant, "", result);
+        if out.is_ok() {
+            // The reason and the amounts are part of the audit trail.
+            self.write_audit(Record {
+                at_ms: now_ms(),
+                source: "api".into(),
+                principal: who.name().to_string(),
+                tenant: r.tenant.clone(),
+                action: "QuotaGranted".into(),
+                lease: String::new(),
+                container: String::new(),
+                result: grant,
+                reasons: vec![
+                    r.reason.clone(),
+                    format!(
+                        "extra burst: {} MIG slices, {}% MPS SMs, {} bytes, {} whole GPUs until {}",
+                        extra.mig_slices,
+                        extra.mps_sm_percent,
+                        extra.memory_bytes,
+                        extra.whole_gpus,
+                        r.expires_at_ms
+                    ),
+                ],
+            });
+        }
+        out
     }
 
     async fn get_quota(
         &self,
-        _req: Request<pb::GetQuotaRequest>,
+        req: Request<pb::GetQuotaRequest>,
     ) -> Result<Response<pb::GetQuotaResponse>, Status> {
-        Err(Status::unimplemented(
-            "quotas are not available in this build",
-        ))
+        let who = self.begin(Rpc::GetQuota, &req)?;
+        let r = req.into_inner();
+        let result = self.scope(&who, &r.tenant).and_then(|tenant| {
+            if tenant.is_empty() {
+                return Err(Status::invalid_argument("invalid tenant: required"));
+            }
+            let (q, used, extra, class) = self.mgr.quota_of(&tenant);
+            let q = q.ok_or_else(|| {
+                Status::not_found(format!(
+                    "tenant {tenant:?} has no quota on this node (quotas are off or it is not configured)"
+                ))
+            })?;
+            Ok(Response::new(pb::GetQuotaResponse {
+                tenant,
+                guaranteed: Some(amounts_to_pb(q.guaranteed)),
+                burst: Some(amounts_to_pb(crate::lease::quota::add(q.burst, extra))),
+                used: Some(amounts_to_pb(used)),
+                priority_class: class,
+            }))
+        });
+        self.done(Rpc::GetQuota, &who, &r.tenant, "", result)
     }
 }
 
@@ -307,6 +667,8 @@ pub enum ServeError {
     InUse { path: std::path::PathBuf },
     #[error("gRPC server: {0}")]
     Transport(#[from] tonic::transport::Error),
+    #[error("reflection service: {0}")]
+    Reflection(String),
 }
 
 /// Bind the unix socket (removing a stale one), set its mode, and return the listener.
@@ -335,30 +697,70 @@ pub fn bind_unix(path: &Path, mode: u32) -> Result<tokio::net::UnixListener, Ser
     Ok(listener)
 }
 
-/// Serve the API (with grpc.health.v1 and reflection) on `listener` until `shutdown`.
-pub async fn serve_unix(
-    mgr: Arc<LeaseManager>,
-    listener: tokio::net::UnixListener,
-    shutdown: impl std::future::Future<Output = ()> + Send,
-) -> Result<(), ServeError> {
+async fn router(service: TesseraService) -> Result<tonic::service::Routes, ServeError> {
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<TesseraServer<TesseraService>>().await;
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()
-        .map_err(|e| ServeError::Io {
-            path: "reflection".into(),
-            source: std::io::Error::other(e.to_string()),
-        })?;
-    let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+        .map_err(|e| ServeError::Reflection(e.to_string()))?;
+    Ok(tonic::service::Routes::new(health_service)
+        .add_service(reflection)
+        .add_service(service.into_server()))
+}
+
+fn builder() -> tonic::transport::Server {
     tonic::transport::Server::builder()
         .concurrency_limit_per_connection(256)
         .max_concurrent_streams(Some(1024))
         .timeout(Duration::from_secs(120))
-        .add_service(health_service)
-        .add_service(reflection)
-        .add_service(TesseraService::new(mgr).into_server())
+}
+
+/// Serve the API (with grpc.health.v1 and reflection) on `listener` until `shutdown`.
+pub async fn serve_unix(
+    service: TesseraService,
+    listener: tokio::net::UnixListener,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> Result<(), ServeError> {
+    let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+    builder()
+        .add_routes(router(service).await?)
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await?;
+    Ok(())
+}
+
+/// Serve the API over TCP with mutual TLS: the client must present a certificate
+/// signed by `client_ca`; its common name selects the principal.
+pub async fn serve_tls(
+    service: TesseraService,
+    tls: &crate::config::TlsConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> Result<(), ServeError> {
+    let read = |p: &Path| {
+        std::fs::read(p).map_err(|source| ServeError::Io {
+            path: p.to_path_buf(),
+            source,
+        })
+    };
+    let identity = tonic::transport::Identity::from_pem(read(&tls.cert)?, read(&tls.key)?);
+    let ca = tonic::transport::Certificate::from_pem(read(&tls.client_ca)?);
+    let cfg = tonic::transport::ServerTlsConfig::new()
+        .identity(identity)
+        .client_ca_root(ca)
+        .client_auth_optional(false);
+    let listener = tokio::net::TcpListener::bind(tls.listen)
+        .await
+        .map_err(|source| ServeError::Io {
+            path: tls.listen.to_string().into(),
+            source,
+        })?;
+    info!(listen = %tls.listen, "serving the tessera.v1 API over mutual TLS");
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    builder()
+        .tls_config(cfg)?
+        .add_routes(router(service).await?)
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await?;
     Ok(())

@@ -20,7 +20,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::{Notify, broadcast};
 use tracing::{info, warn};
 
-use crate::config::{Config, OnRelease};
+use crate::config::{Amounts, Config, OnRelease, TenancyConfig, TenantQuota};
 use crate::gpu::{GiProfile, GpuBackend, GpuError, GpuInfo, MigInstance, MpsSpec, NvmlCode};
 use crate::partition::{
     self, GpuView, MpsShare, OccupiedMig, PlanDecision, PlanError, PlanOptions, Shape,
@@ -29,10 +29,10 @@ use crate::store::{LeaseQuery, Store, StoreError};
 
 use super::devices::{self, Resolved};
 use super::model::{
-    ContainerBinding, IntentOp, Lease, LeaseState, MigPart, MpsPart, Origin, PartKind, Partition,
-    PartitionState,
+    ContainerBinding, Grant, IntentOp, Lease, LeaseState, MigPart, MpsPart, Origin, PartKind,
+    Partition, PartitionState,
 };
-use super::token;
+use super::{quota, token};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LeaseError {
@@ -151,6 +151,8 @@ struct State {
     expiring_notified: HashSet<String>,
     /// MIG instances no record explains (never touched, but occupied).
     foreign: Vec<MigInstance>,
+    /// Guaranteed requests waiting for their preemptions to finish.
+    preempting: usize,
 }
 
 pub struct LeaseManager {
@@ -162,6 +164,8 @@ pub struct LeaseManager {
     shutting_down: std::sync::atomic::AtomicBool,
     /// Unix ms of the housekeeping loop's last completed pass (watchdog feed).
     heartbeat: std::sync::atomic::AtomicI64,
+    tenancy: std::sync::RwLock<Arc<TenancyConfig>>,
+    grants: Mutex<Vec<Grant>>,
 }
 
 impl std::fmt::Debug for LeaseManager {
@@ -291,15 +295,19 @@ impl LeaseManager {
         store: Arc<Store>,
     ) -> Result<Arc<LeaseManager>, LeaseError> {
         let (events, _) = broadcast::channel(4096);
+        let grants = store.grants()?;
         let mgr = Arc::new(LeaseManager {
-            config,
+            config: config.clone(),
             backend,
             store,
             state: Mutex::new(State::default()),
             events,
             shutting_down: std::sync::atomic::AtomicBool::new(false),
             heartbeat: std::sync::atomic::AtomicI64::new(now_ms()),
+            tenancy: std::sync::RwLock::new(Arc::new(config.tenancy.clone())),
+            grants: Mutex::new(Vec::new()),
         });
+        *mgr.grants.lock().unwrap_or_else(|p| p.into_inner()) = grants;
         mgr.load_and_reconcile()?;
         mgr.ensure_static_layout()?;
         Ok(mgr)
@@ -572,163 +580,260 @@ impl LeaseManager {
         let tok_hash = token::hash(&tok);
         let notify = Arc::new(Notify::new());
 
-        // 1. Reserve under the lock.
-        let (lease, partition, hw) = {
-            let mut st = self.lock();
-            let views = Self::views(&st);
-            let decision = partition::plan(&shape, &views, &self.plan_options(req.gpu_index))?;
-            let gpu_index = match &decision {
-                PlanDecision::NewMig { gpu, .. }
-                | PlanDecision::Static { gpu, .. }
-                | PlanDecision::Mps { gpu }
-                | PlanDecision::WholeGpu { gpu } => *gpu,
-            };
-            let gpu = st
-                .gpus
-                .iter()
-                .find(|g| g.info.index == gpu_index)
-                .cloned()
-                .ok_or_else(|| {
-                    LeaseError::Internal(format!("planner chose unknown GPU {gpu_index}"))
-                })?;
-            let (partition, hw) = match decision {
-                PlanDecision::NewMig {
-                    gpu: g,
-                    gi_profile_id,
-                    placement,
-                    ci_profile_id,
-                } => {
-                    let prof = gpu
-                        .profiles
-                        .iter()
-                        .find(|p| p.id == gi_profile_id)
-                        .ok_or_else(|| {
-                            LeaseError::Internal("planner chose unknown profile".into())
-                        })?;
-                    let ci =
-                        ci_profile_id.and_then(|id| prof.ci_profiles.iter().find(|c| c.id == id));
-                    let p = Partition {
-                        id: partition_id.clone(),
-                        gpu: g,
-                        gpu_uuid: gpu.info.uuid.clone(),
-                        origin: Origin::Dynamic,
-                        state: PartitionState::Creating,
-                        lease_id: Some(lease_id.clone()),
-                        kind: PartKind::Mig(MigPart {
-                            gi_profile_id,
-                            profile: prof.name.clone(),
-                            placement,
-                            ci_profile_id,
-                            compute_profile: ci.map(|c| c.name.clone()),
-                            gi_id: None,
-                            ci_id: None,
-                            uuid: None,
-                            memory_bytes: prof.memory_bytes,
-                            sm_count: ci.map(|c| c.sm_count).unwrap_or(prof.sm_count),
-                            slices: prof.slices,
-                        }),
-                    };
-                    (
-                        p,
-                        Some(HwCreate::Mig {
-                            gpu: g,
-                            gi_profile_id,
-                            placement,
-                            ci_profile_id,
-                        }),
-                    )
+        // 1. Admission and reservation under the lock. A request within its
+        //    tenant's guarantee that does not fit may preempt burst leases of other
+        //    tenants once, then it is planned again.
+        let tenancy = self.tenancy();
+        let priority_class = if priority_class.is_empty() {
+            tenancy
+                .tenants
+                .get(&req.tenant)
+                .map(|q| q.priority_class.clone())
+                .unwrap_or_else(|| tenancy.default_priority_class.clone())
+        } else {
+            priority_class
+        };
+        if !tenancy.priority_classes.contains_key(&priority_class) {
+            return Err(invalid(
+                "priority_class",
+                format!(
+                    "{:?} is not one of {}",
+                    truncate(&priority_class, 64),
+                    tenancy
+                        .priority_classes
+                        .keys()
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ));
+        }
+        if let Some(q) = tenancy.tenants.get(&req.tenant)
+            && quota::priority(&tenancy, &priority_class)
+                > quota::priority(&tenancy, &q.priority_class)
+        {
+            return Err(LeaseError::PermissionDenied(format!(
+                "tenant {:?} may use priority classes up to {:?}, not {priority_class:?}",
+                req.tenant, q.priority_class
+            )));
+        }
+        let request_amounts = quota::amounts_of(&shape);
+        let extra = self.grants_extra(&req.tenant, now);
+        let mut preempt_rounds = 0;
+        let mut holding_capacity = false;
+        let (lease, partition, hw) = loop {
+            #[allow(clippy::type_complexity)]
+            let step: Result<(Lease, Partition, Option<HwCreate>), Vec<String>> = 'reserve: {
+                let mut st = self.lock();
+                if std::mem::take(&mut holding_capacity) {
+                    st.preempting = st.preempting.saturating_sub(1);
                 }
-                PlanDecision::Static {
-                    partition_id: pid, ..
-                } => {
-                    let mut p = st.partitions.get(&pid).cloned().ok_or_else(|| {
-                        LeaseError::Internal(format!("planner chose unknown partition {pid}"))
+                let used = st
+                    .leases
+                    .values()
+                    .filter(|l| l.tenant == req.tenant && l.state.is_live())
+                    .fold(Default::default(), |acc, l| {
+                        quota::add(acc, quota::amounts_of(&l.shape))
+                    });
+                let admission = quota::admit(&tenancy, &req.tenant, used, request_amounts, extra)
+                    .map_err(LeaseError::ResourceExhausted)?;
+                if admission == quota::Admission::Burst && st.preempting > 0 {
+                    // Capacity being freed by a preemption belongs to the guaranteed
+                    // request that caused it, not to a burst request racing it.
+                    return Err(LeaseError::ResourceExhausted(
+                        "capacity is being freed for another tenant's guaranteed request; burst requests wait".into(),
+                    ));
+                }
+                let views = Self::views(&st);
+                let opts = self.plan_options(req.gpu_index);
+                let decision = match partition::plan(&shape, &views, &opts) {
+                    Ok(d) => d,
+                    Err(PlanError::NoCapacity(msg))
+                        if admission == quota::Admission::Guaranteed
+                            && tenancy.preemption
+                            && !tenancy.tenants.is_empty()
+                            && preempt_rounds < 3 =>
+                    {
+                        let victims = Self::pick_victims(&st, &tenancy, &req.tenant, &shape, &opts);
+                        if victims.is_empty() {
+                            // Capacity held by leases being torn down right now
+                            // comes back in a moment: wait for that, then retry.
+                            if st.tearing_down.is_empty() {
+                                return Err(LeaseError::ResourceExhausted(msg));
+                            }
+                            st.preempting += 1;
+                            break 'reserve Err(Vec::new());
+                        }
+                        st.preempting += 1;
+                        break 'reserve Err(victims);
+                    }
+                    Err(e) => return Err(e.into()),
+                };
+                let gpu_index = match &decision {
+                    PlanDecision::NewMig { gpu, .. }
+                    | PlanDecision::Static { gpu, .. }
+                    | PlanDecision::Mps { gpu }
+                    | PlanDecision::WholeGpu { gpu } => *gpu,
+                };
+                let gpu = st
+                    .gpus
+                    .iter()
+                    .find(|g| g.info.index == gpu_index)
+                    .cloned()
+                    .ok_or_else(|| {
+                        LeaseError::Internal(format!("planner chose unknown GPU {gpu_index}"))
                     })?;
-                    p.lease_id = Some(lease_id.clone());
-                    (p, None)
-                }
-                PlanDecision::Mps { gpu: g } => {
-                    let Shape::Mps {
-                        sm_percent,
-                        memory_bytes,
-                    } = shape
-                    else {
-                        return Err(LeaseError::Internal(
-                            "MPS decision for a non-MPS shape".into(),
-                        ));
-                    };
-                    let base = self.config.daemon.run_dir.join("mps").join(&lease_id);
-                    let spec = MpsSpec {
-                        lease_id: lease_id.clone(),
+                let (partition, hw) = match decision {
+                    PlanDecision::NewMig {
                         gpu: g,
-                        gpu_uuid: gpu.info.uuid.clone(),
-                        sm_percent,
-                        memory_bytes,
-                        pipe_dir: base.join("pipe"),
-                        log_dir: base.join("log"),
-                        owner_uid: None,
-                    };
-                    let p = Partition {
-                        id: partition_id.clone(),
-                        gpu: g,
-                        gpu_uuid: gpu.info.uuid.clone(),
-                        origin: Origin::Dynamic,
-                        state: PartitionState::Creating,
-                        lease_id: Some(lease_id.clone()),
-                        kind: PartKind::Mps(MpsPart {
+                        gi_profile_id,
+                        placement,
+                        ci_profile_id,
+                    } => {
+                        let prof = gpu
+                            .profiles
+                            .iter()
+                            .find(|p| p.id == gi_profile_id)
+                            .ok_or_else(|| {
+                                LeaseError::Internal("planner chose unknown profile".into())
+                            })?;
+                        let ci = ci_profile_id
+                            .and_then(|id| prof.ci_profiles.iter().find(|c| c.id == id));
+                        let p = Partition {
+                            id: partition_id.clone(),
+                            gpu: g,
+                            gpu_uuid: gpu.info.uuid.clone(),
+                            origin: Origin::Dynamic,
+                            state: PartitionState::Creating,
+                            lease_id: Some(lease_id.clone()),
+                            kind: PartKind::Mig(MigPart {
+                                gi_profile_id,
+                                profile: prof.name.clone(),
+                                placement,
+                                ci_profile_id,
+                                compute_profile: ci.map(|c| c.name.clone()),
+                                gi_id: None,
+                                ci_id: None,
+                                uuid: None,
+                                memory_bytes: prof.memory_bytes,
+                                sm_count: ci.map(|c| c.sm_count).unwrap_or(prof.sm_count),
+                                slices: prof.slices,
+                            }),
+                        };
+                        (
+                            p,
+                            Some(HwCreate::Mig {
+                                gpu: g,
+                                gi_profile_id,
+                                placement,
+                                ci_profile_id,
+                            }),
+                        )
+                    }
+                    PlanDecision::Static {
+                        partition_id: pid, ..
+                    } => {
+                        let mut p = st.partitions.get(&pid).cloned().ok_or_else(|| {
+                            LeaseError::Internal(format!("planner chose unknown partition {pid}"))
+                        })?;
+                        p.lease_id = Some(lease_id.clone());
+                        (p, None)
+                    }
+                    PlanDecision::Mps { gpu: g } => {
+                        let Shape::Mps {
                             sm_percent,
                             memory_bytes,
-                            pipe_dir: spec.pipe_dir.clone(),
-                            log_dir: spec.log_dir.clone(),
-                        }),
-                    };
-                    (p, Some(HwCreate::Mps(spec)))
-                }
-                PlanDecision::WholeGpu { gpu: g } => (
-                    Partition {
-                        id: partition_id.clone(),
-                        gpu: g,
-                        gpu_uuid: gpu.info.uuid.clone(),
-                        origin: Origin::Dynamic,
-                        state: PartitionState::Ready,
-                        lease_id: Some(lease_id.clone()),
-                        kind: PartKind::WholeGpu,
+                        } = shape
+                        else {
+                            return Err(LeaseError::Internal(
+                                "MPS decision for a non-MPS shape".into(),
+                            ));
+                        };
+                        let base = self.config.daemon.run_dir.join("mps").join(&lease_id);
+                        let spec = MpsSpec {
+                            lease_id: lease_id.clone(),
+                            gpu: g,
+                            gpu_uuid: gpu.info.uuid.clone(),
+                            sm_percent,
+                            memory_bytes,
+                            pipe_dir: base.join("pipe"),
+                            log_dir: base.join("log"),
+                            owner_uid: None,
+                        };
+                        let p = Partition {
+                            id: partition_id.clone(),
+                            gpu: g,
+                            gpu_uuid: gpu.info.uuid.clone(),
+                            origin: Origin::Dynamic,
+                            state: PartitionState::Creating,
+                            lease_id: Some(lease_id.clone()),
+                            kind: PartKind::Mps(MpsPart {
+                                sm_percent,
+                                memory_bytes,
+                                pipe_dir: spec.pipe_dir.clone(),
+                                log_dir: spec.log_dir.clone(),
+                            }),
+                        };
+                        (p, Some(HwCreate::Mps(spec)))
+                    }
+                    PlanDecision::WholeGpu { gpu: g } => (
+                        Partition {
+                            id: partition_id.clone(),
+                            gpu: g,
+                            gpu_uuid: gpu.info.uuid.clone(),
+                            origin: Origin::Dynamic,
+                            state: PartitionState::Ready,
+                            lease_id: Some(lease_id.clone()),
+                            kind: PartKind::WholeGpu,
+                        },
+                        None,
+                    ),
+                };
+                let lease = Lease {
+                    id: lease_id.clone(),
+                    tenant: req.tenant.clone(),
+                    state: if hw.is_some() {
+                        LeaseState::Pending
+                    } else {
+                        LeaseState::Active
                     },
-                    None,
-                ),
+                    shape: shape.clone(),
+                    partition_id: partition.id.clone(),
+                    gpu: partition.gpu,
+                    created_at_ms: now,
+                    expires_at_ms: now + ttl.as_millis() as i64,
+                    ttl_secs: ttl.as_secs(),
+                    request_id: req.request_id.clone(),
+                    labels: req.labels.clone(),
+                    priority_class: priority_class.clone(),
+                    burst: admission == quota::Admission::Burst,
+                    ending_as: None,
+                    end_reason: None,
+                    ended_at_ms: None,
+                    containers: vec![],
+                };
+                st.partitions
+                    .insert(partition.id.clone(), partition.clone());
+                st.leases.insert(lease.id.clone(), lease.clone());
+                if let Some(rid) = &lease.request_id {
+                    st.requests
+                        .insert((lease.tenant.clone(), rid.clone()), lease.id.clone());
+                }
+                st.pending.insert(lease.id.clone(), notify.clone());
+                Ok((lease, partition, hw))
             };
-            let lease = Lease {
-                id: lease_id.clone(),
-                tenant: req.tenant.clone(),
-                state: if hw.is_some() {
-                    LeaseState::Pending
-                } else {
-                    LeaseState::Active
-                },
-                shape: shape.clone(),
-                partition_id: partition.id.clone(),
-                gpu: partition.gpu,
-                created_at_ms: now,
-                expires_at_ms: now + ttl.as_millis() as i64,
-                ttl_secs: ttl.as_secs(),
-                request_id: req.request_id.clone(),
-                labels: req.labels.clone(),
-                priority_class,
-                burst: false,
-                ending_as: None,
-                end_reason: None,
-                ended_at_ms: None,
-                containers: vec![],
-            };
-            st.partitions
-                .insert(partition.id.clone(), partition.clone());
-            st.leases.insert(lease.id.clone(), lease.clone());
-            if let Some(rid) = &lease.request_id {
-                st.requests
-                    .insert((lease.tenant.clone(), rid.clone()), lease.id.clone());
+            match step {
+                Ok(r) => break r,
+                Err(victims) => {
+                    preempt_rounds += 1;
+                    holding_capacity = true;
+                    if victims.is_empty() {
+                        self.wait_for_teardowns(Duration::from_secs(5)).await;
+                    } else {
+                        self.preempt(&victims, &req.tenant).await;
+                    }
+                }
             }
-            st.pending.insert(lease.id.clone(), notify.clone());
-            (lease, partition, hw)
         };
 
         // 2. Durable intent (or, without hardware work, the final record).
@@ -923,6 +1028,201 @@ impl LeaseManager {
                 lease: String::new(),
                 detail: format!("hardware task failed: {e}"),
             })?
+    }
+
+    // ---------------------------------------------------------------- tenancy
+
+    /// The tenancy policy in force (quotas, priority classes); replaced on reload.
+    pub fn tenancy(&self) -> Arc<TenancyConfig> {
+        self.tenancy
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Replace quotas and priority classes (SIGHUP, ReloadConfig). Live leases keep
+    /// running; the new quotas apply to the next request.
+    pub fn set_tenancy(&self, t: TenancyConfig) {
+        *self.tenancy.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(t);
+    }
+
+    fn grants_extra(&self, tenant: &str, now: i64) -> Amounts {
+        self.grants
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|g| g.tenant == tenant && g.expires_at_ms > now)
+            .fold(Amounts::default(), |acc, g| quota::add(acc, g.extra))
+    }
+
+    /// Record a temporary quota raise (durably). Returns its id.
+    pub async fn grant_quota(
+        &self,
+        tenant: &str,
+        extra: Amounts,
+        expires_at_ms: i64,
+        reason: &str,
+        granted_by: &str,
+    ) -> Result<String, LeaseError> {
+        validate_tenant(tenant)?;
+        let now = now_ms();
+        if expires_at_ms <= now {
+            return Err(invalid("expires_at_ms", "must lie in the future"));
+        }
+        if expires_at_ms - now > 90 * 24 * 3_600_000 {
+            return Err(invalid("expires_at_ms", "a grant may last at most 90 days"));
+        }
+        if reason.trim().is_empty() || reason.len() > 1024 {
+            return Err(invalid("reason", "must be 1-1024 characters"));
+        }
+        if extra == Amounts::default() {
+            return Err(invalid("extra_burst", "grants nothing"));
+        }
+        if !self.tenancy().tenants.contains_key(tenant) {
+            return Err(LeaseError::NotFound(format!(
+                "tenant {tenant:?} has no quota on this node"
+            )));
+        }
+        let g = Grant {
+            id: new_id("g-"),
+            tenant: tenant.to_string(),
+            extra,
+            expires_at_ms,
+            reason: reason.to_string(),
+            granted_by: granted_by.to_string(),
+            created_at_ms: now,
+        };
+        let g2 = g.clone();
+        self.store.write(move |w| w.put_grant(&g2)).await?;
+        let id = g.id.clone();
+        self.grants
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(g);
+        info!(grant = %id, tenant, "temporary quota raise granted");
+        Ok(id)
+    }
+
+    /// A tenant's quota (None when quotas are off), what its live leases use, and
+    /// its active temporary grants.
+    pub fn quota_of(&self, tenant: &str) -> (Option<TenantQuota>, Amounts, Amounts, String) {
+        let t = self.tenancy();
+        let used = self
+            .lock()
+            .leases
+            .values()
+            .filter(|l| l.tenant == tenant && l.state.is_live())
+            .fold(Amounts::default(), |acc, l| {
+                quota::add(acc, quota::amounts_of(&l.shape))
+            });
+        let q = t.tenants.get(tenant).cloned();
+        let class = q
+            .as_ref()
+            .map(|q| q.priority_class.clone())
+            .unwrap_or_else(|| t.default_priority_class.clone());
+        (q, used, self.grants_extra(tenant, now_ms()), class)
+    }
+
+    /// The smallest set of preemptible leases (in victim order) whose partitions,
+    /// once freed, let `shape` be placed. Empty when no such set exists.
+    fn pick_victims(
+        st: &State,
+        tenancy: &TenancyConfig,
+        tenant: &str,
+        shape: &Shape,
+        opts: &PlanOptions,
+    ) -> Vec<String> {
+        // Pending leases count too: a burst lease still being created holds
+        // capacity; it is preempted once its creation finishes.
+        let live: Vec<&Lease> = st
+            .leases
+            .values()
+            .filter(|l| matches!(l.state, LeaseState::Active | LeaseState::Pending))
+            .collect();
+        let order = quota::victims_in_order(tenancy, tenant, &live);
+        let mut views = Self::views(st);
+        let mut chosen = Vec::new();
+        for v in order {
+            let Some(p) = st.partitions.get(&v.partition_id) else {
+                continue;
+            };
+            let Some(view) = views.iter_mut().find(|g| g.info.index == p.gpu) else {
+                continue;
+            };
+            match &p.kind {
+                PartKind::Mig(m) => {
+                    if let Some(i) = view.mig.iter().position(|o| o.placement == m.placement) {
+                        if p.origin == Origin::Static {
+                            view.mig[i].free_static = Some(p.id.clone());
+                        } else {
+                            view.mig.remove(i);
+                        }
+                    }
+                }
+                PartKind::Mps(m) => {
+                    if let Some(i) = view.mps.iter().position(|s| {
+                        s.sm_percent == m.sm_percent && s.memory_bytes == m.memory_bytes
+                    }) {
+                        view.mps.remove(i);
+                    }
+                }
+                PartKind::WholeGpu => view.whole_leased = false,
+            }
+            chosen.push(v.id.clone());
+            if partition::plan(shape, &views, opts).is_ok() {
+                return chosen;
+            }
+        }
+        Vec::new()
+    }
+
+    /// Wait (at most `limit`) until the teardowns running now have finished.
+    async fn wait_for_teardowns(&self, limit: Duration) {
+        let deadline = tokio::time::Instant::now() + limit;
+        let mut rx = self.events.subscribe();
+        loop {
+            let busy: HashSet<String> = self.lock().tearing_down.clone();
+            if busy.is_empty() {
+                return;
+            }
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Err(_) => return,
+                Ok(Err(broadcast::error::RecvError::Closed)) => return,
+                Ok(_) => {}
+            }
+        }
+    }
+
+    /// Preempt leases (with notice on WatchLeases), waiting for their teardown.
+    async fn preempt(&self, victims: &[String], for_tenant: &str) {
+        let grace = self.config.lease.revocation_grace;
+        for id in victims {
+            // A victim still being created is preempted once it exists.
+            let pending = {
+                let st = self.lock();
+                st.pending.get(id).map(|n| n.clone().notified_owned())
+            };
+            if let Some(done) = pending {
+                let _ = tokio::time::timeout(Duration::from_secs(60), done).await;
+            }
+            let Ok((lease, _)) = self.get(id) else {
+                continue;
+            };
+            self.emit(
+                EventKind::Preempting,
+                &lease,
+                None,
+                format!(
+                    "preempted: tenant {for_tenant:?} needs capacity within its guarantee; containers get {}s to stop",
+                    grace.as_secs()
+                ),
+            );
+            let reason = format!("preempted for tenant {for_tenant:?} (burst lease)");
+            match self.end(id, LeaseState::Revoked, &reason).await {
+                Ok(_) => info!(lease = %id, for_tenant, "lease preempted"),
+                Err(e) => warn!(lease = %id, error = %e, "preemption failed"),
+            }
+        }
     }
 
     // ---------------------------------------------------------------- renew

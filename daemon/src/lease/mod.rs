@@ -3,6 +3,7 @@
 pub mod devices;
 pub mod manager;
 pub mod model;
+pub mod quota;
 pub mod token;
 
 pub use manager::{

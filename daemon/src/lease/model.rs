@@ -204,3 +204,50 @@ pub struct Intent {
     pub lease_id: Option<String>,
     pub created_at_ms: i64,
 }
+
+/// A temporary quota raise granted by an admin.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Grant {
+    pub id: String,
+    pub tenant: String,
+    #[serde(with = "amounts_serde")]
+    pub extra: crate::config::Amounts,
+    pub expires_at_ms: i64,
+    pub reason: String,
+    pub granted_by: String,
+    pub created_at_ms: i64,
+}
+
+mod amounts_serde {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use crate::config::Amounts;
+
+    #[derive(Serialize, Deserialize)]
+    struct A {
+        mig_slices: u32,
+        mps_sm_percent: u32,
+        memory_bytes: u64,
+        whole_gpus: u32,
+    }
+
+    pub fn serialize<S: Serializer>(a: &Amounts, s: S) -> Result<S::Ok, S::Error> {
+        A {
+            mig_slices: a.mig_slices,
+            mps_sm_percent: a.mps_sm_percent,
+            memory_bytes: a.memory_bytes,
+            whole_gpus: a.whole_gpus,
+        }
+        .serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Amounts, D::Error> {
+        let a = A::deserialize(d)?;
+        Ok(Amounts {
+            mig_slices: a.mig_slices,
+            mps_sm_percent: a.mps_sm_percent,
+            memory_bytes: a.memory_bytes,
+            whole_gpus: a.whole_gpus,
+        })
+    }
+}

@@ -19,7 +19,7 @@ use std::sync::mpsc;
 
 use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 
-use crate::lease::model::{Intent, IntentOp, Lease, LeaseState, Partition};
+use crate::lease::model::{Grant, Intent, IntentOp, Lease, LeaseState, Partition};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -327,6 +327,19 @@ impl Store {
         Ok(out)
     }
 
+    /// Temporary quota grants (expired ones included until pruned).
+    pub fn grants(&self) -> Result<Vec<Grant>, StoreError> {
+        let conn = self.reader.lock().map_err(|_| StoreError::WriterGone)?;
+        let mut stmt = conn.prepare("SELECT id, body FROM quota_grants ORDER BY expires_at_ms")?;
+        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (id, body) = row?;
+            out.push(decode("grant", &id, &body)?);
+        }
+        Ok(out)
+    }
+
     /// Stop the writer after the queued writes are committed.
     pub fn close(&self) {
         if let Ok(mut g) = self.jobs.lock() {
@@ -516,7 +529,20 @@ impl Writer<'_> {
             "DELETE FROM intents WHERE done_at_ms IS NOT NULL AND done_at_ms < ?1",
             [before_ms],
         )?;
+        self.exec(
+            "DELETE FROM quota_grants WHERE expires_at_ms < ?1",
+            [before_ms],
+        )?;
         Ok(n)
+    }
+
+    pub fn put_grant(&self, g: &Grant) -> Result<(), StoreError> {
+        let body = encode("grant", &g.id, g)?;
+        self.exec(
+            "INSERT INTO quota_grants (id, tenant, expires_at_ms, body) VALUES (?1, ?2, ?3, ?4)",
+            params![g.id, g.tenant, g.expires_at_ms, body],
+        )?;
+        Ok(())
     }
 
     /// Raw access for other modules' tables (usage, quota grants).

@@ -45,6 +45,13 @@ const MIGRATIONS: &[&str] = &[
         outcome TEXT
     );
     CREATE INDEX intents_open ON intents(done_at_ms);",
+    // 2: temporary quota raises
+    "CREATE TABLE quota_grants (
+        id TEXT PRIMARY KEY,
+        tenant TEXT NOT NULL,
+        expires_at_ms INTEGER NOT NULL,
+        body TEXT NOT NULL
+    );",
 ];
 
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;

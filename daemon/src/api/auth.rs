@@ -1,0 +1,339 @@
+//! Who is calling: peer credentials on the unix socket (SO_PEERCRED), or the client
+//! certificate's common name on the mTLS listener, mapped to a principal by the
+//! config's `[[auth.principals]]` rules (first match wins). An unmapped caller gets
+//! PermissionDenied. uid 0 and the daemon's own uid are always admin.
+
+use std::sync::{Arc, RwLock};
+
+use tonic::{Request, Status};
+
+use crate::config::{PrincipalRule, Role};
+
+/// An identified caller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Principal {
+    Admin { name: String },
+    Runtime { name: String },
+    Tenant { name: String, tenant: String },
+}
+
+impl Principal {
+    pub fn name(&self) -> &str {
+        match self {
+            Principal::Admin { name }
+            | Principal::Runtime { name }
+            | Principal::Tenant { name, .. } => name,
+        }
+    }
+
+    pub fn tenant(&self) -> Option<&str> {
+        match self {
+            Principal::Tenant { tenant, .. } => Some(tenant),
+            _ => None,
+        }
+    }
+}
+
+/// How the caller reached the daemon.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Caller {
+    Unix {
+        uid: u32,
+        gid: u32,
+        /// Supplementary groups (from /proc/<pid>/status when the pid is known).
+        groups: Vec<u32>,
+    },
+    Cert {
+        common_name: String,
+    },
+    Unknown,
+}
+
+impl Caller {
+    pub fn describe(&self) -> String {
+        match self {
+            Caller::Unix { uid, gid, .. } => format!("uid {uid} gid {gid}"),
+            Caller::Cert { common_name } => format!("certificate CN={common_name:?}"),
+            Caller::Unknown => "an unidentified caller".into(),
+        }
+    }
+}
+
+/// Read a request's caller from its connection.
+pub fn caller_of<T>(req: &Request<T>) -> Caller {
+    if let Some(info) = req
+        .extensions()
+        .get::<tonic::transport::server::UdsConnectInfo>()
+        && let Some(cred) = info.peer_cred
+    {
+        let groups = cred
+            .pid()
+            .and_then(|pid| std::fs::read_to_string(format!("/proc/{pid}/status")).ok())
+            .map(|s| supplementary_groups(&s))
+            .unwrap_or_default();
+        return Caller::Unix {
+            uid: cred.uid(),
+            gid: cred.gid(),
+            groups,
+        };
+    }
+    if let Some(certs) = req.peer_certs()
+        && let Some(first) = certs.first()
+        && let Some(cn) = common_name(first.as_ref())
+    {
+        return Caller::Cert { common_name: cn };
+    }
+    Caller::Unknown
+}
+
+/// The `Groups:` line of /proc/<pid>/status.
+pub fn supplementary_groups(status: &str) -> Vec<u32> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Groups:"))
+        .map(|g| {
+            g.split_whitespace()
+                .filter_map(|x| x.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The subject common name of a DER certificate.
+pub fn common_name(der: &[u8]) -> Option<String> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+    let cn = cert
+        .subject()
+        .iter_common_name()
+        .next()?
+        .as_str()
+        .ok()?
+        .to_string();
+    Some(cn)
+}
+
+/// Maps callers to principals; the rules can be replaced on reload.
+#[derive(Debug)]
+pub struct Authenticator {
+    rules: RwLock<Arc<Vec<PrincipalRule>>>,
+    own_uid: u32,
+}
+
+impl Authenticator {
+    pub fn new(rules: Vec<PrincipalRule>) -> Self {
+        Authenticator {
+            rules: RwLock::new(Arc::new(rules)),
+            own_uid: nix::unistd::geteuid().as_raw(),
+        }
+    }
+
+    pub fn set_rules(&self, rules: Vec<PrincipalRule>) {
+        *self.rules.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(rules);
+    }
+
+    /// The principal of a caller, or PermissionDenied naming who was refused.
+    pub fn identify(&self, caller: &Caller) -> Result<Principal, Status> {
+        let rules = self.rules.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let matched = rules.iter().find(|r| match caller {
+            Caller::Unix { uid, gid, groups } => {
+                r.uids.contains(uid)
+                    || r.gids.contains(gid)
+                    || groups.iter().any(|g| r.gids.contains(g))
+            }
+            Caller::Cert { common_name } => r.cert_cns.iter().any(|c| c == common_name),
+            Caller::Unknown => false,
+        });
+        if let Some(r) = matched {
+            return Ok(match &r.role {
+                Role::Admin => Principal::Admin {
+                    name: r.name.clone(),
+                },
+                Role::Runtime => Principal::Runtime {
+                    name: r.name.clone(),
+                },
+                Role::Tenant(t) => Principal::Tenant {
+                    name: r.name.clone(),
+                    tenant: t.clone(),
+                },
+            });
+        }
+        if let Caller::Unix { uid, .. } = caller
+            && (*uid == 0 || *uid == self.own_uid)
+        {
+            return Ok(Principal::Admin {
+                name: format!("uid {uid}"),
+            });
+        }
+        Err(Status::permission_denied(format!(
+            "{} is not mapped to any principal in [[auth.principals]]",
+            caller.describe()
+        )))
+    }
+}
+
+/// The RPCs, for authorization and audit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rpc {
+    GetNode,
+    CreateLease,
+    RenewLease,
+    ReleaseLease,
+    GetLease,
+    ListLeases,
+    WatchLeases,
+    ResolveToken,
+    BindContainer,
+    UnbindContainer,
+    ReportAdmission,
+    GetUsage,
+    ReloadConfig,
+    GrantQuota,
+    GetQuota,
+}
+
+impl Rpc {
+    pub const ALL: [Rpc; 15] = [
+        Rpc::GetNode,
+        Rpc::CreateLease,
+        Rpc::RenewLease,
+        Rpc::ReleaseLease,
+        Rpc::GetLease,
+        Rpc::ListLeases,
+        Rpc::WatchLeases,
+        Rpc::ResolveToken,
+        Rpc::BindContainer,
+        Rpc::UnbindContainer,
+        Rpc::ReportAdmission,
+        Rpc::GetUsage,
+        Rpc::ReloadConfig,
+        Rpc::GrantQuota,
+        Rpc::GetQuota,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Rpc::GetNode => "GetNode",
+            Rpc::CreateLease => "CreateLease",
+            Rpc::RenewLease => "RenewLease",
+            Rpc::ReleaseLease => "ReleaseLease",
+            Rpc::GetLease => "GetLease",
+            Rpc::ListLeases => "ListLeases",
+            Rpc::WatchLeases => "WatchLeases",
+            Rpc::ResolveToken => "ResolveToken",
+            Rpc::BindContainer => "BindContainer",
+            Rpc::UnbindContainer => "UnbindContainer",
+            Rpc::ReportAdmission => "ReportAdmission",
+            Rpc::GetUsage => "GetUsage",
+            Rpc::ReloadConfig => "ReloadConfig",
+            Rpc::GrantQuota => "GrantQuota",
+            Rpc::GetQuota => "GetQuota",
+        }
+    }
+}
+
+/// Which principal kinds may call an RPC at all. Tenant calls are further limited to
+/// their own tenant by the service.
+pub fn allowed(rpc: Rpc, p: &Principal) -> bool {
+    match p {
+        Principal::Admin { .. } => true,
+        Principal::Runtime { .. } => matches!(
+            rpc,
+            Rpc::ResolveToken | Rpc::BindContainer | Rpc::UnbindContainer | Rpc::ReportAdmission
+        ),
+        Principal::Tenant { .. } => matches!(
+            rpc,
+            Rpc::GetNode
+                | Rpc::CreateLease
+                | Rpc::RenewLease
+                | Rpc::ReleaseLease
+                | Rpc::GetLease
+                | Rpc::ListLeases
+                | Rpc::WatchLeases
+                | Rpc::GetUsage
+                | Rpc::GetQuota
+        ),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    fn rules() -> Vec<PrincipalRule> {
+        vec![
+            PrincipalRule {
+                name: "kubelet-runtime".into(),
+                role: Role::Runtime,
+                uids: vec![],
+                gids: vec![990],
+                cert_cns: vec![],
+            },
+            PrincipalRule {
+                name: "team-a".into(),
+                role: Role::Tenant("team-a".into()),
+                uids: vec![1000],
+                gids: vec![],
+                cert_cns: vec!["team-a-client".into()],
+            },
+        ]
+    }
+
+    #[test]
+    fn callers_map_to_principals_first_match_and_root_is_admin() {
+        let a = Authenticator::new(rules());
+        let unix = |uid, gid, groups| Caller::Unix { uid, gid, groups };
+        assert_eq!(
+            a.identify(&unix(1000, 1000, vec![])).unwrap().tenant(),
+            Some("team-a")
+        );
+        assert!(matches!(
+            a.identify(&unix(1234, 5, vec![990])).unwrap(),
+            Principal::Runtime { .. }
+        ));
+        assert!(matches!(
+            a.identify(&unix(0, 0, vec![])).unwrap(),
+            Principal::Admin { .. }
+        ));
+        let e = a.identify(&unix(4242, 4242, vec![])).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::PermissionDenied);
+        assert!(e.message().contains("uid 4242"), "{}", e.message());
+        assert_eq!(
+            a.identify(&Caller::Cert {
+                common_name: "team-a-client".into()
+            })
+            .unwrap()
+            .tenant(),
+            Some("team-a")
+        );
+        assert!(a.identify(&Caller::Unknown).is_err());
+    }
+
+    #[test]
+    fn runtime_may_only_resolve_and_bind() {
+        let rt = Principal::Runtime { name: "r".into() };
+        let ok: Vec<_> = Rpc::ALL.iter().filter(|r| allowed(**r, &rt)).collect();
+        assert_eq!(
+            ok,
+            vec![
+                &Rpc::ResolveToken,
+                &Rpc::BindContainer,
+                &Rpc::UnbindContainer,
+                &Rpc::ReportAdmission
+            ]
+        );
+        let t = Principal::Tenant {
+            name: "t".into(),
+            tenant: "t".into(),
+        };
+        assert!(!allowed(Rpc::ResolveToken, &t));
+        assert!(!allowed(Rpc::GrantQuota, &t));
+        assert!(allowed(Rpc::CreateLease, &t));
+    }
+
+    #[test]
+    fn supplementary_groups_are_read_from_proc_status() {
+        let s = "Name:\tx\nUid:\t1\t1\t1\t1\nGroups:\t4 24 990 \nNgid:\t0\n";
+        assert_eq!(supplementary_groups(s), vec![4, 24, 990]);
+    }
+}
