@@ -159,8 +159,8 @@ pub struct DaemonConfig {
 #[derive(Debug, Clone)]
 pub struct GpuConfig {
     pub backend: BackendKind,
-    /// Path of `nvidia-cuda-mps-control` (nvml backend).
-    pub mps_control: Option<PathBuf>,
+    /// The NVML backend's settings (`[nvml]`).
+    pub nvml: crate::gpu::NvmlConfig,
 }
 
 #[derive(Debug, Clone)]
@@ -221,6 +221,8 @@ struct RawConfig {
     daemon: RawDaemon,
     #[serde(default)]
     gpu: RawGpu,
+    #[serde(default)]
+    nvml: RawNvml,
     #[serde(default)]
     sim: RawSim,
     #[serde(default)]
@@ -324,7 +326,15 @@ struct RawDaemon {
 #[serde(deny_unknown_fields)]
 struct RawGpu {
     backend: Option<BackendKind>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawNvml {
+    library_path: Option<PathBuf>,
+    mig_minors_path: Option<PathBuf>,
     mps_control: Option<PathBuf>,
+    mps_timeout: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -419,9 +429,20 @@ impl Config {
             log_format: d.log_format.unwrap_or_default(),
         };
 
+        let mps_timeout = v.duration("nvml.mps_timeout", raw.nvml.mps_timeout, "10s")?;
+        let mut nvml = crate::gpu::NvmlConfig {
+            library_path: raw.nvml.library_path,
+            ..Default::default()
+        };
+        if let Some(p) = raw.nvml.mig_minors_path {
+            nvml.mig_minors_path = p;
+        }
+        nvml.mps.binary = raw.nvml.mps_control;
+        nvml.mps.state_dir = daemon.run_dir.join("mps-daemons");
+        nvml.mps.timeout_secs = mps_timeout.as_secs().max(1);
         let gpu = GpuConfig {
             backend: raw.gpu.backend.unwrap_or(BackendKind::Sim),
-            mps_control: raw.gpu.mps_control,
+            nvml,
         };
 
         let sim = SimSection {

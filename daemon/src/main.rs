@@ -104,7 +104,8 @@ fn open_backend(cfg: &Config) -> anyhow::Result<Arc<dyn GpuBackend>> {
             Ok(Arc::new(b))
         }
         BackendKind::Nvml => {
-            anyhow::bail!("backend = \"nvml\": not available in this build yet")
+            let b = tesserad::gpu::open_nvml(&cfg.gpu.nvml).context("backend = \"nvml\"")?;
+            Ok(Arc::new(b))
         }
     }
 }

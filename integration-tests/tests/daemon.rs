@@ -570,3 +570,35 @@ fn a_second_daemon_on_the_same_state_dir_refuses_to_start() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("another tesserad"), "{err}");
 }
+
+#[test]
+fn the_nvml_backend_without_a_driver_fails_at_start_with_a_clear_message() {
+    if std::path::Path::new("/proc/driver/nvidia/version").exists() {
+        println!(
+            "SKIPPED: this host has the NVIDIA driver; the no-driver path cannot be shown here"
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("nvml.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[daemon]\nsocket = {:?}\nstate_dir = {:?}\nrun_dir = {:?}\n[gpu]\nbackend = \"nvml\"\n",
+            dir.path().join("s.sock"),
+            dir.path().join("state"),
+            dir.path().join("run")
+        ),
+    )
+    .unwrap();
+    let out = std::process::Command::new(bin_path("tesserad").unwrap())
+        .arg("--config")
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(69));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("libnvidia-ml.so.1"), "{err}");
+    assert!(err.contains("backend = \"sim\""), "{err}");
+    assert!(!dir.path().join("s.sock").exists(), "nothing was bound");
+}

@@ -220,6 +220,11 @@ pub fn open_sim(section: &crate::config::SimSection) -> Result<sim::SimBackend, 
     sim::SimBackend::open(&section.gpus, &section.state_file)
 }
 
+/// Open the NVIDIA driver through NVML (fails with a clear message without one).
+pub fn open_nvml(cfg: &NvmlConfig) -> Result<NvmlBackend, GpuError> {
+    NvmlBackend::new(cfg)
+}
+
 /// The hardware interface. Every method maps to NVML calls (or the sim's model of them).
 pub trait GpuBackend: Send + Sync {
     /// "nvml" or "sim".
