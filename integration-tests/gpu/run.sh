@@ -26,6 +26,8 @@
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# No __pycache__ next to the helpers (the checkout may be read-only or tracked).
+export PYTHONDONTWRITEBYTECODE=1
 REPO=$(cd "$HERE/../.." && pwd)
 
 DRY_RUN=0
@@ -131,7 +133,7 @@ validate_inputs() {
     return
   fi
   for f in "$HELPER" "$PROBE" "$BENCH"; do
-    if python3 -m py_compile "$f" 2>"$OUT/py_compile.err"; then
+    if python3 -c 'import sys; compile(open(sys.argv[1]).read(), sys.argv[1], "exec")' "$f" 2>"$OUT/py_compile.err"; then
       say "ok       helper $f compiles"
     else
       say "BROKEN   helper $f: $(cat "$OUT/py_compile.err")"
