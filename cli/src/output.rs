@@ -192,6 +192,7 @@ pub fn event_kind_name(kind: i32) -> String {
         Ok(K::Preempting) => "preempting".to_owned(),
         Ok(K::ContainerBound) => "container_bound".to_owned(),
         Ok(K::ContainerUnbound) => "container_unbound".to_owned(),
+        Ok(K::MpsRestarted) => "mps_restarted".to_owned(),
         Err(_) => format!("unknown({kind})"),
     }
 }

@@ -183,6 +183,7 @@ pub fn event_to_pb(e: &LeaseEvent) -> pb::LeaseEvent {
         EventKind::Preempting => pb::LeaseEventKind::Preempting,
         EventKind::ContainerBound => pb::LeaseEventKind::ContainerBound,
         EventKind::ContainerUnbound => pb::LeaseEventKind::ContainerUnbound,
+        EventKind::MpsRestarted => pb::LeaseEventKind::MpsRestarted,
     };
     pb::LeaseEvent {
         kind: kind as i32,

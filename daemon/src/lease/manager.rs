@@ -87,6 +87,7 @@ pub enum EventKind {
     Preempting,
     ContainerBound,
     ContainerUnbound,
+    MpsRestarted,
 }
 
 #[derive(Debug, Clone)]
@@ -153,6 +154,10 @@ struct State {
     foreign: Vec<MigInstance>,
     /// Guaranteed requests waiting for their preemptions to finish.
     preempting: usize,
+    /// MPS control daemons found dead: lease -> (restarts so far, next try at ms).
+    mps_backoff: HashMap<String, (u32, i64)>,
+    /// When the MPS daemons were last checked.
+    mps_checked_ms: i64,
 }
 
 pub struct LeaseManager {
@@ -1376,6 +1381,68 @@ impl LeaseManager {
             ),
         );
 
+        // Containers first: the partition is torn down only when no process of the
+        // lease remains.
+        let containers = self
+            .lock()
+            .leases
+            .get(&lease.id)
+            .map(|l| l.containers.clone())
+            .unwrap_or_else(|| lease.containers.clone());
+        if !containers.is_empty() {
+            let grace = self.config.lease.revocation_grace;
+            self.emit(
+                EventKind::Revoking,
+                &lease,
+                Some(&partition),
+                format!(
+                    "stopping {} container(s): SIGTERM, then SIGKILL after {}s",
+                    containers.len(),
+                    grace.as_secs()
+                ),
+            );
+            let lid = lease.id.clone();
+            let res = tokio::task::spawn_blocking(move || {
+                containers
+                    .iter()
+                    .map(|c| super::enforce::stop_container(&lid, c, grace))
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .await
+            .map_err(|e| LeaseError::Internal(format!("container stop task failed: {e}")))?;
+            match res {
+                Ok(stopped) => {
+                    let (t, k): (usize, usize) = stopped
+                        .iter()
+                        .fold((0, 0), |(t, k), s| (t + s.terminated, k + s.killed));
+                    self.emit(
+                        EventKind::Revoking,
+                        &lease,
+                        Some(&partition),
+                        format!(
+                            "containers stopped: {t} process(es) got SIGTERM, {k} needed SIGKILL"
+                        ),
+                    );
+                }
+                Err(e) => {
+                    warn!(lease = %lease.id, error = %e, "stopping containers failed; will retry");
+                    self.emit(
+                        EventKind::Revoking,
+                        &lease,
+                        Some(&partition),
+                        format!("stopping containers failed, retrying: {e}"),
+                    );
+                    let mut st = self.lock();
+                    if let Some(l) = st.leases.get_mut(&lease.id) {
+                        l.state = LeaseState::Revoking;
+                        l.ending_as = lease.ending_as;
+                        l.end_reason = lease.end_reason.clone();
+                    }
+                    return Ok(lease);
+                }
+            }
+        }
+
         if let Some(hw) = hw {
             let backend = self.backend.clone();
             let res = tokio::task::spawn_blocking(move || match hw {
@@ -1611,7 +1678,100 @@ impl LeaseManager {
                 warn!(lease = %id, error = %e, "teardown retry failed");
             }
         }
+        self.supervise_mps(now).await;
         ended
+    }
+
+    /// Restart the MPS control daemon of any active MPS lease whose daemon died,
+    /// with the lease's limits, backing off exponentially (1 s .. 60 s) per lease.
+    async fn supervise_mps(&self, now: i64) {
+        let due: Vec<(Lease, Partition, u32)> = {
+            let mut st = self.lock();
+            if now - st.mps_checked_ms < 1000 {
+                return;
+            }
+            st.mps_checked_ms = now;
+            st.partitions
+                .values()
+                .filter(|p| p.state == PartitionState::Ready && p.mps().is_some())
+                .filter_map(|p| {
+                    let l = st.leases.get(p.lease_id.as_deref()?)?;
+                    (l.state == LeaseState::Active && !st.tearing_down.contains(&l.id))
+                        .then(|| (l.clone(), p.clone()))
+                })
+                .filter_map(|(l, p)| {
+                    let (n, next) = st.mps_backoff.get(&l.id).copied().unwrap_or((0, 0));
+                    (next <= now).then_some((l, p, n))
+                })
+                .collect()
+        };
+        if due.is_empty() {
+            return;
+        }
+        let backend = self.backend.clone();
+        let running: HashSet<String> =
+            match tokio::task::spawn_blocking(move || backend.mps_daemons()).await {
+                Ok(Ok(d)) => d
+                    .into_iter()
+                    .filter(|d| d.running)
+                    .map(|d| d.spec.lease_id)
+                    .collect(),
+                Ok(Err(e)) => {
+                    warn!(error = %e, "cannot list MPS daemons");
+                    return;
+                }
+                Err(_) => return,
+            };
+        for (lease, p, attempts) in due {
+            if running.contains(&lease.id) {
+                // Healthy again for a whole check: forget old failures.
+                self.lock().mps_backoff.remove(&lease.id);
+                continue;
+            }
+            let Some(m) = p.mps() else { continue };
+            let spec = MpsSpec {
+                lease_id: lease.id.clone(),
+                gpu: p.gpu,
+                gpu_uuid: p.gpu_uuid.clone(),
+                sm_percent: m.sm_percent,
+                memory_bytes: m.memory_bytes,
+                pipe_dir: m.pipe_dir.clone(),
+                log_dir: m.log_dir.clone(),
+                owner_uid: None,
+            };
+            let backend = self.backend.clone();
+            let res = tokio::task::spawn_blocking(move || {
+                for dir in [&spec.pipe_dir, &spec.log_dir] {
+                    create_private_dir(dir)?;
+                }
+                backend.mps_start(&spec)
+            })
+            .await;
+            let delay = 1000i64 << attempts.min(6);
+            self.lock()
+                .mps_backoff
+                .insert(lease.id.clone(), (attempts + 1, now + delay.min(60_000)));
+            match res {
+                Ok(Ok(_)) => {
+                    warn!(lease = %lease.id, attempt = attempts + 1, "MPS control daemon had died; restarted with the lease's limits");
+                    self.emit(
+                        EventKind::MpsRestarted,
+                        &lease,
+                        Some(&p),
+                        format!(
+                            "MPS control daemon restarted (attempt {}) with {}% SMs and {} MiB",
+                            attempts + 1,
+                            m.sm_percent,
+                            m.memory_bytes >> 20
+                        ),
+                    );
+                }
+                Ok(Err(e)) => {
+                    warn!(lease = %lease.id, error = %e, "restarting the MPS control daemon failed; backing off");
+                }
+                Err(_) => {}
+            }
+        }
     }
 
     async fn retry_teardown(&self, id: &str) -> Result<(), LeaseError> {

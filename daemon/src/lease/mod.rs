@@ -1,6 +1,7 @@
 //! Lease manager: admission, placement, the write-ahead protocol, expiry, revocation.
 
 pub mod devices;
+pub mod enforce;
 pub mod manager;
 pub mod model;
 pub mod quota;

@@ -1,0 +1,86 @@
+//! Lease enforcement: MPS control daemons are supervised; containers do not outlive
+//! their lease.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use tessera_integration_tests::{DEV_GPUS, TestDaemon, create_req, shape};
+use tessera_proto::v1 as pb;
+use tesserad::gpu::{GpuBackend, SimBackend, SimConfig};
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// The simulator the daemon drives, opened from the test process (the state file is
+/// shared safely across processes).
+fn sim_of(d: &TestDaemon) -> SimBackend {
+    let cfg: toml::Value = toml::from_str(DEV_GPUS).unwrap();
+    let sim: SimConfig = cfg["sim"].clone().try_into().unwrap();
+    SimBackend::open(&sim, d.sim_state()).unwrap()
+}
+
+#[test]
+fn a_dead_mps_control_daemon_is_restarted_with_the_lease_limits() {
+    let d = TestDaemon::start("").unwrap();
+    rt().block_on(async {
+        let mut c = d.client().await.unwrap();
+        let mut watch = c
+            .watch_leases(pb::WatchLeasesRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+        let l = c
+            .create_lease(create_req("team-a", shape::mps(30, 6)))
+            .await
+            .unwrap()
+            .into_inner()
+            .lease
+            .unwrap();
+        let sim = sim_of(&d);
+        sim.kill_mps(&l.id).unwrap();
+        assert!(
+            !sim.mps_daemons()
+                .unwrap()
+                .iter()
+                .any(|m| m.spec.lease_id == l.id && m.running)
+        );
+        let mut restarted = None;
+        while restarted.is_none() {
+            let ev = tokio::time::timeout(Duration::from_secs(10), watch.message())
+                .await
+                .expect("an MPS restart event within 10s")
+                .unwrap()
+                .unwrap();
+            if ev.kind == pb::LeaseEventKind::MpsRestarted as i32 {
+                restarted = Some(ev);
+            }
+        }
+        let ev = restarted.unwrap();
+        assert_eq!(ev.lease.unwrap().id, l.id);
+        assert!(ev.message.contains("30%"), "{}", ev.message);
+        let daemons = sim.mps_daemons().unwrap();
+        let m = daemons.iter().find(|m| m.spec.lease_id == l.id).unwrap();
+        assert!(m.running);
+        assert_eq!(m.spec.sm_percent, 30);
+        assert_eq!(m.spec.memory_bytes, 6 << 30);
+        // Released: the daemon is stopped and gone.
+        c.release_lease(pb::ReleaseLeaseRequest {
+            lease_id: l.id.clone(),
+            reason: String::new(),
+        })
+        .await
+        .unwrap();
+        assert!(
+            !sim.mps_daemons()
+                .unwrap()
+                .iter()
+                .any(|m| m.spec.lease_id == l.id)
+        );
+    });
+}
