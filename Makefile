@@ -86,6 +86,7 @@ test: deps
 	  if ! "$$@"; then echo "==> make test: stage '$$name' FAILED" >&2; exit 1; fi; }; \
 	stage fmt $(CARGO) fmt --all -- --check; \
 	stage clippy $(CARGO) clippy --workspace --all-targets -- -D warnings; \
+	stage build $(CARGO) build --workspace --bins; \
 	stage test $(CARGO) test --workspace; \
 	echo "==> make test: all stages passed"
 

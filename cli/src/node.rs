@@ -25,7 +25,8 @@ pub struct GpuView {
     pub memory_bytes: u64,
     pub minor: u32,
     pub pci_bus_id: String,
-    /// "on", "off" or "pending" (a mode change waits for a GPU reset).
+    /// "on", "off", or "off (on after reset)" / "on (off after reset)" when a mode
+    /// change waits for a GPU reset.
     pub mig_mode: String,
     pub mig_enabled: bool,
     pub mig_pending: bool,
@@ -255,7 +256,7 @@ mod tests {
             minor: 0,
             pci_bus_id: "00000000:07:00.0".to_owned(),
             mig_enabled: true,
-            mig_pending: false,
+            mig_pending: true,
             sm_count: 108,
             profiles: vec![pb::ProfileCapacity {
                 profile: "1g.10gb".to_owned(),
@@ -289,7 +290,7 @@ mod tests {
         let mut pending = sample_gpu();
         pending.mig_enabled = false;
         pending.mig_pending = true;
-        assert_eq!(GpuView::from(&pending).mig_mode, "pending");
+        assert_eq!(GpuView::from(&pending).mig_mode, "off (on after reset)");
     }
 
     #[test]

@@ -197,13 +197,14 @@ pub fn event_kind_name(kind: i32) -> String {
     }
 }
 
+/// MIG mode as NVML reports it: the current mode, and the pending one (what the
+/// GPU switches to at its next reset) when that differs.
 pub fn mig_mode(gpu: &pb::Gpu) -> &'static str {
-    if gpu.mig_pending {
-        "pending"
-    } else if gpu.mig_enabled {
-        "on"
-    } else {
-        "off"
+    match (gpu.mig_enabled, gpu.mig_pending) {
+        (true, true) => "on",
+        (false, false) => "off",
+        (false, true) => "off (on after reset)",
+        (true, false) => "on (off after reset)",
     }
 }
 

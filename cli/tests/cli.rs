@@ -54,6 +54,7 @@ impl Tessera for Fake {
                 name: "NVIDIA A100-SXM4-80GB".to_owned(),
                 memory_bytes: 80 << 30,
                 mig_enabled: true,
+                mig_pending: true,
                 free_slices: 7,
                 profiles: vec![pb::ProfileCapacity {
                     profile: "1g.10gb".to_owned(),
