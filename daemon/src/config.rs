@@ -69,6 +69,16 @@ pub struct Config {
     pub partition: PartitionConfig,
     pub lease: LeaseConfig,
     pub devices: DevicesConfig,
+    pub metrics: MetricsConfig,
+}
+
+/// The Prometheus endpoint (`[metrics]`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MetricsConfig {
+    /// Where `/metrics` is served; None = no endpoint (the default).
+    pub listen: Option<std::net::SocketAddr>,
+    /// A non-loopback `listen` address is refused unless this is true.
+    pub allow_remote: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -155,6 +165,15 @@ struct RawConfig {
     lease: RawLease,
     #[serde(default)]
     devices: RawDevices,
+    #[serde(default)]
+    metrics: RawMetrics,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMetrics {
+    listen: Option<String>,
+    allow_remote: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -366,6 +385,34 @@ impl Config {
             nvidia_caps_major: raw.devices.nvidia_caps_major,
         };
 
+        let allow_remote = raw.metrics.allow_remote.unwrap_or(false);
+        let listen = match raw.metrics.listen.as_deref().map(str::trim) {
+            None | Some("") => None,
+            Some(s) => {
+                let addr: std::net::SocketAddr = s.parse().map_err(|_| {
+                    v.err(
+                        "metrics.listen",
+                        format!(
+                            "{s:?} is not an address like \"127.0.0.1:9464\" or \"[::1]:9464\""
+                        ),
+                    )
+                })?;
+                if !addr.ip().is_loopback() && !allow_remote {
+                    return Err(v.err(
+                        "metrics.listen",
+                        format!(
+                            "{addr} is not a loopback address: metrics reveal tenants and usage; set metrics.allow_remote = true to serve them beyond this host"
+                        ),
+                    ));
+                }
+                Some(addr)
+            }
+        };
+        let metrics = MetricsConfig {
+            listen,
+            allow_remote,
+        };
+
         Ok(Config {
             path: path.to_path_buf(),
             daemon,
@@ -374,6 +421,7 @@ impl Config {
             partition,
             lease,
             devices,
+            metrics,
         })
     }
 }
@@ -469,6 +517,62 @@ mod tests {
         ))
         .unwrap_err();
         assert!(e.to_string().contains("partition.static[0].gpu"), "{e}");
+    }
+
+    #[test]
+    fn metrics_are_off_by_default_and_loopback_only_unless_allowed() {
+        assert_eq!(parse(MINIMAL).unwrap().metrics.listen, None);
+        let c = parse(&format!("{MINIMAL}[metrics]\nlisten = \"\"\n")).unwrap();
+        assert_eq!(c.metrics.listen, None);
+        let c = parse(&format!(
+            "{MINIMAL}[metrics]\nlisten = \"127.0.0.1:9464\"\n"
+        ))
+        .unwrap();
+        assert_eq!(c.metrics.listen, Some("127.0.0.1:9464".parse().unwrap()));
+        let e = parse(&format!("{MINIMAL}[metrics]\nlisten = \"0.0.0.0:9464\"\n")).unwrap_err();
+        assert!(e.to_string().contains("metrics.listen"), "{e}");
+        assert!(e.to_string().contains("allow_remote"), "{e}");
+        let c = parse(&format!(
+            "{MINIMAL}[metrics]\nlisten = \"0.0.0.0:9464\"\nallow_remote = true\n"
+        ))
+        .unwrap();
+        assert_eq!(c.metrics.listen, Some("0.0.0.0:9464".parse().unwrap()));
+        let e = parse(&format!("{MINIMAL}[metrics]\nlisten = \"localhost\"\n")).unwrap_err();
+        assert!(e.to_string().contains("metrics.listen"), "{e}");
+    }
+
+    /// Every tesserad config shipped under configs/ must load (runtime.toml is the
+    /// runtime's, not ours).
+    #[test]
+    fn shipped_configs_parse() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs");
+        let mut checked = Vec::new();
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            if !name.ends_with(".toml") || name == "runtime.toml" {
+                continue;
+            }
+            Config::load(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
+            checked.push(name);
+        }
+        checked.sort();
+        assert!(checked.contains(&"dev.toml".to_string()), "{checked:?}");
+        assert!(
+            checked.contains(&"tesserad.toml".to_string()),
+            "{checked:?}"
+        );
+    }
+
+    #[test]
+    fn production_example_is_nvml_under_system_dirs() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs");
+        let c = Config::load(&dir.join("tesserad.toml")).unwrap();
+        assert_eq!(c.gpu.backend, BackendKind::Nvml);
+        assert_eq!(c.daemon.state_dir, PathBuf::from("/var/lib/tessera"));
+        assert_eq!(c.daemon.run_dir, PathBuf::from("/run/tessera"));
+        assert_eq!(c.daemon.socket, PathBuf::from("/run/tessera/tesserad.sock"));
+        assert_eq!(c.metrics.listen, Some("127.0.0.1:9464".parse().unwrap()));
     }
 
     #[test]

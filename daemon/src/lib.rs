@@ -4,6 +4,8 @@ pub mod api;
 pub mod config;
 pub mod gpu;
 pub mod lease;
+pub mod metrics;
 pub mod mps;
 pub mod partition;
 pub mod store;
+pub mod usage;

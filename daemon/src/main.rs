@@ -113,6 +113,7 @@ async fn run(cfg: Config, backend: Arc<dyn GpuBackend>) -> anyhow::Result<()> {
     let grace = cfg.daemon.shutdown_grace;
     let mode = cfg.daemon.socket_mode;
     let group = cfg.daemon.socket_group.clone();
+    let metrics_listen = cfg.metrics.listen;
     let mgr = LeaseManager::start(cfg, backend, store.clone())?;
 
     let listener = tesserad::api::bind_unix(&socket, mode)?;
@@ -124,6 +125,20 @@ async fn run(cfg: Config, backend: Arc<dyn GpuBackend>) -> anyhow::Result<()> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let housekeeping = tokio::spawn(mgr.clone().run_housekeeping(stop_rx.clone()));
     let watchdog = tokio::spawn(feed_watchdog(mgr.clone(), stop_rx.clone()));
+    // ops: usage records and the Prometheus endpoint ([metrics] listen).
+    let usage = tokio::spawn(tesserad::usage::run_recorder(
+        mgr.clone(),
+        store.clone(),
+        stop_rx.clone(),
+    ));
+    let _metrics = match metrics_listen {
+        Some(addr) => Some(
+            tesserad::metrics::start(addr, mgr.clone(), stop_rx.clone())
+                .await?
+                .0,
+        ),
+        None => None,
+    };
     notify(&[sd_notify::NotifyState::Ready]);
 
     let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
@@ -158,6 +173,7 @@ async fn run(cfg: Config, backend: Arc<dyn GpuBackend>) -> anyhow::Result<()> {
     let _ = stop_tx.send(true);
     let _ = housekeeping.await;
     let _ = watchdog.await;
+    let _ = usage.await;
     let _ = std::fs::remove_file(&socket);
     store.close();
     info!("stopped; leases and partitions are kept for the next start");

@@ -259,11 +259,9 @@ impl Tessera for TesseraService {
 
     async fn get_usage(
         &self,
-        _req: Request<pb::GetUsageRequest>,
+        req: Request<pb::GetUsageRequest>,
     ) -> Result<Response<pb::GetUsageResponse>, Status> {
-        Err(Status::unimplemented(
-            "usage accounting is not available in this build",
-        ))
+        crate::usage::get_usage(&self.mgr, req.get_ref()).map(Response::new)
     }
 
     async fn reload_config(
