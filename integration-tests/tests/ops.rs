@@ -286,17 +286,15 @@ fn parse_exposition(text: &str) -> BTreeMap<String, f64> {
         if let Some(labels) = series.strip_prefix(name)
             && !labels.is_empty()
         {
-            {
-                let inner = labels.strip_prefix('{').unwrap().strip_suffix('}').unwrap();
-                // label="value" pairs; values here never contain quotes or commas.
-                for pair in inner.split(',') {
-                    let (k, v) = pair.split_once('=').unwrap_or_else(|| panic!("{line}"));
-                    assert!(valid_name(k), "{line}");
-                    assert!(
-                        v.starts_with('"') && v.ends_with('"') && v.len() >= 2,
-                        "{line}"
-                    );
-                }
+            let inner = labels.strip_prefix('{').unwrap().strip_suffix('}').unwrap();
+            // label="value" pairs; values here never contain quotes or commas.
+            for pair in inner.split(',') {
+                let (k, v) = pair.split_once('=').unwrap_or_else(|| panic!("{line}"));
+                assert!(valid_name(k), "{line}");
+                assert!(
+                    v.starts_with('"') && v.ends_with('"') && v.len() >= 2,
+                    "{line}"
+                );
             }
         }
         assert!(
