@@ -5,6 +5,7 @@
 
 mod admin;
 mod client;
+mod doctor;
 mod lease;
 mod node;
 mod output;
@@ -58,6 +59,13 @@ enum Command {
     Quota(admin::QuotaCmd),
     /// Make tesserad reload its configuration (like SIGHUP).
     Reload,
+    /// Check this host is ready for Tessera: driver, MIG, runc, cgroups, AppArmor,
+    /// containerd, socket. Prints OK/WARN/FAIL with fixes; exits 1 on any FAIL.
+    Doctor {
+        /// containerd's config file (checked for the "tessera" runtime).
+        #[arg(long, default_value = "/etc/containerd/config.toml")]
+        containerd_config: PathBuf,
+    },
 }
 
 impl Command {
@@ -68,13 +76,22 @@ impl Command {
             Self::Lease(cmd) => cmd.validate(),
             Self::Usage(args) => args.validate(),
             Self::Quota(cmd) => cmd.validate(),
-            Self::Gpus | Self::Node | Self::Watch { .. } | Self::Reload => Ok(()),
+            Self::Gpus | Self::Node | Self::Watch { .. } | Self::Reload | Self::Doctor { .. } => {
+                Ok(())
+            }
         }
     }
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
     cli.command.validate()?;
+    if let Command::Doctor { containerd_config } = &cli.command {
+        // Needs no daemon: the socket is one of the things it inspects.
+        if !doctor::run_doctor(&cli.socket, containerd_config, cli.json)? {
+            anyhow::bail!("the host is not ready (see the FAIL lines above)");
+        }
+        return Ok(());
+    }
     let mut daemon = Daemon::connect(&cli.socket).await?;
     let json = cli.json;
     match cli.command {
@@ -85,6 +102,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Usage(args) => usage::run(&mut daemon, args, json).await,
         Command::Quota(cmd) => admin::quota(&mut daemon, cmd, json).await,
         Command::Reload => admin::reload(&mut daemon, json).await,
+        Command::Doctor { .. } => Ok(()),
     }
 }
 
