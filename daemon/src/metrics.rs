@@ -410,7 +410,9 @@ impl Collector for NodeCollector {
                 )
             };
             free_slices.insert(vec![("gpu", gpu.clone())], i64::from(slices));
-            free_sm.insert(vec![("gpu", gpu.clone())], i64::from(sm));
+            if !g.info.mig_current {
+                free_sm.insert(vec![("gpu", gpu.clone())], i64::from(sm));
+            }
             free_mem.insert(vec![("gpu", gpu.clone())], mem as i64);
             if let Ok(u) = backend.utilization(g.info.index) {
                 util.insert(vec![("gpu", gpu.clone())], i64::from(u.gpu_percent));

@@ -371,6 +371,10 @@ fn metrics_endpoint_serves_a_parseable_exposition_of_the_node() {
     // The A100 without MIG has one 30% share: 70% left; its memory minus 4 GiB.
     assert_eq!(get("tessera_gpu_free_sm_percent{gpu=\"2\"}"), 70.0);
     assert!(
+        !samples.contains_key("tessera_gpu_free_sm_percent{gpu=\"0\"}"),
+        "MIG GPUs have no MPS shares"
+    );
+    assert!(
         get("tessera_gpu_free_memory_bytes{gpu=\"2\"}")
             <= (40u64 << 30) as f64 - (4u64 << 30) as f64
     );
