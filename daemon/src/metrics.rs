@@ -242,7 +242,7 @@ impl Metrics {
                     }
                     Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
                 },
-                _ = stop.changed() => if *stop.borrow() { return },
+                r = stop.changed() => if r.is_err() || *stop.borrow() { return },
             }
         }
     }

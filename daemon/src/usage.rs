@@ -31,6 +31,9 @@ use crate::partition::Shape;
 use crate::store::{Store, StoreError};
 
 const GIB: f64 = (1u64 << 30) as f64;
+/// How long after a lease ends its usage record is written (ends in between share
+/// the commit).
+const SWEEP_DELAY: Duration = Duration::from_secs(1);
 
 #[derive(Debug, thiserror::Error)]
 pub enum UsageError {
@@ -347,11 +350,19 @@ pub async fn run_recorder(
         loop {
             tokio::select! {
                 _ = tick.tick() => break,
-                _ = stop.changed() => {
-                    if *stop.borrow() { return; }
+                r = stop.changed() => {
+                    if r.is_err() || *stop.borrow() { return; }
                 }
                 ev = events.recv() => match ev {
-                    Ok(ev) if matches!(ev.kind, EventKind::Released | EventKind::Revoked) => break,
+                    Ok(ev) if matches!(ev.kind, EventKind::Released | EventKind::Revoked) => {
+                        // Let a burst of ends share one commit (queries read the
+                        // unrecorded lease rows meanwhile, so nothing is missed).
+                        tokio::select! {
+                            _ = tokio::time::sleep(SWEEP_DELAY) => {}
+                            _ = stop.changed() => return,
+                        }
+                        break;
+                    }
                     Ok(_) => {}
                     // Missed events: the sweep finds every ended lease anyway.
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => break,
