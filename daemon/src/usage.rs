@@ -160,26 +160,43 @@ pub struct Interval {
 
 /// Sum intervals per tenant over `[from, to)`, with live intervals ending at `now`.
 /// Sorted by tenant; tenants without overlap are left out.
+///
+/// Sums are exact integers (milliseconds x weight) until the final division, so
+/// windows that split a period add up to the whole and CSV exports carry no
+/// floating-point noise from summing.
 pub fn accumulate(intervals: &[Interval], from_ms: i64, to_ms: i64, now: i64) -> Vec<TenantUsage> {
-    let mut out: BTreeMap<&str, TenantUsage> = BTreeMap::new();
+    #[derive(Default)]
+    struct Sums {
+        leases: u64,
+        mig: u128,
+        sm: u128,
+        mem: u128,
+        whole: u128,
+    }
+    let mut out: BTreeMap<&str, Sums> = BTreeMap::new();
     for i in intervals {
         let end = i.end_ms.unwrap_or(now).max(i.start_ms);
-        let ms = overlap_ms(i.start_ms, end, from_ms, to_ms);
         if !(i.start_ms < to_ms && end > from_ms) {
             continue;
         }
-        let s = ms as f64 / 1000.0;
-        let u = out.entry(&i.tenant).or_insert_with(|| TenantUsage {
-            tenant: i.tenant.clone(),
-            ..TenantUsage::default()
-        });
+        let ms = overlap_ms(i.start_ms, end, from_ms, to_ms) as u128;
+        let u = out.entry(&i.tenant).or_default();
         u.leases += 1;
-        u.mig_slice_seconds += s * f64::from(i.weights.mig_slices);
-        u.mps_sm_percent_seconds += s * f64::from(i.weights.sm_percent);
-        u.memory_gib_seconds += s * i.weights.memory_bytes as f64 / GIB;
-        u.whole_gpu_seconds += s * f64::from(i.weights.whole_gpus);
+        u.mig += ms * u128::from(i.weights.mig_slices);
+        u.sm += ms * u128::from(i.weights.sm_percent);
+        u.mem += ms * u128::from(i.weights.memory_bytes);
+        u.whole += ms * u128::from(i.weights.whole_gpus);
     }
-    out.into_values().collect()
+    out.into_iter()
+        .map(|(tenant, u)| TenantUsage {
+            tenant: tenant.to_string(),
+            leases: u.leases,
+            mig_slice_seconds: u.mig as f64 / 1000.0,
+            mps_sm_percent_seconds: u.sm as f64 / 1000.0,
+            memory_gib_seconds: u.mem as f64 / (1000.0 * GIB),
+            whole_gpu_seconds: u.whole as f64 / 1000.0,
+        })
+        .collect()
 }
 
 /// Copy every ended, not yet recorded lease into `usage_records`. Returns how many
@@ -494,6 +511,25 @@ mod tests {
         assert_eq!(v[0].tenant, "a");
         assert_eq!(v[0].whole_gpu_seconds, 7200.0);
         assert_eq!(v[0].leases, 2);
+    }
+
+    #[test]
+    fn split_windows_add_up_to_the_whole_exactly() {
+        let w = Weights {
+            mig_slices: 3,
+            memory_bytes: 40 << 30,
+            ..Weights::default()
+        };
+        let ivs = [iv("a", 1_123, Some(7 * H + 4_567), w)];
+        let whole = accumulate(&ivs, 0, 10 * H, 10 * H);
+        let first = accumulate(&ivs, 0, 3 * H + 1, 10 * H);
+        let second = accumulate(&ivs, 3 * H + 1, 10 * H, 10 * H);
+        assert_eq!(
+            first[0].mig_slice_seconds + second[0].mig_slice_seconds,
+            whole[0].mig_slice_seconds
+        );
+        // 3 slices x (7h + 3.444 s): no floating-point noise.
+        assert_eq!(whole[0].mig_slice_seconds.to_string(), "75610.332");
     }
 
     #[test]
