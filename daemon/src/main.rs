@@ -131,14 +131,8 @@ async fn run(cfg: Config, backend: Arc<dyn GpuBackend>) -> anyhow::Result<()> {
         store.clone(),
         stop_rx.clone(),
     ));
-    let _metrics = match metrics_listen {
-        Some(addr) => Some(
-            tesserad::metrics::start(addr, mgr.clone(), stop_rx.clone())
-                .await?
-                .0,
-        ),
-        None => None,
-    };
+    // The handle the API service records calls and admissions on.
+    let _metrics = tesserad::metrics::spawn(metrics_listen, mgr.clone(), stop_rx.clone()).await?;
     notify(&[sd_notify::NotifyState::Ready]);
 
     let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;

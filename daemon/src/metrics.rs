@@ -294,20 +294,25 @@ impl Metrics {
     }
 }
 
-/// Bind `addr`, then serve the metrics and count lease events until `stop`.
-/// Returns the handle the API service records calls on, and the bound address.
-pub async fn start(
-    addr: SocketAddr,
+/// Create the daemon's metrics, count lease events until `stop`, and serve
+/// `/metrics` on `listen` when it is set. The returned handle is what the API
+/// service records calls and admissions on (it counts even when nothing serves it).
+pub async fn spawn(
+    listen: Option<SocketAddr>,
     mgr: Arc<LeaseManager>,
     stop: tokio::sync::watch::Receiver<bool>,
-) -> Result<(Arc<Metrics>, SocketAddr), MetricsError> {
+) -> Result<Arc<Metrics>, MetricsError> {
+    let metrics = Arc::new(Metrics::new(Some(mgr.clone())));
+    let Some(addr) = listen else {
+        tokio::spawn(metrics.clone().run_event_counter(mgr, stop));
+        return Ok(metrics);
+    };
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|source| MetricsError::Bind { addr, source })?;
     let bound = listener
         .local_addr()
         .map_err(|source| MetricsError::Bind { addr, source })?;
-    let metrics = Arc::new(Metrics::new(Some(mgr.clone())));
     tokio::spawn(metrics.clone().run_event_counter(mgr, stop.clone()));
     let mut stop_serve = stop;
     let shutdown = async move {
@@ -324,7 +329,7 @@ pub async fn start(
         }
     });
     info!(addr = %bound, "serving Prometheus metrics on /metrics");
-    Ok((metrics, bound))
+    Ok(metrics)
 }
 
 /// Scrape-time gauges from the lease manager and the backend.
