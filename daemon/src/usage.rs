@@ -74,11 +74,11 @@ pub struct TenantUsage {
     pub leases: u64,
 }
 
-/// What the weights of a MIG lease are looked up in: GI profile name ->
+/// What the weights of a lease are looked up in: (GPU index, GI profile name) ->
 /// (compute slices, memory bytes), and GPU index -> memory bytes.
 #[derive(Debug, Clone, Default)]
 pub struct Catalog {
-    pub mig_profiles: HashMap<String, (u32, u64)>,
+    pub mig_profiles: HashMap<(u32, String), (u32, u64)>,
     pub gpu_memory: HashMap<u32, u64>,
 }
 
@@ -90,8 +90,7 @@ impl Catalog {
             c.gpu_memory.insert(g.info.index, g.info.memory_bytes);
             for (p, _) in g.profiles {
                 c.mig_profiles
-                    .entry(p.name.clone())
-                    .or_insert((p.slices, p.memory_bytes));
+                    .insert((g.info.index, p.name.clone()), (p.slices, p.memory_bytes));
             }
         }
         c
@@ -117,7 +116,7 @@ pub fn weights(lease: &Lease, catalog: &Catalog) -> Weights {
         Shape::Mig { profile, .. } => {
             let (mig_slices, memory_bytes) = catalog
                 .mig_profiles
-                .get(profile)
+                .get(&(lease.gpu, profile.clone()))
                 .copied()
                 .or_else(|| parse_profile_name(profile))
                 .unwrap_or_default();
@@ -564,7 +563,8 @@ mod tests {
     #[test]
     fn weights_follow_the_shape() {
         let mut cat = Catalog::default();
-        cat.mig_profiles.insert("2g.20gb".into(), (2, 20 << 30));
+        cat.mig_profiles
+            .insert((1, "2g.20gb".into()), (2, 20 << 30));
         cat.gpu_memory.insert(1, 80 << 30);
         let m = Shape::Mig {
             profile: "2g.20gb".into(),
