@@ -563,8 +563,9 @@ mod tests {
     #[test]
     fn weights_follow_the_shape() {
         let mut cat = Catalog::default();
+        // NVML's size on GPU 1 (not the name's round number).
         cat.mig_profiles
-            .insert((1, "2g.20gb".into()), (2, 20 << 30));
+            .insert((1, "2g.20gb".into()), (2, 19 << 30));
         cat.gpu_memory.insert(1, 80 << 30);
         let m = Shape::Mig {
             profile: "2g.20gb".into(),
@@ -572,8 +573,12 @@ mod tests {
         };
         assert_eq!(
             weights(&lease(m.clone(), LeaseState::Active), &cat),
-            mig(2, 20)
+            mig(2, 19)
         );
+        // A GPU that does not report the profile (MIG off since): the name's numbers.
+        let mut on_gpu0 = lease(m.clone(), LeaseState::Released);
+        on_gpu0.gpu = 0;
+        assert_eq!(weights(&on_gpu0, &cat), mig(2, 20));
         assert_eq!(
             weights(&lease(Shape::WholeGpu, LeaseState::Released), &cat),
             Weights {
