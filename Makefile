@@ -119,9 +119,7 @@ install:
 	  if [ ! -x "$(TARGET_DIR)/$(PROFILE)/$$b" ]; then \
 	    echo "install: $(TARGET_DIR)/$(PROFILE)/$$b is missing: run 'make build' first (or PROFILE=debug)" >&2; exit 1; fi; \
 	done; \
-	for f in $(CONFIGS)/tesserad.toml $(CONFIGS)/runtime.toml; do \
-	  if [ ! -f "$$f" ]; then echo "install: $$f is missing" >&2; exit 1; fi; \
-	done
+	if [ ! -f "$(CONFIGS)/tesserad.toml" ]; then echo "install: $(CONFIGS)/tesserad.toml is missing" >&2; exit 1; fi
 	install -d -m 0755 "$(DESTDIR)$(BINDIR)"
 	install -m 0755 $(addprefix $(TARGET_DIR)/$(PROFILE)/,$(BINARIES)) "$(DESTDIR)$(BINDIR)/"
 	install -d -m 0755 "$(DESTDIR)$(UNITDIR)"
@@ -135,7 +133,8 @@ install:
 	    echo "install: kept existing $$dst; new version is $$dst.example"; \
 	  else install -D -m 0644 "$$src" "$$dst"; echo "install: $$dst"; fi; }; \
 	conf $(CONFIGS)/tesserad.toml "$(DESTDIR)$(CONFDIR)/tesserad.toml"; \
-	conf $(CONFIGS)/runtime.toml "$(DESTDIR)$(CONFDIR)/runtime.toml"; \
+	if [ -f $(CONFIGS)/runtime.toml ]; then conf $(CONFIGS)/runtime.toml "$(DESTDIR)$(CONFDIR)/runtime.toml"; \
+	else echo "install: WARNING: no $(CONFIGS)/runtime.toml (tessera-runtime's config)" >&2; fi; \
 	install -d -m 0755 "$(DESTDIR)$(CONFDIR)/seccomp"; \
 	found=0; \
 	for f in $(CONFIGS)/seccomp/*; do [ -f "$$f" ] || continue; found=1; \

@@ -6,6 +6,7 @@
 mod admin;
 mod audit;
 mod client;
+mod doctor;
 mod lease;
 mod node;
 mod output;
@@ -61,6 +62,13 @@ enum Command {
     Reload,
     /// Show the audit log (reads the log files; the daemon need not run).
     Audit(audit::AuditArgs),
+    /// Check this host is ready for Tessera: driver, MIG, runc, cgroups, AppArmor,
+    /// containerd, socket. Prints OK/WARN/FAIL with fixes; exits 1 on any FAIL.
+    Doctor {
+        /// containerd's config file (checked for the "tessera" runtime).
+        #[arg(long, default_value = "/etc/containerd/config.toml")]
+        containerd_config: PathBuf,
+    },
 }
 
 impl Command {
@@ -71,7 +79,12 @@ impl Command {
             Self::Lease(cmd) => cmd.validate(),
             Self::Usage(args) => args.validate(),
             Self::Quota(cmd) => cmd.validate(),
-            Self::Gpus | Self::Node | Self::Watch { .. } | Self::Reload | Self::Audit(_) => Ok(()),
+            Self::Gpus
+            | Self::Node
+            | Self::Watch { .. }
+            | Self::Reload
+            | Self::Audit(_)
+            | Self::Doctor { .. } => Ok(()),
         }
     }
 }
@@ -80,6 +93,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     cli.command.validate()?;
     if let Command::Audit(a) = &cli.command {
         return audit::run(a, cli.json);
+    }
+    if let Command::Doctor { containerd_config } = &cli.command {
+        // Needs no daemon: the socket is one of the things it inspects.
+        if !doctor::run_doctor(&cli.socket, containerd_config, cli.json)? {
+            anyhow::bail!("the host is not ready (see the FAIL lines above)");
+        }
+        return Ok(());
     }
     let mut daemon = Daemon::connect(&cli.socket).await?;
     let json = cli.json;
@@ -92,6 +112,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Quota(cmd) => admin::quota(&mut daemon, cmd, json).await,
         Command::Reload => admin::reload(&mut daemon, json).await,
         Command::Audit(_) => Ok(()),
+        Command::Doctor { .. } => Ok(()),
     }
 }
 

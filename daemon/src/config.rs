@@ -69,6 +69,7 @@ pub struct Config {
     pub partition: PartitionConfig,
     pub lease: LeaseConfig,
     pub devices: DevicesConfig,
+    pub metrics: MetricsConfig,
     pub auth: AuthConfig,
     pub tenancy: TenancyConfig,
     pub audit: AuditConfig,
@@ -143,6 +144,15 @@ pub struct AuditConfig {
     pub path: PathBuf,
     pub max_bytes: u64,
     pub keep: u32,
+}
+
+/// The Prometheus endpoint (`[metrics]`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MetricsConfig {
+    /// Where `/metrics` is served; None = no endpoint (the default).
+    pub listen: Option<std::net::SocketAddr>,
+    /// A non-loopback `listen` address is refused unless this is true.
+    pub allow_remote: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -241,6 +251,8 @@ struct RawConfig {
     quota: RawQuota,
     #[serde(default)]
     audit: RawAudit,
+    #[serde(default)]
+    metrics: RawMetrics,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -308,6 +320,13 @@ struct RawAudit {
     path: Option<PathBuf>,
     max_size: Option<String>,
     keep: Option<u32>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMetrics {
+    listen: Option<String>,
+    allow_remote: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -570,6 +589,33 @@ impl Config {
         if audit.max_bytes < 4096 {
             return Err(v.err("audit.max_size", "must be at least 4KiB".into()));
         }
+        let allow_remote = raw.metrics.allow_remote.unwrap_or(false);
+        let listen = match raw.metrics.listen.as_deref().map(str::trim) {
+            None | Some("") => None,
+            Some(s) => {
+                let addr: std::net::SocketAddr = s.parse().map_err(|_| {
+                    v.err(
+                        "metrics.listen",
+                        format!(
+                            "{s:?} is not an address like \"127.0.0.1:9464\" or \"[::1]:9464\""
+                        ),
+                    )
+                })?;
+                if !addr.ip().is_loopback() && !allow_remote {
+                    return Err(v.err(
+                        "metrics.listen",
+                        format!(
+                            "{addr} is not a loopback address: metrics reveal tenants and usage; set metrics.allow_remote = true to serve them beyond this host"
+                        ),
+                    ));
+                }
+                Some(addr)
+            }
+        };
+        let metrics = MetricsConfig {
+            listen,
+            allow_remote,
+        };
 
         Ok(Config {
             path: path.to_path_buf(),
@@ -582,6 +628,7 @@ impl Config {
             auth,
             tenancy,
             audit,
+            metrics,
         })
     }
 }
@@ -897,6 +944,62 @@ mod tests {
         assert_eq!(parse_size("12"), Some(12));
         assert_eq!(parse_size("lots"), None);
         assert_eq!(parse_size("99999999999999999999T"), None);
+    }
+
+    #[test]
+    fn metrics_are_off_by_default_and_loopback_only_unless_allowed() {
+        assert_eq!(parse(MINIMAL).unwrap().metrics.listen, None);
+        let c = parse(&format!("{MINIMAL}[metrics]\nlisten = \"\"\n")).unwrap();
+        assert_eq!(c.metrics.listen, None);
+        let c = parse(&format!(
+            "{MINIMAL}[metrics]\nlisten = \"127.0.0.1:9464\"\n"
+        ))
+        .unwrap();
+        assert_eq!(c.metrics.listen, Some("127.0.0.1:9464".parse().unwrap()));
+        let e = parse(&format!("{MINIMAL}[metrics]\nlisten = \"0.0.0.0:9464\"\n")).unwrap_err();
+        assert!(e.to_string().contains("metrics.listen"), "{e}");
+        assert!(e.to_string().contains("allow_remote"), "{e}");
+        let c = parse(&format!(
+            "{MINIMAL}[metrics]\nlisten = \"0.0.0.0:9464\"\nallow_remote = true\n"
+        ))
+        .unwrap();
+        assert_eq!(c.metrics.listen, Some("0.0.0.0:9464".parse().unwrap()));
+        let e = parse(&format!("{MINIMAL}[metrics]\nlisten = \"localhost\"\n")).unwrap_err();
+        assert!(e.to_string().contains("metrics.listen"), "{e}");
+    }
+
+    /// Every tesserad config shipped directly under configs/ must load (runtime*.toml
+    /// are tessera-runtime's, subdirectories hold profiles).
+    #[test]
+    fn shipped_configs_parse() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs");
+        let mut checked = Vec::new();
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            if !name.ends_with(".toml") || name.starts_with("runtime") {
+                continue;
+            }
+            Config::load(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
+            checked.push(name);
+        }
+        checked.sort();
+        assert!(checked.contains(&"dev.toml".to_string()), "{checked:?}");
+        assert!(
+            checked.contains(&"tesserad.toml".to_string()),
+            "{checked:?}"
+        );
+    }
+
+    #[test]
+    fn production_example_is_nvml_under_system_dirs() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs");
+        let c = Config::load(&dir.join("tesserad.toml")).unwrap();
+        assert_eq!(c.gpu.backend, BackendKind::Nvml);
+        assert_eq!(c.daemon.state_dir, PathBuf::from("/var/lib/tessera"));
+        assert_eq!(c.daemon.run_dir, PathBuf::from("/run/tessera"));
+        assert_eq!(c.daemon.socket, PathBuf::from("/run/tessera/tesserad.sock"));
+        assert_eq!(c.metrics.listen, Some("127.0.0.1:9464".parse().unwrap()));
     }
 
     #[test]

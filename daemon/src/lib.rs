@@ -5,6 +5,8 @@ pub mod audit;
 pub mod config;
 pub mod gpu;
 pub mod lease;
+pub mod metrics;
 pub mod mps;
 pub mod partition;
 pub mod store;
+pub mod usage;

@@ -127,8 +127,8 @@ async fn run(cfg: Config, backend: Arc<dyn GpuBackend>) -> anyhow::Result<()> {
     if cfg.tenancy.tenants.is_empty() {
         warn!("no [tenants] configured: quotas are off, every tenant may use any free capacity");
     }
+    let metrics_listen = cfg.metrics.listen;
     let mgr = LeaseManager::start(cfg, backend, store.clone())?;
-    let service = TesseraService::new(mgr.clone(), auth, Some(audit));
 
     let listener = tesserad::api::bind_unix(&socket, mode)?;
     if let Some(group) = group {
@@ -139,6 +139,15 @@ async fn run(cfg: Config, backend: Arc<dyn GpuBackend>) -> anyhow::Result<()> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let housekeeping = tokio::spawn(mgr.clone().run_housekeeping(stop_rx.clone()));
     let watchdog = tokio::spawn(feed_watchdog(mgr.clone(), stop_rx.clone()));
+    // ops: usage records and the Prometheus endpoint ([metrics] listen).
+    let usage = tokio::spawn(tesserad::usage::run_recorder(
+        mgr.clone(),
+        store.clone(),
+        stop_rx.clone(),
+    ));
+    // The handle the API service records calls and admissions on.
+    let metrics = tesserad::metrics::spawn(metrics_listen, mgr.clone(), stop_rx.clone()).await?;
+    let service = TesseraService::new(mgr.clone(), auth, Some(audit), Some(metrics));
     notify(&[sd_notify::NotifyState::Ready]);
 
     let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
@@ -193,6 +202,7 @@ async fn run(cfg: Config, backend: Arc<dyn GpuBackend>) -> anyhow::Result<()> {
     let _ = stop_tx.send(true);
     let _ = housekeeping.await;
     let _ = watchdog.await;
+    let _ = usage.await;
     let _ = std::fs::remove_file(&socket);
     store.close();
     info!("stopped; leases and partitions are kept for the next start");

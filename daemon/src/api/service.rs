@@ -25,6 +25,7 @@ pub struct TesseraService {
     mgr: Arc<LeaseManager>,
     auth: Arc<Authenticator>,
     audit: Option<Arc<AuditLog>>,
+    metrics: Option<Arc<crate::metrics::Metrics>>,
 }
 
 fn code_name(code: tonic::Code) -> String {
@@ -36,8 +37,20 @@ impl TesseraService {
         mgr: Arc<LeaseManager>,
         auth: Arc<Authenticator>,
         audit: Option<Arc<AuditLog>>,
+        metrics: Option<Arc<crate::metrics::Metrics>>,
     ) -> Self {
-        TesseraService { mgr, auth, audit }
+        TesseraService {
+            mgr,
+            auth,
+            audit,
+            metrics,
+        }
+    }
+
+    fn count(&self, rpc: Rpc, code: tonic::Code) {
+        if let Some(m) = &self.metrics {
+            m.record_call(rpc.name(), code);
+        }
     }
 
     /// Re-read the config file and apply what can change at run time: tenants,
@@ -71,6 +84,7 @@ impl TesseraService {
     fn begin<T>(&self, rpc: Rpc, req: &Request<T>) -> Result<Principal, Status> {
         let caller = auth::caller_of(req);
         let refuse = |st: Status, who: String| {
+            self.count(rpc, st.code());
             self.write_audit(Record {
                 at_ms: now_ms(),
                 source: "api".into(),
@@ -112,6 +126,7 @@ impl TesseraService {
             Ok(_) => ("ok".to_string(), vec![]),
             Err(st) => (code_name(st.code()), vec![st.message().to_string()]),
         };
+        self.count(rpc, r.as_ref().err().map_or(tonic::Code::Ok, Status::code));
         self.write_audit(Record {
             at_ms: now_ms(),
             source: "api".into(),
@@ -515,6 +530,10 @@ impl Tessera for TesseraService {
             .get(&r.lease_id)
             .map(|(l, _)| l.tenant)
             .unwrap_or_default();
+        if let Some(m) = &self.metrics {
+            m.record_admission(r.admitted, &r.reasons);
+        }
+        self.count(Rpc::ReportAdmission, tonic::Code::Ok);
         info!(
             container = %r.container_id,
             lease = %r.lease_id,
@@ -551,11 +570,16 @@ impl Tessera for TesseraService {
     ) -> Result<Response<pb::GetUsageResponse>, Status> {
         let who = self.begin(Rpc::GetUsage, &req)?;
         let r = req.into_inner();
-        let result = self.scope(&who, &r.tenant).and_then(|_| {
-            Err(Status::unimplemented(
-                "usage accounting is not available in this build",
-            ))
-        });
+        let result = self
+            .scope(&who, &r.tenant)
+            .and_then(|tenant| {
+                let q = pb::GetUsageRequest {
+                    tenant,
+                    ..r.clone()
+                };
+                crate::usage::get_usage(&self.mgr, &q)
+            })
+            .map(Response::new);
         self.done(Rpc::GetUsage, &who, &r.tenant, "", result)
     }
 

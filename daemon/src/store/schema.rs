@@ -52,6 +52,19 @@ const MIGRATIONS: &[&str] = &[
         expires_at_ms INTEGER NOT NULL,
         body TEXT NOT NULL
     );",
+    // 3: usage accounting: one row per ended lease, kept after the lease is pruned.
+    "CREATE TABLE usage_records (
+        lease_id TEXT PRIMARY KEY,
+        tenant TEXT NOT NULL,
+        state TEXT NOT NULL,
+        start_ms INTEGER NOT NULL,
+        end_ms INTEGER NOT NULL,
+        mig_slices INTEGER NOT NULL,
+        sm_percent INTEGER NOT NULL,
+        memory_bytes INTEGER NOT NULL,
+        whole_gpus INTEGER NOT NULL
+    );
+    CREATE INDEX usage_records_window ON usage_records(tenant, start_ms, end_ms);",
 ];
 
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;

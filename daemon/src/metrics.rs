@@ -1,0 +1,578 @@
+//! The Prometheus endpoint: `GET /metrics` on `[metrics] listen` (off by default).
+//!
+//! * Gauges (leases, partitions, free capacity, NVML utilisation) are computed at
+//!   scrape time from the lease manager and the backend (a collector), so they can
+//!   never drift from the daemon's state.
+//! * Counters (API calls, runtime admissions, lease lifecycle) are incremented by
+//!   [`Metrics::record_call`], [`Metrics::record_admission`] and a task subscribed to
+//!   the lease events ([`Metrics::run_event_counter`]).
+//!
+//! Labels are bounded: RPC names are static, result codes are the gRPC code names,
+//! shapes are MIG profile names (a hardware list) or "mps"/"whole_gpu". Tenant names
+//! and admission reasons are caller-chosen, so each keeps its first
+//! [`MAX_TENANT_LABELS`] / [`MAX_REASON_LABELS`] distinct values and reports the rest
+//! as "other". Tokens never appear.
+
+use std::collections::{BTreeMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use tracing::{info, warn};
+
+use crate::lease::model::{Lease, PartKind, Partition};
+use crate::lease::{EventKind, LeaseManager};
+use crate::partition::Shape;
+
+/// Distinct tenant label values before the rest become "other".
+pub const MAX_TENANT_LABELS: usize = 1000;
+/// Distinct admission-refusal reasons before the rest become "other".
+pub const MAX_REASON_LABELS: usize = 64;
+/// Longest label value kept from a caller-chosen string.
+const MAX_LABEL_LEN: usize = 64;
+
+type Labels = Vec<(&'static str, String)>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    #[error("metrics listener {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("metrics server: {0}")]
+    Serve(#[source] std::io::Error),
+}
+
+/// Keeps a label bounded: the first `max` distinct values pass, later ones are "other".
+#[derive(Debug)]
+pub struct LabelCap {
+    max: usize,
+    seen: Mutex<HashSet<String>>,
+}
+
+impl LabelCap {
+    pub fn new(max: usize) -> LabelCap {
+        LabelCap {
+            max,
+            seen: Mutex::new(HashSet::new()),
+        }
+    }
+
+    pub fn label(&self, value: &str) -> String {
+        let value: String = value.chars().take(MAX_LABEL_LEN).collect();
+        let Ok(mut seen) = self.seen.lock() else {
+            return "other".into();
+        };
+        if seen.contains(&value) {
+            return value;
+        }
+        if seen.len() < self.max {
+            seen.insert(value.clone());
+            return value;
+        }
+        "other".into()
+    }
+}
+
+/// The canonical gRPC name of a status code ("OK", "PERMISSION_DENIED", ...).
+pub fn code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code::*;
+    match code {
+        Ok => "OK",
+        Cancelled => "CANCELLED",
+        Unknown => "UNKNOWN",
+        InvalidArgument => "INVALID_ARGUMENT",
+        DeadlineExceeded => "DEADLINE_EXCEEDED",
+        NotFound => "NOT_FOUND",
+        AlreadyExists => "ALREADY_EXISTS",
+        PermissionDenied => "PERMISSION_DENIED",
+        ResourceExhausted => "RESOURCE_EXHAUSTED",
+        FailedPrecondition => "FAILED_PRECONDITION",
+        Aborted => "ABORTED",
+        OutOfRange => "OUT_OF_RANGE",
+        Unimplemented => "UNIMPLEMENTED",
+        Internal => "INTERNAL",
+        Unavailable => "UNAVAILABLE",
+        DataLoss => "DATA_LOSS",
+        Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+/// "1g.10gb", "mps" or "whole_gpu".
+pub fn shape_label(shape: &Shape) -> String {
+    match shape {
+        Shape::Mig { profile, .. } => profile.chars().take(MAX_LABEL_LEN).collect(),
+        Shape::Mps { .. } => "mps".into(),
+        Shape::WholeGpu => "whole_gpu".into(),
+    }
+}
+
+fn partition_label(p: &Partition) -> String {
+    match &p.kind {
+        PartKind::Mig(m) => m.profile.clone(),
+        PartKind::Mps(_) => "mps".into(),
+        PartKind::WholeGpu => "whole_gpu".into(),
+    }
+}
+
+/// The daemon's metrics: counters it increments and the registry it serves.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    api_calls: Family<Labels, Counter>,
+    admissions: Family<Labels, Counter>,
+    lease_events: Family<Labels, Counter>,
+    tenants: Arc<LabelCap>,
+    reasons: LabelCap,
+}
+
+impl Metrics {
+    /// Counters only; with `mgr`, also the scrape-time gauges of its node.
+    pub fn new(mgr: Option<Arc<LeaseManager>>) -> Metrics {
+        let mut registry = Registry::with_prefix("tessera");
+        let api_calls = Family::<Labels, Counter>::default();
+        registry.register(
+            "api_calls",
+            "gRPC calls by RPC and result code (refusals are every code but OK)",
+            api_calls.clone(),
+        );
+        let admissions = Family::<Labels, Counter>::default();
+        registry.register(
+            "runtime_admissions",
+            "Container admissions reported by tessera-runtime, by result and refusal reason",
+            admissions.clone(),
+        );
+        let lease_events = Family::<Labels, Counter>::default();
+        registry.register(
+            "lease_events",
+            "Lease lifecycle events (created, released, expired, revoked, revoking, preempting) by tenant and shape",
+            lease_events.clone(),
+        );
+        let tenants = Arc::new(LabelCap::new(MAX_TENANT_LABELS));
+        if let Some(mgr) = mgr {
+            registry.register_collector(Box::new(NodeCollector {
+                mgr,
+                tenants: tenants.clone(),
+            }));
+        }
+        Metrics {
+            registry,
+            api_calls,
+            admissions,
+            lease_events,
+            tenants,
+            reasons: LabelCap::new(MAX_REASON_LABELS),
+        }
+    }
+
+    /// Count one API call and its result (`tonic::Code::Ok` for a success).
+    pub fn record_call(&self, rpc: &'static str, code: tonic::Code) {
+        self.api_calls
+            .get_or_create(&vec![
+                ("rpc", rpc.to_string()),
+                ("code", code_name(code).into()),
+            ])
+            .inc();
+    }
+
+    /// Count one runtime admission decision; a refusal counts once per reason.
+    pub fn record_admission(&self, admitted: bool, reasons: &[String]) {
+        if admitted {
+            self.admissions
+                .get_or_create(&vec![
+                    ("result", "admitted".into()),
+                    ("reason", String::new()),
+                ])
+                .inc();
+            return;
+        }
+        let mut labels: Vec<String> = reasons.iter().map(|r| self.reasons.label(r)).collect();
+        if labels.is_empty() {
+            labels.push("unspecified".into());
+        }
+        for reason in labels {
+            self.admissions
+                .get_or_create(&vec![("result", "refused".into()), ("reason", reason)])
+                .inc();
+        }
+    }
+
+    /// Count one lease event.
+    pub fn record_event(&self, kind: EventKind, lease: &Lease) {
+        let event = match kind {
+            EventKind::Created => "created",
+            EventKind::Released => lease.state.as_str(),
+            EventKind::Revoked => lease.state.as_str(),
+            EventKind::Revoking => "revoking",
+            EventKind::Preempting => "preempting",
+            EventKind::MpsRestarted => "mps_restarted",
+            EventKind::Renewed
+            | EventKind::Expiring
+            | EventKind::ContainerBound
+            | EventKind::ContainerUnbound => return,
+        };
+        self.lease_events
+            .get_or_create(&vec![
+                ("event", event.to_string()),
+                ("tenant", self.tenants.label(&lease.tenant)),
+                ("shape", shape_label(&lease.shape)),
+            ])
+            .inc();
+    }
+
+    /// Count lease events until the manager's event channel closes.
+    pub async fn run_event_counter(
+        self: Arc<Self>,
+        mgr: Arc<LeaseManager>,
+        mut stop: tokio::sync::watch::Receiver<bool>,
+    ) {
+        let mut rx = mgr.subscribe();
+        loop {
+            tokio::select! {
+                ev = rx.recv() => match ev {
+                    Ok(ev) => self.record_event(ev.kind, &ev.lease),
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                        warn!(missed = n, "metrics: lease events missed; counters undercount");
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                },
+                r = stop.changed() => if r.is_err() || *stop.borrow() { return },
+            }
+        }
+    }
+
+    /// The OpenMetrics text exposition.
+    pub fn render(&self) -> Result<String, std::fmt::Error> {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+
+    /// Serve `/metrics` on `listener` until `shutdown` resolves.
+    pub async fn serve(
+        self: Arc<Self>,
+        listener: tokio::net::TcpListener,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> Result<(), MetricsError> {
+        use axum::http::{StatusCode, header};
+        let metrics = self;
+        let app = axum::Router::new().route(
+            "/metrics",
+            axum::routing::get(move || {
+                let m = metrics.clone();
+                async move {
+                    // The collector calls NVML and takes the state lock: off the
+                    // async workers.
+                    match tokio::task::spawn_blocking(move || m.render()).await {
+                        Ok(Ok(text)) => (
+                            StatusCode::OK,
+                            [(
+                                header::CONTENT_TYPE,
+                                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                            )],
+                            text,
+                        ),
+                        _ => (
+                            StatusCode::INTERNAL_SERVER_ERROR,
+                            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+                            "encoding the metrics failed\n".to_string(),
+                        ),
+                    }
+                }
+            }),
+        );
+        axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown)
+            .await
+            .map_err(MetricsError::Serve)
+    }
+}
+
+/// Create the daemon's metrics, count lease events until `stop`, and serve
+/// `/metrics` on `listen` when it is set. The returned handle is what the API
+/// service records calls and admissions on (it counts even when nothing serves it).
+pub async fn spawn(
+    listen: Option<SocketAddr>,
+    mgr: Arc<LeaseManager>,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> Result<Arc<Metrics>, MetricsError> {
+    let metrics = Arc::new(Metrics::new(Some(mgr.clone())));
+    let Some(addr) = listen else {
+        tokio::spawn(metrics.clone().run_event_counter(mgr, stop));
+        return Ok(metrics);
+    };
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| MetricsError::Bind { addr, source })?;
+    let bound = listener
+        .local_addr()
+        .map_err(|source| MetricsError::Bind { addr, source })?;
+    tokio::spawn(metrics.clone().run_event_counter(mgr, stop.clone()));
+    let mut stop_serve = stop;
+    let shutdown = async move {
+        while !*stop_serve.borrow() {
+            if stop_serve.changed().await.is_err() {
+                return;
+            }
+        }
+    };
+    let m = metrics.clone();
+    tokio::spawn(async move {
+        if let Err(e) = m.serve(listener, shutdown).await {
+            warn!(error = %e, "metrics endpoint stopped");
+        }
+    });
+    info!(addr = %bound, "serving Prometheus metrics on /metrics");
+    Ok(metrics)
+}
+
+/// Scrape-time gauges from the lease manager and the backend.
+#[derive(Debug)]
+struct NodeCollector {
+    mgr: Arc<LeaseManager>,
+    tenants: Arc<LabelCap>,
+}
+
+fn gauge_family(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    values: BTreeMap<Labels, i64>,
+) -> Result<(), std::fmt::Error> {
+    let family = Family::<Labels, Gauge>::default();
+    for (labels, v) in values {
+        family.get_or_create(&labels).set(v);
+    }
+    let e = encoder.encode_descriptor(name, help, None, family.metric_type())?;
+    family.encode(e)
+}
+
+impl Collector for NodeCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let mut leases: BTreeMap<Labels, i64> = BTreeMap::new();
+        if let Ok(list) = self.mgr.list(None, None, false) {
+            for (l, _) in list {
+                *leases
+                    .entry(vec![
+                        ("tenant", self.tenants.label(&l.tenant)),
+                        ("shape", shape_label(&l.shape)),
+                        ("state", l.state.as_str().to_string()),
+                    ])
+                    .or_default() += 1;
+            }
+        }
+        gauge_family(
+            &mut encoder,
+            "leases",
+            "Live leases by tenant, shape and state",
+            leases,
+        )?;
+
+        let node = self.mgr.node();
+        let backend = self.mgr.backend();
+        let mut partitions = BTreeMap::new();
+        let mut free_slices = BTreeMap::new();
+        let mut free_sm = BTreeMap::new();
+        let mut free_mem = BTreeMap::new();
+        let mut util = BTreeMap::new();
+        let mut mem_used = BTreeMap::new();
+        let mut mig_util = BTreeMap::new();
+        let mut mig_mem = BTreeMap::new();
+        for g in &node {
+            let gpu = g.info.index.to_string();
+            for p in &g.partitions {
+                let leased = if p.lease_id.is_some() {
+                    "true"
+                } else {
+                    "false"
+                };
+                *partitions
+                    .entry(vec![
+                        ("gpu", gpu.clone()),
+                        ("profile", partition_label(p)),
+                        ("leased", leased.to_string()),
+                    ])
+                    .or_insert(0) += 1;
+            }
+            let whole_mem = g.info.memory_bytes;
+            let (slices, sm, mem) = if g.whole_leased {
+                (0, 0, 0)
+            } else if g.info.mig_current {
+                // free_slices counts memory slices (8 per GPU).
+                let mem = whole_mem / 8 * u64::from(g.free_slices);
+                (g.free_slices, 0, mem)
+            } else {
+                (
+                    0,
+                    100u32.saturating_sub(g.mps_sm_percent_used),
+                    whole_mem.saturating_sub(g.mps_memory_used),
+                )
+            };
+            free_slices.insert(vec![("gpu", gpu.clone())], i64::from(slices));
+            if !g.info.mig_current {
+                free_sm.insert(vec![("gpu", gpu.clone())], i64::from(sm));
+            }
+            free_mem.insert(vec![("gpu", gpu.clone())], mem as i64);
+            if let Ok(u) = backend.utilization(g.info.index) {
+                util.insert(vec![("gpu", gpu.clone())], i64::from(u.gpu_percent));
+                mem_used.insert(vec![("gpu", gpu.clone())], u.memory_used_bytes as i64);
+            }
+            if g.info.mig_current
+                && let (Ok(instances), Ok(procs)) = (
+                    backend.instances(g.info.index),
+                    backend.processes(g.info.index),
+                )
+            {
+                for i in instances {
+                    let in_gi: Vec<_> = procs.iter().filter(|p| p.gi_id == Some(i.gi_id)).collect();
+                    let labels = vec![
+                        ("gpu", gpu.clone()),
+                        ("gi", i.gi_id.to_string()),
+                        (
+                            "profile",
+                            g.profiles
+                                .iter()
+                                .find(|(p, _)| p.id == i.gi_profile_id)
+                                .map(|(p, _)| p.name.clone())
+                                .unwrap_or_else(|| format!("id{}", i.gi_profile_id)),
+                        ),
+                    ];
+                    // NVML reports no SM utilisation for MIG devices: an instance
+                    // with compute processes in it counts as busy (100).
+                    let busy = if in_gi.is_empty() { 0 } else { 100 };
+                    mig_util.insert(labels.clone(), busy);
+                    mig_mem.insert(
+                        labels,
+                        in_gi.iter().map(|p| p.used_memory_bytes).sum::<u64>() as i64,
+                    );
+                }
+            }
+        }
+        gauge_family(
+            &mut encoder,
+            "partitions",
+            "Partitions by GPU, profile (MIG profile, mps, whole_gpu) and whether leased",
+            partitions,
+        )?;
+        gauge_family(
+            &mut encoder,
+            "gpu_free_slices",
+            "Free MIG memory slices per GPU (of 8; 0 when MIG is off or the GPU is leased whole)",
+            free_slices,
+        )?;
+        gauge_family(
+            &mut encoder,
+            "gpu_free_sm_percent",
+            "SM percent not yet given to MPS shares (GPUs without MIG)",
+            free_sm,
+        )?;
+        gauge_family(
+            &mut encoder,
+            "gpu_free_memory_bytes",
+            "Device memory not yet given to partitions",
+            free_mem,
+        )?;
+        gauge_family(
+            &mut encoder,
+            "gpu_utilization_percent",
+            "GPU utilisation as NVML reports it",
+            util,
+        )?;
+        gauge_family(
+            &mut encoder,
+            "gpu_memory_used_bytes",
+            "Device memory used by processes, from NVML",
+            mem_used,
+        )?;
+        gauge_family(
+            &mut encoder,
+            "mig_instance_utilization_percent",
+            "Per MIG instance: 100 while compute processes run in it, else 0",
+            mig_util,
+        )?;
+        gauge_family(
+            &mut encoder,
+            "mig_instance_memory_used_bytes",
+            "Per MIG instance: device memory used by its processes, from NVML",
+            mig_mem,
+        )?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_cap_keeps_first_values_then_other() {
+        let cap = LabelCap::new(2);
+        assert_eq!(cap.label("a"), "a");
+        assert_eq!(cap.label("b"), "b");
+        assert_eq!(cap.label("c"), "other");
+        assert_eq!(cap.label("a"), "a");
+        assert_eq!(cap.label(&"x".repeat(500)).len(), "other".len());
+    }
+
+    #[test]
+    fn record_call_counts_by_rpc_and_code() {
+        let m = Metrics::new(None);
+        m.record_call("CreateLease", tonic::Code::Ok);
+        m.record_call("CreateLease", tonic::Code::Ok);
+        m.record_call("CreateLease", tonic::Code::PermissionDenied);
+        let text = m.render().unwrap();
+        assert!(
+            text.contains("tessera_api_calls_total{rpc=\"CreateLease\",code=\"OK\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "tessera_api_calls_total{rpc=\"CreateLease\",code=\"PERMISSION_DENIED\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+
+    #[test]
+    fn admission_reasons_are_bounded() {
+        let m = Metrics::new(None);
+        m.record_admission(true, &[]);
+        for i in 0..(MAX_REASON_LABELS + 10) {
+            m.record_admission(false, &[format!("reason {i}")]);
+        }
+        let text = m.render().unwrap();
+        assert!(
+            text.contains("tessera_runtime_admissions_total{result=\"admitted\",reason=\"\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "tessera_runtime_admissions_total{result=\"refused\",reason=\"other\"} 10"
+            ),
+            "{text}"
+        );
+        let refused = text
+            .lines()
+            .filter(|l| l.starts_with("tessera_runtime_admissions_total{result=\"refused\""))
+            .count();
+        assert_eq!(refused, MAX_REASON_LABELS + 1);
+    }
+
+    #[test]
+    fn every_code_has_a_grpc_name() {
+        assert_eq!(
+            code_name(tonic::Code::ResourceExhausted),
+            "RESOURCE_EXHAUSTED"
+        );
+        assert_eq!(code_name(tonic::Code::Unauthenticated), "UNAUTHENTICATED");
+    }
+}
