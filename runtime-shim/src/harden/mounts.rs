@@ -120,6 +120,11 @@ pub fn apply(spec: &mut Value, ctx: &Context, f: &mut Findings) {
             },
         };
         let ndest = normalize(dest);
+        if source.starts_with('/') && normalize(source).starts_with("/dev/nvidia") {
+            f.refuse(format!(
+                "the spec mounts GPU device path {source}; GPU devices come only from the lease"
+            ));
+        }
         if ndest.starts_with("/dev/nvidia") {
             f.refuse(format!(
                 "the spec mounts onto GPU device path {dest}; GPU devices come only from the lease"
