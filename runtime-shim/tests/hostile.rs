@@ -200,7 +200,7 @@ const SAFE_CAPS: &[&str] = &[
 
 fn cap_list() -> impl Strategy<Value = Value> {
     prop_oneof![
-        2 => proptest::sample::subsequence(SAFE_CAPS, 0..5),
+        8 => proptest::sample::subsequence(SAFE_CAPS, 0..5),
         1 => proptest::sample::subsequence(ALL_CAPS, 0..8),
     ]
     .prop_map(|v| json!(v))
@@ -309,12 +309,17 @@ fn spec_strategy() -> impl Strategy<Value = Value> {
             3 => Just(vec!["pid", "ipc", "uts", "mount", "network"]),
             1 => proptest::sample::subsequence(vec!["pid", "ipc", "uts", "mount", "network", "user", "cgroup"], 0..7),
         ],
-        (any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>()),
+        (
+            proptest::bool::weighted(0.2),
+            any::<bool>(),
+            proptest::bool::weighted(0.1),
+            any::<bool>(),
+        ),
     )
-        .prop_map(|((b, e, a), devs, rules, mounts, nss, (nnp, seccomp, hooks, token_env))| {
+        .prop_map(|((b, e, a), devs, rules, mounts, nss, (nnp_off, seccomp, hooks, token_env))| {
             let mut s = common::base_spec(&["sh"]);
             s["process"]["capabilities"] = json!({"bounding": b, "effective": e, "ambient": a, "permitted": b});
-            s["process"]["noNewPrivileges"] = json!(nnp);
+            s["process"]["noNewPrivileges"] = json!(!nnp_off);
             s["linux"]["devices"] = json!(devs);
             s["linux"]["resources"]["devices"] = json!(rules);
             s["mounts"] = json!(mounts);
