@@ -163,20 +163,24 @@ impl Drop for Env {
         }
         if let Ok(rd) = std::fs::read_dir("/sys/fs/cgroup") {
             for h in rd.flatten() {
-                let top = h.path().join(&self.cgroup_prefix);
-                for p in [top.join("lease-1"), top.clone()] {
-                    let _ = std::fs::remove_dir(p);
-                }
+                remove_cgroup_tree(&h.path().join(&self.cgroup_prefix));
             }
         }
-        let _ = std::fs::remove_dir(
-            Path::new("/sys/fs/cgroup")
-                .join(&self.cgroup_prefix)
-                .join("lease-1"),
-        );
-        let _ = std::fs::remove_dir(Path::new("/sys/fs/cgroup").join(&self.cgroup_prefix));
+        remove_cgroup_tree(&Path::new("/sys/fs/cgroup").join(&self.cgroup_prefix));
         self.daemon.take();
     }
+}
+
+/// rmdir a cgroup directory tree, deepest first (cgroup dirs hold only virtual files).
+fn remove_cgroup_tree(p: &Path) {
+    if let Ok(rd) = std::fs::read_dir(p) {
+        for e in rd.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_cgroup_tree(&e.path());
+            }
+        }
+    }
+    let _ = std::fs::remove_dir(p);
 }
 
 fn text(o: &Output) -> (String, String) {
@@ -351,6 +355,12 @@ fn bind_failure_refuses() {
 fn exec_update_delete_on_a_running_container() {
     let Some(env) = Env::new() else { return };
     let b = env.bundle("b3", &["sleep", "60"], Some("tok-good"));
+    // A container with fewer capabilities than the policy allows.
+    let mut spec: Value =
+        serde_json::from_slice(&std::fs::read(b.join("config.json")).unwrap()).unwrap();
+    let few = json!(["CAP_KILL", "CAP_CHOWN", "CAP_NET_RAW"]);
+    spec["process"]["capabilities"] = json!({"bounding": few, "effective": few, "permitted": few});
+    common::write_spec(&b, &spec);
     let id = format!("t{}-exec", std::process::id());
     let out = env.runtime(&["create", "--bundle", b.to_str().unwrap(), &id], None);
     assert!(out.status.success(), "create: {:?}", text(&out));
@@ -388,7 +398,7 @@ fn exec_update_delete_on_a_running_container() {
     for w in [
         "NoNewPrivs:\t1",
         "Seccomp:\t2",
-        "CapEff:\t00000000200004fb",
+        "CapEff:\t0000000000000021",
         "open /dev/nvidia1 errno=2",
     ] {
         assert!(
@@ -427,7 +437,7 @@ fn exec_update_delete_on_a_running_container() {
     );
     std::fs::write(
         &p,
-        proc_json(json!({"bounding": ["CAP_NET_RAW"]}), true).to_string(),
+        proc_json(json!({"bounding": ["CAP_SETUID"]}), true).to_string(),
     )
     .unwrap();
     let out = env.runtime(&["exec", "-p", p.to_str().unwrap(), &id], None);
@@ -435,10 +445,25 @@ fn exec_update_delete_on_a_running_container() {
     assert!(
         text(&out)
             .1
-            .contains("CAP_NET_RAW, which the container does not have"),
+            .contains("CAP_SETUID, which the container does not have"),
         "{:?}",
         text(&out)
     );
+    // What containerd sends (the unreduced sets): reduced to the container's, and runs.
+    let unreduced = json!(["CAP_KILL", "CAP_CHOWN", "CAP_NET_RAW", "CAP_MKNOD"]);
+    std::fs::write(
+        &p,
+        proc_json(
+            json!({"bounding": unreduced, "effective": unreduced, "permitted": unreduced}),
+            true,
+        )
+        .to_string(),
+    )
+    .unwrap();
+    let out = env.runtime(&["exec", "-p", p.to_str().unwrap(), &id], None);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout} {stderr}");
+    assert!(stdout.contains("CapEff:\t0000000000000021"), "{stdout}");
 
     // noNewPrivileges=false in the process JSON is forced back on.
     std::fs::write(

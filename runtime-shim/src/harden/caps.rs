@@ -48,16 +48,18 @@ pub fn reduce(
                 f.refuse(format!("{what} asks for the forbidden capability {c}"));
                 continue;
             }
+            // Outside the policy: dropped, as at create (containerd's exec process carries
+            // the container's original, unreduced sets).
+            if !allowed.contains(&c) {
+                f.note(format!("{what}: capability {c} dropped from the {set} set"));
+                continue;
+            }
             if let Some(ceiling) = ceiling
                 && !ceiling.contains(&c)
             {
                 f.refuse(format!(
                     "{what} asks for capability {c}, which the container does not have"
                 ));
-                continue;
-            }
-            if !allowed.contains(&c) {
-                f.note(format!("{what}: capability {c} dropped from the {set} set"));
                 continue;
             }
             if !kept.contains(&c) {
