@@ -219,6 +219,20 @@ mod tests {
     }
 
     #[test]
+    fn shipped_containerd_and_kubernetes_configs_name_the_runtime() {
+        let snippet = include_str!("../../configs/containerd/tessera-runtime.toml");
+        let v: toml::Value = toml::from_str(snippet).unwrap();
+        let opts = &v["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["tessera"];
+        assert_eq!(opts["runtime_type"].as_str(), Some("io.containerd.runc.v2"));
+        assert_eq!(
+            opts["options"]["BinaryName"].as_str(),
+            Some("/usr/bin/tessera-runtime")
+        );
+        let rc = include_str!("../../configs/kubernetes/runtimeclass.yaml");
+        assert!(rc.contains("kind: RuntimeClass") && rc.contains("handler: tessera"));
+    }
+
+    #[test]
     fn unknown_keys_refuse_to_start() {
         let e =
             RuntimeConfig::parse("runc_pth = \"/usr/sbin/runc\"\n", Path::new("x")).unwrap_err();
