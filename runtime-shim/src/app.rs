@@ -77,6 +77,9 @@ impl Env {
     }
 
     fn plan(&self, keep_extra: i32, stdin: Option<Vec<u8>>) -> Outcome {
+        if let Err(e) = check_runtime_binary(&self.cfg.runc_path) {
+            return self.refuse("exec of the real runtime", &[e]);
+        }
         let mut env = vec![("PATH".to_string(), RUNC_PATH_ENV.to_string())];
         for name in &self.cfg.env_passthrough {
             if let Ok(v) = std::env::var(name) {
@@ -91,6 +94,28 @@ impl Env {
             stdin,
         })
     }
+}
+
+/// The real runtime must be a regular executable file that only its owner (root or the
+/// caller) can change: it runs as root with the container's bundle.
+pub fn check_runtime_binary(path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let m =
+        std::fs::metadata(path).map_err(|e| format!("the real runtime {}: {e}", path.display()))?;
+    let euid = nix::unistd::geteuid().as_raw();
+    if !m.is_file() || m.mode() & 0o111 == 0 {
+        return Err(format!(
+            "the real runtime {} is not an executable file",
+            path.display()
+        ));
+    }
+    if m.mode() & 0o022 != 0 || (m.uid() != 0 && m.uid() != euid) {
+        return Err(format!(
+            "the real runtime {} is writable by others than root",
+            path.display()
+        ));
+    }
+    Ok(())
 }
 
 fn preserve_fds(sub: &SubArgs) -> Result<i32, String> {

@@ -539,7 +539,8 @@ fn lease_refusals() {
     fx.cfg.tenant_namespaces.clear();
 
     let base = fx.lease.clone().unwrap();
-    let cases: Vec<(fn(&mut ResolvedLease, &Path), &str)> = vec![
+    type LeaseChange = fn(&mut ResolvedLease, &Path);
+    let cases: Vec<(LeaseChange, &str)> = vec![
         (
             |l, _| l.granted_capabilities.push("mig/config".into()),
             "mig/config capability",

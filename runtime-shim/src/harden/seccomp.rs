@@ -357,8 +357,19 @@ impl Profile {
         for (i, r) in file.errno.iter().enumerate() {
             emit_errno("errno", i, &r.reason, &r.names, r.errno)?;
         }
+        // [[deny]] entries document refusals the default action already gives (EPERM);
+        // they are checked (known names, not allowed elsewhere) but not emitted, which
+        // keeps the filter runc compiles small.
         for (i, r) in file.deny.iter().enumerate() {
-            emit_errno("deny", i, &r.reason, &r.names, 1)?;
+            check_names("deny", i, &r.reason, &r.names, &arches)?;
+            if let Some(n) = r.names.iter().find(|n| allowed.contains(&n.as_str())) {
+                return Err(rule_err(
+                    "deny",
+                    i,
+                    &r.reason,
+                    format!("{n} is also allowed by an [[allow]] rule"),
+                ));
+            }
         }
         let mut oci = json!({
             "defaultAction": file.default_action,
