@@ -226,6 +226,11 @@ fn refusal_cases() -> Vec<Case> {
             "name different tokens",
         ),
         (
+            "two env tokens",
+            |s, _| s["process"]["env"] = json!(["TESSERA_LEASE_TOKEN=a", "TESSERA_LEASE_TOKEN=b"]),
+            "different tokens",
+        ),
+        (
             "empty token",
             |s, _| s["annotations"] = json!({"tessera.io/lease-token": " "}),
             "token is empty",

@@ -221,3 +221,29 @@ fn a_writable_runtime_binary_is_refused() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("writable by others"));
 }
+
+#[test]
+fn no_token_policy_refuse() {
+    let (d, _) = setup();
+    let cfg = d.path().join("refuse.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "runc_path = {:?}\n[policy]\napparmor = \"if-available\"\nno_token = \"refuse\"\n",
+            d.path().join("fake-runc")
+        ),
+    )
+    .unwrap();
+    let b = d.path().join("b");
+    std::fs::create_dir_all(b.join("rootfs")).unwrap();
+    common::write_spec(&b, &common::base_spec(&["true"]));
+    let out = run(
+        &cfg,
+        &["create", "--bundle", b.to_str().unwrap(), "c1"],
+        false,
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("carries no lease token"), "{stderr}");
+    assert!(lines(&out, "argv: ").is_empty(), "runc must not run");
+}

@@ -204,7 +204,7 @@ pub fn find_token(spec: &Value) -> Result<Option<String>, String> {
         ))
         .and_then(Value::as_str)
         .map(str::to_string);
-    let from_env = spec
+    let mut env_tokens: Vec<String> = spec
         .pointer("/process/env")
         .and_then(Value::as_array)
         .into_iter()
@@ -212,7 +212,12 @@ pub fn find_token(spec: &Value) -> Result<Option<String>, String> {
         .filter_map(Value::as_str)
         .filter_map(|e| e.strip_prefix(&format!("{TOKEN_ENV}=")))
         .map(str::to_string)
-        .next_back();
+        .collect();
+    env_tokens.dedup();
+    if env_tokens.len() > 1 {
+        return Err(format!("process.env sets {TOKEN_ENV} to different tokens"));
+    }
+    let from_env = env_tokens.pop();
     match (from_annotation, from_env) {
         (Some(a), Some(e)) if a != e => Err(format!(
             "the annotation {TOKEN_ANNOTATION} and {TOKEN_ENV} name different tokens"
