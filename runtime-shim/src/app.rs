@@ -189,7 +189,16 @@ fn admit(
         .map_err(|e| (vec![format!("bad seccomp profile: {e}")], String::new()))?;
     let spec = bundle::load(bundle, env.cfg.policy.max_config_bytes)
         .map_err(|e| (vec![e.to_string()], String::new()))?;
-    let token = harden::find_token(&spec).map_err(|e| (vec![e], String::new()))?;
+    let mut token = harden::find_token(&spec).map_err(|e| (vec![e], String::new()))?;
+    // A Kubernetes pod's sandbox (pause) container carries the pod's annotations too; it
+    // runs no tenant code, so it gets the baseline hardening and never the GPU.
+    let sandbox = spec
+        .pointer("/annotations/io.kubernetes.cri.container-type")
+        .and_then(Value::as_str)
+        == Some("sandbox");
+    if sandbox {
+        token = None;
+    }
     let lease = match &token {
         Some(t) => {
             let Some(c) = client else {
@@ -203,7 +212,7 @@ fn admit(
                     .map_err(|e| (vec![e.to_string()], String::new()))?,
             )
         }
-        None if env.cfg.policy.no_token == NoToken::Refuse => {
+        None if env.cfg.policy.no_token == NoToken::Refuse && !sandbox => {
             return Err((
                 vec![format!(
                     "the container carries no lease token ({}) and the policy refuses such containers",

@@ -247,3 +247,45 @@ fn no_token_policy_refuse() {
     assert!(stderr.contains("carries no lease token"), "{stderr}");
     assert!(lines(&out, "argv: ").is_empty(), "runc must not run");
 }
+
+#[test]
+fn pod_sandbox_gets_baseline_even_with_the_pods_token() {
+    let (d, _) = setup();
+    let cfg = d.path().join("refuse.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "runc_path = {:?}\ndaemon_socket = {:?}\n[policy]\napparmor = \"if-available\"\nno_token = \"refuse\"\n",
+            d.path().join("fake-runc"),
+            d.path().join("no-daemon.sock")
+        ),
+    )
+    .unwrap();
+    let b = d.path().join("b");
+    std::fs::create_dir_all(b.join("rootfs")).unwrap();
+    let mut spec = common::base_spec(&["/pause"]);
+    spec["annotations"] = serde_json::json!({
+        "io.kubernetes.cri.container-type": "sandbox",
+        "tessera.io/lease-token": "tok"
+    });
+    common::write_spec(&b, &spec);
+    // No daemon is running: a resolved token would fail; the sandbox never resolves it.
+    let out = run(
+        &cfg,
+        &["create", "--bundle", b.to_str().unwrap(), "pause1"],
+        false,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let hardened: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(b.join("config.json")).unwrap()).unwrap();
+    assert_eq!(hardened["linux"]["devices"], serde_json::json!([]));
+    assert!(
+        hardened["annotations"]
+            .get("tessera.io/lease-token")
+            .is_none()
+    );
+}

@@ -118,8 +118,10 @@ pub fn harden_process(
     if let Some(a) = asked_aa
         && Some(a) != state.apparmor_profile.as_deref()
     {
-        f.refuse(format!(
-            "exec --process asks for AppArmor profile {a}, not the container's"
+        // containerd sends the profile of the original spec (CRI's default profile, say);
+        // the process gets the container's own, whatever it asked for.
+        f.note(format!(
+            "exec --process AppArmor profile {a} replaced by the container's"
         ));
     }
     let asked_label = obj
@@ -230,10 +232,6 @@ mod tests {
                 "CAP_SETUID, which the container does not have",
             ),
             (
-                json!({"apparmorProfile": "unconfined"}),
-                "AppArmor profile unconfined",
-            ),
-            (
                 json!({"selinuxLabel": "system_u:system_r:spc_t:s0"}),
                 "SELinux label",
             ),
@@ -256,6 +254,26 @@ mod tests {
                 f.reasons
             );
         }
+    }
+
+    #[test]
+    fn exec_gets_the_containers_apparmor_profile() {
+        let mut f = Findings::default();
+        let st = ContainerState {
+            apparmor_profile: Some("tessera-tenant".into()),
+            ..state()
+        };
+        let p = json!({"args": ["sh"], "apparmorProfile": "unconfined"});
+        let out = harden_process(p, &st, &crate::policy::Policy::default(), &mut f);
+        assert!(f.reasons.is_empty());
+        assert_eq!(out["apparmorProfile"], "tessera-tenant");
+        let out = harden_process(
+            json!({"apparmorProfile": "unconfined"}),
+            &state(),
+            &crate::policy::Policy::default(),
+            &mut f,
+        );
+        assert!(out.get("apparmorProfile").is_none());
     }
 
     #[test]
