@@ -77,6 +77,15 @@ impl Env {
     }
 
     fn plan(&self, keep_extra: i32, stdin: Option<Vec<u8>>) -> Outcome {
+        self.plan_with_args(self.inv.argv.clone(), keep_extra, stdin)
+    }
+
+    fn plan_with_args(
+        &self,
+        args: Vec<String>,
+        keep_extra: i32,
+        stdin: Option<Vec<u8>>,
+    ) -> Outcome {
         if let Err(e) = check_runtime_binary(&self.cfg.runc_path) {
             return self.refuse("exec of the real runtime", &[e]);
         }
@@ -88,7 +97,7 @@ impl Env {
         }
         Outcome::Exec(ExecPlan {
             program: self.cfg.runc_path.clone(),
-            args: self.inv.argv.clone(),
+            args,
             env,
             keep_fds_through: 2 + keep_extra,
             stdin,
@@ -393,13 +402,7 @@ fn update(env: &Env, sub: &SubArgs) -> Outcome {
     let mut f = Findings::default();
     hexec::check_update_flags(sub, &mut f);
     let mut stdin = None;
-    let resources_flag = env.inv.command.as_ref().and_then(|(_, s)| {
-        s.flags
-            .iter()
-            .rev()
-            .find(|fl| fl.name == "resources")
-            .cloned()
-    });
+    let resources_flag = sub.flags.iter().rev().find(|fl| fl.name == "resources");
     let mut inv = env.inv.clone();
     if let Some(flag) = resources_flag {
         let max = MAX_STDIN as u64;
@@ -419,7 +422,7 @@ fn update(env: &Env, sub: &SubArgs) -> Outcome {
             Ok((b, v)) => {
                 hexec::check_update_resources(&v, &mut f);
                 // runc reads exactly the bytes that were checked, from a pipe.
-                inv.set_flag_value(&flag, "-");
+                inv.set_flag_value(flag, "-");
                 stdin = Some(b);
             }
             Err(e) => f.refuse(format!("update: {e}")),
@@ -430,12 +433,7 @@ fn update(env: &Env, sub: &SubArgs) -> Outcome {
         report(env, client.as_ref(), &id, "", false, &f.reasons, "update");
         return env.refuse(&what, &f.reasons);
     }
-    let env2 = Env {
-        inv,
-        cfg: env.cfg.clone(),
-        log: env.log.clone(),
-    };
-    env2.plan(0, stdin)
+    env.plan_with_args(inv.argv, 0, stdin)
 }
 
 fn delete(env: &Env, sub: &SubArgs) -> Outcome {

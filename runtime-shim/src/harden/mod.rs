@@ -79,13 +79,6 @@ pub struct Decision {
     pub spec: Value,
 }
 
-impl Decision {
-    /// The `check --json` object.
-    pub fn to_json(&self) -> Value {
-        json!({"admitted": self.admitted, "reasons": self.reasons, "notes": self.notes, "spec": self.spec})
-    }
-}
-
 /// Collects refusals and notes.
 #[derive(Debug, Default)]
 pub struct Findings {
