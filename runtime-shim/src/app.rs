@@ -59,7 +59,12 @@ impl Env {
         Outcome::Exit(EXIT_REFUSED)
     }
 
+    /// A daemon client, or `None` when the daemon's socket is not there (no RPC runtime
+    /// is built for containers that will not talk to the daemon).
     fn client(&self) -> Option<DaemonClient> {
+        if !self.cfg.daemon_socket.exists() {
+            return None;
+        }
         DaemonClient::new(
             &self.cfg.daemon_socket,
             Duration::from_millis(self.cfg.daemon_timeout_ms),
@@ -212,7 +217,10 @@ fn admit(
         Some(t) => {
             let Some(c) = client else {
                 return Err((
-                    vec!["no RPC runtime for the daemon".to_string()],
+                    vec![format!(
+                        "the tessera daemon at {} is unavailable: no socket there",
+                        env.cfg.daemon_socket.display()
+                    )],
                     String::new(),
                 ));
             };
@@ -265,7 +273,6 @@ fn report(
 ) {
     // Best effort, and only when a daemon socket is there to answer.
     if let Some(c) = client
-        && c.socket().exists()
         && let Err(e) = c.report(id, lease_id, ok, reasons, cmd)
     {
         env.log
@@ -438,8 +445,7 @@ fn update(env: &Env, sub: &SubArgs) -> Outcome {
 
 fn delete(env: &Env, sub: &SubArgs) -> Outcome {
     let id = sub.first_positional().unwrap_or_default();
-    if env.cfg.daemon_socket.exists()
-        && let Some(c) = env.client()
+    if let Some(c) = env.client()
         && let Err(e) = c.unbind(id)
         && !matches!(e, crate::lease::LeaseError::UnknownToken(_))
     {
