@@ -309,7 +309,14 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
         .as_ref()
         .map(|l| l.lease_id.clone())
         .unwrap_or_default();
-    if let (Some(token), Some(c)) = (&adm.token, client.as_ref()) {
+    if let Some(token) = &adm.token {
+        // admit() resolved the token, so there is a client; stay closed regardless.
+        let Some(c) = client.as_ref() else {
+            return env.refuse(
+                &what,
+                &["no daemon client to bind the container".to_string()],
+            );
+        };
         let cgroup = adm
             .decision
             .spec
