@@ -1,0 +1,567 @@
+//! The runtime's flow for each runc subcommand: validate first, then act, then exec the
+//! real runtime. Returns what `main` must do (exec runc, or exit with a code).
+
+use crate::bundle;
+use crate::cli::{self, Command, Invocation, SubArgs};
+use crate::config::{ConfigError, ENV_VAR, RuntimeConfig};
+use crate::harden::{self, Context, Decision, Findings, exec as hexec, seccomp::Profile};
+use crate::host::HostFacts;
+use crate::lease::{DaemonClient, ResolvedLease};
+use crate::policy::NoToken;
+use crate::runclog::RuncLog;
+use serde_json::Value;
+use std::ffi::OsString;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Exit code for a bad runtime config or seccomp profile (EX_USAGE-like: 64).
+pub const EXIT_CONFIG: i32 = 64;
+/// Exit code for a refusal.
+pub const EXIT_REFUSED: i32 = 1;
+/// runc's default state root.
+pub const RUNC_DEFAULT_ROOT: &str = "/run/runc";
+/// The PATH runc gets.
+pub const RUNC_PATH_ENV: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// Largest resources JSON `update` forwards through its stdin pipe.
+pub const MAX_STDIN: usize = 60 * 1024;
+
+/// How to exec the real runtime.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecPlan {
+    pub program: PathBuf,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    /// File descriptors 0..=keep_fds_through stay open; the rest are closed on exec.
+    pub keep_fds_through: i32,
+    /// Bytes to put on the runtime's stdin (validated `update` resources).
+    pub stdin: Option<Vec<u8>>,
+}
+
+/// What `main` must do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Exec(ExecPlan),
+    Exit(i32),
+}
+
+struct Env {
+    inv: Invocation,
+    cfg: RuntimeConfig,
+    log: RuncLog,
+}
+
+impl Env {
+    fn refuse(&self, what: &str, reasons: &[String]) -> Outcome {
+        let msg = format!("tessera-runtime: {what} refused: {}", reasons.join("; "));
+        eprintln!("{msg}");
+        self.log.error(&msg);
+        Outcome::Exit(EXIT_REFUSED)
+    }
+
+    /// A daemon client, or `None` when the daemon's socket is not there (no RPC runtime
+    /// is built for containers that will not talk to the daemon).
+    fn client(&self) -> Option<DaemonClient> {
+        if !self.cfg.daemon_socket.exists() {
+            return None;
+        }
+        DaemonClient::new(
+            &self.cfg.daemon_socket,
+            Duration::from_millis(self.cfg.daemon_timeout_ms),
+        )
+        .map_err(|e| self.log.warn(&format!("tessera-runtime: {e}")))
+        .ok()
+    }
+
+    fn runtime_root(&self) -> String {
+        self.inv
+            .global
+            .root
+            .clone()
+            .unwrap_or_else(|| RUNC_DEFAULT_ROOT.to_string())
+    }
+
+    fn plan(&self, keep_extra: i32, stdin: Option<Vec<u8>>) -> Outcome {
+        self.plan_with_args(self.inv.argv.clone(), keep_extra, stdin)
+    }
+
+    fn plan_with_args(
+        &self,
+        args: Vec<String>,
+        keep_extra: i32,
+        stdin: Option<Vec<u8>>,
+    ) -> Outcome {
+        if let Err(e) = check_runtime_binary(&self.cfg.runc_path) {
+            return self.refuse("exec of the real runtime", &[e]);
+        }
+        let mut env = vec![("PATH".to_string(), RUNC_PATH_ENV.to_string())];
+        for name in &self.cfg.env_passthrough {
+            if let Ok(v) = std::env::var(name) {
+                env.push((name.clone(), v));
+            }
+        }
+        Outcome::Exec(ExecPlan {
+            program: self.cfg.runc_path.clone(),
+            args,
+            env,
+            keep_fds_through: 2 + keep_extra,
+            stdin,
+        })
+    }
+}
+
+/// The real runtime must be a regular executable file that only its owner (root or the
+/// caller) can change: it runs as root with the container's bundle.
+pub fn check_runtime_binary(path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let m =
+        std::fs::metadata(path).map_err(|e| format!("the real runtime {}: {e}", path.display()))?;
+    let euid = nix::unistd::geteuid().as_raw();
+    if !m.is_file() || m.mode() & 0o111 == 0 {
+        return Err(format!(
+            "the real runtime {} is not an executable file",
+            path.display()
+        ));
+    }
+    if m.mode() & 0o022 != 0 || (m.uid() != 0 && m.uid() != euid) {
+        return Err(format!(
+            "the real runtime {} is writable by others than root",
+            path.display()
+        ));
+    }
+    Ok(())
+}
+
+fn preserve_fds(sub: &SubArgs) -> Result<i32, String> {
+    match sub.value("preserve-fds") {
+        None => Ok(0),
+        Some(v) => v
+            .parse::<i32>()
+            .ok()
+            .filter(|n| (0..=1024).contains(n))
+            .ok_or_else(|| format!("--preserve-fds {v:?} is not a small number")),
+    }
+}
+
+/// Run the runtime's logic for one invocation (`args`: after the program name).
+pub fn run(args: Vec<OsString>) -> Outcome {
+    let inv = match cli::parse(args) {
+        Ok(i) => i,
+        Err(e) => {
+            eprintln!("tessera-runtime: {e}");
+            return Outcome::Exit(EXIT_REFUSED);
+        }
+    };
+    let log = RuncLog::new(inv.global.log.as_deref(), inv.global.log_format.as_deref());
+    let explicit = std::env::var_os(ENV_VAR).is_some_and(|v| !v.is_empty());
+    let cfg = match RuntimeConfig::load(&RuntimeConfig::path_from_env(), explicit) {
+        Ok(c) => c,
+        Err(e) => return config_error(&log, &e),
+    };
+    let env = Env { inv, cfg, log };
+    let Some((cmd, sub)) = env.inv.command.clone() else {
+        return env.plan(0, None);
+    };
+    match cmd {
+        Command::Create | Command::Run | Command::Restore => create(&env, cmd, &sub),
+        Command::Exec => exec(&env, &sub),
+        Command::Update => update(&env, &sub),
+        Command::Delete => delete(&env, &sub),
+        Command::Check => check(&env, &sub),
+    }
+}
+
+fn config_error(log: &RuncLog, e: &ConfigError) -> Outcome {
+    let msg = format!("tessera-runtime: bad runtime config: {e}");
+    eprintln!("{msg}");
+    log.error(&msg);
+    Outcome::Exit(EXIT_CONFIG)
+}
+
+/// Everything a create-like command decides before acting.
+struct Admission {
+    decision: Decision,
+    lease: Option<ResolvedLease>,
+    token: Option<String>,
+}
+
+fn bundle_dir(sub: &SubArgs) -> PathBuf {
+    sub.value("bundle")
+        .filter(|b| !b.is_empty())
+        .map_or_else(|| PathBuf::from("."), PathBuf::from)
+}
+
+/// Load the bundle, resolve the token, harden. `Err` carries refusal reasons and the
+/// lease id (if one was resolved).
+fn admit(
+    env: &Env,
+    client: Option<&DaemonClient>,
+    bundle: &Path,
+    id: &str,
+) -> Result<Admission, (Vec<String>, String)> {
+    let profile = Profile::load(env.cfg.policy.seccomp_profile.as_deref())
+        .map_err(|e| (vec![format!("bad seccomp profile: {e}")], String::new()))?;
+    let spec = bundle::load(bundle, env.cfg.policy.max_config_bytes)
+        .map_err(|e| (vec![e.to_string()], String::new()))?;
+    let mut token = harden::find_token(&spec).map_err(|e| (vec![e], String::new()))?;
+    // A Kubernetes pod's sandbox (pause) container carries the pod's annotations too; it
+    // runs no tenant code, so it gets the baseline hardening and never the GPU.
+    let sandbox = spec
+        .pointer("/annotations/io.kubernetes.cri.container-type")
+        .and_then(Value::as_str)
+        == Some("sandbox");
+    if sandbox {
+        token = None;
+    }
+    let lease = match &token {
+        Some(t) => {
+            let Some(c) = client else {
+                return Err((
+                    vec![format!(
+                        "the tessera daemon at {} is unavailable: no socket there",
+                        env.cfg.daemon_socket.display()
+                    )],
+                    String::new(),
+                ));
+            };
+            Some(
+                c.resolve(t)
+                    .map_err(|e| (vec![e.to_string()], String::new()))?,
+            )
+        }
+        None if env.cfg.policy.no_token == NoToken::Refuse && !sandbox => {
+            return Err((
+                vec![format!(
+                    "the container carries no lease token ({}) and the policy refuses such containers",
+                    harden::TOKEN_ANNOTATION
+                )],
+                String::new(),
+            ));
+        }
+        None => None,
+    };
+    let host = HostFacts::gather(&env.cfg.nvidia_proc_root);
+    let ctx = Context {
+        config: &env.cfg,
+        seccomp: &profile,
+        host: &host,
+        lease: lease.as_ref(),
+        container_id: id,
+        systemd_cgroup: env.inv.global.systemd_cgroup,
+        bundle,
+    };
+    let decision = harden::harden(spec, &ctx);
+    if !decision.admitted {
+        let lease_id = lease.map(|l| l.lease_id).unwrap_or_default();
+        return Err((decision.reasons, lease_id));
+    }
+    Ok(Admission {
+        decision,
+        lease,
+        token,
+    })
+}
+
+fn report(
+    env: &Env,
+    client: Option<&DaemonClient>,
+    id: &str,
+    lease_id: &str,
+    ok: bool,
+    reasons: &[String],
+    cmd: &str,
+) {
+    // Best effort, and only when a daemon socket is there to answer.
+    if let Some(c) = client
+        && let Err(e) = c.report(id, lease_id, ok, reasons, cmd)
+    {
+        env.log
+            .warn(&format!("tessera-runtime: ReportAdmission failed: {e}"));
+    }
+}
+
+fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
+    let id = sub.first_positional().unwrap_or_default().to_string();
+    let what = format!("{} {id}", cmd.name());
+    let keep = match preserve_fds(sub) {
+        Ok(n) => n,
+        Err(e) => return env.refuse(&what, &[e]),
+    };
+    let bundle = bundle_dir(sub);
+    let client = env.client();
+    let adm = match admit(env, client.as_ref(), &bundle, &id) {
+        Ok(a) => a,
+        Err((reasons, lease_id)) => {
+            report(
+                env,
+                client.as_ref(),
+                &id,
+                &lease_id,
+                false,
+                &reasons,
+                cmd.name(),
+            );
+            return env.refuse(&what, &reasons);
+        }
+    };
+    let lease_id = adm
+        .lease
+        .as_ref()
+        .map(|l| l.lease_id.clone())
+        .unwrap_or_default();
+    if let Some(token) = &adm.token {
+        // admit() resolved the token, so there is a client; stay closed regardless.
+        let Some(c) = client.as_ref() else {
+            return env.refuse(
+                &what,
+                &["no daemon client to bind the container".to_string()],
+            );
+        };
+        let cgroup = adm
+            .decision
+            .spec
+            .pointer("/linux/cgroupsPath")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        if let Err(e) = c.bind(token, &id, cgroup, &env.runtime_root()) {
+            let reasons = vec![format!("BindContainer failed: {e}")];
+            report(
+                env,
+                client.as_ref(),
+                &id,
+                &lease_id,
+                false,
+                &reasons,
+                cmd.name(),
+            );
+            return env.refuse(&what, &reasons);
+        }
+    }
+    if let Err(e) = bundle::save(&bundle, &adm.decision.spec) {
+        let reasons = vec![e.to_string()];
+        if let Some(c) = client.as_ref()
+            && adm.token.is_some()
+        {
+            let _ = c.unbind(&id);
+        }
+        report(
+            env,
+            client.as_ref(),
+            &id,
+            &lease_id,
+            false,
+            &reasons,
+            cmd.name(),
+        );
+        return env.refuse(&what, &reasons);
+    }
+    for n in &adm.decision.notes {
+        if n.contains("AppArmor") {
+            env.log.warn(&format!("tessera-runtime: {n}"));
+        } else {
+            env.log.info(&format!("tessera-runtime: {n}"));
+        }
+    }
+    report(env, client.as_ref(), &id, &lease_id, true, &[], cmd.name());
+    drop(client);
+    env.plan(keep, None)
+}
+
+fn exec(env: &Env, sub: &SubArgs) -> Outcome {
+    let id = sub.first_positional().unwrap_or_default().to_string();
+    let what = format!("exec {id}");
+    let keep = match preserve_fds(sub) {
+        Ok(n) => n,
+        Err(e) => return env.refuse(&what, &[e]),
+    };
+    let state = match hexec::ContainerState::load(
+        Path::new(&env.runtime_root()),
+        &id,
+        env.cfg.policy.max_config_bytes,
+    ) {
+        Ok(s) => s,
+        Err(e) => return env.refuse(&what, &[e]),
+    };
+    let mut f = Findings::default();
+    hexec::check_flags(sub, &state, &mut f);
+    if let Some(p) = sub.value("process") {
+        let path = PathBuf::from(p);
+        match bundle::load_json(&path, env.cfg.policy.max_config_bytes) {
+            Ok(v) => {
+                let hardened = hexec::harden_process(v, &state, &env.cfg.policy, &mut f);
+                if f.reasons.is_empty() {
+                    let bytes = match serde_json::to_vec(&hardened) {
+                        Ok(b) => b,
+                        Err(e) => return env.refuse(&what, &[e.to_string()]),
+                    };
+                    if let Err(e) = bundle::write_atomic(&path, &bytes, 0o600) {
+                        return env.refuse(&what, &[e.to_string()]);
+                    }
+                }
+            }
+            Err(e) => f.refuse(e.to_string()),
+        }
+    }
+    if !f.reasons.is_empty() {
+        let client = env.client();
+        report(env, client.as_ref(), &id, "", false, &f.reasons, "exec");
+        return env.refuse(&what, &f.reasons);
+    }
+    env.plan(keep, None)
+}
+
+fn update(env: &Env, sub: &SubArgs) -> Outcome {
+    let id = sub.first_positional().unwrap_or_default().to_string();
+    let what = format!("update {id}");
+    let mut f = Findings::default();
+    hexec::check_update_flags(sub, &mut f);
+    let mut stdin = None;
+    let resources_flag = sub.flags.iter().rev().find(|fl| fl.name == "resources");
+    let mut inv = env.inv.clone();
+    if let Some(flag) = resources_flag {
+        let max = MAX_STDIN as u64;
+        let bytes = if flag.value == "-" {
+            let mut buf = Vec::new();
+            match std::io::stdin().take(max + 1).read_to_end(&mut buf) {
+                Ok(_) if buf.len() as u64 <= max => Ok(buf),
+                Ok(_) => Err(format!(
+                    "update: the resources JSON is larger than {max} bytes"
+                )),
+                Err(e) => Err(format!("update: reading stdin: {e}")),
+            }
+        } else {
+            bundle::read_file_nofollow(Path::new(&flag.value), max).map_err(|e| e.to_string())
+        };
+        match bytes.and_then(|b| bundle::parse_strict(&b).map(|v| (b, v))) {
+            Ok((b, v)) => {
+                hexec::check_update_resources(&v, &mut f);
+                // runc reads exactly the bytes that were checked, from a pipe.
+                inv.set_flag_value(flag, "-");
+                stdin = Some(b);
+            }
+            Err(e) => f.refuse(format!("update: {e}")),
+        }
+    }
+    if !f.reasons.is_empty() {
+        let client = env.client();
+        report(env, client.as_ref(), &id, "", false, &f.reasons, "update");
+        return env.refuse(&what, &f.reasons);
+    }
+    env.plan_with_args(inv.argv, 0, stdin)
+}
+
+fn delete(env: &Env, sub: &SubArgs) -> Outcome {
+    let id = sub.first_positional().unwrap_or_default();
+    if let Some(c) = env.client()
+        && let Err(e) = c.unbind(id)
+        && !matches!(e, crate::lease::LeaseError::UnknownToken(_))
+    {
+        env.log
+            .warn(&format!("tessera-runtime: UnbindContainer {id}: {e}"));
+    }
+    env.plan(0, None)
+}
+
+fn check(env: &Env, sub: &SubArgs) -> Outcome {
+    let bundle = bundle_dir(sub);
+    let id = sub.value("id").unwrap_or("check").to_string();
+    let json_out = sub.is_set("json");
+    let client = env.client();
+    let (admitted, reasons, notes, spec) = match admit(env, client.as_ref(), &bundle, &id) {
+        Ok(a) => (true, a.decision.reasons, a.decision.notes, a.decision.spec),
+        Err((reasons, _)) => {
+            // Show the spec as far as it could be hardened, for the operator.
+            let spec = partial_spec(env, &bundle, &id);
+            (false, reasons, Vec::new(), spec)
+        }
+    };
+    if json_out {
+        let out = serde_json::json!({"admitted": admitted, "reasons": reasons, "spec": spec});
+        println!("{out}");
+    } else {
+        println!("{}", if admitted { "admitted" } else { "refused" });
+        for r in &reasons {
+            println!("  reason: {r}");
+        }
+        for n in &notes {
+            println!("  note: {n}");
+        }
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&spec).unwrap_or_else(|_| "null".to_string())
+        );
+    }
+    Outcome::Exit(if admitted { 0 } else { EXIT_REFUSED })
+}
+
+/// The spec hardened without a lease (for `check` output after a refusal), or the raw
+/// spec, or null.
+fn partial_spec(env: &Env, bundle: &Path, id: &str) -> Value {
+    let Ok(spec) = bundle::load(bundle, env.cfg.policy.max_config_bytes) else {
+        return Value::Null;
+    };
+    let Ok(profile) = Profile::load(env.cfg.policy.seccomp_profile.as_deref()) else {
+        return spec;
+    };
+    let host = HostFacts::gather(&env.cfg.nvidia_proc_root);
+    let ctx = Context {
+        config: &env.cfg,
+        seccomp: &profile,
+        host: &host,
+        lease: None,
+        container_id: id,
+        systemd_cgroup: env.inv.global.systemd_cgroup,
+        bundle,
+    };
+    harden::harden(spec, &ctx).spec
+}
+
+/// Exec the plan: put `stdin` on fd 0, mark every fd above `keep_fds_through` close-on-exec,
+/// clear the environment, exec. Returns only on failure.
+pub fn exec_plan(plan: &ExecPlan) -> std::io::Error {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    if let Some(bytes) = &plan.stdin {
+        let (r, w) = match nix::unistd::pipe() {
+            Ok(p) => p,
+            Err(e) => return std::io::Error::from(e),
+        };
+        let mut wf = std::fs::File::from(w);
+        if let Err(e) = std::io::Write::write_all(&mut wf, bytes) {
+            return e;
+        }
+        drop(wf);
+        if let Err(e) = nix::unistd::dup2(r.as_raw_fd(), 0) {
+            return std::io::Error::from(e);
+        }
+    }
+    close_fds_above(plan.keep_fds_through);
+    let err = std::process::Command::new(&plan.program)
+        .arg0("runc")
+        .args(&plan.args)
+        .env_clear()
+        .envs(plan.env.iter().map(|(k, v)| (k, v)))
+        .exec();
+    std::io::Error::new(
+        err.kind(),
+        format!("exec {}: {err}", plan.program.display()),
+    )
+}
+
+fn close_fds_above(keep: i32) {
+    let Ok(rd) = std::fs::read_dir("/proc/self/fd") else {
+        return;
+    };
+    let fds: Vec<i32> = rd
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse().ok()))
+        .filter(|fd| *fd > keep)
+        .collect();
+    for fd in fds {
+        // SAFETY: F_SETFD only sets the close-on-exec flag of a descriptor number; a number
+        // that is no longer open (the read_dir's own fd) just fails with EBADF.
+        unsafe {
+            libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+        }
+    }
+}

@@ -1,0 +1,294 @@
+//! Load and save an OCI bundle's config.json safely: no symlinks (O_NOFOLLOW), a size
+//! cap, duplicate JSON keys refused, and an atomic rewrite (temp file in the bundle,
+//! fsync, rename, fsync of the directory). The spec is kept as a `serde_json::Value`, so
+//! fields this runtime does not know survive the rewrite.
+
+use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde_json::{Map, Value};
+use std::fmt;
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use thiserror::Error;
+
+/// The spec file name inside a bundle.
+pub const CONFIG_JSON: &str = "config.json";
+
+/// Errors reading or writing bundle files.
+#[derive(Debug, Error)]
+pub enum BundleError {
+    #[error("{path} is a symlink or cannot be opened without following one: {source}")]
+    Open {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path} is not a regular file")]
+    NotRegular { path: PathBuf },
+    #[error("{path} is larger than {max} bytes")]
+    TooLarge { path: PathBuf, max: u64 },
+    #[error("reading {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path} is not valid JSON: {message}")]
+    Json { path: PathBuf, message: String },
+    #[error("{path}: the top level is not a JSON object")]
+    NotObject { path: PathBuf },
+    #[error("writing {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// A JSON value that refuses duplicate object keys while deserializing.
+struct Strict(Value);
+
+impl<'de> de::Deserialize<'de> for Strict {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(StrictVisitor).map(Strict)
+    }
+}
+
+struct StrictVisitor;
+
+impl<'de> Visitor<'de> for StrictVisitor {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+        Ok(serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_string()))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_none<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut out = Vec::new();
+        while let Some(Strict(v)) = seq.next_element()? {
+            out.push(v);
+        }
+        Ok(Value::Array(out))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut out = Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if out.contains_key(&key) {
+                return Err(de::Error::custom(format_args!("duplicate key {key:?}")));
+            }
+            let Strict(v) = map.next_value()?;
+            out.insert(key, v);
+        }
+        Ok(Value::Object(out))
+    }
+}
+
+/// Parse JSON text, refusing duplicate keys anywhere in the document.
+pub fn parse_strict(bytes: &[u8]) -> Result<Value, String> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let Strict(v) = de::Deserialize::deserialize(&mut de).map_err(|e| e.to_string())?;
+    de.end().map_err(|e| e.to_string())?;
+    Ok(v)
+}
+
+/// Read a regular file without following a symlink at its last component, at most `max`
+/// bytes.
+pub fn read_file_nofollow(path: &Path, max: u64) -> Result<Vec<u8>, BundleError> {
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|source| BundleError::Open {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    let meta = file.metadata().map_err(|source| BundleError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    if !meta.file_type().is_file() {
+        return Err(BundleError::NotRegular {
+            path: path.to_path_buf(),
+        });
+    }
+    if meta.len() > max {
+        return Err(BundleError::TooLarge {
+            path: path.to_path_buf(),
+            max,
+        });
+    }
+    let mut buf = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+    file.take(max + 1)
+        .read_to_end(&mut buf)
+        .map_err(|source| BundleError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    if buf.len() as u64 > max {
+        return Err(BundleError::TooLarge {
+            path: path.to_path_buf(),
+            max,
+        });
+    }
+    Ok(buf)
+}
+
+/// Read and parse a JSON object file safely.
+pub fn load_json(path: &Path, max: u64) -> Result<Value, BundleError> {
+    let bytes = read_file_nofollow(path, max)?;
+    let v = parse_strict(&bytes).map_err(|message| BundleError::Json {
+        path: path.to_path_buf(),
+        message,
+    })?;
+    if !v.is_object() {
+        return Err(BundleError::NotObject {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(v)
+}
+
+/// Load `<bundle>/config.json`.
+pub fn load(bundle: &Path, max: u64) -> Result<Value, BundleError> {
+    load_json(&bundle.join(CONFIG_JSON), max)
+}
+
+/// Write `bytes` to `path` atomically: a temp file beside it (O_EXCL|O_NOFOLLOW), fsync,
+/// rename over `path` (which replaces a symlink rather than following it), fsync of the
+/// directory. The file keeps `mode`.
+pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), BundleError> {
+    let werr = |source| BundleError::Write {
+        path: path.to_path_buf(),
+        source,
+    };
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tessera-{:016x}", rand::random::<u64>()));
+    let result = (|| {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        File::open(dir)?.sync_all()
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result.map_err(werr)
+}
+
+/// Save a spec as `<bundle>/config.json` atomically, keeping the old file's mode.
+pub fn save(bundle: &Path, spec: &Value) -> Result<(), BundleError> {
+    let path = bundle.join(CONFIG_JSON);
+    let mode = std::fs::symlink_metadata(&path)
+        .ok()
+        .filter(|m| m.file_type().is_file())
+        .map_or(0o600, |m| m.mode() & 0o644);
+    let bytes = serde_json::to_vec(spec).map_err(|e| BundleError::Write {
+        path: path.clone(),
+        source: std::io::Error::other(e),
+    })?;
+    write_atomic(&path, &bytes, mode)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn duplicate_keys_are_refused_at_any_depth() {
+        assert!(
+            parse_strict(br#"{"a":1,"a":2}"#)
+                .unwrap_err()
+                .contains("duplicate key \"a\"")
+        );
+        assert!(
+            parse_strict(
+                br#"{"process":{"capabilities":{"bounding":[],"bounding":["CAP_SYS_ADMIN"]}}}"#
+            )
+            .unwrap_err()
+            .contains("bounding")
+        );
+        assert!(parse_strict(br#"[{"x":1},{"x":1,"x":1}]"#).is_err());
+        let v = parse_strict(br#"{"a":{"b":[1,2.5,"s",null,true]},"z":{}}"#).unwrap();
+        assert_eq!(v["a"]["b"][1], 2.5);
+    }
+
+    #[test]
+    fn trailing_garbage_and_deep_nesting_are_refused() {
+        assert!(parse_strict(br#"{"a":1} x"#).is_err());
+        let deep = "[".repeat(100_000);
+        assert!(parse_strict(deep.as_bytes()).is_err());
+    }
+
+    #[test]
+    fn symlinked_config_is_refused_and_size_is_capped() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("real.json"), b"{}").unwrap();
+        std::os::unix::fs::symlink(dir.path().join("real.json"), dir.path().join(CONFIG_JSON))
+            .unwrap();
+        assert!(matches!(
+            load(dir.path(), 1024),
+            Err(BundleError::Open { .. })
+        ));
+        std::fs::remove_file(dir.path().join(CONFIG_JSON)).unwrap();
+        std::fs::write(dir.path().join(CONFIG_JSON), vec![b' '; 2048]).unwrap();
+        assert!(matches!(
+            load(dir.path(), 1024),
+            Err(BundleError::TooLarge { .. })
+        ));
+        std::fs::write(dir.path().join(CONFIG_JSON), b"[1]").unwrap();
+        assert!(matches!(
+            load(dir.path(), 1024),
+            Err(BundleError::NotObject { .. })
+        ));
+    }
+
+    #[test]
+    fn save_is_atomic_and_keeps_unknown_fields() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join(CONFIG_JSON),
+            br#"{"x-vendor":{"k":[1]},"ociVersion":"1.0.2"}"#,
+        )
+        .unwrap();
+        let mut v = load(dir.path(), 1 << 20).unwrap();
+        v["process"] = serde_json::json!({"noNewPrivileges": true});
+        save(dir.path(), &v).unwrap();
+        let back = load(dir.path(), 1 << 20).unwrap();
+        assert_eq!(back["x-vendor"]["k"][0], 1);
+        assert_eq!(back["process"]["noNewPrivileges"], true);
+        let leftovers: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(leftovers.len(), 1, "no temp file left behind");
+    }
+}

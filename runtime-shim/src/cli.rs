@@ -1,0 +1,596 @@
+//! runc's command line, parsed the way runc (urfave/cli v1 over Go's `flag`) parses it,
+//! while keeping the original argv so that anything not changed passes through untouched.
+//!
+//! Go's flag syntax: `-name`, `--name`, `-name=value`, `--name=value`, `-name value` for
+//! value flags; bool flags take no separate value (`-d`, `--detach=false`). `--` ends the
+//! flags. urfave/cli v1 moves flags that follow positional arguments in front of them
+//! (so `create ID --bundle B` works), except for commands with `SkipArgReorder` (`exec`,
+//! whose command line after the container id belongs to the process).
+
+use thiserror::Error;
+
+/// Errors of the command-line parser.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum CliError {
+    #[error("{command}: unknown flag {flag}")]
+    UnknownFlag { command: String, flag: String },
+    #[error("{command}: flag {flag} needs a value")]
+    MissingValue { command: String, flag: String },
+    #[error("{command}: flag {flag} takes true or false, not {value:?}")]
+    BadBool {
+        command: String,
+        flag: String,
+        value: String,
+    },
+    #[error("{command}: the container id is missing")]
+    MissingId { command: String },
+    #[error("argument {index} is not valid UTF-8")]
+    NotUtf8 { index: usize },
+}
+
+/// Whether a flag takes a value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Bool,
+    Value,
+}
+
+struct FlagSpec {
+    names: &'static [&'static str],
+    kind: Kind,
+}
+
+const fn b(names: &'static [&'static str]) -> FlagSpec {
+    FlagSpec {
+        names,
+        kind: Kind::Bool,
+    }
+}
+const fn v(names: &'static [&'static str]) -> FlagSpec {
+    FlagSpec {
+        names,
+        kind: Kind::Value,
+    }
+}
+
+/// runc 1.1's global flags.
+const GLOBAL: &[FlagSpec] = &[
+    b(&["debug"]),
+    v(&["log"]),
+    v(&["log-format"]),
+    v(&["root"]),
+    v(&["criu"]),
+    b(&["systemd-cgroup"]),
+    v(&["rootless"]),
+    b(&["help", "h"]),
+    b(&["version", "v"]),
+];
+
+const CREATE: &[FlagSpec] = &[
+    v(&["bundle", "b"]),
+    v(&["console-socket"]),
+    v(&["pid-file"]),
+    b(&["no-pivot"]),
+    b(&["no-new-keyring"]),
+    v(&["preserve-fds"]),
+    b(&["help", "h"]),
+];
+
+const RUN: &[FlagSpec] = &[
+    v(&["bundle", "b"]),
+    v(&["console-socket"]),
+    b(&["detach", "d"]),
+    b(&["keep"]),
+    v(&["pid-file"]),
+    b(&["no-subreaper"]),
+    b(&["no-pivot"]),
+    b(&["no-new-keyring"]),
+    v(&["preserve-fds"]),
+    b(&["help", "h"]),
+];
+
+const EXEC: &[FlagSpec] = &[
+    v(&["console-socket"]),
+    v(&["cwd"]),
+    v(&["env", "e"]),
+    b(&["tty", "t"]),
+    v(&["user", "u"]),
+    v(&["additional-gids", "g"]),
+    v(&["process", "p"]),
+    b(&["detach", "d"]),
+    v(&["pid-file"]),
+    v(&["process-label"]),
+    v(&["apparmor"]),
+    b(&["no-new-privs"]),
+    v(&["cap", "c"]),
+    v(&["preserve-fds"]),
+    v(&["cgroup"]),
+    b(&["ignore-paused"]),
+    b(&["help", "h"]),
+];
+
+const UPDATE: &[FlagSpec] = &[
+    v(&["resources", "r"]),
+    v(&["blkio-weight"]),
+    v(&["cpu-period"]),
+    v(&["cpu-quota"]),
+    v(&["cpu-share"]),
+    v(&["cpu-rt-period"]),
+    v(&["cpu-rt-runtime"]),
+    v(&["cpuset-cpus"]),
+    v(&["cpuset-mems"]),
+    v(&["kernel-memory"]),
+    v(&["kernel-memory-tcp"]),
+    v(&["memory"]),
+    v(&["cpu-idle"]),
+    v(&["memory-reservation"]),
+    v(&["memory-swap"]),
+    v(&["pids-limit"]),
+    v(&["l3-cache-schema"]),
+    v(&["mem-bw-schema"]),
+    b(&["help", "h"]),
+];
+
+const RESTORE: &[FlagSpec] = &[
+    v(&["console-socket"]),
+    v(&["image-path"]),
+    v(&["work-path"]),
+    b(&["tcp-established"]),
+    b(&["ext-unix-sk"]),
+    b(&["shell-job"]),
+    b(&["file-locks"]),
+    v(&["manage-cgroups-mode"]),
+    v(&["bundle", "b"]),
+    b(&["detach", "d"]),
+    v(&["pid-file"]),
+    b(&["no-subreaper"]),
+    b(&["no-pivot"]),
+    v(&["empty-ns"]),
+    b(&["auto-dedup"]),
+    b(&["lazy-pages"]),
+    v(&["lsm-profile"]),
+    v(&["lsm-mount-context"]),
+    b(&["help", "h"]),
+];
+
+const DELETE: &[FlagSpec] = &[b(&["force", "f"]), b(&["help", "h"])];
+
+/// `tessera-runtime check`: our own subcommand.
+const CHECK: &[FlagSpec] = &[
+    v(&["bundle", "b"]),
+    b(&["json"]),
+    v(&["id"]),
+    b(&["help", "h"]),
+];
+
+/// The subcommands tessera-runtime acts on; every other one passes through unchanged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Command {
+    Create,
+    Run,
+    Exec,
+    Update,
+    Restore,
+    Delete,
+    Check,
+}
+
+impl Command {
+    fn from_name(name: &str) -> Option<Self> {
+        Some(match name {
+            "create" => Self::Create,
+            "run" => Self::Run,
+            "exec" => Self::Exec,
+            "update" => Self::Update,
+            "restore" => Self::Restore,
+            "delete" => Self::Delete,
+            "check" => Self::Check,
+            _ => return None,
+        })
+    }
+
+    /// The name as runc spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Create => "create",
+            Self::Run => "run",
+            Self::Exec => "exec",
+            Self::Update => "update",
+            Self::Restore => "restore",
+            Self::Delete => "delete",
+            Self::Check => "check",
+        }
+    }
+
+    fn flags(self) -> &'static [FlagSpec] {
+        match self {
+            Self::Create => CREATE,
+            Self::Run => RUN,
+            Self::Exec => EXEC,
+            Self::Update => UPDATE,
+            Self::Restore => RESTORE,
+            Self::Delete => DELETE,
+            Self::Check => CHECK,
+        }
+    }
+
+    /// runc's `exec` sets urfave's SkipArgReorder: flags end at the container id.
+    fn reorders(self) -> bool {
+        !matches!(self, Self::Exec)
+    }
+}
+
+/// One flag as given on the command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FlagUse {
+    /// The canonical (first, long) name.
+    pub name: &'static str,
+    /// The value (`"true"`/`"false"` for bool flags).
+    pub value: String,
+    /// Index in argv of the flag token.
+    pub index: usize,
+    /// Index in argv of a separate value token (`--flag value`), if any.
+    pub value_index: Option<usize>,
+}
+
+/// The parsed flags and positional arguments of one subcommand.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SubArgs {
+    pub flags: Vec<FlagUse>,
+    /// Positional arguments, in order, with their argv index.
+    pub positionals: Vec<(usize, String)>,
+}
+
+impl SubArgs {
+    /// The last value of a value flag (Go's flag package keeps the last).
+    pub fn value(&self, name: &str) -> Option<&str> {
+        self.flags
+            .iter()
+            .rev()
+            .find(|f| f.name == name)
+            .map(|f| f.value.as_str())
+    }
+
+    /// Every value given for a flag (for repeatable flags such as `--cap`).
+    pub fn values(&self, name: &str) -> Vec<&str> {
+        self.flags
+            .iter()
+            .filter(|f| f.name == name)
+            .map(|f| f.value.as_str())
+            .collect()
+    }
+
+    /// Whether a bool flag is set (its last use wins).
+    pub fn is_set(&self, name: &str) -> bool {
+        self.value(name) == Some("true")
+    }
+
+    /// The first positional argument: the container id for runc's commands.
+    pub fn first_positional(&self) -> Option<&str> {
+        self.positionals.first().map(|(_, s)| s.as_str())
+    }
+}
+
+/// runc's global options that tessera-runtime uses.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Global {
+    pub root: Option<String>,
+    pub log: Option<String>,
+    pub log_format: Option<String>,
+    pub systemd_cgroup: bool,
+    pub debug: bool,
+    /// `--help` or `--version` was given: pass through.
+    pub help_or_version: bool,
+}
+
+/// A parsed invocation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invocation {
+    /// The arguments after the program name, exactly as given.
+    pub argv: Vec<String>,
+    pub global: Global,
+    /// Index in argv of the subcommand name, if there is one.
+    pub command_index: Option<usize>,
+    /// The subcommand tessera-runtime acts on; `None` for pass-through.
+    pub command: Option<(Command, SubArgs)>,
+}
+
+impl Invocation {
+    /// Replace the value of a flag use in argv, keeping its spelling.
+    pub fn set_flag_value(&mut self, flag: &FlagUse, value: &str) {
+        match flag.value_index {
+            Some(i) => {
+                if let Some(slot) = self.argv.get_mut(i) {
+                    *slot = value.to_string();
+                }
+            }
+            None => {
+                if let Some(slot) = self.argv.get_mut(flag.index) {
+                    let prefix = slot.split('=').next().unwrap_or_default().to_string();
+                    *slot = format!("{prefix}={value}");
+                }
+            }
+        }
+    }
+}
+
+fn parse_bool(command: &str, flag: &str, value: &str) -> Result<bool, CliError> {
+    // Go's strconv.ParseBool.
+    match value {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Ok(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Ok(false),
+        _ => Err(CliError::BadBool {
+            command: command.to_string(),
+            flag: flag.to_string(),
+            value: value.to_string(),
+        }),
+    }
+}
+
+/// Split `-name`, `--name`, `-name=value` into (name, inline value); `None` if not a flag.
+fn flag_token(tok: &str) -> Option<(&str, Option<&str>)> {
+    let body = tok.strip_prefix("--").or_else(|| tok.strip_prefix('-'))?;
+    if body.is_empty() || body.starts_with('-') || body.starts_with('=') {
+        return None;
+    }
+    Some(match body.split_once('=') {
+        Some((n, v)) => (n, Some(v)),
+        None => (body, None),
+    })
+}
+
+/// Parse flags from `argv[start..]` against `specs`. Returns the flags, positionals and
+/// the index where parsing stopped (only for `stop_at_positional`).
+fn parse_flags(
+    command: &str,
+    argv: &[String],
+    start: usize,
+    specs: &[FlagSpec],
+    reorder: bool,
+    stop_at_positional: bool,
+    strict: bool,
+) -> Result<(SubArgs, usize), CliError> {
+    let mut out = SubArgs::default();
+    let mut i = start;
+    let mut flags_done = false;
+    while i < argv.len() {
+        let tok = &argv[i];
+        if flags_done {
+            out.positionals.push((i, tok.clone()));
+            i += 1;
+            continue;
+        }
+        if tok == "--" {
+            flags_done = true;
+            i += 1;
+            continue;
+        }
+        let Some((name, inline)) = flag_token(tok) else {
+            if stop_at_positional {
+                return Ok((out, i));
+            }
+            out.positionals.push((i, tok.clone()));
+            if !reorder {
+                flags_done = true;
+            }
+            i += 1;
+            continue;
+        };
+        let Some(spec) = specs.iter().find(|s| s.names.contains(&name)) else {
+            if strict {
+                return Err(CliError::UnknownFlag {
+                    command: command.to_string(),
+                    flag: tok.clone(),
+                });
+            }
+            // Lenient (global flags): keep going, runc will judge it.
+            i += 1;
+            continue;
+        };
+        let canonical = spec.names[0];
+        match spec.kind {
+            Kind::Bool => {
+                let value = match inline {
+                    Some(v) => parse_bool(command, tok, v)?,
+                    None => true,
+                };
+                out.flags.push(FlagUse {
+                    name: canonical,
+                    value: value.to_string(),
+                    index: i,
+                    value_index: None,
+                });
+                i += 1;
+            }
+            Kind::Value => match inline {
+                Some(v) => {
+                    out.flags.push(FlagUse {
+                        name: canonical,
+                        value: v.to_string(),
+                        index: i,
+                        value_index: None,
+                    });
+                    i += 1;
+                }
+                None => {
+                    let Some(v) = argv.get(i + 1) else {
+                        return Err(CliError::MissingValue {
+                            command: command.to_string(),
+                            flag: tok.clone(),
+                        });
+                    };
+                    out.flags.push(FlagUse {
+                        name: canonical,
+                        value: v.clone(),
+                        index: i,
+                        value_index: Some(i + 1),
+                    });
+                    i += 2;
+                }
+            },
+        }
+    }
+    Ok((out, i))
+}
+
+/// Parse the arguments after the program name.
+pub fn parse(args: Vec<std::ffi::OsString>) -> Result<Invocation, CliError> {
+    let argv = args
+        .into_iter()
+        .enumerate()
+        .map(|(i, a)| a.into_string().map_err(|_| CliError::NotUtf8 { index: i }))
+        .collect::<Result<Vec<_>, _>>()?;
+    parse_strings(argv)
+}
+
+/// Parse already-decoded arguments (after the program name).
+pub fn parse_strings(argv: Vec<String>) -> Result<Invocation, CliError> {
+    let (gflags, cmd_at) = parse_flags("runc", &argv, 0, GLOBAL, false, true, false)?;
+    let mut global = Global::default();
+    for f in &gflags.flags {
+        match f.name {
+            "root" => global.root = Some(f.value.clone()),
+            "log" => global.log = Some(f.value.clone()),
+            "log-format" => global.log_format = Some(f.value.clone()),
+            "systemd-cgroup" => global.systemd_cgroup = f.value == "true",
+            "debug" => global.debug = f.value == "true",
+            "help" | "version" => global.help_or_version |= f.value == "true",
+            _ => {}
+        }
+    }
+    let command_index = (cmd_at < argv.len()).then_some(cmd_at);
+    let mut command = None;
+    if let Some(ci) = command_index
+        && !global.help_or_version
+        && let Some(cmd) = Command::from_name(&argv[ci])
+    {
+        let (sub, _) = parse_flags(
+            cmd.name(),
+            &argv,
+            ci + 1,
+            cmd.flags(),
+            cmd.reorders(),
+            false,
+            true,
+        )?;
+        if !sub.is_set("help") {
+            if cmd != Command::Check && sub.positionals.is_empty() {
+                return Err(CliError::MissingId {
+                    command: cmd.name().to_string(),
+                });
+            }
+            command = Some((cmd, sub));
+        }
+    }
+    Ok(Invocation {
+        argv,
+        global,
+        command_index,
+        command,
+    })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    fn p(s: &str) -> Invocation {
+        parse_strings(s.split_whitespace().map(String::from).collect()).unwrap()
+    }
+
+    #[test]
+    fn containerd_create_line() {
+        let inv = p(
+            "--root /run/containerd/runc/k8s.io --log /b/log.json --log-format json --systemd-cgroup create --bundle /b --pid-file /b/init.pid --console-socket /tmp/s.sock abc",
+        );
+        assert_eq!(
+            inv.global.root.as_deref(),
+            Some("/run/containerd/runc/k8s.io")
+        );
+        assert_eq!(inv.global.log.as_deref(), Some("/b/log.json"));
+        assert_eq!(inv.global.log_format.as_deref(), Some("json"));
+        assert!(inv.global.systemd_cgroup);
+        let (cmd, sub) = inv.command.unwrap();
+        assert_eq!(cmd, Command::Create);
+        assert_eq!(sub.value("bundle"), Some("/b"));
+        assert_eq!(sub.value("pid-file"), Some("/b/init.pid"));
+        assert_eq!(sub.first_positional(), Some("abc"));
+    }
+
+    #[test]
+    fn every_spelling_of_bundle() {
+        for line in [
+            "create -b /x id",
+            "create --bundle /x id",
+            "create --bundle=/x id",
+            "create -bundle /x id",
+            "create -b=/x id",
+            "create id --bundle /x",
+            "-root=/r create id -b /x",
+        ] {
+            let inv = p(line);
+            let (_, sub) = inv.command.unwrap();
+            assert_eq!(sub.value("bundle"), Some("/x"), "{line}");
+            assert_eq!(sub.first_positional(), Some("id"), "{line}");
+        }
+    }
+
+    #[test]
+    fn bools_and_terminator() {
+        let inv = p("run -d --keep=false --no-pivot -- myid");
+        let (cmd, sub) = inv.command.unwrap();
+        assert_eq!(cmd, Command::Run);
+        assert!(sub.is_set("detach"));
+        assert!(!sub.is_set("keep"));
+        assert!(sub.is_set("no-pivot"));
+        assert_eq!(sub.first_positional(), Some("myid"));
+        assert!(parse_strings(vec!["run".into(), "--detach=maybe".into(), "x".into()]).is_err());
+    }
+
+    #[test]
+    fn exec_stops_flags_at_the_id() {
+        let inv = p("exec -t --cap CAP_SYS_ADMIN id sh -c --cap");
+        let (cmd, sub) = inv.command.unwrap();
+        assert_eq!(cmd, Command::Exec);
+        assert_eq!(sub.values("cap"), vec!["CAP_SYS_ADMIN"]);
+        let pos: Vec<_> = sub.positionals.iter().map(|(_, s)| s.as_str()).collect();
+        assert_eq!(pos, ["id", "sh", "-c", "--cap"]);
+    }
+
+    #[test]
+    fn unknown_flag_in_intercepted_command_is_an_error() {
+        let r = parse_strings(vec!["create".into(), "--bogus".into(), "id".into()]);
+        assert!(matches!(r, Err(CliError::UnknownFlag { .. })));
+        assert!(matches!(
+            parse_strings(vec!["create".into(), "--bundle".into()]),
+            Err(CliError::MissingValue { .. })
+        ));
+        assert!(matches!(
+            parse_strings(vec!["create".into(), "-b".into(), "/x".into()]),
+            Err(CliError::MissingId { .. })
+        ));
+    }
+
+    #[test]
+    fn pass_through_commands_are_not_parsed() {
+        let inv = p("--root /r kill --all id KILL");
+        assert!(inv.command.is_none());
+        assert_eq!(inv.command_index, Some(2));
+        let inv = p("--version");
+        assert!(inv.global.help_or_version);
+        assert!(inv.command.is_none());
+    }
+
+    #[test]
+    fn set_flag_value_keeps_spelling() {
+        let mut inv = p("exec --process=/tmp/p.json -d id");
+        let f = inv.command.as_ref().unwrap().1.flags[0].clone();
+        inv.set_flag_value(&f, "/tmp/q.json");
+        assert_eq!(inv.argv[1], "--process=/tmp/q.json");
+        let mut inv = p("update -r /tmp/r.json id");
+        let f = inv.command.as_ref().unwrap().1.flags[0].clone();
+        inv.set_flag_value(&f, "-");
+        assert_eq!(inv.argv, ["update", "-r", "-", "id"]);
+    }
+}

@@ -1,0 +1,264 @@
+//! tessera-runtime's own configuration: `/etc/tessera/runtime.toml`, or the file named by
+//! `TESSERA_RUNTIME_CONFIG`. Unknown keys refuse to start (fail closed).
+
+use crate::policy::Policy;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use thiserror::Error;
+
+/// Where the config is read from when `TESSERA_RUNTIME_CONFIG` is not set.
+pub const DEFAULT_PATH: &str = "/etc/tessera/runtime.toml";
+/// The environment variable naming another config file.
+pub const ENV_VAR: &str = "TESSERA_RUNTIME_CONFIG";
+
+/// Errors loading the runtime config.
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    #[error("reading {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("parsing {path}: {source}")]
+    Parse {
+        path: PathBuf,
+        source: Box<toml::de::Error>,
+    },
+    #[error("{path}: {message}")]
+    Invalid { path: PathBuf, message: String },
+}
+
+/// A host library (or file) bind-mounted read-only into GPU containers.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct DriverLibrary {
+    /// Absolute host path.
+    pub source: PathBuf,
+    /// Path in the container; the same as `source` when absent.
+    #[serde(default)]
+    pub destination: Option<PathBuf>,
+    /// Skip it (with a note) when the host lacks it, instead of refusing.
+    #[serde(default)]
+    pub optional: bool,
+}
+
+fn default_runc() -> PathBuf {
+    PathBuf::from("/usr/sbin/runc")
+}
+fn default_socket() -> PathBuf {
+    PathBuf::from("/run/tessera/tesserad.sock")
+}
+fn default_timeout() -> u64 {
+    5000
+}
+fn default_nvidia_proc() -> PathBuf {
+    PathBuf::from("/proc/driver/nvidia")
+}
+fn default_passthrough() -> Vec<String> {
+    vec!["NOTIFY_SOCKET".to_string()]
+}
+
+/// The runtime config.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuntimeConfig {
+    /// Absolute path of the real runtime (runc >= 1.1.12 recommended; see README).
+    #[serde(default = "default_runc")]
+    pub runc_path: PathBuf,
+    #[serde(default = "default_socket")]
+    pub daemon_socket: PathBuf,
+    /// Deadline for each daemon RPC.
+    #[serde(default = "default_timeout")]
+    pub daemon_timeout_ms: u64,
+    /// Environment variables passed on to runc (PATH is always set to a fixed value).
+    #[serde(default = "default_passthrough")]
+    pub env_passthrough: Vec<String>,
+    /// Host directory with the driver's `gpus/` and `capabilities/` (for masking).
+    #[serde(default = "default_nvidia_proc")]
+    pub nvidia_proc_root: PathBuf,
+    /// When not empty, a lease's tenant must match the pod's Kubernetes namespace:
+    /// tenant -> namespaces it may run in.
+    #[serde(default)]
+    pub tenant_namespaces: BTreeMap<String, Vec<String>>,
+    #[serde(default)]
+    pub driver_libraries: Vec<DriverLibrary>,
+    #[serde(default)]
+    pub policy: Policy,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        Self {
+            runc_path: default_runc(),
+            daemon_socket: default_socket(),
+            daemon_timeout_ms: default_timeout(),
+            env_passthrough: default_passthrough(),
+            nvidia_proc_root: default_nvidia_proc(),
+            tenant_namespaces: BTreeMap::new(),
+            driver_libraries: Vec::new(),
+            policy: Policy::default(),
+        }
+    }
+}
+
+impl RuntimeConfig {
+    /// The config path: `TESSERA_RUNTIME_CONFIG` or the default.
+    pub fn path_from_env() -> PathBuf {
+        std::env::var_os(ENV_VAR)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_PATH))
+    }
+
+    /// Load and validate a config file. A missing file at the default path gives the
+    /// defaults; a missing file named explicitly is an error.
+    pub fn load(path: &Path, explicit: bool) -> Result<Self, ConfigError> {
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => {
+                let cfg = Self::default();
+                cfg.validate(path)?;
+                return Ok(cfg);
+            }
+            Err(source) => {
+                return Err(ConfigError::Read {
+                    path: path.to_path_buf(),
+                    source,
+                });
+            }
+        };
+        Self::parse(&text, path)
+    }
+
+    /// Parse and validate config text (`path` is for messages).
+    pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        let cfg: Self = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_path_buf(),
+            source: Box::new(e),
+        })?;
+        cfg.validate(path)?;
+        Ok(cfg)
+    }
+
+    fn validate(&self, path: &Path) -> Result<(), ConfigError> {
+        let bad = |message: String| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            message,
+        };
+        if !self.runc_path.is_absolute() {
+            return Err(bad(format!(
+                "runc_path must be absolute, got {}",
+                self.runc_path.display()
+            )));
+        }
+        if !self.daemon_socket.is_absolute() {
+            return Err(bad("daemon_socket must be absolute".to_string()));
+        }
+        if self.daemon_timeout_ms == 0 {
+            return Err(bad("daemon_timeout_ms must be positive".to_string()));
+        }
+        for lib in &self.driver_libraries {
+            if !lib.source.is_absolute()
+                || lib.destination.as_ref().is_some_and(|d| !d.is_absolute())
+            {
+                return Err(bad(format!(
+                    "driver library {} needs absolute paths",
+                    lib.source.display()
+                )));
+            }
+        }
+        let p = &self.policy;
+        if p.pids_limit <= 0 {
+            return Err(bad("policy.pids_limit must be positive".to_string()));
+        }
+        for c in &p.allowed_capabilities {
+            let c = crate::policy::cap_name(c);
+            if p.forbidden_capabilities
+                .iter()
+                .any(|f| crate::policy::cap_name(f) == c)
+            {
+                return Err(bad(format!(
+                    "policy allows and forbids the same capability {c}"
+                )));
+            }
+        }
+        if p.apparmor_profile.is_empty() {
+            return Err(bad("policy.apparmor_profile is empty".to_string()));
+        }
+        for name in &self.env_passthrough {
+            if name.is_empty() || name.contains('=') || name == "PATH" {
+                return Err(bad(format!(
+                    "env_passthrough entry {name:?} is not allowed"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shipped_config_parses() {
+        let text = include_str!("../../configs/runtime.toml");
+        let cfg = RuntimeConfig::parse(text, Path::new("configs/runtime.toml")).unwrap();
+        assert_eq!(
+            cfg.daemon_socket,
+            PathBuf::from("/run/tessera/tesserad.sock")
+        );
+        assert!(
+            !cfg.policy
+                .allowed_capabilities
+                .iter()
+                .any(|c| c == "CAP_MKNOD")
+        );
+    }
+
+    #[test]
+    fn shipped_containerd_and_kubernetes_configs_name_the_runtime() {
+        let snippet = include_str!("../../configs/containerd/tessera-runtime.toml");
+        let v: toml::Value = toml::from_str(snippet).unwrap();
+        let opts = &v["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["tessera"];
+        assert_eq!(opts["runtime_type"].as_str(), Some("io.containerd.runc.v2"));
+        assert_eq!(
+            opts["options"]["BinaryName"].as_str(),
+            Some("/usr/bin/tessera-runtime")
+        );
+        let rc = include_str!("../../configs/kubernetes/runtimeclass.yaml");
+        assert!(rc.contains("kind: RuntimeClass") && rc.contains("handler: tessera"));
+    }
+
+    #[test]
+    fn unknown_keys_refuse_to_start() {
+        let e =
+            RuntimeConfig::parse("runc_pth = \"/usr/sbin/runc\"\n", Path::new("x")).unwrap_err();
+        assert!(e.to_string().contains("runc_pth"), "{e}");
+        let e = RuntimeConfig::parse("[policy]\nallow_everything = true\n", Path::new("x"))
+            .unwrap_err();
+        assert!(e.to_string().contains("allow_everything"), "{e}");
+    }
+
+    #[test]
+    fn relative_runc_and_contradictions_are_refused() {
+        assert!(RuntimeConfig::parse("runc_path = \"runc\"\n", Path::new("x")).is_err());
+        let e = RuntimeConfig::parse(
+            "[policy]\nallowed_capabilities = [\"SYS_ADMIN\"]\n",
+            Path::new("x"),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("CAP_SYS_ADMIN"), "{e}");
+        assert!(
+            RuntimeConfig::parse("[policy]\napparmor = \"sometimes\"\n", Path::new("x")).is_err()
+        );
+    }
+
+    #[test]
+    fn explicit_missing_file_is_an_error() {
+        assert!(RuntimeConfig::load(Path::new("/nonexistent/tessera.toml"), true).is_err());
+        assert!(RuntimeConfig::load(Path::new("/nonexistent/tessera.toml"), false).is_ok());
+    }
+}

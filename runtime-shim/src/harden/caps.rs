@@ -1,0 +1,96 @@
+//! Capabilities: refuse forbidden ones by name, reduce every set to the allowlist.
+
+use super::{Findings, strings};
+use crate::policy::{Policy, cap_name};
+use serde_json::{Value, json};
+
+/// The five OCI capability sets.
+pub const SETS: &[&str] = &[
+    "bounding",
+    "effective",
+    "inheritable",
+    "permitted",
+    "ambient",
+];
+
+/// Refuse forbidden capabilities in a `capabilities` object (naming each), and return
+/// the reduced object. `ceiling` further limits what may be kept (for exec: the
+/// container's own set); asking beyond it is refused.
+pub fn reduce(
+    caps: Option<&Value>,
+    policy: &Policy,
+    ceiling: Option<&[String]>,
+    what: &str,
+    f: &mut Findings,
+) -> Value {
+    let allowed: Vec<String> = policy
+        .allowed_capabilities
+        .iter()
+        .map(|c| cap_name(c))
+        .collect();
+    let forbidden: Vec<String> = policy
+        .forbidden_capabilities
+        .iter()
+        .map(|c| cap_name(c))
+        .collect();
+    let mut out = serde_json::Map::new();
+    for set in SETS {
+        let asked: Vec<String> = caps
+            .and_then(|c| c.get(*set))
+            .and_then(strings)
+            .unwrap_or_default()
+            .iter()
+            .map(|c| cap_name(c))
+            .collect();
+        let mut kept: Vec<String> = Vec::new();
+        for c in asked {
+            if forbidden.contains(&c) {
+                f.refuse(format!("{what} asks for the forbidden capability {c}"));
+                continue;
+            }
+            // Outside the policy: dropped, as at create (containerd's exec process carries
+            // the container's original, unreduced sets).
+            if !allowed.contains(&c) {
+                f.note(format!("{what}: capability {c} dropped from the {set} set"));
+                continue;
+            }
+            if let Some(ceiling) = ceiling
+                && !ceiling.contains(&c)
+            {
+                f.refuse(format!(
+                    "{what} asks for capability {c}, which the container does not have"
+                ));
+                continue;
+            }
+            if !kept.contains(&c) {
+                kept.push(c);
+            }
+        }
+        out.insert((*set).to_string(), json!(kept));
+    }
+    // Ambient must be within permitted and inheritable, or the kernel refuses.
+    let permitted = out.get("permitted").and_then(strings).unwrap_or_default();
+    let inheritable = out.get("inheritable").and_then(strings).unwrap_or_default();
+    if let Some(amb) = out.get("ambient").and_then(strings) {
+        let amb: Vec<String> = amb
+            .into_iter()
+            .filter(|c| permitted.contains(c) && inheritable.contains(c))
+            .collect();
+        out.insert("ambient".to_string(), json!(amb));
+    }
+    Value::Object(out)
+}
+
+/// Reduce `process.capabilities` of a container spec.
+pub fn apply(spec: &mut Value, policy: &Policy, f: &mut Findings) {
+    let reduced = reduce(
+        spec.pointer("/process/capabilities"),
+        policy,
+        None,
+        "the spec",
+        f,
+    );
+    if let Some(p) = spec.get_mut("process").and_then(Value::as_object_mut) {
+        p.insert("capabilities".to_string(), reduced);
+    }
+}

@@ -1,0 +1,92 @@
+//! cgroups: the container goes under the lease's cgroup parent, a pids limit is always
+//! set, and the tenant may not write device, pids or cgroup-core files through
+//! `resources.unified`.
+
+use super::{Context, Findings};
+use serde_json::{Value, json};
+
+/// Unified (cgroup v2) key prefixes a tenant spec may not set.
+pub const UNIFIED_FORBIDDEN: &[&str] = &["devices.", "pids.", "cgroup.", "rdma."];
+
+/// The cgroupsPath for a container under `parent`.
+pub fn cgroups_path(parent: &str, id: &str, systemd: bool) -> Result<String, String> {
+    if parent.split('/').any(|c| c == ".." || c == ".") || parent.contains('\0') {
+        return Err(format!(
+            "the lease's cgroup parent {parent:?} is not a clean path"
+        ));
+    }
+    if systemd {
+        if !parent.ends_with(".slice") || parent.contains('/') || parent.contains(':') {
+            return Err(format!(
+                "with --systemd-cgroup the lease's cgroup parent must be a slice name, got {parent:?}"
+            ));
+        }
+        Ok(format!("{parent}:tessera:{id}"))
+    } else {
+        let p = super::mounts::normalize(parent);
+        if p == "/" {
+            return Err("the lease's cgroup parent is the root cgroup".to_string());
+        }
+        Ok(format!("{p}/{id}"))
+    }
+}
+
+pub fn apply(spec: &mut Value, ctx: &Context, f: &mut Findings) {
+    let id = ctx.container_id;
+    if id.is_empty() || id.contains('/') || id == "." || id == ".." {
+        f.refuse(format!("container id {id:?} is not valid"));
+    }
+    if let Some(unified) = spec
+        .pointer("/linux/resources/unified")
+        .and_then(Value::as_object)
+    {
+        for k in unified.keys() {
+            if UNIFIED_FORBIDDEN.iter().any(|p| k.starts_with(p)) {
+                f.refuse(format!(
+                    "the spec sets the cgroup file {k} (linux.resources.unified)"
+                ));
+            }
+        }
+    }
+    if let Some(path) = spec.pointer("/linux/cgroupsPath").and_then(Value::as_str)
+        && path.split(['/', ':']).any(|c| c == "..")
+    {
+        f.refuse(format!("linux.cgroupsPath {path:?} climbs out with '..'"));
+    }
+    let mut limit = ctx.policy().pids_limit;
+    if let Some(asked) = spec
+        .pointer("/linux/resources/pids/limit")
+        .and_then(Value::as_i64)
+        && asked > 0
+    {
+        limit = limit.min(asked);
+    }
+    if let Some(lease) = ctx.lease {
+        if let Ok(l) = i64::try_from(lease.pids_limit)
+            && l > 0
+        {
+            limit = limit.min(l);
+        }
+        if lease.cgroup_parent.is_empty() {
+            f.refuse("the lease has no cgroup parent");
+        } else {
+            match cgroups_path(&lease.cgroup_parent, id, ctx.systemd_cgroup) {
+                Ok(p) => {
+                    if let Some(linux) = super::obj_entry(spec, "linux") {
+                        linux.insert("cgroupsPath".to_string(), json!(p));
+                    }
+                }
+                Err(e) => f.refuse(e),
+            }
+        }
+    }
+    if let Some(linux) = spec.get_mut("linux")
+        && let Some(res) = super::obj_entry(linux, "resources")
+        && let Some(pids) = res
+            .entry("pids")
+            .or_insert_with(|| json!({}))
+            .as_object_mut()
+    {
+        pids.insert("limit".to_string(), json!(limit));
+    }
+}

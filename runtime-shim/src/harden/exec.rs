@@ -1,0 +1,298 @@
+//! `exec`: the process JSON (`--process`) and the command-line overrides may not give a
+//! process more than the container has: no capability beyond the container's bounding
+//! set, `noNewPrivileges` forced, the container's own AppArmor profile and SELinux label.
+
+use super::{Findings, caps, strings};
+use crate::bundle;
+use crate::cli::SubArgs;
+use crate::policy::{Policy, cap_name};
+use serde_json::{Value, json};
+use std::path::Path;
+
+/// What runc recorded about a running container (`<root>/<id>/state.json`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ContainerState {
+    /// The bounding set.
+    pub bounding: Vec<String>,
+    pub apparmor_profile: Option<String>,
+    pub process_label: Option<String>,
+}
+
+impl ContainerState {
+    /// Read runc's state for `id` under `root` (host paths; no symlink at the file).
+    pub fn load(root: &Path, id: &str, max: u64) -> Result<Self, String> {
+        if id.is_empty() || id.contains('/') || id == "." || id == ".." {
+            return Err(format!("container id {id:?} is not valid"));
+        }
+        let path = root.join(id).join("state.json");
+        let v = bundle::load_json(&path, max.max(16 * 1024 * 1024))
+            .map_err(|e| format!("cannot read the container's state: {e}"))?;
+        Self::from_state(&v).ok_or_else(|| format!("{}: unexpected format", path.display()))
+    }
+
+    /// Extract the fields from a parsed state.json.
+    pub fn from_state(v: &Value) -> Option<Self> {
+        let config = v.get("config")?;
+        let bounding = match config.pointer("/capabilities/Bounding") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(b) => strings(b)?,
+        };
+        let opt = |k: &str| {
+            config
+                .get(k)
+                .and_then(Value::as_str)
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+        };
+        Some(Self {
+            bounding: bounding.iter().map(|c| cap_name(c)).collect(),
+            apparmor_profile: opt("apparmor_profile"),
+            process_label: opt("process_label"),
+        })
+    }
+}
+
+/// Check exec's command-line overrides: `--cap` is refused, and `--apparmor`,
+/// `--process-label`, `--no-new-privs=false` may not loosen the container.
+pub fn check_flags(sub: &SubArgs, state: &ContainerState, f: &mut Findings) {
+    for c in sub.values("cap") {
+        f.refuse(format!(
+            "exec --cap {c} is refused: exec may not add capabilities"
+        ));
+    }
+    if let Some(a) = sub.value("apparmor")
+        && Some(a) != state.apparmor_profile.as_deref()
+    {
+        f.refuse(format!(
+            "exec --apparmor {a} differs from the container's AppArmor profile"
+        ));
+    }
+    if let Some(l) = sub.value("process-label")
+        && Some(l) != state.process_label.as_deref()
+    {
+        f.refuse(format!(
+            "exec --process-label {l} differs from the container's SELinux label"
+        ));
+    }
+    if sub.value("no-new-privs") == Some("false") {
+        f.refuse("exec --no-new-privs=false is refused");
+    }
+}
+
+/// Validate and harden an exec process JSON.
+pub fn harden_process(
+    mut process: Value,
+    state: &ContainerState,
+    policy: &Policy,
+    f: &mut Findings,
+) -> Value {
+    let Some(obj) = process.as_object() else {
+        f.refuse("the exec process is not a JSON object");
+        return process;
+    };
+    if let Some(c) = obj.get("capabilities")
+        && !c.is_null()
+    {
+        let ok = c.as_object().is_some_and(|m| {
+            caps::SETS.iter().all(|s| {
+                m.get(*s)
+                    .is_none_or(|v| v.is_null() || strings(v).is_some())
+            })
+        });
+        if !ok {
+            f.refuse("malformed exec process: capabilities");
+            return process;
+        }
+    }
+    let reduced = caps::reduce(
+        obj.get("capabilities"),
+        policy,
+        Some(&state.bounding),
+        "exec --process",
+        f,
+    );
+    let asked_aa = obj
+        .get("apparmorProfile")
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty());
+    if let Some(a) = asked_aa
+        && Some(a) != state.apparmor_profile.as_deref()
+    {
+        // containerd sends the profile of the original spec (CRI's default profile, say);
+        // the process gets the container's own, whatever it asked for.
+        f.note(format!(
+            "exec --process AppArmor profile {a} replaced by the container's"
+        ));
+    }
+    let asked_label = obj
+        .get("selinuxLabel")
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty());
+    if let Some(l) = asked_label
+        && Some(l) != state.process_label.as_deref()
+    {
+        f.refuse(format!(
+            "exec --process asks for SELinux label {l}, not the container's"
+        ));
+    }
+    if let Some(obj) = process.as_object_mut() {
+        obj.insert("capabilities".to_string(), reduced);
+        obj.insert("noNewPrivileges".to_string(), json!(true));
+        match &state.apparmor_profile {
+            Some(p) => obj.insert("apparmorProfile".to_string(), json!(p)),
+            None => obj.remove("apparmorProfile"),
+        };
+        match &state.process_label {
+            Some(l) => obj.insert("selinuxLabel".to_string(), json!(l)),
+            None => obj.remove("selinuxLabel"),
+        };
+    }
+    process
+}
+
+/// `update --resources`: what a resources JSON may change. Device rules, pids, unified
+/// cgroup files, network classes and RDMA are isolation, not tuning: refused. Unknown
+/// keys are refused (fail closed).
+pub fn check_update_resources(r: &Value, f: &mut Findings) {
+    let Some(obj) = r.as_object() else {
+        f.refuse("update: the resources JSON is not an object");
+        return;
+    };
+    for (k, v) in obj {
+        match k.as_str() {
+            "cpu" | "memory" | "blockIO" | "hugepageLimits" => {}
+            "devices" => {
+                if v.as_array().is_none_or(|a| !a.is_empty()) && !v.is_null() {
+                    f.refuse("update may not change device rules");
+                }
+            }
+            "pids" | "unified" | "network" | "rdma" => {
+                if !v.is_null() {
+                    f.refuse(format!("update may not change {k}"));
+                }
+            }
+            other => f.refuse(format!("update: unknown resources key {other:?}")),
+        }
+    }
+}
+
+/// `update` flags that change isolation rather than tuning.
+pub fn check_update_flags(sub: &SubArgs, f: &mut Findings) {
+    if let Some(v) = sub.value("pids-limit") {
+        f.refuse(format!(
+            "update --pids-limit {v} is refused: the pids limit comes from the lease"
+        ));
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    fn state() -> ContainerState {
+        ContainerState {
+            bounding: vec!["CAP_KILL".into(), "CAP_CHOWN".into()],
+            apparmor_profile: None,
+            process_label: None,
+        }
+    }
+
+    #[test]
+    fn runc_state_format() {
+        let v = json!({"config": {"capabilities": {"Bounding": ["CAP_KILL"], "Effective": []},
+                                  "no_new_privileges": true, "apparmor_profile": "tessera-tenant"}});
+        let s = ContainerState::from_state(&v).unwrap();
+        assert_eq!(s.bounding, ["CAP_KILL"]);
+        assert_eq!(s.apparmor_profile.as_deref(), Some("tessera-tenant"));
+        assert!(ContainerState::from_state(&json!({})).is_none());
+    }
+
+    #[test]
+    fn exec_process_is_hardened() {
+        let mut f = Findings::default();
+        let p = json!({"args": ["sh"], "noNewPrivileges": false, "x-extra": 1,
+                       "capabilities": {"bounding": ["CAP_KILL"], "effective": ["kill"]}});
+        let out = harden_process(p, &state(), &crate::policy::Policy::default(), &mut f);
+        assert!(f.reasons.is_empty(), "{:?}", f.reasons);
+        assert_eq!(out["noNewPrivileges"], true);
+        assert_eq!(out["capabilities"]["effective"], json!(["CAP_KILL"]));
+        assert_eq!(out["x-extra"], 1);
+    }
+
+    #[test]
+    fn exec_may_not_escalate() {
+        for (p, want) in [
+            (
+                json!({"capabilities": {"bounding": ["CAP_SYS_ADMIN"]}}),
+                "forbidden capability CAP_SYS_ADMIN",
+            ),
+            (
+                json!({"capabilities": {"effective": ["CAP_SETUID"]}}),
+                "CAP_SETUID, which the container does not have",
+            ),
+            (
+                json!({"selinuxLabel": "system_u:system_r:spc_t:s0"}),
+                "SELinux label",
+            ),
+            (
+                json!({"capabilities": {"bounding": "CAP_KILL"}}),
+                "malformed",
+            ),
+            (json!([1]), "not a JSON object"),
+        ] {
+            let mut f = Findings::default();
+            harden_process(
+                p.clone(),
+                &state(),
+                &crate::policy::Policy::default(),
+                &mut f,
+            );
+            assert!(
+                f.reasons.iter().any(|r| r.contains(want)),
+                "{p}: {:?}",
+                f.reasons
+            );
+        }
+    }
+
+    #[test]
+    fn exec_gets_the_containers_apparmor_profile() {
+        let mut f = Findings::default();
+        let st = ContainerState {
+            apparmor_profile: Some("tessera-tenant".into()),
+            ..state()
+        };
+        let p = json!({"args": ["sh"], "apparmorProfile": "unconfined"});
+        let out = harden_process(p, &st, &crate::policy::Policy::default(), &mut f);
+        assert!(f.reasons.is_empty());
+        assert_eq!(out["apparmorProfile"], "tessera-tenant");
+        let out = harden_process(
+            json!({"apparmorProfile": "unconfined"}),
+            &state(),
+            &crate::policy::Policy::default(),
+            &mut f,
+        );
+        assert!(out.get("apparmorProfile").is_none());
+    }
+
+    #[test]
+    fn update_rules() {
+        let mut f = Findings::default();
+        check_update_resources(
+            &json!({"memory": {"limit": 1}, "cpu": {"shares": 2}, "devices": []}),
+            &mut f,
+        );
+        assert!(f.reasons.is_empty(), "{:?}", f.reasons);
+        for r in [
+            json!({"devices": [{"allow": true, "access": "rwm"}]}),
+            json!({"pids": {"limit": 0}}),
+            json!({"unified": {"devices.allow": "a"}}),
+            json!({"bogus": 1}),
+        ] {
+            let mut f = Findings::default();
+            check_update_resources(&r, &mut f);
+            assert!(!f.reasons.is_empty(), "{r}");
+        }
+    }
+}

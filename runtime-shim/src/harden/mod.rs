@@ -1,0 +1,424 @@
+//! From a tenant spec (and the lease it names) to a hardened spec, or a refusal that
+//! names every reason. Pure apart from reading host facts (never the rootfs): the caller
+//! writes the result and execs runc.
+
+pub mod apparmor;
+pub mod caps;
+pub mod cgroups;
+pub mod devices;
+pub mod exec;
+pub mod mounts;
+pub mod namespaces;
+pub mod seccomp;
+
+use crate::config::RuntimeConfig;
+use crate::host::HostFacts;
+use crate::lease::ResolvedLease;
+use crate::policy::Policy;
+use serde_json::{Map, Value, json};
+use std::path::Path;
+
+/// The annotation carrying the lease token.
+pub const TOKEN_ANNOTATION: &str = "tessera.io/lease-token";
+/// The env variable (in `process.env`) that may carry the lease token instead.
+pub const TOKEN_ENV: &str = "TESSERA_LEASE_TOKEN";
+/// The annotation the runtime adds with the lease id.
+pub const LEASE_ID_ANNOTATION: &str = "tessera.io/lease-id";
+/// The CRI annotation with the pod's namespace.
+pub const SANDBOX_NAMESPACE_ANNOTATION: &str = "io.kubernetes.cri.sandbox-namespace";
+
+/// Docker's default masked paths (kept even if the tenant spec dropped them).
+pub const DEFAULT_MASKED: &[&str] = &[
+    "/proc/acpi",
+    "/proc/asound",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/proc/scsi",
+    "/sys/firmware",
+    "/sys/devices/virtual/powercap",
+];
+/// Docker's default read-only paths.
+pub const DEFAULT_READONLY: &[&str] = &[
+    "/proc/bus",
+    "/proc/fs",
+    "/proc/irq",
+    "/proc/sys",
+    "/proc/sysrq-trigger",
+];
+
+/// Everything the hardening needs besides the spec.
+#[derive(Debug, Clone, Copy)]
+pub struct Context<'a> {
+    pub config: &'a RuntimeConfig,
+    pub seccomp: &'a seccomp::Profile,
+    pub host: &'a HostFacts,
+    pub lease: Option<&'a ResolvedLease>,
+    pub container_id: &'a str,
+    pub systemd_cgroup: bool,
+    pub bundle: &'a Path,
+}
+
+impl Context<'_> {
+    /// The hardening policy.
+    pub fn policy(&self) -> &Policy {
+        &self.config.policy
+    }
+}
+
+/// The outcome: admitted with the hardened spec, or refused with every reason.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    pub admitted: bool,
+    pub reasons: Vec<String>,
+    /// What was changed or dropped on the way (for the log and `check`).
+    pub notes: Vec<String>,
+    pub spec: Value,
+}
+
+/// Collects refusals and notes.
+#[derive(Debug, Default)]
+pub struct Findings {
+    pub reasons: Vec<String>,
+    pub notes: Vec<String>,
+}
+
+impl Findings {
+    pub fn refuse(&mut self, r: impl Into<String>) {
+        let r = r.into();
+        if !self.reasons.contains(&r) {
+            self.reasons.push(r);
+        }
+    }
+    pub fn note(&mut self, n: impl Into<String>) {
+        self.notes.push(n.into());
+    }
+}
+
+/// The object at `key` of `v` (created when absent or null); `None` if `v` is not an
+/// object or the entry is not an object.
+pub fn obj_entry<'v>(v: &'v mut Value, key: &str) -> Option<&'v mut Map<String, Value>> {
+    let map = v.as_object_mut()?;
+    let e = map
+        .entry(key.to_string())
+        .or_insert_with(|| Value::Object(Map::new()));
+    if e.is_null() {
+        *e = Value::Object(Map::new());
+    }
+    e.as_object_mut()
+}
+
+/// The strings of an array value, or `None` if it is not an array of strings.
+pub fn strings(v: &Value) -> Option<Vec<String>> {
+    v.as_array()?
+        .iter()
+        .map(|s| s.as_str().map(String::from))
+        .collect()
+}
+
+#[derive(Clone, Copy)]
+enum Ty {
+    Object,
+    Str,
+    Bool,
+    Array,
+    StrArray,
+    StrMap,
+}
+
+/// Fields the hardening reads, with the JSON type they must have.
+const SHAPE: &[(&str, Ty)] = &[
+    ("/process", Ty::Object),
+    ("/process/env", Ty::StrArray),
+    ("/process/args", Ty::StrArray),
+    ("/process/capabilities", Ty::Object),
+    ("/process/capabilities/bounding", Ty::StrArray),
+    ("/process/capabilities/effective", Ty::StrArray),
+    ("/process/capabilities/inheritable", Ty::StrArray),
+    ("/process/capabilities/permitted", Ty::StrArray),
+    ("/process/capabilities/ambient", Ty::StrArray),
+    ("/process/noNewPrivileges", Ty::Bool),
+    ("/process/apparmorProfile", Ty::Str),
+    ("/process/selinuxLabel", Ty::Str),
+    ("/root", Ty::Object),
+    ("/root/path", Ty::Str),
+    ("/mounts", Ty::Array),
+    ("/hooks", Ty::Object),
+    ("/annotations", Ty::StrMap),
+    ("/linux", Ty::Object),
+    ("/linux/namespaces", Ty::Array),
+    ("/linux/devices", Ty::Array),
+    ("/linux/resources", Ty::Object),
+    ("/linux/resources/devices", Ty::Array),
+    ("/linux/resources/pids", Ty::Object),
+    ("/linux/resources/unified", Ty::StrMap),
+    ("/linux/sysctl", Ty::StrMap),
+    ("/linux/maskedPaths", Ty::StrArray),
+    ("/linux/readonlyPaths", Ty::StrArray),
+    ("/linux/cgroupsPath", Ty::Str),
+    ("/linux/mountLabel", Ty::Str),
+];
+
+/// Check the JSON types of every field the hardening reads; a wrong type is a refusal.
+pub fn check_shape(spec: &Value, f: &mut Findings) -> bool {
+    let before = f.reasons.len();
+    for (ptr, ty) in SHAPE {
+        let Some(v) = spec.pointer(ptr) else { continue };
+        if v.is_null() {
+            continue;
+        }
+        let ok = match ty {
+            Ty::Object => v.is_object(),
+            Ty::Str => v.is_string(),
+            Ty::Bool => v.is_boolean(),
+            Ty::Array => v.is_array(),
+            Ty::StrArray => strings(v).is_some(),
+            Ty::StrMap => v
+                .as_object()
+                .is_some_and(|m| m.values().all(Value::is_string)),
+        };
+        if !ok {
+            f.refuse(format!("malformed spec: {ptr} has the wrong JSON type"));
+        }
+    }
+    f.reasons.len() == before
+}
+
+/// Where the lease token is, if anywhere: the annotation, or `TESSERA_LEASE_TOKEN` in
+/// `process.env`. Two different tokens are an error.
+pub fn find_token(spec: &Value) -> Result<Option<String>, String> {
+    let from_annotation = spec
+        .pointer(&format!(
+            "/annotations/{}",
+            TOKEN_ANNOTATION.replace('/', "~1")
+        ))
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    let mut env_tokens: Vec<String> = spec
+        .pointer("/process/env")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .filter_map(|e| e.strip_prefix(&format!("{TOKEN_ENV}=")))
+        .map(str::to_string)
+        .collect();
+    env_tokens.dedup();
+    if env_tokens.len() > 1 {
+        return Err(format!("process.env sets {TOKEN_ENV} to different tokens"));
+    }
+    let from_env = env_tokens.pop();
+    match (from_annotation, from_env) {
+        (Some(a), Some(e)) if a != e => Err(format!(
+            "the annotation {TOKEN_ANNOTATION} and {TOKEN_ENV} name different tokens"
+        )),
+        (Some(t), _) | (None, Some(t)) if t.trim().is_empty() => {
+            Err("the lease token is empty".to_string())
+        }
+        (Some(t), _) | (None, Some(t)) => Ok(Some(t)),
+        (None, None) => Ok(None),
+    }
+}
+
+fn check_hooks(spec: &mut Value, f: &mut Findings) {
+    if let Some(hooks) = spec.get("hooks").and_then(Value::as_object) {
+        for (kind, list) in hooks {
+            let paths: Vec<String> = match list.as_array() {
+                Some(a) => a
+                    .iter()
+                    .map(|h| {
+                        h.get("path")
+                            .and_then(Value::as_str)
+                            .unwrap_or("?")
+                            .to_string()
+                    })
+                    .collect(),
+                None => vec!["?".to_string()],
+            };
+            if !paths.is_empty() {
+                f.refuse(format!(
+                    "OCI hooks are not allowed in a tenant spec: {kind} ({})",
+                    paths.join(", ")
+                ));
+            }
+        }
+    }
+    if let Some(m) = spec.as_object_mut() {
+        m.remove("hooks");
+    }
+}
+
+fn check_root(spec: &Value, ctx: &Context, f: &mut Findings) {
+    let Some(path) = spec.pointer("/root/path").and_then(Value::as_str) else {
+        f.refuse("the spec has no root.path");
+        return;
+    };
+    let full = if Path::new(path).is_absolute() {
+        Path::new(path).to_path_buf()
+    } else {
+        ctx.bundle.join(path)
+    };
+    if mounts::normalize(&full.to_string_lossy()) == "/" {
+        f.refuse("root.path is the host's /");
+        return;
+    }
+    match std::fs::symlink_metadata(&full) {
+        Ok(m) if m.file_type().is_symlink() => {
+            f.refuse(format!("root.path {path} is a symlink"));
+        }
+        Ok(m) if !m.is_dir() => f.refuse(format!("root.path {path} is not a directory")),
+        Ok(_) => {}
+        Err(e) => f.refuse(format!("root.path {}: {e}", full.display())),
+    }
+}
+
+fn harden_process(spec: &mut Value, ctx: &Context, f: &mut Findings) {
+    let Some(process) = spec.get_mut("process").and_then(Value::as_object_mut) else {
+        f.refuse("the spec has no process");
+        return;
+    };
+    if process.get("noNewPrivileges") == Some(&Value::Bool(false)) {
+        f.note("process.noNewPrivileges was false; set to true");
+    }
+    process.insert("noNewPrivileges".to_string(), Value::Bool(true));
+    if let Some(label) = process.get("selinuxLabel").and_then(Value::as_str)
+        && let Some(t) = forbidden_selinux_type(label, ctx.policy())
+    {
+        f.refuse(format!("process.selinuxLabel uses the forbidden type {t}"));
+    }
+    // Env: drop the token, apply the lease's variables (the lease wins).
+    let mut env: Vec<String> = process
+        .get("env")
+        .and_then(strings)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| !e.starts_with(&format!("{TOKEN_ENV}=")))
+        .collect();
+    if let Some(lease) = ctx.lease {
+        for (k, v) in &lease.env {
+            let prefix = format!("{k}=");
+            env.retain(|e| !e.starts_with(&prefix));
+            env.push(format!("{k}={v}"));
+        }
+    }
+    process.insert("env".to_string(), json!(env));
+}
+
+/// The SELinux type of a label (`user:role:type:level`) if the policy forbids it.
+pub fn forbidden_selinux_type<'p>(label: &str, policy: &'p Policy) -> Option<&'p str> {
+    let ty = label.split(':').nth(2).unwrap_or(label);
+    policy
+        .forbidden_selinux_types
+        .iter()
+        .find(|t| t.as_str() == ty)
+        .map(String::as_str)
+}
+
+fn check_tenant_binding(spec: &Value, ctx: &Context, f: &mut Findings) {
+    let Some(lease) = ctx.lease else { return };
+    let bindings = &ctx.config.tenant_namespaces;
+    if bindings.is_empty() {
+        return;
+    }
+    let ns = spec
+        .pointer(&format!(
+            "/annotations/{}",
+            SANDBOX_NAMESPACE_ANNOTATION.replace('/', "~1")
+        ))
+        .and_then(Value::as_str);
+    match (ns, bindings.get(&lease.tenant)) {
+        (None, _) => f.refuse(format!(
+            "tenants are bound to Kubernetes namespaces and the spec has no {SANDBOX_NAMESPACE_ANNOTATION}"
+        )),
+        (Some(ns), Some(allowed)) if allowed.iter().any(|a| a == ns) => {}
+        (Some(ns), _) => f.refuse(format!(
+            "the lease belongs to tenant {} which may not run in namespace {ns}",
+            lease.tenant
+        )),
+    }
+}
+
+fn ensure_paths(spec: &mut Value, key: &str, want: &[String]) {
+    let Some(linux) = obj_entry(spec, "linux") else {
+        return;
+    };
+    let mut have = linux.get(key).and_then(strings).unwrap_or_default();
+    for p in want {
+        if !have.contains(p) {
+            have.push(p.clone());
+        }
+    }
+    linux.insert(key.to_string(), json!(have));
+}
+
+fn set_annotations(spec: &mut Value, ctx: &Context) {
+    let Some(ann) = obj_entry(spec, "annotations") else {
+        return;
+    };
+    ann.remove(TOKEN_ANNOTATION);
+    match ctx.lease {
+        Some(l) => {
+            ann.insert(LEASE_ID_ANNOTATION.to_string(), json!(l.lease_id));
+        }
+        None => {
+            ann.remove(LEASE_ID_ANNOTATION);
+        }
+    }
+}
+
+/// Validate a tenant spec against the policy and the lease and produce the hardened
+/// spec. Nothing outside the returned value is changed.
+pub fn harden(mut spec: Value, ctx: &Context) -> Decision {
+    let mut f = Findings::default();
+    if !spec.is_object() {
+        f.refuse("the spec is not a JSON object");
+        return Decision {
+            admitted: false,
+            reasons: f.reasons,
+            notes: f.notes,
+            spec,
+        };
+    }
+    if !check_shape(&spec, &mut f) {
+        return Decision {
+            admitted: false,
+            reasons: f.reasons,
+            notes: f.notes,
+            spec,
+        };
+    }
+    if let Err(e) = find_token(&spec) {
+        f.refuse(e);
+    }
+    check_tenant_binding(&spec, ctx, &mut f);
+    check_hooks(&mut spec, &mut f);
+    check_root(&spec, ctx, &mut f);
+    namespaces::apply(&mut spec, ctx, &mut f);
+    caps::apply(&mut spec, ctx.policy(), &mut f);
+    harden_process(&mut spec, ctx, &mut f);
+    apparmor::apply(&mut spec, ctx, &mut f);
+    mounts::apply(&mut spec, ctx, &mut f);
+    devices::apply(&mut spec, ctx, &mut f);
+    cgroups::apply(&mut spec, ctx, &mut f);
+    if let Some(n) = seccomp::apply(&mut spec, ctx.seccomp) {
+        f.note(n);
+    }
+    let masked: Vec<String> = DEFAULT_MASKED
+        .iter()
+        .map(|s| (*s).to_string())
+        .chain(devices::masked_paths(ctx))
+        .collect();
+    ensure_paths(&mut spec, "maskedPaths", &masked);
+    let ro: Vec<String> = DEFAULT_READONLY.iter().map(|s| (*s).to_string()).collect();
+    ensure_paths(&mut spec, "readonlyPaths", &ro);
+    set_annotations(&mut spec, ctx);
+    Decision {
+        admitted: f.reasons.is_empty(),
+        reasons: f.reasons,
+        notes: f.notes,
+        spec,
+    }
+}

@@ -1,0 +1,221 @@
+//! Mounts: refuse bind mounts of sensitive host paths and of GPU nodes, refuse mount
+//! types outside the policy and extra procfs/sysfs instances; add the lease's mounts
+//! (nosuid,nodev,noexec) and the driver libraries (read-only, from host paths in the
+//! runtime config, never from the image). runc performs every mount.
+
+use super::{Context, Findings, strings};
+use crate::policy::Policy;
+use serde_json::{Value, json};
+
+/// Lexically normalise an absolute path: collapse `//`, `.` and `..` (never touching the
+/// filesystem).
+pub fn normalize(p: &str) -> String {
+    let mut parts: Vec<&str> = Vec::new();
+    for c in p.split('/') {
+        match c {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            c => parts.push(c),
+        }
+    }
+    format!("/{}", parts.join("/"))
+}
+
+/// Whether `path` is `base` or below it (both normalised).
+pub fn is_under(path: &str, base: &str) -> bool {
+    if base == "/" {
+        return path == "/";
+    }
+    path == base || path.starts_with(&format!("{base}/"))
+}
+
+/// The host forms of a mount source to check: as written (normalised) and, when it
+/// exists on the host, canonical (a host symlink to /proc...). Host paths only: the
+/// rootfs is never looked at.
+fn host_forms(source: &str) -> Vec<String> {
+    let lexical = normalize(source);
+    let mut forms = vec![lexical.clone()];
+    if let Ok(c) = std::fs::canonicalize(&lexical) {
+        let c = c.to_string_lossy().into_owned();
+        if c != lexical {
+            forms.push(c);
+        }
+    }
+    forms
+}
+
+/// Why a bind-mount source is not allowed, if it is not: a GPU node, inside a sensitive
+/// tree, or a protected file or one of its ancestor directories.
+pub fn sensitive_hit(source: &str, policy: &Policy) -> Option<String> {
+    for form in host_forms(source) {
+        if form.starts_with("/dev/nvidia") {
+            return Some(format!("GPU device path {form}"));
+        }
+        for s in &policy.sensitive_host_paths {
+            let s = normalize(s);
+            if is_under(&form, &s) {
+                return Some(format!("under {s}"));
+            }
+        }
+        for p in &policy.protected_host_files {
+            let p = normalize(p);
+            if is_under(&p, &form) || form == "/" {
+                return Some(format!("exposes {p}"));
+            }
+        }
+    }
+    None
+}
+
+/// Why a lease mount source is not acceptable: a shared directory (one MPS pipe dir per
+/// lease, never the host-wide one or /dev/shm) or a protected file's ancestor.
+fn lease_mount_problem(source: &str, policy: &Policy) -> Option<String> {
+    for form in host_forms(source) {
+        for shared in ["/tmp/nvidia-mps", "/dev", "/proc", "/sys"] {
+            if is_under(&form, shared) {
+                return Some(format!("under {shared}"));
+            }
+        }
+        if form == "/tmp" || form == "/" {
+            return Some(format!("{form} is shared by every tenant"));
+        }
+        for p in &policy.protected_host_files {
+            let p = normalize(p);
+            if is_under(&p, &form) {
+                return Some(format!("exposes {p}"));
+            }
+        }
+    }
+    None
+}
+
+fn is_bind(ty: &str, options: &[String]) -> bool {
+    ty == "bind" || options.iter().any(|o| o == "bind" || o == "rbind")
+}
+
+pub fn apply(spec: &mut Value, ctx: &Context, f: &mut Findings) {
+    let policy = ctx.policy();
+    let mut list = spec
+        .get("mounts")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    for m in &list {
+        let Some(dest) = m.get("destination").and_then(Value::as_str) else {
+            f.refuse("malformed spec: a mount has no destination");
+            continue;
+        };
+        let ty = m.get("type").and_then(Value::as_str).unwrap_or("");
+        let source = m.get("source").and_then(Value::as_str).unwrap_or("");
+        let options = match m.get("options") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(o) => match strings(o) {
+                Some(o) => o,
+                None => {
+                    f.refuse(format!("malformed spec: the options of mount {dest}"));
+                    continue;
+                }
+            },
+        };
+        let ndest = normalize(dest);
+        if source.starts_with('/') && normalize(source).starts_with("/dev/nvidia") {
+            f.refuse(format!(
+                "the spec mounts GPU device path {source}; GPU devices come only from the lease"
+            ));
+        }
+        if ndest.starts_with("/dev/nvidia") {
+            f.refuse(format!(
+                "the spec mounts onto GPU device path {dest}; GPU devices come only from the lease"
+            ));
+        }
+        if is_bind(ty, &options) {
+            if !source.starts_with('/') {
+                f.refuse(format!(
+                    "bind mount {dest} has a relative source {source:?}"
+                ));
+            } else if let Some(hit) = sensitive_hit(source, policy) {
+                f.refuse(format!(
+                    "bind mount of sensitive host path {source} ({hit}) onto {dest}"
+                ));
+            }
+            continue;
+        }
+        if !policy.allowed_mount_types.iter().any(|t| t == ty) {
+            f.refuse(format!("mount type {ty:?} at {dest} is not allowed"));
+            continue;
+        }
+        match ty {
+            "proc" if ndest != "/proc" => {
+                f.refuse(format!(
+                    "an extra procfs at {dest} would escape the masked paths"
+                ));
+            }
+            "sysfs" if ndest != "/sys" => {
+                f.refuse(format!(
+                    "an extra sysfs at {dest} would escape the masked paths"
+                ));
+            }
+            _ => {}
+        }
+    }
+    if let Some(lease) = ctx.lease {
+        for m in &lease.mounts {
+            let src = normalize(&m.source);
+            if !m.source.starts_with('/') || !m.destination.starts_with('/') {
+                f.refuse(format!(
+                    "the lease's mount {} -> {} is not absolute",
+                    m.source, m.destination
+                ));
+                continue;
+            }
+            if let Some(hit) = lease_mount_problem(&src, policy) {
+                f.refuse(format!(
+                    "the lease's mount source {} is a shared or sensitive host path ({hit})",
+                    m.source
+                ));
+                continue;
+            }
+            let mut options: Vec<String> = m
+                .options
+                .iter()
+                .filter(|o| !matches!(o.as_str(), "suid" | "dev" | "exec" | "bind" | "rbind"))
+                .cloned()
+                .collect();
+            options.insert(0, "rbind".to_string());
+            for o in ["nosuid", "nodev", "noexec"] {
+                if !options.iter().any(|x| x == o) {
+                    options.push(o.to_string());
+                }
+            }
+            list.push(json!({
+                "destination": m.destination, "type": "bind", "source": src, "options": options,
+            }));
+        }
+        for lib in &ctx.config.driver_libraries {
+            let src = lib.source.to_string_lossy().into_owned();
+            let dest = lib
+                .destination
+                .as_deref()
+                .unwrap_or(&lib.source)
+                .to_string_lossy()
+                .into_owned();
+            match std::fs::symlink_metadata(&lib.source) {
+                Ok(_) => list.push(json!({
+                    "destination": dest, "type": "bind", "source": src,
+                    "options": ["bind", "ro", "nosuid", "nodev"],
+                })),
+                Err(_) if lib.optional => {
+                    f.note(format!(
+                        "optional driver library {src} is absent on this host"
+                    ));
+                }
+                Err(e) => f.refuse(format!("driver library {src} is missing on the host: {e}")),
+            }
+        }
+    }
+    if let Some(m) = spec.as_object_mut() {
+        m.insert("mounts".to_string(), Value::Array(list));
+    }
+}

@@ -1,0 +1,551 @@
+//! The tenant seccomp profile: kept as data (configs/seccomp/tenant.toml, a reason beside
+//! each rule), checked with libseccomp when the runtime starts, and written to the spec's
+//! `linux.seccomp` for runc to apply. It replaces whatever the tenant spec carried.
+
+use libseccomp::{ScmpArch, ScmpSyscall};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use thiserror::Error;
+
+/// The built-in profile.
+pub const BUILTIN: &str = include_str!("../../../configs/seccomp/tenant.toml");
+
+/// Syscalls that no tenant profile may allow, with or without argument filters: the
+/// GPU-tenant extras of the reference on top of Docker's default refusals.
+pub const MUST_DENY: &[&str] = &[
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "userfaultfd",
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
+    "bpf",
+    "perf_event_open",
+    "keyctl",
+    "add_key",
+    "request_key",
+    "unshare",
+    "setns",
+    "clone3",
+    "mount",
+    "umount2",
+    "pivot_root",
+    "fsopen",
+    "fsmount",
+    "fsconfig",
+    "fspick",
+    "move_mount",
+    "open_tree",
+    "mount_setattr",
+    "kexec_load",
+    "kexec_file_load",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "open_by_handle_at",
+    "reboot",
+];
+
+/// The namespace flags `clone` must be guarded by.
+pub const CLONE_NS_MASK: u64 = 0x7E02_0000;
+
+/// Errors loading or checking a seccomp profile.
+#[derive(Debug, Error)]
+pub enum SeccompError {
+    #[error("reading seccomp profile {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("seccomp profile {path}: {source}")]
+    Parse {
+        path: PathBuf,
+        source: Box<toml::de::Error>,
+    },
+    #[error("seccomp profile {path}: {rule}: {message}")]
+    Rule {
+        path: PathBuf,
+        rule: String,
+        message: String,
+    },
+    #[error("seccomp profile {path}: {message}")]
+    Profile { path: PathBuf, message: String },
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Arg {
+    index: u32,
+    value: u64,
+    #[serde(default)]
+    value_two: u64,
+    op: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AllowRule {
+    names: Vec<String>,
+    reason: String,
+    #[serde(default)]
+    args: Vec<Arg>,
+    #[serde(default)]
+    arches: Vec<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ErrnoRule {
+    names: Vec<String>,
+    reason: String,
+    errno: u32,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DenyRule {
+    names: Vec<String>,
+    reason: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ProfileFile {
+    default_action: String,
+    default_errno: u32,
+    architectures: Vec<String>,
+    #[serde(default)]
+    allow: Vec<AllowRule>,
+    #[serde(default)]
+    errno: Vec<ErrnoRule>,
+    #[serde(default)]
+    deny: Vec<DenyRule>,
+}
+
+const OPS: &[&str] = &[
+    "SCMP_CMP_NE",
+    "SCMP_CMP_LT",
+    "SCMP_CMP_LE",
+    "SCMP_CMP_EQ",
+    "SCMP_CMP_GE",
+    "SCMP_CMP_GT",
+    "SCMP_CMP_MASKED_EQ",
+];
+
+const DEFAULT_ACTIONS: &[&str] = &[
+    "SCMP_ACT_ERRNO",
+    "SCMP_ACT_KILL",
+    "SCMP_ACT_KILL_THREAD",
+    "SCMP_ACT_KILL_PROCESS",
+];
+
+/// A checked profile, ready to be written into specs.
+#[derive(Debug, Clone)]
+pub struct Profile {
+    /// The OCI `linux.seccomp` object for the host's architecture.
+    pub oci: Value,
+    /// Where it came from (for messages).
+    pub source: PathBuf,
+}
+
+fn oci_arch_name(arch: ScmpArch) -> Option<&'static str> {
+    match arch {
+        ScmpArch::X8664 => Some("SCMP_ARCH_X86_64"),
+        ScmpArch::Aarch64 => Some("SCMP_ARCH_AARCH64"),
+        _ => None,
+    }
+}
+
+fn native_arch() -> ScmpArch {
+    if cfg!(target_arch = "aarch64") {
+        ScmpArch::Aarch64
+    } else {
+        ScmpArch::X8664
+    }
+}
+
+fn resolves(name: &str, arch: ScmpArch) -> bool {
+    ScmpSyscall::from_name_by_arch(name, arch).is_ok_and(|s| i32::from(s) >= 0)
+}
+
+impl Profile {
+    /// Load the profile named by the policy, or the built-in one.
+    pub fn load(path: Option<&Path>) -> Result<Self, SeccompError> {
+        match path {
+            None => Self::parse(BUILTIN, Path::new("<built-in configs/seccomp/tenant.toml>")),
+            Some(p) => {
+                let text = std::fs::read_to_string(p).map_err(|source| SeccompError::Read {
+                    path: p.to_path_buf(),
+                    source,
+                })?;
+                Self::parse(&text, p)
+            }
+        }
+    }
+
+    /// Parse and check a profile, producing the OCI form for the native architecture.
+    pub fn parse(text: &str, path: &Path) -> Result<Self, SeccompError> {
+        let file: ProfileFile = toml::from_str(text).map_err(|e| SeccompError::Parse {
+            path: path.to_path_buf(),
+            source: Box::new(e),
+        })?;
+        let prof_err = |message: String| SeccompError::Profile {
+            path: path.to_path_buf(),
+            message,
+        };
+        if !DEFAULT_ACTIONS.contains(&file.default_action.as_str()) {
+            return Err(prof_err(format!(
+                "default_action {} is not a refusal: the profile must be an allowlist",
+                file.default_action
+            )));
+        }
+        let mut arches = Vec::new();
+        for a in &file.architectures {
+            let arch = ScmpArch::from_str(a)
+                .ok()
+                .filter(|arch| oci_arch_name(*arch).is_some())
+                .ok_or_else(|| prof_err(format!("unsupported architecture {a}")))?;
+            arches.push(arch);
+        }
+        let native = native_arch();
+        let native_name = oci_arch_name(native).unwrap_or("SCMP_ARCH_X86_64");
+        if !arches.contains(&native) {
+            return Err(prof_err(format!(
+                "architectures do not include the host's {native_name}"
+            )));
+        }
+
+        let rule_err = |kind: &str, i: usize, reason: &str, message: String| SeccompError::Rule {
+            path: path.to_path_buf(),
+            rule: format!("[[{kind}]] #{} ({})", i + 1, short(reason)),
+            message,
+        };
+        let check_names =
+            |kind: &str, i: usize, reason: &str, names: &[String], rule_arches: &[ScmpArch]| {
+                if reason.trim().is_empty() {
+                    return Err(rule_err(kind, i, reason, "has no reason".to_string()));
+                }
+                if names.is_empty() {
+                    return Err(rule_err(kind, i, reason, "names no syscall".to_string()));
+                }
+                for n in names {
+                    if !rule_arches.iter().any(|a| resolves(n, *a)) {
+                        return Err(rule_err(
+                            kind,
+                            i,
+                            reason,
+                            format!("unknown syscall name {n:?}"),
+                        ));
+                    }
+                }
+                Ok(())
+            };
+
+        let mut rules = Vec::new();
+        let mut allowed: Vec<&str> = Vec::new();
+        for (i, r) in file.allow.iter().enumerate() {
+            let mut rule_arches = Vec::new();
+            for a in &r.arches {
+                let arch = ScmpArch::from_str(a)
+                    .ok()
+                    .filter(|x| arches.contains(x))
+                    .ok_or_else(|| {
+                        rule_err(
+                            "allow",
+                            i,
+                            &r.reason,
+                            format!("architecture {a} not in the profile"),
+                        )
+                    })?;
+                rule_arches.push(arch);
+            }
+            if rule_arches.is_empty() {
+                rule_arches = arches.clone();
+            }
+            check_names("allow", i, &r.reason, &r.names, &rule_arches)?;
+            for a in &r.args {
+                if a.index > 5 || !OPS.contains(&a.op.as_str()) {
+                    return Err(rule_err(
+                        "allow",
+                        i,
+                        &r.reason,
+                        format!("bad argument filter (index {}, op {})", a.index, a.op),
+                    ));
+                }
+            }
+            for n in &r.names {
+                if MUST_DENY.contains(&n.as_str()) {
+                    return Err(rule_err(
+                        "allow",
+                        i,
+                        &r.reason,
+                        format!("allows {n}, which a GPU tenant must never get"),
+                    ));
+                }
+                let guarded = r.args.iter().any(|a| {
+                    a.index == 0
+                        && a.op == "SCMP_CMP_MASKED_EQ"
+                        && a.value & CLONE_NS_MASK == CLONE_NS_MASK
+                        && a.value_two == 0
+                });
+                if n == "clone" && !guarded {
+                    return Err(rule_err(
+                        "allow",
+                        i,
+                        &r.reason,
+                        "allows clone without the namespace-flag mask 0x7E020000".to_string(),
+                    ));
+                }
+                allowed.push(n);
+            }
+            if !rule_arches.contains(&native) {
+                continue;
+            }
+            let names: Vec<&str> = r
+                .names
+                .iter()
+                .map(String::as_str)
+                .filter(|n| resolves(n, native))
+                .collect();
+            if names.is_empty() {
+                continue;
+            }
+            let mut rule = json!({"names": names, "action": "SCMP_ACT_ALLOW"});
+            if !r.args.is_empty() {
+                rule["args"] = Value::Array(
+                    r.args
+                        .iter()
+                        .map(|a| {
+                            json!({"index": a.index, "value": a.value,
+                                   "valueTwo": a.value_two, "op": a.op})
+                        })
+                        .collect(),
+                );
+            }
+            rules.push(rule);
+        }
+        let mut emit_errno = |kind: &str,
+                              i: usize,
+                              reason: &str,
+                              names: &[String],
+                              errno: u32|
+         -> Result<(), SeccompError> {
+            check_names(kind, i, reason, names, &arches)?;
+            for n in names {
+                if allowed.contains(&n.as_str()) {
+                    return Err(rule_err(
+                        kind,
+                        i,
+                        reason,
+                        format!("{n} is also allowed by an [[allow]] rule"),
+                    ));
+                }
+            }
+            let names: Vec<&str> = names
+                .iter()
+                .map(String::as_str)
+                .filter(|n| resolves(n, native))
+                .collect();
+            if !names.is_empty() {
+                rules.push(json!({"names": names, "action": "SCMP_ACT_ERRNO", "errnoRet": errno}));
+            }
+            Ok(())
+        };
+        for (i, r) in file.errno.iter().enumerate() {
+            emit_errno("errno", i, &r.reason, &r.names, r.errno)?;
+        }
+        // [[deny]] entries document refusals the default action already gives (EPERM);
+        // they are checked (known names, not allowed elsewhere) but not emitted, which
+        // keeps the filter runc compiles small.
+        for (i, r) in file.deny.iter().enumerate() {
+            check_names("deny", i, &r.reason, &r.names, &arches)?;
+            if let Some(n) = r.names.iter().find(|n| allowed.contains(&n.as_str())) {
+                return Err(rule_err(
+                    "deny",
+                    i,
+                    &r.reason,
+                    format!("{n} is also allowed by an [[allow]] rule"),
+                ));
+            }
+        }
+        let mut oci = json!({
+            "defaultAction": file.default_action,
+            "architectures": [native_name],
+            "syscalls": rules,
+        });
+        if file.default_action == "SCMP_ACT_ERRNO" {
+            oci["defaultErrnoRet"] = json!(file.default_errno);
+        }
+        Ok(Self {
+            oci,
+            source: path.to_path_buf(),
+        })
+    }
+
+    /// Whether the profile lets `name` through with no argument filter.
+    pub fn allows_unconditionally(&self, name: &str) -> bool {
+        syscall_rules(&self.oci).iter().any(|r| {
+            r["action"] == "SCMP_ACT_ALLOW"
+                && r.get("args").is_none()
+                && r["names"]
+                    .as_array()
+                    .is_some_and(|ns| ns.iter().any(|n| n == name))
+        })
+    }
+}
+
+fn syscall_rules(v: &Value) -> Vec<Value> {
+    v.get("syscalls")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default()
+}
+
+fn short(s: &str) -> String {
+    let s = s.trim();
+    if s.chars().count() > 48 {
+        format!("{}...", s.chars().take(45).collect::<String>())
+    } else {
+        s.to_string()
+    }
+}
+
+/// Replace the spec's seccomp with the tenant profile. Returns a note when the tenant's
+/// own profile was dropped.
+pub fn apply(spec: &mut Value, profile: &Profile) -> Option<String> {
+    let linux = super::obj_entry(spec, "linux")?;
+    let had = linux.get("seccomp").is_some_and(|s| !s.is_null());
+    linux.insert("seccomp".to_string(), profile.oci.clone());
+    had.then(|| "the spec's own seccomp profile was replaced by the tenant profile".to_string())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builtin_profile_loads_and_blocks_the_reference_list() {
+        let p = Profile::load(None).unwrap();
+        assert_eq!(p.oci["defaultAction"], "SCMP_ACT_ERRNO");
+        assert_eq!(p.oci["defaultErrnoRet"], 1);
+        for n in [
+            "read",
+            "write",
+            "openat",
+            "execve",
+            "futex",
+            "mmap",
+            "ioctl",
+            "exit_group",
+        ] {
+            assert!(p.allows_unconditionally(n), "{n} should be allowed");
+        }
+        for n in [
+            "ptrace",
+            "process_vm_readv",
+            "process_vm_writev",
+            "userfaultfd",
+            "io_uring_setup",
+            "bpf",
+            "perf_event_open",
+            "keyctl",
+            "unshare",
+            "setns",
+            "mount",
+            "kexec_load",
+            "init_module",
+            "finit_module",
+            "clone",
+            "clone3",
+            "socket",
+            "mknod",
+            "chroot",
+            "open_by_handle_at",
+            "add_key",
+            "pivot_root",
+        ] {
+            assert!(
+                !p.allows_unconditionally(n),
+                "{n} must not be allowed unconditionally"
+            );
+        }
+        let rules = syscall_rules(&p.oci);
+        let clone3 = rules
+            .iter()
+            .find(|r| r["names"].as_array().unwrap().iter().any(|n| n == "clone3"))
+            .unwrap();
+        assert_eq!(clone3["errnoRet"], 38);
+        let clone = rules
+            .iter()
+            .find(|r| r["names"].as_array().unwrap().iter().any(|n| n == "clone"))
+            .unwrap();
+        assert_eq!(clone["args"][0]["value"], CLONE_NS_MASK);
+        assert_eq!(clone["args"][0]["op"], "SCMP_CMP_MASKED_EQ");
+    }
+
+    #[test]
+    fn unknown_syscall_is_an_error_naming_the_rule() {
+        let text = "default_action = \"SCMP_ACT_ERRNO\"\ndefault_errno = 1\narchitectures = [\"SCMP_ARCH_X86_64\", \"SCMP_ARCH_AARCH64\"]\n[[allow]]\nreason = \"files\"\nnames = [\"read\", \"reed\"]\n";
+        let e = Profile::parse(text, Path::new("p.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("\"reed\"") && e.contains("[[allow]] #1 (files)"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn profiles_weaker_than_the_floor_are_refused() {
+        let head = "default_action = \"SCMP_ACT_ERRNO\"\ndefault_errno = 1\narchitectures = [\"SCMP_ARCH_X86_64\", \"SCMP_ARCH_AARCH64\"]\n";
+        for (body, want) in [
+            (
+                "[[allow]]\nreason = \"x\"\nnames = [\"ptrace\"]\n",
+                "ptrace",
+            ),
+            (
+                "[[allow]]\nreason = \"x\"\nnames = [\"clone\"]\n",
+                "0x7E020000",
+            ),
+            (
+                "[[allow]]\nreason = \"\"\nnames = [\"read\"]\n",
+                "no reason",
+            ),
+            (
+                "[[allow]]\nreason = \"x\"\nnames = [\"read\"]\n[[deny]]\nreason = \"y\"\nnames = [\"read\"]\n",
+                "also allowed",
+            ),
+            (
+                "[[allow]]\nreason = \"x\"\nnames = [\"read\"]\nbogus = 1\n",
+                "bogus",
+            ),
+        ] {
+            let e = Profile::parse(&format!("{head}{body}"), Path::new("p"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(want), "{body}: {e}");
+        }
+        let allow_all = "default_action = \"SCMP_ACT_ALLOW\"\ndefault_errno = 1\narchitectures = [\"SCMP_ARCH_X86_64\", \"SCMP_ARCH_AARCH64\"]\n";
+        assert!(
+            Profile::parse(allow_all, Path::new("p"))
+                .unwrap_err()
+                .to_string()
+                .contains("allowlist")
+        );
+    }
+
+    #[test]
+    fn apply_replaces_the_tenant_profile() {
+        let p = Profile::load(None).unwrap();
+        let mut spec = json!({"linux": {"seccomp": {"defaultAction": "SCMP_ACT_ALLOW"}}});
+        assert!(apply(&mut spec, &p).is_some());
+        assert_eq!(spec["linux"]["seccomp"], p.oci);
+        let mut spec = json!({});
+        assert!(apply(&mut spec, &p).is_none());
+        assert_eq!(spec["linux"]["seccomp"]["defaultAction"], "SCMP_ACT_ERRNO");
+    }
+}

@@ -1,0 +1,439 @@
+//! Token -> partition over the daemon's unix socket, failing closed: no answer, an
+//! unknown token, a lease that is not ACTIVE, or a malformed answer is a refusal.
+//! The runtime is synchronous; a current-thread tokio runtime exists only for the RPCs,
+//! each under a deadline.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tessera_proto::v1 as pb;
+use tessera_proto::v1::tessera_client::TesseraClient;
+use thiserror::Error;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+/// Errors resolving a token or talking to the daemon.
+#[derive(Debug, Error)]
+pub enum LeaseError {
+    #[error("the tessera daemon at {socket} is unavailable: {message}")]
+    Unavailable { socket: PathBuf, message: String },
+    #[error("the tessera daemon did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("unknown lease token: {0}")]
+    UnknownToken(String),
+    #[error("lease token refused: {0}")]
+    Denied(String),
+    #[error("lease {lease_id} is {state}, not ACTIVE")]
+    NotActive { lease_id: String, state: String },
+    #[error("lease {lease_id} expired at {expires_at_ms} ms")]
+    Expired {
+        lease_id: String,
+        expires_at_ms: i64,
+    },
+    #[error("the daemon's answer is not usable: {0}")]
+    Invalid(String),
+    #[error("the daemon answered {code:?}: {message}")]
+    Rpc { code: tonic::Code, message: String },
+    #[error("starting the RPC runtime: {0}")]
+    Runtime(std::io::Error),
+}
+
+/// A device node the lease grants.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseDevice {
+    pub host_path: PathBuf,
+    pub container_path: String,
+    /// 'c' or 'b'.
+    pub kind: char,
+    pub major: i64,
+    pub minor: i64,
+    /// Device cgroup access, a subset of "rwm".
+    pub permissions: String,
+    pub file_mode: u32,
+}
+
+/// A mount the lease asks for (the MPS pipe directory).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseMount {
+    pub source: String,
+    pub destination: String,
+    pub options: Vec<String>,
+}
+
+/// What the daemon says a token may use.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ResolvedLease {
+    pub lease_id: String,
+    pub tenant: String,
+    pub devices: Vec<LeaseDevice>,
+    pub env: BTreeMap<String, String>,
+    pub mounts: Vec<LeaseMount>,
+    pub visible_gpu_indices: Vec<u32>,
+    /// Relative to /proc/driver/nvidia/capabilities, e.g. "gpu0/mig/gi3/access".
+    pub granted_capabilities: Vec<String>,
+    pub cgroup_parent: String,
+    pub pids_limit: u64,
+}
+
+fn clean_abs(p: &str) -> bool {
+    p.starts_with('/') && !p.contains('\0') && !p.split('/').any(|c| c == ".." || c == ".")
+}
+
+impl ResolvedLease {
+    /// Check and convert the daemon's answer. `now_ms` is the current unix time.
+    pub fn from_proto(resp: pb::ResolveTokenResponse, now_ms: i64) -> Result<Self, LeaseError> {
+        let bad = |m: String| LeaseError::Invalid(m);
+        let lease = resp
+            .lease
+            .ok_or_else(|| bad("no lease in the answer".to_string()))?;
+        let state = pb::LeaseState::try_from(lease.state).unwrap_or(pb::LeaseState::Unspecified);
+        if state != pb::LeaseState::Active {
+            return Err(LeaseError::NotActive {
+                lease_id: lease.id,
+                state: state
+                    .as_str_name()
+                    .trim_start_matches("LEASE_STATE_")
+                    .to_string(),
+            });
+        }
+        if lease.expires_at_ms > 0 && lease.expires_at_ms <= now_ms {
+            return Err(LeaseError::Expired {
+                lease_id: lease.id,
+                expires_at_ms: lease.expires_at_ms,
+            });
+        }
+        if lease.id.is_empty() {
+            return Err(bad("the lease has no id".to_string()));
+        }
+        let tenant = match (resp.tenant.as_str(), lease.tenant.as_str()) {
+            ("", "") => return Err(bad("the lease has no tenant".to_string())),
+            (a, b) if !a.is_empty() && !b.is_empty() && a != b => {
+                return Err(bad(format!("tenant {a:?} differs from the lease's {b:?}")));
+            }
+            (a, b) => if a.is_empty() { b } else { a }.to_string(),
+        };
+        let mut devices = Vec::new();
+        for d in resp.devices {
+            let kind = match d.r#type.as_str() {
+                "c" => 'c',
+                "b" => 'b',
+                t => return Err(bad(format!("device {} has type {t:?}", d.host_path))),
+            };
+            if !clean_abs(&d.host_path)
+                || !clean_abs(&d.container_path)
+                || !d.container_path.starts_with("/dev/")
+            {
+                return Err(bad(format!(
+                    "device {} -> {} is not a clean /dev path",
+                    d.host_path, d.container_path
+                )));
+            }
+            if d.major < 0 || d.minor < 0 {
+                return Err(bad(format!("device {} has a negative number", d.host_path)));
+            }
+            let perms = if d.permissions.is_empty() {
+                "rw".to_string()
+            } else {
+                d.permissions
+            };
+            if !perms.chars().all(|c| "rwm".contains(c)) {
+                return Err(bad(format!(
+                    "device {} has permissions {perms:?}",
+                    d.host_path
+                )));
+            }
+            devices.push(LeaseDevice {
+                host_path: PathBuf::from(d.host_path),
+                container_path: d.container_path,
+                kind,
+                major: d.major,
+                minor: d.minor,
+                permissions: perms,
+                file_mode: if d.file_mode == 0 {
+                    0o666
+                } else {
+                    d.file_mode & 0o777
+                },
+            });
+        }
+        for k in resp.env.keys() {
+            if k.is_empty() || k.contains('=') || k.contains('\0') {
+                return Err(bad(format!("env name {k:?}")));
+            }
+        }
+        let mut mounts = Vec::new();
+        for m in resp.mounts {
+            if !(m.r#type.is_empty() || m.r#type == "bind") {
+                return Err(bad(format!(
+                    "mount {} has type {:?}",
+                    m.destination, m.r#type
+                )));
+            }
+            if !clean_abs(&m.source) || !clean_abs(&m.destination) {
+                return Err(bad(format!(
+                    "mount {} -> {} is not a clean absolute path",
+                    m.source, m.destination
+                )));
+            }
+            mounts.push(LeaseMount {
+                source: m.source,
+                destination: m.destination,
+                options: m.options,
+            });
+        }
+        for c in &resp.granted_capabilities {
+            if c.is_empty() || c.starts_with('/') || c.split('/').any(|p| p == ".." || p.is_empty())
+            {
+                return Err(bad(format!("capability path {c:?}")));
+            }
+        }
+        Ok(Self {
+            lease_id: lease.id,
+            tenant,
+            devices,
+            env: resp.env.into_iter().collect(),
+            mounts,
+            visible_gpu_indices: resp.visible_gpu_indices,
+            granted_capabilities: resp.granted_capabilities,
+            cgroup_parent: resp.cgroup_parent,
+            pids_limit: resp.pids_limit,
+        })
+    }
+}
+
+/// Current unix time in milliseconds.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+fn map_status(s: tonic::Status, socket: &Path) -> LeaseError {
+    match s.code() {
+        tonic::Code::NotFound => LeaseError::UnknownToken(s.message().to_string()),
+        tonic::Code::PermissionDenied | tonic::Code::Unauthenticated => {
+            LeaseError::Denied(s.message().to_string())
+        }
+        tonic::Code::Unavailable => LeaseError::Unavailable {
+            socket: socket.to_path_buf(),
+            message: s.message().to_string(),
+        },
+        code => LeaseError::Rpc {
+            code,
+            message: s.message().to_string(),
+        },
+    }
+}
+
+/// A client of the daemon's unix socket.
+pub struct DaemonClient {
+    socket: PathBuf,
+    timeout: Duration,
+    rt: tokio::runtime::Runtime,
+}
+
+impl std::fmt::Debug for DaemonClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DaemonClient")
+            .field("socket", &self.socket)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+impl DaemonClient {
+    pub fn new(socket: &Path, timeout: Duration) -> Result<Self, LeaseError> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(LeaseError::Runtime)?;
+        Ok(Self {
+            socket: socket.to_path_buf(),
+            timeout,
+            rt,
+        })
+    }
+
+    /// The socket this client talks to.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    fn call<T, F, Fut>(&self, timeout: Duration, f: F) -> Result<T, LeaseError>
+    where
+        F: FnOnce(TesseraClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<T, tonic::Status>>,
+    {
+        let socket = self.socket.clone();
+        self.rt.block_on(async move {
+            let work = async {
+                let path = socket.clone();
+                let endpoint = Endpoint::try_from("http://[::1]:50051").map_err(|e| {
+                    LeaseError::Unavailable {
+                        socket: socket.clone(),
+                        message: e.to_string(),
+                    }
+                })?;
+                let channel = endpoint
+                    .connect_with_connector(tower::service_fn(move |_: Uri| {
+                        let path = path.clone();
+                        async move {
+                            let s = tokio::net::UnixStream::connect(path).await?;
+                            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
+                        }
+                    }))
+                    .await
+                    .map_err(|e| LeaseError::Unavailable {
+                        socket: socket.clone(),
+                        message: std::error::Error::source(&e)
+                            .map_or_else(|| e.to_string(), |s| s.to_string()),
+                    })?;
+                f(TesseraClient::new(channel))
+                    .await
+                    .map_err(|s| map_status(s, &socket))
+            };
+            tokio::time::timeout(timeout, work)
+                .await
+                .map_err(|_| LeaseError::Timeout(timeout))?
+        })
+    }
+
+    /// Resolve a token to its lease.
+    pub fn resolve(&self, token: &str) -> Result<ResolvedLease, LeaseError> {
+        let req = pb::ResolveTokenRequest {
+            token: token.to_string(),
+        };
+        let resp = self.call(self.timeout, |mut c| async move {
+            c.resolve_token(req).await.map(tonic::Response::into_inner)
+        })?;
+        ResolvedLease::from_proto(resp, now_ms())
+    }
+
+    /// Record that a container runs on the token's lease.
+    pub fn bind(
+        &self,
+        token: &str,
+        container_id: &str,
+        cgroup_path: &str,
+        runtime_root: &str,
+    ) -> Result<(), LeaseError> {
+        let req = pb::BindContainerRequest {
+            token: token.to_string(),
+            container_id: container_id.to_string(),
+            cgroup_path: cgroup_path.to_string(),
+            runtime_root: runtime_root.to_string(),
+        };
+        self.call(self.timeout, |mut c| async move {
+            c.bind_container(req).await.map(|_| ())
+        })
+    }
+
+    /// Forget a container (on delete).
+    pub fn unbind(&self, container_id: &str) -> Result<(), LeaseError> {
+        let req = pb::UnbindContainerRequest {
+            container_id: container_id.to_string(),
+        };
+        self.call(self.timeout, |mut c| async move {
+            c.unbind_container(req).await.map(|_| ())
+        })
+    }
+
+    /// Report an admission or refusal for the audit log (callers treat it as best effort,
+    /// so it gets a shorter deadline).
+    pub fn report(
+        &self,
+        container_id: &str,
+        lease_id: &str,
+        admitted: bool,
+        reasons: &[String],
+        command: &str,
+    ) -> Result<(), LeaseError> {
+        let req = pb::ReportAdmissionRequest {
+            container_id: container_id.to_string(),
+            lease_id: lease_id.to_string(),
+            admitted,
+            reasons: reasons.to_vec(),
+            command: command.to_string(),
+        };
+        let t = self.timeout.min(Duration::from_millis(1000));
+        self.call(t, |mut c| async move {
+            c.report_admission(req).await.map(|_| ())
+        })
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    fn answer() -> pb::ResolveTokenResponse {
+        pb::ResolveTokenResponse {
+            lease: Some(pb::Lease {
+                id: "l1".into(),
+                tenant: "acme".into(),
+                state: pb::LeaseState::Active as i32,
+                expires_at_ms: 2_000,
+                ..Default::default()
+            }),
+            tenant: "acme".into(),
+            devices: vec![pb::DeviceNode {
+                host_path: "/dev/nvidia0".into(),
+                container_path: "/dev/nvidia0".into(),
+                r#type: "c".into(),
+                major: 195,
+                minor: 0,
+                permissions: "rw".into(),
+                file_mode: 0,
+            }],
+            cgroup_parent: "/tessera/l1".into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn active_lease_converts() {
+        let l = ResolvedLease::from_proto(answer(), 1_000).unwrap();
+        assert_eq!(l.lease_id, "l1");
+        assert_eq!(l.devices[0].file_mode, 0o666);
+    }
+
+    #[test]
+    fn inactive_expired_and_malformed_answers_are_refused() {
+        let mut a = answer();
+        a.lease.as_mut().unwrap().state = pb::LeaseState::Revoked as i32;
+        let e = ResolvedLease::from_proto(a, 1_000).unwrap_err().to_string();
+        assert!(e.contains("REVOKED"), "{e}");
+        assert!(matches!(
+            ResolvedLease::from_proto(answer(), 3_000),
+            Err(LeaseError::Expired { .. })
+        ));
+        let mut a = answer();
+        a.devices[0].container_path = "/dev/../etc/shadow".into();
+        assert!(ResolvedLease::from_proto(a, 1_000).is_err());
+        let mut a = answer();
+        a.devices[0].permissions = "rwx".into();
+        assert!(ResolvedLease::from_proto(a, 1_000).is_err());
+        let mut a = answer();
+        a.tenant = "other".into();
+        assert!(ResolvedLease::from_proto(a, 1_000).is_err());
+        let mut a = answer();
+        a.granted_capabilities = vec!["../../sysrq".into()];
+        assert!(ResolvedLease::from_proto(a, 1_000).is_err());
+        let mut a = answer();
+        a.lease = None;
+        assert!(ResolvedLease::from_proto(a, 1_000).is_err());
+    }
+
+    #[test]
+    fn no_daemon_is_unavailable() {
+        let c = DaemonClient::new(
+            Path::new("/nonexistent/tesserad.sock"),
+            Duration::from_secs(2),
+        )
+        .unwrap();
+        let e = c.resolve("tok").unwrap_err();
+        assert!(matches!(e, LeaseError::Unavailable { .. }), "{e}");
+    }
+}

@@ -1,0 +1,15 @@
+//! tessera-runtime: a runc-compatible OCI runtime that starts each tenant container on
+//! exactly its leased GPU partition, hardened (seccomp, capabilities, no_new_privileges,
+//! AppArmor, masked paths, devices cgroup), and then execs the real runc.
+//!
+//! The binary is thin (`main.rs`); everything here is callable from tests.
+
+pub mod app;
+pub mod bundle;
+pub mod cli;
+pub mod config;
+pub mod harden;
+pub mod host;
+pub mod lease;
+pub mod policy;
+pub mod runclog;

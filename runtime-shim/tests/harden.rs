@@ -1,0 +1,612 @@
+//! Golden tests (input spec + lease -> hardened spec) and one test per refusal reason.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use tessera_runtime::config::RuntimeConfig;
+use tessera_runtime::harden::{self, Context, Decision, seccomp::Profile};
+use tessera_runtime::host::HostFacts;
+use tessera_runtime::lease::ResolvedLease;
+
+struct Fixture {
+    dir: tempfile::TempDir,
+    bundle: PathBuf,
+    cfg: RuntimeConfig,
+    profile: Profile,
+    host: HostFacts,
+    lease: Option<ResolvedLease>,
+}
+
+impl Fixture {
+    /// A bundle with a rootfs dir, a fake driver /proc, and (as root) a lease on nvidia0.
+    fn new(with_lease: bool) -> Option<Self> {
+        let dir = tempfile::tempdir().unwrap();
+        let bundle = dir.path().join("bundle");
+        std::fs::create_dir_all(bundle.join("rootfs")).unwrap();
+        let proc_root = common::fake_nvidia_proc(dir.path());
+        let mut cfg = RuntimeConfig::parse(
+            "[policy]\napparmor = \"if-available\"\n",
+            Path::new("test.toml"),
+        )
+        .unwrap();
+        cfg.nvidia_proc_root = proc_root.clone();
+        let lease = if with_lease {
+            if !nix::unistd::geteuid().is_root() {
+                println!("SKIPPED: lease fixtures need mknod (root)");
+                return None;
+            }
+            let dev = common::gpu_dev_dir(dir.path());
+            let answer = common::lease_answer(
+                "lease-1",
+                "acme",
+                &[
+                    (&dev.join("nvidia0"), "/dev/nvidia0", 195, 0),
+                    (&dev.join("nvidiactl"), "/dev/nvidiactl", 195, 255),
+                ],
+                Some(Path::new("/run/tessera/mps/lease-1")),
+                "/tessera/lease-1",
+            );
+            Some(ResolvedLease::from_proto(answer, tessera_runtime::lease::now_ms()).unwrap())
+        } else {
+            None
+        };
+        Some(Self {
+            bundle,
+            cfg,
+            profile: Profile::load(None).unwrap(),
+            // Deterministic goldens: behave as on a host without AppArmor.
+            host: HostFacts {
+                apparmor: Default::default(),
+                ..HostFacts::gather(&proc_root)
+            },
+            lease,
+            dir,
+        })
+    }
+
+    fn harden(&self, spec: Value) -> Decision {
+        let ctx = Context {
+            config: &self.cfg,
+            seccomp: &self.profile,
+            host: &self.host,
+            lease: self.lease.as_ref(),
+            container_id: "c1",
+            systemd_cgroup: false,
+            bundle: &self.bundle,
+        };
+        harden::harden(spec, &ctx)
+    }
+}
+
+fn golden(name: &str, mut spec: Value) {
+    // The seccomp profile is checked by its own tests; keep the golden readable.
+    spec["linux"].as_object_mut().unwrap().remove("seccomp");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden")
+        .join(name);
+    let text = serde_json::to_string_pretty(&spec).unwrap() + "\n";
+    if std::env::var_os("BLESS").is_some() {
+        std::fs::write(&path, &text).unwrap();
+    }
+    let want = std::fs::read_to_string(&path).unwrap_or_default();
+    assert_eq!(
+        text,
+        want,
+        "hardened spec differs from {} (BLESS=1 to update)",
+        path.display()
+    );
+}
+
+#[test]
+fn golden_lease_spec() {
+    let Some(fx) = Fixture::new(true) else { return };
+    let mut spec = common::base_spec(&["sh"]);
+    spec["annotations"] =
+        json!({"tessera.io/lease-token": "tok", "io.kubernetes.cri.sandbox-namespace": "acme"});
+    spec["process"]["env"] = json!([
+        "PATH=/bin",
+        "TESSERA_LEASE_TOKEN=tok",
+        "CUDA_VISIBLE_DEVICES=all"
+    ]);
+    let d = fx.harden(spec);
+    assert!(d.admitted, "{:?}", d.reasons);
+    let s = &d.spec;
+    // The essentials, spelled out (the golden file pins the rest).
+    assert_eq!(s["process"]["noNewPrivileges"], true);
+    assert_eq!(s["linux"]["seccomp"], fx.profile.oci);
+    assert_eq!(
+        s["linux"]["devices"],
+        json!([
+            {"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0, "fileMode": 438, "uid": 0, "gid": 0},
+            {"path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255, "fileMode": 438, "uid": 0, "gid": 0}
+        ])
+    );
+    assert_eq!(
+        s["linux"]["resources"]["devices"],
+        json!([
+            {"allow": false, "access": "rwm"},
+            {"allow": true, "type": "c", "major": 195, "minor": 0, "access": "rw"},
+            {"allow": true, "type": "c", "major": 195, "minor": 255, "access": "rw"}
+        ])
+    );
+    let env = s["process"]["env"].as_array().unwrap();
+    assert!(env.contains(&json!(
+        "CUDA_VISIBLE_DEVICES=GPU-00000000-1111-2222-3333-444444444444"
+    )));
+    assert!(
+        !env.iter()
+            .any(|e| e.as_str().unwrap().starts_with("TESSERA_LEASE_TOKEN"))
+    );
+    assert!(s["annotations"].get("tessera.io/lease-token").is_none());
+    assert_eq!(s["annotations"]["tessera.io/lease-id"], "lease-1");
+    let masked = s["linux"]["maskedPaths"].as_array().unwrap();
+    for m in [
+        "/proc/driver/nvidia/gpus/0000:5e:00.0",
+        "/proc/driver/nvidia/capabilities/mig/config",
+        "/proc/driver/nvidia/capabilities/mig/monitor",
+        "/proc/driver/nvidia/capabilities/gpu0/mig/gi2/access",
+        "/proc/driver/nvidia/capabilities/gpu1/mig/gi1/access",
+    ] {
+        assert!(masked.contains(&json!(m)), "{m} not masked");
+    }
+    for m in [
+        "/proc/driver/nvidia/gpus/0000:3b:00.0",
+        "/proc/driver/nvidia/capabilities/gpu0/mig/gi1/access",
+    ] {
+        assert!(!masked.contains(&json!(m)), "{m} masked but leased");
+    }
+    let mps = s["mounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["destination"] == "/run/nvidia-mps")
+        .unwrap();
+    for o in ["nosuid", "nodev", "noexec"] {
+        assert!(mps["options"].as_array().unwrap().contains(&json!(o)));
+    }
+    assert_eq!(s["linux"]["cgroupsPath"], "/tessera/lease-1/c1");
+    assert_eq!(s["linux"]["resources"]["pids"]["limit"], 256);
+    assert_eq!(s["x-tenant-extension"]["kept"], json!([1, 2, 3]));
+    golden("lease-hardened.json", d.spec);
+}
+
+#[test]
+fn golden_baseline_spec() {
+    let fx = Fixture::new(false).unwrap();
+    let d = fx.harden(common::base_spec(&["sh"]));
+    assert!(d.admitted, "{:?}", d.reasons);
+    assert_eq!(d.spec["linux"]["devices"], json!([]));
+    assert_eq!(
+        d.spec["linux"]["resources"]["devices"],
+        json!([{"allow": false, "access": "rwm"}])
+    );
+    assert!(
+        d.spec["linux"]["maskedPaths"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("/proc/driver/nvidia"))
+    );
+    assert_eq!(
+        d.spec["process"]["capabilities"]["bounding"],
+        json!([
+            "CAP_CHOWN",
+            "CAP_DAC_OVERRIDE",
+            "CAP_FSETID",
+            "CAP_FOWNER",
+            "CAP_SETGID",
+            "CAP_SETUID",
+            "CAP_NET_BIND_SERVICE",
+            "CAP_KILL",
+            "CAP_AUDIT_WRITE"
+        ])
+    );
+    assert!(d.notes.iter().any(|n| n.contains("CAP_MKNOD")));
+    assert!(d.notes.iter().any(|n| n.contains("no AppArmor LSM")));
+    golden("baseline-hardened.json", d.spec);
+}
+
+/// (what the test changes, the change, a piece of the expected reason)
+type Case = (&'static str, fn(&mut Value, &Path), &'static str);
+
+fn refusal_cases() -> Vec<Case> {
+    vec![
+        (
+            "wrong type",
+            |s, _| s["process"]["env"] = json!("PATH=/bin"),
+            "/process/env has the wrong JSON type",
+        ),
+        (
+            "two tokens",
+            |s, _| {
+                s["annotations"] = json!({"tessera.io/lease-token": "a"});
+                s["process"]["env"] = json!(["TESSERA_LEASE_TOKEN=b"]);
+            },
+            "name different tokens",
+        ),
+        (
+            "two env tokens",
+            |s, _| s["process"]["env"] = json!(["TESSERA_LEASE_TOKEN=a", "TESSERA_LEASE_TOKEN=b"]),
+            "different tokens",
+        ),
+        (
+            "empty token",
+            |s, _| s["annotations"] = json!({"tessera.io/lease-token": " "}),
+            "token is empty",
+        ),
+        (
+            "hook",
+            |s, _| s["hooks"] = json!({"createContainer": [{"path": "/usr/bin/nvidia-ctk", "env": ["LD_PRELOAD=/x.so"]}]}),
+            "OCI hooks are not allowed in a tenant spec: createContainer (/usr/bin/nvidia-ctk)",
+        ),
+        (
+            "no root",
+            |s, _| {
+                s.as_object_mut().unwrap().remove("root");
+            },
+            "no root.path",
+        ),
+        (
+            "host root",
+            |s, _| s["root"]["path"] = json!("/"),
+            "host's /",
+        ),
+        (
+            "symlinked rootfs",
+            |s, b| {
+                std::os::unix::fs::symlink("/", b.join("evil")).unwrap();
+                s["root"]["path"] = json!("evil");
+            },
+            "is a symlink",
+        ),
+        (
+            "host pid",
+            |s, _| {
+                s["linux"]["namespaces"] = json!([{"type": "ipc"}, {"type": "uts"}, {"type": "mount"}, {"type": "network"}])
+            },
+            "shares the host's pid namespace",
+        ),
+        (
+            "host ipc by path",
+            |s, _| {
+                s["linux"]["namespaces"][1] = json!({"type": "ipc", "path": "/proc/self/ns/ipc"})
+            },
+            "joins the host's ipc namespace",
+        ),
+        (
+            "host network",
+            |s, _| {
+                s["linux"]["namespaces"] =
+                    json!([{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}])
+            },
+            "host's network namespace",
+        ),
+        (
+            "bad ns path",
+            |s, _| s["linux"]["namespaces"][0] = json!({"type": "pid", "path": "/nonexistent/ns"}),
+            "cannot check the pid namespace path",
+        ),
+        (
+            "unknown ns",
+            |s, _| s["linux"]["namespaces"][0] = json!({"type": "weird"}),
+            "unknown namespace type",
+        ),
+        (
+            "sysctl",
+            |s, _| s["linux"]["sysctl"] = json!({"kernel.core_pattern": "|/x"}),
+            "sysctl kernel.core_pattern is not in the safe list",
+        ),
+        (
+            "sys_admin",
+            |s, _| s["process"]["capabilities"]["bounding"] = json!(["CAP_SYS_ADMIN"]),
+            "forbidden capability CAP_SYS_ADMIN",
+        ),
+        (
+            "ptrace",
+            |s, _| s["process"]["capabilities"]["effective"] = json!(["SYS_PTRACE"]),
+            "forbidden capability CAP_SYS_PTRACE",
+        ),
+        (
+            "bpf",
+            |s, _| s["process"]["capabilities"]["permitted"] = json!(["CAP_BPF", "CAP_PERFMON"]),
+            "CAP_PERFMON",
+        ),
+        (
+            "selinux",
+            |s, _| s["process"]["selinuxLabel"] = json!("system_u:system_r:spc_t:s0"),
+            "forbidden type spc_t",
+        ),
+        (
+            "dev bind",
+            |s, _| s["mounts"] = json!([{"destination": "/host-dev", "type": "bind", "source": "/dev", "options": ["rbind"]}]),
+            "sensitive host path /dev",
+        ),
+        (
+            "proc bind",
+            |s, _| {
+                s["mounts"] =
+                    json!([{"destination": "/p", "source": "/proc/1/root", "options": ["bind"]}])
+            },
+            "under /proc",
+        ),
+        (
+            "root bind",
+            |s, _| s["mounts"] = json!([{"destination": "/host", "type": "bind", "source": "/", "options": ["rbind"]}]),
+            "sensitive host path /",
+        ),
+        (
+            "socket dir",
+            |s, _| s["mounts"] = json!([{"destination": "/r", "type": "bind", "source": "/run/containerd/", "options": ["rbind"]}]),
+            "exposes /run/containerd/containerd.sock",
+        ),
+        (
+            "tessera state",
+            |s, _| s["mounts"] = json!([{"destination": "/t", "type": "bind", "source": "/var/lib/tessera/x", "options": ["rbind"]}]),
+            "under /var/lib/tessera",
+        ),
+        (
+            "dotdot bind",
+            |s, _| s["mounts"] = json!([{"destination": "/t", "type": "bind", "source": "/tmp/../proc", "options": ["rbind"]}]),
+            "under /proc",
+        ),
+        (
+            "gpu bind",
+            |s, _| s["mounts"] = json!([{"destination": "/dev/nvidia1", "type": "bind", "source": "/dev/nvidia1", "options": ["bind"]}]),
+            "GPU device path /dev/nvidia1",
+        ),
+        (
+            "relative bind",
+            |s, _| s["mounts"] = json!([{"destination": "/t", "type": "bind", "source": "data", "options": ["bind"]}]),
+            "relative source",
+        ),
+        (
+            "block mount",
+            |s, _| {
+                s["mounts"] =
+                    json!([{"destination": "/mnt", "type": "ext4", "source": "/dev/sda1"}])
+            },
+            "mount type \"ext4\"",
+        ),
+        (
+            "second proc",
+            |s, _| {
+                s["mounts"] =
+                    json!([{"destination": "/hostproc", "type": "proc", "source": "proc"}])
+            },
+            "extra procfs",
+        ),
+        (
+            "second sysfs",
+            |s, _| s["mounts"] = json!([{"destination": "/s", "type": "sysfs", "source": "sysfs"}]),
+            "extra sysfs",
+        ),
+        (
+            "no destination",
+            |s, _| s["mounts"] = json!([{"type": "tmpfs", "source": "tmpfs"}]),
+            "has no destination",
+        ),
+        (
+            "gpu node",
+            |s, _| {
+                s["linux"]["devices"] =
+                    json!([{"path": "/dev/nvidia1", "type": "c", "major": 195, "minor": 1}])
+            },
+            "GPU device node /dev/nvidia1 (195:1)",
+        ),
+        (
+            "renamed gpu node",
+            |s, _| {
+                s["linux"]["devices"] =
+                    json!([{"path": "/dev/innocent", "type": "c", "major": 195, "minor": 3}])
+            },
+            "GPU device node /dev/innocent",
+        ),
+        (
+            "other node",
+            |s, _| {
+                s["linux"]["devices"] =
+                    json!([{"path": "/dev/sda", "type": "b", "major": 8, "minor": 0}])
+            },
+            "device node /dev/sda (8:0)",
+        ),
+        (
+            "allow all",
+            |s, _| s["linux"]["resources"]["devices"] = json!([{"allow": true, "access": "rwm"}]),
+            "allows every device",
+        ),
+        (
+            "gpu rule",
+            |s, _| {
+                s["linux"]["resources"]["devices"] =
+                    json!([{"allow": true, "type": "c", "major": 195, "minor": 1, "access": "rw"}])
+            },
+            "allows GPU devices",
+        ),
+        (
+            "gpu wildcard",
+            |s, _| {
+                s["linux"]["resources"]["devices"] =
+                    json!([{"allow": true, "type": "c", "major": 195, "access": "rw"}])
+            },
+            "allows GPU devices",
+        ),
+        (
+            "other rule",
+            |s, _| {
+                s["linux"]["resources"]["devices"] =
+                    json!([{"allow": true, "type": "b", "major": 8, "minor": 0, "access": "rw"}])
+            },
+            "outside the lease",
+        ),
+        (
+            "bad rule",
+            |s, _| s["linux"]["resources"]["devices"] = json!([{"type": "c", "major": 1}]),
+            "no boolean allow",
+        ),
+        (
+            "unified",
+            |s, _| s["linux"]["resources"]["unified"] = json!({"pids.max": "max"}),
+            "cgroup file pids.max",
+        ),
+        (
+            "cgroup escape",
+            |s, _| s["linux"]["cgroupsPath"] = json!("/../../system.slice/x"),
+            "climbs out",
+        ),
+    ]
+}
+
+#[test]
+fn every_refusal_reason() {
+    for (what, change, want) in refusal_cases() {
+        let fx = Fixture::new(false).unwrap();
+        let mut spec = common::base_spec(&["sh"]);
+        change(&mut spec, &fx.bundle);
+        let d = fx.harden(spec);
+        assert!(!d.admitted, "{what}: admitted");
+        assert!(
+            d.reasons.iter().any(|r| r.contains(want)),
+            "{what}: no reason containing {want:?} in {:?}",
+            d.reasons
+        );
+    }
+}
+
+#[test]
+fn apparmor_required_without_lsm_refuses() {
+    let mut fx = Fixture::new(false).unwrap();
+    fx.cfg.policy.apparmor = tessera_runtime::policy::AppArmorMode::Required;
+    fx.host.apparmor = Default::default();
+    let d = fx.harden(common::base_spec(&["sh"]));
+    assert!(
+        d.reasons.iter().any(|r| r.contains("requires AppArmor")),
+        "{:?}",
+        d.reasons
+    );
+    fx.host.apparmor = harden::apparmor::AppArmorHost {
+        enabled: true,
+        loaded: Some(vec!["tessera-tenant".into()]),
+    };
+    let mut spec = common::base_spec(&["sh"]);
+    spec["process"]["apparmorProfile"] = json!("unconfined");
+    let d = fx.harden(spec);
+    assert!(d.admitted, "{:?}", d.reasons);
+    assert_eq!(d.spec["process"]["apparmorProfile"], "tessera-tenant");
+}
+
+#[test]
+fn user_namespace_policy_and_host_network_policy() {
+    let mut fx = Fixture::new(false).unwrap();
+    fx.cfg.policy.require_user_namespace = true;
+    let d = fx.harden(common::base_spec(&["sh"]));
+    assert!(
+        d.reasons
+            .iter()
+            .any(|r| r.contains("requires a user namespace"))
+    );
+    let mut fx = Fixture::new(false).unwrap();
+    fx.cfg.policy.allow_host_network = true;
+    let mut spec = common::base_spec(&["sh"]);
+    spec["linux"]["namespaces"] =
+        json!([{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}]);
+    assert!(fx.harden(spec).admitted);
+}
+
+#[test]
+fn lease_refusals() {
+    let Some(mut fx) = Fixture::new(true) else {
+        return;
+    };
+    // Tenant bound to namespaces.
+    fx.cfg
+        .tenant_namespaces
+        .insert("acme".into(), vec!["acme-prod".into()]);
+    let mut spec = common::base_spec(&["sh"]);
+    spec["annotations"] = json!({"io.kubernetes.cri.sandbox-namespace": "other"});
+    let d = fx.harden(spec.clone());
+    assert!(
+        d.reasons
+            .iter()
+            .any(|r| r.contains("tenant acme which may not run in namespace other")),
+        "{:?}",
+        d.reasons
+    );
+    spec["annotations"] = json!({});
+    assert!(
+        fx.harden(spec.clone())
+            .reasons
+            .iter()
+            .any(|r| r.contains("io.kubernetes.cri.sandbox-namespace"))
+    );
+    spec["annotations"] = json!({"io.kubernetes.cri.sandbox-namespace": "acme-prod"});
+    assert!(fx.harden(spec.clone()).admitted);
+    fx.cfg.tenant_namespaces.clear();
+
+    let base = fx.lease.clone().unwrap();
+    type LeaseChange = fn(&mut ResolvedLease, &Path);
+    let cases: Vec<(LeaseChange, &str)> = vec![
+        (
+            |l, _| l.granted_capabilities.push("mig/config".into()),
+            "mig/config capability",
+        ),
+        (
+            |l, _| l.devices[0].host_path = "/nonexistent/nvidia0".into(),
+            "missing on the host",
+        ),
+        (|l, _| l.devices[0].minor = 1, "is not the node c 195:1"),
+        (
+            |l, d| {
+                l.devices[0].container_path = "/dev/nvidia-caps/nvidia-cap1".into();
+                l.devices[0].host_path = d.join("dev/nvidia0");
+            },
+            "MIG config/monitor capability",
+        ),
+        (
+            |l, _| l.mounts[0].source = "/tmp/nvidia-mps".into(),
+            "shared or sensitive",
+        ),
+        (
+            |l, _| l.mounts[0].source = "/dev/shm".into(),
+            "shared or sensitive",
+        ),
+        (|l, _| l.cgroup_parent = String::new(), "no cgroup parent"),
+        (|l, _| l.cgroup_parent = "/".into(), "root cgroup"),
+    ];
+    for (change, want) in cases {
+        let mut l = base.clone();
+        change(&mut l, fx.dir.path());
+        fx.lease = Some(l);
+        let d = fx.harden(common::base_spec(&["sh"]));
+        assert!(
+            d.reasons.iter().any(|r| r.contains(want)),
+            "{want}: {:?}",
+            d.reasons
+        );
+    }
+    // A missing driver library refuses unless optional.
+    fx.lease = Some(base);
+    fx.cfg.driver_libraries = vec![tessera_runtime::config::DriverLibrary {
+        source: "/nonexistent/libcuda.so.1".into(),
+        destination: None,
+        optional: false,
+    }];
+    assert!(
+        fx.harden(common::base_spec(&["sh"]))
+            .reasons
+            .iter()
+            .any(|r| r.contains("libcuda.so.1 is missing"))
+    );
+    fx.cfg.driver_libraries[0].optional = true;
+    assert!(fx.harden(common::base_spec(&["sh"])).admitted);
+    fx.cfg.driver_libraries[0].source = fx.bundle.join("config-lib.so");
+    std::fs::write(&fx.cfg.driver_libraries[0].source, b"").unwrap();
+    let d = fx.harden(common::base_spec(&["sh"]));
+    let lib = d.spec["mounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["source"].as_str().unwrap().ends_with("config-lib.so"))
+        .unwrap();
+    assert_eq!(lib["options"], json!(["bind", "ro", "nosuid", "nodev"]));
+}

@@ -1,0 +1,291 @@
+//! What the real runtime receives: the original argv, a clean environment, only fds 0-2
+//! (plus --preserve-fds), and for `update` exactly the checked resources on stdin. A
+//! recording script stands in for runc (no root needed).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn fake_runc(dir: &Path) -> PathBuf {
+    let p = dir.join("fake-runc");
+    std::fs::write(
+        &p,
+        "#!/bin/sh\necho \"argv: $*\"\nfor f in /proc/$$/fd/*; do echo \"fd: ${f##*/}\"; done\nenv | sort | sed 's/^/env: /'\nif [ \"$1\" = update ] || [ \"$3\" = update ]; then echo \"stdin: $(cat)\"; fi\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    p
+}
+
+fn setup() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let runc = fake_runc(dir.path());
+    let cfg = dir.path().join("runtime.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "runc_path = {runc:?}\ndaemon_socket = {:?}\n[policy]\napparmor = \"if-available\"\n",
+            dir.path().join("none.sock")
+        ),
+    )
+    .unwrap();
+    (dir, cfg)
+}
+
+fn run(cfg: &Path, args: &[&str], extra_fd: bool) -> Output {
+    let mut cmd = Command::new(common::runtime_bin());
+    cmd.env_clear()
+        .env("TESSERA_RUNTIME_CONFIG", cfg)
+        .env("SECRET_FROM_CONTAINERD", "x")
+        .env("LD_PRELOAD", "/tmp/evil.so")
+        .env("NOTIFY_SOCKET", "/run/notify")
+        .args(args);
+    if extra_fd {
+        // SAFETY: dup2 in the child between fork and exec only duplicates stdout onto
+        // fds 7 and 8; it allocates nothing.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::dup2(1, 7) < 0 || libc::dup2(1, 8) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    cmd.output().unwrap()
+}
+
+fn lines(o: &Output, prefix: &str) -> Vec<String> {
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter_map(|l| l.strip_prefix(prefix).map(str::to_string))
+        .collect()
+}
+
+#[test]
+fn argv_env_and_fds_are_clean() {
+    let (_d, cfg) = setup();
+    let out = run(
+        &cfg,
+        &[
+            "--root",
+            "/r",
+            "--log-format=json",
+            "kill",
+            "--all",
+            "abc",
+            "KILL",
+        ],
+        true,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        lines(&out, "argv: "),
+        ["--root /r --log-format=json kill --all abc KILL"]
+    );
+    let fds = lines(&out, "fd: ");
+    // 0-2, plus the one the shell's glob opened for /proc/$$/fd itself at most.
+    assert!(
+        !fds.iter().any(|f| f == "7" || f == "8"),
+        "leaked fds: {fds:?}"
+    );
+    let env = lines(&out, "env: ");
+    assert!(
+        env.iter().any(|e| e.starts_with("PATH=/usr/local/sbin:")),
+        "{env:?}"
+    );
+    assert!(
+        env.iter().any(|e| e == "NOTIFY_SOCKET=/run/notify"),
+        "{env:?}"
+    );
+    assert!(
+        !env.iter()
+            .any(|e| e.starts_with("LD_PRELOAD") || e.starts_with("SECRET_FROM")),
+        "{env:?}"
+    );
+    assert!(
+        !env.iter().any(|e| e.starts_with("TESSERA_RUNTIME_CONFIG")),
+        "{env:?}"
+    );
+}
+
+#[test]
+fn preserve_fds_are_kept() {
+    let (d, cfg) = setup();
+    let b = d.path().join("b");
+    std::fs::create_dir_all(b.join("rootfs")).unwrap();
+    common::write_spec(&b, &common::base_spec(&["true"]));
+    let out = run(
+        &cfg,
+        &[
+            "create",
+            "--preserve-fds",
+            "5",
+            "--bundle",
+            b.to_str().unwrap(),
+            "c1",
+        ],
+        true,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let fds = lines(&out, "fd: ");
+    assert!(
+        fds.iter().any(|f| f == "7"),
+        "preserved fd 7 closed: {fds:?}"
+    );
+    // The bundle was hardened before runc saw it.
+    let spec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(b.join("config.json")).unwrap()).unwrap();
+    assert_eq!(spec["linux"]["seccomp"]["defaultAction"], "SCMP_ACT_ERRNO");
+}
+
+#[test]
+fn update_feeds_runc_exactly_the_checked_resources() {
+    let (d, cfg) = setup();
+    let r = d.path().join("res.json");
+    std::fs::write(&r, r#"{"memory":{"limit":1048576}}"#).unwrap();
+    let out = run(
+        &cfg,
+        &["update", "--resources", r.to_str().unwrap(), "c1"],
+        false,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(lines(&out, "argv: "), ["update --resources - c1"]);
+    assert_eq!(lines(&out, "stdin: "), [r#"{"memory":{"limit":1048576}}"#]);
+    std::fs::write(&r, r#"{"memory":{},"memory":{},"devices":[]}"#).unwrap();
+    let out = run(&cfg, &["update", "-r", r.to_str().unwrap(), "c1"], false);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("duplicate key"));
+}
+
+#[test]
+fn bad_config_refuses_to_start() {
+    let (d, _) = setup();
+    let cfg = d.path().join("bad.toml");
+    std::fs::write(&cfg, "runc_path = \"/usr/sbin/runc\"\nunknown_knob = 1\n").unwrap();
+    let out = run(&cfg, &["state", "x"], false);
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown_knob"));
+    let out = run(&d.path().join("missing.toml"), &["state", "x"], false);
+    assert_eq!(out.status.code(), Some(64));
+}
+
+#[test]
+fn check_text_output_lists_every_reason() {
+    let (d, cfg) = setup();
+    let b = d.path().join("b");
+    std::fs::create_dir_all(b.join("rootfs")).unwrap();
+    let mut spec = common::base_spec(&["true"]);
+    spec["process"]["capabilities"]["bounding"] = serde_json::json!(["CAP_SYS_ADMIN"]);
+    spec["hooks"] = serde_json::json!({"prestart": [{"path": "/bin/x"}]});
+    common::write_spec(&b, &spec);
+    let out = run(&cfg, &["check", "--bundle", b.to_str().unwrap()], false);
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with("refused\n"), "{text}");
+    assert!(
+        text.contains("reason: the spec asks for the forbidden capability CAP_SYS_ADMIN"),
+        "{text}"
+    );
+    assert!(
+        text.contains("reason: OCI hooks are not allowed in a tenant spec: prestart (/bin/x)"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_writable_runtime_binary_is_refused() {
+    let (d, cfg) = setup();
+    std::fs::set_permissions(
+        d.path().join("fake-runc"),
+        std::fs::Permissions::from_mode(0o777),
+    )
+    .unwrap();
+    let out = run(&cfg, &["state", "x"], false);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("writable by others"));
+}
+
+#[test]
+fn no_token_policy_refuse() {
+    let (d, _) = setup();
+    let cfg = d.path().join("refuse.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "runc_path = {:?}\n[policy]\napparmor = \"if-available\"\nno_token = \"refuse\"\n",
+            d.path().join("fake-runc")
+        ),
+    )
+    .unwrap();
+    let b = d.path().join("b");
+    std::fs::create_dir_all(b.join("rootfs")).unwrap();
+    common::write_spec(&b, &common::base_spec(&["true"]));
+    let out = run(
+        &cfg,
+        &["create", "--bundle", b.to_str().unwrap(), "c1"],
+        false,
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("carries no lease token"), "{stderr}");
+    assert!(lines(&out, "argv: ").is_empty(), "runc must not run");
+}
+
+#[test]
+fn pod_sandbox_gets_baseline_even_with_the_pods_token() {
+    let (d, _) = setup();
+    let cfg = d.path().join("refuse.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "runc_path = {:?}\ndaemon_socket = {:?}\n[policy]\napparmor = \"if-available\"\nno_token = \"refuse\"\n",
+            d.path().join("fake-runc"),
+            d.path().join("no-daemon.sock")
+        ),
+    )
+    .unwrap();
+    let b = d.path().join("b");
+    std::fs::create_dir_all(b.join("rootfs")).unwrap();
+    let mut spec = common::base_spec(&["/pause"]);
+    spec["annotations"] = serde_json::json!({
+        "io.kubernetes.cri.container-type": "sandbox",
+        "tessera.io/lease-token": "tok"
+    });
+    common::write_spec(&b, &spec);
+    // No daemon is running: a resolved token would fail; the sandbox never resolves it.
+    let out = run(
+        &cfg,
+        &["create", "--bundle", b.to_str().unwrap(), "pause1"],
+        false,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let hardened: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(b.join("config.json")).unwrap()).unwrap();
+    assert_eq!(hardened["linux"]["devices"], serde_json::json!([]));
+    assert!(
+        hardened["annotations"]
+            .get("tessera.io/lease-token")
+            .is_none()
+    );
+}

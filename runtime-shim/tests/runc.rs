@@ -1,0 +1,515 @@
+//! Root integration tests with the host's runc, a busybox-static rootfs, the fake daemon
+//! and GPU nodes made with mknod. Prints "SKIPPED: <reason>" when not root or runc is
+//! missing (CI runs them as root with runc).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use tessera_proto::v1 as pb;
+
+const SCRIPT: &str = r#"
+probe open /dev/nvidia0
+probe open /dev/nvidiactl
+probe open /dev/nvidia1
+grep -E '^(Seccomp|NoNewPrivs|CapEff):' /proc/self/status
+unshare -U true 2>/dev/null; echo "unshare-U=$?"
+for p in clone3 clone_newuser bpf perf_event_open ptrace userfaultfd io_uring_setup keyctl fork; do probe $p; done
+probe mknod_char /tmp/gpu
+echo "cuda=$CUDA_VISIBLE_DEVICES"
+echo "token=${TESSERA_LEASE_TOKEN:-unset}"
+grep ' /run/nvidia-mps ' /proc/self/mountinfo | sed 's/^/mps: /'
+ls /proc/driver/nvidia 2>&1 | head -1 | sed 's/^/procnv: /'
+"#;
+
+struct Env {
+    dir: tempfile::TempDir,
+    dev: PathBuf,
+    root: PathBuf,
+    config: PathBuf,
+    cgroup_prefix: String,
+    daemon: Option<common::FakeDaemon>,
+}
+
+impl Env {
+    fn new() -> Option<Self> {
+        if !common::can_run_as_root("runc integration", &["runc", "busybox", "cc"]) {
+            return None;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        common::busybox_rootfs(dir.path());
+        let dev = common::gpu_dev_dir(dir.path());
+        let proc_root = common::fake_nvidia_proc(dir.path());
+        let mps = dir.path().join("mps-lease-1");
+        std::fs::create_dir_all(&mps).unwrap();
+        let cgroup_prefix = format!("tessera-test-{}", std::process::id());
+        let socket = dir.path().join("tesserad.sock");
+        let good = common::lease_answer(
+            "lease-1",
+            "acme",
+            &[
+                (&dev.join("nvidia0"), "/dev/nvidia0", 195, 0),
+                (&dev.join("nvidiactl"), "/dev/nvidiactl", 195, 255),
+            ],
+            Some(&mps),
+            &format!("/{cgroup_prefix}/lease-1"),
+        );
+        let mut revoked = good.clone();
+        revoked.lease.as_mut().unwrap().state = pb::LeaseState::Revoked as i32;
+        let mut answers: HashMap<String, common::Answer> = HashMap::new();
+        answers.insert("tok-good".into(), Ok(good));
+        answers.insert("tok-revoked".into(), Ok(revoked));
+        answers.insert(
+            "tok-expired".into(),
+            Err((tonic::Code::PermissionDenied, "lease expired".into())),
+        );
+        let daemon = common::FakeDaemon::start(&socket, answers);
+        let config = common::runtime_config(dir.path(), &socket, &proc_root, "");
+        let root = dir.path().join("runc-root");
+        Some(Self {
+            dev,
+            root,
+            config,
+            cgroup_prefix,
+            daemon: Some(daemon),
+            dir,
+        })
+    }
+
+    fn daemon(&self) -> &common::FakeDaemon {
+        self.daemon.as_ref().unwrap()
+    }
+
+    /// A bundle whose rootfs is the shared busybox one.
+    fn bundle(&self, name: &str, args: &[&str], token: Option<&str>) -> PathBuf {
+        let b = self.dir.path().join(name);
+        std::fs::create_dir_all(&b).unwrap();
+        let mut spec = common::base_spec(args);
+        spec["root"]["path"] = json!(self.dir.path().join("rootfs"));
+        if let Some(t) = token {
+            spec["annotations"] = json!({"tessera.io/lease-token": t});
+        }
+        common::write_spec(&b, &spec);
+        b
+    }
+
+    fn log(&self) -> PathBuf {
+        self.dir.path().join("log.json")
+    }
+
+    /// Run tessera-runtime; stdout/stderr go to files (a container inherits them, so
+    /// pipes would stay open as long as it runs).
+    fn runtime(&self, args: &[&str], stdin: Option<&str>) -> Output {
+        let n = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let out_path = self.dir.path().join(format!("out-{n}"));
+        let err_path = self.dir.path().join(format!("err-{n}"));
+        let mut cmd = Command::new(common::runtime_bin());
+        cmd.env("TESSERA_RUNTIME_CONFIG", &self.config)
+            .arg("--root")
+            .arg(&self.root)
+            .arg("--log")
+            .arg(self.log())
+            .args(["--log-format", "json"])
+            .args(args)
+            .stdout(std::fs::File::create(&out_path).unwrap())
+            .stderr(std::fs::File::create(&err_path).unwrap());
+        let status = match stdin {
+            None => cmd.stdin(Stdio::null()).status().unwrap(),
+            Some(input) => {
+                let in_path = self.dir.path().join(format!("in-{n}"));
+                std::fs::write(&in_path, input).unwrap();
+                cmd.stdin(std::fs::File::open(&in_path).unwrap())
+                    .status()
+                    .unwrap()
+            }
+        };
+        Output {
+            status,
+            stdout: std::fs::read(&out_path).unwrap(),
+            stderr: std::fs::read(&err_path).unwrap(),
+        }
+    }
+
+    fn last_log(&self) -> Value {
+        let text = std::fs::read_to_string(self.log()).unwrap();
+        serde_json::from_str(
+            text.lines()
+                .rev()
+                .find(|l| l.contains("\"error\""))
+                .unwrap(),
+        )
+        .unwrap()
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        // Remove leftover containers and the test's cgroup trees.
+        if let Ok(rd) = std::fs::read_dir(&self.root) {
+            for e in rd.flatten() {
+                let _ = Command::new("runc")
+                    .arg("--root")
+                    .arg(&self.root)
+                    .args(["delete", "-f"])
+                    .arg(e.file_name())
+                    .output();
+            }
+        }
+        if let Ok(rd) = std::fs::read_dir("/sys/fs/cgroup") {
+            for h in rd.flatten() {
+                remove_cgroup_tree(&h.path().join(&self.cgroup_prefix));
+            }
+        }
+        remove_cgroup_tree(&Path::new("/sys/fs/cgroup").join(&self.cgroup_prefix));
+        self.daemon.take();
+    }
+}
+
+/// rmdir a cgroup directory tree, deepest first (cgroup dirs hold only virtual files).
+fn remove_cgroup_tree(p: &Path) {
+    if let Ok(rd) = std::fs::read_dir(p) {
+        for e in rd.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_cgroup_tree(&e.path());
+            }
+        }
+    }
+    let _ = std::fs::remove_dir(p);
+}
+
+fn text(o: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn leased_container_sees_only_its_gpu_and_runs_hardened() {
+    let Some(env) = Env::new() else { return };
+    let b = env.bundle("b1", &["sh", "-c", SCRIPT], Some("tok-good"));
+    let id = format!("t{}-lease", std::process::id());
+    let out = env.runtime(&["run", "--bundle", b.to_str().unwrap(), &id], None);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "run failed: {stdout}\n{stderr}");
+    let want = [
+        "open /dev/nvidia0 errno=6", // leased: ENXIO (no driver behind the node)
+        "open /dev/nvidiactl errno=6", // leased
+        "open /dev/nvidia1 errno=2", // another GPU: absent
+        "Seccomp:\t2",
+        "NoNewPrivs:\t1",
+        "CapEff:\t00000000200004fb", // the policy's nine capabilities
+        "clone3 errno=38",
+        "clone_newuser errno=1",
+        "bpf errno=1",
+        "perf_event_open errno=1",
+        "ptrace errno=1",
+        "userfaultfd errno=1",
+        "io_uring_setup errno=1",
+        "keyctl errno=1",
+        "fork ok",
+        "mknod_char errno=1",
+        "cuda=GPU-00000000-1111-2222-3333-444444444444",
+        "token=unset",
+    ];
+    for w in want {
+        assert!(
+            stdout.lines().any(|l| l.trim() == w),
+            "missing {w:?} in:\n{stdout}\n{stderr}"
+        );
+    }
+    assert!(
+        !stdout.contains("unshare-U=0"),
+        "unshare -U succeeded:\n{stdout}"
+    );
+    let mps = stdout
+        .lines()
+        .find(|l| l.starts_with("mps: "))
+        .expect("MPS pipe dir mounted");
+    for o in ["nosuid", "nodev", "noexec"] {
+        assert!(mps.contains(o), "MPS mount lacks {o}: {mps}");
+    }
+    let rec = env.daemon().recorded();
+    assert_eq!(rec.resolves, ["tok-good"]);
+    assert_eq!(rec.binds.len(), 1);
+    assert_eq!(rec.binds[0].container_id, id);
+    assert_eq!(
+        rec.binds[0].cgroup_path,
+        format!("/{}/lease-1/{id}", env.cgroup_prefix)
+    );
+    assert_eq!(rec.binds[0].runtime_root, env.root.to_str().unwrap());
+    assert!(
+        rec.reports
+            .iter()
+            .any(|r| r.admitted && r.lease_id == "lease-1" && r.command == "run")
+    );
+}
+
+#[test]
+fn baseline_container_gets_no_gpu() {
+    let Some(env) = Env::new() else { return };
+    let b = env.bundle("b2", &["sh", "-c", SCRIPT], None);
+    let id = format!("t{}-base", std::process::id());
+    let out = env.runtime(&["run", "-b", b.to_str().unwrap(), &id], None);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "run failed: {stdout}\n{stderr}");
+    for w in [
+        "open /dev/nvidia0 errno=2",
+        "open /dev/nvidiactl errno=2",
+        "NoNewPrivs:\t1",
+        "Seccomp:\t2",
+        "token=unset",
+        "cuda=",
+    ] {
+        assert!(
+            stdout.lines().any(|l| l.trim() == w),
+            "missing {w:?} in:\n{stdout}"
+        );
+    }
+    assert!(env.daemon().recorded().binds.is_empty());
+}
+
+#[test]
+fn bad_tokens_and_no_daemon_are_refused() {
+    let Some(mut env) = Env::new() else { return };
+    for (token, want) in [
+        ("tok-unknown", "unknown lease token"),
+        ("tok-revoked", "is REVOKED, not ACTIVE"),
+        ("tok-expired", "lease token refused: lease expired"),
+    ] {
+        let b = env.bundle(token, &["true"], Some(token));
+        let out = env.runtime(&["create", "--bundle", b.to_str().unwrap(), token], None);
+        let (_, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(1), "{token}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+        assert!(stderr.contains(want), "{token}: {stderr}");
+        let log = env.last_log();
+        assert_eq!(log["level"], "error");
+        assert!(log["msg"].as_str().unwrap().contains(want));
+        assert!(log["time"].as_str().unwrap().ends_with('Z'));
+        assert!(!env.root.join(token).exists(), "runc must not have run");
+    }
+    // The daemon goes away: fail closed.
+    env.daemon.take();
+    let b = env.bundle("nodaemon", &["true"], Some("tok-good"));
+    let out = env.runtime(
+        &["create", "--bundle", b.to_str().unwrap(), "nodaemon"],
+        None,
+    );
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr.contains("unavailable"), "{stderr}");
+}
+
+#[test]
+fn bind_failure_refuses() {
+    if !common::can_run_as_root("bind failure", &["runc"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    common::busybox_rootfs(dir.path());
+    let socket = dir.path().join("d.sock");
+    let mut answers: HashMap<String, common::Answer> = HashMap::new();
+    answers.insert(
+        "tok".into(),
+        Ok(common::lease_answer(
+            "l9",
+            "acme",
+            &[],
+            None,
+            "/tessera-bindfail",
+        )),
+    );
+    let _d = common::FakeDaemon::start_with(&socket, answers, true);
+    let config = common::runtime_config(dir.path(), &socket, &dir.path().join("none"), "");
+    let b = dir.path().join("b");
+    let mut spec = common::base_spec(&["true"]);
+    spec["root"]["path"] = json!(dir.path().join("rootfs"));
+    spec["annotations"] = json!({"tessera.io/lease-token": "tok"});
+    common::write_spec(&b, &spec);
+    let out = Command::new(common::runtime_bin())
+        .env("TESSERA_RUNTIME_CONFIG", &config)
+        .arg("--root")
+        .arg(dir.path().join("root"))
+        .args(["create", "--bundle"])
+        .arg(&b)
+        .arg("x")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr.contains("BindContainer failed"), "{stderr}");
+    // The bundle was not rewritten.
+    let on_disk: Value =
+        serde_json::from_slice(&std::fs::read(b.join("config.json")).unwrap()).unwrap();
+    assert_eq!(on_disk, spec);
+}
+
+#[test]
+fn exec_update_delete_on_a_running_container() {
+    let Some(env) = Env::new() else { return };
+    let b = env.bundle("b3", &["sleep", "60"], Some("tok-good"));
+    // A container with fewer capabilities than the policy allows.
+    let mut spec: Value =
+        serde_json::from_slice(&std::fs::read(b.join("config.json")).unwrap()).unwrap();
+    let few = json!(["CAP_KILL", "CAP_CHOWN", "CAP_NET_RAW"]);
+    spec["process"]["capabilities"] = json!({"bounding": few, "effective": few, "permitted": few});
+    common::write_spec(&b, &spec);
+    let id = format!("t{}-exec", std::process::id());
+    let out = env.runtime(&["create", "--bundle", b.to_str().unwrap(), &id], None);
+    assert!(out.status.success(), "create: {:?}", text(&out));
+    let out = env.runtime(&["start", &id], None);
+    assert!(out.status.success(), "start: {:?}", text(&out));
+
+    // The devices cgroup (v1) allows exactly the lease's nodes besides runc's defaults.
+    let list = Path::new("/sys/fs/cgroup/devices")
+        .join(&env.cgroup_prefix)
+        .join("lease-1")
+        .join(&id)
+        .join("devices.list");
+    if let Ok(list) = std::fs::read_to_string(&list) {
+        assert!(list.lines().any(|l| l == "c 195:0 rw"), "{list}");
+        assert!(list.lines().any(|l| l == "c 195:255 rw"), "{list}");
+        assert!(!list.contains("195:1 "), "{list}");
+        assert!(!list.contains("a *:* rwm"), "{list}");
+    } else {
+        println!("note: no cgroup v1 devices controller; devices.list not checked");
+    }
+
+    // Plain exec goes through the hardened path and keeps the hardening.
+    let out = env.runtime(
+        &[
+            "exec",
+            &id,
+            "sh",
+            "-c",
+            "grep -E '^(NoNewPrivs|CapEff|Seccomp):' /proc/self/status; probe open /dev/nvidia1",
+        ],
+        None,
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "exec: {stdout} {stderr}");
+    for w in [
+        "NoNewPrivs:\t1",
+        "Seccomp:\t2",
+        "CapEff:\t0000000000000021",
+        "open /dev/nvidia1 errno=2",
+    ] {
+        assert!(
+            stdout.lines().any(|l| l.trim() == w),
+            "exec: missing {w:?} in {stdout}"
+        );
+    }
+
+    // --cap is refused.
+    let out = env.runtime(&["exec", "--cap", "CAP_SYS_ADMIN", &id, "true"], None);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out).1.contains("exec --cap CAP_SYS_ADMIN is refused"));
+
+    // A --process JSON asking for more than the container has is refused.
+    let p = env.dir.path().join("process.json");
+    let proc_json = |caps: Value, nnp: bool| {
+        json!({"args": ["sh", "-c", "grep -E '^(NoNewPrivs|CapEff):' /proc/self/status"],
+               "cwd": "/", "env": ["PATH=/bin"], "user": {"uid": 0, "gid": 0},
+               "capabilities": caps, "noNewPrivileges": nnp})
+    };
+    std::fs::write(
+        &p,
+        proc_json(
+            json!({"bounding": ["CAP_SYS_ADMIN"], "effective": ["CAP_SYS_ADMIN"]}),
+            true,
+        )
+        .to_string(),
+    )
+    .unwrap();
+    let out = env.runtime(&["exec", "--process", p.to_str().unwrap(), &id], None);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out).1.contains("forbidden capability CAP_SYS_ADMIN"),
+        "{:?}",
+        text(&out)
+    );
+    std::fs::write(
+        &p,
+        proc_json(json!({"bounding": ["CAP_SETUID"]}), true).to_string(),
+    )
+    .unwrap();
+    let out = env.runtime(&["exec", "-p", p.to_str().unwrap(), &id], None);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out)
+            .1
+            .contains("CAP_SETUID, which the container does not have"),
+        "{:?}",
+        text(&out)
+    );
+    // What containerd sends (the unreduced sets): reduced to the container's, and runs.
+    let unreduced = json!(["CAP_KILL", "CAP_CHOWN", "CAP_NET_RAW", "CAP_MKNOD"]);
+    std::fs::write(
+        &p,
+        proc_json(
+            json!({"bounding": unreduced, "effective": unreduced, "permitted": unreduced}),
+            true,
+        )
+        .to_string(),
+    )
+    .unwrap();
+    let out = env.runtime(&["exec", "-p", p.to_str().unwrap(), &id], None);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout} {stderr}");
+    assert!(stdout.contains("CapEff:\t0000000000000021"), "{stdout}");
+
+    // noNewPrivileges=false in the process JSON is forced back on.
+    std::fs::write(
+        &p,
+        proc_json(
+            json!({"bounding": ["CAP_KILL"], "effective": ["CAP_KILL"], "permitted": ["CAP_KILL"]}),
+            false,
+        )
+        .to_string(),
+    )
+    .unwrap();
+    let out = env.runtime(&["exec", "--process", p.to_str().unwrap(), &id], None);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout} {stderr}");
+    assert!(stdout.contains("NoNewPrivs:\t1"), "{stdout}");
+    assert!(stdout.contains("CapEff:\t0000000000000020"), "{stdout}");
+
+    // update: device rules and pids are refused, memory passes (read from stdin).
+    let out = env.runtime(
+        &["update", "--resources", "-", &id],
+        Some(r#"{"devices":[{"allow":true,"access":"rwm"}]}"#),
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out).1.contains("update may not change device rules"));
+    let out = env.runtime(&["update", "--pids-limit", "0", &id], None);
+    assert_eq!(out.status.code(), Some(1));
+    let out = env.runtime(
+        &["update", "-r", "-", &id],
+        Some(r#"{"memory":{"limit":268435456}}"#),
+    );
+    assert!(out.status.success(), "update memory: {:?}", text(&out));
+
+    // delete unbinds.
+    let out = env.runtime(&["delete", "--force", &id], None);
+    assert!(out.status.success(), "delete: {:?}", text(&out));
+    assert!(env.daemon().recorded().unbinds.contains(&id));
+    let _ = &env.dev;
+}
+
+#[test]
+fn pass_through_commands_reach_runc() {
+    let Some(env) = Env::new() else { return };
+    let out = env.runtime(&["--version"], None);
+    assert!(text(&out).0.contains("runc version"), "{:?}", text(&out));
+    let out = env.runtime(&["list", "--format", "json"], None);
+    assert!(out.status.success(), "{:?}", text(&out));
+    let out = env.runtime(&["state", "nonexistent-container"], None);
+    assert!(!out.status.success());
+}
