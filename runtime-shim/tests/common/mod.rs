@@ -484,7 +484,17 @@ pub fn runtime_config(dir: &Path, socket: &Path, nvidia_proc: &Path, extra: &str
 
 /// The tessera-runtime binary under test.
 pub fn runtime_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_tessera-runtime"))
+    // Set for this package's own tests; other packages (the end-to-end tests in
+    // integration-tests/) find the binary next to their test executable.
+    if let Some(p) = option_env!("CARGO_BIN_EXE_tessera-runtime") {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().unwrap();
+    exe.parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("tessera-runtime")
 }
 
 // ---------------------------------------------------------------- OCI image

@@ -22,7 +22,7 @@ static int report(const char *name, long r) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: probe open PATH | clone3 | clone_newuser | bpf | perf_event_open | ptrace | userfaultfd | io_uring_setup | keyctl | mknod_char PATH\n");
+        fprintf(stderr, "usage: probe open PATH | open_ro PATH | clone3 | clone_newuser | bpf | perf_event_open | ptrace | userfaultfd | io_uring_setup | keyctl | mknod_char PATH\n");
         return 2;
     }
     const char *what = argv[1];
@@ -30,6 +30,11 @@ int main(int argc, char **argv) {
         char name[512];
         snprintf(name, sizeof name, "open %s", argv[2]);
         return report(name, open(argv[2], O_RDWR));
+    }
+    if (!strcmp(what, "open_ro") && argc > 2) {
+        char name[512];
+        snprintf(name, sizeof name, "open_ro %s", argv[2]);
+        return report(name, open(argv[2], O_RDONLY));
     }
     if (!strcmp(what, "clone3")) {
         char args[88];

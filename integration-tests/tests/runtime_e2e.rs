@@ -1,0 +1,361 @@
+//! End to end: the real `tesserad` on the simulator, the real `tessera-runtime`,
+//! Debian's runc, a busybox rootfs, and GPU device nodes made with mknod from what the
+//! daemon resolves for the lease. Needs root, runc, busybox-static and a C compiler
+//! (for the syscall probe); says SKIPPED otherwise.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "../../runtime-shim/tests/common/mod.rs"]
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use serde_json::json;
+use tessera_integration_tests::{DEV_GPUS, TestDaemon, create_req, shape};
+use tessera_proto::v1 as pb;
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+struct World {
+    daemon: TestDaemon,
+    dir: tempfile::TempDir,
+    dev: PathBuf,
+    runtime_config: PathBuf,
+    runc_root: PathBuf,
+}
+
+impl World {
+    fn new(extra: &str) -> Option<World> {
+        if !common::can_run_as_root("end-to-end runtime", &["runc", "busybox", "cc"]) {
+            return None;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let dev = dir.path().join("dev");
+        std::fs::create_dir_all(&dev).unwrap();
+        let daemon = TestDaemon::start_with(
+            DEV_GPUS,
+            &format!(
+                "[devices]\ndev_root = {dev:?}\n[lease]\nmin_ttl = \"1s\"\nrevocation_grace = \"1s\"\n{extra}"
+            ),
+        )
+        .unwrap();
+        common::busybox_rootfs(dir.path());
+        let proc_root = common::fake_nvidia_proc(dir.path());
+        let runtime_config = common::runtime_config(dir.path(), &daemon.socket, &proc_root, "");
+        let runc_root = dir.path().join("runc-root");
+        Some(World {
+            daemon,
+            dev,
+            runtime_config,
+            runc_root,
+            dir,
+        })
+    }
+
+    /// Make the lease's device nodes on the "host" (the driver would have), plus a
+    /// node of another GPU that the container must not get.
+    fn mknod_lease_nodes(&self, resolved: &pb::ResolveTokenResponse) {
+        for d in &resolved.devices {
+            let p = Path::new(&d.host_path);
+            assert!(p.starts_with(&self.dev), "{p:?} outside the dev root");
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            if p.exists() {
+                continue;
+            }
+            nix::sys::stat::mknod(
+                p,
+                nix::sys::stat::SFlag::S_IFCHR,
+                nix::sys::stat::Mode::from_bits_truncate(0o666),
+                nix::sys::stat::makedev(d.major as u64, d.minor as u64),
+            )
+            .unwrap();
+        }
+    }
+
+    fn bundle(&self, name: &str, args: &[&str], token: &str) -> PathBuf {
+        let b = self.dir.path().join(name);
+        let mut spec = common::base_spec(args);
+        spec["root"]["path"] = json!(self.dir.path().join("rootfs"));
+        spec["annotations"] = json!({ "tessera.io/lease-token": token });
+        common::write_spec(&b, &spec);
+        b
+    }
+
+    fn runtime(&self, args: &[&str]) -> Output {
+        let n = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        // Files, not pipes: a detached container inherits them.
+        let out = self.dir.path().join(format!("out-{n}"));
+        let err = self.dir.path().join(format!("err-{n}"));
+        let status = Command::new(common::runtime_bin())
+            .env("TESSERA_RUNTIME_CONFIG", &self.runtime_config)
+            .arg("--root")
+            .arg(&self.runc_root)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&out).unwrap())
+            .stderr(std::fs::File::create(&err).unwrap())
+            .status()
+            .unwrap();
+        Output {
+            status,
+            stdout: std::fs::read(&out).unwrap(),
+            stderr: std::fs::read(&err).unwrap(),
+        }
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        if let Ok(rd) = std::fs::read_dir(&self.runc_root) {
+            for e in rd.flatten() {
+                let _ = Command::new("runc")
+                    .arg("--root")
+                    .arg(&self.runc_root)
+                    .args(["delete", "-f"])
+                    .arg(e.file_name())
+                    .output();
+            }
+        }
+    }
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+#[test]
+fn a_container_on_a_mig_lease_sees_exactly_its_nodes_and_uuid() {
+    let Some(w) = World::new("") else { return };
+    let r = rt();
+    let (lease, token, resolved) = r.block_on(async {
+        let mut c = w.daemon.client().await.unwrap();
+        let created = c
+            .create_lease(create_req("team-a", shape::mig("1g.10gb")))
+            .await
+            .unwrap()
+            .into_inner();
+        let resolved = c
+            .resolve_token(pb::ResolveTokenRequest {
+                token: created.token.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        (created.lease.unwrap(), created.token, resolved)
+    });
+    w.mknod_lease_nodes(&resolved);
+    let gpu = lease.partition.as_ref().unwrap().gpu_index;
+    let other = 1 - gpu;
+    nix::sys::stat::mknod(
+        &w.dev.join(format!("nvidia{other}")),
+        nix::sys::stat::SFlag::S_IFCHR,
+        nix::sys::stat::Mode::from_bits_truncate(0o666),
+        nix::sys::stat::makedev(195, u64::from(other)),
+    )
+    .unwrap();
+    let caps: Vec<String> = resolved
+        .devices
+        .iter()
+        .filter(|d| d.container_path.contains("nvidia-caps"))
+        .map(|d| d.container_path.clone())
+        .collect();
+    assert_eq!(caps.len(), 2, "GI and CI access nodes: {caps:?}");
+    let script = format!(
+        "probe open /dev/nvidia{gpu}; probe open /dev/nvidiactl; probe open_ro {}; probe open_ro {}; probe open {}; \
+         probe open /dev/nvidia{other}; echo CVD=$CUDA_VISIBLE_DEVICES; echo TOKEN=${{TESSERA_LEASE_TOKEN:-none}}; \
+         grep -E '^(NoNewPrivs|Seccomp):' /proc/self/status",
+        caps[0], caps[1], caps[0]
+    );
+    let b = w.bundle("mig", &["sh", "-c", &script], &token);
+    let id = format!("e2e-mig-{}", std::process::id());
+    let out = w.runtime(&["run", "--bundle", b.to_str().unwrap(), &id]);
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "{}", text(&out));
+    // Allowed nodes reach the (absent) driver: ENXIO. The other GPU is not there.
+    for want in [
+        format!("open /dev/nvidia{gpu} errno=6"),
+        "open /dev/nvidiactl errno=6".to_string(),
+        // Capability nodes are granted read-only, as the driver checks them.
+        format!("open_ro {} errno=6", caps[0]),
+        format!("open_ro {} errno=6", caps[1]),
+        format!("open {} errno=1", caps[0]),
+        format!("open /dev/nvidia{other} errno=2"),
+        format!(
+            "CVD={}",
+            lease
+                .partition
+                .as_ref()
+                .unwrap()
+                .mig
+                .as_ref()
+                .unwrap()
+                .mig_uuid
+        ),
+        "TOKEN=none".to_string(),
+        "NoNewPrivs:\t1".to_string(),
+        "Seccomp:\t2".to_string(),
+    ] {
+        assert!(
+            stdout.lines().any(|l| l.trim() == want.trim()),
+            "missing {want:?}:\n{}",
+            text(&out)
+        );
+    }
+    // The admission was reported and audited, without the token.
+    let audit = std::fs::read_to_string(w.daemon.dir.path().join("state/audit.jsonl")).unwrap();
+    assert!(
+        audit
+            .lines()
+            .any(|l| l.contains("\"runtime\"") && l.contains(&id) && l.contains("admitted")),
+        "{audit}"
+    );
+    assert!(audit.contains("BindContainer"), "{audit}");
+    assert!(!audit.contains(&token[5..]), "token in the audit log");
+}
+
+#[test]
+fn a_revoked_token_is_refused_and_the_refusal_is_audited() {
+    let Some(w) = World::new("") else { return };
+    let token = rt().block_on(async {
+        let mut c = w.daemon.client().await.unwrap();
+        let created = c
+            .create_lease(create_req("team-a", shape::whole()))
+            .await
+            .unwrap()
+            .into_inner();
+        c.release_lease(pb::ReleaseLeaseRequest {
+            lease_id: created.lease.unwrap().id,
+            reason: String::new(),
+        })
+        .await
+        .unwrap();
+        created.token
+    });
+    let b = w.bundle("revoked", &["true"], &token);
+    let out = w.runtime(&["run", "--bundle", b.to_str().unwrap(), "e2e-revoked"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("unknown, expired or revoked lease token"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_container_cannot_outlive_its_lease() {
+    let Some(w) = World::new("") else { return };
+    let r = rt();
+    let (lease, token, resolved) = r.block_on(async {
+        let mut c = w.daemon.client().await.unwrap();
+        let mut req = create_req("team-a", shape::whole());
+        req.ttl_seconds = 4;
+        let created = c.create_lease(req).await.unwrap().into_inner();
+        let resolved = c
+            .resolve_token(pb::ResolveTokenRequest {
+                token: created.token.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        (created.lease.unwrap(), created.token, resolved)
+    });
+    w.mknod_lease_nodes(&resolved);
+    // A process that ignores SIGTERM: the revocation must escalate to SIGKILL.
+    let b = w.bundle(
+        "long",
+        &["sh", "-c", "trap '' TERM; while :; do sleep 1; done"],
+        &token,
+    );
+    let id = format!("e2e-ttl-{}", std::process::id());
+    let out = w.runtime(&["create", "--bundle", b.to_str().unwrap(), &id]);
+    assert!(out.status.success(), "create: {}", text(&out));
+    let out = w.runtime(&["start", &id]);
+    assert!(out.status.success(), "start: {}", text(&out));
+    let state = Command::new("runc")
+        .arg("--root")
+        .arg(&w.runc_root)
+        .args(["state", &id])
+        .output()
+        .unwrap();
+    let state: serde_json::Value = serde_json::from_slice(&state.stdout).unwrap();
+    let pid = state["pid"].as_i64().unwrap() as i32;
+    assert!(pid > 1);
+    assert_eq!(state["status"], "running");
+
+    r.block_on(async {
+        let mut c = w.daemon.client().await.unwrap();
+        let l = c
+            .get_lease(pb::GetLeaseRequest {
+                lease_id: lease.id.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .lease
+            .unwrap();
+        assert_eq!(l.containers.len(), 1, "the runtime bound the container");
+        assert_eq!(l.containers[0].id, id);
+        assert!(l.containers[0].cgroup_path.contains(&lease.id));
+        let mut watch = c
+            .watch_leases(pb::WatchLeasesRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+        // Wait for the expiry and the revocation to finish.
+        let mut steps = Vec::new();
+        loop {
+            let ev = tokio::time::timeout(Duration::from_secs(20), watch.message())
+                .await
+                .expect("revocation within 20 s")
+                .unwrap()
+                .unwrap();
+            if ev.lease.as_ref().unwrap().id != lease.id {
+                continue;
+            }
+            steps.push(ev.message.clone());
+            if ev.kind == pb::LeaseEventKind::Revoked as i32 {
+                break;
+            }
+        }
+        assert!(
+            steps.iter().any(|s| s.contains("stopping 1 container")),
+            "{steps:?}"
+        );
+        assert!(
+            steps.iter().any(|s| s.contains("needed SIGKILL")),
+            "{steps:?}"
+        );
+        let node = c
+            .get_node(pb::GetNodeRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(
+            node.gpus.iter().all(|g| g.partitions.is_empty()),
+            "the partition is free again"
+        );
+    });
+    // The container's processes are gone.
+    let alive = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| !s.contains(") Z "))
+        .unwrap_or(false);
+    assert!(!alive, "container init {pid} outlived its lease");
+    let out = w.runtime(&["delete", "--force", &id]);
+    assert!(out.status.success(), "delete: {}", text(&out));
+}
