@@ -26,14 +26,13 @@ use rusqlite::{Connection, OpenFlags, params};
 use tracing::warn;
 
 use crate::lease::model::{Lease, LeaseState};
-use crate::lease::{EventKind, LeaseManager, now_ms};
+use crate::lease::{LeaseManager, now_ms};
 use crate::partition::Shape;
 use crate::store::{Store, StoreError};
 
 const GIB: f64 = (1u64 << 30) as f64;
 /// How long after a lease ends its usage record is written (ends in between share
 /// the commit).
-const SWEEP_DELAY: Duration = Duration::from_secs(1);
 
 #[derive(Debug, thiserror::Error)]
 pub enum UsageError {
@@ -198,18 +197,80 @@ pub fn accumulate(intervals: &[Interval], from_ms: i64, to_ms: i64, now: i64) ->
         .collect()
 }
 
+/// Write one ended lease's usage record (in the caller's transaction; idempotent).
+pub fn insert_record(conn: &Connection, lease: &Lease, wt: &Weights) -> rusqlite::Result<()> {
+    let end = lease.ended_at_ms.unwrap_or(lease.created_at_ms);
+    conn.prepare_cached(
+        "INSERT OR IGNORE INTO usage_records \
+         (lease_id, tenant, state, start_ms, end_ms, mig_slices, sm_percent, memory_bytes, whole_gpus) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+    )?
+    .execute(params![
+        lease.id,
+        lease.tenant,
+        lease.state.as_str(),
+        lease.created_at_ms,
+        end.max(lease.created_at_ms),
+        wt.mig_slices,
+        wt.sm_percent,
+        wt.memory_bytes as i64,
+        wt.whole_gpus
+    ])?;
+    Ok(())
+}
+
+/// The weights of a lease from its partition record (what the lease manager knows
+/// when the lease ends): MIG slices and instance memory, MPS limits, whole GPUs.
+pub fn weights_of_partition(
+    lease: &Lease,
+    p: &crate::lease::model::Partition,
+    gpu_memory: u64,
+) -> Weights {
+    use crate::lease::model::PartKind;
+    if lease.state == LeaseState::Failed {
+        return Weights::default();
+    }
+    match &p.kind {
+        PartKind::Mig(m) => Weights {
+            mig_slices: m.slices,
+            memory_bytes: m.memory_bytes,
+            ..Weights::default()
+        },
+        PartKind::Mps(m) => Weights {
+            sm_percent: m.sm_percent,
+            memory_bytes: m.memory_bytes,
+            ..Weights::default()
+        },
+        PartKind::WholeGpu => Weights {
+            whole_gpus: 1,
+            memory_bytes: gpu_memory,
+            ..Weights::default()
+        },
+    }
+}
+
 /// Copy every ended, not yet recorded lease into `usage_records`. Returns how many
 /// were recorded. Idempotent.
 pub async fn sweep(store: &Store, catalog: Catalog) -> Result<usize, UsageError> {
+    sweep_since(store, catalog, 0).await
+}
+
+/// [`sweep`] limited to leases that ended at or after `since_ms` (an index range
+/// scan: the writer's transaction stays short however many leases ended before).
+pub async fn sweep_since(
+    store: &Store,
+    catalog: Catalog,
+    since_ms: i64,
+) -> Result<usize, UsageError> {
     let n = store
         .write(move |w| {
             let conn = w.conn();
             let mut stmt = conn.prepare_cached(
-                "SELECT id, body FROM leases WHERE ended_at_ms IS NOT NULL \
-                 AND id NOT IN (SELECT lease_id FROM usage_records)",
+                "SELECT id, body FROM leases WHERE ended_at_ms >= ?1 \
+                 AND NOT EXISTS (SELECT 1 FROM usage_records u WHERE u.lease_id = leases.id)",
             )?;
             let rows: Vec<(String, String)> = stmt
-                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .query_map([since_ms], |r| Ok((r.get(0)?, r.get(1)?)))?
                 .collect::<Result<_, _>>()?;
             let mut n = 0;
             for (id, body) in rows {
@@ -220,24 +281,7 @@ pub async fn sweep(store: &Store, catalog: Catalog) -> Result<usize, UsageError>
                         continue;
                     }
                 };
-                let wt = weights(&lease, &catalog);
-                let end = lease.ended_at_ms.unwrap_or(lease.created_at_ms);
-                conn.prepare_cached(
-                    "INSERT OR IGNORE INTO usage_records \
-                     (lease_id, tenant, state, start_ms, end_ms, mig_slices, sm_percent, memory_bytes, whole_gpus) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-                )?
-                .execute(params![
-                    lease.id,
-                    lease.tenant,
-                    lease.state.as_str(),
-                    lease.created_at_ms,
-                    end.max(lease.created_at_ms),
-                    wt.mig_slices,
-                    wt.sm_percent,
-                    wt.memory_bytes as i64,
-                    wt.whole_gpus
-                ])?;
+                insert_record(conn, &lease, &weights(&lease, &catalog))?;
                 n += 1;
             }
             Ok(n)
@@ -357,34 +401,20 @@ pub async fn run_recorder(
     store: Arc<Store>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
-    let mut events = mgr.subscribe();
-    let mut tick = tokio::time::interval(Duration::from_secs(60));
+    // The lease manager writes each lease's usage record in the same commit that
+    // ends the lease. This sweep is the safety net (leases ended by an older
+    // tesserad, or by reconciliation at start): at start, then hourly.
+    let mut tick = tokio::time::interval(Duration::from_secs(3600));
     loop {
-        if let Err(e) = sweep(&store, Catalog::from_manager(&mgr)).await {
-            warn!(error = %e, "usage: recording ended leases failed; retrying");
-        }
-        loop {
-            tokio::select! {
-                _ = tick.tick() => break,
-                r = stop.changed() => {
-                    if r.is_err() || *stop.borrow() { return; }
-                }
-                ev = events.recv() => match ev {
-                    Ok(ev) if matches!(ev.kind, EventKind::Released | EventKind::Revoked) => {
-                        // Let a burst of ends share one commit (queries read the
-                        // unrecorded lease rows meanwhile, so nothing is missed).
-                        tokio::select! {
-                            _ = tokio::time::sleep(SWEEP_DELAY) => {}
-                            _ = stop.changed() => return,
-                        }
-                        break;
-                    }
-                    Ok(_) => {}
-                    // Missed events: the sweep finds every ended lease anyway.
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => break,
-                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
-                },
+        tokio::select! {
+            _ = tick.tick() => {}
+            r = stop.changed() => {
+                if r.is_err() || *stop.borrow() { return; }
+                continue;
             }
+        }
+        if let Err(e) = sweep(&store, Catalog::from_manager(&mgr)).await {
+            warn!(error = %e, "usage: recording ended leases failed; retrying within the hour");
         }
     }
 }

@@ -40,8 +40,10 @@ pub enum Caller {
     Unix {
         uid: u32,
         gid: u32,
-        /// Supplementary groups (from /proc/<pid>/status when the pid is known).
+        /// Supplementary groups; read from /proc/<pid>/status only when a rule
+        /// needs them.
         groups: Vec<u32>,
+        pid: Option<i32>,
     },
     Cert {
         common_name: String,
@@ -66,15 +68,11 @@ pub fn caller_of<T>(req: &Request<T>) -> Caller {
         .get::<tonic::transport::server::UdsConnectInfo>()
         && let Some(cred) = info.peer_cred
     {
-        let groups = cred
-            .pid()
-            .and_then(|pid| std::fs::read_to_string(format!("/proc/{pid}/status")).ok())
-            .map(|s| supplementary_groups(&s))
-            .unwrap_or_default();
         return Caller::Unix {
             uid: cred.uid(),
             gid: cred.gid(),
-            groups,
+            groups: Vec::new(),
+            pid: cred.pid(),
         };
     }
     if let Some(certs) = req.peer_certs()
@@ -134,8 +132,37 @@ impl Authenticator {
     /// The principal of a caller, or PermissionDenied naming who was refused.
     pub fn identify(&self, caller: &Caller) -> Result<Principal, Status> {
         let rules = self.rules.read().unwrap_or_else(|p| p.into_inner()).clone();
+        // Supplementary groups cost a /proc read: only when no uid or primary gid
+        // matches and some rule names groups.
+        let extra_groups;
+        let caller = match caller {
+            Caller::Unix {
+                uid,
+                gid,
+                groups,
+                pid: Some(pid),
+            } if groups.is_empty()
+                && !rules
+                    .iter()
+                    .any(|r| r.uids.contains(uid) || r.gids.contains(gid))
+                && rules.iter().any(|r| !r.gids.is_empty()) =>
+            {
+                extra_groups = Caller::Unix {
+                    uid: *uid,
+                    gid: *gid,
+                    groups: std::fs::read_to_string(format!("/proc/{pid}/status"))
+                        .map(|s| supplementary_groups(&s))
+                        .unwrap_or_default(),
+                    pid: Some(*pid),
+                };
+                &extra_groups
+            }
+            other => other,
+        };
         let matched = rules.iter().find(|r| match caller {
-            Caller::Unix { uid, gid, groups } => {
+            Caller::Unix {
+                uid, gid, groups, ..
+            } => {
                 r.uids.contains(uid)
                     || r.gids.contains(gid)
                     || groups.iter().any(|g| r.gids.contains(g))
@@ -282,7 +309,12 @@ mod tests {
     #[test]
     fn callers_map_to_principals_first_match_and_root_is_admin() {
         let a = Authenticator::new(rules());
-        let unix = |uid, gid, groups| Caller::Unix { uid, gid, groups };
+        let unix = |uid, gid, groups| Caller::Unix {
+            uid,
+            gid,
+            groups,
+            pid: None,
+        };
         assert_eq!(
             a.identify(&unix(1000, 1000, vec![])).unwrap().tenant(),
             Some("team-a")

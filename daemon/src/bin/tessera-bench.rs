@@ -155,10 +155,11 @@ fn start_daemon(
     std::fs::write(
         &cfg,
         format!(
-            "[daemon]\nsocket = {:?}\nstate_dir = {:?}\nrun_dir = {:?}\n\n{gpus}\n[partition]\nmps_oversubscribe = true\n",
+            "[daemon]\nsocket = {:?}\nstate_dir = {:?}\nrun_dir = {:?}\n\n{gpus}\n[partition]\nmps_oversubscribe = true\n{}",
             socket,
             dir.join("state"),
             run_dir,
+            std::env::var("TESSERA_BENCH_EXTRA").unwrap_or_default(),
         ),
     )?;
     let log_path = dir.join("tesserad.log");

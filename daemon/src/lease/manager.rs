@@ -1488,9 +1488,18 @@ impl LeaseManager {
         freed.lease_id = None;
         freed.state = PartitionState::Ready;
         let (l2, f2) = (lease.clone(), freed.clone());
+        let gpu_memory = self
+            .lock()
+            .gpus
+            .iter()
+            .find(|g| g.info.index == partition.gpu)
+            .map(|g| g.info.memory_bytes)
+            .unwrap_or_default();
+        let usage = crate::usage::weights_of_partition(&lease, &partition, gpu_memory);
         self.store
             .write(move |w| {
                 w.put_lease(&l2)?;
+                crate::usage::insert_record(w.conn(), &l2, &usage)?;
                 if back_to_pool {
                     w.put_partition(&f2)?;
                 } else {

@@ -65,6 +65,8 @@ const MIGRATIONS: &[&str] = &[
         whole_gpus INTEGER NOT NULL
     );
     CREATE INDEX usage_records_window ON usage_records(tenant, start_ms, end_ms);",
+    // 4: find recently ended leases without scanning them all
+    "CREATE INDEX leases_ended ON leases(ended_at_ms);",
 ];
 
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
