@@ -832,18 +832,36 @@ impl LeaseManager {
                 lease.state = LeaseState::Failed;
                 lease.end_reason = Some(format!("hardware set-up failed: {e}"));
                 lease.ended_at_ms = Some(now);
-                let (l2, pid) = (lease.clone(), partition.id.clone());
+                // A create can fail after its GI exists (an error between the GI and
+                // the CI step without rollback): destroy that GI before giving the
+                // placement back. If that fails too, the partition row keeps the
+                // placement and the intent stays open for the next start to undo.
+                let undone = match &partition.kind {
+                    PartKind::Mig(m) => self.undo_half_create(partition.gpu, m).await,
+                    _ => Ok(()),
+                };
+                let mut orphan = partition.clone();
+                orphan.lease_id = None;
+                let (l2, p2, keep) = (lease.clone(), orphan.clone(), undone.is_err());
                 let res = self
                     .store
                     .write(move |w| {
                         w.put_lease(&l2)?;
-                        w.delete_partition(&pid)?;
                         w.delete_tokens(&l2.id)?;
+                        if keep {
+                            return w.put_partition(&p2);
+                        }
+                        w.delete_partition(&p2.id)?;
                         w.finish_intent(intent, now, "failed")
                     })
                     .await;
                 if res.is_ok() {
                     self.forget_reservation(&lease, &partition, false);
+                    if let Err(u) = undone {
+                        warn!(lease = %lease.id, gpu = partition.gpu, error = %u,
+                            "could not destroy the GI of a failed create; the next start undoes it");
+                        self.lock().partitions.insert(orphan.id.clone(), orphan);
+                    }
                 }
                 Err(match e.nvml_code() {
                     Some(NvmlCode::InsufficientResources) => LeaseError::ResourceExhausted(
@@ -853,6 +871,28 @@ impl LeaseManager {
                 })
             }
         }
+    }
+
+    /// Destroy the GI a failed create left without its CI at the placement this
+    /// create reserved (nothing else can be there).
+    async fn undo_half_create(&self, gpu: u32, m: &MigPart) -> Result<(), GpuError> {
+        let backend = self.backend.clone();
+        let (placement, profile) = (m.placement, m.gi_profile_id);
+        let run = move || {
+            let half = backend.instances(gpu)?.into_iter().find(|i| {
+                i.placement == placement && i.gi_profile_id == profile && i.ci_id.is_none()
+            });
+            match half {
+                Some(i) => backend.destroy_instance(gpu, i.gi_id),
+                None => Ok(()),
+            }
+        };
+        tokio::task::spawn_blocking(run)
+            .await
+            .map_err(|e| GpuError::Mps {
+                lease: String::new(),
+                detail: format!("hardware task failed: {e}"),
+            })?
     }
 
     fn forget_reservation(&self, lease: &Lease, partition: &Partition, undo_static: bool) {
