@@ -87,7 +87,10 @@ fn random_shape(rng: &mut StdRng) -> pb::Shape {
         5 => shape::mig("3g.40gb"),
         6 => shape::mig("4g.40gb"),
         7 => shape::mig("7g.80gb"),
-        8..=9 => shape::mps([10, 20, 25][rng.gen_range(0..3)], [2, 4, 8][rng.gen_range(0..3)]),
+        8..=9 => shape::mps(
+            [10, 20, 25][rng.gen_range(0..3)],
+            [2, 4, 8][rng.gen_range(0..3)],
+        ),
         _ => shape::whole(),
     }
 }
@@ -338,7 +341,10 @@ async fn check_structure(c: &mut Client, sim: &SimBackend) -> (Vec<String>, bool
     let live_ids: HashSet<&str> = live.iter().map(|l| l.id.as_str()).collect();
     for (lid, p) in &by_lease {
         if !live_ids.contains(lid) {
-            v.push(format!("partition {} names lease {lid}, which is not live", p.id));
+            v.push(format!(
+                "partition {} names lease {lid}, which is not live",
+                p.id
+            ));
         }
     }
     let mut seen_partitions = HashSet::new();
@@ -424,11 +430,17 @@ async fn check_structure(c: &mut Client, sim: &SimBackend) -> (Vec<String>, bool
         }
         let sm: u32 = insts.iter().map(|i| i.sm_count).sum();
         if sm > g.sm_count {
-            v.push(format!("GPU {gi}: MIG instances use {sm} of {} SMs", g.sm_count));
+            v.push(format!(
+                "GPU {gi}: MIG instances use {sm} of {} SMs",
+                g.sm_count
+            ));
         }
         let mem: u64 = insts.iter().map(|i| i.memory_bytes).sum();
         if mem > g.memory_bytes {
-            v.push(format!("GPU {gi}: MIG instances use {mem} of {} bytes", g.memory_bytes));
+            v.push(format!(
+                "GPU {gi}: MIG instances use {mem} of {} bytes",
+                g.memory_bytes
+            ));
         }
 
         // MPS: daemons == partitions, shares within the GPU.
@@ -463,7 +475,10 @@ async fn check_structure(c: &mut Client, sim: &SimBackend) -> (Vec<String>, bool
                 g.memory_bytes
             ));
         }
-        let rep_pct: u32 = mps_parts.iter().map(|p| p.mps.as_ref().unwrap().sm_percent).sum();
+        let rep_pct: u32 = mps_parts
+            .iter()
+            .map(|p| p.mps.as_ref().unwrap().sm_percent)
+            .sum();
         if rep_pct != g.mps_sm_percent_used {
             v.push(format!(
                 "GPU {gi}: reports {}% MPS used, its partitions add up to {rep_pct}%",
@@ -553,9 +568,10 @@ async fn check_model(
                     }
                     Err(e) => v.push(format!("released lease {id}: GetLease: {e}")),
                 }
-                if live_by_id.get(id.as_str()).is_some_and(|l| {
-                    l.state != pb::LeaseState::Revoking as i32
-                }) {
+                if live_by_id
+                    .get(id.as_str())
+                    .is_some_and(|l| l.state != pb::LeaseState::Revoking as i32)
+                {
                     v.push(format!("released lease {id} is listed as live"));
                 }
                 if !in_progress {
@@ -594,15 +610,16 @@ async fn check_model(
     {
         let m = model.lock().unwrap();
         for l in &live {
-            let known = m.leases.contains_key(&l.id)
-                || (m.in_doubt.contains_key(&l.request_id));
+            let known = m.leases.contains_key(&l.id) || (m.in_doubt.contains_key(&l.request_id));
             if !known {
                 v.push(format!(
                     "live lease {} (request {:?}) was never acknowledged nor asked for",
                     l.id, l.request_id
                 ));
             }
-            if m.refused.contains(&(l.tenant.clone(), l.request_id.clone())) {
+            if m.refused
+                .contains(&(l.tenant.clone(), l.request_id.clone()))
+            {
                 v.push(format!(
                     "live lease {} carries refused request {}",
                     l.id, l.request_id
@@ -773,14 +790,7 @@ fn leases_survive_random_sigkills_under_load() {
                 .into_iter()
                 .enumerate()
                 .map(|(i, s)| {
-                    tokio::spawn(load(
-                        i,
-                        cycle,
-                        s,
-                        c.clone(),
-                        model.clone(),
-                        stop.clone(),
-                    ))
+                    tokio::spawn(load(i, cycle, s, c.clone(), model.clone(), stop.clone()))
                 })
                 .collect();
             tokio::time::sleep(Duration::from_millis(delay)).await;
@@ -804,10 +814,24 @@ fn leases_survive_random_sigkills_under_load() {
         }
         let v = r.block_on(async {
             let mut c = d.client().await.unwrap();
-            let (mut v, n) = verify(&mut c, &sim, &model, &mut rng, &format!("cycle {cycle} after restart")).await;
+            let (mut v, n) = verify(
+                &mut c,
+                &sim,
+                &model,
+                &mut rng,
+                &format!("cycle {cycle} after restart"),
+            )
+            .await;
             checked += n;
             v.extend(resolve_in_doubt(&mut c, &model).await);
-            let (v2, n) = verify(&mut c, &sim, &model, &mut rng, &format!("cycle {cycle} after retries")).await;
+            let (v2, n) = verify(
+                &mut c,
+                &sim,
+                &model,
+                &mut rng,
+                &format!("cycle {cycle} after retries"),
+            )
+            .await;
             checked += n;
             v.extend(v2);
             v
@@ -852,8 +876,6 @@ fn a_create_that_fails_after_the_gi_leaves_no_instance_behind() {
     let mut d = TestDaemon::start_with(GPUS, "").unwrap();
     let sim = sim_of(&d);
     let r = rt();
-    let mut rng = StdRng::seed_from_u64(1);
-    let model = Mutex::new(Model::default());
     r.block_on(async {
         let mut c = d.client().await.unwrap();
         sim.crash_next_create_after_gi(0).unwrap();
@@ -863,7 +885,8 @@ fn a_create_that_fails_after_the_gi_leaves_no_instance_behind() {
         let err = c.create_lease(req.clone()).await.unwrap_err();
         assert_eq!(err.code(), Code::Internal, "{err}");
         assert!(
-            err.message().contains("nvmlGpuInstanceCreateComputeInstance"),
+            err.message()
+                .contains("nvmlGpuInstanceCreateComputeInstance"),
             "the error names the failed NVML call: {}",
             err.message()
         );
@@ -876,14 +899,14 @@ fn a_create_that_fails_after_the_gi_leaves_no_instance_behind() {
         let l = c.create_lease(req).await.unwrap().into_inner();
         assert!(!l.replayed, "the failed lease is not replayed");
         assert_eq!(l.lease.unwrap().partition.unwrap().gpu_index, 0);
-        let (v, _) = verify(&mut c, &sim, &model, &mut rng, "live").await;
+        let (v, _) = check_structure(&mut c, &sim).await;
         assert!(v.is_empty(), "{v:?}");
     });
     d.kill().unwrap();
     d.spawn().unwrap();
     r.block_on(async {
         let mut c = d.client().await.unwrap();
-        let (v, _) = verify(&mut c, &sim, &model, &mut rng, "after restart").await;
+        let (v, _) = check_structure(&mut c, &sim).await;
         assert!(v.is_empty(), "{v:?}");
         assert_eq!(sim.instances(0).unwrap().len(), 1);
     });
@@ -905,7 +928,8 @@ fn a_failed_ci_create_is_a_precise_error_and_a_retry_succeeds() {
         let err = c.create_lease(req.clone()).await.unwrap_err();
         assert_eq!(err.code(), Code::Internal, "{err}");
         assert!(
-            err.message().contains("nvmlGpuInstanceCreateComputeInstance"),
+            err.message()
+                .contains("nvmlGpuInstanceCreateComputeInstance"),
             "{}",
             err.message()
         );
@@ -916,7 +940,10 @@ fn a_failed_ci_create_is_a_precise_error_and_a_retry_succeeds() {
             .unwrap()
             .into_inner()
             .leases;
-        assert!(live.is_empty(), "no live lease after a failed create: {live:?}");
+        assert!(
+            live.is_empty(),
+            "no live lease after a failed create: {live:?}"
+        );
         let a = c.create_lease(req.clone()).await.unwrap().into_inner();
         let b = c.create_lease(req).await.unwrap().into_inner();
         assert_eq!(a.lease.unwrap().id, b.lease.unwrap().id);
@@ -975,7 +1002,11 @@ fn failed_and_blocked_teardowns_finish_later_even_across_a_restart() {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        assert_eq!(state, pb::LeaseState::Released as i32, "the retry finished it");
+        assert_eq!(
+            state,
+            pb::LeaseState::Released as i32,
+            "the retry finished it"
+        );
         assert_eq!(sim.instances(0).unwrap().len(), 1);
 
         // 2. A process in the instance blocks its teardown.
@@ -1015,7 +1046,10 @@ fn failed_and_blocked_teardowns_finish_later_even_across_a_restart() {
             "still blocked by the process after the restart"
         );
         let (v, busy_now) = check_structure(&mut c, &sim).await;
-        assert!(v.is_empty(), "the blocked instance is still explained: {v:?}");
+        assert!(
+            v.is_empty(),
+            "the blocked instance is still explained: {v:?}"
+        );
         assert!(busy_now);
         sim.remove_process(0, 4242).unwrap();
         let mut state = l.state;
