@@ -31,6 +31,11 @@ pub fn bin_path(name: &str) -> anyhow::Result<PathBuf> {
 
 /// Connect a client to a unix socket.
 pub async fn connect(socket: &Path) -> anyhow::Result<TesseraClient<Channel>> {
+    Ok(TesseraClient::new(channel(socket).await?))
+}
+
+/// A gRPC channel (one HTTP/2 connection) to a unix socket.
+pub async fn channel(socket: &Path) -> anyhow::Result<Channel> {
     let path = socket.to_path_buf();
     let channel = Endpoint::try_from("http://[::]:50051")?
         .connect_with_connector(tower::service_fn(move |_: Uri| {
@@ -42,7 +47,7 @@ pub async fn connect(socket: &Path) -> anyhow::Result<TesseraClient<Channel>> {
         }))
         .await
         .with_context(|| format!("connect {}", socket.display()))?;
-    Ok(TesseraClient::new(channel))
+    Ok(channel)
 }
 
 /// A `tesserad` process on simulated GPUs in its own temp dir.
@@ -229,5 +234,27 @@ pub fn create_req(
         tenant: tenant.into(),
         shape: Some(shape),
         ..Default::default()
+    }
+}
+
+/// Resident set size of a process in bytes (VmRSS in /proc/<pid>/status), None when
+/// the process or the field is gone.
+pub fn rss_bytes(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: u64 = line
+        .trim_start_matches("VmRSS:")
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
+}
+
+impl TestDaemon {
+    /// The daemon's resident set size in bytes.
+    pub fn rss(&self) -> Option<u64> {
+        self.pid().and_then(rss_bytes)
     }
 }
