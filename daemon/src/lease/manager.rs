@@ -257,6 +257,20 @@ fn validate_labels(labels: &BTreeMap<String, String>) -> Result<(), LeaseError> 
     Ok(())
 }
 
+/// Priority classes are names like tenants (1-63 of [a-z0-9._-]); the daemon keeps
+/// one per lease and copies it into every event, so it must be short.
+fn validate_priority_class(class: &str) -> Result<(), LeaseError> {
+    validate_tenant(class).map_err(|_| {
+        invalid(
+            "priority_class",
+            format!(
+                "{:?} must be 1-63 characters of a-z, 0-9, '.', '_' or '-', starting with a letter or digit",
+                truncate(class, 80)
+            ),
+        )
+    })
+}
+
 fn validate_request_id(rid: &str) -> Result<(), LeaseError> {
     if rid.len() > 128 || rid.chars().any(|c| c.is_control() || c.is_whitespace()) {
         return Err(invalid(
@@ -507,6 +521,9 @@ impl LeaseManager {
             validate_request_id(rid)?;
         }
         validate_labels(&req.labels)?;
+        if let Some(class) = &req.priority_class {
+            validate_priority_class(class)?;
+        }
         let ttl = req.ttl.unwrap_or(self.config.lease.default_ttl);
         if ttl < self.config.lease.min_ttl || ttl > self.config.lease.max_ttl {
             return Err(invalid(
