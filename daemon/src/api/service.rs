@@ -38,6 +38,18 @@ fn non_empty(s: String) -> Option<String> {
     (!s.is_empty()).then_some(s)
 }
 
+/// Run a state-changing call to completion even if the client goes away: hyper
+/// drops a handler whose client reset the stream, and a lease operation cancelled
+/// between its steps would stay half done (a lease pending forever, a teardown
+/// never retried).
+async fn detached<T: Send + 'static>(
+    fut: impl std::future::Future<Output = Result<T, Status>> + Send + 'static,
+) -> Result<T, Status> {
+    tokio::spawn(fut)
+        .await
+        .map_err(|e| Status::internal(format!("request task failed: {e}")))?
+}
+
 type EventStream = Pin<Box<dyn Stream<Item = Result<pb::LeaseEvent, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -65,19 +77,17 @@ impl Tessera for TesseraService {
         let r = req.into_inner();
         let shape = convert::shape_from_pb(r.shape)?;
         let labels: BTreeMap<String, String> = r.labels.into_iter().collect();
-        let created = self
-            .mgr
-            .create(CreateRequest {
-                tenant: r.tenant,
-                shape,
-                ttl: (r.ttl_seconds > 0).then(|| Duration::from_secs(r.ttl_seconds)),
-                request_id: non_empty(r.request_id),
-                labels,
-                priority_class: non_empty(r.priority_class),
-                gpu_index: r.gpu_index,
-            })
-            .await
-            .map_err(status)?;
+        let mgr = self.mgr.clone();
+        let req = CreateRequest {
+            tenant: r.tenant,
+            shape,
+            ttl: (r.ttl_seconds > 0).then(|| Duration::from_secs(r.ttl_seconds)),
+            request_id: non_empty(r.request_id),
+            labels,
+            priority_class: non_empty(r.priority_class),
+            gpu_index: r.gpu_index,
+        };
+        let created = detached(async move { mgr.create(req).await.map_err(status) }).await?;
         Ok(Response::new(pb::CreateLeaseResponse {
             lease: Some(convert::lease_to_pb(
                 &created.lease,
@@ -94,7 +104,9 @@ impl Tessera for TesseraService {
     ) -> Result<Response<pb::RenewLeaseResponse>, Status> {
         let r = req.into_inner();
         let ttl = (r.ttl_seconds > 0).then(|| Duration::from_secs(r.ttl_seconds));
-        let lease = self.mgr.renew(&r.lease_id, ttl).await.map_err(status)?;
+        let mgr = self.mgr.clone();
+        let id = r.lease_id.clone();
+        let lease = detached(async move { mgr.renew(&id, ttl).await.map_err(status) }).await?;
         let (l, p) = self.mgr.get(&lease.id).map_err(status)?;
         Ok(Response::new(pb::RenewLeaseResponse {
             lease: Some(convert::lease_to_pb(&l, p.as_ref())),
@@ -116,15 +128,17 @@ impl Tessera for TesseraService {
         } else {
             r.reason
         };
-        let lease = self
-            .mgr
-            .end(
+        let mgr = self.mgr.clone();
+        let lease = detached(async move {
+            mgr.end(
                 &r.lease_id,
                 crate::lease::model::LeaseState::Released,
                 &reason,
             )
             .await
-            .map_err(status)?;
+            .map_err(status)
+        })
+        .await?;
         Ok(Response::new(pb::ReleaseLeaseResponse {
             lease: Some(convert::lease_to_pb(&lease, None)),
         }))
@@ -173,7 +187,13 @@ impl Tessera for TesseraService {
         // behind gets DATA_LOSS once and the stream ends (it must re-list).
         tokio::spawn(async move {
             loop {
-                let item = match rx.recv().await {
+                // A watcher whose client left ends now, not at the next event it
+                // would be sent (with a tenant filter that may never come).
+                let recv = tokio::select! {
+                    r = rx.recv() => r,
+                    () = tx.closed() => return,
+                };
+                let item = match recv {
                     Ok(ev) => {
                         if tenant.as_ref().is_some_and(|t| *t != ev.lease.tenant) {
                             continue;
@@ -211,19 +231,16 @@ impl Tessera for TesseraService {
         req: Request<pb::BindContainerRequest>,
     ) -> Result<Response<pb::BindContainerResponse>, Status> {
         let r = req.into_inner();
-        let lease = self
-            .mgr
-            .bind_container(
-                &r.token,
-                ContainerBinding {
-                    id: r.container_id,
-                    cgroup_path: r.cgroup_path,
-                    runtime_root: r.runtime_root,
-                    bound_at_ms: now_ms(),
-                },
-            )
-            .await
-            .map_err(status)?;
+        let mgr = self.mgr.clone();
+        let binding = ContainerBinding {
+            id: r.container_id,
+            cgroup_path: r.cgroup_path,
+            runtime_root: r.runtime_root,
+            bound_at_ms: now_ms(),
+        };
+        let lease =
+            detached(async move { mgr.bind_container(&r.token, binding).await.map_err(status) })
+                .await?;
         Ok(Response::new(pb::BindContainerResponse {
             lease: Some(convert::lease_to_pb(&lease, None)),
         }))
@@ -234,10 +251,9 @@ impl Tessera for TesseraService {
         req: Request<pb::UnbindContainerRequest>,
     ) -> Result<Response<pb::UnbindContainerResponse>, Status> {
         let r = req.into_inner();
-        self.mgr
-            .unbind_container(&r.container_id)
-            .await
-            .map_err(status)?;
+        let mgr = self.mgr.clone();
+        detached(async move { mgr.unbind_container(&r.container_id).await.map_err(status) })
+            .await?;
         Ok(Response::new(pb::UnbindContainerResponse {}))
     }
 
