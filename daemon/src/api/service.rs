@@ -1,4 +1,3 @@
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -12,7 +11,7 @@ use tracing::info;
 
 use super::convert::{self, status};
 use crate::lease::model::ContainerBinding;
-use crate::lease::{CreateRequest, LeaseManager, now_ms};
+use crate::lease::{LeaseManager, now_ms};
 
 /// Largest request the daemon decodes (a lease request is a few hundred bytes).
 pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
@@ -74,19 +73,8 @@ impl Tessera for TesseraService {
         &self,
         req: Request<pb::CreateLeaseRequest>,
     ) -> Result<Response<pb::CreateLeaseResponse>, Status> {
-        let r = req.into_inner();
-        let shape = convert::shape_from_pb(r.shape)?;
-        let labels: BTreeMap<String, String> = r.labels.into_iter().collect();
+        let req = convert::create_request_from_pb(req.into_inner())?;
         let mgr = self.mgr.clone();
-        let req = CreateRequest {
-            tenant: r.tenant,
-            shape,
-            ttl: (r.ttl_seconds > 0).then(|| Duration::from_secs(r.ttl_seconds)),
-            request_id: non_empty(r.request_id),
-            labels,
-            priority_class: non_empty(r.priority_class),
-            gpu_index: r.gpu_index,
-        };
         let created = detached(async move { mgr.create(req).await.map_err(status) }).await?;
         Ok(Response::new(pb::CreateLeaseResponse {
             lease: Some(convert::lease_to_pb(

@@ -281,6 +281,42 @@ fn validate_request_id(rid: &str) -> Result<(), LeaseError> {
     Ok(())
 }
 
+/// Checks a create request without touching any state: tenant, shape present,
+/// request id, labels, priority class and TTL (against `limits`; None = the default
+/// TTL). Returns the shape and the TTL to use. Every refusal is
+/// [`LeaseError::InvalidArgument`] naming its field. Whether the shape itself is
+/// possible is the planner's question ([`partition::plan`]).
+pub fn validate_create(
+    req: &CreateRequest,
+    limits: &crate::config::LeaseConfig,
+) -> Result<(Shape, Duration), LeaseError> {
+    validate_tenant(&req.tenant)?;
+    let shape = req
+        .shape
+        .clone()
+        .ok_or_else(|| invalid("shape", "one of mig, mps or whole_gpu is required"))?;
+    if let Some(rid) = &req.request_id {
+        validate_request_id(rid)?;
+    }
+    validate_labels(&req.labels)?;
+    if let Some(class) = &req.priority_class {
+        validate_priority_class(class)?;
+    }
+    let ttl = req.ttl.unwrap_or(limits.default_ttl);
+    if ttl < limits.min_ttl || ttl > limits.max_ttl {
+        return Err(invalid(
+            "ttl_seconds",
+            format!(
+                "{}s is outside the allowed {}s..={}s",
+                ttl.as_secs(),
+                limits.min_ttl.as_secs(),
+                limits.max_ttl.as_secs()
+            ),
+        ));
+    }
+    Ok((shape, ttl))
+}
+
 /// A hardware step that follows a durable intent.
 enum HwCreate {
     Mig {
@@ -512,30 +548,7 @@ impl LeaseManager {
         if self.shutting_down.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(LeaseError::ShuttingDown);
         }
-        validate_tenant(&req.tenant)?;
-        let shape = req
-            .shape
-            .clone()
-            .ok_or_else(|| invalid("shape", "one of mig, mps or whole_gpu is required"))?;
-        if let Some(rid) = &req.request_id {
-            validate_request_id(rid)?;
-        }
-        validate_labels(&req.labels)?;
-        if let Some(class) = &req.priority_class {
-            validate_priority_class(class)?;
-        }
-        let ttl = req.ttl.unwrap_or(self.config.lease.default_ttl);
-        if ttl < self.config.lease.min_ttl || ttl > self.config.lease.max_ttl {
-            return Err(invalid(
-                "ttl_seconds",
-                format!(
-                    "{}s is outside the allowed {}s..={}s",
-                    ttl.as_secs(),
-                    self.config.lease.min_ttl.as_secs(),
-                    self.config.lease.max_ttl.as_secs()
-                ),
-            ));
-        }
+        let (shape, ttl) = validate_create(&req, &self.config.lease)?;
         let priority_class = req.priority_class.clone().unwrap_or_default();
 
         // Idempotent retries: an existing lease for (tenant, request_id).
