@@ -11,8 +11,17 @@ use anyhow::{Context, bail};
 use tessera_proto::v1::tessera_client::TesseraClient;
 use tonic::transport::{Channel, Endpoint, Uri};
 
-/// Path of a workspace binary next to the test executable (target/<profile>/<name>).
+/// Path of a workspace binary next to the test executable (target/<profile>/<name>),
+/// or in `$TESSERA_BIN_DIR` when set (a target directory shared by several
+/// checkouts may hold another checkout's build).
 pub fn bin_path(name: &str) -> anyhow::Result<PathBuf> {
+    if let Some(dir) = std::env::var_os("TESSERA_BIN_DIR") {
+        let p = PathBuf::from(dir).join(name);
+        if !p.exists() {
+            bail!("{} is missing (TESSERA_BIN_DIR)", p.display());
+        }
+        return Ok(p);
+    }
     let exe = std::env::current_exe().context("current_exe")?;
     // target/<profile>/deps/<test>-<hash>
     let dir = exe
@@ -258,3 +267,5 @@ impl TestDaemon {
         self.pid().and_then(rss_bytes)
     }
 }
+
+pub mod validation;

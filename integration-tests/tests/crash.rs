@@ -667,48 +667,57 @@ async fn resolve_in_doubt(c: &mut Client, model: &Mutex<Model>) -> Vec<String> {
         let mut req = create_req(&cr.tenant, cr.shape.clone());
         req.request_id = cr.request_id.clone();
         let first = c.create_lease(req.clone()).await;
-        let mut m = model.lock().unwrap();
-        m.in_doubt.remove(&cr.request_id);
-        match first {
-            Ok(r) => {
-                let r = r.into_inner();
-                let l = r.lease.unwrap();
-                if l.state != pb::LeaseState::Active as i32 {
-                    // Found ended (e.g. never happened is not this case): nothing live.
-                    m.refused.insert((cr.tenant.clone(), cr.request_id.clone()));
-                    continue;
-                }
-                m.leases.insert(
-                    l.id.clone(),
-                    Tracked {
-                        owner: cr.owner,
-                        tenant: cr.tenant.clone(),
-                        request_id: cr.request_id.clone(),
-                        shape: cr.shape.clone(),
-                        token: r.token,
-                        rel: Rel::No,
-                        retired: false,
-                    },
-                );
-                drop(m);
-                match c.create_lease(req).await {
-                    Ok(again) => {
-                        let again = again.into_inner();
-                        let id2 = again.lease.unwrap().id;
-                        if id2 != l.id || !again.replayed {
-                            v.push(format!(
-                                "request {} gave {} then {id2} (replayed {})",
-                                cr.request_id, l.id, again.replayed
-                            ));
-                        }
+        // The lease the retry named, if it is live (recorded under the lock).
+        let created = {
+            let mut m = model.lock().unwrap();
+            m.in_doubt.remove(&cr.request_id);
+            match first {
+                Ok(r) => {
+                    let r = r.into_inner();
+                    let l = r.lease.unwrap();
+                    if l.state == pb::LeaseState::Active as i32 {
+                        m.leases.insert(
+                            l.id.clone(),
+                            Tracked {
+                                owner: cr.owner,
+                                tenant: cr.tenant.clone(),
+                                request_id: cr.request_id.clone(),
+                                shape: cr.shape.clone(),
+                                token: r.token,
+                                rel: Rel::No,
+                                retired: false,
+                            },
+                        );
+                        Some(l.id)
+                    } else {
+                        // Found ended: nothing live may carry this request id.
+                        m.refused.insert((cr.tenant.clone(), cr.request_id.clone()));
+                        None
                     }
-                    Err(e) => v.push(format!("second retry of {}: {e}", cr.request_id)),
+                }
+                Err(e) if definitive(e.code()) => {
+                    m.refused.insert((cr.tenant.clone(), cr.request_id.clone()));
+                    None
+                }
+                Err(e) => {
+                    v.push(format!("re-sent create {}: {e}", cr.request_id));
+                    None
                 }
             }
-            Err(e) if definitive(e.code()) => {
-                m.refused.insert((cr.tenant.clone(), cr.request_id.clone()));
+        };
+        let Some(id) = created else { continue };
+        match c.create_lease(req).await {
+            Ok(again) => {
+                let again = again.into_inner();
+                let id2 = again.lease.unwrap().id;
+                if id2 != id || !again.replayed {
+                    v.push(format!(
+                        "request {} gave {id} then {id2} (replayed {})",
+                        cr.request_id, again.replayed
+                    ));
+                }
             }
-            Err(e) => v.push(format!("re-sent create {}: {e}", cr.request_id)),
+            Err(e) => v.push(format!("second retry of {}: {e}", cr.request_id)),
         }
     }
     v
