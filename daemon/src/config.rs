@@ -734,6 +734,19 @@ fn validate_tenancy(
         classes.insert("production".into(), 100);
         classes.insert("batch".into(), 10);
     }
+    for name in classes.keys() {
+        let ok = !name.is_empty()
+            && name.len() <= 63
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b));
+        if !ok {
+            return Err(v.err(
+                &format!("priority_classes.{name}"),
+                "a class name is 1-63 characters of a-z, 0-9, '.', '_' or '-'".into(),
+            ));
+        }
+    }
     let default_class = quota.default_priority_class.unwrap_or_else(|| {
         if classes.contains_key("batch") {
             "batch".into()

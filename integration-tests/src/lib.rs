@@ -11,8 +11,17 @@ use anyhow::{Context, bail};
 use tessera_proto::v1::tessera_client::TesseraClient;
 use tonic::transport::{Channel, Endpoint, Uri};
 
-/// Path of a workspace binary next to the test executable (target/<profile>/<name>).
+/// Path of a workspace binary next to the test executable (target/<profile>/<name>),
+/// or in `$TESSERA_BIN_DIR` when set (a target directory shared by several
+/// checkouts may hold another checkout's build).
 pub fn bin_path(name: &str) -> anyhow::Result<PathBuf> {
+    if let Some(dir) = std::env::var_os("TESSERA_BIN_DIR") {
+        let p = PathBuf::from(dir).join(name);
+        if !p.exists() {
+            bail!("{} is missing (TESSERA_BIN_DIR)", p.display());
+        }
+        return Ok(p);
+    }
     let exe = std::env::current_exe().context("current_exe")?;
     // target/<profile>/deps/<test>-<hash>
     let dir = exe
@@ -31,6 +40,11 @@ pub fn bin_path(name: &str) -> anyhow::Result<PathBuf> {
 
 /// Connect a client to a unix socket.
 pub async fn connect(socket: &Path) -> anyhow::Result<TesseraClient<Channel>> {
+    Ok(TesseraClient::new(channel(socket).await?))
+}
+
+/// A gRPC channel (one HTTP/2 connection) to a unix socket.
+pub async fn channel(socket: &Path) -> anyhow::Result<Channel> {
     let path = socket.to_path_buf();
     let channel = Endpoint::try_from("http://[::]:50051")?
         .connect_with_connector(tower::service_fn(move |_: Uri| {
@@ -42,7 +56,7 @@ pub async fn connect(socket: &Path) -> anyhow::Result<TesseraClient<Channel>> {
         }))
         .await
         .with_context(|| format!("connect {}", socket.display()))?;
-    Ok(TesseraClient::new(channel))
+    Ok(channel)
 }
 
 /// A `tesserad` process on simulated GPUs in its own temp dir.
@@ -231,3 +245,27 @@ pub fn create_req(
         ..Default::default()
     }
 }
+
+/// Resident set size of a process in bytes (VmRSS in /proc/<pid>/status), None when
+/// the process or the field is gone.
+pub fn rss_bytes(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: u64 = line
+        .trim_start_matches("VmRSS:")
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
+}
+
+impl TestDaemon {
+    /// The daemon's resident set size in bytes.
+    pub fn rss(&self) -> Option<u64> {
+        self.pid().and_then(rss_bytes)
+    }
+}
+
+pub mod validation;

@@ -5,7 +5,7 @@ use tonic::Status;
 
 use crate::lease::devices::Resolved;
 use crate::lease::model::{Lease, LeaseState, PartKind, Partition};
-use crate::lease::{EventKind, GpuReport, LeaseError, LeaseEvent};
+use crate::lease::{CreateRequest, EventKind, GpuReport, LeaseError, LeaseEvent};
 use crate::partition::Shape;
 
 /// Map a domain error to a precise gRPC status. Internal details of hardware or
@@ -49,6 +49,24 @@ pub fn shape_from_pb(s: Option<pb::Shape>) -> Result<Option<Shape>, Status> {
             memory_bytes: m.memory_bytes,
         }),
         Some(pb::shape::Kind::WholeGpu(_)) => Some(Shape::WholeGpu),
+    })
+}
+
+/// A CreateLease request as the manager takes it: the shape's strings are checked
+/// here ([`shape_from_pb`]), everything else by
+/// [`crate::lease::manager::validate_create`]. Empty strings and a zero TTL mean
+/// "not given".
+pub fn create_request_from_pb(r: pb::CreateLeaseRequest) -> Result<CreateRequest, Status> {
+    let shape = shape_from_pb(r.shape)?;
+    let non_empty = |s: String| (!s.is_empty()).then_some(s);
+    Ok(CreateRequest {
+        tenant: r.tenant,
+        shape,
+        ttl: (r.ttl_seconds > 0).then(|| std::time::Duration::from_secs(r.ttl_seconds)),
+        request_id: non_empty(r.request_id),
+        labels: r.labels.into_iter().collect(),
+        priority_class: non_empty(r.priority_class),
+        gpu_index: r.gpu_index,
     })
 }
 

@@ -191,6 +191,18 @@ fn non_empty(s: String) -> Option<String> {
     (!s.is_empty()).then_some(s)
 }
 
+/// Run a state-changing call to completion even if the client goes away: hyper
+/// drops a handler whose client reset the stream, and a lease operation cancelled
+/// between its steps would stay half done (a lease pending forever, a teardown
+/// never retried).
+async fn detached<T: Send + 'static>(
+    fut: impl std::future::Future<Output = Result<T, Status>> + Send + 'static,
+) -> Result<T, Status> {
+    tokio::spawn(fut)
+        .await
+        .map_err(|e| Status::internal(format!("request task failed: {e}")))?
+}
+
 type EventStream = Pin<Box<dyn Stream<Item = Result<pb::LeaseEvent, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -231,43 +243,49 @@ impl Tessera for TesseraService {
         req: Request<pb::CreateLeaseRequest>,
     ) -> Result<Response<pb::CreateLeaseResponse>, Status> {
         let who = self.begin(Rpc::CreateLease, &req)?;
-        let r = req.into_inner();
-        let tenant = match self.scope(&who, &r.tenant) {
-            Ok(t) => t,
-            Err(st) => return self.done(Rpc::CreateLease, &who, &r.tenant, "", Err(st)),
-        };
-        let result = async {
-            let shape = convert::shape_from_pb(r.shape)?;
-            let labels: BTreeMap<String, String> = r.labels.into_iter().collect();
-            self.mgr
-                .create(CreateRequest {
-                    tenant: tenant.clone(),
-                    shape,
-                    ttl: (r.ttl_seconds > 0).then(|| Duration::from_secs(r.ttl_seconds)),
-                    request_id: non_empty(r.request_id),
-                    labels,
-                    priority_class: non_empty(r.priority_class),
-                    gpu_index: r.gpu_index,
+        // Runs to the end even if the client goes away: a lease operation cut off
+        // between its steps would stay half done.
+        let this = self.clone();
+        detached(async move {
+            let r = req.into_inner();
+            let tenant = match this.scope(&who, &r.tenant) {
+                Ok(t) => t,
+                Err(st) => return this.done(Rpc::CreateLease, &who, &r.tenant, "", Err(st)),
+            };
+            let result = async {
+                let shape = convert::shape_from_pb(r.shape)?;
+                let labels: BTreeMap<String, String> = r.labels.into_iter().collect();
+                this.mgr
+                    .create(CreateRequest {
+                        tenant: tenant.clone(),
+                        shape,
+                        ttl: (r.ttl_seconds > 0).then(|| Duration::from_secs(r.ttl_seconds)),
+                        request_id: non_empty(r.request_id),
+                        labels,
+                        priority_class: non_empty(r.priority_class),
+                        gpu_index: r.gpu_index,
+                    })
+                    .await
+                    .map_err(status)
+            }
+            .await;
+            let lease_id = result
+                .as_ref()
+                .map(|c| c.lease.id.clone())
+                .unwrap_or_default();
+            let r = result.map(|created| {
+                Response::new(pb::CreateLeaseResponse {
+                    lease: Some(convert::lease_to_pb(
+                        &created.lease,
+                        created.partition.as_ref(),
+                    )),
+                    token: created.token.unwrap_or_default(),
+                    replayed: created.replayed,
                 })
-                .await
-                .map_err(status)
-        }
-        .await;
-        let lease_id = result
-            .as_ref()
-            .map(|c| c.lease.id.clone())
-            .unwrap_or_default();
-        let r = result.map(|created| {
-            Response::new(pb::CreateLeaseResponse {
-                lease: Some(convert::lease_to_pb(
-                    &created.lease,
-                    created.partition.as_ref(),
-                )),
-                token: created.token.unwrap_or_default(),
-                replayed: created.replayed,
-            })
-        });
-        self.done(Rpc::CreateLease, &who, &tenant, &lease_id, r)
+            });
+            this.done(Rpc::CreateLease, &who, &tenant, &lease_id, r)
+        })
+        .await
     }
 
     async fn renew_lease(
@@ -275,28 +293,34 @@ impl Tessera for TesseraService {
         req: Request<pb::RenewLeaseRequest>,
     ) -> Result<Response<pb::RenewLeaseResponse>, Status> {
         let who = self.begin(Rpc::RenewLease, &req)?;
-        let r = req.into_inner();
-        let result = async {
-            let tenant = self.check_lease_owner(&who, &r.lease_id)?;
-            let ttl = (r.ttl_seconds > 0).then(|| Duration::from_secs(r.ttl_seconds));
-            let lease = self.mgr.renew(&r.lease_id, ttl).await.map_err(status)?;
-            let (l, p) = self.mgr.get(&lease.id).map_err(status)?;
-            Ok((
-                tenant,
-                Response::new(pb::RenewLeaseResponse {
-                    lease: Some(convert::lease_to_pb(&l, p.as_ref())),
-                }),
-            ))
-        }
-        .await;
-        let tenant = result.as_ref().map(|(t, _)| t.clone()).unwrap_or_default();
-        self.done(
-            Rpc::RenewLease,
-            &who,
-            &tenant,
-            &r.lease_id,
-            result.map(|(_, r)| r),
-        )
+        // Runs to the end even if the client goes away: a lease operation cut off
+        // between its steps would stay half done.
+        let this = self.clone();
+        detached(async move {
+            let r = req.into_inner();
+            let result = async {
+                let tenant = this.check_lease_owner(&who, &r.lease_id)?;
+                let ttl = (r.ttl_seconds > 0).then(|| Duration::from_secs(r.ttl_seconds));
+                let lease = this.mgr.renew(&r.lease_id, ttl).await.map_err(status)?;
+                let (l, p) = this.mgr.get(&lease.id).map_err(status)?;
+                Ok((
+                    tenant,
+                    Response::new(pb::RenewLeaseResponse {
+                        lease: Some(convert::lease_to_pb(&l, p.as_ref())),
+                    }),
+                ))
+            }
+            .await;
+            let tenant = result.as_ref().map(|(t, _)| t.clone()).unwrap_or_default();
+            this.done(
+                Rpc::RenewLease,
+                &who,
+                &tenant,
+                &r.lease_id,
+                result.map(|(_, r)| r),
+            )
+        })
+        .await
     }
 
     async fn release_lease(
@@ -304,44 +328,51 @@ impl Tessera for TesseraService {
         req: Request<pb::ReleaseLeaseRequest>,
     ) -> Result<Response<pb::ReleaseLeaseResponse>, Status> {
         let who = self.begin(Rpc::ReleaseLease, &req)?;
-        let r = req.into_inner();
-        let result = async {
-            let tenant = self.check_lease_owner(&who, &r.lease_id)?;
-            if r.reason.len() > 1024 {
-                return Err(Status::invalid_argument(
-                    "invalid reason: at most 1024 characters",
-                ));
+        // Runs to the end even if the client goes away: a lease operation cut off
+        // between its steps would stay half done.
+        let this = self.clone();
+        detached(async move {
+            let r = req.into_inner();
+            let result = async {
+                // Validate first, then look anything up.
+                if r.reason.len() > 1024 {
+                    return Err(Status::invalid_argument(
+                        "invalid reason: at most 1024 characters",
+                    ));
+                }
+                let tenant = this.check_lease_owner(&who, &r.lease_id)?;
+                let reason = if r.reason.is_empty() {
+                    format!("released by {}", who.name())
+                } else {
+                    r.reason.clone()
+                };
+                let lease = this
+                    .mgr
+                    .end(
+                        &r.lease_id,
+                        crate::lease::model::LeaseState::Released,
+                        &reason,
+                    )
+                    .await
+                    .map_err(status)?;
+                Ok((
+                    tenant,
+                    Response::new(pb::ReleaseLeaseResponse {
+                        lease: Some(convert::lease_to_pb(&lease, None)),
+                    }),
+                ))
             }
-            let reason = if r.reason.is_empty() {
-                format!("released by {}", who.name())
-            } else {
-                r.reason.clone()
-            };
-            let lease = self
-                .mgr
-                .end(
-                    &r.lease_id,
-                    crate::lease::model::LeaseState::Released,
-                    &reason,
-                )
-                .await
-                .map_err(status)?;
-            Ok((
-                tenant,
-                Response::new(pb::ReleaseLeaseResponse {
-                    lease: Some(convert::lease_to_pb(&lease, None)),
-                }),
-            ))
-        }
-        .await;
-        let tenant = result.as_ref().map(|(t, _)| t.clone()).unwrap_or_default();
-        self.done(
-            Rpc::ReleaseLease,
-            &who,
-            &tenant,
-            &r.lease_id,
-            result.map(|(_, r)| r),
-        )
+            .await;
+            let tenant = result.as_ref().map(|(t, _)| t.clone()).unwrap_or_default();
+            this.done(
+                Rpc::ReleaseLease,
+                &who,
+                &tenant,
+                &r.lease_id,
+                result.map(|(_, r)| r),
+            )
+        })
+        .await
     }
 
     async fn get_lease(
@@ -413,7 +444,13 @@ impl Tessera for TesseraService {
         let filter = tenant.clone();
         tokio::spawn(async move {
             loop {
-                let item = match rx.recv().await {
+                // A watcher whose client left ends now, not at the next event it
+                // would be sent (with a tenant filter that may never come).
+                let recv = tokio::select! {
+                    r = rx.recv() => r,
+                    () = tx.closed() => return,
+                };
+                let item = match recv {
                     Ok(ev) => {
                         if filter.as_ref().is_some_and(|t| *t != ev.lease.tenant) {
                             continue;
@@ -463,30 +500,36 @@ impl Tessera for TesseraService {
         req: Request<pb::BindContainerRequest>,
     ) -> Result<Response<pb::BindContainerResponse>, Status> {
         let who = self.begin(Rpc::BindContainer, &req)?;
-        let r = req.into_inner();
-        let result = self
-            .mgr
-            .bind_container(
-                &r.token,
-                ContainerBinding {
-                    id: r.container_id.clone(),
-                    cgroup_path: r.cgroup_path,
-                    runtime_root: r.runtime_root,
-                    bound_at_ms: now_ms(),
-                },
-            )
-            .await
-            .map_err(status);
-        let (tenant, lease) = result
-            .as_ref()
-            .map(|l| (l.tenant.clone(), l.id.clone()))
-            .unwrap_or_default();
-        let r = result.map(|l| {
-            Response::new(pb::BindContainerResponse {
-                lease: Some(convert::lease_to_pb(&l, None)),
-            })
-        });
-        self.done(Rpc::BindContainer, &who, &tenant, &lease, r)
+        // Runs to the end even if the client goes away: a lease operation cut off
+        // between its steps would stay half done.
+        let this = self.clone();
+        detached(async move {
+            let r = req.into_inner();
+            let result = this
+                .mgr
+                .bind_container(
+                    &r.token,
+                    ContainerBinding {
+                        id: r.container_id.clone(),
+                        cgroup_path: r.cgroup_path,
+                        runtime_root: r.runtime_root,
+                        bound_at_ms: now_ms(),
+                    },
+                )
+                .await
+                .map_err(status);
+            let (tenant, lease) = result
+                .as_ref()
+                .map(|l| (l.tenant.clone(), l.id.clone()))
+                .unwrap_or_default();
+            let r = result.map(|l| {
+                Response::new(pb::BindContainerResponse {
+                    lease: Some(convert::lease_to_pb(&l, None)),
+                })
+            });
+            this.done(Rpc::BindContainer, &who, &tenant, &lease, r)
+        })
+        .await
     }
 
     async fn unbind_container(

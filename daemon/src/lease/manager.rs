@@ -266,6 +266,20 @@ fn validate_labels(labels: &BTreeMap<String, String>) -> Result<(), LeaseError> 
     Ok(())
 }
 
+/// Priority classes are names like tenants (1-63 of [a-z0-9._-]); the daemon keeps
+/// one per lease and copies it into every event, so it must be short.
+fn validate_priority_class(class: &str) -> Result<(), LeaseError> {
+    validate_tenant(class).map_err(|_| {
+        invalid(
+            "priority_class",
+            format!(
+                "{:?} must be 1-63 characters of a-z, 0-9, '.', '_' or '-', starting with a letter or digit",
+                truncate(class, 80)
+            ),
+        )
+    })
+}
+
 fn validate_request_id(rid: &str) -> Result<(), LeaseError> {
     if rid.len() > 128 || rid.chars().any(|c| c.is_control() || c.is_whitespace()) {
         return Err(invalid(
@@ -274,6 +288,42 @@ fn validate_request_id(rid: &str) -> Result<(), LeaseError> {
         ));
     }
     Ok(())
+}
+
+/// Checks a create request without touching any state: tenant, shape present,
+/// request id, labels, priority class and TTL (against `limits`; None = the default
+/// TTL). Returns the shape and the TTL to use. Every refusal is
+/// [`LeaseError::InvalidArgument`] naming its field. Whether the shape itself is
+/// possible is the planner's question ([`partition::plan`]).
+pub fn validate_create(
+    req: &CreateRequest,
+    limits: &crate::config::LeaseConfig,
+) -> Result<(Shape, Duration), LeaseError> {
+    validate_tenant(&req.tenant)?;
+    let shape = req
+        .shape
+        .clone()
+        .ok_or_else(|| invalid("shape", "one of mig, mps or whole_gpu is required"))?;
+    if let Some(rid) = &req.request_id {
+        validate_request_id(rid)?;
+    }
+    validate_labels(&req.labels)?;
+    if let Some(class) = &req.priority_class {
+        validate_priority_class(class)?;
+    }
+    let ttl = req.ttl.unwrap_or(limits.default_ttl);
+    if ttl < limits.min_ttl || ttl > limits.max_ttl {
+        return Err(invalid(
+            "ttl_seconds",
+            format!(
+                "{}s is outside the allowed {}s..={}s",
+                ttl.as_secs(),
+                limits.min_ttl.as_secs(),
+                limits.max_ttl.as_secs()
+            ),
+        ));
+    }
+    Ok((shape, ttl))
 }
 
 /// A hardware step that follows a durable intent.
@@ -511,27 +561,7 @@ impl LeaseManager {
         if self.shutting_down.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(LeaseError::ShuttingDown);
         }
-        validate_tenant(&req.tenant)?;
-        let shape = req
-            .shape
-            .clone()
-            .ok_or_else(|| invalid("shape", "one of mig, mps or whole_gpu is required"))?;
-        if let Some(rid) = &req.request_id {
-            validate_request_id(rid)?;
-        }
-        validate_labels(&req.labels)?;
-        let ttl = req.ttl.unwrap_or(self.config.lease.default_ttl);
-        if ttl < self.config.lease.min_ttl || ttl > self.config.lease.max_ttl {
-            return Err(invalid(
-                "ttl_seconds",
-                format!(
-                    "{}s is outside the allowed {}s..={}s",
-                    ttl.as_secs(),
-                    self.config.lease.min_ttl.as_secs(),
-                    self.config.lease.max_ttl.as_secs()
-                ),
-            ));
-        }
+        let (shape, ttl) = validate_create(&req, &self.config.lease)?;
         let priority_class = req.priority_class.clone().unwrap_or_default();
 
         // Idempotent retries: an existing lease for (tenant, request_id).
@@ -942,18 +972,36 @@ impl LeaseManager {
                 lease.state = LeaseState::Failed;
                 lease.end_reason = Some(format!("hardware set-up failed: {e}"));
                 lease.ended_at_ms = Some(now);
-                let (l2, pid) = (lease.clone(), partition.id.clone());
+                // A create can fail after its GI exists (an error between the GI and
+                // the CI step without rollback): destroy that GI before giving the
+                // placement back. If that fails too, the partition row keeps the
+                // placement and the intent stays open for the next start to undo.
+                let undone = match &partition.kind {
+                    PartKind::Mig(m) => self.undo_half_create(partition.gpu, m).await,
+                    _ => Ok(()),
+                };
+                let mut orphan = partition.clone();
+                orphan.lease_id = None;
+                let (l2, p2, keep) = (lease.clone(), orphan.clone(), undone.is_err());
                 let res = self
                     .store
                     .write(move |w| {
                         w.put_lease(&l2)?;
-                        w.delete_partition(&pid)?;
                         w.delete_tokens(&l2.id)?;
+                        if keep {
+                            return w.put_partition(&p2);
+                        }
+                        w.delete_partition(&p2.id)?;
                         w.finish_intent(intent, now, "failed")
                     })
                     .await;
                 if res.is_ok() {
                     self.forget_reservation(&lease, &partition, false);
+                    if let Err(u) = undone {
+                        warn!(lease = %lease.id, gpu = partition.gpu, error = %u,
+                            "could not destroy the GI of a failed create; the next start undoes it");
+                        self.lock().partitions.insert(orphan.id.clone(), orphan);
+                    }
                 }
                 Err(match e.nvml_code() {
                     Some(NvmlCode::InsufficientResources) => LeaseError::ResourceExhausted(
@@ -963,6 +1011,28 @@ impl LeaseManager {
                 })
             }
         }
+    }
+
+    /// Destroy the GI a failed create left without its CI at the placement this
+    /// create reserved (nothing else can be there).
+    async fn undo_half_create(&self, gpu: u32, m: &MigPart) -> Result<(), GpuError> {
+        let backend = self.backend.clone();
+        let (placement, profile) = (m.placement, m.gi_profile_id);
+        let run = move || {
+            let half = backend.instances(gpu)?.into_iter().find(|i| {
+                i.placement == placement && i.gi_profile_id == profile && i.ci_id.is_none()
+            });
+            match half {
+                Some(i) => backend.destroy_instance(gpu, i.gi_id),
+                None => Ok(()),
+            }
+        };
+        tokio::task::spawn_blocking(run)
+            .await
+            .map_err(|e| GpuError::Mps {
+                lease: String::new(),
+                detail: format!("hardware task failed: {e}"),
+            })?
     }
 
     fn forget_reservation(&self, lease: &Lease, partition: &Partition, undo_static: bool) {
