@@ -84,3 +84,40 @@ fn a_dead_mps_control_daemon_is_restarted_with_the_lease_limits() {
         );
     });
 }
+
+#[test]
+fn an_mps_lease_hands_its_private_pipe_dir_to_the_container_uid() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    if !nix::unistd::geteuid().is_root() {
+        println!("SKIPPED: needs root to chown the MPS directories");
+        return;
+    }
+    let d = TestDaemon::start("").unwrap();
+    rt().block_on(async {
+        let mut c = d.client().await.unwrap();
+        let r = c
+            .create_lease(create_req("team-a", shape::mps(20, 4)))
+            .await
+            .unwrap()
+            .into_inner();
+        let pipe = r.lease.unwrap().partition.unwrap().mps.unwrap().pipe_dir;
+        let bind = |id: &str, uid: u32| pb::BindContainerRequest {
+            token: r.token.clone(),
+            container_id: id.into(),
+            cgroup_path: format!("/tessera/x/{id}"),
+            runtime_root: "/run/runc".into(),
+            uid: Some(uid),
+        };
+        c.bind_container(bind("c1", 1000)).await.unwrap();
+        let meta = std::fs::metadata(&pipe).unwrap();
+        assert_eq!(meta.uid(), 1000, "{pipe} owner");
+        assert_eq!(meta.permissions().mode() & 0o777, 0o700, "{pipe} mode");
+        let base = std::path::Path::new(&pipe).parent().unwrap();
+        assert_eq!(std::fs::metadata(base).unwrap().uid(), 1000);
+        // The same uid again is fine; another uid cannot share the MPS server.
+        c.bind_container(bind("c2", 1000)).await.unwrap();
+        let e = c.bind_container(bind("c3", 2000)).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+        assert!(e.message().contains("uid 1000"), "{}", e.message());
+    });
+}

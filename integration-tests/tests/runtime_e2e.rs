@@ -255,6 +255,12 @@ fn a_revoked_token_is_refused_and_the_refusal_is_audited() {
         err.contains("unknown, expired or revoked lease token"),
         "{err}"
     );
+    let audit = std::fs::read_to_string(w.daemon.dir.path().join("state/audit.jsonl")).unwrap();
+    assert!(
+        audit.lines().any(|l| l.contains("e2e-revoked") && l.contains("\"refused\"")),
+        "the runtime's refusal is in the audit log:\n{audit}"
+    );
+    assert!(!audit.contains(&token[5..]), "token in the audit log");
 }
 
 #[test]
@@ -358,4 +364,39 @@ fn a_container_cannot_outlive_its_lease() {
     assert!(!alive, "container init {pid} outlived its lease");
     let out = w.runtime(&["delete", "--force", &id]);
     assert!(out.status.success(), "delete: {}", text(&out));
+}
+
+#[test]
+fn the_runtime_fails_closed_while_the_daemon_is_down_and_works_after_a_restart() {
+    let Some(mut w) = World::new("") else { return };
+    let (token, resolved) = rt().block_on(async {
+        let mut c = w.daemon.client().await.unwrap();
+        let created = c
+            .create_lease(create_req("team-a", shape::whole()))
+            .await
+            .unwrap()
+            .into_inner();
+        let resolved = c
+            .resolve_token(pb::ResolveTokenRequest {
+                token: created.token.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        (created.token, resolved)
+    });
+    w.mknod_lease_nodes(&resolved);
+    w.daemon.kill().unwrap();
+    let b = w.bundle("down", &["true"], &token);
+    let out = w.runtime(&["run", "--bundle", b.to_str().unwrap(), "e2e-down"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr).to_lowercase();
+    assert!(
+        err.contains("tesserad") || err.contains("daemon"),
+        "the refusal names the daemon: {err}"
+    );
+    // After the restart the same token (kept by the daemon) works.
+    w.daemon.spawn().unwrap();
+    let out = w.runtime(&["run", "--bundle", b.to_str().unwrap(), "e2e-up"]);
+    assert!(out.status.success(), "{}", text(&out));
 }

@@ -323,7 +323,13 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
             .pointer("/linux/cgroupsPath")
             .and_then(Value::as_str)
             .unwrap_or_default();
-        if let Err(e) = c.bind(token, &id, cgroup, &env.runtime_root()) {
+        let uid = adm
+            .decision
+            .spec
+            .pointer("/process/user/uid")
+            .and_then(Value::as_u64)
+            .and_then(|u| u32::try_from(u).ok());
+        if let Err(e) = c.bind(token, &id, cgroup, &env.runtime_root(), uid) {
             let reasons = vec![format!("BindContainer failed: {e}")];
             report(
                 env,

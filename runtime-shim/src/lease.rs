@@ -317,12 +317,14 @@ impl DaemonClient {
         container_id: &str,
         cgroup_path: &str,
         runtime_root: &str,
+        uid: Option<u32>,
     ) -> Result<(), LeaseError> {
         let req = pb::BindContainerRequest {
             token: token.to_string(),
             container_id: container_id.to_string(),
             cgroup_path: cgroup_path.to_string(),
             runtime_root: runtime_root.to_string(),
+            uid,
         };
         self.call(self.timeout, |mut c| async move {
             c.bind_container(req).await.map(|_| ())

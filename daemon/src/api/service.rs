@@ -515,6 +515,7 @@ impl Tessera for TesseraService {
                         runtime_root: r.runtime_root,
                         bound_at_ms: now_ms(),
                     },
+                    r.uid,
                 )
                 .await
                 .map_err(status);

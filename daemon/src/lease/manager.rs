@@ -807,6 +807,7 @@ impl LeaseManager {
                                 memory_bytes,
                                 pipe_dir: spec.pipe_dir.clone(),
                                 log_dir: spec.log_dir.clone(),
+                                owner_uid: None,
                             }),
                         };
                         (p, Some(HwCreate::Mps(spec)))
@@ -1658,27 +1659,88 @@ impl LeaseManager {
         ))
     }
 
+    /// Record a container on the lease its token names (the runtime calls this
+    /// before runc). `uid` is the container's uid: an MPS lease's pipe and log
+    /// directories are handed to it (mode 0700); MPS serves one uid at a time, so a
+    /// container with another uid is refused.
     pub async fn bind_container(
         &self,
         tok: &str,
         binding: ContainerBinding,
+        uid: Option<u32>,
     ) -> Result<Lease, LeaseError> {
         if binding.id.is_empty() || binding.id.len() > 1024 {
             return Err(invalid("container_id", "must be 1-1024 characters"));
         }
+        if binding.cgroup_path.len() > 4096 || binding.runtime_root.len() > 4096 {
+            return Err(invalid(
+                "cgroup_path",
+                "cgroup_path and runtime_root are at most 4096 bytes",
+            ));
+        }
         let resolved = self.resolve_token(tok)?;
-        let lease = {
+        let (lease, handed) = {
             let mut st = self.lock();
+            let n = st
+                .leases
+                .get(&resolved.lease.id)
+                .map(|l| l.containers.len())
+                .unwrap_or(0);
+            if n >= 1024 {
+                return Err(LeaseError::ResourceExhausted(format!(
+                    "lease {} already has {n} containers",
+                    resolved.lease.id
+                )));
+            }
+            let mut handed = None;
+            if let (Some(uid), Some(p)) = (uid, st.partitions.get_mut(&resolved.partition.id))
+                && let PartKind::Mps(m) = &mut p.kind
+            {
+                match m.owner_uid {
+                    Some(owner) if owner != uid => {
+                        return Err(LeaseError::FailedPrecondition(format!(
+                            "this MPS lease serves uid {owner}; a container running as uid {uid} cannot share its MPS server"
+                        )));
+                    }
+                    Some(_) => {}
+                    None => {
+                        m.owner_uid = Some(uid);
+                        let dirs = (m.pipe_dir.clone(), m.log_dir.clone());
+                        handed = Some((p.clone(), dirs.0, dirs.1));
+                    }
+                }
+            }
             let l = st
                 .leases
                 .get_mut(&resolved.lease.id)
                 .ok_or_else(|| LeaseError::NotFound("lease ended".into()))?;
             l.containers.retain(|c| c.id != binding.id);
             l.containers.push(binding.clone());
-            l.clone()
+            (l.clone(), handed)
         };
+        if let (Some(uid), Some((_, pipe, log))) = (uid, &handed) {
+            for dir in [pipe.parent(), Some(pipe.as_path()), Some(log.as_path())]
+                .into_iter()
+                .flatten()
+            {
+                std::os::unix::fs::chown(dir, Some(uid), None).map_err(|source| {
+                    LeaseError::Hardware(GpuError::Io {
+                        path: dir.to_path_buf(),
+                        source,
+                    })
+                })?;
+            }
+        }
         let l2 = lease.clone();
-        self.store.write(move |w| w.put_lease(&l2)).await?;
+        let p2 = handed.map(|(p, _, _)| p);
+        self.store
+            .write(move |w| {
+                if let Some(p) = &p2 {
+                    w.put_partition(p)?;
+                }
+                w.put_lease(&l2)
+            })
+            .await?;
         self.emit(EventKind::ContainerBound, &lease, None, binding.id);
         Ok(lease)
     }
@@ -1816,7 +1878,7 @@ impl LeaseManager {
                 memory_bytes: m.memory_bytes,
                 pipe_dir: m.pipe_dir.clone(),
                 log_dir: m.log_dir.clone(),
-                owner_uid: None,
+                owner_uid: m.owner_uid,
             };
             let backend = self.backend.clone();
             let res = tokio::task::spawn_blocking(move || {
@@ -1993,7 +2055,7 @@ impl LeaseManager {
                             memory_bytes: m.memory_bytes,
                             pipe_dir: m.pipe_dir.clone(),
                             log_dir: m.log_dir.clone(),
-                            owner_uid: None,
+                            owner_uid: m.owner_uid,
                         };
                         for dir in [&spec.pipe_dir, &spec.log_dir] {
                             create_private_dir(dir)?;

@@ -130,6 +130,9 @@ pub struct MpsPart {
     pub memory_bytes: u64,
     pub pipe_dir: PathBuf,
     pub log_dir: PathBuf,
+    /// The uid the lease's containers run as (owner of the pipe and log dirs).
+    #[serde(default)]
+    pub owner_uid: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
