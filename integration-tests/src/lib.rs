@@ -11,6 +11,18 @@ use anyhow::{Context, bail};
 use tessera_proto::v1::tessera_client::TesseraClient;
 use tonic::transport::{Channel, Endpoint, Uri};
 
+/// The async runtime the tests drive their clients on (two workers).
+pub fn rt() -> tokio::runtime::Runtime {
+    match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => panic!("cannot start a tokio runtime: {e}"),
+    }
+}
+
 /// Path of a workspace binary next to the test executable (target/<profile>/<name>),
 /// or in `$TESSERA_BIN_DIR` when set (a target directory shared by several
 /// checkouts may hold another checkout's build).

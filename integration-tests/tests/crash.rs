@@ -57,13 +57,7 @@ mig = false
 const TASKS: usize = 4;
 const TENANTS: [&str; 3] = ["team-a", "team-b", "team-c"];
 
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
+use tessera_integration_tests::rt;
 
 /// The simulator as the daemon sees it, opened from this process.
 fn sim_of(d: &TestDaemon) -> SimBackend {

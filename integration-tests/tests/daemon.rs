@@ -9,13 +9,7 @@ use tessera_integration_tests::{TestDaemon, bin_path, create_req, shape};
 use tessera_proto::v1 as pb;
 use tonic::Code;
 
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
+use tessera_integration_tests::rt;
 
 #[test]
 fn two_h100s_take_fourteen_1g_instances_and_refuse_the_fifteenth() {

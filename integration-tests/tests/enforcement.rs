@@ -9,13 +9,7 @@ use tessera_integration_tests::{DEV_GPUS, TestDaemon, create_req, shape};
 use tessera_proto::v1 as pb;
 use tesserad::gpu::{GpuBackend, SimBackend, SimConfig};
 
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
+use tessera_integration_tests::rt;
 
 /// The simulator the daemon drives, opened from the test process (the state file is
 /// shared safely across processes).

@@ -21,13 +21,7 @@ use tonic::{Code, Status};
 const RSS_LIMIT: u64 = 200 << 20;
 const MIB: usize = 1 << 20;
 
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
+use tessera_integration_tests::rt;
 
 /// The daemon answers GetNode and its RSS is under the bound.
 async fn still_serving(d: &TestDaemon, what: &str) {

@@ -10,13 +10,7 @@ use std::time::Duration;
 use tessera_integration_tests::{TestDaemon, bin_path, create_req, shape};
 use tessera_proto::v1 as pb;
 
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
+use tessera_integration_tests::rt;
 
 async fn usage(
     c: &mut pb::tessera_client::TesseraClient<tonic::transport::Channel>,

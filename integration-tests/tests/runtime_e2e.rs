@@ -16,13 +16,7 @@ use serde_json::json;
 use tessera_integration_tests::{DEV_GPUS, TestDaemon, create_req, shape};
 use tessera_proto::v1 as pb;
 
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
+use tessera_integration_tests::rt;
 
 struct World {
     daemon: TestDaemon,
@@ -257,7 +251,9 @@ fn a_revoked_token_is_refused_and_the_refusal_is_audited() {
     );
     let audit = std::fs::read_to_string(w.daemon.dir.path().join("state/audit.jsonl")).unwrap();
     assert!(
-        audit.lines().any(|l| l.contains("e2e-revoked") && l.contains("\"refused\"")),
+        audit
+            .lines()
+            .any(|l| l.contains("e2e-revoked") && l.contains("\"refused\"")),
         "the runtime's refusal is in the audit log:\n{audit}"
     );
     assert!(!audit.contains(&token[5..]), "token in the audit log");

@@ -12,13 +12,7 @@ use tessera_proto::v1::tessera_client::TesseraClient;
 use tonic::Code;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
+use tessera_integration_tests::rt;
 
 const TWO_H100: &str = "[[sim.gpus]]\nmodel = \"h100-80gb\"\nmig = true\n[[sim.gpus]]\nmodel = \"h100-80gb\"\nmig = true\n";
 

@@ -2228,24 +2228,7 @@ impl LeaseManager {
                     l.state = l.ending_as.unwrap_or(LeaseState::Released);
                     l.ended_at_ms = Some(now);
                 }
-                let (pid, ll) = (p.id.clone(), l2.clone());
-                self.store.write_blocking(move |w| {
-                    w.delete_partition(&pid)?;
-                    if let Some(l) = &ll {
-                        w.put_lease(l)?;
-                        w.delete_tokens(&l.id)?;
-                    }
-                    w.finish_intent(iid, now, "done")
-                })?;
-                st.partitions.remove(&p.id);
-                if let Some(l) = l2 {
-                    st.leases.remove(&l.id);
-                    st.tokens.retain(|_, v| *v != l.id);
-                    if let Some(rid) = &l.request_id {
-                        st.requests.remove(&(l.tenant.clone(), rid.clone()));
-                    }
-                }
-                report.rolled_back += 0;
+                self.drop_at_start(st, &p.id, l2, iid, now, "done")?;
             }
         }
         Ok(())
@@ -2265,17 +2248,31 @@ impl LeaseManager {
             l.end_reason = Some("the daemon stopped while creating the partition".into());
             l.ended_at_ms = Some(now);
         }
-        let (pid, ll) = (p.id.clone(), l2.clone());
+        self.drop_at_start(st, &p.id, l2, iid, now, "rolled back")
+    }
+
+    /// At start: forget a partition, end its lease (as the caller set it) and
+    /// finish the intent, durably, then in memory.
+    fn drop_at_start(
+        &self,
+        st: &mut State,
+        partition_id: &str,
+        lease: Option<Lease>,
+        iid: i64,
+        now: i64,
+        outcome: &'static str,
+    ) -> Result<(), LeaseError> {
+        let (pid, ll) = (partition_id.to_string(), lease.clone());
         self.store.write_blocking(move |w| {
             w.delete_partition(&pid)?;
             if let Some(l) = &ll {
                 w.put_lease(l)?;
                 w.delete_tokens(&l.id)?;
             }
-            w.finish_intent(iid, now, "rolled back")
+            w.finish_intent(iid, now, outcome)
         })?;
-        st.partitions.remove(&p.id);
-        if let Some(l) = l2 {
+        st.partitions.remove(partition_id);
+        if let Some(l) = lease {
             st.leases.remove(&l.id);
             st.tokens.retain(|_, v| *v != l.id);
             if let Some(rid) = &l.request_id {

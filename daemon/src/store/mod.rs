@@ -191,26 +191,9 @@ impl Store {
         F: FnOnce(&Writer<'_>) -> Result<T, StoreError> + Send + 'static,
     {
         let (otx, orx) = tokio::sync::oneshot::channel::<Result<T, StoreError>>();
-        let job: Job = Box::new(move |conn: &Connection| {
-            let result = f(&Writer { conn });
-            let ok = result.is_ok();
-            let completion: Completion = Box::new(move |commit: Result<(), String>| {
-                let out = match commit {
-                    Ok(()) => result,
-                    Err(e) => Err(StoreError::Sqlite(rusqlite::Error::SqliteFailure(
-                        rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_IOERR),
-                        Some(e),
-                    ))),
-                };
-                let _ = otx.send(out);
-            });
-            (ok, completion)
-        });
-        {
-            let guard = self.jobs.lock().map_err(|_| StoreError::WriterGone)?;
-            let sender = guard.as_ref().ok_or(StoreError::WriterGone)?;
-            sender.send(job).map_err(|_| StoreError::WriterGone)?;
-        }
+        self.submit(f, move |out| {
+            let _ = otx.send(out);
+        })?;
         orx.await.map_err(|_| StoreError::WriterGone)?
     }
 
@@ -221,27 +204,37 @@ impl Store {
         F: FnOnce(&Writer<'_>) -> Result<T, StoreError> + Send + 'static,
     {
         let (otx, orx) = mpsc::channel::<Result<T, StoreError>>();
+        self.submit(f, move |out| {
+            let _ = otx.send(out);
+        })?;
+        orx.recv().map_err(|_| StoreError::WriterGone)?
+    }
+
+    /// Queue `f` for the writer; `deliver` gets its result once the commit that
+    /// carried it is durable (or failed).
+    fn submit<T, F, D>(&self, f: F, deliver: D) -> Result<(), StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Writer<'_>) -> Result<T, StoreError> + Send + 'static,
+        D: FnOnce(Result<T, StoreError>) + Send + 'static,
+    {
         let job: Job = Box::new(move |conn: &Connection| {
             let result = f(&Writer { conn });
             let ok = result.is_ok();
             let completion: Completion = Box::new(move |commit: Result<(), String>| {
-                let out = match commit {
+                deliver(match commit {
                     Ok(()) => result,
                     Err(e) => Err(StoreError::Sqlite(rusqlite::Error::SqliteFailure(
                         rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_IOERR),
                         Some(e),
                     ))),
-                };
-                let _ = otx.send(out);
+                });
             });
             (ok, completion)
         });
-        {
-            let guard = self.jobs.lock().map_err(|_| StoreError::WriterGone)?;
-            let sender = guard.as_ref().ok_or(StoreError::WriterGone)?;
-            sender.send(job).map_err(|_| StoreError::WriterGone)?;
-        }
-        orx.recv().map_err(|_| StoreError::WriterGone)?
+        let guard = self.jobs.lock().map_err(|_| StoreError::WriterGone)?;
+        let sender = guard.as_ref().ok_or(StoreError::WriterGone)?;
+        sender.send(job).map_err(|_| StoreError::WriterGone)
     }
 
     /// Everything the daemon needs to rebuild its state at start.
