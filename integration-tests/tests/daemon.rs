@@ -596,3 +596,115 @@ fn the_nvml_backend_without_a_driver_fails_at_start_with_a_clear_message() {
     assert!(err.contains("backend = \"sim\""), "{err}");
     assert!(!dir.path().join("s.sock").exists(), "nothing was bound");
 }
+
+#[test]
+fn a_static_layout_is_created_once_served_first_and_returned_to_the_pool() {
+    let layout = "[[partition.static]]\ngpu = 0\ndevices = { \"1g.10gb\" = 2, \"3g.40gb\" = 1 }\n";
+    let mut d = TestDaemon::start(layout).unwrap();
+    let r = rt();
+    let statics = |node: &pb::GetNodeResponse| -> Vec<(String, String, String)> {
+        node.gpus[0]
+            .partitions
+            .iter()
+            .filter(|p| p.origin == "static")
+            .map(|p| {
+                (
+                    p.id.clone(),
+                    p.mig.as_ref().unwrap().profile.clone(),
+                    p.lease_id.clone(),
+                )
+            })
+            .collect()
+    };
+    let before = r.block_on(async {
+        let mut c = d.client().await.unwrap();
+        let node = c
+            .get_node(pb::GetNodeRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        let s = statics(&node);
+        assert_eq!(s.len(), 3, "{s:?}");
+        assert_eq!(s.iter().filter(|x| x.1 == "1g.10gb").count(), 2);
+        assert!(s.iter().all(|x| x.2.is_empty()), "all free: {s:?}");
+        // A 1g lease takes a pool instance instead of creating one.
+        let l = c
+            .create_lease(create_req("team-a", shape::mig("1g.10gb")))
+            .await
+            .unwrap()
+            .into_inner()
+            .lease
+            .unwrap();
+        let p = l.partition.unwrap();
+        assert_eq!(p.origin, "static");
+        assert!(s.iter().any(|x| x.0 == p.id));
+        c.release_lease(pb::ReleaseLeaseRequest {
+            lease_id: l.id,
+            reason: String::new(),
+        })
+        .await
+        .unwrap();
+        // Back in the pool, not destroyed: the same partition, free again.
+        let node = c
+            .get_node(pb::GetNodeRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        let after = statics(&node);
+        assert_eq!(after.len(), 3);
+        assert!(after.iter().any(|x| x.0 == p.id && x.2.is_empty()));
+        after
+    });
+    // A restart adopts the layout; it does not create it a second time.
+    d.kill().unwrap();
+    d.spawn().unwrap();
+    r.block_on(async {
+        let mut c = d.client().await.unwrap();
+        let node = c
+            .get_node(pb::GetNodeRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        let mut again = statics(&node);
+        let mut before = before;
+        again.sort();
+        before.sort();
+        assert_eq!(again, before);
+    });
+}
+
+#[test]
+fn with_on_release_keep_a_released_instance_serves_the_next_lease() {
+    let d = TestDaemon::start("[partition]\non_release = \"keep\"\n").unwrap();
+    rt().block_on(async {
+        let mut c = d.client().await.unwrap();
+        let first = c
+            .create_lease(create_req("team-a", shape::mig("2g.20gb")))
+            .await
+            .unwrap()
+            .into_inner()
+            .lease
+            .unwrap();
+        let p1 = first.partition.clone().unwrap();
+        c.release_lease(pb::ReleaseLeaseRequest {
+            lease_id: first.id,
+            reason: String::new(),
+        })
+        .await
+        .unwrap();
+        let second = c
+            .create_lease(create_req("team-b", shape::mig("2g.20gb")))
+            .await
+            .unwrap()
+            .into_inner()
+            .lease
+            .unwrap();
+        let p2 = second.partition.unwrap();
+        assert_eq!(p2.id, p1.id, "the kept instance was reused");
+        assert_eq!(
+            p2.mig.unwrap().mig_uuid,
+            p1.mig.unwrap().mig_uuid,
+            "not re-created"
+        );
+    });
+}

@@ -2381,33 +2381,26 @@ impl LeaseManager {
                         if have >= *want {
                             break;
                         }
-                        let views = Self::views(&st);
+                        // Plan a new instance: the layout never counts an existing
+                        // free instance (static or kept) as one of its own.
+                        let mut views = Self::views(&st);
+                        for v in &mut views {
+                            for m in &mut v.mig {
+                                m.free_static = None;
+                            }
+                        }
                         let mut opts = self.plan_options(Some(layout.gpu));
                         opts.dynamic_mig = true;
                         let shape = Shape::Mig {
                             profile: profile.clone(),
                             compute_profile: None,
                         };
-                        let decision = match partition::plan(&shape, &views, &opts) {
-                            Ok(PlanDecision::NewMig { .. }) | Err(_) => {
-                                // Never take an existing free instance for the layout.
-                                let mut o2 = opts.clone();
-                                o2.dynamic_mig = true;
-                                let mut v2 = views.clone();
-                                for v in &mut v2 {
-                                    for m in &mut v.mig {
-                                        m.free_static = None;
-                                    }
-                                }
-                                partition::plan(&shape, &v2, &o2).map_err(|e| {
-                                    LeaseError::FailedPrecondition(format!(
-                                        "static layout for GPU {}: cannot place {profile}: {e}",
-                                        layout.gpu
-                                    ))
-                                })?
-                            }
-                            Ok(d) => d,
-                        };
+                        let decision = partition::plan(&shape, &views, &opts).map_err(|e| {
+                            LeaseError::FailedPrecondition(format!(
+                                "static layout for GPU {}: cannot place {profile}: {e}",
+                                layout.gpu
+                            ))
+                        })?;
                         (have, decision, gpu)
                     };
                     let PlanDecision::NewMig {
