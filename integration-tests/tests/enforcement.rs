@@ -83,7 +83,11 @@ fn a_dead_mps_control_daemon_is_restarted_with_the_lease_limits() {
 fn an_mps_lease_hands_its_private_pipe_dir_to_the_container_uid() {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     if !nix::unistd::geteuid().is_root() {
-        println!("SKIPPED: needs root to chown the MPS directories");
+        // Written past the test harness's capture, so CI logs show the skip.
+        let _ = std::io::Write::write_fmt(
+            &mut std::io::stderr(),
+            format_args!("SKIPPED: needs root to chown the MPS directories\n"),
+        );
         return;
     }
     let d = TestDaemon::start("").unwrap();

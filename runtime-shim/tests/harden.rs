@@ -34,7 +34,11 @@ impl Fixture {
         cfg.nvidia_proc_root = proc_root.clone();
         let lease = if with_lease {
             if !nix::unistd::geteuid().is_root() {
-                println!("SKIPPED: lease fixtures need mknod (root)");
+                // Written past the test harness's capture, so CI logs show the skip.
+                let _ = std::io::Write::write_fmt(
+                    &mut std::io::stderr(),
+                    format_args!("SKIPPED: lease fixtures need mknod (root)\n"),
+                );
                 return None;
             }
             let dev = common::gpu_dev_dir(dir.path());

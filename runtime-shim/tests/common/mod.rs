@@ -14,12 +14,20 @@ use tonic::{Request, Response, Status};
 /// Whether root-only tests can run; prints "SKIPPED: <reason>" when not.
 pub fn can_run_as_root(what: &str, need: &[&str]) -> bool {
     if !nix::unistd::geteuid().is_root() {
-        println!("SKIPPED: {what}: not root");
+        // Written past the test harness's capture, so CI logs show the skip.
+        let _ = std::io::Write::write_fmt(
+            &mut std::io::stderr(),
+            format_args!("SKIPPED: {what}: not root\n"),
+        );
         return false;
     }
     for bin in need {
         if which(bin).is_none() {
-            println!("SKIPPED: {what}: {bin} not found");
+            // Written past the test harness's capture, so CI logs show the skip.
+            let _ = std::io::Write::write_fmt(
+                &mut std::io::stderr(),
+                format_args!("SKIPPED: {what}: {bin} not found\n"),
+            );
             return false;
         }
     }
