@@ -267,7 +267,7 @@ pub fn check_mps(f: &HostFacts) -> Check {
         None => warn(
             NAME,
             "nvidia-cuda-mps-control is not on PATH",
-            "install the driver's CUDA utilities (nvidia-cuda-mps package) or set [gpu] mps_control; MPS leases fail without it",
+            "install the driver's CUDA utilities (nvidia-cuda-mps package) or set [nvml] mps_control; MPS leases fail without it",
         ),
     }
 }
