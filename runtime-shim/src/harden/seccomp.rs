@@ -535,6 +535,102 @@ mod tests {
         assert_eq!(parsed.oci, Profile::load(None).unwrap().oci);
     }
 
+    /// The emitted filter enforces the profile rule for rule: every allowed name is allowed
+    /// with exactly its rule's argument filters (and never unconditionally when the rule
+    /// has filters), every [[errno]] name gets its errno, every [[deny]] name is allowed by
+    /// no rule and so gets the default EPERM, and nothing else is allowed.
+    #[test]
+    fn emitted_filter_matches_the_profile_rule_for_rule() {
+        let file: ProfileFile = toml::from_str(BUILTIN).unwrap();
+        let p = Profile::builtin().unwrap();
+        let native = native_arch();
+        assert_eq!(p.oci["defaultAction"], "SCMP_ACT_ERRNO");
+        assert_eq!(p.oci["defaultErrnoRet"], 1);
+        assert_eq!(
+            p.oci["architectures"],
+            json!([oci_arch_name(native).unwrap()])
+        );
+        let rules = syscall_rules(&p.oci);
+        let emitted = |name: &str, action: &str| -> Vec<Value> {
+            rules
+                .iter()
+                .filter(|r| {
+                    r["action"] == action
+                        && r["names"].as_array().unwrap().iter().any(|n| n == name)
+                })
+                .cloned()
+                .collect()
+        };
+        let mut allowed_names = HashSet::new();
+        for r in &file.allow {
+            let on_native = r.arches.is_empty()
+                || r.arches
+                    .iter()
+                    .any(|a| ScmpArch::from_str(a).unwrap() == native);
+            let want_args: Vec<Value> = r
+                .args
+                .iter()
+                .map(|a| json!({"index": a.index, "value": a.value, "valueTwo": a.value_two, "op": a.op}))
+                .collect();
+            for n in &r.names {
+                if !on_native || !resolves(n, native) {
+                    assert!(emitted(n, "SCMP_ACT_ALLOW").is_empty(), "{n} not native");
+                    continue;
+                }
+                allowed_names.insert(n.as_str());
+                let got = emitted(n, "SCMP_ACT_ALLOW");
+                assert!(
+                    got.iter()
+                        .any(|g| g.get("args").map_or(want_args.is_empty(), |a| {
+                            a.as_array().unwrap() == &want_args
+                        })),
+                    "{n}: no emitted rule with args {want_args:?}: {got:?}"
+                );
+                if !want_args.is_empty() {
+                    assert!(!p.allows_unconditionally(n), "{n} must stay conditional");
+                }
+            }
+        }
+        let clone = emitted("clone", "SCMP_ACT_ALLOW");
+        assert_eq!(clone.len(), 1);
+        assert_eq!(
+            clone[0]["args"],
+            json!([{"index": 0, "value": CLONE_NS_MASK, "valueTwo": 0, "op": "SCMP_CMP_MASKED_EQ"}])
+        );
+        for r in &file.errno {
+            for n in &r.names {
+                let got = emitted(n, "SCMP_ACT_ERRNO");
+                assert_eq!(got.len(), 1, "{n}");
+                assert_eq!(got[0]["errnoRet"], r.errno, "{n}");
+                assert!(emitted(n, "SCMP_ACT_ALLOW").is_empty(), "{n}");
+            }
+        }
+        assert_eq!(emitted("clone3", "SCMP_ACT_ERRNO")[0]["errnoRet"], 38);
+        for r in &file.deny {
+            for n in &r.names {
+                assert!(
+                    rules.iter().all(|g| !g["names"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .any(|x| x == n.as_str())),
+                    "{n} must be left to the default EPERM"
+                );
+            }
+        }
+        for n in MUST_DENY {
+            assert!(emitted(n, "SCMP_ACT_ALLOW").is_empty(), "{n}");
+        }
+        // Nothing is allowed that the profile does not allow.
+        for g in &rules {
+            if g["action"] == "SCMP_ACT_ALLOW" {
+                for n in g["names"].as_array().unwrap() {
+                    assert!(allowed_names.contains(n.as_str().unwrap()), "{n} extra");
+                }
+            }
+        }
+    }
+
     #[test]
     fn names_unknown_to_the_native_arch_are_checked_on_the_others() {
         // arch_prctl is x86_64-only: on an aarch64 host it is checked (it resolves on
