@@ -12,6 +12,10 @@
 //! - tessera-runtime alone: `run` with `runc_path` set to `true`, so everything but runc
 //!   (the fsync'd write included), and `check` (hardening, no write), and `true` alone.
 //!
+//! Each variant prints the median wall time and the median CPU time (user + system of the
+//! process and the descendants it waited for), which other work on a shared machine
+//! disturbs far less.
+//!
 //! The bundles and runc's state live in `--workdir` (default: the temp dir). containerd
 //! keeps bundles and runc state on /run (tmpfs); on a disk filesystem the config.json
 //! fsyncs cost a journal commit each, which the output points out.
@@ -124,32 +128,40 @@ fn time_run(
     bundle: &Path,
     id: &str,
     env: &[(&str, &Path)],
-) -> Result<Duration> {
-    let start = Instant::now();
-    let mut cmd = Command::new(program);
-    cmd.arg("--root")
-        .arg(root)
-        .args(["run", "--bundle"])
-        .arg(bundle)
-        .arg(id)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = cmd
-        .output()
-        .with_context(|| format!("running {}", program.display()))?;
-    let took = start.elapsed();
-    if !out.status.success() {
-        bail!(
-            "{} run failed: {}",
-            program.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(took)
+) -> Result<Sample> {
+    let (root, bundle) = (root.to_string_lossy(), bundle.to_string_lossy());
+    time_cmd(
+        program,
+        &["--root", &root, "run", "--bundle", &bundle, id],
+        env,
+    )
+}
+
+/// One run: wall-clock time, and CPU time (user + system) of the process and every
+/// descendant it waited for (runc's init and the container included). CPU time is far
+/// less disturbed than wall time by other work on a shared machine.
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    wall: Duration,
+    cpu: Duration,
+}
+
+/// CPU time of this process's waited-for descendants so far.
+fn children_cpu() -> Duration {
+    let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage writes a complete rusage through the pointer, which points to a
+    // zeroed rusage of the right size; RUSAGE_CHILDREN is a valid `who`.
+    let ru = unsafe {
+        if libc::getrusage(libc::RUSAGE_CHILDREN, ru.as_mut_ptr()) != 0 {
+            return Duration::ZERO;
+        }
+        ru.assume_init()
+    };
+    let tv = |t: libc::timeval| {
+        Duration::from_secs(u64::try_from(t.tv_sec).unwrap_or(0))
+            + Duration::from_micros(u64::try_from(t.tv_usec).unwrap_or(0))
+    };
+    tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
 fn median(v: &mut [Duration]) -> Duration {
@@ -202,7 +214,7 @@ fn fs_kind(dir: &Path) -> String {
 }
 
 /// Time a command that must succeed, output discarded.
-fn time_cmd(program: &Path, args: &[&str], env: &[(&str, &Path)]) -> Result<Duration> {
+fn time_cmd(program: &Path, args: &[&str], env: &[(&str, &Path)]) -> Result<Sample> {
     let mut cmd = Command::new(program);
     cmd.args(args)
         .stdin(Stdio::null())
@@ -211,11 +223,13 @@ fn time_cmd(program: &Path, args: &[&str], env: &[(&str, &Path)]) -> Result<Dura
     for (k, v) in env {
         cmd.env(k, v);
     }
+    let cpu0 = children_cpu();
     let start = Instant::now();
     let out = cmd
         .output()
         .with_context(|| format!("running {}", program.display()))?;
-    let took = start.elapsed();
+    let wall = start.elapsed();
+    let cpu = children_cpu().saturating_sub(cpu0);
     if !out.status.success() {
         bail!(
             "{} {args:?} failed: {}",
@@ -223,7 +237,7 @@ fn time_cmd(program: &Path, args: &[&str], env: &[(&str, &Path)]) -> Result<Dura
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    Ok(took)
+    Ok(Sample { wall, cpu })
 }
 
 /// An absolute, root-owned `true` for the runtime-only measurement.
@@ -319,7 +333,7 @@ fn bench(args: &Args, dir: &Path) -> Result<()> {
     let env_true: [(&str, &Path); 1] = [("TESSERA_RUNTIME_CONFIG", &config_true)];
     let root_s = root.to_string_lossy().into_owned();
     let alone_s = alone.to_string_lossy().into_owned();
-    let mut times: Vec<Vec<Duration>> = vec![Vec::new(); VARIANTS.len()];
+    let mut times: Vec<Vec<Sample>> = vec![Vec::new(); VARIANTS.len()];
     // Warm-up (page cache, binaries).
     time_run(&args.runc, &root, plain, "warm-0", &[])?;
     std::fs::write(tess.join("config.json"), &original)?;
@@ -351,32 +365,39 @@ fn bench(args: &Args, dir: &Path) -> Result<()> {
             times[v].push(took);
         }
     }
-    let med: Vec<Duration> = times.iter_mut().map(|t| median(t)).collect();
+    let med_of = |f: fn(&Sample) -> Duration| -> Vec<Duration> {
+        times
+            .iter()
+            .map(|t| median(&mut t.iter().map(f).collect::<Vec<_>>()))
+            .collect()
+    };
+    let (med, cpu) = (med_of(|s| s.wall), med_of(|s| s.cpu));
     println!(
         "workdir {} ({}); iterations {} (alternating, rotating order)",
         dir.display(),
         fs_kind(dir),
         args.iterations
     );
-    for (name, m) in VARIANTS.iter().zip(&med) {
-        println!("{name:<40} median {:8.2} ms", ms(*m));
+    println!("{:<40} {:>10} {:>10}", "median of", "wall ms", "cpu ms");
+    for ((name, m), c) in VARIANTS.iter().zip(&med).zip(&cpu) {
+        println!("{name:<40} {:10.2} {:10.2}", ms(*m), ms(*c));
     }
-    let ratio = |a: usize, b: usize| med[a].as_secs_f64() / med[b].as_secs_f64();
+    let ratio = |v: &[Duration], a: usize, b: usize| v[a].as_secs_f64() / v[b].as_secs_f64();
+    for (name, b) in [
+        ("runc", 0),
+        ("runc(containerd-default)", 1),
+        ("runc(hardened)", 2),
+    ] {
+        println!(
+            "ratio tessera / {name:<24} {:10.3} {:10.3}",
+            ratio(&med, 3, b),
+            ratio(&cpu, 3, b)
+        );
+    }
     println!(
-        "ratio tessera / runc                     {:.3}",
-        ratio(3, 0)
-    );
-    println!(
-        "ratio tessera / runc(containerd-default) {:.3}",
-        ratio(3, 1)
-    );
-    println!(
-        "ratio tessera / runc(hardened)           {:.3}",
-        ratio(3, 2)
-    );
-    println!(
-        "runtime alone (run -> true, minus true)  {:8.2} ms  (hardening + fsync'd config.json write)",
-        ms(med[4].saturating_sub(med[6]))
+        "runtime alone (run -> true, minus true)  {:10.2} {:10.2}  (hardening + fsync'd config.json write)",
+        ms(med[4].saturating_sub(med[6])),
+        ms(cpu[4].saturating_sub(cpu[6]))
     );
     if fs_kind(dir) != "tmpfs" {
         println!(
