@@ -1,21 +1,35 @@
 //! runtime-bench: time `tessera-runtime run` against plain `runc run` of the same busybox
 //! bundle (`/bin/true`), pairwise and alternating, and print medians and ratios.
 //!
-//! Three variants per iteration, in rotating order:
-//! - `runc`: runc on the tenant's spec as given;
-//! - `runc+hardened`: runc on the spec tessera-runtime produces (what runc itself costs
-//!   with seccomp, masks and device rules);
-//! - `tessera`: tessera-runtime on the tenant's spec (hardening + exec of runc).
+//! Variants per iteration, in rotating order:
+//! - runc on the tenant's spec as given (no seccomp, no masks);
+//! - runc on the tenant's spec with what containerd gives every pod: its default masked
+//!   and read-only paths and its default seccomp profile (Docker's allowlist, here the
+//!   tenant profile's rules, for all of containerd's architectures) -- the fair baseline;
+//! - runc on the spec tessera-runtime produces (what runc itself costs with the tenant
+//!   seccomp, masks and device rules);
+//! - tessera-runtime on the tenant's spec (hardening, atomic config.json write, exec runc);
+//! - tessera-runtime alone: `run` with `runc_path` set to `true`, so everything but runc
+//!   (the fsync'd write included), and `check` (hardening, no write), and `true` alone.
+//!
+//! Each variant prints the median wall time and the median CPU time (user + system of the
+//! process and the descendants it waited for), which other work on a shared machine
+//! disturbs far less.
+//!
+//! The bundles and runc's state live in `--workdir` (default: the temp dir). containerd
+//! keeps bundles and runc state on /run (tmpfs); on a disk filesystem the config.json
+//! fsyncs cost a journal commit each, which the output points out.
 //!
 //! Needs root, runc and busybox. Usage:
-//!   runtime-bench [--iterations N] [--runtime PATH] [--runc PATH]
+//!   runtime-bench [--iterations N] [--runtime PATH] [--runc PATH] [--workdir DIR]
 //!                 [--daemon-socket PATH --token TOKEN]   (lease path against a real tesserad)
 
 use anyhow::{Context, Result, bail};
-use serde_json::json;
+use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+use tessera_runtime::harden::{DEFAULT_MASKED, DEFAULT_READONLY};
 
 struct Args {
     iterations: usize,
@@ -23,6 +37,7 @@ struct Args {
     runc: PathBuf,
     daemon_socket: Option<PathBuf>,
     token: Option<String>,
+    workdir: Option<PathBuf>,
 }
 
 fn parse_args() -> Result<Args> {
@@ -33,6 +48,7 @@ fn parse_args() -> Result<Args> {
         runc: PathBuf::from("/usr/sbin/runc"),
         daemon_socket: None,
         token: None,
+        workdir: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -43,9 +59,10 @@ fn parse_args() -> Result<Args> {
             "--runc" => a.runc = value()?.into(),
             "--daemon-socket" => a.daemon_socket = Some(value()?.into()),
             "--token" => a.token = Some(value()?),
+            "--workdir" => a.workdir = Some(value()?.into()),
             "-h" | "--help" => {
                 println!(
-                    "runtime-bench [--iterations N] [--runtime PATH] [--runc PATH] [--daemon-socket PATH --token TOKEN]"
+                    "runtime-bench [--iterations N] [--runtime PATH] [--runc PATH] [--workdir DIR] [--daemon-socket PATH --token TOKEN]"
                 );
                 std::process::exit(0);
             }
@@ -111,32 +128,40 @@ fn time_run(
     bundle: &Path,
     id: &str,
     env: &[(&str, &Path)],
-) -> Result<Duration> {
-    let start = Instant::now();
-    let mut cmd = Command::new(program);
-    cmd.arg("--root")
-        .arg(root)
-        .args(["run", "--bundle"])
-        .arg(bundle)
-        .arg(id)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = cmd
-        .output()
-        .with_context(|| format!("running {}", program.display()))?;
-    let took = start.elapsed();
-    if !out.status.success() {
-        bail!(
-            "{} run failed: {}",
-            program.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(took)
+) -> Result<Sample> {
+    let (root, bundle) = (root.to_string_lossy(), bundle.to_string_lossy());
+    time_cmd(
+        program,
+        &["--root", &root, "run", "--bundle", &bundle, id],
+        env,
+    )
+}
+
+/// One run: wall-clock time, and CPU time (user + system) of the process and every
+/// descendant it waited for (runc's init and the container included). CPU time is far
+/// less disturbed than wall time by other work on a shared machine.
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    wall: Duration,
+    cpu: Duration,
+}
+
+/// CPU time of this process's waited-for descendants so far.
+fn children_cpu() -> Duration {
+    let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage writes a complete rusage through the pointer, which points to a
+    // zeroed rusage of the right size; RUSAGE_CHILDREN is a valid `who`.
+    let ru = unsafe {
+        if libc::getrusage(libc::RUSAGE_CHILDREN, ru.as_mut_ptr()) != 0 {
+            return Duration::ZERO;
+        }
+        ru.assume_init()
+    };
+    let tv = |t: libc::timeval| {
+        Duration::from_secs(u64::try_from(t.tv_sec).unwrap_or(0))
+            + Duration::from_micros(u64::try_from(t.tv_usec).unwrap_or(0))
+    };
+    tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
 fn median(v: &mut [Duration]) -> Duration {
@@ -153,46 +178,144 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
+/// The `linux.seccomp` containerd's default profile gives a pod on this host: the same
+/// rule set (Docker's allowlist, as the tenant profile's allowed set), compiled by runc
+/// for every architecture containerd lists for the host (amd64: x86_64, x86, x32;
+/// arm64: aarch64, arm), not the native one only.
+fn containerd_like_seccomp(tenant: &Value) -> Value {
+    let mut sc = tenant.clone();
+    let arches = if cfg!(target_arch = "aarch64") {
+        json!(["SCMP_ARCH_AARCH64", "SCMP_ARCH_ARM"])
+    } else {
+        json!(["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32"])
+    };
+    sc["architectures"] = arches;
+    sc
+}
+
+/// The baseline a real pod carries: the tenant spec plus containerd's default masked and
+/// read-only paths and its default seccomp profile.
+fn containerd_like_spec(original: &Value, tenant_seccomp: &Value) -> Value {
+    let mut s = original.clone();
+    s["linux"]["maskedPaths"] = json!(DEFAULT_MASKED);
+    s["linux"]["readonlyPaths"] = json!(DEFAULT_READONLY);
+    s["linux"]["seccomp"] = containerd_like_seccomp(tenant_seccomp);
+    s
+}
+
+/// "tmpfs" or the filesystem's magic number.
+fn fs_kind(dir: &Path) -> String {
+    match nix::sys::statfs::statfs(dir) {
+        Ok(st) if st.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC => "tmpfs".to_string(),
+        Ok(st) if st.filesystem_type() == nix::sys::statfs::EXT4_SUPER_MAGIC => "ext4".to_string(),
+        Ok(st) => format!("f_type {:#x}", st.filesystem_type().0),
+        Err(e) => format!("unknown ({e})"),
+    }
+}
+
+/// Time a command that must succeed, output discarded.
+fn time_cmd(program: &Path, args: &[&str], env: &[(&str, &Path)]) -> Result<Sample> {
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let cpu0 = children_cpu();
+    let start = Instant::now();
+    let out = cmd
+        .output()
+        .with_context(|| format!("running {}", program.display()))?;
+    let wall = start.elapsed();
+    let cpu = children_cpu().saturating_sub(cpu0);
+    if !out.status.success() {
+        bail!(
+            "{} {args:?} failed: {}",
+            program.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(Sample { wall, cpu })
+}
+
+/// An absolute, root-owned `true` for the runtime-only measurement.
+fn find_true() -> Result<PathBuf> {
+    ["/usr/bin/true", "/bin/true"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| tessera_runtime::app::check_runtime_binary(p).is_ok())
+        .context("no root-owned /usr/bin/true or /bin/true for the runtime-only timing")
+}
+
+fn runtime_config(path: &Path, runc: &Path, socket: &Path, dir: &Path) -> Result<()> {
+    std::fs::write(
+        path,
+        format!(
+            "runc_path = {:?}\ndaemon_socket = {:?}\nnvidia_proc_root = {:?}\n[policy]\napparmor = \"if-available\"\n",
+            runc,
+            socket,
+            dir.join("no-nvidia")
+        ),
+    )
+    .with_context(|| format!("writing {}", path.display()))
+}
+
+const VARIANTS: &[&str] = &[
+    "runc run (tenant spec, no seccomp)",
+    "runc run (containerd-default-like)",
+    "runc run (hardened spec)",
+    "tessera-runtime run",
+    "tessera-runtime alone: run -> true",
+    "tessera-runtime alone: check",
+    "true alone",
+];
+
 fn main() -> Result<()> {
     let args = parse_args()?;
     if !nix::unistd::geteuid().is_root() {
         bail!("runtime-bench needs root (runc run)");
     }
-    let dir = tempfile_dir()?;
-    let rootfs = rootfs(&dir)?;
+    let dir = work_dir(args.workdir.as_deref())?;
+    let result = bench(&args, &dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+fn bench(args: &Args, dir: &Path) -> Result<()> {
+    let rootfs = rootfs(dir)?;
     let root = dir.join("runc-root");
+    let true_bin = find_true()?;
     let config = dir.join("runtime.toml");
+    let config_true = dir.join("runtime-true.toml");
     let socket = args
         .daemon_socket
         .clone()
         .unwrap_or_else(|| dir.join("no-daemon.sock"));
-    std::fs::write(
-        &config,
-        format!(
-            "runc_path = {:?}\ndaemon_socket = {:?}\nnvidia_proc_root = {:?}\n[policy]\napparmor = \"if-available\"\n",
-            args.runc,
-            socket,
-            dir.join("no-nvidia")
-        ),
-    )
-    .context("writing runtime.toml")?;
-    let original = serde_json::to_vec(&spec(&rootfs, args.token.as_deref()))?;
-    let plain = dir.join("plain");
-    let tess = dir.join("tessera");
-    let hard = dir.join("hardened");
-    for b in [&plain, &tess, &hard] {
-        std::fs::create_dir_all(b)?;
+    runtime_config(&config, &args.runc, &socket, dir)?;
+    runtime_config(&config_true, &true_bin, &socket, dir)?;
+    let original_spec = spec(&rootfs, args.token.as_deref());
+    let original = serde_json::to_vec(&original_spec)?;
+    let bundles: Vec<PathBuf> = ["plain", "containerd", "hardened", "tessera", "alone"]
+        .iter()
+        .map(|b| dir.join(b))
+        .collect();
+    for b in &bundles {
+        std::fs::create_dir_all(b).with_context(|| format!("mkdir {}", b.display()))?;
         std::fs::write(b.join("config.json"), &original)?;
     }
+    let [plain, ctrd, hard, tess, alone] = &bundles[..] else {
+        bail!("bundle list");
+    };
     // The hardened spec, as tessera-runtime writes it (check prints it).
     let out = Command::new(&args.runtime)
         .env("TESSERA_RUNTIME_CONFIG", &config)
         .args(["check", "--json", "--bundle"])
-        .arg(&tess)
+        .arg(tess)
         .output()
         .with_context(|| format!("running {}", args.runtime.display()))?;
-    let checked: serde_json::Value =
-        serde_json::from_slice(&out.stdout).context("check --json output")?;
+    let checked: Value = serde_json::from_slice(&out.stdout).context("check --json output")?;
     if checked["admitted"] != true {
         bail!("the bench spec was refused: {}", checked["reasons"]);
     }
@@ -200,58 +323,94 @@ fn main() -> Result<()> {
         hard.join("config.json"),
         serde_json::to_vec(&checked["spec"])?,
     )?;
+    let tenant_seccomp = &checked["spec"]["linux"]["seccomp"];
+    std::fs::write(
+        ctrd.join("config.json"),
+        serde_json::to_vec(&containerd_like_spec(&original_spec, tenant_seccomp))?,
+    )?;
 
     let env: [(&str, &Path); 1] = [("TESSERA_RUNTIME_CONFIG", &config)];
-    let (mut t_plain, mut t_hard, mut t_tess) = (Vec::new(), Vec::new(), Vec::new());
+    let env_true: [(&str, &Path); 1] = [("TESSERA_RUNTIME_CONFIG", &config_true)];
+    let root_s = root.to_string_lossy().into_owned();
+    let alone_s = alone.to_string_lossy().into_owned();
+    let mut times: Vec<Vec<Sample>> = vec![Vec::new(); VARIANTS.len()];
     // Warm-up (page cache, binaries).
-    time_run(&args.runc, &root, &plain, "warm-0", &[])?;
+    time_run(&args.runc, &root, plain, "warm-0", &[])?;
     std::fs::write(tess.join("config.json"), &original)?;
-    time_run(&args.runtime, &root, &tess, "warm-1", &env)?;
+    time_run(&args.runtime, &root, tess, "warm-1", &env)?;
     for i in 0..args.iterations {
-        for k in 0..3 {
-            match (i + k) % 3 {
-                0 => t_plain.push(time_run(&args.runc, &root, &plain, &format!("p{i}"), &[])?),
-                1 => t_hard.push(time_run(&args.runc, &root, &hard, &format!("h{i}"), &[])?),
-                _ => {
+        for k in 0..VARIANTS.len() {
+            let v = (i + k) % VARIANTS.len();
+            let id = format!("v{v}-{i}");
+            let took = match v {
+                0 => time_run(&args.runc, &root, plain, &id, &[])?,
+                1 => time_run(&args.runc, &root, ctrd, &id, &[])?,
+                2 => time_run(&args.runc, &root, hard, &id, &[])?,
+                3 => {
                     // Each run starts from the tenant's spec (not timed).
                     std::fs::write(tess.join("config.json"), &original)?;
-                    t_tess.push(time_run(
-                        &args.runtime,
-                        &root,
-                        &tess,
-                        &format!("t{i}"),
-                        &env,
-                    )?);
+                    time_run(&args.runtime, &root, tess, &id, &env)?
                 }
-            }
+                4 => {
+                    std::fs::write(alone.join("config.json"), &original)?;
+                    time_run(&args.runtime, &root, alone, &id, &env_true)?
+                }
+                5 => time_cmd(
+                    &args.runtime,
+                    &["--root", &root_s, "check", "--json", "--bundle", &alone_s],
+                    &env,
+                )?,
+                _ => time_cmd(&true_bin, &[], &[])?,
+            };
+            times[v].push(took);
         }
     }
-    let (mp, mh, mt) = (
-        median(&mut t_plain),
-        median(&mut t_hard),
-        median(&mut t_tess),
-    );
+    let med_of = |f: fn(&Sample) -> Duration| -> Vec<Duration> {
+        times
+            .iter()
+            .map(|t| median(&mut t.iter().map(f).collect::<Vec<_>>()))
+            .collect()
+    };
+    let (med, cpu) = (med_of(|s| s.wall), med_of(|s| s.cpu));
     println!(
-        "iterations: {} (alternating, rotating order)",
+        "workdir {} ({}); iterations {} (alternating, rotating order)",
+        dir.display(),
+        fs_kind(dir),
         args.iterations
     );
-    println!("runc run (tenant spec)          median {:8.2} ms", ms(mp));
-    println!("runc run (hardened spec)        median {:8.2} ms", ms(mh));
-    println!("tessera-runtime run             median {:8.2} ms", ms(mt));
+    println!("{:<40} {:>10} {:>10}", "median of", "wall ms", "cpu ms");
+    for ((name, m), c) in VARIANTS.iter().zip(&med).zip(&cpu) {
+        println!("{name:<40} {:10.2} {:10.2}", ms(*m), ms(*c));
+    }
+    let ratio = |v: &[Duration], a: usize, b: usize| v[a].as_secs_f64() / v[b].as_secs_f64();
+    for (name, b) in [
+        ("runc", 0),
+        ("runc(containerd-default)", 1),
+        ("runc(hardened)", 2),
+    ] {
+        println!(
+            "ratio tessera / {name:<24} {:10.3} {:10.3}",
+            ratio(&med, 3, b),
+            ratio(&cpu, 3, b)
+        );
+    }
     println!(
-        "ratio tessera / runc            {:.3}",
-        mt.as_secs_f64() / mp.as_secs_f64()
+        "runtime alone (run -> true, minus true)  {:10.2} {:10.2}  (hardening + fsync'd config.json write)",
+        ms(med[4].saturating_sub(med[6])),
+        ms(cpu[4].saturating_sub(cpu[6]))
     );
-    println!(
-        "ratio tessera / runc(hardened)  {:.3}",
-        mt.as_secs_f64() / mh.as_secs_f64()
-    );
-    let _ = std::fs::remove_dir_all(&dir);
+    if fs_kind(dir) != "tmpfs" {
+        println!(
+            "note: the bundles are not on tmpfs, so config.json's fsyncs reach the disk; containerd keeps bundles under /run (tmpfs): try --workdir on a tmpfs"
+        );
+    }
     Ok(())
 }
 
-fn tempfile_dir() -> Result<PathBuf> {
-    let d = std::env::temp_dir().join(format!("tessera-bench-{}", std::process::id()));
+/// A fresh directory for the bench (below `base`, or the system temp dir).
+fn work_dir(base: Option<&Path>) -> Result<PathBuf> {
+    let base = base.map_or_else(std::env::temp_dir, Path::to_path_buf);
+    let d = base.join(format!("tessera-bench-{}", std::process::id()));
     std::fs::create_dir_all(&d).with_context(|| format!("mkdir {}", d.display()))?;
     Ok(d)
 }

@@ -1,16 +1,27 @@
 //! The tenant seccomp profile: kept as data (configs/seccomp/tenant.toml, a reason beside
 //! each rule), checked with libseccomp when the runtime starts, and written to the spec's
 //! `linux.seccomp` for runc to apply. It replaces whatever the tenant spec carried.
+//!
+//! The built-in profile is embedded as JSON converted from the TOML at build time
+//! (build.rs): parsing TOML was most of the profile's per-start cost. Every check still
+//! runs on every start; a profile file named by the policy is read as TOML.
 
 use libseccomp::{ScmpArch, ScmpSyscall};
 use serde::Deserialize;
 use serde_json::{Value, json};
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use thiserror::Error;
 
 /// The built-in profile.
 pub const BUILTIN: &str = include_str!("../../../configs/seccomp/tenant.toml");
+
+/// The built-in profile, converted from [`BUILTIN`] to JSON by build.rs.
+const BUILTIN_JSON: &str = include_str!(concat!(env!("OUT_DIR"), "/tenant.json"));
+
+/// How the built-in profile is named in messages.
+const BUILTIN_NAME: &str = "<built-in configs/seccomp/tenant.toml>";
 
 /// Syscalls that no tenant profile may allow, with or without argument filters: the
 /// GPU-tenant extras of the reference on top of Docker's default refusals.
@@ -65,6 +76,11 @@ pub enum SeccompError {
         path: PathBuf,
         source: Box<toml::de::Error>,
     },
+    #[error("seccomp profile {path} (built-in, as JSON): {source}")]
+    Builtin {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
     #[error("seccomp profile {path}: {rule}: {message}")]
     Rule {
         path: PathBuf,
@@ -75,7 +91,7 @@ pub enum SeccompError {
     Profile { path: PathBuf, message: String },
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Arg {
     index: u32,
@@ -85,7 +101,7 @@ struct Arg {
     op: String,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct AllowRule {
     names: Vec<String>,
@@ -96,7 +112,7 @@ struct AllowRule {
     arches: Vec<String>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ErrnoRule {
     names: Vec<String>,
@@ -104,14 +120,14 @@ struct ErrnoRule {
     errno: u32,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct DenyRule {
     names: Vec<String>,
     reason: String,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ProfileFile {
     default_action: String,
@@ -175,7 +191,7 @@ impl Profile {
     /// Load the profile named by the policy, or the built-in one.
     pub fn load(path: Option<&Path>) -> Result<Self, SeccompError> {
         match path {
-            None => Self::parse(BUILTIN, Path::new("<built-in configs/seccomp/tenant.toml>")),
+            None => Self::builtin(),
             Some(p) => {
                 let text = std::fs::read_to_string(p).map_err(|source| SeccompError::Read {
                     path: p.to_path_buf(),
@@ -186,12 +202,29 @@ impl Profile {
         }
     }
 
-    /// Parse and check a profile, producing the OCI form for the native architecture.
+    /// The built-in profile, checked.
+    pub fn builtin() -> Result<Self, SeccompError> {
+        let path = Path::new(BUILTIN_NAME);
+        let file: ProfileFile =
+            serde_json::from_str(BUILTIN_JSON).map_err(|source| SeccompError::Builtin {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        Self::check(&file, path)
+    }
+
+    /// Parse and check a profile (TOML text), producing the OCI form for the native
+    /// architecture.
     pub fn parse(text: &str, path: &Path) -> Result<Self, SeccompError> {
         let file: ProfileFile = toml::from_str(text).map_err(|e| SeccompError::Parse {
             path: path.to_path_buf(),
             source: Box::new(e),
         })?;
+        Self::check(&file, path)
+    }
+
+    /// Check a parsed profile and produce the OCI form for the native architecture.
+    fn check(file: &ProfileFile, path: &Path) -> Result<Self, SeccompError> {
         let prof_err = |message: String| SeccompError::Profile {
             path: path.to_path_buf(),
             message,
@@ -223,29 +256,39 @@ impl Profile {
             rule: format!("[[{kind}]] #{} ({})", i + 1, short(reason)),
             message,
         };
-        let check_names =
-            |kind: &str, i: usize, reason: &str, names: &[String], rule_arches: &[ScmpArch]| {
-                if reason.trim().is_empty() {
-                    return Err(rule_err(kind, i, reason, "has no reason".to_string()));
+        // Every name must resolve on one of the rule's architectures; the result is the
+        // names that resolve on the native one (each name is resolved there only once).
+        let check_names = |kind: &str,
+                           i: usize,
+                           reason: &str,
+                           names: &[String],
+                           rule_arches: &[ScmpArch]|
+         -> Result<Vec<usize>, SeccompError> {
+            if reason.trim().is_empty() {
+                return Err(rule_err(kind, i, reason, "has no reason".to_string()));
+            }
+            if names.is_empty() {
+                return Err(rule_err(kind, i, reason, "names no syscall".to_string()));
+            }
+            let on_native = rule_arches.contains(&native);
+            let mut native_names = Vec::new();
+            for (k, n) in names.iter().enumerate() {
+                if on_native && resolves(n, native) {
+                    native_names.push(k);
+                } else if !rule_arches.iter().any(|a| *a != native && resolves(n, *a)) {
+                    return Err(rule_err(
+                        kind,
+                        i,
+                        reason,
+                        format!("unknown syscall name {n:?}"),
+                    ));
                 }
-                if names.is_empty() {
-                    return Err(rule_err(kind, i, reason, "names no syscall".to_string()));
-                }
-                for n in names {
-                    if !rule_arches.iter().any(|a| resolves(n, *a)) {
-                        return Err(rule_err(
-                            kind,
-                            i,
-                            reason,
-                            format!("unknown syscall name {n:?}"),
-                        ));
-                    }
-                }
-                Ok(())
-            };
+            }
+            Ok(native_names)
+        };
 
         let mut rules = Vec::new();
-        let mut allowed: Vec<&str> = Vec::new();
+        let mut allowed: HashSet<&str> = HashSet::new();
         for (i, r) in file.allow.iter().enumerate() {
             let mut rule_arches = Vec::new();
             for a in &r.arches {
@@ -265,7 +308,7 @@ impl Profile {
             if rule_arches.is_empty() {
                 rule_arches = arches.clone();
             }
-            check_names("allow", i, &r.reason, &r.names, &rule_arches)?;
+            let native_names = check_names("allow", i, &r.reason, &r.names, &rule_arches)?;
             for a in &r.args {
                 if a.index > 5 || !OPS.contains(&a.op.as_str()) {
                     return Err(rule_err(
@@ -299,17 +342,9 @@ impl Profile {
                         "allows clone without the namespace-flag mask 0x7E020000".to_string(),
                     ));
                 }
-                allowed.push(n);
+                allowed.insert(n);
             }
-            if !rule_arches.contains(&native) {
-                continue;
-            }
-            let names: Vec<&str> = r
-                .names
-                .iter()
-                .map(String::as_str)
-                .filter(|n| resolves(n, native))
-                .collect();
+            let names: Vec<&str> = native_names.iter().map(|k| r.names[*k].as_str()).collect();
             if names.is_empty() {
                 continue;
             }
@@ -333,9 +368,9 @@ impl Profile {
                               names: &[String],
                               errno: u32|
          -> Result<(), SeccompError> {
-            check_names(kind, i, reason, names, &arches)?;
+            let native_names = check_names(kind, i, reason, names, &arches)?;
             for n in names {
-                if allowed.contains(&n.as_str()) {
+                if allowed.contains(n.as_str()) {
                     return Err(rule_err(
                         kind,
                         i,
@@ -344,11 +379,7 @@ impl Profile {
                     ));
                 }
             }
-            let names: Vec<&str> = names
-                .iter()
-                .map(String::as_str)
-                .filter(|n| resolves(n, native))
-                .collect();
+            let names: Vec<&str> = native_names.iter().map(|k| names[*k].as_str()).collect();
             if !names.is_empty() {
                 rules.push(json!({"names": names, "action": "SCMP_ACT_ERRNO", "errnoRet": errno}));
             }
@@ -362,7 +393,7 @@ impl Profile {
         // keeps the filter runc compiles small.
         for (i, r) in file.deny.iter().enumerate() {
             check_names("deny", i, &r.reason, &r.names, &arches)?;
-            if let Some(n) = r.names.iter().find(|n| allowed.contains(&n.as_str())) {
+            if let Some(n) = r.names.iter().find(|n| allowed.contains(n.as_str())) {
                 return Err(rule_err(
                     "deny",
                     i,
@@ -485,6 +516,143 @@ mod tests {
             .unwrap();
         assert_eq!(clone["args"][0]["value"], CLONE_NS_MASK);
         assert_eq!(clone["args"][0]["op"], "SCMP_CMP_MASKED_EQ");
+    }
+
+    #[test]
+    fn builtin_json_is_exactly_the_toml_profile() {
+        // build.rs converts the TOML to JSON; nothing may be lost or changed on the way.
+        let from_toml: ProfileFile = toml::from_str(BUILTIN).unwrap();
+        let from_json: ProfileFile = serde_json::from_str(BUILTIN_JSON).unwrap();
+        assert_eq!(from_toml, from_json);
+        assert!(
+            from_json
+                .allow
+                .iter()
+                .any(|r| r.args.iter().any(|a| a.value_two != 0))
+        );
+        let parsed = Profile::parse(BUILTIN, Path::new("tenant.toml")).unwrap();
+        assert_eq!(parsed.oci, Profile::builtin().unwrap().oci);
+        assert_eq!(parsed.oci, Profile::load(None).unwrap().oci);
+    }
+
+    /// The emitted filter enforces the profile rule for rule: every allowed name is allowed
+    /// with exactly its rule's argument filters (and never unconditionally when the rule
+    /// has filters), every [[errno]] name gets its errno, every [[deny]] name is allowed by
+    /// no rule and so gets the default EPERM, and nothing else is allowed.
+    #[test]
+    fn emitted_filter_matches_the_profile_rule_for_rule() {
+        let file: ProfileFile = toml::from_str(BUILTIN).unwrap();
+        let p = Profile::builtin().unwrap();
+        let native = native_arch();
+        assert_eq!(p.oci["defaultAction"], "SCMP_ACT_ERRNO");
+        assert_eq!(p.oci["defaultErrnoRet"], 1);
+        assert_eq!(
+            p.oci["architectures"],
+            json!([oci_arch_name(native).unwrap()])
+        );
+        let rules = syscall_rules(&p.oci);
+        let emitted = |name: &str, action: &str| -> Vec<Value> {
+            rules
+                .iter()
+                .filter(|r| {
+                    r["action"] == action
+                        && r["names"].as_array().unwrap().iter().any(|n| n == name)
+                })
+                .cloned()
+                .collect()
+        };
+        let mut allowed_names = HashSet::new();
+        for r in &file.allow {
+            let on_native = r.arches.is_empty()
+                || r.arches
+                    .iter()
+                    .any(|a| ScmpArch::from_str(a).unwrap() == native);
+            let want_args: Vec<Value> = r
+                .args
+                .iter()
+                .map(|a| json!({"index": a.index, "value": a.value, "valueTwo": a.value_two, "op": a.op}))
+                .collect();
+            for n in &r.names {
+                if !on_native || !resolves(n, native) {
+                    assert!(emitted(n, "SCMP_ACT_ALLOW").is_empty(), "{n} not native");
+                    continue;
+                }
+                allowed_names.insert(n.as_str());
+                let got = emitted(n, "SCMP_ACT_ALLOW");
+                assert!(
+                    got.iter()
+                        .any(|g| g.get("args").map_or(want_args.is_empty(), |a| {
+                            a.as_array().unwrap() == &want_args
+                        })),
+                    "{n}: no emitted rule with args {want_args:?}: {got:?}"
+                );
+                if !want_args.is_empty() {
+                    assert!(!p.allows_unconditionally(n), "{n} must stay conditional");
+                }
+            }
+        }
+        let clone = emitted("clone", "SCMP_ACT_ALLOW");
+        assert_eq!(clone.len(), 1);
+        assert_eq!(
+            clone[0]["args"],
+            json!([{"index": 0, "value": CLONE_NS_MASK, "valueTwo": 0, "op": "SCMP_CMP_MASKED_EQ"}])
+        );
+        for r in &file.errno {
+            for n in &r.names {
+                let got = emitted(n, "SCMP_ACT_ERRNO");
+                assert_eq!(got.len(), 1, "{n}");
+                assert_eq!(got[0]["errnoRet"], r.errno, "{n}");
+                assert!(emitted(n, "SCMP_ACT_ALLOW").is_empty(), "{n}");
+            }
+        }
+        assert_eq!(emitted("clone3", "SCMP_ACT_ERRNO")[0]["errnoRet"], 38);
+        for r in &file.deny {
+            for n in &r.names {
+                assert!(
+                    rules.iter().all(|g| !g["names"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .any(|x| x == n.as_str())),
+                    "{n} must be left to the default EPERM"
+                );
+            }
+        }
+        for n in MUST_DENY {
+            assert!(emitted(n, "SCMP_ACT_ALLOW").is_empty(), "{n}");
+        }
+        // Nothing is allowed that the profile does not allow.
+        for g in &rules {
+            if g["action"] == "SCMP_ACT_ALLOW" {
+                for n in g["names"].as_array().unwrap() {
+                    assert!(allowed_names.contains(n.as_str().unwrap()), "{n} extra");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn names_unknown_to_the_native_arch_are_checked_on_the_others() {
+        // arch_prctl is x86_64-only: on an aarch64 host it is checked (it resolves on
+        // x86_64) but not emitted; on x86_64 it is emitted.
+        let text = "default_action = \"SCMP_ACT_ERRNO\"\ndefault_errno = 1\narchitectures = [\"SCMP_ARCH_X86_64\", \"SCMP_ARCH_AARCH64\"]\n[[allow]]\nreason = \"x\"\nnames = [\"read\", \"arch_prctl\"]\n";
+        let p = Profile::parse(text, Path::new("p")).unwrap();
+        assert!(p.allows_unconditionally("read"));
+        assert_eq!(
+            p.allows_unconditionally("arch_prctl"),
+            native_arch() == ScmpArch::X8664
+        );
+        let with_unknown = text.replace(
+            "architectures = [\"SCMP_ARCH_X86_64\", \"SCMP_ARCH_AARCH64\"]",
+            "architectures = [\"SCMP_ARCH_X86_64\", \"SCMP_ARCH_AARCH64\"]\n[[errno]]\nreason = \"y\"\nnames = [\"reed\"]\nerrno = 38",
+        );
+        let e = Profile::parse(&with_unknown, Path::new("p"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("\"reed\"") && e.contains("[[errno]] #1 (y)"),
+            "{e}"
+        );
     }
 
     #[test]
