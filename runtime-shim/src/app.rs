@@ -289,20 +289,22 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
     };
     let bundle = bundle_dir(sub);
     let client = env.client();
+    // Report a refusal to the daemon (audit), then refuse.
+    let refuse_reported = |reasons: Vec<String>, lease_id: &str| {
+        report(
+            env,
+            client.as_ref(),
+            &id,
+            lease_id,
+            false,
+            &reasons,
+            cmd.name(),
+        );
+        env.refuse(&what, &reasons)
+    };
     let adm = match admit(env, client.as_ref(), &bundle, &id) {
         Ok(a) => a,
-        Err((reasons, lease_id)) => {
-            report(
-                env,
-                client.as_ref(),
-                &id,
-                &lease_id,
-                false,
-                &reasons,
-                cmd.name(),
-            );
-            return env.refuse(&what, &reasons);
-        }
+        Err((reasons, lease_id)) => return refuse_reported(reasons, &lease_id),
     };
     let lease_id = adm
         .lease
@@ -330,17 +332,7 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
             .and_then(Value::as_u64)
             .and_then(|u| u32::try_from(u).ok());
         if let Err(e) = c.bind(token, &id, cgroup, &env.runtime_root(), uid) {
-            let reasons = vec![format!("BindContainer failed: {e}")];
-            report(
-                env,
-                client.as_ref(),
-                &id,
-                &lease_id,
-                false,
-                &reasons,
-                cmd.name(),
-            );
-            return env.refuse(&what, &reasons);
+            return refuse_reported(vec![format!("BindContainer failed: {e}")], &lease_id);
         }
     }
     if let Err(e) = bundle::save(&bundle, &adm.decision.spec) {

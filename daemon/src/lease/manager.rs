@@ -2133,25 +2133,7 @@ impl LeaseManager {
                             mm.ci_id = inst.ci_id;
                             mm.uuid = Some(inst.uuid.clone());
                         }
-                        p2.state = PartitionState::Ready;
-                        let mut l2 = lease.clone();
-                        if let Some(l) = &mut l2
-                            && l.state == LeaseState::Pending
-                        {
-                            l.state = LeaseState::Active;
-                        }
-                        let (pp, ll) = (p2.clone(), l2.clone());
-                        self.store.write_blocking(move |w| {
-                            w.put_partition(&pp)?;
-                            if let Some(l) = &ll {
-                                w.put_lease(l)?;
-                            }
-                            w.finish_intent(iid, now, "adopted")
-                        })?;
-                        st.partitions.insert(p2.id.clone(), p2);
-                        if let Some(l) = l2 {
-                            st.leases.insert(l.id.clone(), l);
-                        }
+                        self.adopt_at_start(st, p2, lease, iid, now)?;
                         report.adopted += 1;
                     }
                     other => {
@@ -2173,24 +2155,7 @@ impl LeaseManager {
                     .iter()
                     .any(|d| d.spec.lease_id == lid && d.running);
                 if running {
-                    let mut p2 = p.clone();
-                    p2.state = PartitionState::Ready;
-                    let mut l2 = lease.clone();
-                    if let Some(l) = &mut l2 {
-                        l.state = LeaseState::Active;
-                    }
-                    let (pp, ll) = (p2.clone(), l2.clone());
-                    self.store.write_blocking(move |w| {
-                        w.put_partition(&pp)?;
-                        if let Some(l) = &ll {
-                            w.put_lease(l)?;
-                        }
-                        w.finish_intent(iid, now, "adopted")
-                    })?;
-                    st.partitions.insert(p2.id.clone(), p2);
-                    if let Some(l) = l2 {
-                        st.leases.insert(l.id.clone(), l);
-                    }
+                    self.adopt_at_start(st, p.clone(), lease, iid, now)?;
                     report.adopted += 1;
                 } else {
                     let _ = self.backend.mps_stop(&lid);
@@ -2249,6 +2214,38 @@ impl LeaseManager {
             l.ended_at_ms = Some(now);
         }
         self.drop_at_start(st, &p.id, l2, iid, now, "rolled back")
+    }
+
+    /// At start: the hardware change of an open intent completed before the crash:
+    /// mark the partition ready and its pending lease active, durably, then in
+    /// memory.
+    fn adopt_at_start(
+        &self,
+        st: &mut State,
+        mut p: Partition,
+        mut lease: Option<Lease>,
+        iid: i64,
+        now: i64,
+    ) -> Result<(), LeaseError> {
+        p.state = PartitionState::Ready;
+        if let Some(l) = &mut lease
+            && l.state == LeaseState::Pending
+        {
+            l.state = LeaseState::Active;
+        }
+        let (pp, ll) = (p.clone(), lease.clone());
+        self.store.write_blocking(move |w| {
+            w.put_partition(&pp)?;
+            if let Some(l) = &ll {
+                w.put_lease(l)?;
+            }
+            w.finish_intent(iid, now, "adopted")
+        })?;
+        st.partitions.insert(p.id.clone(), p);
+        if let Some(l) = lease {
+            st.leases.insert(l.id.clone(), l);
+        }
+        Ok(())
     }
 
     /// At start: forget a partition, end its lease (as the caller set it) and
