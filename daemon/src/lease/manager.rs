@@ -590,15 +590,8 @@ impl LeaseManager {
             }
         }
         if let Some(rid) = &req.request_id {
-            let ended = self.store.list_leases(&LeaseQuery {
-                tenant: Some(req.tenant.clone()),
-                state: None,
-                limit: 0,
-            })?;
-            if let Some(l) = ended
-                .into_iter()
-                .find(|l| l.request_id.as_deref() == Some(rid) && l.state != LeaseState::Failed)
-            {
+            // An ended lease with this request id (live ones were found above).
+            if let Some(l) = self.store.find_by_request(&req.tenant, rid)? {
                 return Ok(Created {
                     lease: l,
                     partition: None,

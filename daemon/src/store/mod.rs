@@ -301,6 +301,24 @@ impl Store {
         body.map(|b| decode("lease", id, &b)).transpose()
     }
 
+    /// The non-failed lease a tenant created with `request_id` (the unique index
+    /// `leases_request` answers this without a scan).
+    pub fn find_by_request(
+        &self,
+        tenant: &str,
+        request_id: &str,
+    ) -> Result<Option<Lease>, StoreError> {
+        let conn = self.reader.lock().map_err(|_| StoreError::WriterGone)?;
+        let row: Option<(String, String)> = conn
+            .prepare_cached(
+                "SELECT id, body FROM leases WHERE tenant = ?1 AND request_id = ?2 AND state <> 'failed'",
+            )?
+            .query_row(params![tenant, request_id], |r| Ok((r.get(0)?, r.get(1)?)))
+            .optional()?;
+        row.map(|(id, body)| decode("lease", &id, &body))
+            .transpose()
+    }
+
     /// Leases from the database, newest first (includes ended ones).
     pub fn list_leases(&self, q: &LeaseQuery) -> Result<Vec<Lease>, StoreError> {
         let conn = self.reader.lock().map_err(|_| StoreError::WriterGone)?;

@@ -162,3 +162,28 @@ fn prune_forgets_old_ended_leases_only() {
     assert!(store.get_lease("old").unwrap().is_none());
     assert!(store.get_lease("live").unwrap().is_some());
 }
+
+#[test]
+fn a_request_id_is_found_among_many_ended_leases() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    store
+        .write_blocking(|w| {
+            for i in 0..1500 {
+                let mut l = lease(&format!("l{i}"), "t", Some(&format!("r{i}")));
+                l.state = LeaseState::Released;
+                l.created_at_ms = i;
+                l.ended_at_ms = Some(i + 1);
+                w.put_lease(&l)?;
+            }
+            let mut failed = lease("lf", "t", Some("rf"));
+            failed.state = LeaseState::Failed;
+            w.put_lease(&failed)
+        })
+        .unwrap();
+    // The oldest one, far beyond any listing limit.
+    assert_eq!(store.find_by_request("t", "r0").unwrap().unwrap().id, "l0");
+    assert!(store.find_by_request("other", "r0").unwrap().is_none());
+    // A failed lease frees its request id.
+    assert!(store.find_by_request("t", "rf").unwrap().is_none());
+}
