@@ -173,7 +173,7 @@ fn a_retry_with_the_same_request_id_returns_the_same_lease() {
         let mut req = create_req("team-a", shape::mig("2g.20gb"));
         req.request_id = "job-42".into();
         let mut handles = Vec::new();
-        for _ in 0..8 {
+        for _ in 0..32 {
             let mut c = c.clone();
             let req = req.clone();
             handles.push(tokio::spawn(async move {
@@ -190,7 +190,7 @@ fn a_retry_with_the_same_request_id_returns_the_same_lease() {
             tokens.push(r.token);
         }
         assert_eq!(ids.len(), 1, "one lease for one request id: {ids:?}");
-        assert_eq!(replayed, 7);
+        assert_eq!(replayed, 31);
         let mut c = c.clone();
         // Every token handed out resolves to that lease.
         for t in tokens {

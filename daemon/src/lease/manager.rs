@@ -326,6 +326,16 @@ pub fn validate_create(
     Ok((shape, ttl))
 }
 
+/// Why a reservation attempt has to be tried again (or answered otherwise).
+enum Again {
+    /// Preempt these leases, then plan again.
+    Preempt(Vec<String>),
+    /// Capacity is held by teardowns in progress: wait for them, then plan again.
+    WaitTeardowns,
+    /// A call with the same request id reserved first (and may still be creating).
+    SameRequest(String, Option<tokio::sync::futures::OwnedNotified>),
+}
+
 /// A hardware step that follows a durable intent.
 enum HwCreate {
     Mig {
@@ -651,10 +661,17 @@ impl LeaseManager {
         let mut holding_capacity = false;
         let (lease, partition, hw) = loop {
             #[allow(clippy::type_complexity)]
-            let step: Result<(Lease, Partition, Option<HwCreate>), Vec<String>> = 'reserve: {
+            let step: Result<(Lease, Partition, Option<HwCreate>), Again> = 'reserve: {
                 let mut st = self.lock();
                 if std::mem::take(&mut holding_capacity) {
                     st.preempting = st.preempting.saturating_sub(1);
+                }
+                // A concurrent call with the same request id got here first.
+                if let Some(rid) = &req.request_id
+                    && let Some(lid) = st.requests.get(&(req.tenant.clone(), rid.clone())).cloned()
+                {
+                    let pending = st.pending.get(&lid).map(|n| n.clone().notified_owned());
+                    break 'reserve Err(Again::SameRequest(lid, pending));
                 }
                 let used = st
                     .leases
@@ -690,10 +707,10 @@ impl LeaseManager {
                                 return Err(LeaseError::ResourceExhausted(msg));
                             }
                             st.preempting += 1;
-                            break 'reserve Err(Vec::new());
+                            break 'reserve Err(Again::WaitTeardowns);
                         }
                         st.preempting += 1;
-                        break 'reserve Err(victims);
+                        break 'reserve Err(Again::Preempt(victims));
                     }
                     Err(e) => return Err(e.into()),
                 };
@@ -853,15 +870,24 @@ impl LeaseManager {
             };
             match step {
                 Ok(r) => break r,
-                Err(victims) => {
+                Err(Again::Preempt(victims)) => {
                     preempt_rounds += 1;
                     holding_capacity = true;
-                    if victims.is_empty() {
-                        self.wait_for_teardowns(Duration::from_secs(5)).await;
-                    } else {
-                        self.preempt(&victims, &req.tenant).await;
-                    }
+                    self.preempt(&victims, &req.tenant).await;
                 }
+                Err(Again::WaitTeardowns) => {
+                    preempt_rounds += 1;
+                    holding_capacity = true;
+                    self.wait_for_teardowns(Duration::from_secs(5)).await;
+                }
+                Err(Again::SameRequest(lid, pending)) => match pending {
+                    // Still being created: wait, then answer as a retry would.
+                    Some(done) => {
+                        done.await;
+                        return Box::pin(self.create(req)).await;
+                    }
+                    None => return self.replay(&lid).await,
+                },
             }
         };
 
