@@ -458,18 +458,7 @@ fn a_mig_token_resolves_to_exactly_its_nodes_and_uuid() {
 fn health_and_reflection_services_answer() {
     let d = TestDaemon::start("").unwrap();
     rt().block_on(async {
-        let path = d.socket.clone();
-        let channel = tonic::transport::Endpoint::try_from("http://[::]:50051")
-            .unwrap()
-            .connect_with_connector(tower::service_fn(move |_| {
-                let path = path.clone();
-                async move {
-                    let s = tokio::net::UnixStream::connect(path).await?;
-                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
-                }
-            }))
-            .await
-            .unwrap();
+        let channel = tessera_integration_tests::channel(&d.socket).await.unwrap();
         let mut h = tonic_health::pb::health_client::HealthClient::new(channel);
         let r = h
             .check(tonic_health::pb::HealthCheckRequest {

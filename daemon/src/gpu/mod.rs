@@ -63,6 +63,9 @@ pub enum GpuError {
     CorruptState { path: PathBuf, detail: String },
     #[error("MPS control for {lease}: {detail}")]
     Mps { lease: String, detail: String },
+    /// The blocking task that ran a hardware call panicked or was cancelled.
+    #[error("hardware call did not complete: {0}")]
+    Task(String),
 }
 
 impl GpuError {

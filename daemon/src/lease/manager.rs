@@ -1049,10 +1049,7 @@ impl LeaseManager {
         };
         tokio::task::spawn_blocking(run)
             .await
-            .map_err(|e| GpuError::Mps {
-                lease: String::new(),
-                detail: format!("hardware task failed: {e}"),
-            })?
+            .map_err(|e| GpuError::Task(e.to_string()))?
     }
 
     fn forget_reservation(&self, lease: &Lease, partition: &Partition, undo_static: bool) {
@@ -1119,10 +1116,7 @@ impl LeaseManager {
         };
         tokio::task::spawn_blocking(run)
             .await
-            .map_err(|e| GpuError::Mps {
-                lease: String::new(),
-                detail: format!("hardware task failed: {e}"),
-            })?
+            .map_err(|e| GpuError::Task(e.to_string()))?
     }
 
     // ---------------------------------------------------------------- tenancy
@@ -2183,7 +2177,7 @@ impl LeaseManager {
                 }
             }
             IntentOp::DestroyMig | IntentOp::StopMps => {
-                let hw = match (&p.kind, intent.op) {
+                match (&p.kind, intent.op) {
                     (PartKind::Mig(m), IntentOp::DestroyMig) => {
                         let list = instances.entry(p.gpu).or_default();
                         let present = list
@@ -2197,16 +2191,13 @@ impl LeaseManager {
                             }
                             list.retain(|i| i.gi_id != gi);
                         }
-                        true
                     }
                     _ => {
                         if let Some(l) = &p.lease_id {
                             self.backend.mps_stop(l)?;
                         }
-                        true
                     }
-                };
-                let _ = hw;
+                }
                 let mut l2 = lease.clone();
                 if let Some(l) = &mut l2 {
                     l.state = l.ending_as.unwrap_or(LeaseState::Released);
