@@ -574,40 +574,58 @@ impl LeaseManager {
         let (shape, ttl) = validate_create(&req, &self.config.lease)?;
         let priority_class = req.priority_class.clone().unwrap_or_default();
 
-        // Idempotent retries: an existing lease for (tenant, request_id).
-        loop {
-            let wait = {
-                let st = self.lock();
-                let key = req
-                    .request_id
-                    .as_ref()
-                    .map(|r| (req.tenant.clone(), r.clone()));
-                match key.and_then(|k| st.requests.get(&k).cloned()) {
-                    None => None,
-                    Some(lid) => match st.pending.get(&lid) {
-                        Some(n) => Some(Ok(n.clone().notified_owned())),
-                        None => Some(Err(lid)),
-                    },
-                }
-            };
-            match wait {
-                None => break,
-                Some(Ok(notified)) => {
-                    notified.await;
-                    continue;
-                }
-                Some(Err(lid)) => return self.replay(&lid).await,
-            }
-        }
+        // Idempotent retries: an existing lease for (tenant, request_id). A live
+        // one is in memory (reserved there before it reaches the store); an ended
+        // one only in the store. The memory check and the store read are not one
+        // atomic step: a first call can reserve and write its lease between them,
+        // so a live lease read from the store sends this call back to the memory
+        // check (where it waits for, or replays, that first call) rather than
+        // being answered as an ended lease without a token.
         if let Some(rid) = &req.request_id {
-            // An ended lease with this request id (live ones were found above).
-            if let Some(l) = self.store.find_by_request(&req.tenant, rid)? {
-                return Ok(Created {
-                    lease: l,
-                    partition: None,
-                    token: None,
-                    replayed: true,
-                });
+            let key = (req.tenant.clone(), rid.clone());
+            let mut rounds = 0u32;
+            loop {
+                let wait = {
+                    let st = self.lock();
+                    match st.requests.get(&key).cloned() {
+                        None => None,
+                        Some(lid) => match st.pending.get(&lid) {
+                            Some(n) => Some(Ok(n.clone().notified_owned())),
+                            None => Some(Err(lid)),
+                        },
+                    }
+                };
+                match wait {
+                    Some(Ok(notified)) => {
+                        notified.await;
+                        continue;
+                    }
+                    Some(Err(lid)) => return self.replay(&lid).await,
+                    None => {}
+                }
+                match self.store.find_by_request(&req.tenant, rid)? {
+                    None => break,
+                    Some(l) if l.state.is_live() => {
+                        // Reserved and written since the memory check, or ended
+                        // and not yet written as ended: look again.
+                        rounds += 1;
+                        if rounds > 100 {
+                            return Err(LeaseError::FailedPrecondition(format!(
+                                "lease {} for this request_id is changing state; retry",
+                                l.id
+                            )));
+                        }
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                    Some(l) => {
+                        return Ok(Created {
+                            lease: l,
+                            partition: None,
+                            token: None,
+                            replayed: true,
+                        });
+                    }
+                }
             }
         }
 
@@ -2523,4 +2541,80 @@ fn create_private_dir(dir: &std::path::Path) -> Result<(), GpuError> {
             path: dir.to_path_buf(),
             source,
         })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    fn manager(dir: &std::path::Path) -> Arc<LeaseManager> {
+        let text = format!(
+            "[daemon]\nstate_dir = {d:?}\nrun_dir = {d:?}\n[gpu]\nbackend = \"sim\"\n\
+             [sim]\nstate_file = {s:?}\n[[sim.gpus]]\nmodel = \"h100-80gb\"\nmig = true\n",
+            d = dir.display().to_string(),
+            s = dir.join("sim.json").display().to_string(),
+        );
+        let config = Config::parse(std::path::Path::new("test.toml"), &text).unwrap();
+        let backend = Arc::new(crate::gpu::open_sim(&config.sim).unwrap());
+        let store = Arc::new(Store::open(dir).unwrap());
+        LeaseManager::start(config, backend, store).unwrap()
+    }
+
+    fn mig_request(request_id: &str) -> CreateRequest {
+        CreateRequest {
+            tenant: "team-a".into(),
+            shape: Some(Shape::Mig {
+                profile: "1g.10gb".into(),
+                compute_profile: None,
+            }),
+            ttl: None,
+            request_id: Some(request_id.into()),
+            labels: BTreeMap::new(),
+            priority_class: None,
+            gpu_index: None,
+        }
+    }
+
+    /// A retry that misses the first call in memory but finds its lease live in
+    /// the store (the first call reserved and wrote it in between) is a replay with
+    /// a token, not the "ended lease" answer that carries none.
+    #[tokio::test]
+    async fn a_retry_racing_the_first_call_still_gets_a_token() {
+        let dir = tempfile::tempdir().unwrap();
+        let mgr = manager(dir.path());
+        let first = mgr.create(mig_request("job-7")).await.unwrap();
+        assert!(!first.replayed);
+        let key = ("team-a".to_string(), "job-7".to_string());
+        // Open the window: the lease is in the store but not (yet) in memory.
+        let lid = mgr.lock().requests.remove(&key).unwrap();
+        let m2 = mgr.clone();
+        let restore = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            m2.lock().requests.insert(key, lid);
+        });
+        let retry = mgr.create(mig_request("job-7")).await.unwrap();
+        restore.await.unwrap();
+        assert!(retry.replayed);
+        assert_eq!(retry.lease.id, first.lease.id);
+        let token = retry.token.expect("a live lease's retry carries a token");
+        let resolved = mgr.resolve_token(&token).unwrap();
+        assert_eq!(resolved.lease.id, first.lease.id);
+    }
+
+    /// An ended lease is answered from the store without a token.
+    #[tokio::test]
+    async fn a_retry_after_release_reports_the_ended_lease_without_a_token() {
+        let dir = tempfile::tempdir().unwrap();
+        let mgr = manager(dir.path());
+        let first = mgr.create(mig_request("job-8")).await.unwrap();
+        mgr.end(&first.lease.id, LeaseState::Released, "test")
+            .await
+            .unwrap();
+        let retry = mgr.create(mig_request("job-8")).await.unwrap();
+        assert!(retry.replayed);
+        assert_eq!(retry.lease.id, first.lease.id);
+        assert!(!retry.lease.state.is_live());
+        assert!(retry.token.is_none());
+    }
 }
