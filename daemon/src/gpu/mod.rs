@@ -232,6 +232,13 @@ pub fn open_nvml(cfg: &NvmlConfig) -> Result<NvmlBackend, GpuError> {
 pub trait GpuBackend: Send + Sync {
     /// "nvml" or "sim".
     fn name(&self) -> &'static str;
+    /// True when a MIG create or destroy returns within microseconds and never
+    /// waits on hardware (the simulator): callers may then run it on the async
+    /// runtime instead of handing it to a blocking thread. NVML's take up to
+    /// hundreds of milliseconds.
+    fn instance_calls_are_quick(&self) -> bool {
+        false
+    }
     fn driver_version(&self) -> Result<String, GpuError>;
     fn devices(&self) -> Result<Vec<GpuInfo>, GpuError>;
     /// GI profiles supported on this GPU (empty when MIG is disabled), with their

@@ -803,6 +803,10 @@ impl GpuBackend for SimBackend {
         "sim"
     }
 
+    fn instance_calls_are_quick(&self) -> bool {
+        true
+    }
+
     fn driver_version(&self) -> Result<String, GpuError> {
         Ok(SIM_DRIVER_VERSION.to_owned())
     }

@@ -1116,6 +1116,7 @@ impl LeaseManager {
 
     async fn hw_create(&self, hw: HwCreate) -> Result<Option<MigInstance>, GpuError> {
         let backend = self.backend.clone();
+        let quick = matches!(hw, HwCreate::Mig { .. }) && backend.instance_calls_are_quick();
         let run = move || match hw {
             HwCreate::Mig {
                 gpu,
@@ -1132,6 +1133,9 @@ impl LeaseManager {
                 backend.mps_start(&spec).map(|_| None)
             }
         };
+        if quick {
+            return run();
+        }
         tokio::task::spawn_blocking(run)
             .await
             .map_err(|e| GpuError::Task(e.to_string()))?
@@ -1547,12 +1551,17 @@ impl LeaseManager {
 
         if let Some(hw) = hw {
             let backend = self.backend.clone();
-            let res = tokio::task::spawn_blocking(move || match hw {
-                HwDestroy::Mig { gpu, gi_id } => backend.destroy_instance(gpu, gi_id),
-                HwDestroy::Mps { lease_id } => backend.mps_stop(&lease_id),
-            })
-            .await
-            .map_err(|e| LeaseError::Internal(format!("hardware task failed: {e}")))?;
+            let res = match hw {
+                HwDestroy::Mig { gpu, gi_id } if backend.instance_calls_are_quick() => {
+                    backend.destroy_instance(gpu, gi_id)
+                }
+                hw => tokio::task::spawn_blocking(move || match hw {
+                    HwDestroy::Mig { gpu, gi_id } => backend.destroy_instance(gpu, gi_id),
+                    HwDestroy::Mps { lease_id } => backend.mps_stop(&lease_id),
+                })
+                .await
+                .map_err(|e| LeaseError::Internal(format!("hardware task failed: {e}")))?,
+            };
             if let Err(e) = res {
                 warn!(lease = %lease.id, error = %e, "teardown failed; will retry");
                 let mut st = self.lock();
