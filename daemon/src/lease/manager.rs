@@ -138,6 +138,9 @@ pub struct GpuReport {
     pub free_slices: u32,
 }
 
+/// First wait before a failed teardown is tried again; it doubles per failure.
+const TEARDOWN_RETRY_MS: i64 = 250;
+
 #[derive(Default)]
 struct State {
     gpus: Vec<GpuState>,
@@ -156,6 +159,9 @@ struct State {
     preempting: usize,
     /// MPS control daemons found dead: lease -> (restarts so far, next try at ms).
     mps_backoff: HashMap<String, (u32, i64)>,
+    /// Teardowns that failed (a busy instance, a container that will not die):
+    /// lease -> (retries so far, next try at ms).
+    teardown_backoff: HashMap<String, (u32, i64)>,
     /// When the MPS daemons were last checked.
     mps_checked_ms: i64,
 }
@@ -1628,6 +1634,7 @@ impl LeaseManager {
             st.leases.remove(&lease.id);
             st.tokens.retain(|_, l| *l != lease.id);
             st.expiring_notified.remove(&lease.id);
+            st.teardown_backoff.remove(&lease.id);
             if let Some(rid) = &lease.request_id {
                 st.requests.remove(&(lease.tenant.clone(), rid.clone()));
             }
@@ -1829,7 +1836,13 @@ impl LeaseManager {
                     && !st.expiring_notified.contains(&l.id)
                 {
                     expiring.push(l.clone());
-                } else if l.state == LeaseState::Revoking && !st.tearing_down.contains(&l.id) {
+                } else if l.state == LeaseState::Revoking
+                    && !st.tearing_down.contains(&l.id)
+                    && st
+                        .teardown_backoff
+                        .get(&l.id)
+                        .is_none_or(|(_, next)| *next <= now)
+                {
                     stuck.push(l.id.clone());
                 }
             }
@@ -1857,6 +1870,23 @@ impl LeaseManager {
         for id in stuck {
             if let Err(e) = self.retry_teardown(&id).await {
                 warn!(lease = %id, error = %e, "teardown retry failed");
+            }
+            // Still blocked: wait longer before the next try (250 ms doubling up
+            // to 5 s), so a long-blocked teardown neither spins nor floods the log.
+            let mut st = self.lock();
+            let blocked = st
+                .leases
+                .get(&id)
+                .is_some_and(|l| l.state == LeaseState::Revoking);
+            if blocked {
+                let (n, next) = st.teardown_backoff.entry(id).or_insert((0, 0));
+                *n = n.saturating_add(1);
+                *next = now_ms()
+                    + TEARDOWN_RETRY_MS
+                        .saturating_mul(1 << (*n).min(5))
+                        .min(5_000);
+            } else {
+                st.teardown_backoff.remove(&id);
             }
         }
         self.supervise_mps(now).await;
@@ -2558,6 +2588,10 @@ mod tests {
     use super::*;
 
     fn manager(dir: &std::path::Path) -> Arc<LeaseManager> {
+        manager_and_sim(dir).0
+    }
+
+    fn manager_and_sim(dir: &std::path::Path) -> (Arc<LeaseManager>, Arc<crate::gpu::SimBackend>) {
         let text = format!(
             "[daemon]\nstate_dir = {d:?}\nrun_dir = {d:?}\n[gpu]\nbackend = \"sim\"\n\
              [sim]\nstate_file = {s:?}\n[[sim.gpus]]\nmodel = \"h100-80gb\"\nmig = true\n",
@@ -2565,9 +2599,12 @@ mod tests {
             s = dir.join("sim.json").display().to_string(),
         );
         let config = Config::parse(std::path::Path::new("test.toml"), &text).unwrap();
-        let backend = Arc::new(crate::gpu::open_sim(&config.sim).unwrap());
+        let sim = Arc::new(crate::gpu::open_sim(&config.sim).unwrap());
         let store = Arc::new(Store::open(dir).unwrap());
-        LeaseManager::start(config, backend, store).unwrap()
+        (
+            LeaseManager::start(config, sim.clone(), store).unwrap(),
+            sim,
+        )
     }
 
     fn mig_request(request_id: &str) -> CreateRequest {
@@ -2625,5 +2662,57 @@ mod tests {
         assert_eq!(retry.lease.id, first.lease.id);
         assert!(!retry.lease.state.is_live());
         assert!(retry.token.is_none());
+    }
+
+    /// A teardown blocked by a process in the instance is retried with growing
+    /// waits, under the one intent it opened, and finishes once the process is gone.
+    #[tokio::test]
+    async fn a_blocked_teardown_backs_off_keeps_one_intent_and_finishes_later() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mgr, sim) = manager_and_sim(dir.path());
+        let created = mgr.create(mig_request("job-9")).await.unwrap();
+        let part = created.partition.unwrap();
+        let m = part.mig().unwrap().clone();
+        sim.add_process(0, m.gi_id, m.ci_id, 4242, 1 << 20).unwrap();
+        let mut events = mgr.subscribe();
+        let id = created.lease.id.clone();
+        let l = mgr.end(&id, LeaseState::Released, "test").await.unwrap();
+        assert_eq!(l.state, LeaseState::Revoking);
+        // Two seconds of housekeeping ticks every 50 ms: without a backoff that
+        // is 40 attempts; with one (250 ms doubling) at most a handful.
+        for _ in 0..40 {
+            mgr.tick().await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let mut failed = 0;
+        while let Ok(ev) = events.try_recv() {
+            if ev.lease.id == id && ev.message.starts_with("teardown failed") {
+                failed += 1;
+            }
+        }
+        assert!((3..=8).contains(&failed), "{failed} failed attempts in 2 s");
+        let open: Vec<_> = mgr
+            .store
+            .snapshot()
+            .unwrap()
+            .intents
+            .into_iter()
+            .filter(|i| i.partition_id == part.id)
+            .collect();
+        assert_eq!(open.len(), 1, "one open intent for the teardown: {open:?}");
+        // The blocker leaves: the next due retry (at most 5 s away) finishes it.
+        sim.remove_process(0, 4242).unwrap();
+        let mut state = LeaseState::Revoking;
+        for _ in 0..120 {
+            mgr.tick().await;
+            state = mgr.get(&id).unwrap().0.state;
+            if state != LeaseState::Revoking {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(state, LeaseState::Released);
+        assert!(sim.instances(0).unwrap().is_empty());
+        assert!(mgr.lock().teardown_backoff.is_empty());
     }
 }

@@ -514,6 +514,19 @@ impl Writer<'_> {
         lease_id: Option<&str>,
         now_ms: i64,
     ) -> Result<i64, StoreError> {
+        // A retried step (a teardown blocked by a busy instance, say) keeps the
+        // intent it opened the first time instead of adding one per attempt.
+        let open: Option<i64> = self
+            .conn
+            .prepare_cached(
+                "SELECT id FROM intents WHERE done_at_ms IS NULL AND op = ?1 AND partition_id = ?2 \
+                 AND lease_id IS ?3 ORDER BY id LIMIT 1",
+            )?
+            .query_row(params![op.as_str(), partition_id, lease_id], |r| r.get(0))
+            .optional()?;
+        if let Some(id) = open {
+            return Ok(id);
+        }
         self.exec(
             "INSERT INTO intents (op, partition_id, lease_id, created_at_ms) VALUES (?1, ?2, ?3, ?4)",
             params![op.as_str(), partition_id, lease_id, now_ms],

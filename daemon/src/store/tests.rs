@@ -1,4 +1,4 @@
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 use super::*;
 use crate::lease::model::{LeaseState, Origin, PartKind, PartitionState};
@@ -186,4 +186,34 @@ fn a_request_id_is_found_among_many_ended_leases() {
     assert!(store.find_by_request("other", "r0").unwrap().is_none());
     // A failed lease frees its request id.
     assert!(store.find_by_request("t", "rf").unwrap().is_none());
+}
+
+#[test]
+fn a_retried_step_keeps_its_open_intent_and_a_new_step_opens_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let begin = |op, pid: &'static str, lid: Option<&'static str>, at| {
+        store
+            .write_blocking(move |w| w.begin_intent(op, pid, lid, at))
+            .unwrap()
+    };
+    let first = begin(IntentOp::DestroyMig, "p-1", Some("l1"), 10);
+    // Retries of the same teardown: the same open intent, its time unchanged.
+    assert_eq!(begin(IntentOp::DestroyMig, "p-1", Some("l1"), 20), first);
+    assert_eq!(begin(IntentOp::DestroyMig, "p-1", Some("l1"), 30), first);
+    // Another op, partition or lease is a different step.
+    let other_op = begin(IntentOp::StopMps, "p-1", Some("l1"), 40);
+    let other_part = begin(IntentOp::DestroyMig, "p-2", Some("l1"), 40);
+    let no_lease = begin(IntentOp::DestroyMig, "p-1", None, 40);
+    let all = [first, other_op, other_part, no_lease];
+    assert_eq!(all.iter().collect::<HashSet<_>>().len(), 4, "{all:?}");
+    let snap = store.snapshot().unwrap();
+    assert_eq!(snap.intents.len(), 4);
+    let kept = snap.intents.iter().find(|i| i.id == first).unwrap();
+    assert_eq!(kept.created_at_ms, 10);
+    // Once finished, the next attempt opens a new one.
+    store
+        .write_blocking(move |w| w.finish_intent(first, 50, "done"))
+        .unwrap();
+    assert_ne!(begin(IntentOp::DestroyMig, "p-1", Some("l1"), 60), first);
 }
