@@ -2127,11 +2127,22 @@ impl LeaseManager {
                             log_dir: m.log_dir.clone(),
                             owner_uid: m.owner_uid,
                         };
-                        for dir in [&spec.pipe_dir, &spec.log_dir] {
-                            create_private_dir(dir)?;
+                        let started = [&spec.pipe_dir, &spec.log_dir]
+                            .into_iter()
+                            .try_for_each(|d| create_private_dir(d))
+                            .and_then(|()| self.backend.mps_start(&spec).map(|_| ()));
+                        match started {
+                            Ok(()) => report.mps_restarted += 1,
+                            // The supervisor retries it with its backoff once the
+                            // daemon runs; one GPU's MPS trouble does not stop the
+                            // others being served.
+                            Err(e) => warn!(
+                                lease = %lid,
+                                gpu = p.gpu,
+                                error = %e,
+                                "could not restart the MPS control daemon at start; will retry"
+                            ),
                         }
-                        self.backend.mps_start(&spec)?;
-                        report.mps_restarted += 1;
                     }
                 }
                 PartKind::WholeGpu => {}
@@ -2208,9 +2219,24 @@ impl LeaseManager {
                     }
                     other => {
                         if let Some(inst) = other {
-                            // A GI without its CI: our half-done create. Undo it.
-                            self.backend.destroy_instance(inst.gpu, inst.gi_id)?;
-                            list.retain(|i| i.gi_id != inst.gi_id);
+                            // A GI without its CI: our half-done create. Undo it. If
+                            // the driver refuses, start anyway: the GI stays in
+                            // `instances`, so it is reported as foreign below and
+                            // its slices count as occupied until an operator
+                            // removes it.
+                            match self.backend.destroy_instance(inst.gpu, inst.gi_id) {
+                                Ok(()) => list.retain(|i| i.gi_id != inst.gi_id),
+                                Err(e) => warn!(
+                                    gpu = inst.gpu,
+                                    gi = inst.gi_id,
+                                    error = %e,
+                                    "could not undo a MIG instance a crash left half created; \
+                                     it is left alone as foreign: remove it with \
+                                     `nvidia-smi mig -i {} -dgi -gi {}`",
+                                    inst.gpu,
+                                    inst.gi_id
+                                ),
+                            }
                         }
                         self.fail_creation(st, &p, lease, iid, now)?;
                         report.rolled_back += 1;
@@ -2250,8 +2276,13 @@ impl LeaseManager {
                         }
                     }
                     _ => {
-                        if let Some(l) = &p.lease_id {
-                            self.backend.mps_stop(l)?;
+                        if let Some(l) = &p.lease_id
+                            && let Err(e) = self.backend.mps_stop(l)
+                        {
+                            // As for a MIG teardown: the lease stays revoking and
+                            // housekeeping tries again.
+                            warn!(partition = %p.id, error = %e, "stopping the MPS daemon still fails; will retry");
+                            return Ok(());
                         }
                     }
                 }
@@ -2594,7 +2625,8 @@ mod tests {
     fn manager_and_sim(dir: &std::path::Path) -> (Arc<LeaseManager>, Arc<crate::gpu::SimBackend>) {
         let text = format!(
             "[daemon]\nstate_dir = {d:?}\nrun_dir = {d:?}\n[gpu]\nbackend = \"sim\"\n\
-             [sim]\nstate_file = {s:?}\n[[sim.gpus]]\nmodel = \"h100-80gb\"\nmig = true\n",
+             [sim]\nstate_file = {s:?}\n[[sim.gpus]]\nmodel = \"h100-80gb\"\nmig = true\n\
+             [[sim.gpus]]\nmodel = \"a100-40gb\"\nmig = false\n",
             d = dir.display().to_string(),
             s = dir.join("sim.json").display().to_string(),
         );
@@ -2714,5 +2746,84 @@ mod tests {
         assert_eq!(state, LeaseState::Released);
         assert!(sim.instances(0).unwrap().is_empty());
         assert!(mgr.lock().teardown_backoff.is_empty());
+    }
+
+    /// A crash left a GI without its CI and the driver refuses to destroy it at
+    /// start: the daemon still starts, fails the lease, and counts the GI as a
+    /// foreign, occupied instance instead of placing anything over it.
+    #[tokio::test]
+    async fn a_half_created_instance_that_cannot_be_undone_does_not_stop_the_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mgr, sim) = manager_and_sim(dir.path());
+        sim.crash_next_create_after_gi(0).unwrap();
+        sim.fail_next_destroy(0).unwrap();
+        let mut req = mig_request("job-10");
+        req.gpu_index = Some(0);
+        assert!(mgr.create(req).await.is_err());
+        let all = mgr.store.list_leases(&LeaseQuery::default()).unwrap();
+        assert_eq!(all.len(), 1);
+        let lid = all[0].id.clone();
+        drop(mgr);
+        assert_eq!(sim.instances(0).unwrap().len(), 1, "the half GI is there");
+        sim.fail_next_destroy(0).unwrap();
+        let (mgr, sim) = manager_and_sim(dir.path());
+        let half = sim.instances(0).unwrap();
+        assert_eq!(half.len(), 1, "left alone");
+        assert!(half[0].ci_id.is_none());
+        let (l, _) = mgr.get(&lid).unwrap();
+        assert_eq!(l.state, LeaseState::Failed);
+        let gpu0 = mgr.node().into_iter().find(|g| g.info.index == 0).unwrap();
+        assert_eq!(
+            gpu0.free_slices, 7,
+            "the foreign GI holds one of the 8 memory slices"
+        );
+        // The other slices still serve leases, never over the foreign GI.
+        let mut req = mig_request("job-11");
+        req.gpu_index = Some(0);
+        let c = mgr.create(req).await.unwrap();
+        let placed = c.partition.unwrap().mig().unwrap().placement;
+        assert_ne!(placed, half[0].placement);
+    }
+
+    /// An MPS daemon that cannot be restarted at start does not stop the start;
+    /// the supervisor restarts it once it can.
+    #[tokio::test]
+    async fn an_mps_daemon_that_cannot_restart_at_start_is_retried_later() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mgr, sim) = manager_and_sim(dir.path());
+        let mut req = mig_request("job-12");
+        req.shape = Some(Shape::Mps {
+            sm_percent: 25,
+            memory_bytes: 4 << 30,
+        });
+        let c = mgr.create(req).await.unwrap();
+        let lid = c.lease.id.clone();
+        let pipe_dir = c.partition.unwrap().mps().unwrap().pipe_dir.clone();
+        drop(mgr);
+        // The daemon died with tesserad, and its pipe directory cannot be made.
+        sim.kill_mps(&lid).unwrap();
+        let blocker = pipe_dir.parent().unwrap().to_path_buf();
+        std::fs::remove_dir_all(&blocker).unwrap();
+        std::fs::write(&blocker, b"not a directory").unwrap();
+        let (mgr, sim) = manager_and_sim(dir.path());
+        assert_eq!(mgr.get(&lid).unwrap().0.state, LeaseState::Active);
+        let running = |sim: &crate::gpu::SimBackend| {
+            sim.mps_daemons()
+                .unwrap()
+                .iter()
+                .any(|d| d.spec.lease_id == lid && d.running)
+        };
+        assert!(!running(&sim));
+        std::fs::remove_file(&blocker).unwrap();
+        let mut up = false;
+        for _ in 0..100 {
+            mgr.tick().await;
+            if running(&sim) {
+                up = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(up, "the supervisor restarted the MPS daemon");
     }
 }
