@@ -192,9 +192,13 @@ pub fn now_ms() -> i64 {
         .unwrap_or_default()
 }
 
+/// A new record id: the prefix, the creation time (ms, 12 hex digits) and 64 random
+/// bits. Ids sort by creation, so the rows and index entries a batch of commits adds
+/// land in the same few B-tree pages instead of one random page each (fewer pages
+/// written per durable commit), and listings by id read oldest first.
 fn new_id(prefix: &str) -> String {
-    let u = uuid::Uuid::new_v4().simple().to_string();
-    format!("{prefix}{}", &u[..20])
+    let ms = now_ms().max(0) as u64 & 0xffff_ffff_ffff;
+    format!("{prefix}{ms:012x}{:016x}", rand::random::<u64>())
 }
 
 fn invalid(field: &'static str, message: impl Into<String>) -> LeaseError {
@@ -2825,5 +2829,19 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         assert!(up, "the supervisor restarted the MPS daemon");
+    }
+
+    #[test]
+    fn ids_are_unique_and_sort_by_creation() {
+        let a = new_id("l-");
+        assert_eq!(a.len(), 2 + 12 + 16);
+        assert!(a[2..].bytes().all(|b| b.is_ascii_hexdigit()), "{a}");
+        std::thread::sleep(Duration::from_millis(2));
+        let many: Vec<String> = (0..10_000).map(|_| new_id("l-")).collect();
+        assert!(
+            many.iter().all(|b| *b > a),
+            "later ids sort after earlier ones"
+        );
+        assert_eq!(many.iter().collect::<HashSet<_>>().len(), many.len());
     }
 }
