@@ -185,6 +185,11 @@ fn a_retry_with_the_same_request_id_returns_the_same_lease() {
         let mut replayed = 0;
         for h in handles {
             let r = h.await.unwrap().unwrap();
+            assert!(
+                !r.token.is_empty(),
+                "every reply for the live lease carries a token (replayed: {})",
+                r.replayed
+            );
             ids.insert(r.lease.unwrap().id);
             replayed += usize::from(r.replayed);
             tokens.push(r.token);
