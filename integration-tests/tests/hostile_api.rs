@@ -322,9 +322,21 @@ fn repeated_leases_with_the_largest_accepted_fields_keep_memory_bounded() {
             "900 KB priority class",
         );
         assert!(e.message().contains("priority_class"), "{}", e.message());
-        // The largest request accepted: 64 labels with 253-byte keys and 1 KiB values.
+        // 64 labels of the longest key and value each pass alone, but not in all
+        // (80 KiB; 16 KiB is the most).
         req.priority_class = longest.clone();
         req.labels = (0..64)
+            .map(|i| (format!("{i:0>253}"), "v".repeat(1024)))
+            .collect();
+        let e = assert_code(
+            c.create_lease(req.clone()).await,
+            &[Code::InvalidArgument],
+            "80 KiB of labels",
+        );
+        assert!(e.message().contains("labels"), "{}", e.message());
+        // The largest request accepted: 12 labels with 253-byte keys and 1 KiB
+        // values, the longest priority class.
+        req.labels = (0..12)
             .map(|i| (format!("{i:0>253}"), "v".repeat(1024)))
             .collect();
         for i in 0..150 {

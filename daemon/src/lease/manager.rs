@@ -245,6 +245,10 @@ fn truncate(s: &str, n: usize) -> String {
     }
 }
 
+/// Most bytes a lease's labels may take in all (keys and values). Every event of a
+/// lease carries a copy of them, and the event buffer holds 4096 events.
+const MAX_LABEL_BYTES: usize = 16 * 1024;
+
 fn validate_labels(labels: &BTreeMap<String, String>) -> Result<(), LeaseError> {
     if labels.len() > 64 {
         return Err(invalid(
@@ -272,6 +276,13 @@ fn validate_labels(labels: &BTreeMap<String, String>) -> Result<(), LeaseError> 
                 format!("value of {k:?} must be at most 1024 printable characters"),
             ));
         }
+    }
+    let total: usize = labels.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if total > MAX_LABEL_BYTES {
+        return Err(invalid(
+            "labels",
+            format!("{total} bytes of keys and values; at most {MAX_LABEL_BYTES} in all"),
+        ));
     }
     Ok(())
 }
@@ -2843,5 +2854,20 @@ mod tests {
             "later ids sort after earlier ones"
         );
         assert_eq!(many.iter().collect::<HashSet<_>>().len(), many.len());
+    }
+
+    #[test]
+    fn labels_are_bounded_in_count_size_and_total() {
+        let mk = |n: usize, vlen: usize| -> BTreeMap<String, String> {
+            (0..n)
+                .map(|i| (format!("k{i}"), "v".repeat(vlen)))
+                .collect()
+        };
+        assert!(validate_labels(&mk(64, 200)).is_ok(), "64 x ~200 B fits");
+        assert!(validate_labels(&mk(65, 1)).is_err(), "65 labels");
+        assert!(validate_labels(&mk(1, 1025)).is_err(), "a value over 1 KiB");
+        // 64 values of 1 KiB each are each allowed but 64 KiB in all is not.
+        let err = validate_labels(&mk(64, 1024)).unwrap_err();
+        assert!(err.to_string().contains("at most 16384 in all"), "{err}");
     }
 }
