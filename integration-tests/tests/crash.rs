@@ -865,6 +865,29 @@ fn leases_survive_random_sigkills_under_load() {
     assert!(m.ops > 0 && !m.leases.is_empty(), "the load did nothing");
 }
 
+/// Poll a lease (every 50 ms, for up to 10 s) until it reaches `want`; returns the
+/// last state seen.
+async fn wait_for_state(c: &mut Client, lease_id: &str, want: pb::LeaseState) -> i32 {
+    let mut state = -1;
+    for _ in 0..200 {
+        state = c
+            .get_lease(pb::GetLeaseRequest {
+                lease_id: lease_id.to_string(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .lease
+            .unwrap()
+            .state;
+        if state == want as i32 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    state
+}
+
 fn tail(s: &str, n: usize) -> String {
     let lines: Vec<&str> = s.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
@@ -988,23 +1011,7 @@ fn failed_and_blocked_teardowns_finish_later_even_across_a_restart() {
             .lease
             .unwrap();
         assert_eq!(rel.state, pb::LeaseState::Revoking as i32);
-        let mut state = rel.state;
-        for _ in 0..200 {
-            state = c
-                .get_lease(pb::GetLeaseRequest {
-                    lease_id: a_id.clone(),
-                })
-                .await
-                .unwrap()
-                .into_inner()
-                .lease
-                .unwrap()
-                .state;
-            if state == pb::LeaseState::Released as i32 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let state = wait_for_state(&mut c, &a_id, pb::LeaseState::Released).await;
         assert_eq!(
             state,
             pb::LeaseState::Released as i32,
@@ -1055,23 +1062,7 @@ fn failed_and_blocked_teardowns_finish_later_even_across_a_restart() {
         );
         assert!(busy_now);
         sim.remove_process(0, 4242).unwrap();
-        let mut state = l.state;
-        for _ in 0..200 {
-            state = c
-                .get_lease(pb::GetLeaseRequest {
-                    lease_id: busy.clone(),
-                })
-                .await
-                .unwrap()
-                .into_inner()
-                .lease
-                .unwrap()
-                .state;
-            if state == pb::LeaseState::Released as i32 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let state = wait_for_state(&mut c, &busy, pb::LeaseState::Released).await;
         assert_eq!(state, pb::LeaseState::Released as i32);
         assert!(sim.instances(0).unwrap().is_empty(), "no instance leaked");
         let err = c
