@@ -4,10 +4,8 @@
 use std::error::Error as _;
 use std::path::{Path, PathBuf};
 
-use hyper_util::rt::TokioIo;
 use tessera_proto::v1::tessera_client::TesseraClient;
-use tokio::net::UnixStream;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::Channel;
 
 /// The socket tesserad listens on when installed by the systemd unit.
 pub const DEFAULT_SOCKET: &str = "/run/tessera/tesserad.sock";
@@ -76,23 +74,13 @@ pub struct Daemon {
 impl Daemon {
     /// Connects now (not lazily) so that an absent daemon is reported before any work.
     pub async fn connect(socket: &Path) -> Result<Self, CliError> {
-        let path = socket.to_path_buf();
-        // The URI is required by tonic but unused: the connector always dials the socket.
-        let endpoint = Endpoint::from_static("http://[::]:50051");
-        let channel =
-            endpoint
-                .connect_with_connector(tower::service_fn(move |_: Uri| {
-                    let path = path.clone();
-                    async move {
-                        Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?))
-                    }
-                }))
-                .await
-                .map_err(|e| CliError::Unreachable {
-                    socket: socket.to_path_buf(),
-                    reason: root_cause(&e),
-                    hint: hint_for(&e),
-                })?;
+        let channel = tessera_common::unix::channel(socket).await.map_err(|e| {
+            CliError::Unreachable {
+                socket: socket.to_path_buf(),
+                reason: root_cause(&e.source),
+                hint: hint_for(&e.source),
+            }
+        })?;
         Ok(Self {
             client: TesseraClient::new(channel),
             socket: socket.to_path_buf(),

@@ -2,20 +2,14 @@
 //! durations and points in time. Each returns a [`ParseError`] that clap prints as a
 //! usage error (exit code 2).
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use tessera_proto::v1::{MigShape, MpsShape};
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ParseError {
-    #[error("empty value")]
-    Empty,
-    #[error(
-        "invalid size {0:?}: expected a number with an optional unit (B, K/KiB, M/MiB, G/GiB, T/TiB), e.g. 8GiB or 16384MiB"
-    )]
-    Size(String),
-    #[error("size {0:?} does not fit in 64 bits")]
-    SizeOverflow(String),
+    #[error(transparent)]
+    Size(#[from] tessera_common::size::SizeError),
     #[error("invalid percentage {0:?}: expected a whole number 1..100, e.g. 25% or 25")]
     Percent(String),
     #[error("invalid MPS share {0:?}: expected SM%,MEMORY, e.g. 25%,8GiB")]
@@ -38,68 +32,10 @@ pub enum ParseError {
     Time(String),
 }
 
-const KIB: u64 = 1024;
-
-/// Parses a byte size: a (possibly fractional) number followed by an optional binary unit.
-/// `K`, `KiB`, `M`, `MiB`, `G`, `GiB`, `T`, `TiB` are powers of 1024 (case-insensitive);
-/// no unit or `B` means bytes. SI spellings like `GB` are refused as ambiguous.
+/// Parses a byte size by the one rule every Tessera tool and config file follows
+/// (binary units, SI spellings refused): see [`tessera_common::size`].
 pub fn parse_size(input: &str) -> Result<u64, ParseError> {
-    let s = input.trim();
-    if s.is_empty() {
-        return Err(ParseError::Empty);
-    }
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (number, unit) = s.split_at(split);
-    let unit = unit.trim();
-    let multiplier = match unit.to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kib" => KIB,
-        "m" | "mib" => KIB.pow(2),
-        "g" | "gib" => KIB.pow(3),
-        "t" | "tib" => KIB.pow(4),
-        _ => return Err(ParseError::Size(input.to_owned())),
-    };
-    if number.is_empty() || number.starts_with('.') || number.ends_with('.') {
-        return Err(ParseError::Size(input.to_owned()));
-    }
-    match number.split_once('.') {
-        None => {
-            let whole: u64 = number
-                .parse()
-                .map_err(|_| ParseError::SizeOverflow(input.to_owned()))?;
-            whole
-                .checked_mul(multiplier)
-                .ok_or_else(|| ParseError::SizeOverflow(input.to_owned()))
-        }
-        Some((whole, frac)) => {
-            if frac.contains('.') {
-                return Err(ParseError::Size(input.to_owned()));
-            }
-            let whole: u64 = whole
-                .parse()
-                .map_err(|_| ParseError::SizeOverflow(input.to_owned()))?;
-            let whole_bytes = whole
-                .checked_mul(multiplier)
-                .ok_or_else(|| ParseError::SizeOverflow(input.to_owned()))?;
-            // The fraction in exact integer arithmetic: frac_digits / 10^len * multiplier.
-            let frac = &frac[..frac.len().min(12)];
-            let digits: u128 = frac
-                .parse()
-                .map_err(|_| ParseError::Size(input.to_owned()))?;
-            let scale = 10u128.pow(u32::try_from(frac.len()).unwrap_or(12));
-            let frac_bytes = u64::try_from(digits * u128::from(multiplier) / scale)
-                .map_err(|_| ParseError::SizeOverflow(input.to_owned()))?;
-            if multiplier == 1 && digits != 0 {
-                // Fractional bytes make no sense.
-                return Err(ParseError::Size(input.to_owned()));
-            }
-            whole_bytes
-                .checked_add(frac_bytes)
-                .ok_or_else(|| ParseError::SizeOverflow(input.to_owned()))
-        }
-    }
+    Ok(tessera_common::size::parse_size(input)?)
 }
 
 /// Parses a percentage 1..=100, with or without a trailing `%`.
@@ -218,16 +154,7 @@ pub fn parse_time_ago(input: &str) -> Result<i64, ParseError> {
     parse_time_at(input, SystemTime::now())
 }
 
-/// Unix milliseconds of a time, `None` before 1970 or out of range.
-pub fn system_time_to_ms(t: SystemTime) -> Option<i64> {
-    let d = t.duration_since(UNIX_EPOCH).ok()?;
-    i64::try_from(d.as_millis()).ok()
-}
-
-/// Now, in unix milliseconds.
-pub fn now_ms() -> i64 {
-    system_time_to_ms(SystemTime::now()).unwrap_or(0)
-}
+pub use tessera_common::clock::{now_ms, system_time_to_ms};
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
@@ -237,30 +164,12 @@ mod tests {
     const GIB: u64 = 1024 * 1024 * 1024;
 
     #[test]
-    fn sizes_with_binary_units() {
+    fn sizes_follow_the_shared_rule() {
         assert_eq!(parse_size("8GiB").unwrap(), 8 * GIB);
-        assert_eq!(parse_size("8G").unwrap(), 8 * GIB);
-        assert_eq!(parse_size("8g").unwrap(), 8 * GIB);
-        assert_eq!(parse_size("16384MiB").unwrap(), 16 * GIB);
-        assert_eq!(parse_size("512K").unwrap(), 512 * 1024);
-        assert_eq!(parse_size("2TiB").unwrap(), 2 * 1024 * GIB);
-        assert_eq!(parse_size("4096").unwrap(), 4096);
-        assert_eq!(parse_size("4096B").unwrap(), 4096);
-        assert_eq!(parse_size("1.5GiB").unwrap(), 3 * GIB / 2);
-        assert_eq!(parse_size("0.25 G").unwrap(), GIB / 4);
-    }
-
-    #[test]
-    fn sizes_refused() {
-        for bad in [
-            "", "GiB", "8GB", "8 gigs", "-1G", "1.2.3G", ".5G", "5.G", "1.5", "x",
-        ] {
-            assert!(parse_size(bad).is_err(), "{bad:?} should be refused");
-        }
-        assert!(matches!(
-            parse_size("99999999999T"),
-            Err(ParseError::SizeOverflow(_))
-        ));
+        assert_eq!(parse_size("1.5G").unwrap(), 3 * GIB / 2);
+        let si = parse_size("8GB").unwrap_err().to_string();
+        assert!(si.contains("\"8GiB\""), "{si}");
+        assert!(parse_size("8 gigs").is_err());
     }
 
     #[test]
@@ -366,7 +275,7 @@ mod tests {
 
     #[test]
     fn times_absolute_and_ago() {
-        let now = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let now = std::time::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
         assert_eq!(
             parse_time_at("2026-11-21T10:00:00Z", now).unwrap(),
             1_795_255_200_000

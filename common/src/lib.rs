@@ -1,0 +1,12 @@
+//! What every Tessera binary shares, so that one rule holds everywhere: how a byte
+//! size is written ([`size`]), the wall clock in unix milliseconds ([`clock`]), how a
+//! client reaches tesserad's unix socket ([`unix`]), and how `/proc/devices` is read
+//! ([`procdevices`]).
+//!
+//! This crate knows nothing of leases, GPUs or policy; it may not depend on any other
+//! crate of the workspace.
+
+pub mod clock;
+pub mod procdevices;
+pub mod size;
+pub mod unix;
