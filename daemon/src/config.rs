@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::gpu::SimSection;
 use crate::gpu::sim::{SimConfig, SimGpuConfig};
 use crate::partition::Strategy;
 
@@ -171,14 +172,6 @@ pub struct GpuConfig {
     pub backend: BackendKind,
     /// The NVML backend's settings (`[nvml]`).
     pub nvml: crate::gpu::NvmlConfig,
-}
-
-#[derive(Debug, Clone)]
-pub struct SimSection {
-    /// The simulator's hardware state (outside the daemon's database: real MIG
-    /// instances outlive a daemon restart).
-    pub state_file: PathBuf,
-    pub gpus: SimConfig,
 }
 
 /// One GPU's static MIG layout (like mig-parted's `mig-devices`).
@@ -670,7 +663,7 @@ fn validate_auth(v: &Validator<'_>, raw: RawAuth) -> Result<AuthConfig, ConfigEr
             ("admin", None) => Role::Admin,
             ("runtime", None) => Role::Runtime,
             ("tenant", Some(t)) => {
-                crate::lease::manager::validate_tenant(&t)
+                crate::names::validate_tenant(&t)
                     .map_err(|e| v.err(&field("tenant"), e.to_string()))?;
                 Role::Tenant(t)
             }
@@ -785,7 +778,7 @@ fn validate_tenancy(
     };
     let mut out = BTreeMap::new();
     for (name, t) in tenants {
-        crate::lease::manager::validate_tenant(&name)
+        crate::names::validate_tenant(&name)
             .map_err(|e| v.err(&format!("tenants.{name}"), e.to_string()))?;
         let guaranteed = amounts(&format!("tenants.{name}.guaranteed"), t.guaranteed)?;
         let burst = match t.burst {

@@ -8,12 +8,13 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
+use tessera_common::clock::now_ms;
 use tesserad::api::TesseraService;
 use tesserad::api::auth::Authenticator;
 use tesserad::audit::AuditLog;
 use tesserad::config::{BackendKind, Config, LogFormat};
 use tesserad::gpu::GpuBackend;
-use tesserad::lease::{LeaseManager, now_ms};
+use tesserad::lease::LeaseManager;
 use tesserad::store::Store;
 use tokio::signal::unix::{SignalKind, signal};
 use tracing::{error, info, warn};

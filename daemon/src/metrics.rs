@@ -25,8 +25,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use tracing::{info, warn};
 
-use crate::lease::model::{Lease, PartKind, Partition};
 use crate::lease::{EventKind, LeaseManager};
+use crate::model::{Lease, PartKind, Partition};
 use crate::partition::Shape;
 
 /// Distinct tenant label values before the rest become "other".

@@ -25,10 +25,11 @@ use std::time::Duration;
 use rusqlite::{Connection, OpenFlags, params};
 use tracing::warn;
 
-use crate::lease::model::{Lease, LeaseState};
-use crate::lease::{LeaseManager, now_ms};
+use crate::lease::LeaseManager;
+use crate::model::{Lease, LeaseState};
 use crate::partition::Shape;
 use crate::store::{Store, StoreError};
+use tessera_common::clock::now_ms;
 
 const GIB: f64 = (1u64 << 30) as f64;
 /// How long after a lease ends its usage record is written (ends in between share
@@ -223,10 +224,10 @@ pub fn insert_record(conn: &Connection, lease: &Lease, wt: &Weights) -> rusqlite
 /// when the lease ends): MIG slices and instance memory, MPS limits, whole GPUs.
 pub fn weights_of_partition(
     lease: &Lease,
-    p: &crate::lease::model::Partition,
+    p: &crate::model::Partition,
     gpu_memory: u64,
 ) -> Weights {
-    use crate::lease::model::PartKind;
+    use crate::model::PartKind;
     if lease.state == LeaseState::Failed {
         return Weights::default();
     }

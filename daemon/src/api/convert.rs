@@ -4,8 +4,8 @@ use tessera_proto::v1 as pb;
 use tonic::Status;
 
 use crate::lease::devices::Resolved;
-use crate::lease::model::{Lease, LeaseState, PartKind, Partition};
 use crate::lease::{CreateRequest, EventKind, GpuReport, LeaseError, LeaseEvent};
+use crate::model::{Lease, LeaseState, PartKind, Partition};
 use crate::partition::Shape;
 
 /// Map a domain error to a precise gRPC status. Internal details of hardware or
@@ -54,7 +54,7 @@ pub fn shape_from_pb(s: Option<pb::Shape>) -> Result<Option<Shape>, Status> {
 
 /// A CreateLease request as the manager takes it: the shape's strings are checked
 /// here ([`shape_from_pb`]), everything else by
-/// [`crate::lease::manager::validate_create`]. Empty strings and a zero TTL mean
+/// [`crate::lease::validate_create`]. Empty strings and a zero TTL mean
 /// "not given".
 pub fn create_request_from_pb(r: pb::CreateLeaseRequest) -> Result<CreateRequest, Status> {
     let shape = shape_from_pb(r.shape)?;
@@ -126,8 +126,8 @@ pub fn partition_to_pb(p: &Partition) -> pb::Partition {
         gpu_uuid: p.gpu_uuid.clone(),
         lease_id: p.lease_id.clone().unwrap_or_default(),
         origin: match p.origin {
-            crate::lease::model::Origin::Static => "static".into(),
-            crate::lease::model::Origin::Dynamic => "dynamic".into(),
+            crate::model::Origin::Static => "static".into(),
+            crate::model::Origin::Dynamic => "dynamic".into(),
         },
         ..Default::default()
     };

@@ -14,8 +14,9 @@ use super::auth::{self, Authenticator, Caller, Principal, Rpc};
 use super::convert::{self, status};
 use crate::audit::{AuditLog, Record};
 use crate::config::{Amounts, Config};
-use crate::lease::model::ContainerBinding;
-use crate::lease::{CreateRequest, LeaseManager, now_ms};
+use crate::lease::{CreateRequest, LeaseManager};
+use crate::model::ContainerBinding;
+use tessera_common::clock::now_ms;
 
 /// Largest request the daemon decodes (a lease request is a few hundred bytes).
 pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
@@ -348,11 +349,7 @@ impl Tessera for TesseraService {
                 };
                 let lease = this
                     .mgr
-                    .end(
-                        &r.lease_id,
-                        crate::lease::model::LeaseState::Released,
-                        &reason,
-                    )
+                    .end(&r.lease_id, crate::model::LeaseState::Released, &reason)
                     .await
                     .map_err(status)?;
                 Ok((

@@ -20,6 +20,8 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::mps::{MpsDaemon, MpsSpec};
+
 /// NVML return codes the daemon reacts to. Names follow `nvmlReturn_t`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum NvmlCode {
@@ -187,31 +189,16 @@ pub struct Utilization {
     pub memory_used_bytes: u64,
 }
 
-/// The limits of one MPS control daemon (one per MPS lease).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MpsSpec {
-    /// The lease the daemon belongs to.
-    pub lease_id: String,
-    pub gpu: u32,
-    pub gpu_uuid: String,
-    pub sm_percent: u32,
-    pub memory_bytes: u64,
-    pub pipe_dir: PathBuf,
-    pub log_dir: PathBuf,
-    /// uid that owns pipe and log dirs (the uid the container runs as); None = root.
-    pub owner_uid: Option<u32>,
-}
-
-/// A running MPS control daemon as the backend reports it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MpsDaemon {
-    pub spec: MpsSpec,
-    pub pid: Option<u32>,
-    pub running: bool,
+#[derive(Debug, Clone)]
+pub struct SimSection {
+    /// The simulator's hardware state (outside the daemon's database: real MIG
+    /// instances outlive a daemon restart).
+    pub state_file: PathBuf,
+    pub gpus: sim::SimConfig,
 }
 
 /// Open the simulated GPUs of the config's `[sim]` section.
-pub fn open_sim(section: &crate::config::SimSection) -> Result<sim::SimBackend, GpuError> {
+pub fn open_sim(section: &SimSection) -> Result<sim::SimBackend, GpuError> {
     if let Some(dir) = section.state_file.parent()
         && !dir.as_os_str().is_empty()
     {
@@ -269,4 +256,14 @@ pub trait GpuBackend: Send + Sync {
     fn mps_stop(&self, lease_id: &str) -> Result<(), GpuError>;
     /// The MPS daemons the backend knows of (the sim's state file, or pid files).
     fn mps_daemons(&self) -> Result<Vec<MpsDaemon>, GpuError>;
+}
+
+impl crate::mps::MpsError {
+    /// As the backend trait's error, naming the lease.
+    pub fn into_gpu_error(self, lease_id: &str) -> GpuError {
+        GpuError::Mps {
+            lease: lease_id.to_owned(),
+            detail: self.to_string(),
+        }
+    }
 }

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use crate::config::DevicesConfig;
 use crate::gpu::MigMinors;
 
-use super::model::{Lease, PartKind, Partition};
+use crate::model::{Lease, PartKind, Partition};
 
 /// Major of /dev/nvidia<N>, /dev/nvidiactl.
 pub const NVIDIA_MAJOR: i64 = 195;

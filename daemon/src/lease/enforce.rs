@@ -13,7 +13,7 @@ use cgroups_rs::freezer::FreezerController;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
-use super::model::ContainerBinding;
+use crate::model::ContainerBinding;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EnforceError {

@@ -1,12 +1,154 @@
-//! Lease manager: admission, placement, the write-ahead protocol, expiry, revocation.
+//! The lease core: admission, placement, the write-ahead protocol, expiry,
+//! revocation and reconciliation at start. One file per concern:
+//!
+//! | file | concern |
+//! |---|---|
+//! | `table.rs` | the in-memory table (GPUs, leases, partitions, tokens) and the planner's view |
+//! | `validate.rs` | checks of a request that need no state |
+//! | `create.rs` | CreateLease: reserve, intent, hardware, outcome |
+//! | `admission.rs` | quota and placement under the lock; preemption of burst leases |
+//! | `grants.rs`, `quota.rs` | the tenancy policy in force, temporary grants; quota arithmetic |
+//! | `renew.rs`, `end.rs` | a new expiry; release, expiry and revocation with write-ahead teardown |
+//! | `binding.rs` | the runtime's side: token -> devices, container bindings |
+//! | `housekeeping.rs` | the background loop |
+//! | `reconcile.rs`, `static_layout.rs` | start: store vs hardware, the operator's static layout |
+//! | `devices.rs`, `token.rs`, `events.rs`, `error.rs` | device nodes of a lease, tokens, events, errors |
+//!
+//! Protocol for every hardware change (invariant 2):
+//! 1. reserve in memory (under the state lock) so no concurrent call takes the same
+//!    placement or share;
+//! 2. durably record the intent (lease + partition + intent row in one commit);
+//! 3. change the hardware;
+//! 4. durably record the outcome and finish the intent;
+//! 5. publish in memory and acknowledge.
+//!
+//! A crash between any two steps leaves an open intent that [`LeaseManager::start`]
+//! resolves: it adopts what the daemon created, undoes half-done work, and never
+//! touches instances no record explains.
+//!
+//! May use: names, config, model, gpu, partition, store, host, usage. May not touch:
+//! api, tonic or the generated proto types (the API layer converts).
 
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tessera_common::clock::now_ms;
+use tokio::sync::broadcast;
+
+use crate::config::{Config, TenancyConfig};
+use crate::gpu::{GpuBackend, GpuError};
+use crate::model::Grant;
+use crate::store::Store;
+
+mod admission;
+mod binding;
+mod create;
 pub mod devices;
+mod end;
 pub mod enforce;
-pub mod manager;
-pub mod model;
+mod error;
+mod events;
+mod grants;
+mod housekeeping;
+mod queries;
 pub mod quota;
+mod reconcile;
+mod renew;
+mod static_layout;
+mod table;
 pub mod token;
+mod validate;
 
-pub use manager::{
-    CreateRequest, Created, EventKind, GpuReport, LeaseError, LeaseEvent, LeaseManager, now_ms,
-};
+pub use create::{CreateRequest, Created};
+pub use error::LeaseError;
+pub use events::{EventKind, LeaseEvent};
+pub use queries::GpuReport;
+pub use table::GpuState;
+pub use validate::validate_create;
+
+use admission::Again;
+use table::State;
+
+pub struct LeaseManager {
+    config: Config,
+    backend: Arc<dyn GpuBackend>,
+    store: Arc<Store>,
+    state: Mutex<State>,
+    events: broadcast::Sender<LeaseEvent>,
+    shutting_down: std::sync::atomic::AtomicBool,
+    /// Unix ms of the housekeeping loop's last completed pass (watchdog feed).
+    heartbeat: std::sync::atomic::AtomicI64,
+    tenancy: std::sync::RwLock<Arc<TenancyConfig>>,
+    grants: Mutex<Vec<Grant>>,
+}
+
+impl std::fmt::Debug for LeaseManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseManager").finish_non_exhaustive()
+    }
+}
+
+/// Create a directory (and parents) with mode 0700.
+fn create_private_dir(dir: &std::path::Path) -> Result<(), GpuError> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .and_then(|_| std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)))
+        .map_err(|source| GpuError::Io {
+            path: dir.to_path_buf(),
+            source,
+        })
+}
+impl LeaseManager {
+    /// Load the store, reconcile it with the hardware, and set up the static layout.
+    pub fn start(
+        config: Config,
+        backend: Arc<dyn GpuBackend>,
+        store: Arc<Store>,
+    ) -> Result<Arc<LeaseManager>, LeaseError> {
+        let (events, _) = broadcast::channel(4096);
+        let grants = store.grants()?;
+        let mgr = Arc::new(LeaseManager {
+            config: config.clone(),
+            backend,
+            store,
+            state: Mutex::new(State::default()),
+            events,
+            shutting_down: std::sync::atomic::AtomicBool::new(false),
+            heartbeat: std::sync::atomic::AtomicI64::new(now_ms()),
+            tenancy: std::sync::RwLock::new(Arc::new(config.tenancy.clone())),
+            grants: Mutex::new(Vec::new()),
+        });
+        *mgr.grants.lock().unwrap_or_else(|p| p.into_inner()) = grants;
+        mgr.load_and_reconcile()?;
+        mgr.ensure_static_layout()?;
+        Ok(mgr)
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    pub fn backend(&self) -> &Arc<dyn GpuBackend> {
+        &self.backend
+    }
+
+    /// Unix ms when the housekeeping loop last completed a pass.
+    pub fn heartbeat_ms(&self) -> i64 {
+        self.heartbeat.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    pub fn begin_shutdown(&self) {
+        self.shutting_down
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock would be a bug; keep serving with the data.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests;

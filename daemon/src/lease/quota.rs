@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use crate::config::{Amounts, TenancyConfig};
 use crate::partition::Shape;
 
-use super::model::Lease;
+use crate::model::Lease;
 
 /// Quota amounts a shape uses.
 pub fn amounts_of(shape: &Shape) -> Amounts {
@@ -204,7 +204,7 @@ pub fn victims_in_order<'a>(
 mod tests {
     use super::*;
     use crate::config::TenantQuota;
-    use crate::lease::model::LeaseState;
+    use crate::model::LeaseState;
 
     fn cfg() -> TenancyConfig {
         let mut tenants = BTreeMap::new();

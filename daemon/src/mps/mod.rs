@@ -22,7 +22,28 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::gpu::{GpuError, MpsDaemon, MpsSpec};
+/// The limits of one MPS control daemon (one per MPS lease).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MpsSpec {
+    /// The lease the daemon belongs to.
+    pub lease_id: String,
+    pub gpu: u32,
+    pub gpu_uuid: String,
+    pub sm_percent: u32,
+    pub memory_bytes: u64,
+    pub pipe_dir: PathBuf,
+    pub log_dir: PathBuf,
+    /// uid that owns pipe and log dirs (the uid the container runs as); None = root.
+    pub owner_uid: Option<u32>,
+}
+
+/// A running MPS control daemon as the backend reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MpsDaemon {
+    pub spec: MpsSpec,
+    pub pid: Option<u32>,
+    pub running: bool,
+}
 
 /// The control binary, looked up in PATH unless configured.
 pub const DEFAULT_BINARY: &str = "nvidia-cuda-mps-control";
@@ -97,16 +118,6 @@ pub enum MpsError {
     Conflict(String),
     #[error("{path}: corrupt MPS record: {detail}")]
     CorruptRecord { path: PathBuf, detail: String },
-}
-
-impl MpsError {
-    /// As the backend trait's error, naming the lease.
-    pub fn into_gpu_error(self, lease_id: &str) -> GpuError {
-        GpuError::Mps {
-            lease: lease_id.to_owned(),
-            detail: self.to_string(),
-        }
-    }
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> MpsError + '_ {
@@ -711,8 +722,6 @@ mod tests {
             c.daemons().unwrap().is_empty(),
             "no record of a daemon never started"
         );
-        let g = e.into_gpu_error("l1");
-        assert!(matches!(g, GpuError::Mps { ref lease, .. } if lease == "l1"));
     }
 
     /// A stand-in for nvidia-cuda-mps-control: `-d` leaves a background process named

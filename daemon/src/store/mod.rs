@@ -19,7 +19,7 @@ use std::sync::mpsc;
 
 use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 
-use crate::lease::model::{Grant, Intent, IntentOp, Lease, LeaseState, Partition};
+use crate::model::{Grant, Intent, IntentOp, Lease, LeaseState, Partition};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {

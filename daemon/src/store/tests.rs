@@ -1,7 +1,7 @@
 use std::collections::{BTreeMap, HashSet};
 
 use super::*;
-use crate::lease::model::{LeaseState, Origin, PartKind, PartitionState};
+use crate::model::{LeaseState, Origin, PartKind, PartitionState};
 use crate::partition::Shape;
 
 fn lease(id: &str, tenant: &str, request_id: Option<&str>) -> Lease {

@@ -1,0 +1,167 @@
+//! The runtime's side: resolve a token to devices, bind and unbind containers.
+
+use crate::gpu::GpuError;
+use crate::model::{ContainerBinding, Lease, LeaseState, PartKind};
+
+use super::devices::{self, Resolved};
+use super::error::invalid;
+use super::token;
+#[allow(unused_imports)]
+use super::*;
+
+impl LeaseManager {
+    pub fn resolve_token(&self, tok: &str) -> Result<Resolved, LeaseError> {
+        let not_found = || LeaseError::NotFound("unknown, expired or revoked lease token".into());
+        if !token::looks_valid(tok) {
+            return Err(not_found());
+        }
+        let h = token::hash(tok);
+        let (lease, partition, gpu) = {
+            let st = self.lock();
+            let lid = st.tokens.get(&h).ok_or_else(not_found)?;
+            let lease = st.leases.get(lid).cloned().ok_or_else(not_found)?;
+            if lease.state != LeaseState::Active {
+                return Err(LeaseError::FailedPrecondition(format!(
+                    "lease {} is {}",
+                    lease.id,
+                    lease.state.as_str()
+                )));
+            }
+            let partition = st
+                .partitions
+                .get(&lease.partition_id)
+                .cloned()
+                .ok_or_else(|| LeaseError::Internal("lease without partition".into()))?;
+            let gpu = st
+                .gpus
+                .iter()
+                .find(|g| g.info.index == partition.gpu)
+                .map(|g| g.info.clone())
+                .ok_or_else(|| LeaseError::Internal("partition on unknown GPU".into()))?;
+            (lease, partition, gpu)
+        };
+        let minors = match partition.kind {
+            PartKind::Mig(_) => self.backend.mig_minors()?,
+            _ => Default::default(),
+        };
+        Ok(devices::resolve(
+            &lease,
+            &partition,
+            gpu.minor,
+            &gpu.uuid,
+            &minors,
+            &self.config.devices,
+            self.config.lease.pids_limit,
+        ))
+    }
+
+    /// Record a container on the lease its token names (the runtime calls this
+    /// before runc). `uid` is the container's uid: an MPS lease's pipe and log
+    /// directories are handed to it (mode 0700); MPS serves one uid at a time, so a
+    /// container with another uid is refused.
+    pub async fn bind_container(
+        &self,
+        tok: &str,
+        binding: ContainerBinding,
+        uid: Option<u32>,
+    ) -> Result<Lease, LeaseError> {
+        if binding.id.is_empty() || binding.id.len() > 1024 {
+            return Err(invalid("container_id", "must be 1-1024 characters"));
+        }
+        if binding.cgroup_path.len() > 4096 || binding.runtime_root.len() > 4096 {
+            return Err(invalid(
+                "cgroup_path",
+                "cgroup_path and runtime_root are at most 4096 bytes",
+            ));
+        }
+        let resolved = self.resolve_token(tok)?;
+        let (lease, handed) = {
+            let mut st = self.lock();
+            let n = st
+                .leases
+                .get(&resolved.lease.id)
+                .map(|l| l.containers.len())
+                .unwrap_or(0);
+            if n >= 1024 {
+                return Err(LeaseError::ResourceExhausted(format!(
+                    "lease {} already has {n} containers",
+                    resolved.lease.id
+                )));
+            }
+            let mut handed = None;
+            if let (Some(uid), Some(p)) = (uid, st.partitions.get_mut(&resolved.partition.id))
+                && let PartKind::Mps(m) = &mut p.kind
+            {
+                match m.owner_uid {
+                    Some(owner) if owner != uid => {
+                        return Err(LeaseError::FailedPrecondition(format!(
+                            "this MPS lease serves uid {owner}; a container running as uid {uid} cannot share its MPS server"
+                        )));
+                    }
+                    Some(_) => {}
+                    None => {
+                        m.owner_uid = Some(uid);
+                        let dirs = (m.pipe_dir.clone(), m.log_dir.clone());
+                        handed = Some((p.clone(), dirs.0, dirs.1));
+                    }
+                }
+            }
+            let l = st
+                .leases
+                .get_mut(&resolved.lease.id)
+                .ok_or_else(|| LeaseError::NotFound("lease ended".into()))?;
+            l.containers.retain(|c| c.id != binding.id);
+            l.containers.push(binding.clone());
+            (l.clone(), handed)
+        };
+        if let (Some(uid), Some((_, pipe, log))) = (uid, &handed) {
+            for dir in [pipe.parent(), Some(pipe.as_path()), Some(log.as_path())]
+                .into_iter()
+                .flatten()
+            {
+                std::os::unix::fs::chown(dir, Some(uid), None).map_err(|source| {
+                    LeaseError::Hardware(GpuError::Io {
+                        path: dir.to_path_buf(),
+                        source,
+                    })
+                })?;
+            }
+        }
+        let l2 = lease.clone();
+        let p2 = handed.map(|(p, _, _)| p);
+        self.store
+            .write(move |w| {
+                if let Some(p) = &p2 {
+                    w.put_partition(p)?;
+                }
+                w.put_lease(&l2)
+            })
+            .await?;
+        self.emit(EventKind::ContainerBound, &lease, None, binding.id);
+        Ok(lease)
+    }
+
+    pub async fn unbind_container(&self, container_id: &str) -> Result<(), LeaseError> {
+        let lease = {
+            let mut st = self.lock();
+            let Some(l) = st
+                .leases
+                .values_mut()
+                .find(|l| l.containers.iter().any(|c| c.id == container_id))
+            else {
+                return Ok(());
+            };
+            l.containers.retain(|c| c.id != container_id);
+            l.clone()
+        };
+        let l2 = lease.clone();
+        self.store.write(move |w| w.put_lease(&l2)).await?;
+        self.emit(
+            EventKind::ContainerUnbound,
+            &lease,
+            None,
+            container_id.to_string(),
+        );
+        Ok(())
+    }
+}

@@ -1,0 +1,230 @@
+//! The background loop: expiry, expiry notices, retried teardowns, MPS supervision, pruning.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tessera_common::clock::now_ms;
+use tracing::warn;
+
+use crate::gpu::MpsSpec;
+use crate::model::{Lease, LeaseState, Partition, PartitionState};
+
+#[allow(unused_imports)]
+use super::*;
+
+/// First wait before a failed teardown is tried again; it doubles per failure.
+pub(super) const TEARDOWN_RETRY_MS: i64 = 250;
+
+impl LeaseManager {
+    /// One pass of the housekeeping loop: expire leases, warn of expiry, retry stuck
+    /// teardowns. Returns how many leases it ended.
+    pub async fn tick(&self) -> usize {
+        let now = now_ms();
+        let notice = self.config.lease.expiring_notice.as_millis() as i64;
+        let (expired, expiring, stuck) = {
+            let mut st = self.lock();
+            let mut expired = Vec::new();
+            let mut expiring = Vec::new();
+            let mut stuck = Vec::new();
+            for l in st.leases.values() {
+                if l.state == LeaseState::Active && l.expires_at_ms <= now {
+                    expired.push(l.id.clone());
+                } else if l.state == LeaseState::Active
+                    && l.expires_at_ms - notice <= now
+                    && !st.expiring_notified.contains(&l.id)
+                {
+                    expiring.push(l.clone());
+                } else if l.state == LeaseState::Revoking
+                    && !st.tearing_down.contains(&l.id)
+                    && st
+                        .teardown_backoff
+                        .get(&l.id)
+                        .is_none_or(|(_, next)| *next <= now)
+                {
+                    stuck.push(l.id.clone());
+                }
+            }
+            for l in &expiring {
+                st.expiring_notified.insert(l.id.clone());
+            }
+            (expired, expiring, stuck)
+        };
+        for l in expiring {
+            let left = (l.expires_at_ms - now).max(0) / 1000;
+            self.emit(
+                EventKind::Expiring,
+                &l,
+                None,
+                format!("expires in {left}s unless renewed"),
+            );
+        }
+        let mut ended = 0;
+        for id in expired {
+            match self.end(&id, LeaseState::Expired, "TTL ran out").await {
+                Ok(_) => ended += 1,
+                Err(e) => warn!(lease = %id, error = %e, "could not expire lease"),
+            }
+        }
+        for id in stuck {
+            if let Err(e) = self.retry_teardown(&id).await {
+                warn!(lease = %id, error = %e, "teardown retry failed");
+            }
+            // Still blocked: wait longer before the next try (250 ms doubling up
+            // to 5 s), so a long-blocked teardown neither spins nor floods the log.
+            let mut st = self.lock();
+            let blocked = st
+                .leases
+                .get(&id)
+                .is_some_and(|l| l.state == LeaseState::Revoking);
+            if blocked {
+                let (n, next) = st.teardown_backoff.entry(id).or_insert((0, 0));
+                *n = n.saturating_add(1);
+                *next = now_ms()
+                    + TEARDOWN_RETRY_MS
+                        .saturating_mul(1 << (*n).min(5))
+                        .min(5_000);
+            } else {
+                st.teardown_backoff.remove(&id);
+            }
+        }
+        self.supervise_mps(now).await;
+        ended
+    }
+
+    /// Restart the MPS control daemon of any active MPS lease whose daemon died,
+    /// with the lease's limits, backing off exponentially (1 s .. 60 s) per lease.
+    pub(super) async fn supervise_mps(&self, now: i64) {
+        let due: Vec<(Lease, Partition, u32)> = {
+            let mut st = self.lock();
+            if now - st.mps_checked_ms < 1000 {
+                return;
+            }
+            st.mps_checked_ms = now;
+            st.partitions
+                .values()
+                .filter(|p| p.state == PartitionState::Ready && p.mps().is_some())
+                .filter_map(|p| {
+                    let l = st.leases.get(p.lease_id.as_deref()?)?;
+                    (l.state == LeaseState::Active && !st.tearing_down.contains(&l.id))
+                        .then(|| (l.clone(), p.clone()))
+                })
+                .filter_map(|(l, p)| {
+                    let (n, next) = st.mps_backoff.get(&l.id).copied().unwrap_or((0, 0));
+                    (next <= now).then_some((l, p, n))
+                })
+                .collect()
+        };
+        if due.is_empty() {
+            return;
+        }
+        let backend = self.backend.clone();
+        let running: HashSet<String> =
+            match tokio::task::spawn_blocking(move || backend.mps_daemons()).await {
+                Ok(Ok(d)) => d
+                    .into_iter()
+                    .filter(|d| d.running)
+                    .map(|d| d.spec.lease_id)
+                    .collect(),
+                Ok(Err(e)) => {
+                    warn!(error = %e, "cannot list MPS daemons");
+                    return;
+                }
+                Err(_) => return,
+            };
+        for (lease, p, attempts) in due {
+            if running.contains(&lease.id) {
+                // Healthy again for a whole check: forget old failures.
+                self.lock().mps_backoff.remove(&lease.id);
+                continue;
+            }
+            let Some(m) = p.mps() else { continue };
+            let spec = MpsSpec {
+                lease_id: lease.id.clone(),
+                gpu: p.gpu,
+                gpu_uuid: p.gpu_uuid.clone(),
+                sm_percent: m.sm_percent,
+                memory_bytes: m.memory_bytes,
+                pipe_dir: m.pipe_dir.clone(),
+                log_dir: m.log_dir.clone(),
+                owner_uid: m.owner_uid,
+            };
+            let backend = self.backend.clone();
+            let res = tokio::task::spawn_blocking(move || {
+                for dir in [&spec.pipe_dir, &spec.log_dir] {
+                    create_private_dir(dir)?;
+                }
+                backend.mps_start(&spec)
+            })
+            .await;
+            let delay = 1000i64 << attempts.min(6);
+            self.lock()
+                .mps_backoff
+                .insert(lease.id.clone(), (attempts + 1, now + delay.min(60_000)));
+            match res {
+                Ok(Ok(_)) => {
+                    warn!(lease = %lease.id, attempt = attempts + 1, "MPS control daemon had died; restarted with the lease's limits");
+                    self.emit(
+                        EventKind::MpsRestarted,
+                        &lease,
+                        Some(&p),
+                        format!(
+                            "MPS control daemon restarted (attempt {}) with {}% SMs and {} MiB",
+                            attempts + 1,
+                            m.sm_percent,
+                            m.memory_bytes >> 20
+                        ),
+                    );
+                }
+                Ok(Err(e)) => {
+                    warn!(lease = %lease.id, error = %e, "restarting the MPS control daemon failed; backing off");
+                }
+                Err(_) => {}
+            }
+        }
+    }
+
+    pub(super) async fn retry_teardown(&self, id: &str) -> Result<(), LeaseError> {
+        let (lease, partition) = {
+            let mut st = self.lock();
+            if st.tearing_down.contains(id) {
+                return Ok(());
+            }
+            let Some(lease) = st.leases.get(id).cloned() else {
+                return Ok(());
+            };
+            let Some(p) = st.partitions.get(&lease.partition_id).cloned() else {
+                return Ok(());
+            };
+            st.tearing_down.insert(id.to_string());
+            (lease, p)
+        };
+        let hw = self.teardown_for(&partition);
+        let r = self.teardown(lease, partition, hw).await;
+        self.lock().tearing_down.remove(id);
+        r.map(|_| ())
+    }
+
+    /// Run [`LeaseManager::tick`] until `stop` fires.
+    pub async fn run_housekeeping(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
+        let mut every = tokio::time::interval(Duration::from_millis(250));
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_prune = now_ms();
+        loop {
+            tokio::select! {
+                _ = every.tick() => {}
+                _ = stop.changed() => return,
+            }
+            self.tick().await;
+            self.heartbeat
+                .store(now_ms(), std::sync::atomic::Ordering::SeqCst);
+            if now_ms() - last_prune > 3_600_000 {
+                last_prune = now_ms();
+                let before = now_ms() - self.config.lease.retain_ended.as_millis() as i64;
+                if let Err(e) = self.store.write(move |w| w.prune(before)).await {
+                    warn!(error = %e, "pruning ended leases failed");
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,128 @@
+//! Read-only questions: a node's GPUs and free capacity, one lease, a listing.
+
+use crate::gpu::{GiProfile, GpuInfo};
+use crate::model::{Lease, LeaseState, Partition};
+use crate::names::truncate;
+use crate::partition::{self};
+use crate::store::LeaseQuery;
+
+#[allow(unused_imports)]
+use super::*;
+
+/// A GPU with its partitions and free capacity (GetNode).
+#[derive(Debug, Clone)]
+pub struct GpuReport {
+    pub info: GpuInfo,
+    pub profiles: Vec<(GiProfile, u32)>,
+    pub partitions: Vec<Partition>,
+    pub mps_sm_percent_used: u32,
+    pub mps_memory_used: u64,
+    pub whole_leased: bool,
+    pub free_slices: u32,
+}
+
+impl LeaseManager {
+    pub fn node(&self) -> Vec<GpuReport> {
+        let st = self.lock();
+        let views = Self::views(&st);
+        views
+            .iter()
+            .map(|v| {
+                let free = partition::free_capacity(v);
+                let profiles = v
+                    .profiles
+                    .iter()
+                    .map(|p| {
+                        let n = free
+                            .iter()
+                            .find(|(id, _)| *id == p.id)
+                            .map(|(_, n)| *n)
+                            .unwrap_or(0);
+                        (p.clone(), n)
+                    })
+                    .collect();
+                let mut partitions: Vec<Partition> = st
+                    .partitions
+                    .values()
+                    .filter(|p| p.gpu == v.info.index)
+                    .cloned()
+                    .collect();
+                partitions.sort_by(|a, b| a.id.cmp(&b.id));
+                let used = partition::used_memory_slices(v);
+                GpuReport {
+                    info: v.info.clone(),
+                    profiles,
+                    partitions,
+                    mps_sm_percent_used: v.mps.iter().map(|m| m.sm_percent).sum(),
+                    mps_memory_used: v.mps.iter().map(|m| m.memory_bytes).sum(),
+                    whole_leased: v.whole_leased,
+                    free_slices: if v.info.mig_current {
+                        8u32.saturating_sub(used)
+                    } else {
+                        0
+                    },
+                }
+            })
+            .collect()
+    }
+
+    /// A lease (live from memory, ended from the store) with its partition.
+    pub fn get(&self, id: &str) -> Result<(Lease, Option<Partition>), LeaseError> {
+        {
+            let st = self.lock();
+            if let Some(l) = st.leases.get(id) {
+                let p = st.partitions.get(&l.partition_id).cloned();
+                return Ok((l.clone(), p));
+            }
+        }
+        match self.store.get_lease(id)? {
+            Some(l) => Ok((l, None)),
+            None => Err(LeaseError::NotFound(format!(
+                "no lease {:?}",
+                truncate(id, 80)
+            ))),
+        }
+    }
+
+    pub fn list(
+        &self,
+        tenant: Option<&str>,
+        state: Option<LeaseState>,
+        include_ended: bool,
+    ) -> Result<Vec<(Lease, Option<Partition>)>, LeaseError> {
+        let live_only = state.is_none_or(LeaseState::is_live) && !include_ended;
+        if live_only {
+            let st = self.lock();
+            let mut out: Vec<_> = st
+                .leases
+                .values()
+                .filter(|l| tenant.is_none_or(|t| l.tenant == t))
+                .filter(|l| state.is_none_or(|s| l.state == s))
+                .map(|l| (l.clone(), st.partitions.get(&l.partition_id).cloned()))
+                .collect();
+            out.sort_by_key(|(l, _)| l.created_at_ms);
+            return Ok(out);
+        }
+        let rows = self.store.list_leases(&LeaseQuery {
+            tenant: tenant.map(String::from),
+            state,
+            limit: 1000,
+        })?;
+        let st = self.lock();
+        Ok(rows
+            .into_iter()
+            .map(|l| {
+                // Prefer the in-memory copy of live leases (it is newer).
+                let l = st.leases.get(&l.id).cloned().unwrap_or(l);
+                let p = st.partitions.get(&l.partition_id).cloned();
+                (l, p)
+            })
+            .collect())
+    }
+
+    /// Shared read of state for tests and metrics: (live leases, partitions).
+    pub fn counts(&self) -> (usize, usize) {
+        let st = self.lock();
+        (st.leases.len(), st.partitions.len())
+    }
+}

@@ -1,0 +1,430 @@
+//! Start: load the store and reconcile it with the hardware (open intents, vanished instances, MPS daemons, foreign instances).
+
+use std::collections::{HashMap, HashSet};
+
+use tessera_common::clock::now_ms;
+use tracing::{info, warn};
+
+use crate::gpu::{MigInstance, MpsSpec};
+use crate::model::{IntentOp, Lease, LeaseState, MigPart, PartKind, Partition, PartitionState};
+
+#[allow(unused_imports)]
+use super::*;
+
+#[derive(Default)]
+pub(super) struct Reconciled {
+    adopted: usize,
+    rolled_back: usize,
+    recreated: usize,
+    mps_restarted: usize,
+}
+
+impl LeaseManager {
+    pub(super) fn load_and_reconcile(&self) -> Result<(), LeaseError> {
+        let devices = self.backend.devices()?;
+        let mut gpus = Vec::new();
+        for info in devices {
+            let profiles = if info.mig_current {
+                self.backend.gi_profiles(info.index)?
+            } else {
+                Vec::new()
+            };
+            gpus.push(GpuState { info, profiles });
+        }
+        let snap = self.store.snapshot()?;
+        let mut st = State {
+            gpus,
+            ..Default::default()
+        };
+        for p in snap.partitions {
+            st.partitions.insert(p.id.clone(), p);
+        }
+        for l in snap.leases {
+            if let Some(rid) = &l.request_id {
+                st.requests
+                    .insert((l.tenant.clone(), rid.clone()), l.id.clone());
+            }
+            st.leases.insert(l.id.clone(), l);
+        }
+        for (h, lid) in snap.tokens {
+            st.tokens.insert(h, lid);
+        }
+        let mut instances: HashMap<u32, Vec<MigInstance>> = HashMap::new();
+        for g in &st.gpus {
+            if g.info.mig_current {
+                instances.insert(g.info.index, self.backend.instances(g.info.index)?);
+            }
+        }
+        let now = now_ms();
+        let mut report = Reconciled::default();
+
+        // Open intents first: each explains a hardware change that may be half done.
+        for intent in &snap.intents {
+            self.reconcile_intent(&mut st, &mut instances, intent, now, &mut report)?;
+        }
+
+        // Records that point at hardware: verify it is still there.
+        let mps_running: HashSet<String> = self
+            .backend
+            .mps_daemons()?
+            .into_iter()
+            .filter(|d| d.running)
+            .map(|d| d.spec.lease_id)
+            .collect();
+        let ids: Vec<String> = st.partitions.keys().cloned().collect();
+        for id in ids {
+            let Some(p) = st.partitions.get(&id).cloned() else {
+                continue;
+            };
+            if p.state != PartitionState::Ready {
+                continue;
+            }
+            match &p.kind {
+                PartKind::Mig(m) => {
+                    let present = instances.get(&p.gpu).is_some_and(|v| {
+                        v.iter()
+                            .any(|i| Some(i.gi_id) == m.gi_id && Some(&i.uuid) == m.uuid.as_ref())
+                    });
+                    if !present {
+                        // The instance vanished (GPU reset, reboot): recreate it at
+                        // the same placement for the lease that holds it.
+                        self.recreate_vanished(&mut st, &p, m, now, &mut report)?;
+                        if let Some(inst) = st
+                            .partitions
+                            .get(&p.id)
+                            .and_then(|p| p.mig().and_then(|m| m.gi_id))
+                        {
+                            let list = instances.entry(p.gpu).or_default();
+                            if let Ok(all) = self.backend.instances(p.gpu) {
+                                *list = all;
+                            }
+                            let _ = inst;
+                        }
+                    }
+                }
+                PartKind::Mps(m) => {
+                    if let Some(lid) = &p.lease_id
+                        && !mps_running.contains(lid)
+                    {
+                        let spec = MpsSpec {
+                            lease_id: lid.clone(),
+                            gpu: p.gpu,
+                            gpu_uuid: p.gpu_uuid.clone(),
+                            sm_percent: m.sm_percent,
+                            memory_bytes: m.memory_bytes,
+                            pipe_dir: m.pipe_dir.clone(),
+                            log_dir: m.log_dir.clone(),
+                            owner_uid: m.owner_uid,
+                        };
+                        let started = [&spec.pipe_dir, &spec.log_dir]
+                            .into_iter()
+                            .try_for_each(|d| create_private_dir(d))
+                            .and_then(|()| self.backend.mps_start(&spec).map(|_| ()));
+                        match started {
+                            Ok(()) => report.mps_restarted += 1,
+                            // The supervisor retries it with its backoff once the
+                            // daemon runs; one GPU's MPS trouble does not stop the
+                            // others being served.
+                            Err(e) => warn!(
+                                lease = %lid,
+                                gpu = p.gpu,
+                                error = %e,
+                                "could not restart the MPS control daemon at start; will retry"
+                            ),
+                        }
+                    }
+                }
+                PartKind::WholeGpu => {}
+            }
+        }
+
+        // Instances no record explains: never touched, but counted as occupied.
+        for (gpu, list) in &instances {
+            for inst in list {
+                let explained = st.partitions.values().any(|p| {
+                    p.gpu == *gpu
+                        && p.mig().is_some_and(|m| {
+                            m.gi_id == Some(inst.gi_id) || m.placement == inst.placement
+                        })
+                });
+                if !explained {
+                    warn!(gpu, gi = inst.gi_id, uuid = %inst.uuid,
+                        "MIG instance not created by tesserad: leaving it alone and treating its placement as occupied");
+                    st.foreign.push(inst.clone());
+                }
+            }
+        }
+        info!(
+            leases = st.leases.len(),
+            partitions = st.partitions.len(),
+            intents = snap.intents.len(),
+            adopted = report.adopted,
+            rolled_back = report.rolled_back,
+            recreated = report.recreated,
+            mps_restarted = report.mps_restarted,
+            foreign = st.foreign.len(),
+            "state loaded and reconciled with the hardware"
+        );
+        *self.lock() = st;
+        Ok(())
+    }
+
+    pub(super) fn reconcile_intent(
+        &self,
+        st: &mut State,
+        instances: &mut HashMap<u32, Vec<MigInstance>>,
+        intent: &crate::model::Intent,
+        now: i64,
+        report: &mut Reconciled,
+    ) -> Result<(), LeaseError> {
+        let iid = intent.id;
+        let Some(p) = st.partitions.get(&intent.partition_id).cloned() else {
+            self.store
+                .write_blocking(move |w| w.finish_intent(iid, now, "orphan"))?;
+            return Ok(());
+        };
+        let lease = p.lease_id.as_ref().and_then(|l| st.leases.get(l).cloned());
+        match intent.op {
+            IntentOp::CreateMig => {
+                let Some(m) = p.mig().cloned() else {
+                    return Ok(());
+                };
+                let list = instances.entry(p.gpu).or_default();
+                let found = list
+                    .iter()
+                    .find(|i| i.placement == m.placement && i.gi_profile_id == m.gi_profile_id)
+                    .cloned();
+                match found {
+                    Some(inst) if inst.ci_id.is_some() => {
+                        // Created completely: adopt it.
+                        let mut p2 = p.clone();
+                        if let PartKind::Mig(mm) = &mut p2.kind {
+                            mm.gi_id = Some(inst.gi_id);
+                            mm.ci_id = inst.ci_id;
+                            mm.uuid = Some(inst.uuid.clone());
+                        }
+                        self.adopt_at_start(st, p2, lease, iid, now)?;
+                        report.adopted += 1;
+                    }
+                    other => {
+                        if let Some(inst) = other {
+                            // A GI without its CI: our half-done create. Undo it. If
+                            // the driver refuses, start anyway: the GI stays in
+                            // `instances`, so it is reported as foreign below and
+                            // its slices count as occupied until an operator
+                            // removes it.
+                            match self.backend.destroy_instance(inst.gpu, inst.gi_id) {
+                                Ok(()) => list.retain(|i| i.gi_id != inst.gi_id),
+                                Err(e) => warn!(
+                                    gpu = inst.gpu,
+                                    gi = inst.gi_id,
+                                    error = %e,
+                                    "could not undo a MIG instance a crash left half created; \
+                                     it is left alone as foreign: remove it with \
+                                     `nvidia-smi mig -i {} -dgi -gi {}`",
+                                    inst.gpu,
+                                    inst.gi_id
+                                ),
+                            }
+                        }
+                        self.fail_creation(st, &p, lease, iid, now)?;
+                        report.rolled_back += 1;
+                    }
+                }
+            }
+            IntentOp::StartMps => {
+                let lid = p.lease_id.clone().unwrap_or_default();
+                let running = self
+                    .backend
+                    .mps_daemons()?
+                    .iter()
+                    .any(|d| d.spec.lease_id == lid && d.running);
+                if running {
+                    self.adopt_at_start(st, p.clone(), lease, iid, now)?;
+                    report.adopted += 1;
+                } else {
+                    let _ = self.backend.mps_stop(&lid);
+                    self.fail_creation(st, &p, lease, iid, now)?;
+                    report.rolled_back += 1;
+                }
+            }
+            IntentOp::DestroyMig | IntentOp::StopMps => {
+                match (&p.kind, intent.op) {
+                    (PartKind::Mig(m), IntentOp::DestroyMig) => {
+                        let list = instances.entry(p.gpu).or_default();
+                        let present = list
+                            .iter()
+                            .any(|i| Some(i.gi_id) == m.gi_id && Some(&i.uuid) == m.uuid.as_ref());
+                        if present {
+                            let gi = m.gi_id.unwrap_or_default();
+                            if let Err(e) = self.backend.destroy_instance(p.gpu, gi) {
+                                warn!(partition = %p.id, error = %e, "teardown still fails; will retry");
+                                return Ok(());
+                            }
+                            list.retain(|i| i.gi_id != gi);
+                        }
+                    }
+                    _ => {
+                        if let Some(l) = &p.lease_id
+                            && let Err(e) = self.backend.mps_stop(l)
+                        {
+                            // As for a MIG teardown: the lease stays revoking and
+                            // housekeeping tries again.
+                            warn!(partition = %p.id, error = %e, "stopping the MPS daemon still fails; will retry");
+                            return Ok(());
+                        }
+                    }
+                }
+                let mut l2 = lease.clone();
+                if let Some(l) = &mut l2 {
+                    l.state = l.ending_as.unwrap_or(LeaseState::Released);
+                    l.ended_at_ms = Some(now);
+                }
+                self.drop_at_start(st, &p.id, l2, iid, now, "done")?;
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn fail_creation(
+        &self,
+        st: &mut State,
+        p: &Partition,
+        lease: Option<Lease>,
+        iid: i64,
+        now: i64,
+    ) -> Result<(), LeaseError> {
+        let mut l2 = lease;
+        if let Some(l) = &mut l2 {
+            l.state = LeaseState::Failed;
+            l.end_reason = Some("the daemon stopped while creating the partition".into());
+            l.ended_at_ms = Some(now);
+        }
+        self.drop_at_start(st, &p.id, l2, iid, now, "rolled back")
+    }
+
+    /// At start: the hardware change of an open intent completed before the crash:
+    /// mark the partition ready and its pending lease active, durably, then in
+    /// memory.
+    pub(super) fn adopt_at_start(
+        &self,
+        st: &mut State,
+        mut p: Partition,
+        mut lease: Option<Lease>,
+        iid: i64,
+        now: i64,
+    ) -> Result<(), LeaseError> {
+        p.state = PartitionState::Ready;
+        if let Some(l) = &mut lease
+            && l.state == LeaseState::Pending
+        {
+            l.state = LeaseState::Active;
+        }
+        let (pp, ll) = (p.clone(), lease.clone());
+        self.store.write_blocking(move |w| {
+            w.put_partition(&pp)?;
+            if let Some(l) = &ll {
+                w.put_lease(l)?;
+            }
+            w.finish_intent(iid, now, "adopted")
+        })?;
+        st.partitions.insert(p.id.clone(), p);
+        if let Some(l) = lease {
+            st.leases.insert(l.id.clone(), l);
+        }
+        Ok(())
+    }
+
+    /// At start: forget a partition, end its lease (as the caller set it) and
+    /// finish the intent, durably, then in memory.
+    pub(super) fn drop_at_start(
+        &self,
+        st: &mut State,
+        partition_id: &str,
+        lease: Option<Lease>,
+        iid: i64,
+        now: i64,
+        outcome: &'static str,
+    ) -> Result<(), LeaseError> {
+        let (pid, ll) = (partition_id.to_string(), lease.clone());
+        self.store.write_blocking(move |w| {
+            w.delete_partition(&pid)?;
+            if let Some(l) = &ll {
+                w.put_lease(l)?;
+                w.delete_tokens(&l.id)?;
+            }
+            w.finish_intent(iid, now, outcome)
+        })?;
+        st.partitions.remove(partition_id);
+        if let Some(l) = lease {
+            st.leases.remove(&l.id);
+            st.tokens.retain(|_, v| *v != l.id);
+            if let Some(rid) = &l.request_id {
+                st.requests.remove(&(l.tenant.clone(), rid.clone()));
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn recreate_vanished(
+        &self,
+        st: &mut State,
+        p: &Partition,
+        m: &MigPart,
+        now: i64,
+        report: &mut Reconciled,
+    ) -> Result<(), LeaseError> {
+        warn!(partition = %p.id, gpu = p.gpu, "MIG instance of a record is gone (GPU reset or reboot?): re-creating it");
+        let pid = p.id.clone();
+        let lid = p.lease_id.clone();
+        let iid = self.store.write_blocking(move |w| {
+            w.begin_intent(IntentOp::CreateMig, &pid, lid.as_deref(), now)
+        })?;
+        match self
+            .backend
+            .create_instance(p.gpu, m.gi_profile_id, m.placement, m.ci_profile_id)
+        {
+            Ok(inst) => {
+                let mut p2 = p.clone();
+                if let PartKind::Mig(mm) = &mut p2.kind {
+                    mm.gi_id = Some(inst.gi_id);
+                    mm.ci_id = inst.ci_id;
+                    mm.uuid = Some(inst.uuid);
+                }
+                let pp = p2.clone();
+                self.store.write_blocking(move |w| {
+                    w.put_partition(&pp)?;
+                    w.finish_intent(iid, now, "recreated")
+                })?;
+                st.partitions.insert(p2.id.clone(), p2);
+                report.recreated += 1;
+            }
+            Err(e) => {
+                warn!(partition = %p.id, error = %e, "could not re-create the MIG instance; revoking its lease");
+                let mut l2 = p.lease_id.as_ref().and_then(|l| st.leases.get(l).cloned());
+                if let Some(l) = &mut l2 {
+                    l.state = LeaseState::Revoked;
+                    l.end_reason = Some(format!(
+                        "MIG instance vanished and could not be re-created: {e}"
+                    ));
+                    l.ended_at_ms = Some(now);
+                }
+                let (pid, ll) = (p.id.clone(), l2.clone());
+                self.store.write_blocking(move |w| {
+                    w.delete_partition(&pid)?;
+                    if let Some(l) = &ll {
+                        w.put_lease(l)?;
+                        w.delete_tokens(&l.id)?;
+                    }
+                    w.finish_intent(iid, now, "failed")
+                })?;
+                st.partitions.remove(&p.id);
+                if let Some(l) = l2 {
+                    st.leases.remove(&l.id);
+                    st.tokens.retain(|_, v| *v != l.id);
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,50 @@
+//! RenewLease: a new expiry for an active lease.
+
+use std::time::Duration;
+
+use tessera_common::clock::now_ms;
+
+use crate::model::{Lease, LeaseState};
+use crate::names::truncate;
+
+use super::error::invalid;
+#[allow(unused_imports)]
+use super::*;
+
+impl LeaseManager {
+    pub async fn renew(&self, id: &str, ttl: Option<Duration>) -> Result<Lease, LeaseError> {
+        let lease = {
+            let mut st = self.lock();
+            let lease = st.leases.get_mut(id).ok_or_else(|| {
+                LeaseError::NotFound(format!("no live lease {:?}", truncate(id, 80)))
+            })?;
+            if lease.state != LeaseState::Active {
+                return Err(LeaseError::FailedPrecondition(format!(
+                    "lease {id} is {}, only active leases can be renewed",
+                    lease.state.as_str()
+                )));
+            }
+            let ttl = ttl.unwrap_or(Duration::from_secs(lease.ttl_secs));
+            if ttl < self.config.lease.min_ttl || ttl > self.config.lease.max_ttl {
+                return Err(invalid(
+                    "ttl_seconds",
+                    format!(
+                        "{}s is outside the allowed {}s..={}s",
+                        ttl.as_secs(),
+                        self.config.lease.min_ttl.as_secs(),
+                        self.config.lease.max_ttl.as_secs()
+                    ),
+                ));
+            }
+            lease.expires_at_ms = now_ms() + ttl.as_millis() as i64;
+            lease.ttl_secs = ttl.as_secs();
+            let l = lease.clone();
+            st.expiring_notified.remove(id);
+            l
+        };
+        let l2 = lease.clone();
+        self.store.write(move |w| w.put_lease(&l2)).await?;
+        self.emit(EventKind::Renewed, &lease, None, String::new());
+        Ok(lease)
+    }
+}

@@ -1,0 +1,97 @@
+//! The in-memory table of GPUs, leases, partitions and tokens, and the planner's view of it.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use tokio::sync::Notify;
+
+use crate::gpu::{GiProfile, GpuInfo, MigInstance};
+use crate::model::{Lease, PartKind, Partition, PartitionState};
+use crate::partition::{GpuView, MpsShare, OccupiedMig, PlanOptions};
+
+#[allow(unused_imports)]
+use super::*;
+
+/// One GPU as the manager knows it.
+#[derive(Debug, Clone)]
+pub struct GpuState {
+    pub info: GpuInfo,
+    pub profiles: Vec<GiProfile>,
+}
+
+#[derive(Default)]
+pub(super) struct State {
+    pub(super) gpus: Vec<GpuState>,
+    pub(super) leases: HashMap<String, Lease>,
+    pub(super) partitions: HashMap<String, Partition>,
+    pub(super) tokens: HashMap<String, String>,
+    pub(super) requests: HashMap<(String, String), String>,
+    pub(super) pending: HashMap<String, Arc<Notify>>,
+    /// Leases whose teardown is running right now.
+    pub(super) tearing_down: HashSet<String>,
+    /// Leases that were told they are close to expiry.
+    pub(super) expiring_notified: HashSet<String>,
+    /// MIG instances no record explains (never touched, but occupied).
+    pub(super) foreign: Vec<MigInstance>,
+    /// Guaranteed requests waiting for their preemptions to finish.
+    pub(super) preempting: usize,
+    /// MPS control daemons found dead: lease -> (restarts so far, next try at ms).
+    pub(super) mps_backoff: HashMap<String, (u32, i64)>,
+    /// Teardowns that failed (a busy instance, a container that will not die):
+    /// lease -> (retries so far, next try at ms).
+    pub(super) teardown_backoff: HashMap<String, (u32, i64)>,
+    /// When the MPS daemons were last checked.
+    pub(super) mps_checked_ms: i64,
+}
+
+impl LeaseManager {
+    pub(super) fn plan_options(&self, gpu_index: Option<u32>) -> PlanOptions {
+        PlanOptions {
+            strategy: self.config.partition.strategy,
+            mps_oversubscribe: self.config.partition.mps_oversubscribe,
+            dynamic_mig: self.config.partition.dynamic_mig,
+            gpu_index,
+        }
+    }
+
+    pub(super) fn views(st: &State) -> Vec<GpuView> {
+        st.gpus
+            .iter()
+            .map(|g| {
+                let idx = g.info.index;
+                let mut mig = Vec::new();
+                let mut mps = Vec::new();
+                let mut whole = false;
+                for p in st.partitions.values().filter(|p| p.gpu == idx) {
+                    match &p.kind {
+                        PartKind::Mig(m) => mig.push(OccupiedMig {
+                            gi_profile_id: m.gi_profile_id,
+                            placement: m.placement,
+                            free_static: (p.lease_id.is_none() && p.state == PartitionState::Ready)
+                                .then(|| p.id.clone()),
+                        }),
+                        PartKind::Mps(m) => mps.push(MpsShare {
+                            sm_percent: m.sm_percent,
+                            memory_bytes: m.memory_bytes,
+                        }),
+                        PartKind::WholeGpu => whole = true,
+                    }
+                }
+                for f in st.foreign.iter().filter(|f| f.gpu == idx) {
+                    mig.push(OccupiedMig {
+                        gi_profile_id: f.gi_profile_id,
+                        placement: f.placement,
+                        free_static: None,
+                    });
+                }
+                GpuView {
+                    info: g.info.clone(),
+                    profiles: g.profiles.clone(),
+                    mig,
+                    mps,
+                    whole_leased: whole,
+                }
+            })
+            .collect()
+    }
+}

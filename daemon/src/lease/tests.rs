@@ -1,0 +1,220 @@
+//! Tests of the lease core that need its private state.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use super::*;
+use crate::model::LeaseState;
+use crate::partition::Shape;
+use crate::store::LeaseQuery;
+
+fn manager(dir: &std::path::Path) -> Arc<LeaseManager> {
+    manager_and_sim(dir).0
+}
+
+fn manager_and_sim(dir: &std::path::Path) -> (Arc<LeaseManager>, Arc<crate::gpu::SimBackend>) {
+    let text = format!(
+        "[daemon]\nstate_dir = {d:?}\nrun_dir = {d:?}\n[gpu]\nbackend = \"sim\"\n\
+         [sim]\nstate_file = {s:?}\n[[sim.gpus]]\nmodel = \"h100-80gb\"\nmig = true\n\
+         [[sim.gpus]]\nmodel = \"a100-40gb\"\nmig = false\n",
+        d = dir.display().to_string(),
+        s = dir.join("sim.json").display().to_string(),
+    );
+    let config = Config::parse(std::path::Path::new("test.toml"), &text).unwrap();
+    let sim = Arc::new(crate::gpu::open_sim(&config.sim).unwrap());
+    let store = Arc::new(Store::open(dir).unwrap());
+    (
+        LeaseManager::start(config, sim.clone(), store).unwrap(),
+        sim,
+    )
+}
+
+fn mig_request(request_id: &str) -> CreateRequest {
+    CreateRequest {
+        tenant: "team-a".into(),
+        shape: Some(Shape::Mig {
+            profile: "1g.10gb".into(),
+            compute_profile: None,
+        }),
+        ttl: None,
+        request_id: Some(request_id.into()),
+        labels: BTreeMap::new(),
+        priority_class: None,
+        gpu_index: None,
+    }
+}
+
+/// A retry that misses the first call in memory but finds its lease live in
+/// the store (the first call reserved and wrote it in between) is a replay with
+/// a token, not the "ended lease" answer that carries none.
+#[tokio::test]
+async fn a_retry_racing_the_first_call_still_gets_a_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let mgr = manager(dir.path());
+    let first = mgr.create(mig_request("job-7")).await.unwrap();
+    assert!(!first.replayed);
+    let key = ("team-a".to_string(), "job-7".to_string());
+    // Open the window: the lease is in the store but not (yet) in memory.
+    let lid = mgr.lock().requests.remove(&key).unwrap();
+    let m2 = mgr.clone();
+    let restore = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        m2.lock().requests.insert(key, lid);
+    });
+    let retry = mgr.create(mig_request("job-7")).await.unwrap();
+    restore.await.unwrap();
+    assert!(retry.replayed);
+    assert_eq!(retry.lease.id, first.lease.id);
+    let token = retry.token.expect("a live lease's retry carries a token");
+    let resolved = mgr.resolve_token(&token).unwrap();
+    assert_eq!(resolved.lease.id, first.lease.id);
+}
+
+/// An ended lease is answered from the store without a token.
+#[tokio::test]
+async fn a_retry_after_release_reports_the_ended_lease_without_a_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let mgr = manager(dir.path());
+    let first = mgr.create(mig_request("job-8")).await.unwrap();
+    mgr.end(&first.lease.id, LeaseState::Released, "test")
+        .await
+        .unwrap();
+    let retry = mgr.create(mig_request("job-8")).await.unwrap();
+    assert!(retry.replayed);
+    assert_eq!(retry.lease.id, first.lease.id);
+    assert!(!retry.lease.state.is_live());
+    assert!(retry.token.is_none());
+}
+
+/// A teardown blocked by a process in the instance is retried with growing
+/// waits, under the one intent it opened, and finishes once the process is gone.
+#[tokio::test]
+async fn a_blocked_teardown_backs_off_keeps_one_intent_and_finishes_later() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mgr, sim) = manager_and_sim(dir.path());
+    let created = mgr.create(mig_request("job-9")).await.unwrap();
+    let part = created.partition.unwrap();
+    let m = part.mig().unwrap().clone();
+    sim.add_process(0, m.gi_id, m.ci_id, 4242, 1 << 20).unwrap();
+    let mut events = mgr.subscribe();
+    let id = created.lease.id.clone();
+    let l = mgr.end(&id, LeaseState::Released, "test").await.unwrap();
+    assert_eq!(l.state, LeaseState::Revoking);
+    // Two seconds of housekeeping ticks every 50 ms: without a backoff that
+    // is 40 attempts; with one (250 ms doubling) at most a handful.
+    for _ in 0..40 {
+        mgr.tick().await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut failed = 0;
+    while let Ok(ev) = events.try_recv() {
+        if ev.lease.id == id && ev.message.starts_with("teardown failed") {
+            failed += 1;
+        }
+    }
+    assert!((3..=8).contains(&failed), "{failed} failed attempts in 2 s");
+    let open: Vec<_> = mgr
+        .store
+        .snapshot()
+        .unwrap()
+        .intents
+        .into_iter()
+        .filter(|i| i.partition_id == part.id)
+        .collect();
+    assert_eq!(open.len(), 1, "one open intent for the teardown: {open:?}");
+    // The blocker leaves: the next due retry (at most 5 s away) finishes it.
+    sim.remove_process(0, 4242).unwrap();
+    let mut state = LeaseState::Revoking;
+    for _ in 0..120 {
+        mgr.tick().await;
+        state = mgr.get(&id).unwrap().0.state;
+        if state != LeaseState::Revoking {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(state, LeaseState::Released);
+    assert!(sim.instances(0).unwrap().is_empty());
+    assert!(mgr.lock().teardown_backoff.is_empty());
+}
+
+/// A crash left a GI without its CI and the driver refuses to destroy it at
+/// start: the daemon still starts, fails the lease, and counts the GI as a
+/// foreign, occupied instance instead of placing anything over it.
+#[tokio::test]
+async fn a_half_created_instance_that_cannot_be_undone_does_not_stop_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mgr, sim) = manager_and_sim(dir.path());
+    sim.crash_next_create_after_gi(0).unwrap();
+    sim.fail_next_destroy(0).unwrap();
+    let mut req = mig_request("job-10");
+    req.gpu_index = Some(0);
+    assert!(mgr.create(req).await.is_err());
+    let all = mgr.store.list_leases(&LeaseQuery::default()).unwrap();
+    assert_eq!(all.len(), 1);
+    let lid = all[0].id.clone();
+    drop(mgr);
+    assert_eq!(sim.instances(0).unwrap().len(), 1, "the half GI is there");
+    sim.fail_next_destroy(0).unwrap();
+    let (mgr, sim) = manager_and_sim(dir.path());
+    let half = sim.instances(0).unwrap();
+    assert_eq!(half.len(), 1, "left alone");
+    assert!(half[0].ci_id.is_none());
+    let (l, _) = mgr.get(&lid).unwrap();
+    assert_eq!(l.state, LeaseState::Failed);
+    let gpu0 = mgr.node().into_iter().find(|g| g.info.index == 0).unwrap();
+    assert_eq!(
+        gpu0.free_slices, 7,
+        "the foreign GI holds one of the 8 memory slices"
+    );
+    // The other slices still serve leases, never over the foreign GI.
+    let mut req = mig_request("job-11");
+    req.gpu_index = Some(0);
+    let c = mgr.create(req).await.unwrap();
+    let placed = c.partition.unwrap().mig().unwrap().placement;
+    assert_ne!(placed, half[0].placement);
+}
+
+/// An MPS daemon that cannot be restarted at start does not stop the start;
+/// the supervisor restarts it once it can.
+#[tokio::test]
+async fn an_mps_daemon_that_cannot_restart_at_start_is_retried_later() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mgr, sim) = manager_and_sim(dir.path());
+    let mut req = mig_request("job-12");
+    req.shape = Some(Shape::Mps {
+        sm_percent: 25,
+        memory_bytes: 4 << 30,
+    });
+    let c = mgr.create(req).await.unwrap();
+    let lid = c.lease.id.clone();
+    let pipe_dir = c.partition.unwrap().mps().unwrap().pipe_dir.clone();
+    drop(mgr);
+    // The daemon died with tesserad, and its pipe directory cannot be made.
+    sim.kill_mps(&lid).unwrap();
+    let blocker = pipe_dir.parent().unwrap().to_path_buf();
+    std::fs::remove_dir_all(&blocker).unwrap();
+    std::fs::write(&blocker, b"not a directory").unwrap();
+    let (mgr, sim) = manager_and_sim(dir.path());
+    assert_eq!(mgr.get(&lid).unwrap().0.state, LeaseState::Active);
+    let running = |sim: &crate::gpu::SimBackend| {
+        sim.mps_daemons()
+            .unwrap()
+            .iter()
+            .any(|d| d.spec.lease_id == lid && d.running)
+    };
+    assert!(!running(&sim));
+    std::fs::remove_file(&blocker).unwrap();
+    let mut up = false;
+    for _ in 0..100 {
+        mgr.tick().await;
+        if running(&sim) {
+            up = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(up, "the supervisor restarted the MPS daemon");
+}
