@@ -74,13 +74,14 @@ pub struct Daemon {
 impl Daemon {
     /// Connects now (not lazily) so that an absent daemon is reported before any work.
     pub async fn connect(socket: &Path) -> Result<Self, CliError> {
-        let channel = tessera_common::unix::channel(socket).await.map_err(|e| {
-            CliError::Unreachable {
-                socket: socket.to_path_buf(),
-                reason: root_cause(&e.source),
-                hint: hint_for(&e.source),
-            }
-        })?;
+        let channel =
+            tessera_common::unix::channel(socket)
+                .await
+                .map_err(|e| CliError::Unreachable {
+                    socket: socket.to_path_buf(),
+                    reason: root_cause(&e.source),
+                    hint: hint_for(&e.source),
+                })?;
         Ok(Self {
             client: TesseraClient::new(channel),
             socket: socket.to_path_buf(),

@@ -48,9 +48,6 @@ mod tests {
         assert_eq!(major_of(TEXT, "nvidia-caps"), Some(511));
         assert_eq!(major_of(TEXT, "sd"), None);
         assert_eq!(major_of(TEXT, "nvidia-missing"), None);
-        assert_eq!(
-            majors_with_prefix(TEXT, "nvidia"),
-            vec![195, 195, 508, 511]
-        );
+        assert_eq!(majors_with_prefix(TEXT, "nvidia"), vec![195, 195, 508, 511]);
     }
 }

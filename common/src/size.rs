@@ -16,7 +16,9 @@ pub enum SizeError {
         "invalid size {0:?}: expected a number with an optional unit (B, K/KiB, M/MiB, G/GiB, T/TiB), e.g. 8GiB or 16384MiB"
     )]
     Invalid(String),
-    #[error("size {input:?} is ambiguous: SI units are not accepted; write {suggest:?} (binary units)")]
+    #[error(
+        "size {input:?} is ambiguous: SI units are not accepted; write {suggest:?} (binary units)"
+    )]
     SiUnit { input: String, suggest: String },
     #[error("size {0:?} does not fit in 64 bits")]
     Overflow(String),
@@ -108,7 +110,11 @@ mod tests {
         for bad in [
             "GiB", "8 gigs", "-1G", "1.2.3G", ".5G", "5.G", "1.5", "x", "lots",
         ] {
-            assert_eq!(parse_size(bad), Err(SizeError::Invalid(bad.into())), "{bad:?}");
+            assert_eq!(
+                parse_size(bad),
+                Err(SizeError::Invalid(bad.into())),
+                "{bad:?}"
+            );
         }
         assert_eq!(parse_size(""), Err(SizeError::Empty));
         assert_eq!(
@@ -128,6 +134,8 @@ mod tests {
             }
         );
         assert!(err.to_string().contains("\"40GiB\""), "{err}");
-        assert!(matches!(parse_size("512mb"), Err(SizeError::SiUnit { suggest, .. }) if suggest == "512MiB"));
+        assert!(
+            matches!(parse_size("512mb"), Err(SizeError::SiUnit { suggest, .. }) if suggest == "512MiB")
+        );
     }
 }

@@ -208,8 +208,8 @@ impl Metrics {
     pub fn record_event(&self, kind: EventKind, lease: &Lease) {
         let event = match kind {
             EventKind::Created => "created",
-            EventKind::Released => lease.state.as_str(),
-            EventKind::Revoked => lease.state.as_str(),
+            EventKind::Released => lease.state().as_str(),
+            EventKind::Revoked => lease.state().as_str(),
             EventKind::Revoking => "revoking",
             EventKind::Preempting => "preempting",
             EventKind::MpsRestarted => "mps_restarted",
@@ -363,7 +363,7 @@ impl Collector for NodeCollector {
                     .entry(vec![
                         ("tenant", self.tenants.label(&l.tenant)),
                         ("shape", shape_label(&l.shape)),
-                        ("state", l.state.as_str().to_string()),
+                        ("state", l.state().as_str().to_string()),
                     ])
                     .or_default() += 1;
             }

@@ -1,6 +1,28 @@
-//! The lease domain: leases, partitions and intents as plain Rust types.
+//! The domain model: leases, partitions, intents and grants as plain Rust types,
+//! and the lease state machine.
 //!
-//! These are what the store persists and what the API converts to protobuf.
+//! ```text
+//!            reserve (hardware to set up)          reserve (nothing to set up)
+//!                 |                                        |
+//!                 v        activate                        v
+//!             pending ---------------------------->    active ----renew----+
+//!                 |                                   |    ^               |
+//!            fail |                         begin_end |    +---------------+
+//!                 v                                   v
+//!              failed                             revoking
+//!                                                     | finish_end
+//!                                                     v
+//!                                   released | expired | revoked
+//!
+//!   lose: pending | active | revoking -> revoked (its partition is gone for good)
+//! ```
+//!
+//! The life-cycle fields of [`Lease`] are private: this module is the only place a
+//! lease's state changes, each change guarded by a `LeaseState::can_*` check. These
+//! types are what the store persists and what the API converts to protobuf.
+//!
+//! May use: names, gpu (placements), partition (shapes), config (amounts). May not
+//! touch: the store, the lease core or the API.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -30,6 +52,31 @@ impl LeaseState {
             self,
             LeaseState::Pending | LeaseState::Active | LeaseState::Revoking
         )
+    }
+
+    /// Its hardware can be declared set up.
+    pub fn can_activate(self) -> bool {
+        self == LeaseState::Pending
+    }
+    /// Its hardware set-up can be declared failed.
+    pub fn can_fail(self) -> bool {
+        self == LeaseState::Pending
+    }
+    /// It can start ending (release, expiry, revocation).
+    pub fn can_begin_end(self) -> bool {
+        self == LeaseState::Active
+    }
+    /// Its teardown can be declared done.
+    pub fn can_finish_end(self) -> bool {
+        self == LeaseState::Revoking
+    }
+    /// It can get a new expiry.
+    pub fn can_renew(self) -> bool {
+        self == LeaseState::Active
+    }
+    /// A container may be started on it.
+    pub fn can_bind(self) -> bool {
+        self == LeaseState::Active
     }
 
     pub fn as_str(self) -> &'static str {
@@ -67,11 +114,14 @@ pub struct ContainerBinding {
     pub bound_at_ms: i64,
 }
 
+/// A lease as the store keeps it. Its life-cycle fields (`state`, `ending_as`,
+/// `end_reason`, `ended_at_ms`) are private: they change only through the
+/// transition methods below, each guarded by a `LeaseState::can_*` check.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Lease {
     pub id: String,
     pub tenant: String,
-    pub state: LeaseState,
+    state: LeaseState,
     pub shape: Shape,
     pub partition_id: String,
     pub gpu: u32,
@@ -84,10 +134,152 @@ pub struct Lease {
     /// Beyond the tenant's guarantee: may be preempted.
     pub burst: bool,
     /// The state a revoking lease ends in (released, expired or revoked).
-    pub ending_as: Option<LeaseState>,
-    pub end_reason: Option<String>,
-    pub ended_at_ms: Option<i64>,
+    ending_as: Option<LeaseState>,
+    end_reason: Option<String>,
+    ended_at_ms: Option<i64>,
     pub containers: Vec<ContainerBinding>,
+}
+
+/// What a new lease is made of (everything but its life cycle).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewLease {
+    pub id: String,
+    pub tenant: String,
+    pub shape: Shape,
+    pub partition_id: String,
+    pub gpu: u32,
+    pub created_at_ms: i64,
+    pub ttl_secs: u64,
+    pub request_id: Option<String>,
+    pub labels: BTreeMap<String, String>,
+    pub priority_class: String,
+    pub burst: bool,
+}
+
+/// A transition the lease state machine does not have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("lease state {} cannot become {}", from.as_str(), to.as_str())]
+pub struct IllegalTransition {
+    pub from: LeaseState,
+    pub to: LeaseState,
+}
+
+impl Lease {
+    /// A lease just reserved: `pending` while its hardware is being set up, `active`
+    /// when there is nothing to set up (a static or whole-GPU partition).
+    pub fn reserved(n: NewLease, hardware_pending: bool) -> Lease {
+        Lease {
+            id: n.id,
+            tenant: n.tenant,
+            state: if hardware_pending {
+                LeaseState::Pending
+            } else {
+                LeaseState::Active
+            },
+            shape: n.shape,
+            partition_id: n.partition_id,
+            gpu: n.gpu,
+            created_at_ms: n.created_at_ms,
+            expires_at_ms: n
+                .created_at_ms
+                .saturating_add((n.ttl_secs as i64).saturating_mul(1000)),
+            ttl_secs: n.ttl_secs,
+            request_id: n.request_id,
+            labels: n.labels,
+            priority_class: n.priority_class,
+            burst: n.burst,
+            ending_as: None,
+            end_reason: None,
+            ended_at_ms: None,
+            containers: vec![],
+        }
+    }
+
+    pub fn state(&self) -> LeaseState {
+        self.state
+    }
+    /// The state a revoking lease will end in.
+    pub fn ending_as(&self) -> Option<LeaseState> {
+        self.ending_as
+    }
+    pub fn end_reason(&self) -> Option<&str> {
+        self.end_reason.as_deref()
+    }
+    pub fn ended_at_ms(&self) -> Option<i64> {
+        self.ended_at_ms
+    }
+
+    fn guard(&self, ok: bool, to: LeaseState) -> Result<(), IllegalTransition> {
+        if ok {
+            Ok(())
+        } else {
+            Err(IllegalTransition {
+                from: self.state,
+                to,
+            })
+        }
+    }
+
+    /// pending -> active: its hardware exists.
+    pub fn activate(&mut self) -> Result<(), IllegalTransition> {
+        self.guard(self.state.can_activate(), LeaseState::Active)?;
+        self.state = LeaseState::Active;
+        Ok(())
+    }
+
+    /// pending -> failed: its hardware could not be set up.
+    pub fn fail(&mut self, reason: String, at_ms: i64) -> Result<(), IllegalTransition> {
+        self.guard(self.state.can_fail(), LeaseState::Failed)?;
+        self.state = LeaseState::Failed;
+        self.end_reason = Some(reason);
+        self.ended_at_ms = Some(at_ms);
+        Ok(())
+    }
+
+    /// active -> revoking: its containers are stopped and its partition torn down
+    /// next; it then ends as `ending_as` (released, expired or revoked).
+    pub fn begin_end(
+        &mut self,
+        ending_as: LeaseState,
+        reason: &str,
+    ) -> Result<(), IllegalTransition> {
+        let final_ok = matches!(
+            ending_as,
+            LeaseState::Released | LeaseState::Expired | LeaseState::Revoked
+        );
+        self.guard(self.state.can_begin_end() && final_ok, ending_as)?;
+        self.state = LeaseState::Revoking;
+        self.ending_as = Some(ending_as);
+        self.end_reason = Some(reason.to_string());
+        Ok(())
+    }
+
+    /// revoking -> released | expired | revoked: its teardown is done.
+    pub fn finish_end(&mut self, at_ms: i64) -> Result<LeaseState, IllegalTransition> {
+        let to = self.ending_as.unwrap_or(LeaseState::Released);
+        self.guard(self.state.can_finish_end(), to)?;
+        self.state = to;
+        self.ended_at_ms = Some(at_ms);
+        Ok(to)
+    }
+
+    /// Tests only: the lease as a store might hold it in any state, without the
+    /// transitions that lead there.
+    #[cfg(test)]
+    pub fn with_state(mut self, state: LeaseState, ended_at_ms: Option<i64>) -> Lease {
+        self.state = state;
+        self.ended_at_ms = ended_at_ms;
+        self
+    }
+
+    /// Any live state -> revoked: its partition is gone for good (found at start).
+    pub fn lose(&mut self, reason: String, at_ms: i64) -> Result<(), IllegalTransition> {
+        self.guard(self.state.is_live(), LeaseState::Revoked)?;
+        self.state = LeaseState::Revoked;
+        self.end_reason = Some(reason);
+        self.ended_at_ms = Some(at_ms);
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -252,5 +444,71 @@ mod amounts_serde {
             memory_bytes: a.memory_bytes,
             whole_gpus: a.whole_gpus,
         })
+    }
+}
+
+#[cfg(test)]
+mod lifecycle_tests {
+    use super::*;
+
+    fn new(hardware_pending: bool) -> Lease {
+        Lease::reserved(
+            NewLease {
+                id: "l-1".into(),
+                tenant: "t".into(),
+                shape: Shape::WholeGpu,
+                partition_id: "p-1".into(),
+                gpu: 0,
+                created_at_ms: 1_000,
+                ttl_secs: 60,
+                request_id: None,
+                labels: BTreeMap::new(),
+                priority_class: "batch".into(),
+                burst: false,
+            },
+            hardware_pending,
+        )
+    }
+
+    #[test]
+    fn a_lease_lives_pending_active_revoking_ended() -> Result<(), IllegalTransition> {
+        let mut l = new(true);
+        assert_eq!((l.state(), l.expires_at_ms), (LeaseState::Pending, 61_000));
+        l.activate()?;
+        l.begin_end(LeaseState::Expired, "TTL ran out")?;
+        assert_eq!(l.state(), LeaseState::Revoking);
+        assert_eq!(l.ending_as(), Some(LeaseState::Expired));
+        assert_eq!(l.finish_end(70_000)?, LeaseState::Expired);
+        assert_eq!((l.end_reason(), l.ended_at_ms()), (Some("TTL ran out"), Some(70_000)));
+        Ok(())
+    }
+
+    #[test]
+    fn transitions_the_machine_lacks_are_refused_and_change_nothing() {
+        let mut l = new(false);
+        assert_eq!(l.state(), LeaseState::Active, "nothing to set up");
+        let before = l.clone();
+        let e = l.activate().unwrap_err();
+        assert_eq!((e.from, e.to), (LeaseState::Active, LeaseState::Active));
+        assert!(l.fail("x".into(), 1).is_err());
+        assert!(l.finish_end(1).is_err(), "not revoking");
+        assert!(l.begin_end(LeaseState::Pending, "x").is_err(), "not a final state");
+        assert_eq!(l, before);
+        assert!(l.begin_end(LeaseState::Released, "bye").is_ok());
+        assert!(l.begin_end(LeaseState::Released, "again").is_err());
+        assert_eq!(e.to_string(), "lease state active cannot become active");
+    }
+
+    #[test]
+    fn only_live_leases_can_be_lost() -> Result<(), IllegalTransition> {
+        let mut l = new(true);
+        l.lose("instance vanished".into(), 5)?;
+        assert_eq!(l.state(), LeaseState::Revoked);
+        assert!(l.lose("again".into(), 6).is_err());
+        let mut f = new(true);
+        f.fail("no room".into(), 2)?;
+        assert_eq!(f.state(), LeaseState::Failed);
+        assert!(!f.state().can_bind() && !f.state().can_renew());
+        Ok(())
     }
 }

@@ -109,7 +109,7 @@ pub fn parse_profile_name(name: &str) -> Option<(u32, u64)> {
 
 /// A lease's weights (failed leases weigh nothing).
 pub fn weights(lease: &Lease, catalog: &Catalog) -> Weights {
-    if lease.state == LeaseState::Failed {
+    if lease.state() == LeaseState::Failed {
         return Weights::default();
     }
     match &lease.shape {
@@ -200,7 +200,7 @@ pub fn accumulate(intervals: &[Interval], from_ms: i64, to_ms: i64, now: i64) ->
 
 /// Write one ended lease's usage record (in the caller's transaction; idempotent).
 pub fn insert_record(conn: &Connection, lease: &Lease, wt: &Weights) -> rusqlite::Result<()> {
-    let end = lease.ended_at_ms.unwrap_or(lease.created_at_ms);
+    let end = lease.ended_at_ms().unwrap_or(lease.created_at_ms);
     conn.prepare_cached(
         "INSERT OR IGNORE INTO usage_records \
          (lease_id, tenant, state, start_ms, end_ms, mig_slices, sm_percent, memory_bytes, whole_gpus) \
@@ -209,7 +209,7 @@ pub fn insert_record(conn: &Connection, lease: &Lease, wt: &Weights) -> rusqlite
     .execute(params![
         lease.id,
         lease.tenant,
-        lease.state.as_str(),
+        lease.state().as_str(),
         lease.created_at_ms,
         end.max(lease.created_at_ms),
         wt.mig_slices,
@@ -228,7 +228,7 @@ pub fn weights_of_partition(
     gpu_memory: u64,
 ) -> Weights {
     use crate::model::PartKind;
-    if lease.state == LeaseState::Failed {
+    if lease.state() == LeaseState::Failed {
         return Weights::default();
     }
     match &p.kind {
@@ -384,9 +384,9 @@ impl UsageReader {
                     })?;
                 intervals.push(Interval {
                     weights: weights(&lease, catalog),
+                    end_ms: lease.ended_at_ms(),
                     tenant: lease.tenant,
                     start_ms: lease.created_at_ms,
-                    end_ms: lease.ended_at_ms,
                 });
             }
         }
@@ -570,25 +570,23 @@ mod tests {
     }
 
     fn lease(shape: Shape, state: LeaseState) -> Lease {
-        Lease {
-            id: "l1".into(),
-            tenant: "t".into(),
-            state,
-            shape,
-            partition_id: "p".into(),
-            gpu: 1,
-            created_at_ms: 0,
-            expires_at_ms: H,
-            ttl_secs: 3600,
-            request_id: None,
-            labels: BTreeMap::new(),
-            priority_class: String::new(),
-            burst: false,
-            ending_as: None,
-            end_reason: None,
-            ended_at_ms: None,
-            containers: vec![],
-        }
+        Lease::reserved(
+            crate::model::NewLease {
+                id: "l1".into(),
+                tenant: "t".into(),
+                shape,
+                partition_id: "p".into(),
+                gpu: 1,
+                created_at_ms: 0,
+                ttl_secs: 3600,
+                request_id: None,
+                labels: BTreeMap::new(),
+                priority_class: String::new(),
+                burst: false,
+            },
+            false,
+        )
+        .with_state(state, None)
     }
 
     #[test]
@@ -628,15 +626,15 @@ mod tests {
     async fn sweep_records_ended_leases_once_and_query_reads_them() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).unwrap();
-        let mut ended = lease(
+        let ended = lease(
             Shape::Mps {
                 sm_percent: 50,
                 memory_bytes: 4 << 30,
             },
             LeaseState::Released,
         );
+        let mut ended = ended.with_state(LeaseState::Released, Some(1000 + 2 * H));
         ended.created_at_ms = 1000;
-        ended.ended_at_ms = Some(1000 + 2 * H);
         let mut live = lease(Shape::WholeGpu, LeaseState::Active);
         live.id = "l2".into();
         live.tenant = "u".into();

@@ -18,9 +18,11 @@ pub fn status(e: LeaseError) -> Status {
         LeaseError::FailedPrecondition(m) => Status::failed_precondition(m),
         LeaseError::PermissionDenied(m) => Status::permission_denied(m),
         LeaseError::ShuttingDown => Status::unavailable(e.to_string()),
-        LeaseError::Hardware(_) | LeaseError::Store(_) | LeaseError::Internal(_) => {
-            Status::internal(e.to_string())
-        }
+        LeaseError::Transition(_) => Status::failed_precondition(e.to_string()),
+        LeaseError::Hardware(_)
+        | LeaseError::Store(_)
+        | LeaseError::Inconsistent(_)
+        | LeaseError::Task { .. } => Status::internal(e.to_string()),
     }
 }
 
@@ -165,7 +167,7 @@ pub fn lease_to_pb(l: &Lease, p: Option<&Partition>) -> pb::Lease {
     pb::Lease {
         id: l.id.clone(),
         tenant: l.tenant.clone(),
-        state: state_to_pb(l.state) as i32,
+        state: state_to_pb(l.state()) as i32,
         shape: Some(shape_to_pb(&l.shape)),
         partition: p.map(partition_to_pb),
         created_at_ms: l.created_at_ms,
@@ -185,8 +187,8 @@ pub fn lease_to_pb(l: &Lease, p: Option<&Partition>) -> pb::Lease {
             .collect(),
         priority_class: l.priority_class.clone(),
         burst: l.burst,
-        end_reason: l.end_reason.clone().unwrap_or_default(),
-        ended_at_ms: l.ended_at_ms.unwrap_or_default(),
+        end_reason: l.end_reason().unwrap_or_default().to_string(),
+        ended_at_ms: l.ended_at_ms().unwrap_or_default(),
     }
 }
 

@@ -10,6 +10,17 @@ use crate::config::TenancyConfig;
 use crate::model::{Lease, LeaseState, Origin, PartKind};
 use crate::partition::{self, PlanOptions, Shape};
 
+use std::sync::Arc;
+
+use tokio::sync::Notify;
+
+use crate::config::Amounts;
+use crate::gpu::MpsSpec;
+use crate::model::{MigPart, MpsPart, NewLease, Partition, PartitionState};
+use crate::partition::{PlanDecision, PlanError};
+
+use super::create::{Ask, Reserved};
+use super::error::Inconsistency;
 use super::quota;
 #[allow(unused_imports)]
 use super::*;
@@ -25,6 +36,225 @@ pub(super) enum Again {
 }
 
 impl LeaseManager {
+    /// Step 1: admission (quota) and placement under the state lock, then the
+    /// reservation in memory so no concurrent call takes the same capacity. A
+    /// request within its tenant's guarantee that does not fit may ask to preempt
+    /// burst leases of other tenants (or to wait for teardowns) first: `Again`.
+    pub(super) fn reserve(
+        &self,
+        ask: &Ask<'_>,
+        tenancy: &TenancyConfig,
+        extra: Amounts,
+        rounds: u32,
+        holding_capacity: bool,
+        notify: &Arc<Notify>,
+    ) -> Result<Result<Reserved, Again>, LeaseError> {
+        let req = ask.req;
+        let mut st = self.lock();
+        if holding_capacity {
+            st.preempting = st.preempting.saturating_sub(1);
+        }
+        // A concurrent call with the same request id got here first.
+        if let Some(rid) = &req.request_id
+            && let Some(lid) = st.requests.get(&(req.tenant.clone(), rid.clone())).cloned()
+        {
+            let pending = st.pending.get(&lid).map(|n| n.clone().notified_owned());
+            return Ok(Err(Again::SameRequest(lid, pending)));
+        }
+        let used = st
+            .leases
+            .values()
+            .filter(|l| l.tenant == req.tenant && l.state().is_live())
+            .fold(Amounts::default(), |acc, l| {
+                quota::add(acc, quota::amounts_of(&l.shape))
+            });
+        let admission = quota::admit(
+            tenancy,
+            &req.tenant,
+            used,
+            quota::amounts_of(&ask.shape),
+            extra,
+        )
+        .map_err(LeaseError::ResourceExhausted)?;
+        if admission == quota::Admission::Burst && st.preempting > 0 {
+            // Capacity being freed by a preemption belongs to the guaranteed
+            // request that caused it, not to a burst request racing it.
+            return Err(LeaseError::ResourceExhausted(
+                "capacity is being freed for another tenant's guaranteed request; burst requests wait".into(),
+            ));
+        }
+        let opts = self.plan_options(req.gpu_index);
+        let decision = match partition::plan(&ask.shape, &Self::views(&st), &opts) {
+            Ok(d) => d,
+            Err(PlanError::NoCapacity(msg))
+                if admission == quota::Admission::Guaranteed
+                    && tenancy.preemption
+                    && !tenancy.tenants.is_empty()
+                    && rounds < 3 =>
+            {
+                let victims = Self::pick_victims(&st, tenancy, &req.tenant, &ask.shape, &opts);
+                if victims.is_empty() && st.tearing_down.is_empty() {
+                    return Err(LeaseError::ResourceExhausted(msg));
+                }
+                st.preempting += 1;
+                // Without victims, capacity held by leases being torn down right
+                // now comes back in a moment: wait for that, then retry.
+                return Ok(Err(if victims.is_empty() {
+                    Again::WaitTeardowns
+                } else {
+                    Again::Preempt(victims)
+                }));
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let (partition, hw) = self.partition_for(&st, decision, ask)?;
+        let lease = Lease::reserved(
+            NewLease {
+                id: ask.lease_id.clone(),
+                tenant: req.tenant.clone(),
+                shape: ask.shape.clone(),
+                partition_id: partition.id.clone(),
+                gpu: partition.gpu,
+                created_at_ms: ask.now,
+                ttl_secs: ask.ttl.as_secs(),
+                request_id: req.request_id.clone(),
+                labels: req.labels.clone(),
+                priority_class: ask.priority_class.clone(),
+                burst: admission == quota::Admission::Burst,
+            },
+            hw.is_some(),
+        );
+        st.partitions
+            .insert(partition.id.clone(), partition.clone());
+        st.leases.insert(lease.id.clone(), lease.clone());
+        if let Some(rid) = &lease.request_id {
+            st.requests
+                .insert((lease.tenant.clone(), rid.clone()), lease.id.clone());
+        }
+        st.pending.insert(lease.id.clone(), notify.clone());
+        Ok(Ok(Reserved {
+            lease,
+            partition,
+            hw,
+        }))
+    }
+
+    /// The partition a planner decision stands for, and the hardware step it needs.
+    fn partition_for(
+        &self,
+        st: &State,
+        decision: PlanDecision,
+        ask: &Ask<'_>,
+    ) -> Result<(Partition, Option<HwCreate>), LeaseError> {
+        let gpu_index = match &decision {
+            PlanDecision::NewMig { gpu, .. }
+            | PlanDecision::Static { gpu, .. }
+            | PlanDecision::Mps { gpu }
+            | PlanDecision::WholeGpu { gpu } => *gpu,
+        };
+        let gpu =
+            st.gpus
+                .iter()
+                .find(|g| g.info.index == gpu_index)
+                .ok_or(LeaseError::Inconsistent(Inconsistency::UnknownGpu(
+                    gpu_index,
+                )))?;
+        let dynamic = |state, kind| Partition {
+            id: ask.partition_id.clone(),
+            gpu: gpu_index,
+            gpu_uuid: gpu.info.uuid.clone(),
+            origin: Origin::Dynamic,
+            state,
+            lease_id: Some(ask.lease_id.clone()),
+            kind,
+        };
+        Ok(match decision {
+            PlanDecision::NewMig {
+                gi_profile_id,
+                placement,
+                ci_profile_id,
+                ..
+            } => {
+                let prof = gpu.profiles.iter().find(|p| p.id == gi_profile_id).ok_or(
+                    LeaseError::Inconsistent(Inconsistency::UnknownProfile {
+                        gpu: gpu_index,
+                        profile_id: gi_profile_id,
+                    }),
+                )?;
+                let ci = ci_profile_id.and_then(|id| prof.ci_profiles.iter().find(|c| c.id == id));
+                let mig = MigPart {
+                    gi_profile_id,
+                    profile: prof.name.clone(),
+                    placement,
+                    ci_profile_id,
+                    compute_profile: ci.map(|c| c.name.clone()),
+                    gi_id: None,
+                    ci_id: None,
+                    uuid: None,
+                    memory_bytes: prof.memory_bytes,
+                    sm_count: ci.map(|c| c.sm_count).unwrap_or(prof.sm_count),
+                    slices: prof.slices,
+                };
+                let hw = HwCreate::Mig {
+                    gpu: gpu_index,
+                    gi_profile_id,
+                    placement,
+                    ci_profile_id,
+                };
+                (
+                    dynamic(PartitionState::Creating, PartKind::Mig(mig)),
+                    Some(hw),
+                )
+            }
+            PlanDecision::Static { partition_id, .. } => {
+                let mut p =
+                    st.partitions
+                        .get(&partition_id)
+                        .cloned()
+                        .ok_or(LeaseError::Inconsistent(Inconsistency::UnknownPartition(
+                            partition_id,
+                        )))?;
+                p.lease_id = Some(ask.lease_id.clone());
+                (p, None)
+            }
+            PlanDecision::Mps { .. } => {
+                let Shape::Mps {
+                    sm_percent,
+                    memory_bytes,
+                } = ask.shape
+                else {
+                    return Err(LeaseError::Inconsistent(Inconsistency::ShapeMismatch {
+                        decision: "an MPS share",
+                        shape: "non-MPS",
+                    }));
+                };
+                let base = self.config.daemon.run_dir.join("mps").join(&ask.lease_id);
+                let spec = MpsSpec {
+                    lease_id: ask.lease_id.clone(),
+                    gpu: gpu_index,
+                    gpu_uuid: gpu.info.uuid.clone(),
+                    sm_percent,
+                    memory_bytes,
+                    pipe_dir: base.join("pipe"),
+                    log_dir: base.join("log"),
+                    owner_uid: None,
+                };
+                let mps = MpsPart {
+                    sm_percent,
+                    memory_bytes,
+                    pipe_dir: spec.pipe_dir.clone(),
+                    log_dir: spec.log_dir.clone(),
+                    owner_uid: None,
+                };
+                let p = dynamic(PartitionState::Creating, PartKind::Mps(mps));
+                (p, Some(HwCreate::Mps(spec)))
+            }
+            PlanDecision::WholeGpu { .. } => {
+                (dynamic(PartitionState::Ready, PartKind::WholeGpu), None)
+            }
+        })
+    }
+
     /// The smallest set of preemptible leases (in victim order) whose partitions,
     /// once freed, let `shape` be placed. Empty when no such set exists.
     pub(super) fn pick_victims(
@@ -39,7 +269,7 @@ impl LeaseManager {
         let live: Vec<&Lease> = st
             .leases
             .values()
-            .filter(|l| matches!(l.state, LeaseState::Active | LeaseState::Pending))
+            .filter(|l| matches!(l.state(), LeaseState::Active | LeaseState::Pending))
             .collect();
         let order = quota::victims_in_order(tenancy, tenant, &live);
         let mut views = Self::views(st);

@@ -4,6 +4,7 @@ use crate::gpu::GpuError;
 use crate::model::{ContainerBinding, Lease, LeaseState, PartKind};
 
 use super::devices::{self, Resolved};
+use super::error::Inconsistency;
 use super::error::invalid;
 use super::token;
 #[allow(unused_imports)]
@@ -20,24 +21,31 @@ impl LeaseManager {
             let st = self.lock();
             let lid = st.tokens.get(&h).ok_or_else(not_found)?;
             let lease = st.leases.get(lid).cloned().ok_or_else(not_found)?;
-            if lease.state != LeaseState::Active {
+            if lease.state() != LeaseState::Active {
                 return Err(LeaseError::FailedPrecondition(format!(
                     "lease {} is {}",
                     lease.id,
-                    lease.state.as_str()
+                    lease.state().as_str()
                 )));
             }
             let partition = st
                 .partitions
                 .get(&lease.partition_id)
                 .cloned()
-                .ok_or_else(|| LeaseError::Internal("lease without partition".into()))?;
+                .ok_or_else(|| {
+                    LeaseError::Inconsistent(Inconsistency::LeaseWithoutPartition(lease.id.clone()))
+                })?;
             let gpu = st
                 .gpus
                 .iter()
                 .find(|g| g.info.index == partition.gpu)
                 .map(|g| g.info.clone())
-                .ok_or_else(|| LeaseError::Internal("partition on unknown GPU".into()))?;
+                .ok_or_else(|| {
+                    LeaseError::Inconsistent(Inconsistency::PartitionOnUnknownGpu {
+                        partition: partition.id.clone(),
+                        gpu: partition.gpu,
+                    })
+                })?;
             (lease, partition, gpu)
         };
         let minors = match partition.kind {

@@ -8,15 +8,14 @@ use tessera_common::clock::now_ms;
 use tokio::sync::Notify;
 use tracing::{info, warn};
 
+use crate::config::TenancyConfig;
 use crate::gpu::{GpuError, MigInstance, MpsSpec, NvmlCode};
-use crate::model::{
-    IntentOp, Lease, LeaseState, MigPart, MpsPart, Origin, PartKind, Partition, PartitionState,
-};
+use crate::model::{IntentOp, Lease, MigPart, Origin, PartKind, Partition, PartitionState};
 use crate::names::{new_id, truncate};
-use crate::partition::{self, PlanDecision, PlanError, Shape};
+use crate::partition::Shape;
 use crate::store::StoreError;
 
-use super::error::invalid;
+use super::error::{Inconsistency, invalid};
 #[allow(unused_imports)]
 use super::*;
 use super::{quota, token};
@@ -52,357 +51,239 @@ pub(super) enum HwCreate {
     Mps(MpsSpec),
 }
 
+/// A reservation in memory: the lease, its partition, the hardware step its intent
+/// announces (none for a static or whole-GPU partition), and the token it will get.
+pub(super) struct Reserved {
+    pub(super) lease: Lease,
+    pub(super) partition: Partition,
+    pub(super) hw: Option<HwCreate>,
+}
+
+/// What `reserve` needs to know of the request, checked and resolved.
+pub(super) struct Ask<'r> {
+    pub(super) req: &'r CreateRequest,
+    pub(super) shape: Shape,
+    pub(super) ttl: Duration,
+    pub(super) priority_class: String,
+    pub(super) lease_id: String,
+    pub(super) partition_id: String,
+    pub(super) now: i64,
+}
+
 impl LeaseManager {
+    /// CreateLease. Steps: check the request; answer a retry of an earlier call;
+    /// reserve capacity under the lock (preempting burst leases once where the
+    /// tenant's guarantee allows); record the lease, its token and the intent in
+    /// one commit; change the hardware; record the outcome; publish.
     pub async fn create(&self, req: CreateRequest) -> Result<Created, LeaseError> {
         if self.shutting_down.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(LeaseError::ShuttingDown);
         }
         let (shape, ttl) = validate_create(&req, &self.config.lease)?;
-        let priority_class = req.priority_class.clone().unwrap_or_default();
+        if let Some(answer) = self.answer_retry(&req).await? {
+            return Ok(answer);
+        }
+        let tenancy = self.tenancy();
+        let priority_class = self.priority_class_of(&req, &tenancy)?;
+        let now = now_ms();
+        let ask = Ask {
+            req: &req,
+            shape,
+            ttl,
+            priority_class,
+            lease_id: new_id("l-"),
+            partition_id: new_id("p-"),
+            now,
+        };
+        let notify = Arc::new(Notify::new());
+        let reserved = match self
+            .reserve_with_preemption(&ask, &tenancy, &notify)
+            .await?
+        {
+            Ok(r) => r,
+            Err(answer) => return answer,
+        };
+        let tok = token::generate();
+        let tok_hash = token::hash(&tok);
+        let intent = self.record_reservation(&reserved, &tok_hash, now).await?;
+        let Reserved {
+            lease,
+            partition,
+            hw,
+        } = reserved;
+        let Some(hw) = hw else {
+            // Static-pool partition or whole GPU: nothing to change on the hardware.
+            return Ok(self.publish_created(lease, partition, tok_hash, tok));
+        };
+        let intent = intent.ok_or_else(|| {
+            LeaseError::Inconsistent(Inconsistency::IntentMissing(lease.id.clone()))
+        })?;
+        let result = self.hw_create(hw).await;
+        match result {
+            Ok(inst) => {
+                self.record_created(lease, partition, inst, intent, tok_hash, tok)
+                    .await
+            }
+            Err(e) => Err(self.record_failed(lease, partition, intent, e).await),
+        }
+    }
 
-        // Idempotent retries: an existing lease for (tenant, request_id). A live
-        // one is in memory (reserved there before it reaches the store); an ended
-        // one only in the store. The memory check and the store read are not one
-        // atomic step: a first call can reserve and write its lease between them,
-        // so a live lease read from the store sends this call back to the memory
-        // check (where it waits for, or replays, that first call) rather than
-        // being answered as an ended lease without a token.
-        if let Some(rid) = &req.request_id {
-            let key = (req.tenant.clone(), rid.clone());
-            let mut rounds = 0u32;
-            loop {
-                let wait = {
-                    let st = self.lock();
-                    match st.requests.get(&key).cloned() {
-                        None => None,
-                        Some(lid) => match st.pending.get(&lid) {
-                            Some(n) => Some(Ok(n.clone().notified_owned())),
-                            None => Some(Err(lid)),
-                        },
-                    }
-                };
-                match wait {
-                    Some(Ok(notified)) => {
-                        notified.await;
-                        continue;
-                    }
-                    Some(Err(lid)) => return self.replay(&lid).await,
-                    None => {}
+    /// An earlier call with the same (tenant, request id): wait for it while it is
+    /// still being created, then replay it (a fresh token for a live lease, none for
+    /// an ended one). `None`: no such call, go on and create.
+    ///
+    /// A live lease is in memory (reserved there before it reaches the store); an
+    /// ended one only in the store. The memory check and the store read are not one
+    /// atomic step: a first call can reserve and write its lease between them, so a
+    /// live lease read from the store sends this call back to the memory check
+    /// rather than being answered as an ended lease without a token.
+    async fn answer_retry(&self, req: &CreateRequest) -> Result<Option<Created>, LeaseError> {
+        let Some(rid) = &req.request_id else {
+            return Ok(None);
+        };
+        let key = (req.tenant.clone(), rid.clone());
+        let mut rounds = 0u32;
+        loop {
+            let wait = {
+                let st = self.lock();
+                st.requests
+                    .get(&key)
+                    .cloned()
+                    .map(|lid| match st.pending.get(&lid) {
+                        Some(n) => Ok(n.clone().notified_owned()),
+                        None => Err(lid),
+                    })
+            };
+            match wait {
+                Some(Ok(notified)) => {
+                    notified.await;
+                    continue;
                 }
-                match self.store.find_by_request(&req.tenant, rid)? {
-                    None => break,
-                    Some(l) if l.state.is_live() => {
-                        // Reserved and written since the memory check, or ended
-                        // and not yet written as ended: look again.
-                        rounds += 1;
-                        if rounds > 100 {
-                            return Err(LeaseError::FailedPrecondition(format!(
-                                "lease {} for this request_id is changing state; retry",
-                                l.id
-                            )));
-                        }
-                        tokio::time::sleep(Duration::from_millis(5)).await;
+                Some(Err(lid)) => return self.replay(&lid).await.map(Some),
+                None => {}
+            }
+            match self.store.find_by_request(&req.tenant, rid)? {
+                None => return Ok(None),
+                Some(l) if l.state().is_live() => {
+                    // Reserved and written since the memory check, or ended and
+                    // not yet written as ended: look again.
+                    rounds += 1;
+                    if rounds > 100 {
+                        return Err(LeaseError::FailedPrecondition(format!(
+                            "lease {} for this request_id is changing state; retry",
+                            l.id
+                        )));
                     }
-                    Some(l) => {
-                        return Ok(Created {
-                            lease: l,
-                            partition: None,
-                            token: None,
-                            replayed: true,
-                        });
-                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                Some(l) => {
+                    return Ok(Some(Created {
+                        lease: l,
+                        partition: None,
+                        token: None,
+                        replayed: true,
+                    }));
                 }
             }
         }
+    }
 
-        let now = now_ms();
-        let lease_id = new_id("l-");
-        let partition_id = new_id("p-");
-        let tok = token::generate();
-        let tok_hash = token::hash(&tok);
-        let notify = Arc::new(Notify::new());
-
-        // 1. Admission and reservation under the lock. A request within its
-        //    tenant's guarantee that does not fit may preempt burst leases of other
-        //    tenants once, then it is planned again.
-        let tenancy = self.tenancy();
-        let priority_class = if priority_class.is_empty() {
-            tenancy
+    /// The request's priority class (else its tenant's, else the default), which
+    /// must exist and may not exceed the tenant's own.
+    fn priority_class_of(
+        &self,
+        req: &CreateRequest,
+        tenancy: &TenancyConfig,
+    ) -> Result<String, LeaseError> {
+        let class = match req.priority_class.as_deref() {
+            Some(c) if !c.is_empty() => c.to_string(),
+            _ => tenancy
                 .tenants
                 .get(&req.tenant)
                 .map(|q| q.priority_class.clone())
-                .unwrap_or_else(|| tenancy.default_priority_class.clone())
-        } else {
-            priority_class
+                .unwrap_or_else(|| tenancy.default_priority_class.clone()),
         };
-        if !tenancy.priority_classes.contains_key(&priority_class) {
+        if !tenancy.priority_classes.contains_key(&class) {
+            let known: Vec<&str> = tenancy
+                .priority_classes
+                .keys()
+                .map(String::as_str)
+                .collect();
             return Err(invalid(
                 "priority_class",
                 format!(
                     "{:?} is not one of {}",
-                    truncate(&priority_class, 64),
-                    tenancy
-                        .priority_classes
-                        .keys()
-                        .cloned()
-                        .collect::<Vec<_>>()
-                        .join(", ")
+                    truncate(&class, 64),
+                    known.join(", ")
                 ),
             ));
         }
         if let Some(q) = tenancy.tenants.get(&req.tenant)
-            && quota::priority(&tenancy, &priority_class)
-                > quota::priority(&tenancy, &q.priority_class)
+            && quota::priority(tenancy, &class) > quota::priority(tenancy, &q.priority_class)
         {
             return Err(LeaseError::PermissionDenied(format!(
-                "tenant {:?} may use priority classes up to {:?}, not {priority_class:?}",
+                "tenant {:?} may use priority classes up to {:?}, not {class:?}",
                 req.tenant, q.priority_class
             )));
         }
-        let request_amounts = quota::amounts_of(&shape);
-        let extra = self.grants_extra(&req.tenant, now);
-        let mut preempt_rounds = 0;
+        Ok(class)
+    }
+
+    /// Reserve, preempting or waiting for teardowns at most three times. `Err` is
+    /// the answer to give instead (a concurrent call with the same request id).
+    async fn reserve_with_preemption(
+        &self,
+        ask: &Ask<'_>,
+        tenancy: &TenancyConfig,
+        notify: &Arc<Notify>,
+    ) -> Result<Result<Reserved, Result<Created, LeaseError>>, LeaseError> {
+        let extra = self.grants_extra(&ask.req.tenant, ask.now);
+        let mut rounds = 0;
         let mut holding_capacity = false;
-        let (lease, partition, hw) = loop {
-            #[allow(clippy::type_complexity)]
-            let step: Result<(Lease, Partition, Option<HwCreate>), Again> = 'reserve: {
-                let mut st = self.lock();
-                if std::mem::take(&mut holding_capacity) {
-                    st.preempting = st.preempting.saturating_sub(1);
-                }
-                // A concurrent call with the same request id got here first.
-                if let Some(rid) = &req.request_id
-                    && let Some(lid) = st.requests.get(&(req.tenant.clone(), rid.clone())).cloned()
-                {
-                    let pending = st.pending.get(&lid).map(|n| n.clone().notified_owned());
-                    break 'reserve Err(Again::SameRequest(lid, pending));
-                }
-                let used = st
-                    .leases
-                    .values()
-                    .filter(|l| l.tenant == req.tenant && l.state.is_live())
-                    .fold(Default::default(), |acc, l| {
-                        quota::add(acc, quota::amounts_of(&l.shape))
-                    });
-                let admission = quota::admit(&tenancy, &req.tenant, used, request_amounts, extra)
-                    .map_err(LeaseError::ResourceExhausted)?;
-                if admission == quota::Admission::Burst && st.preempting > 0 {
-                    // Capacity being freed by a preemption belongs to the guaranteed
-                    // request that caused it, not to a burst request racing it.
-                    return Err(LeaseError::ResourceExhausted(
-                        "capacity is being freed for another tenant's guaranteed request; burst requests wait".into(),
-                    ));
-                }
-                let views = Self::views(&st);
-                let opts = self.plan_options(req.gpu_index);
-                let decision = match partition::plan(&shape, &views, &opts) {
-                    Ok(d) => d,
-                    Err(PlanError::NoCapacity(msg))
-                        if admission == quota::Admission::Guaranteed
-                            && tenancy.preemption
-                            && !tenancy.tenants.is_empty()
-                            && preempt_rounds < 3 =>
-                    {
-                        let victims = Self::pick_victims(&st, &tenancy, &req.tenant, &shape, &opts);
-                        if victims.is_empty() {
-                            // Capacity held by leases being torn down right now
-                            // comes back in a moment: wait for that, then retry.
-                            if st.tearing_down.is_empty() {
-                                return Err(LeaseError::ResourceExhausted(msg));
-                            }
-                            st.preempting += 1;
-                            break 'reserve Err(Again::WaitTeardowns);
-                        }
-                        st.preempting += 1;
-                        break 'reserve Err(Again::Preempt(victims));
-                    }
-                    Err(e) => return Err(e.into()),
-                };
-                let gpu_index = match &decision {
-                    PlanDecision::NewMig { gpu, .. }
-                    | PlanDecision::Static { gpu, .. }
-                    | PlanDecision::Mps { gpu }
-                    | PlanDecision::WholeGpu { gpu } => *gpu,
-                };
-                let gpu = st
-                    .gpus
-                    .iter()
-                    .find(|g| g.info.index == gpu_index)
-                    .cloned()
-                    .ok_or_else(|| {
-                        LeaseError::Internal(format!("planner chose unknown GPU {gpu_index}"))
-                    })?;
-                let (partition, hw) = match decision {
-                    PlanDecision::NewMig {
-                        gpu: g,
-                        gi_profile_id,
-                        placement,
-                        ci_profile_id,
-                    } => {
-                        let prof = gpu
-                            .profiles
-                            .iter()
-                            .find(|p| p.id == gi_profile_id)
-                            .ok_or_else(|| {
-                                LeaseError::Internal("planner chose unknown profile".into())
-                            })?;
-                        let ci = ci_profile_id
-                            .and_then(|id| prof.ci_profiles.iter().find(|c| c.id == id));
-                        let p = Partition {
-                            id: partition_id.clone(),
-                            gpu: g,
-                            gpu_uuid: gpu.info.uuid.clone(),
-                            origin: Origin::Dynamic,
-                            state: PartitionState::Creating,
-                            lease_id: Some(lease_id.clone()),
-                            kind: PartKind::Mig(MigPart {
-                                gi_profile_id,
-                                profile: prof.name.clone(),
-                                placement,
-                                ci_profile_id,
-                                compute_profile: ci.map(|c| c.name.clone()),
-                                gi_id: None,
-                                ci_id: None,
-                                uuid: None,
-                                memory_bytes: prof.memory_bytes,
-                                sm_count: ci.map(|c| c.sm_count).unwrap_or(prof.sm_count),
-                                slices: prof.slices,
-                            }),
-                        };
-                        (
-                            p,
-                            Some(HwCreate::Mig {
-                                gpu: g,
-                                gi_profile_id,
-                                placement,
-                                ci_profile_id,
-                            }),
-                        )
-                    }
-                    PlanDecision::Static {
-                        partition_id: pid, ..
-                    } => {
-                        let mut p = st.partitions.get(&pid).cloned().ok_or_else(|| {
-                            LeaseError::Internal(format!("planner chose unknown partition {pid}"))
-                        })?;
-                        p.lease_id = Some(lease_id.clone());
-                        (p, None)
-                    }
-                    PlanDecision::Mps { gpu: g } => {
-                        let Shape::Mps {
-                            sm_percent,
-                            memory_bytes,
-                        } = shape
-                        else {
-                            return Err(LeaseError::Internal(
-                                "MPS decision for a non-MPS shape".into(),
-                            ));
-                        };
-                        let base = self.config.daemon.run_dir.join("mps").join(&lease_id);
-                        let spec = MpsSpec {
-                            lease_id: lease_id.clone(),
-                            gpu: g,
-                            gpu_uuid: gpu.info.uuid.clone(),
-                            sm_percent,
-                            memory_bytes,
-                            pipe_dir: base.join("pipe"),
-                            log_dir: base.join("log"),
-                            owner_uid: None,
-                        };
-                        let p = Partition {
-                            id: partition_id.clone(),
-                            gpu: g,
-                            gpu_uuid: gpu.info.uuid.clone(),
-                            origin: Origin::Dynamic,
-                            state: PartitionState::Creating,
-                            lease_id: Some(lease_id.clone()),
-                            kind: PartKind::Mps(MpsPart {
-                                sm_percent,
-                                memory_bytes,
-                                pipe_dir: spec.pipe_dir.clone(),
-                                log_dir: spec.log_dir.clone(),
-                                owner_uid: None,
-                            }),
-                        };
-                        (p, Some(HwCreate::Mps(spec)))
-                    }
-                    PlanDecision::WholeGpu { gpu: g } => (
-                        Partition {
-                            id: partition_id.clone(),
-                            gpu: g,
-                            gpu_uuid: gpu.info.uuid.clone(),
-                            origin: Origin::Dynamic,
-                            state: PartitionState::Ready,
-                            lease_id: Some(lease_id.clone()),
-                            kind: PartKind::WholeGpu,
-                        },
-                        None,
-                    ),
-                };
-                let lease = Lease {
-                    id: lease_id.clone(),
-                    tenant: req.tenant.clone(),
-                    state: if hw.is_some() {
-                        LeaseState::Pending
-                    } else {
-                        LeaseState::Active
-                    },
-                    shape: shape.clone(),
-                    partition_id: partition.id.clone(),
-                    gpu: partition.gpu,
-                    created_at_ms: now,
-                    expires_at_ms: now + ttl.as_millis() as i64,
-                    ttl_secs: ttl.as_secs(),
-                    request_id: req.request_id.clone(),
-                    labels: req.labels.clone(),
-                    priority_class: priority_class.clone(),
-                    burst: admission == quota::Admission::Burst,
-                    ending_as: None,
-                    end_reason: None,
-                    ended_at_ms: None,
-                    containers: vec![],
-                };
-                st.partitions
-                    .insert(partition.id.clone(), partition.clone());
-                st.leases.insert(lease.id.clone(), lease.clone());
-                if let Some(rid) = &lease.request_id {
-                    st.requests
-                        .insert((lease.tenant.clone(), rid.clone()), lease.id.clone());
-                }
-                st.pending.insert(lease.id.clone(), notify.clone());
-                Ok((lease, partition, hw))
-            };
+        loop {
+            // `reserve` gives back the capacity claim a preemption round made.
+            let step = self.reserve(ask, tenancy, extra, rounds, holding_capacity, notify)?;
             match step {
-                Ok(r) => break r,
+                Ok(r) => return Ok(Ok(r)),
                 Err(Again::Preempt(victims)) => {
-                    preempt_rounds += 1;
+                    rounds += 1;
                     holding_capacity = true;
-                    self.preempt(&victims, &req.tenant).await;
+                    self.preempt(&victims, &ask.req.tenant).await;
                 }
                 Err(Again::WaitTeardowns) => {
-                    preempt_rounds += 1;
+                    rounds += 1;
                     holding_capacity = true;
                     self.wait_for_teardowns(Duration::from_secs(5)).await;
                 }
-                Err(Again::SameRequest(lid, pending)) => match pending {
-                    // Still being created: wait, then answer as a retry would.
-                    Some(done) => {
-                        done.await;
-                        return Box::pin(self.create(req)).await;
-                    }
-                    None => return self.replay(&lid).await,
-                },
+                Err(Again::SameRequest(lid, pending)) => {
+                    return Ok(Err(match pending {
+                        // Still being created: wait, then answer as a retry would.
+                        Some(done) => {
+                            done.await;
+                            Box::pin(self.create(ask.req.clone())).await
+                        }
+                        None => self.replay(&lid).await,
+                    }));
+                }
             }
-        };
+        }
+    }
 
-        // 2. Durable intent (or, without hardware work, the final record).
-        let op = match &hw {
+    /// Step 2: the lease, its partition, its token and (for a hardware step) the
+    /// intent, in one durable commit. On failure the reservation is given back.
+    async fn record_reservation(
+        &self,
+        r: &Reserved,
+        tok_hash: &str,
+        now: i64,
+    ) -> Result<Option<i64>, LeaseError> {
+        let op = match &r.hw {
             Some(HwCreate::Mig { .. }) => Some(IntentOp::CreateMig),
             Some(HwCreate::Mps(_)) => Some(IntentOp::StartMps),
             None => None,
         };
-        let (l2, p2, h2) = (lease.clone(), partition.clone(), tok_hash.clone());
-        let intent = self
+        let (l2, p2, h2) = (r.lease.clone(), r.partition.clone(), tok_hash.to_string());
+        let written = self
             .store
             .write(move |w| {
                 w.put_lease(&l2)?;
@@ -412,133 +293,128 @@ impl LeaseManager {
                     .transpose()
             })
             .await;
-        let intent = match intent {
-            Ok(i) => i,
-            Err(e) => {
-                self.forget_reservation(&lease, &partition, true);
-                return Err(match e {
-                    StoreError::DuplicateRequest { .. } => LeaseError::FailedPrecondition(
-                        "a lease with this request_id is being created concurrently; retry".into(),
-                    ),
-                    e => e.into(),
-                });
+        written.map_err(|e| {
+            self.forget_reservation(&r.lease, &r.partition, true);
+            match e {
+                StoreError::DuplicateRequest { .. } => LeaseError::FailedPrecondition(
+                    "a lease with this request_id is being created concurrently; retry".into(),
+                ),
+                e => e.into(),
             }
-        };
+        })
+    }
 
-        let Some(hw) = hw else {
-            // Static-pool partition or whole GPU: nothing to change on the hardware.
-            let mut st = self.lock();
-            st.tokens.insert(tok_hash, lease.id.clone());
-            if let Some(n) = st.pending.remove(&lease.id) {
-                n.notify_waiters();
-            }
-            drop(st);
-            self.emit(EventKind::Created, &lease, Some(&partition), String::new());
-            info!(lease = %lease.id, tenant = %lease.tenant, gpu = lease.gpu, "lease created");
-            return Ok(Created {
-                lease,
-                partition: Some(partition),
-                token: Some(tok),
-                replayed: false,
-            });
-        };
-        let intent = intent.ok_or_else(|| LeaseError::Internal("intent id missing".into()))?;
-
-        // 3. Hardware.
-        let result = self.hw_create(hw).await;
-
-        // 4. Outcome.
-        let mut lease = lease;
-        let mut partition = partition;
-        let now = now_ms();
-        match result {
-            Ok(inst) => {
-                partition.state = PartitionState::Ready;
-                if let (PartKind::Mig(m), Some(inst)) = (&mut partition.kind, inst) {
-                    m.gi_id = Some(inst.gi_id);
-                    m.ci_id = inst.ci_id;
-                    m.uuid = Some(inst.uuid);
-                }
-                lease.state = LeaseState::Active;
-                let (l2, p2) = (lease.clone(), partition.clone());
-                let res = self
-                    .store
-                    .write(move |w| {
-                        w.put_partition(&p2)?;
-                        w.put_lease(&l2)?;
-                        w.finish_intent(intent, now, "done")
-                    })
-                    .await;
-                if let Err(e) = res {
-                    // The hardware exists and the intent stays open: the next start
-                    // reconciles it. Keep the reservation so nothing else takes it.
-                    return Err(e.into());
-                }
-                let mut st = self.lock();
-                st.partitions
-                    .insert(partition.id.clone(), partition.clone());
-                st.leases.insert(lease.id.clone(), lease.clone());
-                st.tokens.insert(tok_hash, lease.id.clone());
-                if let Some(n) = st.pending.remove(&lease.id) {
-                    n.notify_waiters();
-                }
-                drop(st);
-                self.emit(EventKind::Created, &lease, Some(&partition), String::new());
-                info!(lease = %lease.id, tenant = %lease.tenant, gpu = lease.gpu, "lease created");
-                Ok(Created {
-                    lease,
-                    partition: Some(partition),
-                    token: Some(tok),
-                    replayed: false,
-                })
-            }
-            Err(e) => {
-                lease.state = LeaseState::Failed;
-                lease.end_reason = Some(format!("hardware set-up failed: {e}"));
-                lease.ended_at_ms = Some(now);
-                // A create can fail after its GI exists (an error between the GI and
-                // the CI step without rollback): destroy that GI before giving the
-                // placement back. If that fails too, the partition row keeps the
-                // placement and the intent stays open for the next start to undo.
-                let undone = match &partition.kind {
-                    PartKind::Mig(m) => self.undo_half_create(partition.gpu, m).await,
-                    _ => Ok(()),
-                };
-                let mut orphan = partition.clone();
-                orphan.lease_id = None;
-                let (l2, p2, keep) = (lease.clone(), orphan.clone(), undone.is_err());
-                let res = self
-                    .store
-                    .write(move |w| {
-                        w.put_lease(&l2)?;
-                        w.delete_tokens(&l2.id)?;
-                        if keep {
-                            return w.put_partition(&p2);
-                        }
-                        w.delete_partition(&p2.id)?;
-                        w.finish_intent(intent, now, "failed")
-                    })
-                    .await;
-                if res.is_ok() {
-                    self.forget_reservation(&lease, &partition, false);
-                    if let Err(u) = undone {
-                        warn!(lease = %lease.id, gpu = partition.gpu, error = %u,
-                            "could not destroy the GI of a failed create; the next start undoes it");
-                        self.lock().partitions.insert(orphan.id.clone(), orphan);
-                    }
-                }
-                Err(match e.nvml_code() {
-                    Some(NvmlCode::InsufficientResources) => LeaseError::ResourceExhausted(
-                        format!("GPU {} has no room for this instance: {e}", partition.gpu),
-                    ),
-                    _ => LeaseError::Hardware(e),
-                })
-            }
+    /// Step 5: the lease is known by its token, waiting retries are woken, and
+    /// watchers hear of it.
+    fn publish_created(
+        &self,
+        lease: Lease,
+        partition: Partition,
+        tok_hash: String,
+        tok: String,
+    ) -> Created {
+        let mut st = self.lock();
+        st.partitions
+            .insert(partition.id.clone(), partition.clone());
+        st.leases.insert(lease.id.clone(), lease.clone());
+        st.tokens.insert(tok_hash, lease.id.clone());
+        if let Some(n) = st.pending.remove(&lease.id) {
+            n.notify_waiters();
+        }
+        drop(st);
+        self.emit(EventKind::Created, &lease, Some(&partition), String::new());
+        info!(lease = %lease.id, tenant = %lease.tenant, gpu = lease.gpu, "lease created");
+        Created {
+            lease,
+            partition: Some(partition),
+            token: Some(tok),
+            replayed: false,
         }
     }
 
-    /// Destroy the GI a failed create left without its CI at the placement this
-    /// create reserved (nothing else can be there).
+    /// Step 4 after success: the partition is ready and the lease active, durably.
+    async fn record_created(
+        &self,
+        mut lease: Lease,
+        mut partition: Partition,
+        inst: Option<MigInstance>,
+        intent: i64,
+        tok_hash: String,
+        tok: String,
+    ) -> Result<Created, LeaseError> {
+        partition.state = PartitionState::Ready;
+        if let (PartKind::Mig(m), Some(inst)) = (&mut partition.kind, inst) {
+            m.gi_id = Some(inst.gi_id);
+            m.ci_id = inst.ci_id;
+            m.uuid = Some(inst.uuid);
+        }
+        lease.activate()?;
+        let (l2, p2, now) = (lease.clone(), partition.clone(), now_ms());
+        // If this fails, the hardware exists and the intent stays open: the next
+        // start reconciles it. The reservation is kept so nothing else takes it.
+        self.store
+            .write(move |w| {
+                w.put_partition(&p2)?;
+                w.put_lease(&l2)?;
+                w.finish_intent(intent, now, "done")
+            })
+            .await?;
+        Ok(self.publish_created(lease, partition, tok_hash, tok))
+    }
+
+    /// Step 4 after failure: the lease failed, its placement is given back (after
+    /// destroying a GI the failed create left behind), and the caller hears why.
+    async fn record_failed(
+        &self,
+        mut lease: Lease,
+        partition: Partition,
+        intent: i64,
+        e: GpuError,
+    ) -> LeaseError {
+        let now = now_ms();
+        if let Err(t) = lease.fail(format!("hardware set-up failed: {e}"), now) {
+            return t.into();
+        }
+        // A create can fail after its GI exists (an error between the GI and the CI
+        // step without rollback): destroy that GI before giving the placement back.
+        // If that fails too, the partition row keeps the placement and the intent
+        // stays open for the next start to undo.
+        let undone = match &partition.kind {
+            PartKind::Mig(m) => self.undo_half_create(partition.gpu, m).await,
+            _ => Ok(()),
+        };
+        let mut orphan = partition.clone();
+        orphan.lease_id = None;
+        let (l2, p2, keep) = (lease.clone(), orphan.clone(), undone.is_err());
+        let res = self
+            .store
+            .write(move |w| {
+                w.put_lease(&l2)?;
+                w.delete_tokens(&l2.id)?;
+                if keep {
+                    return w.put_partition(&p2);
+                }
+                w.delete_partition(&p2.id)?;
+                w.finish_intent(intent, now, "failed")
+            })
+            .await;
+        if res.is_ok() {
+            self.forget_reservation(&lease, &partition, false);
+            if let Err(u) = undone {
+                warn!(lease = %lease.id, gpu = partition.gpu, error = %u,
+                    "could not destroy the GI of a failed create; the next start undoes it");
+                self.lock().partitions.insert(orphan.id.clone(), orphan);
+            }
+        }
+        match e.nvml_code() {
+            Some(NvmlCode::InsufficientResources) => LeaseError::ResourceExhausted(format!(
+                "GPU {} has no room for this instance: {e}",
+                partition.gpu
+            )),
+            _ => LeaseError::Hardware(e),
+        }
+    }
+
     pub(super) async fn undo_half_create(&self, gpu: u32, m: &MigPart) -> Result<(), GpuError> {
         let backend = self.backend.clone();
         let (placement, profile) = (m.placement, m.gi_profile_id);
@@ -581,7 +457,7 @@ impl LeaseManager {
 
     pub(super) async fn replay(&self, lease_id: &str) -> Result<Created, LeaseError> {
         let (lease, partition) = self.get(lease_id)?;
-        if !lease.state.is_live() {
+        if !lease.state().is_live() {
             return Ok(Created {
                 lease,
                 partition,

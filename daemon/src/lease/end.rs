@@ -8,6 +8,7 @@ use crate::config::OnRelease;
 use crate::model::{IntentOp, Lease, LeaseState, Origin, PartKind, Partition, PartitionState};
 use crate::names::truncate;
 
+use super::error::Inconsistency;
 #[allow(unused_imports)]
 use super::*;
 
@@ -43,7 +44,7 @@ impl LeaseManager {
                     ))),
                 };
             };
-            match lease.state {
+            match lease.state() {
                 LeaseState::Pending => {
                     return Err(LeaseError::FailedPrecondition(format!(
                         "lease {id} is still being created; retry in a moment"
@@ -59,15 +60,14 @@ impl LeaseManager {
                 .partitions
                 .get(&lease.partition_id)
                 .cloned()
-                .ok_or_else(|| LeaseError::Internal(format!("lease {id} has no partition")))?;
+                .ok_or_else(|| {
+                    LeaseError::Inconsistent(Inconsistency::LeaseWithoutPartition(id.to_string()))
+                })?;
             let teardown = self.teardown_for(&partition);
-            let l = st
-                .leases
-                .get_mut(id)
-                .ok_or_else(|| LeaseError::Internal("vanished".into()))?;
-            l.state = LeaseState::Revoking;
-            l.ending_as = Some(ending_as);
-            l.end_reason = Some(reason.to_string());
+            let l = st.leases.get_mut(id).ok_or_else(|| {
+                LeaseError::Inconsistent(Inconsistency::LeaseVanished(id.to_string()))
+            })?;
+            l.begin_end(ending_as, reason)?;
             let lease = l.clone();
             st.tearing_down.insert(id.to_string());
             (lease, partition, teardown)
@@ -128,8 +128,8 @@ impl LeaseManager {
             Some(&partition),
             format!(
                 "ending as {}: {}",
-                lease.ending_as.unwrap_or(LeaseState::Released).as_str(),
-                lease.end_reason.clone().unwrap_or_default()
+                lease.ending_as().unwrap_or(LeaseState::Released).as_str(),
+                lease.end_reason().unwrap_or_default()
             ),
         );
 
@@ -161,7 +161,10 @@ impl LeaseManager {
                     .collect::<Result<Vec<_>, _>>()
             })
             .await
-            .map_err(|e| LeaseError::Internal(format!("container stop task failed: {e}")))?;
+            .map_err(|source| LeaseError::Task {
+                what: "container stop",
+                source,
+            })?;
             match res {
                 Ok(stopped) => {
                     let (t, k): (usize, usize) = stopped
@@ -186,9 +189,7 @@ impl LeaseManager {
                     );
                     let mut st = self.lock();
                     if let Some(l) = st.leases.get_mut(&lease.id) {
-                        l.state = LeaseState::Revoking;
-                        l.ending_as = lease.ending_as;
-                        l.end_reason = lease.end_reason.clone();
+                        *l = lease.clone();
                     }
                     return Ok(lease);
                 }
@@ -206,7 +207,10 @@ impl LeaseManager {
                     HwDestroy::Mps { lease_id } => backend.mps_stop(&lease_id),
                 })
                 .await
-                .map_err(|e| LeaseError::Internal(format!("hardware task failed: {e}")))?,
+                .map_err(|source| LeaseError::Task {
+                    what: "hardware teardown",
+                    source,
+                })?,
             };
             if let Err(e) = res {
                 warn!(lease = %lease.id, error = %e, "teardown failed; will retry");
@@ -236,10 +240,8 @@ impl LeaseManager {
         {
             warn!(lease = %lease.id, dir = %base.display(), error = %e, "could not remove the MPS directories");
         }
-        let final_state = lease.ending_as.unwrap_or(LeaseState::Released);
-        lease.state = final_state;
-        lease.ended_at_ms = Some(now_ms());
         let now = now_ms();
+        let final_state = lease.finish_end(now)?;
         let back_to_pool = hw_keeps(&partition, self.config.partition.on_release);
         let mut freed = partition.clone();
         freed.lease_id = None;
@@ -293,7 +295,7 @@ impl LeaseManager {
             kind,
             &lease,
             Some(&partition),
-            lease.end_reason.clone().unwrap_or_default(),
+            lease.end_reason().unwrap_or_default().to_string(),
         );
         info!(lease = %lease.id, state = final_state.as_str(), "lease ended");
         Ok(lease)

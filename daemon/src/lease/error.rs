@@ -28,8 +28,21 @@ pub enum LeaseError {
     Hardware(#[from] GpuError),
     #[error("store: {0}")]
     Store(#[from] StoreError),
-    #[error("internal: {0}")]
-    Internal(String),
+    /// A transition the lease state machine does not have (a lease changed state
+    /// under the caller, e.g. ended while being renewed).
+    #[error("{0}")]
+    Transition(#[from] crate::model::IllegalTransition),
+    /// The daemon's own records disagree with each other: a bug, never the caller's
+    /// fault.
+    #[error("inconsistent records: {0}")]
+    Inconsistent(Inconsistency),
+    /// A blocking task (hardware call, container stop) panicked or was cancelled.
+    #[error("the {what} task did not complete: {source}")]
+    Task {
+        what: &'static str,
+        #[source]
+        source: tokio::task::JoinError,
+    },
 }
 
 impl From<PlanError> for LeaseError {
@@ -63,4 +76,28 @@ pub(super) fn invalid(field: &'static str, message: impl Into<String>) -> LeaseE
         field,
         message: message.into(),
     }
+}
+
+/// Records of the daemon that disagree with each other.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Inconsistency {
+    #[error("the planner chose GPU {0}, which the daemon does not know")]
+    UnknownGpu(u32),
+    #[error("the planner chose GI profile {profile_id} on GPU {gpu}, which it does not offer")]
+    UnknownProfile { gpu: u32, profile_id: u32 },
+    #[error("the planner chose partition {0}, which does not exist")]
+    UnknownPartition(String),
+    #[error("the planner answered {decision} for a {shape} request")]
+    ShapeMismatch {
+        decision: &'static str,
+        shape: &'static str,
+    },
+    #[error("lease {0} has no partition")]
+    LeaseWithoutPartition(String),
+    #[error("partition {partition} is on GPU {gpu}, which the daemon does not know")]
+    PartitionOnUnknownGpu { partition: String, gpu: u32 },
+    #[error("lease {0} vanished while it was being changed")]
+    LeaseVanished(String),
+    #[error("lease {0} needed a hardware step but no intent was recorded")]
+    IntentMissing(String),
 }

@@ -94,7 +94,7 @@ impl LeaseManager {
             .lock()
             .leases
             .values()
-            .filter(|l| l.tenant == tenant && l.state.is_live())
+            .filter(|l| l.tenant == tenant && l.state().is_live())
             .fold(Amounts::default(), |acc, l| {
                 quota::add(acc, quota::amounts_of(&l.shape))
             });

@@ -28,14 +28,14 @@ impl LeaseManager {
             let mut expiring = Vec::new();
             let mut stuck = Vec::new();
             for l in st.leases.values() {
-                if l.state == LeaseState::Active && l.expires_at_ms <= now {
+                if l.state() == LeaseState::Active && l.expires_at_ms <= now {
                     expired.push(l.id.clone());
-                } else if l.state == LeaseState::Active
+                } else if l.state() == LeaseState::Active
                     && l.expires_at_ms - notice <= now
                     && !st.expiring_notified.contains(&l.id)
                 {
                     expiring.push(l.clone());
-                } else if l.state == LeaseState::Revoking
+                } else if l.state() == LeaseState::Revoking
                     && !st.tearing_down.contains(&l.id)
                     && st
                         .teardown_backoff
@@ -76,7 +76,7 @@ impl LeaseManager {
             let blocked = st
                 .leases
                 .get(&id)
-                .is_some_and(|l| l.state == LeaseState::Revoking);
+                .is_some_and(|l| l.state() == LeaseState::Revoking);
             if blocked {
                 let (n, next) = st.teardown_backoff.entry(id).or_insert((0, 0));
                 *n = n.saturating_add(1);
@@ -106,7 +106,7 @@ impl LeaseManager {
                 .filter(|p| p.state == PartitionState::Ready && p.mps().is_some())
                 .filter_map(|p| {
                     let l = st.leases.get(p.lease_id.as_deref()?)?;
-                    (l.state == LeaseState::Active && !st.tearing_down.contains(&l.id))
+                    (l.state() == LeaseState::Active && !st.tearing_down.contains(&l.id))
                         .then(|| (l.clone(), p.clone()))
                 })
                 .filter_map(|(l, p)| {

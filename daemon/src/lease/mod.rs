@@ -66,6 +66,7 @@ pub use table::GpuState;
 pub use validate::validate_create;
 
 use admission::Again;
+use create::HwCreate;
 use table::State;
 
 pub struct LeaseManager {

@@ -97,7 +97,7 @@ impl LeaseManager {
                 .leases
                 .values()
                 .filter(|l| tenant.is_none_or(|t| l.tenant == t))
-                .filter(|l| state.is_none_or(|s| l.state == s))
+                .filter(|l| state.is_none_or(|s| l.state() == s))
                 .map(|l| (l.clone(), st.partitions.get(&l.partition_id).cloned()))
                 .collect();
             out.sort_by_key(|(l, _)| l.created_at_ms);

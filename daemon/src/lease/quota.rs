@@ -204,7 +204,6 @@ pub fn victims_in_order<'a>(
 mod tests {
     use super::*;
     use crate::config::TenantQuota;
-    use crate::model::LeaseState;
 
     fn cfg() -> TenancyConfig {
         let mut tenants = BTreeMap::new();
@@ -235,28 +234,25 @@ mod tests {
     }
 
     fn lease(id: &str, tenant: &str, created: i64, class: &str) -> Lease {
-        Lease {
-            id: id.into(),
-            tenant: tenant.into(),
-            state: LeaseState::Active,
-            shape: Shape::Mig {
-                profile: "1g.10gb".into(),
-                compute_profile: None,
+        Lease::reserved(
+            crate::model::NewLease {
+                id: id.into(),
+                tenant: tenant.into(),
+                shape: Shape::Mig {
+                    profile: "1g.10gb".into(),
+                    compute_profile: None,
+                },
+                partition_id: String::new(),
+                gpu: 0,
+                created_at_ms: created,
+                ttl_secs: 0,
+                request_id: None,
+                labels: Default::default(),
+                priority_class: class.into(),
+                burst: false,
             },
-            partition_id: String::new(),
-            gpu: 0,
-            created_at_ms: created,
-            expires_at_ms: 0,
-            ttl_secs: 0,
-            request_id: None,
-            labels: Default::default(),
-            priority_class: class.into(),
-            burst: false,
-            ending_as: None,
-            end_reason: None,
-            ended_at_ms: None,
-            containers: vec![],
-        }
+            false,
+        )
     }
 
     fn slices(n: u32) -> Amounts {

@@ -6,7 +6,7 @@ use tessera_common::clock::now_ms;
 use tracing::{info, warn};
 
 use crate::gpu::{MigInstance, MpsSpec};
-use crate::model::{IntentOp, Lease, LeaseState, MigPart, PartKind, Partition, PartitionState};
+use crate::model::{IntentOp, Lease, MigPart, PartKind, Partition, PartitionState};
 
 #[allow(unused_imports)]
 use super::*;
@@ -276,9 +276,15 @@ impl LeaseManager {
                     }
                 }
                 let mut l2 = lease.clone();
-                if let Some(l) = &mut l2 {
-                    l.state = l.ending_as.unwrap_or(LeaseState::Released);
-                    l.ended_at_ms = Some(now);
+                if let Some(l) = &mut l2
+                    && l.finish_end(now).is_err()
+                {
+                    // An intent to tear down is written with the lease revoking;
+                    // anything else is a record from an older daemon: end it.
+                    l.lose(
+                        "its partition was torn down while the daemon was stopped".into(),
+                        now,
+                    )?;
                 }
                 self.drop_at_start(st, &p.id, l2, iid, now, "done")?;
             }
@@ -296,9 +302,10 @@ impl LeaseManager {
     ) -> Result<(), LeaseError> {
         let mut l2 = lease;
         if let Some(l) = &mut l2 {
-            l.state = LeaseState::Failed;
-            l.end_reason = Some("the daemon stopped while creating the partition".into());
-            l.ended_at_ms = Some(now);
+            let reason = "the daemon stopped while creating the partition";
+            if l.fail(reason.into(), now).is_err() {
+                l.lose(reason.into(), now)?;
+            }
         }
         self.drop_at_start(st, &p.id, l2, iid, now, "rolled back")
     }
@@ -316,9 +323,9 @@ impl LeaseManager {
     ) -> Result<(), LeaseError> {
         p.state = PartitionState::Ready;
         if let Some(l) = &mut lease
-            && l.state == LeaseState::Pending
+            && l.state().can_activate()
         {
-            l.state = LeaseState::Active;
+            l.activate()?;
         }
         let (pp, ll) = (p.clone(), lease.clone());
         self.store.write_blocking(move |w| {
@@ -403,11 +410,10 @@ impl LeaseManager {
                 warn!(partition = %p.id, error = %e, "could not re-create the MIG instance; revoking its lease");
                 let mut l2 = p.lease_id.as_ref().and_then(|l| st.leases.get(l).cloned());
                 if let Some(l) = &mut l2 {
-                    l.state = LeaseState::Revoked;
-                    l.end_reason = Some(format!(
-                        "MIG instance vanished and could not be re-created: {e}"
-                    ));
-                    l.ended_at_ms = Some(now);
+                    l.lose(
+                        format!("MIG instance vanished and could not be re-created: {e}"),
+                        now,
+                    )?;
                 }
                 let (pid, ll) = (p.id.clone(), l2.clone());
                 self.store.write_blocking(move |w| {

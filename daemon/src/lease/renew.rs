@@ -18,10 +18,10 @@ impl LeaseManager {
             let lease = st.leases.get_mut(id).ok_or_else(|| {
                 LeaseError::NotFound(format!("no live lease {:?}", truncate(id, 80)))
             })?;
-            if lease.state != LeaseState::Active {
+            if lease.state() != LeaseState::Active {
                 return Err(LeaseError::FailedPrecondition(format!(
                     "lease {id} is {}, only active leases can be renewed",
-                    lease.state.as_str()
+                    lease.state().as_str()
                 )));
             }
             let ttl = ttl.unwrap_or(Duration::from_secs(lease.ttl_secs));

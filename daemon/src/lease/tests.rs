@@ -84,7 +84,7 @@ async fn a_retry_after_release_reports_the_ended_lease_without_a_token() {
     let retry = mgr.create(mig_request("job-8")).await.unwrap();
     assert!(retry.replayed);
     assert_eq!(retry.lease.id, first.lease.id);
-    assert!(!retry.lease.state.is_live());
+    assert!(!retry.lease.state().is_live());
     assert!(retry.token.is_none());
 }
 
@@ -101,7 +101,7 @@ async fn a_blocked_teardown_backs_off_keeps_one_intent_and_finishes_later() {
     let mut events = mgr.subscribe();
     let id = created.lease.id.clone();
     let l = mgr.end(&id, LeaseState::Released, "test").await.unwrap();
-    assert_eq!(l.state, LeaseState::Revoking);
+    assert_eq!(l.state(), LeaseState::Revoking);
     // Two seconds of housekeeping ticks every 50 ms: without a backoff that
     // is 40 attempts; with one (250 ms doubling) at most a handful.
     for _ in 0..40 {
@@ -129,7 +129,7 @@ async fn a_blocked_teardown_backs_off_keeps_one_intent_and_finishes_later() {
     let mut state = LeaseState::Revoking;
     for _ in 0..120 {
         mgr.tick().await;
-        state = mgr.get(&id).unwrap().0.state;
+        state = mgr.get(&id).unwrap().0.state();
         if state != LeaseState::Revoking {
             break;
         }
@@ -163,7 +163,7 @@ async fn a_half_created_instance_that_cannot_be_undone_does_not_stop_the_start()
     assert_eq!(half.len(), 1, "left alone");
     assert!(half[0].ci_id.is_none());
     let (l, _) = mgr.get(&lid).unwrap();
-    assert_eq!(l.state, LeaseState::Failed);
+    assert_eq!(l.state(), LeaseState::Failed);
     let gpu0 = mgr.node().into_iter().find(|g| g.info.index == 0).unwrap();
     assert_eq!(
         gpu0.free_slices, 7,
@@ -198,7 +198,7 @@ async fn an_mps_daemon_that_cannot_restart_at_start_is_retried_later() {
     std::fs::remove_dir_all(&blocker).unwrap();
     std::fs::write(&blocker, b"not a directory").unwrap();
     let (mgr, sim) = manager_and_sim(dir.path());
-    assert_eq!(mgr.get(&lid).unwrap().0.state, LeaseState::Active);
+    assert_eq!(mgr.get(&lid).unwrap().0.state(), LeaseState::Active);
     let running = |sim: &crate::gpu::SimBackend| {
         sim.mps_daemons()
             .unwrap()

@@ -459,11 +459,11 @@ impl Writer<'_> {
             params![
                 lease.id,
                 lease.tenant,
-                lease.state.as_str(),
+                lease.state().as_str(),
                 lease.request_id,
                 lease.created_at_ms,
                 lease.expires_at_ms,
-                lease.ended_at_ms,
+                lease.ended_at_ms(),
                 body
             ],
         ).map_err(|e| match &e {

@@ -5,25 +5,23 @@ use crate::model::{LeaseState, Origin, PartKind, PartitionState};
 use crate::partition::Shape;
 
 fn lease(id: &str, tenant: &str, request_id: Option<&str>) -> Lease {
-    Lease {
-        id: id.into(),
-        tenant: tenant.into(),
-        state: LeaseState::Active,
-        shape: Shape::WholeGpu,
-        partition_id: format!("p-{id}"),
-        gpu: 0,
-        created_at_ms: 1,
-        expires_at_ms: 2,
-        ttl_secs: 60,
-        request_id: request_id.map(String::from),
-        labels: BTreeMap::new(),
-        priority_class: String::new(),
-        burst: false,
-        ending_as: None,
-        end_reason: None,
-        ended_at_ms: None,
-        containers: vec![],
-    }
+    Lease::reserved(
+        crate::model::NewLease {
+            id: id.into(),
+            tenant: tenant.into(),
+            shape: Shape::WholeGpu,
+            partition_id: format!("p-{id}"),
+            gpu: 0,
+            created_at_ms: 1,
+            ttl_secs: 60,
+            request_id: request_id.map(String::from),
+            labels: BTreeMap::new(),
+            priority_class: String::new(),
+            burst: false,
+        },
+        false,
+    )
+    .with_state(LeaseState::Active, None)
 }
 
 #[test]
@@ -131,8 +129,7 @@ fn a_failing_write_does_not_undo_its_batch_neighbours() {
 fn failed_leases_free_their_request_id() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path()).unwrap();
-    let mut failed = lease("l1", "a", Some("r"));
-    failed.state = LeaseState::Failed;
+    let failed = lease("l1", "a", Some("r")).with_state(LeaseState::Failed, Some(5));
     store.write_blocking(move |w| w.put_lease(&failed)).unwrap();
     store
         .write_blocking(|w| w.put_lease(&lease("l2", "a", Some("r"))))
@@ -147,9 +144,7 @@ fn failed_leases_free_their_request_id() {
 fn prune_forgets_old_ended_leases_only() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path()).unwrap();
-    let mut old = lease("old", "a", None);
-    old.state = LeaseState::Released;
-    old.ended_at_ms = Some(10);
+    let old = lease("old", "a", None).with_state(LeaseState::Released, Some(10));
     let live = lease("live", "a", None);
     store
         .write_blocking(move |w| {
@@ -170,14 +165,12 @@ fn a_request_id_is_found_among_many_ended_leases() {
     store
         .write_blocking(|w| {
             for i in 0..1500 {
-                let mut l = lease(&format!("l{i}"), "t", Some(&format!("r{i}")));
-                l.state = LeaseState::Released;
+                let mut l = lease(&format!("l{i}"), "t", Some(&format!("r{i}")))
+                    .with_state(LeaseState::Released, Some(i + 1));
                 l.created_at_ms = i;
-                l.ended_at_ms = Some(i + 1);
                 w.put_lease(&l)?;
             }
-            let mut failed = lease("lf", "t", Some("rf"));
-            failed.state = LeaseState::Failed;
+            let failed = lease("lf", "t", Some("rf")).with_state(LeaseState::Failed, Some(2));
             w.put_lease(&failed)
         })
         .unwrap();
