@@ -448,6 +448,7 @@ mod amounts_serde {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod lifecycle_tests {
     use super::*;
 
