@@ -4,6 +4,7 @@ pub mod api;
 pub mod audit;
 pub mod config;
 pub mod gpu;
+pub mod host;
 pub mod lease;
 pub mod metrics;
 pub mod model;

@@ -480,7 +480,10 @@ mod lifecycle_tests {
         assert_eq!(l.state(), LeaseState::Revoking);
         assert_eq!(l.ending_as(), Some(LeaseState::Expired));
         assert_eq!(l.finish_end(70_000)?, LeaseState::Expired);
-        assert_eq!((l.end_reason(), l.ended_at_ms()), (Some("TTL ran out"), Some(70_000)));
+        assert_eq!(
+            (l.end_reason(), l.ended_at_ms()),
+            (Some("TTL ran out"), Some(70_000))
+        );
         Ok(())
     }
 
@@ -493,7 +496,10 @@ mod lifecycle_tests {
         assert_eq!((e.from, e.to), (LeaseState::Active, LeaseState::Active));
         assert!(l.fail("x".into(), 1).is_err());
         assert!(l.finish_end(1).is_err(), "not revoking");
-        assert!(l.begin_end(LeaseState::Pending, "x").is_err(), "not a final state");
+        assert!(
+            l.begin_end(LeaseState::Pending, "x").is_err(),
+            "not a final state"
+        );
         assert_eq!(l, before);
         assert!(l.begin_end(LeaseState::Released, "bye").is_ok());
         assert!(l.begin_end(LeaseState::Released, "again").is_err());

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use tessera_proto::v1::tessera_client::TesseraClient;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::Channel;
 
 /// The async runtime the tests drive their clients on (two workers).
 pub fn rt() -> tokio::runtime::Runtime {
@@ -57,18 +57,7 @@ pub async fn connect(socket: &Path) -> anyhow::Result<TesseraClient<Channel>> {
 
 /// A gRPC channel (one HTTP/2 connection) to a unix socket.
 pub async fn channel(socket: &Path) -> anyhow::Result<Channel> {
-    let path = socket.to_path_buf();
-    let channel = Endpoint::try_from("http://[::]:50051")?
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move {
-                let s = tokio::net::UnixStream::connect(path).await?;
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
-            }
-        }))
-        .await
-        .with_context(|| format!("connect {}", socket.display()))?;
-    Ok(channel)
+    Ok(tessera_common::unix::channel(socket).await?)
 }
 
 /// A `tesserad` process on simulated GPUs in its own temp dir.

@@ -3,7 +3,7 @@
 //!
 //! Bytes are decoded as a `CreateLeaseRequest`, converted as the API does
 //! ([`tesserad::api::convert::create_request_from_pb`]), validated as the manager
-//! does ([`tesserad::lease::manager::validate_create`]) and, when valid, planned on a
+//! does ([`tesserad::lease::validate_create`]) and, when valid, planned on a
 //! small node ([`tesserad::partition::plan`]). The properties: nothing panics, every
 //! refusal is an InvalidArgument whose message starts with `invalid <field>` for a
 //! known field and stays short (it never echoes a huge input), and every accepted
@@ -16,7 +16,7 @@ use tessera_proto::v1 as pb;
 use tesserad::config::LeaseConfig;
 use tesserad::gpu::{GpuInfo, GpuModel};
 use tesserad::lease::LeaseError;
-use tesserad::lease::manager::validate_create;
+use tesserad::lease::validate_create;
 use tesserad::partition::{GpuView, PlanDecision, PlanError, PlanOptions, plan};
 
 /// Fields a refusal may name.

@@ -18,10 +18,13 @@ pub fn status(e: LeaseError) -> Status {
         LeaseError::FailedPrecondition(m) => Status::failed_precondition(m),
         LeaseError::PermissionDenied(m) => Status::permission_denied(m),
         LeaseError::ShuttingDown => Status::unavailable(e.to_string()),
-        LeaseError::Transition(_) => Status::failed_precondition(e.to_string()),
+        LeaseError::Transition(_) | LeaseError::Devices(_) => {
+            Status::failed_precondition(e.to_string())
+        }
         LeaseError::Hardware(_)
         | LeaseError::Store(_)
         | LeaseError::Inconsistent(_)
+        | LeaseError::Host(_)
         | LeaseError::Task { .. } => Status::internal(e.to_string()),
     }
 }

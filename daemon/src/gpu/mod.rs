@@ -68,6 +68,9 @@ pub enum GpuError {
     /// The blocking task that ran a hardware call panicked or was cancelled.
     #[error("hardware call did not complete: {0}")]
     Task(String),
+    /// A host operation around a hardware step (the MPS directories).
+    #[error(transparent)]
+    Host(#[from] crate::host::HostError),
 }
 
 impl GpuError {

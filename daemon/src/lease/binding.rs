@@ -1,6 +1,5 @@
 //! The runtime's side: resolve a token to devices, bind and unbind containers.
 
-use crate::gpu::GpuError;
 use crate::model::{ContainerBinding, Lease, LeaseState, PartKind};
 
 use super::devices::{self, Resolved};
@@ -11,6 +10,17 @@ use super::token;
 use super::*;
 
 impl LeaseManager {
+    /// The nvidia-uvm and nvidia-caps majors (config, else `/proc/devices`).
+    fn device_majors(&self) -> Result<(i64, i64), LeaseError> {
+        let cfg = &self.config.devices;
+        let text = match (cfg.nvidia_uvm_major, cfg.nvidia_caps_major) {
+            (Some(_), Some(_)) => String::new(),
+            _ => self.host.proc_devices()?,
+        };
+        let simulated = self.backend.name() == "sim";
+        Ok(devices::dynamic_majors(cfg, &text, simulated)?)
+    }
+
     pub fn resolve_token(&self, tok: &str) -> Result<Resolved, LeaseError> {
         let not_found = || LeaseError::NotFound("unknown, expired or revoked lease token".into());
         if !token::looks_valid(tok) {
@@ -52,6 +62,7 @@ impl LeaseManager {
             PartKind::Mig(_) => self.backend.mig_minors()?,
             _ => Default::default(),
         };
+        let majors = self.device_majors()?;
         Ok(devices::resolve(
             &lease,
             &partition,
@@ -59,6 +70,7 @@ impl LeaseManager {
             &gpu.uuid,
             &minors,
             &self.config.devices,
+            majors,
             self.config.lease.pids_limit,
         ))
     }
@@ -127,12 +139,7 @@ impl LeaseManager {
                 .into_iter()
                 .flatten()
             {
-                std::os::unix::fs::chown(dir, Some(uid), None).map_err(|source| {
-                    LeaseError::Hardware(GpuError::Io {
-                        path: dir.to_path_buf(),
-                        source,
-                    })
-                })?;
+                self.host.chown(dir, uid)?;
             }
         }
         let l2 = lease.clone();

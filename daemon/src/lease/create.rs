@@ -482,7 +482,7 @@ impl LeaseManager {
     }
 
     pub(super) async fn hw_create(&self, hw: HwCreate) -> Result<Option<MigInstance>, GpuError> {
-        let backend = self.backend.clone();
+        let (backend, host) = (self.backend.clone(), self.host.clone());
         let quick = matches!(hw, HwCreate::Mig { .. }) && backend.instance_calls_are_quick();
         let run = move || match hw {
             HwCreate::Mig {
@@ -494,9 +494,7 @@ impl LeaseManager {
                 .create_instance(gpu, gi_profile_id, placement, ci_profile_id)
                 .map(Some),
             HwCreate::Mps(spec) => {
-                for dir in [&spec.pipe_dir, &spec.log_dir] {
-                    create_private_dir(dir)?;
-                }
+                mps_dirs(host.as_ref(), &spec)?;
                 backend.mps_start(&spec).map(|_| None)
             }
         };

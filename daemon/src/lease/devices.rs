@@ -48,47 +48,49 @@ pub struct Resolved {
     pub pids_limit: u64,
 }
 
-/// Read a character-device major from /proc/devices text ("195 nvidia-frontend").
-pub fn major_from_proc_devices(text: &str, name: &str) -> Option<i64> {
-    let mut in_char = false;
-    for line in text.lines() {
-        let line = line.trim();
-        if line.starts_with("Character devices") {
-            in_char = true;
-            continue;
-        }
-        if line.starts_with("Block devices") {
-            in_char = false;
-            continue;
-        }
-        if !in_char {
-            continue;
-        }
-        let mut parts = line.split_whitespace();
-        if let (Some(major), Some(n)) = (parts.next(), parts.next())
-            && n == name
-        {
-            return major.parse().ok();
-        }
-    }
-    None
+/// Why a lease's device nodes cannot be described on this host.
+#[derive(Debug, thiserror::Error)]
+pub enum DevicesError {
+    #[error(
+        "the {driver} driver has no major number in /proc/devices (is the NVIDIA driver loaded?); \
+         set devices.{key} in tesserad.toml to name it"
+    )]
+    MajorUnknown {
+        driver: &'static str,
+        key: &'static str,
+    },
 }
 
-/// The majors of nvidia-uvm and nvidia-caps: config, else /proc/devices, else the
-/// simulator's fixed values.
-pub fn dynamic_majors(cfg: &DevicesConfig) -> (i64, i64) {
-    let proc = std::fs::read_to_string("/proc/devices").unwrap_or_default();
-    let uvm = cfg
-        .nvidia_uvm_major
-        .map(i64::from)
-        .or_else(|| major_from_proc_devices(&proc, "nvidia-uvm"))
-        .unwrap_or(SIM_UVM_MAJOR);
-    let caps = cfg
-        .nvidia_caps_major
-        .map(i64::from)
-        .or_else(|| major_from_proc_devices(&proc, "nvidia-caps"))
-        .unwrap_or(SIM_CAPS_MAJOR);
-    (uvm, caps)
+/// The majors of nvidia-uvm and nvidia-caps: from the config, else from
+/// `/proc/devices` text. Only the simulator, whose devices the kernel never
+/// registered, falls back to fixed majors; on real hardware a missing one is an
+/// error naming the config key, never a guess.
+pub fn dynamic_majors(
+    cfg: &DevicesConfig,
+    proc_devices: &str,
+    simulated: bool,
+) -> Result<(i64, i64), DevicesError> {
+    let find = |configured: Option<u32>, driver: &'static str, key: &'static str, sim: i64| {
+        configured
+            .map(i64::from)
+            .or_else(|| tessera_common::procdevices::major_of(proc_devices, driver))
+            .or(simulated.then_some(sim))
+            .ok_or(DevicesError::MajorUnknown { driver, key })
+    };
+    Ok((
+        find(
+            cfg.nvidia_uvm_major,
+            "nvidia-uvm",
+            "nvidia_uvm_major",
+            SIM_UVM_MAJOR,
+        )?,
+        find(
+            cfg.nvidia_caps_major,
+            "nvidia-caps",
+            "nvidia_caps_major",
+            SIM_CAPS_MAJOR,
+        )?,
+    ))
 }
 
 fn node(dev_root: &Path, name: &str, major: i64, minor: i64) -> DeviceNode {
@@ -111,9 +113,9 @@ pub fn resolve(
     gpu_uuid: &str,
     minors: &MigMinors,
     cfg: &DevicesConfig,
+    (uvm_major, caps_major): (i64, i64),
     pids_limit: u64,
 ) -> Resolved {
-    let (uvm_major, caps_major) = dynamic_majors(cfg);
     let dev = &cfg.dev_root;
     let gpu = partition.gpu;
     let mut devices = vec![
@@ -191,14 +193,37 @@ pub fn resolve(
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
+    fn cfg(uvm: Option<u32>) -> DevicesConfig {
+        DevicesConfig {
+            dev_root: "/dev".into(),
+            nvidia_uvm_major: uvm,
+            nvidia_caps_major: None,
+        }
+    }
+
+    const PROC: &str = "Character devices:\n195 nvidia\n234 nvidia-uvm\n237 nvidia-caps\n";
+
     #[test]
-    fn majors_come_from_the_character_section() {
-        let text = "Character devices:\n  1 mem\n195 nvidia-frontend\n234 nvidia-uvm\n237 nvidia-caps\n\nBlock devices:\n259 blkext\n 8 nvidia-uvm\n";
-        assert_eq!(major_from_proc_devices(text, "nvidia-uvm"), Some(234));
-        assert_eq!(major_from_proc_devices(text, "nvidia-caps"), Some(237));
-        assert_eq!(major_from_proc_devices(text, "nvidia-modeset"), None);
+    fn majors_come_from_config_then_proc_devices() {
+        assert_eq!(dynamic_majors(&cfg(None), PROC, false).unwrap(), (234, 237));
+        assert_eq!(
+            dynamic_majors(&cfg(Some(300)), PROC, false).unwrap(),
+            (300, 237)
+        );
+    }
+
+    #[test]
+    fn only_the_simulator_falls_back_to_fixed_majors() {
+        let none = "Character devices:\n  1 mem\n";
+        assert_eq!(
+            dynamic_majors(&cfg(None), none, true).unwrap(),
+            (SIM_UVM_MAJOR, SIM_CAPS_MAJOR)
+        );
+        let e = dynamic_majors(&cfg(None), none, false).unwrap_err();
+        assert!(e.to_string().contains("devices.nvidia_uvm_major"), "{e}");
     }
 }

@@ -153,11 +153,11 @@ impl LeaseManager {
                     grace.as_secs()
                 ),
             );
-            let lid = lease.id.clone();
+            let (lid, host) = (lease.id.clone(), self.host.clone());
             let res = tokio::task::spawn_blocking(move || {
                 containers
                     .iter()
-                    .map(|c| super::enforce::stop_container(&lid, c, grace))
+                    .map(|c| enforce::stop_container(host.as_ref(), &lid, c, grace))
                     .collect::<Result<Vec<_>, _>>()
             })
             .await
@@ -235,8 +235,7 @@ impl LeaseManager {
         if let PartKind::Mps(m) = &partition.kind
             && let Some(base) = m.pipe_dir.parent()
             && base.starts_with(self.config.daemon.run_dir.join("mps"))
-            && let Err(e) = std::fs::remove_dir_all(base)
-            && e.kind() != std::io::ErrorKind::NotFound
+            && let Err(e) = self.host.remove_dir_all(base)
         {
             warn!(lease = %lease.id, dir = %base.display(), error = %e, "could not remove the MPS directories");
         }

@@ -36,6 +36,12 @@ pub enum LeaseError {
     /// fault.
     #[error("inconsistent records: {0}")]
     Inconsistent(Inconsistency),
+    /// A host operation (chown, cgroup) failed.
+    #[error("host: {0}")]
+    Host(#[from] crate::host::HostError),
+    /// The device nodes of a lease cannot be described on this host.
+    #[error("{0}")]
+    Devices(#[from] super::devices::DevicesError),
     /// A blocking task (hardware call, container stop) panicked or was cancelled.
     #[error("the {what} task did not complete: {source}")]
     Task {

@@ -149,11 +149,9 @@ impl LeaseManager {
                 log_dir: m.log_dir.clone(),
                 owner_uid: m.owner_uid,
             };
-            let backend = self.backend.clone();
+            let (backend, host) = (self.backend.clone(), self.host.clone());
             let res = tokio::task::spawn_blocking(move || {
-                for dir in [&spec.pipe_dir, &spec.log_dir] {
-                    create_private_dir(dir)?;
-                }
+                mps_dirs(host.as_ref(), &spec)?;
                 backend.mps_start(&spec)
             })
             .await;

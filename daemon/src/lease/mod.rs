@@ -36,6 +36,7 @@ use tokio::sync::broadcast;
 
 use crate::config::{Config, TenancyConfig};
 use crate::gpu::{GpuBackend, GpuError};
+use crate::host::{HostOps, RealHost};
 use crate::model::Grant;
 use crate::store::Store;
 
@@ -80,6 +81,7 @@ pub struct LeaseManager {
     heartbeat: std::sync::atomic::AtomicI64,
     tenancy: std::sync::RwLock<Arc<TenancyConfig>>,
     grants: Mutex<Vec<Grant>>,
+    host: Arc<dyn HostOps>,
 }
 
 impl std::fmt::Debug for LeaseManager {
@@ -88,25 +90,32 @@ impl std::fmt::Debug for LeaseManager {
     }
 }
 
-/// Create a directory (and parents) with mode 0700.
-fn create_private_dir(dir: &std::path::Path) -> Result<(), GpuError> {
-    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .and_then(|_| std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)))
-        .map_err(|source| GpuError::Io {
-            path: dir.to_path_buf(),
-            source,
-        })
+/// The private (0700) pipe and log directories of an MPS lease, before its control
+/// daemon starts.
+fn mps_dirs(host: &dyn HostOps, spec: &crate::gpu::MpsSpec) -> Result<(), GpuError> {
+    for dir in [&spec.pipe_dir, &spec.log_dir] {
+        host.create_private_dir(dir)?;
+    }
+    Ok(())
 }
+
 impl LeaseManager {
-    /// Load the store, reconcile it with the hardware, and set up the static layout.
+    /// Load the store, reconcile it with the hardware, and set up the static layout,
+    /// on the real host.
     pub fn start(
         config: Config,
         backend: Arc<dyn GpuBackend>,
         store: Arc<Store>,
+    ) -> Result<Arc<LeaseManager>, LeaseError> {
+        Self::start_with_host(config, backend, store, Arc::new(RealHost))
+    }
+
+    /// [`LeaseManager::start`] with the host's side effects done by `host`.
+    pub fn start_with_host(
+        config: Config,
+        backend: Arc<dyn GpuBackend>,
+        store: Arc<Store>,
+        host: Arc<dyn HostOps>,
     ) -> Result<Arc<LeaseManager>, LeaseError> {
         let (events, _) = broadcast::channel(4096);
         let grants = store.grants()?;
@@ -120,6 +129,7 @@ impl LeaseManager {
             heartbeat: std::sync::atomic::AtomicI64::new(now_ms()),
             tenancy: std::sync::RwLock::new(Arc::new(config.tenancy.clone())),
             grants: Mutex::new(Vec::new()),
+            host,
         });
         *mgr.grants.lock().unwrap_or_else(|p| p.into_inner()) = grants;
         mgr.load_and_reconcile()?;

@@ -116,9 +116,7 @@ impl LeaseManager {
                             log_dir: m.log_dir.clone(),
                             owner_uid: m.owner_uid,
                         };
-                        let started = [&spec.pipe_dir, &spec.log_dir]
-                            .into_iter()
-                            .try_for_each(|d| create_private_dir(d))
+                        let started = mps_dirs(self.host.as_ref(), &spec)
                             .and_then(|()| self.backend.mps_start(&spec).map(|_| ()));
                         match started {
                             Ok(()) => report.mps_restarted += 1,

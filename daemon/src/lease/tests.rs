@@ -14,7 +14,7 @@ fn manager(dir: &std::path::Path) -> Arc<LeaseManager> {
     manager_and_sim(dir).0
 }
 
-fn manager_and_sim(dir: &std::path::Path) -> (Arc<LeaseManager>, Arc<crate::gpu::SimBackend>) {
+fn test_config(dir: &std::path::Path) -> Config {
     let text = format!(
         "[daemon]\nstate_dir = {d:?}\nrun_dir = {d:?}\n[gpu]\nbackend = \"sim\"\n\
          [sim]\nstate_file = {s:?}\n[[sim.gpus]]\nmodel = \"h100-80gb\"\nmig = true\n\
@@ -22,7 +22,11 @@ fn manager_and_sim(dir: &std::path::Path) -> (Arc<LeaseManager>, Arc<crate::gpu:
         d = dir.display().to_string(),
         s = dir.join("sim.json").display().to_string(),
     );
-    let config = Config::parse(std::path::Path::new("test.toml"), &text).unwrap();
+    Config::parse(std::path::Path::new("test.toml"), &text).unwrap()
+}
+
+fn manager_and_sim(dir: &std::path::Path) -> (Arc<LeaseManager>, Arc<crate::gpu::SimBackend>) {
+    let config = test_config(dir);
     let sim = Arc::new(crate::gpu::open_sim(&config.sim).unwrap());
     let store = Arc::new(Store::open(dir).unwrap());
     (
@@ -217,4 +221,75 @@ async fn an_mps_daemon_that_cannot_restart_at_start_is_retried_later() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(up, "the supervisor restarted the MPS daemon");
+}
+
+/// The host's side effects of a lease's life go through `HostOps`: an MPS lease's
+/// private directories, their hand-over to the container's uid, the container
+/// stopped through its cgroup on release, and the directories removed after.
+#[tokio::test]
+async fn an_mps_lease_drives_the_host_through_host_ops() {
+    use crate::host::{HostCall, RecordingHost};
+    let dir = tempfile::tempdir().unwrap();
+    let config = test_config(dir.path());
+    let sim = Arc::new(crate::gpu::open_sim(&config.sim).unwrap());
+    let store = Arc::new(Store::open(dir.path()).unwrap());
+    let host = Arc::new(RecordingHost::with_proc_devices(""));
+    let mgr = LeaseManager::start_with_host(config, sim, store, host.clone()).unwrap();
+    let created = mgr
+        .create(CreateRequest {
+            tenant: "team-a".into(),
+            shape: Some(Shape::Mps {
+                sm_percent: 25,
+                memory_bytes: 4 << 30,
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let lease = created.lease.clone();
+    let pipe = created
+        .partition
+        .as_ref()
+        .unwrap()
+        .mps()
+        .unwrap()
+        .pipe_dir
+        .clone();
+    let binding = crate::model::ContainerBinding {
+        id: "c1".into(),
+        cgroup_path: format!("/tessera/{}/c1", lease.id),
+        runtime_root: String::new(),
+        bound_at_ms: 0,
+    };
+    mgr.bind_container(created.token.as_deref().unwrap(), binding, Some(1000))
+        .await
+        .unwrap();
+    let ended = mgr
+        .end(&lease.id, LeaseState::Released, "done")
+        .await
+        .unwrap();
+    assert_eq!(ended.state(), LeaseState::Released);
+    let calls = host.calls();
+    let base = pipe.parent().unwrap().to_path_buf();
+    let want = [
+        HostCall::CreatePrivateDir(pipe.clone()),
+        HostCall::Chown {
+            path: pipe.clone(),
+            uid: 1000,
+        },
+        HostCall::StopCgroup {
+            container: "c1".into(),
+            rel: format!("tessera/{}/c1", lease.id),
+        },
+        HostCall::RemoveDirAll(base),
+    ];
+    for w in &want {
+        assert!(calls.contains(w), "{w:?} missing from {calls:?}");
+    }
+    let pos = |c: &HostCall| calls.iter().position(|x| x == c).unwrap();
+    assert!(
+        pos(&want[2]) < pos(&want[3]),
+        "containers stop before the directories go"
+    );
+    assert!(!pipe.exists(), "the recording host touched nothing");
 }

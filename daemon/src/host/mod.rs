@@ -1,0 +1,207 @@
+//! The host's side effects behind one trait, so the lease core can be tested and
+//! replaced: stopping a container through its cgroup, the private directories of an
+//! MPS lease (create, hand to a uid, remove), and reading `/proc/devices`.
+//!
+//! [`RealHost`] does them; [`RecordingHost`] records the calls and does nothing
+//! (tests). Owns: the mechanics. May not touch: leases or policy (which cgroup may be
+//! stopped is the lease core's decision). Imports nothing above `names`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Duration;
+
+mod cgroup;
+
+/// A host operation that failed, with what it was done to.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("container {container}: freezing {path}: {detail}")]
+    Freeze {
+        container: String,
+        path: String,
+        detail: String,
+    },
+    #[error("container {container}: {left} processes still in {path} after SIGKILL")]
+    StillRunning {
+        container: String,
+        path: String,
+        left: usize,
+    },
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> HostError + '_ {
+    move |source| HostError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// What stopping one container took.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stopped {
+    pub container: String,
+    /// Processes that got SIGTERM.
+    pub terminated: usize,
+    /// Processes still there after the grace period, which got SIGKILL.
+    pub killed: usize,
+}
+
+/// The host operations the lease core performs. All are blocking.
+pub trait HostOps: Send + Sync + std::fmt::Debug {
+    /// Stop every process in the cgroup `rel` (relative to the hierarchy roots):
+    /// SIGTERM, then SIGKILL after `grace`.
+    fn stop_cgroup(
+        &self,
+        container: &str,
+        rel: &str,
+        grace: Duration,
+    ) -> Result<Stopped, HostError>;
+    /// Create a directory (and parents) with mode 0700.
+    fn create_private_dir(&self, dir: &Path) -> Result<(), HostError>;
+    /// Hand a directory to `uid` (its group unchanged).
+    fn chown(&self, path: &Path, uid: u32) -> Result<(), HostError>;
+    /// Remove a directory tree; one that is already gone is not an error.
+    fn remove_dir_all(&self, dir: &Path) -> Result<(), HostError>;
+    /// The text of `/proc/devices`.
+    fn proc_devices(&self) -> Result<String, HostError>;
+}
+
+/// The real host.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RealHost;
+
+impl HostOps for RealHost {
+    fn stop_cgroup(
+        &self,
+        container: &str,
+        rel: &str,
+        grace: Duration,
+    ) -> Result<Stopped, HostError> {
+        cgroup::stop_cgroup(container, rel, grace)
+    }
+
+    fn create_private_dir(&self, dir: &Path) -> Result<(), HostError> {
+        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .and_then(|_| std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)))
+            .map_err(io(dir))
+    }
+
+    fn chown(&self, path: &Path, uid: u32) -> Result<(), HostError> {
+        std::os::unix::fs::chown(path, Some(uid), None).map_err(io(path))
+    }
+
+    fn remove_dir_all(&self, dir: &Path) -> Result<(), HostError> {
+        match std::fs::remove_dir_all(dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io(dir)(e)),
+            _ => Ok(()),
+        }
+    }
+
+    fn proc_devices(&self) -> Result<String, HostError> {
+        let path = Path::new("/proc/devices");
+        std::fs::read_to_string(path).map_err(io(path))
+    }
+}
+
+/// One call a [`RecordingHost`] saw.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostCall {
+    StopCgroup { container: String, rel: String },
+    CreatePrivateDir(PathBuf),
+    Chown { path: PathBuf, uid: u32 },
+    RemoveDirAll(PathBuf),
+    ProcDevices,
+}
+
+/// Tests: records every call, touches nothing, and answers `/proc/devices` with the
+/// text it was given. `stop_cgroup` reports one process terminated.
+#[derive(Debug, Default)]
+pub struct RecordingHost {
+    calls: Mutex<Vec<HostCall>>,
+    proc_devices: String,
+}
+
+impl RecordingHost {
+    pub fn with_proc_devices(text: &str) -> RecordingHost {
+        RecordingHost {
+            calls: Mutex::default(),
+            proc_devices: text.to_string(),
+        }
+    }
+
+    /// The calls so far, oldest first.
+    pub fn calls(&self) -> Vec<HostCall> {
+        self.calls.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn record(&self, c: HostCall) {
+        self.calls.lock().unwrap_or_else(|p| p.into_inner()).push(c);
+    }
+}
+
+impl HostOps for RecordingHost {
+    fn stop_cgroup(&self, container: &str, rel: &str, _: Duration) -> Result<Stopped, HostError> {
+        self.record(HostCall::StopCgroup {
+            container: container.into(),
+            rel: rel.into(),
+        });
+        Ok(Stopped {
+            container: container.into(),
+            terminated: 1,
+            killed: 0,
+        })
+    }
+    fn create_private_dir(&self, dir: &Path) -> Result<(), HostError> {
+        self.record(HostCall::CreatePrivateDir(dir.into()));
+        Ok(())
+    }
+    fn chown(&self, path: &Path, uid: u32) -> Result<(), HostError> {
+        self.record(HostCall::Chown {
+            path: path.into(),
+            uid,
+        });
+        Ok(())
+    }
+    fn remove_dir_all(&self, dir: &Path) -> Result<(), HostError> {
+        self.record(HostCall::RemoveDirAll(dir.into()));
+        Ok(())
+    }
+    fn proc_devices(&self) -> Result<String, HostError> {
+        self.record(HostCall::ProcDevices);
+        Ok(self.proc_devices.clone())
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn private_dirs_are_0700_and_removal_of_a_missing_tree_is_fine() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().join("a/b");
+        RealHost.create_private_dir(&d).unwrap();
+        let mode = std::fs::metadata(&d).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700);
+        RealHost.remove_dir_all(&dir.path().join("a")).unwrap();
+        assert!(!d.exists());
+        RealHost.remove_dir_all(&dir.path().join("a")).unwrap();
+        let e = RealHost.chown(&d, 1).unwrap_err();
+        assert!(
+            e.to_string().contains("a/b"),
+            "the error names its path: {e}"
+        );
+    }
+}
