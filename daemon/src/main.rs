@@ -141,9 +141,10 @@ async fn run(cfg: Config, backend: Arc<dyn GpuBackend>) -> anyhow::Result<()> {
     let housekeeping = tokio::spawn(mgr.clone().run_housekeeping(stop_rx.clone()));
     let watchdog = tokio::spawn(feed_watchdog(mgr.clone(), stop_rx.clone()));
     // ops: usage records and the Prometheus endpoint ([metrics] listen).
+    let catalog_of = mgr.clone();
     let usage = tokio::spawn(tesserad::usage::run_recorder(
-        mgr.clone(),
         store.clone(),
+        move || catalog_of.usage_catalog(),
         stop_rx.clone(),
     ));
     // The handle the API service records calls and admissions on.

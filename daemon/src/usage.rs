@@ -8,7 +8,7 @@
 //!   table (one row per lease, keyed by lease id: copying twice is a no-op). This
 //!   [`sweep`] runs at start, on every lease-ending event and once a minute, so the
 //!   record is made long before `lease.retain_ended` prunes the lease row.
-//! * A query reads, in one read transaction, the records plus the lease rows not yet
+//! * A query reads, in one read transaction on the store's read connection, the records plus the lease rows not yet
 //!   recorded (live leases count up to `now`), clips every interval to the window
 //!   and sums `seconds x weight` per tenant.
 //!
@@ -16,16 +16,17 @@
 //! GI still holds the whole GI) and the GI's memory; an MPS share's SM percent and
 //! memory limit; a whole GPU counts 1 GPU and all its memory. Failed leases (never
 //! got hardware) count nothing.
+//!
+//! May use: model, partition, store. May not touch: the lease core (it is a client
+//! of this module), the API or any transport type.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rusqlite::{Connection, OpenFlags, params};
+use rusqlite::{Connection, params};
 use tracing::warn;
 
-use crate::lease::LeaseManager;
 use crate::model::{Lease, LeaseState};
 use crate::partition::Shape;
 use crate::store::{Store, StoreError};
@@ -37,12 +38,6 @@ const GIB: f64 = (1u64 << 30) as f64;
 
 #[derive(Debug, thiserror::Error)]
 pub enum UsageError {
-    #[error("{path}: {source}")]
-    Open {
-        path: PathBuf,
-        #[source]
-        source: rusqlite::Error,
-    },
     #[error("usage query: {0}")]
     Sqlite(#[from] rusqlite::Error),
     #[error("store: {0}")]
@@ -80,21 +75,6 @@ pub struct TenantUsage {
 pub struct Catalog {
     pub mig_profiles: HashMap<(u32, String), (u32, u64)>,
     pub gpu_memory: HashMap<u32, u64>,
-}
-
-impl Catalog {
-    /// The profiles and GPUs the lease manager knows now.
-    pub fn from_manager(mgr: &LeaseManager) -> Catalog {
-        let mut c = Catalog::default();
-        for g in mgr.node() {
-            c.gpu_memory.insert(g.info.index, g.info.memory_bytes);
-            for (p, _) in g.profiles {
-                c.mig_profiles
-                    .insert((g.info.index, p.name.clone()), (p.slices, p.memory_bytes));
-            }
-        }
-        c
-    }
 }
 
 /// "3g.40gb" / "1g.10gb+me" -> (3, 40 GiB): the fallback when no GPU reports the
@@ -291,115 +271,88 @@ pub async fn sweep_since(
     Ok(n)
 }
 
-/// Reads usage from the database (its own read-only connection).
-pub struct UsageReader {
-    path: PathBuf,
-    conn: std::sync::Mutex<Connection>,
+/// Usage per tenant over `[from_ms, to_ms)` (`to_ms` 0 = now; `tenant` None = all),
+/// read through the store's read connection.
+pub fn query(
+    store: &Store,
+    tenant: Option<&str>,
+    from_ms: i64,
+    to_ms: i64,
+    catalog: &Catalog,
+) -> Result<Vec<TenantUsage>, UsageError> {
+    store.read(|conn| query_on(conn, tenant, from_ms, to_ms, catalog))
 }
 
-impl std::fmt::Debug for UsageReader {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("UsageReader")
-            .field("path", &self.path)
-            .finish()
+fn query_on(
+    conn: &mut Connection,
+    tenant: Option<&str>,
+    from_ms: i64,
+    to_ms: i64,
+    catalog: &Catalog,
+) -> Result<Vec<TenantUsage>, UsageError> {
+    let now = now_ms();
+    let to_ms = if to_ms <= 0 { now } else { to_ms };
+    let from_ms = from_ms.max(0);
+    if from_ms > to_ms {
+        return Err(UsageError::BadWindow { from_ms, to_ms });
     }
-}
-
-impl UsageReader {
-    pub fn open(db: &Path) -> Result<UsageReader, UsageError> {
-        let open = |source| UsageError::Open {
-            path: db.to_path_buf(),
-            source,
-        };
-        let conn = Connection::open_with_flags(
-            db,
-            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-        )
-        .map_err(open)?;
-        conn.busy_timeout(Duration::from_secs(5)).map_err(open)?;
-        Ok(UsageReader {
-            path: db.to_path_buf(),
-            conn: std::sync::Mutex::new(conn),
-        })
-    }
-
-    /// Usage per tenant over `[from_ms, to_ms)` (`to_ms` 0 = now; `tenant` None = all).
-    pub fn query(
-        &self,
-        tenant: Option<&str>,
-        from_ms: i64,
-        to_ms: i64,
-        catalog: &Catalog,
-    ) -> Result<Vec<TenantUsage>, UsageError> {
-        let now = now_ms();
-        let to_ms = if to_ms <= 0 { now } else { to_ms };
-        let from_ms = from_ms.max(0);
-        if from_ms > to_ms {
-            return Err(UsageError::BadWindow { from_ms, to_ms });
+    // One read transaction: a lease recorded between the two reads must not be
+    // seen twice (or not at all).
+    let tx = conn.transaction()?;
+    let mut intervals = Vec::new();
+    {
+        let mut stmt = tx.prepare_cached(
+            "SELECT tenant, start_ms, end_ms, mig_slices, sm_percent, memory_bytes, whole_gpus \
+             FROM usage_records WHERE state <> 'failed' AND (?1 IS NULL OR tenant = ?1) \
+             AND start_ms <= ?3 AND end_ms >= ?2",
+        )?;
+        let rows = stmt.query_map(params![tenant, from_ms, to_ms], |r| {
+            Ok(Interval {
+                tenant: r.get(0)?,
+                start_ms: r.get(1)?,
+                end_ms: Some(r.get(2)?),
+                weights: Weights {
+                    mig_slices: r.get(3)?,
+                    sm_percent: r.get(4)?,
+                    memory_bytes: r.get::<_, i64>(5)?.max(0) as u64,
+                    whole_gpus: r.get(6)?,
+                },
+            })
+        })?;
+        for row in rows {
+            intervals.push(row?);
         }
-        let mut conn = self
-            .conn
-            .lock()
-            .map_err(|_| UsageError::Store(StoreError::WriterGone))?;
-        // One read transaction: a lease recorded between the two reads must not be
-        // seen twice (or not at all).
-        let tx = conn.transaction()?;
-        let mut intervals = Vec::new();
-        {
-            let mut stmt = tx.prepare_cached(
-                "SELECT tenant, start_ms, end_ms, mig_slices, sm_percent, memory_bytes, whole_gpus \
-                 FROM usage_records WHERE state <> 'failed' AND (?1 IS NULL OR tenant = ?1) \
-                 AND start_ms <= ?3 AND end_ms >= ?2",
-            )?;
-            let rows = stmt.query_map(params![tenant, from_ms, to_ms], |r| {
-                Ok(Interval {
-                    tenant: r.get(0)?,
-                    start_ms: r.get(1)?,
-                    end_ms: Some(r.get(2)?),
-                    weights: Weights {
-                        mig_slices: r.get(3)?,
-                        sm_percent: r.get(4)?,
-                        memory_bytes: r.get::<_, i64>(5)?.max(0) as u64,
-                        whole_gpus: r.get(6)?,
-                    },
-                })
+        let mut stmt = tx.prepare_cached(
+            "SELECT id, body FROM leases WHERE state <> 'failed' AND (?1 IS NULL OR tenant = ?1) \
+             AND created_at_ms <= ?3 AND (ended_at_ms IS NULL OR ended_at_ms >= ?2) \
+             AND id NOT IN (SELECT lease_id FROM usage_records)",
+        )?;
+        let rows = stmt.query_map(params![tenant, from_ms, to_ms], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+        })?;
+        for row in rows {
+            let (id, body) = row?;
+            let lease: Lease = serde_json::from_str(&body).map_err(|e| UsageError::Corrupt {
+                id: id.clone(),
+                detail: e.to_string(),
             })?;
-            for row in rows {
-                intervals.push(row?);
-            }
-            let mut stmt = tx.prepare_cached(
-                "SELECT id, body FROM leases WHERE state <> 'failed' AND (?1 IS NULL OR tenant = ?1) \
-                 AND created_at_ms <= ?3 AND (ended_at_ms IS NULL OR ended_at_ms >= ?2) \
-                 AND id NOT IN (SELECT lease_id FROM usage_records)",
-            )?;
-            let rows = stmt.query_map(params![tenant, from_ms, to_ms], |r| {
-                Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
-            })?;
-            for row in rows {
-                let (id, body) = row?;
-                let lease: Lease =
-                    serde_json::from_str(&body).map_err(|e| UsageError::Corrupt {
-                        id: id.clone(),
-                        detail: e.to_string(),
-                    })?;
-                intervals.push(Interval {
-                    weights: weights(&lease, catalog),
-                    end_ms: lease.ended_at_ms(),
-                    tenant: lease.tenant,
-                    start_ms: lease.created_at_ms,
-                });
-            }
+            intervals.push(Interval {
+                weights: weights(&lease, catalog),
+                end_ms: lease.ended_at_ms(),
+                tenant: lease.tenant,
+                start_ms: lease.created_at_ms,
+            });
         }
-        tx.finish()?;
-        Ok(accumulate(&intervals, from_ms, to_ms, now))
     }
+    tx.finish()?;
+    Ok(accumulate(&intervals, from_ms, to_ms, now))
 }
 
 /// Record ended leases at start, after every lease-ending event and once a minute,
 /// until `stop` turns true.
 pub async fn run_recorder(
-    mgr: Arc<LeaseManager>,
     store: Arc<Store>,
+    catalog: impl Fn() -> Catalog,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
     // The lease manager writes each lease's usage record in the same commit that
@@ -414,48 +367,8 @@ pub async fn run_recorder(
                 continue;
             }
         }
-        if let Err(e) = sweep(&store, Catalog::from_manager(&mgr)).await {
+        if let Err(e) = sweep(&store, catalog()).await {
             warn!(error = %e, "usage: recording ended leases failed; retrying within the hour");
-        }
-    }
-}
-
-/// GetUsage: usage per tenant from the manager's database (`tenant` empty = all;
-/// `to_ms` 0 = now).
-pub fn get_usage(
-    mgr: &LeaseManager,
-    req: &tessera_proto::v1::GetUsageRequest,
-) -> Result<tessera_proto::v1::GetUsageResponse, tonic::Status> {
-    use tessera_proto::v1 as pb;
-    if req.from_ms < 0 || req.to_ms < 0 {
-        return Err(tonic::Status::invalid_argument(
-            "invalid window: from_ms and to_ms are unix milliseconds (0 = unbounded / now)",
-        ));
-    }
-    let tenant = (!req.tenant.is_empty()).then_some(req.tenant.as_str());
-    let db = mgr.config().daemon.state_dir.join("tessera.db");
-    let result = UsageReader::open(&db)
-        .and_then(|r| r.query(tenant, req.from_ms, req.to_ms, &Catalog::from_manager(mgr)));
-    match result {
-        Ok(rows) => Ok(pb::GetUsageResponse {
-            usage: rows
-                .into_iter()
-                .map(|u| pb::TenantUsage {
-                    tenant: u.tenant,
-                    mig_slice_seconds: u.mig_slice_seconds,
-                    mps_sm_percent_seconds: u.mps_sm_percent_seconds,
-                    memory_gib_seconds: u.memory_gib_seconds,
-                    whole_gpu_seconds: u.whole_gpu_seconds,
-                    leases: u.leases,
-                })
-                .collect(),
-        }),
-        Err(e @ UsageError::BadWindow { .. }) => {
-            Err(tonic::Status::invalid_argument(e.to_string()))
-        }
-        Err(e) => {
-            warn!(error = %e, "GetUsage failed");
-            Err(tonic::Status::internal(format!("usage: {e}")))
         }
     }
 }
@@ -647,12 +560,11 @@ mod tests {
             })
             .await
             .unwrap();
-        let reader = UsageReader::open(store.path()).unwrap();
         let cat = Catalog::default();
-        let before = reader.query(None, 0, 0, &cat).unwrap();
+        let before = query(&store, None, 0, 0, &cat).unwrap();
         assert_eq!(sweep(&store, cat.clone()).await.unwrap(), 1);
         assert_eq!(sweep(&store, cat.clone()).await.unwrap(), 0);
-        let after = reader.query(None, 0, 0, &cat).unwrap();
+        let after = query(&store, None, 0, 0, &cat).unwrap();
         assert_eq!(before.len(), 2);
         assert_eq!(after.len(), 2);
         assert_eq!(before[0], after[0], "recording must not change the sums");
@@ -661,7 +573,7 @@ mod tests {
         assert!(after[1].whole_gpu_seconds >= 3600.0);
         // The lease row pruned: the record still counts.
         store.write(|w| w.prune(i64::MAX)).await.unwrap();
-        let pruned = reader.query(Some("t"), 0, 0, &cat).unwrap();
+        let pruned = query(&store, Some("t"), 0, 0, &cat).unwrap();
         assert_eq!(pruned, vec![after[0].clone()]);
     }
 }

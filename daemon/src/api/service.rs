@@ -618,7 +618,7 @@ impl Tessera for TesseraService {
                     tenant,
                     ..r.clone()
                 };
-                crate::usage::get_usage(&self.mgr, &q)
+                usage_response(&self.mgr, &q)
             })
             .map(Response::new);
         self.done(Rpc::GetUsage, &who, &r.tenant, "", result)
@@ -829,4 +829,36 @@ pub async fn serve_tls(
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await?;
     Ok(())
+}
+
+/// GetUsage: usage per tenant (`tenant` empty = all; `to_ms` 0 = now).
+fn usage_response(
+    mgr: &LeaseManager,
+    req: &pb::GetUsageRequest,
+) -> Result<pb::GetUsageResponse, Status> {
+    if req.from_ms < 0 || req.to_ms < 0 {
+        return Err(Status::invalid_argument(
+            "invalid window: from_ms and to_ms are unix milliseconds (0 = unbounded / now)",
+        ));
+    }
+    let tenant = (!req.tenant.is_empty()).then_some(req.tenant.as_str());
+    match mgr.usage(tenant, req.from_ms, req.to_ms) {
+        Ok(rows) => Ok(pb::GetUsageResponse {
+            usage: rows
+                .into_iter()
+                .map(|u| pb::TenantUsage {
+                    tenant: u.tenant,
+                    mig_slice_seconds: u.mig_slice_seconds,
+                    mps_sm_percent_seconds: u.mps_sm_percent_seconds,
+                    memory_gib_seconds: u.memory_gib_seconds,
+                    whole_gpu_seconds: u.whole_gpu_seconds,
+                    leases: u.leases,
+                })
+                .collect(),
+        }),
+        Err(e @ crate::usage::UsageError::BadWindow { .. }) => {
+            Err(Status::invalid_argument(e.to_string()))
+        }
+        Err(e) => Err(Status::internal(format!("usage: {e}"))),
+    }
 }

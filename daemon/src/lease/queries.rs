@@ -125,4 +125,27 @@ impl LeaseManager {
         let st = self.lock();
         (st.leases.len(), st.partitions.len())
     }
+
+    /// The MIG profiles and GPU memory usage weights are computed from.
+    pub fn usage_catalog(&self) -> crate::usage::Catalog {
+        let mut c = crate::usage::Catalog::default();
+        for g in &self.lock().gpus {
+            c.gpu_memory.insert(g.info.index, g.info.memory_bytes);
+            for p in &g.profiles {
+                c.mig_profiles
+                    .insert((g.info.index, p.name.clone()), (p.slices, p.memory_bytes));
+            }
+        }
+        c
+    }
+
+    /// Usage per tenant over `[from_ms, to_ms)` (`to_ms` 0 = now; `tenant` None = all).
+    pub fn usage(
+        &self,
+        tenant: Option<&str>,
+        from_ms: i64,
+        to_ms: i64,
+    ) -> Result<Vec<crate::usage::TenantUsage>, crate::usage::UsageError> {
+        crate::usage::query(&self.store, tenant, from_ms, to_ms, &self.usage_catalog())
+    }
 }

@@ -237,6 +237,17 @@ impl Store {
         sender.send(job).map_err(|_| StoreError::WriterGone)
     }
 
+    /// Run `f` on the store's read-only connection (WAL readers never block the
+    /// writer). For queries of other modules (usage) that stay inside the store's
+    /// one database and connection pair.
+    pub fn read<T, E>(&self, f: impl FnOnce(&mut Connection) -> Result<T, E>) -> Result<T, E>
+    where
+        E: From<StoreError>,
+    {
+        let mut conn = self.reader.lock().map_err(|_| StoreError::WriterGone)?;
+        f(&mut conn)
+    }
+
     /// Everything the daemon needs to rebuild its state at start.
     pub fn snapshot(&self) -> Result<Snapshot, StoreError> {
         let conn = self.reader.lock().map_err(|_| StoreError::WriterGone)?;
