@@ -1,5 +1,8 @@
-//! tesserad: parse args, load config (exit 64 when invalid), open the GPU backend and
-//! the store, reconcile, bind, serve, and drain on SIGTERM.
+//! tesserad, in this order: parse and validate everything (the config, exit 64; the
+//! socket group, the TLS files, the state directory), then open the GPU backend (exit
+//! 69 without one) and the store, then touch the hardware (reconcile, static
+//! layout), then bind every listener (unix socket, TLS, metrics), and only then tell
+//! systemd READY. SIGTERM drains in-flight calls within the grace period.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -9,8 +12,8 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use tessera_common::clock::now_ms;
-use tesserad::api::TesseraService;
 use tesserad::api::auth::Authenticator;
+use tesserad::api::{TesseraService, TlsMaterial};
 use tesserad::audit::AuditLog;
 use tesserad::config::{BackendKind, Config, LogFormat};
 use tesserad::gpu::GpuBackend;
@@ -54,6 +57,13 @@ fn main() -> ExitCode {
         }
     };
     init_tracing(cfg.daemon.log_format);
+    let checked = match preflight(&cfg) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("tesserad: invalid config: {e:#}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
     if args.check_config {
         println!("{}: OK", args.config.display());
         return ExitCode::SUCCESS;
@@ -76,7 +86,7 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_UNAVAILABLE);
         }
     };
-    match rt.block_on(run(cfg, backend)) {
+    match rt.block_on(run(cfg, checked, backend)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             error!("{e:#}");
@@ -111,14 +121,47 @@ fn open_backend(cfg: &Config) -> anyhow::Result<Arc<dyn GpuBackend>> {
     }
 }
 
-async fn run(cfg: Config, backend: Arc<dyn GpuBackend>) -> anyhow::Result<()> {
+/// What the checks before any action found, for the steps that act.
+struct Checked {
+    /// The gid of `daemon.socket_group`.
+    socket_gid: Option<nix::unistd::Gid>,
+    /// The TLS listener's certificate, key and client CA, parsed.
+    tls: Option<TlsMaterial>,
+}
+
+/// Everything that can be checked without acting: the socket group exists, the TLS
+/// files parse, the state directory is (or can be made) a writable directory.
+fn preflight(cfg: &Config) -> anyhow::Result<Checked> {
+    let socket_gid = match &cfg.daemon.socket_group {
+        None => None,
+        Some(group) => Some(
+            nix::unistd::Group::from_name(group)
+                .with_context(|| format!("daemon.socket_group: looking up group {group:?}"))?
+                .with_context(|| format!("daemon.socket_group: no group {group:?} on this host"))?
+                .gid,
+        ),
+    };
+    let tls = cfg
+        .auth
+        .tls
+        .as_ref()
+        .map(TlsMaterial::load)
+        .transpose()
+        .context("auth.tls")?;
+    let dir = &cfg.daemon.state_dir;
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("daemon.state_dir: cannot create {}", dir.display()))?;
+    tempfile::tempfile_in(dir)
+        .with_context(|| format!("daemon.state_dir: {} is not writable", dir.display()))?;
+    Ok(Checked { socket_gid, tls })
+}
+
+async fn run(cfg: Config, checked: Checked, backend: Arc<dyn GpuBackend>) -> anyhow::Result<()> {
     let store = Arc::new(Store::open(&cfg.daemon.state_dir)?);
     info!(db = %store.path().display(), backend = backend.name(), "store opened");
     let socket = cfg.daemon.socket.clone();
     let grace = cfg.daemon.shutdown_grace;
     let mode = cfg.daemon.socket_mode;
-    let group = cfg.daemon.socket_group.clone();
-    let tls = cfg.auth.tls.clone();
     let audit = Arc::new(
         AuditLog::open(&cfg.audit.path, cfg.audit.max_bytes, cfg.audit.keep)
             .context("opening the audit log")?,
@@ -129,12 +172,19 @@ async fn run(cfg: Config, backend: Arc<dyn GpuBackend>) -> anyhow::Result<()> {
         warn!("no [tenants] configured: quotas are off, every tenant may use any free capacity");
     }
     let metrics_listen = cfg.metrics.listen;
+    // The hardware is touched from here on (reconcile, static layout).
     let mgr = LeaseManager::start(cfg, backend, store.clone())?;
 
+    // Every listener is bound before READY.
     let listener = tesserad::api::bind_unix(&socket, mode)?;
-    if let Some(group) = group {
-        set_socket_group(&socket, &group)?;
+    if let Some(gid) = checked.socket_gid {
+        nix::unistd::chown(&socket, None, Some(gid))
+            .with_context(|| format!("{}: chown to group {gid}", socket.display()))?;
     }
+    let tls = match checked.tls {
+        Some(t) => Some(t.bind().await.context("auth.tls.listen")?),
+        None => None,
+    };
     info!(socket = %socket.display(), "serving the tessera.v1 API");
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -167,7 +217,7 @@ async fn run(cfg: Config, backend: Arc<dyn GpuBackend>) -> anyhow::Result<()> {
     let tls_server = tls.map(|tls| {
         let service = service.clone();
         let done = drained(drain_rx.clone());
-        tokio::spawn(async move { tesserad::api::serve_tls(service, &tls, done).await })
+        tokio::spawn(async move { tesserad::api::serve_tls(service, tls, done).await })
     });
     loop {
         tokio::select! {
@@ -243,13 +293,4 @@ async fn feed_watchdog(mgr: Arc<LeaseManager>, mut stop: tokio::sync::watch::Rec
             );
         }
     }
-}
-
-fn set_socket_group(path: &std::path::Path, group: &str) -> anyhow::Result<()> {
-    let g = nix::unistd::Group::from_name(group)
-        .with_context(|| format!("looking up group {group:?}"))?
-        .with_context(|| format!("daemon.socket_group: no group {group:?} on this host"))?;
-    nix::unistd::chown(path, None, Some(g.gid))
-        .with_context(|| format!("{}: chown to group {group}", path.display()))?;
-    Ok(())
 }

@@ -706,3 +706,55 @@ fn with_on_release_keep_a_released_instance_serves_the_next_lease() {
         );
     });
 }
+
+/// Everything is checked before the hardware is touched: a TLS certificate that
+/// does not parse or a socket group that does not exist exits 64 naming the key,
+/// and the simulated GPUs (the hardware) were never opened.
+#[test]
+fn startup_checks_come_before_the_hardware_is_touched() {
+    let dir = tempfile::tempdir().unwrap();
+    let junk = dir.path().join("junk.pem");
+    std::fs::write(&junk, "not a certificate\n").unwrap();
+    let sim_state = dir.path().join("sim.json");
+    let cases = [
+        (
+            format!(
+                "[auth.tls]\nlisten = \"127.0.0.1:0\"\ncert = {junk:?}\nkey = {junk:?}\nclient_ca = {junk:?}\n"
+            ),
+            "auth.tls",
+        ),
+        (
+            "[daemon]\nsocket_group = \"no-such-group-tessera\"\n".to_string(),
+            "daemon.socket_group",
+        ),
+    ];
+    for (extra, key) in cases {
+        let (daemon, rest) = match extra.strip_prefix("[daemon]\n") {
+            Some(d) => (d.to_string(), String::new()),
+            None => (String::new(), extra.clone()),
+        };
+        let cfg = dir.path().join("t.toml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "[daemon]\nsocket = {:?}\nstate_dir = {:?}\nrun_dir = {:?}\n{daemon}\n[gpu]\nbackend = \"sim\"\n[sim]\nstate_file = {sim_state:?}\n[[sim.gpus]]\nmodel = \"h100-80gb\"\n{rest}",
+                dir.path().join("s.sock"),
+                dir.path().join("state"),
+                dir.path().join("run"),
+            ),
+        )
+        .unwrap();
+        let out = std::process::Command::new(bin_path("tesserad").unwrap())
+            .arg("--config")
+            .arg(&cfg)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{key}: {err}");
+        assert!(err.contains(key), "{key}: {err}");
+        assert!(
+            !sim_state.exists(),
+            "{key}: the GPUs were opened before the check"
+        );
+    }
+}

@@ -5,4 +5,6 @@ pub mod auth;
 pub mod convert;
 mod service;
 
-pub use service::{ServeError, TesseraService, bind_unix, serve_tls, serve_unix};
+pub use service::{
+    BoundTls, ServeError, TesseraService, TlsMaterial, bind_unix, serve_tls, serve_unix,
+};

@@ -796,35 +796,71 @@ pub async fn serve_unix(
     Ok(())
 }
 
+/// The mutual-TLS listener's material, read and checked: a certificate and key
+/// that parse and match, and the CA client certificates must chain to.
+#[derive(Debug, Clone)]
+pub struct TlsMaterial {
+    listen: std::net::SocketAddr,
+    config: tonic::transport::ServerTlsConfig,
+}
+
+impl TlsMaterial {
+    /// Read and check the files `[auth.tls]` names (before anything is touched).
+    pub fn load(tls: &crate::config::TlsConfig) -> Result<TlsMaterial, ServeError> {
+        let read = |p: &Path| {
+            std::fs::read(p).map_err(|source| ServeError::Io {
+                path: p.to_path_buf(),
+                source,
+            })
+        };
+        let identity = tonic::transport::Identity::from_pem(read(&tls.cert)?, read(&tls.key)?);
+        let ca = tonic::transport::Certificate::from_pem(read(&tls.client_ca)?);
+        let config = tonic::transport::ServerTlsConfig::new()
+            .identity(identity)
+            .client_ca_root(ca)
+            .client_auth_optional(false);
+        // Building the server's TLS settings parses the certificate, the key and
+        // the CA: a bad file fails here, not after the daemon said READY.
+        builder().tls_config(config.clone())?;
+        Ok(TlsMaterial {
+            listen: tls.listen,
+            config,
+        })
+    }
+
+    /// Bind the TCP listener.
+    pub async fn bind(self) -> Result<BoundTls, ServeError> {
+        let listener = tokio::net::TcpListener::bind(self.listen)
+            .await
+            .map_err(|source| ServeError::Io {
+                path: self.listen.to_string().into(),
+                source,
+            })?;
+        Ok(BoundTls {
+            material: self,
+            listener,
+        })
+    }
+}
+
+/// A bound mutual-TLS listener, not yet serving.
+#[derive(Debug)]
+pub struct BoundTls {
+    material: TlsMaterial,
+    listener: tokio::net::TcpListener,
+}
+
 /// Serve the API over TCP with mutual TLS: the client must present a certificate
 /// signed by `client_ca`; its common name selects the principal.
 pub async fn serve_tls(
     service: TesseraService,
-    tls: &crate::config::TlsConfig,
+    tls: BoundTls,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
-    let read = |p: &Path| {
-        std::fs::read(p).map_err(|source| ServeError::Io {
-            path: p.to_path_buf(),
-            source,
-        })
-    };
-    let identity = tonic::transport::Identity::from_pem(read(&tls.cert)?, read(&tls.key)?);
-    let ca = tonic::transport::Certificate::from_pem(read(&tls.client_ca)?);
-    let cfg = tonic::transport::ServerTlsConfig::new()
-        .identity(identity)
-        .client_ca_root(ca)
-        .client_auth_optional(false);
-    let listener = tokio::net::TcpListener::bind(tls.listen)
-        .await
-        .map_err(|source| ServeError::Io {
-            path: tls.listen.to_string().into(),
-            source,
-        })?;
-    info!(listen = %tls.listen, "serving the tessera.v1 API over mutual TLS");
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    info!(listen = %tls.material.listen, "serving the tessera.v1 API over mutual TLS");
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(tls.listener);
     builder()
-        .tls_config(cfg)?
+        .tls_config(tls.material.config)?
         .add_routes(router(service).await?)
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await?;
