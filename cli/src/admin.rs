@@ -278,34 +278,20 @@ mod tests {
 
     #[test]
     fn grant_needs_an_amount_expiry_and_reason() {
-        assert!(
-            Harness::try_parse_from(["tessera", "grant", "t", "--expires", "2h", "--reason", "r"])
-                .is_err()
-        );
-        assert!(
-            Harness::try_parse_from([
-                "tessera",
-                "grant",
-                "t",
-                "--mig-slices",
-                "1",
-                "--reason",
-                "r"
-            ])
-            .is_err()
-        );
-        assert!(
-            Harness::try_parse_from([
-                "tessera",
-                "grant",
-                "t",
-                "--mig-slices",
-                "1",
-                "--expires",
-                "2h"
-            ])
-            .is_err()
-        );
+        let full = ["--mig-slices", "1", "--expires", "2h", "--reason", "r"];
+        // Leave out each pair in turn: amount, expiry, reason.
+        for skip in [0, 2, 4] {
+            let mut argv = vec!["tessera", "grant", "t"];
+            for (i, a) in full.iter().enumerate() {
+                if i != skip && i != skip + 1 {
+                    argv.push(a);
+                }
+            }
+            assert!(Harness::try_parse_from(&argv).is_err(), "{argv:?}");
+        }
+        let mut argv = vec!["tessera", "grant", "t"];
+        argv.extend(full);
+        assert!(Harness::try_parse_from(&argv).is_ok(), "{argv:?}");
     }
 
     #[test]

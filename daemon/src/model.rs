@@ -359,6 +359,21 @@ impl Partition {
             _ => None,
         }
     }
+
+    /// The MPS control daemon spec of an MPS partition leased to `lease_id`.
+    pub fn mps_spec(&self, lease_id: &str) -> Option<crate::gpu::MpsSpec> {
+        let m = self.mps()?;
+        Some(crate::gpu::MpsSpec {
+            lease_id: lease_id.to_string(),
+            gpu: self.gpu,
+            gpu_uuid: self.gpu_uuid.clone(),
+            sm_percent: m.sm_percent,
+            memory_bytes: m.memory_bytes,
+            pipe_dir: m.pipe_dir.clone(),
+            log_dir: m.log_dir.clone(),
+            owner_uid: m.owner_uid,
+        })
+    }
 }
 
 /// A hardware change the daemon is about to make (write-ahead).

@@ -8,3 +8,41 @@ mod service;
 pub use service::{
     BoundTls, ServeError, TesseraService, TlsMaterial, bind_unix, serve_tls, serve_unix,
 };
+
+/// The canonical gRPC name of a status code ("OK", "PERMISSION_DENIED", ...).
+pub fn code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code::*;
+    match code {
+        Ok => "OK",
+        Cancelled => "CANCELLED",
+        Unknown => "UNKNOWN",
+        InvalidArgument => "INVALID_ARGUMENT",
+        DeadlineExceeded => "DEADLINE_EXCEEDED",
+        NotFound => "NOT_FOUND",
+        AlreadyExists => "ALREADY_EXISTS",
+        PermissionDenied => "PERMISSION_DENIED",
+        ResourceExhausted => "RESOURCE_EXHAUSTED",
+        FailedPrecondition => "FAILED_PRECONDITION",
+        Aborted => "ABORTED",
+        OutOfRange => "OUT_OF_RANGE",
+        Unimplemented => "UNIMPLEMENTED",
+        Internal => "INTERNAL",
+        Unavailable => "UNAVAILABLE",
+        DataLoss => "DATA_LOSS",
+        Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_code_has_a_grpc_name() {
+        assert_eq!(
+            code_name(tonic::Code::ResourceExhausted),
+            "RESOURCE_EXHAUSTED"
+        );
+        assert_eq!(code_name(tonic::Code::Unauthenticated), "UNAUTHENTICATED");
+    }
+}

@@ -50,7 +50,7 @@ impl TesseraService {
 
     fn count(&self, rpc: Rpc, code: tonic::Code) {
         if let Some(m) = &self.metrics {
-            m.record_call(rpc.name(), code);
+            m.record_call(rpc.name(), super::code_name(code));
         }
     }
 

@@ -7,7 +7,6 @@ use std::time::Duration;
 use tessera_common::clock::now_ms;
 use tracing::warn;
 
-use crate::gpu::MpsSpec;
 use crate::model::{Lease, LeaseState, Partition, PartitionState};
 
 #[allow(unused_imports)]
@@ -138,17 +137,10 @@ impl LeaseManager {
                 self.lock().mps_backoff.remove(&lease.id);
                 continue;
             }
-            let Some(m) = p.mps() else { continue };
-            let spec = MpsSpec {
-                lease_id: lease.id.clone(),
-                gpu: p.gpu,
-                gpu_uuid: p.gpu_uuid.clone(),
-                sm_percent: m.sm_percent,
-                memory_bytes: m.memory_bytes,
-                pipe_dir: m.pipe_dir.clone(),
-                log_dir: m.log_dir.clone(),
-                owner_uid: m.owner_uid,
+            let Some(spec) = p.mps_spec(&lease.id) else {
+                continue;
             };
+            let m = spec.clone();
             let (backend, host) = (self.backend.clone(), self.host.clone());
             let res = tokio::task::spawn_blocking(move || {
                 mps_dirs(host.as_ref(), &spec)?;

@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet};
 use tessera_common::clock::now_ms;
 use tracing::{info, warn};
 
-use crate::gpu::{MigInstance, MpsSpec};
+use crate::gpu::MigInstance;
 use crate::model::{IntentOp, Lease, MigPart, PartKind, Partition, PartitionState};
 
 #[allow(unused_imports)]
@@ -102,20 +102,11 @@ impl LeaseManager {
                         }
                     }
                 }
-                PartKind::Mps(m) => {
+                PartKind::Mps(_) => {
                     if let Some(lid) = &p.lease_id
                         && !mps_running.contains(lid)
+                        && let Some(spec) = p.mps_spec(lid)
                     {
-                        let spec = MpsSpec {
-                            lease_id: lid.clone(),
-                            gpu: p.gpu,
-                            gpu_uuid: p.gpu_uuid.clone(),
-                            sm_percent: m.sm_percent,
-                            memory_bytes: m.memory_bytes,
-                            pipe_dir: m.pipe_dir.clone(),
-                            log_dir: m.log_dir.clone(),
-                            owner_uid: m.owner_uid,
-                        };
                         let started = mps_dirs(self.host.as_ref(), &spec)
                             .and_then(|()| self.backend.mps_start(&spec).map(|_| ()));
                         match started {
