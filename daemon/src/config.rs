@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
+use tessera_common::size::parse_size;
 
 use crate::gpu::SimSection;
 use crate::gpu::sim::{SimConfig, SimGpuConfig};
@@ -570,12 +571,7 @@ impl Config {
                 .unwrap_or_else(|| daemon.state_dir.join("audit.jsonl")),
             max_bytes: match raw.audit.max_size {
                 None => 64 << 20,
-                Some(s) => parse_size(&s).ok_or_else(|| {
-                    v.err(
-                        "audit.max_size",
-                        format!("{s:?} is not a size like \"64MiB\""),
-                    )
-                })?,
+                Some(s) => parse_size(&s).map_err(|e| v.err("audit.max_size", e.to_string()))?,
             },
             keep: raw.audit.keep.unwrap_or(5),
         };
@@ -623,32 +619,6 @@ impl Config {
             audit,
             metrics,
         })
-    }
-}
-
-/// Parse "8GiB", "512MiB", "40G", "1024" (bytes).
-pub fn parse_size(s: &str) -> Option<u64> {
-    let t = s.trim();
-    let split = t
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" | "kib" => 1 << 10,
-        "m" | "mb" | "mib" => 1 << 20,
-        "g" | "gb" | "gib" => 1 << 30,
-        "t" | "tb" | "tib" => 1 << 40,
-        _ => return None,
-    };
-    if num.contains('.') {
-        let f: f64 = num.parse().ok()?;
-        if !(0.0..1e15).contains(&f) {
-            return None;
-        }
-        Some((f * mult as f64) as u64)
-    } else {
-        num.parse::<u64>().ok()?.checked_mul(mult)
     }
 }
 
@@ -756,12 +726,9 @@ fn validate_tenancy(
     let amounts = |field: &str, a: RawAmounts| -> Result<Amounts, ConfigError> {
         let memory_bytes = match a.memory {
             None => 0,
-            Some(m) => parse_size(&m).ok_or_else(|| {
-                v.err(
-                    &format!("{field}.memory"),
-                    format!("{m:?} is not a size like \"40GiB\""),
-                )
-            })?,
+            Some(m) => {
+                parse_size(&m).map_err(|e| v.err(&format!("{field}.memory"), e.to_string()))?
+            }
         };
         if a.mps_sm_percent > 100 * 64 {
             return Err(v.err(
@@ -943,13 +910,15 @@ mod tests {
     }
 
     #[test]
-    fn sizes_parse() {
-        assert_eq!(parse_size("8GiB"), Some(8 << 30));
-        assert_eq!(parse_size("512M"), Some(512 << 20));
-        assert_eq!(parse_size("1.5G"), Some(3 << 29));
-        assert_eq!(parse_size("12"), Some(12));
-        assert_eq!(parse_size("lots"), None);
-        assert_eq!(parse_size("99999999999999999999T"), None);
+    fn sizes_follow_the_one_rule_and_si_units_are_refused_naming_the_key() {
+        let c = parse(&format!("{MINIMAL}[audit]\nmax_size = \"1.5MiB\"\n")).unwrap();
+        assert_eq!(c.audit.max_bytes, 3 << 19);
+        let e = parse(&format!("{MINIMAL}[audit]\nmax_size = \"64MB\"\n")).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains("audit.max_size") && msg.contains("\"64MiB\""),
+            "{msg}"
+        );
     }
 
     #[test]
