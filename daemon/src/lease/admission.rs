@@ -61,28 +61,7 @@ impl LeaseManager {
             let pending = st.pending.get(&lid).map(|n| n.clone().notified_owned());
             return Ok(Err(Again::SameRequest(lid, pending)));
         }
-        let used = st
-            .leases
-            .values()
-            .filter(|l| l.tenant == req.tenant && l.state().is_live())
-            .fold(Amounts::default(), |acc, l| {
-                quota::add(acc, quota::amounts_of(&l.shape))
-            });
-        let admission = quota::admit(
-            tenancy,
-            &req.tenant,
-            used,
-            quota::amounts_of(&ask.shape),
-            extra,
-        )
-        .map_err(LeaseError::ResourceExhausted)?;
-        if admission == quota::Admission::Burst && st.preempting > 0 {
-            // Capacity being freed by a preemption belongs to the guaranteed
-            // request that caused it, not to a burst request racing it.
-            return Err(LeaseError::ResourceExhausted(
-                "capacity is being freed for another tenant's guaranteed request; burst requests wait".into(),
-            ));
-        }
+        let admission = Self::admit(&st, tenancy, &req.tenant, &ask.shape, extra)?;
         let opts = self.plan_options(req.gpu_index);
         let decision = match partition::plan(&ask.shape, &Self::views(&st), &opts) {
             Ok(d) => d,
@@ -124,6 +103,45 @@ impl LeaseManager {
             },
             hw.is_some(),
         );
+        Self::hold(&mut st, &lease, &partition, notify);
+        Ok(Ok(Reserved {
+            lease,
+            partition,
+            hw,
+        }))
+    }
+
+    /// Quota admission: guaranteed, burst, or refused. A burst request waits while
+    /// capacity is being freed for another tenant's guaranteed request.
+    fn admit(
+        st: &State,
+        tenancy: &TenancyConfig,
+        tenant: &str,
+        shape: &Shape,
+        extra: Amounts,
+    ) -> Result<quota::Admission, LeaseError> {
+        let used = st
+            .leases
+            .values()
+            .filter(|l| l.tenant == tenant && l.state().is_live())
+            .fold(Amounts::default(), |acc, l| {
+                quota::add(acc, quota::amounts_of(&l.shape))
+            });
+        let admission = quota::admit(tenancy, tenant, used, quota::amounts_of(shape), extra)
+            .map_err(LeaseError::ResourceExhausted)?;
+        if admission == quota::Admission::Burst && st.preempting > 0 {
+            // Capacity being freed by a preemption belongs to the guaranteed
+            // request that caused it, not to a burst request racing it.
+            return Err(LeaseError::ResourceExhausted(
+                "capacity is being freed for another tenant's guaranteed request; burst requests wait".into(),
+            ));
+        }
+        Ok(admission)
+    }
+
+    /// The reservation in the table: the lease (pending or active), its partition,
+    /// its request id, and the notice retries of the same request wait on.
+    fn hold(st: &mut State, lease: &Lease, partition: &Partition, notify: &Arc<Notify>) {
         st.partitions
             .insert(partition.id.clone(), partition.clone());
         st.leases.insert(lease.id.clone(), lease.clone());
@@ -132,11 +150,6 @@ impl LeaseManager {
                 .insert((lease.tenant.clone(), rid.clone()), lease.id.clone());
         }
         st.pending.insert(lease.id.clone(), notify.clone());
-        Ok(Ok(Reserved {
-            lease,
-            partition,
-            hw,
-        }))
     }
 
     /// The partition a planner decision stands for, and the hardware step it needs.
@@ -175,26 +188,7 @@ impl LeaseManager {
                 ci_profile_id,
                 ..
             } => {
-                let prof = gpu.profiles.iter().find(|p| p.id == gi_profile_id).ok_or(
-                    LeaseError::Inconsistent(Inconsistency::UnknownProfile {
-                        gpu: gpu_index,
-                        profile_id: gi_profile_id,
-                    }),
-                )?;
-                let ci = ci_profile_id.and_then(|id| prof.ci_profiles.iter().find(|c| c.id == id));
-                let mig = MigPart {
-                    gi_profile_id,
-                    profile: prof.name.clone(),
-                    placement,
-                    ci_profile_id,
-                    compute_profile: ci.map(|c| c.name.clone()),
-                    gi_id: None,
-                    ci_id: None,
-                    uuid: None,
-                    memory_bytes: prof.memory_bytes,
-                    sm_count: ci.map(|c| c.sm_count).unwrap_or(prof.sm_count),
-                    slices: prof.slices,
-                };
+                let mig = Self::mig_part(gpu, gi_profile_id, placement, ci_profile_id)?;
                 let hw = HwCreate::Mig {
                     gpu: gpu_index,
                     gi_profile_id,
@@ -218,30 +212,10 @@ impl LeaseManager {
                 (p, None)
             }
             PlanDecision::Mps { .. } => {
-                let Shape::Mps {
-                    sm_percent,
-                    memory_bytes,
-                } = ask.shape
-                else {
-                    return Err(LeaseError::Inconsistent(Inconsistency::ShapeMismatch {
-                        decision: "an MPS share",
-                        shape: "non-MPS",
-                    }));
-                };
-                let base = self.config.daemon.run_dir.join("mps").join(&ask.lease_id);
-                let spec = MpsSpec {
-                    lease_id: ask.lease_id.clone(),
-                    gpu: gpu_index,
-                    gpu_uuid: gpu.info.uuid.clone(),
-                    sm_percent,
-                    memory_bytes,
-                    pipe_dir: base.join("pipe"),
-                    log_dir: base.join("log"),
-                    owner_uid: None,
-                };
+                let spec = self.mps_spec_for(gpu, ask)?;
                 let mps = MpsPart {
-                    sm_percent,
-                    memory_bytes,
+                    sm_percent: spec.sm_percent,
+                    memory_bytes: spec.memory_bytes,
                     pipe_dir: spec.pipe_dir.clone(),
                     log_dir: spec.log_dir.clone(),
                     owner_uid: None,
@@ -252,6 +226,63 @@ impl LeaseManager {
             PlanDecision::WholeGpu { .. } => {
                 (dynamic(PartitionState::Ready, PartKind::WholeGpu), None)
             }
+        })
+    }
+
+    /// A new MIG partition's description from its GI (and CI) profile.
+    fn mig_part(
+        gpu: &GpuState,
+        gi_profile_id: u32,
+        placement: crate::gpu::Placement,
+        ci_profile_id: Option<u32>,
+    ) -> Result<MigPart, LeaseError> {
+        let prof =
+            gpu.profiles
+                .iter()
+                .find(|p| p.id == gi_profile_id)
+                .ok_or(LeaseError::Inconsistent(Inconsistency::UnknownProfile {
+                    gpu: gpu.info.index,
+                    profile_id: gi_profile_id,
+                }))?;
+        let ci = ci_profile_id.and_then(|id| prof.ci_profiles.iter().find(|c| c.id == id));
+        Ok(MigPart {
+            gi_profile_id,
+            profile: prof.name.clone(),
+            placement,
+            ci_profile_id,
+            compute_profile: ci.map(|c| c.name.clone()),
+            gi_id: None,
+            ci_id: None,
+            uuid: None,
+            memory_bytes: prof.memory_bytes,
+            sm_count: ci.map(|c| c.sm_count).unwrap_or(prof.sm_count),
+            slices: prof.slices,
+        })
+    }
+
+    /// The MPS control daemon a new MPS lease gets, with its private directories
+    /// under the run directory.
+    fn mps_spec_for(&self, gpu: &GpuState, ask: &Ask<'_>) -> Result<MpsSpec, LeaseError> {
+        let Shape::Mps {
+            sm_percent,
+            memory_bytes,
+        } = ask.shape
+        else {
+            return Err(LeaseError::Inconsistent(Inconsistency::ShapeMismatch {
+                decision: "an MPS share",
+                shape: "non-MPS",
+            }));
+        };
+        let base = self.config.daemon.run_dir.join("mps").join(&ask.lease_id);
+        Ok(MpsSpec {
+            lease_id: ask.lease_id.clone(),
+            gpu: gpu.info.index,
+            gpu_uuid: gpu.info.uuid.clone(),
+            sm_percent,
+            memory_bytes,
+            pipe_dir: base.join("pipe"),
+            log_dir: base.join("log"),
+            owner_uid: None,
         })
     }
 

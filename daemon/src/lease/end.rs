@@ -94,34 +94,17 @@ impl LeaseManager {
         }
     }
 
+    /// Steps of a teardown: the intent (with the lease revoking and the partition
+    /// destroying, in one commit), the containers stopped, the hardware torn down,
+    /// then the end recorded. A step that fails leaves the lease revoking with its
+    /// intent open; housekeeping retries it.
     pub(super) async fn teardown(
         &self,
-        mut lease: Lease,
+        lease: Lease,
         partition: Partition,
         hw: Option<HwDestroy>,
     ) -> Result<Lease, LeaseError> {
-        let now = now_ms();
-        let op = match &hw {
-            Some(HwDestroy::Mig { .. }) => Some(IntentOp::DestroyMig),
-            Some(HwDestroy::Mps { .. }) => Some(IntentOp::StopMps),
-            None => None,
-        };
-        let mut destroying = partition.clone();
-        destroying.state = PartitionState::Destroying;
-        let intent = if let Some(op) = op {
-            let (l2, p2) = (lease.clone(), destroying.clone());
-            Some(
-                self.store
-                    .write(move |w| {
-                        w.put_lease(&l2)?;
-                        w.put_partition(&p2)?;
-                        w.begin_intent(op, &p2.id, Some(&l2.id), now)
-                    })
-                    .await?,
-            )
-        } else {
-            None
-        };
+        let intent = self.record_teardown_intent(&lease, &partition, &hw).await?;
         self.emit(
             EventKind::Revoking,
             &lease,
@@ -132,106 +115,31 @@ impl LeaseManager {
                 lease.end_reason().unwrap_or_default()
             ),
         );
-
         // Containers first: the partition is torn down only when no process of the
         // lease remains.
-        let containers = self
-            .lock()
-            .leases
-            .get(&lease.id)
-            .map(|l| l.containers.clone())
-            .unwrap_or_else(|| lease.containers.clone());
-        if !containers.is_empty() {
-            let grace = self.config.lease.revocation_grace;
+        if !self.stop_containers(&lease, &partition).await? {
+            return Ok(lease);
+        }
+        if let Some(hw) = hw
+            && let Err(e) = self.destroy_hw(hw).await?
+        {
+            warn!(lease = %lease.id, error = %e, "teardown failed; will retry");
+            let mut st = self.lock();
+            if let Some(p) = st.partitions.get_mut(&partition.id) {
+                p.state = PartitionState::Destroying;
+            }
+            if let Some(l) = st.leases.get_mut(&lease.id) {
+                *l = lease.clone();
+            }
+            drop(st);
             self.emit(
                 EventKind::Revoking,
                 &lease,
                 Some(&partition),
-                format!(
-                    "stopping {} container(s): SIGTERM, then SIGKILL after {}s",
-                    containers.len(),
-                    grace.as_secs()
-                ),
+                format!("teardown failed, retrying: {e}"),
             );
-            let (lid, host) = (lease.id.clone(), self.host.clone());
-            let res = tokio::task::spawn_blocking(move || {
-                containers
-                    .iter()
-                    .map(|c| enforce::stop_container(host.as_ref(), &lid, c, grace))
-                    .collect::<Result<Vec<_>, _>>()
-            })
-            .await
-            .map_err(|source| LeaseError::Task {
-                what: "container stop",
-                source,
-            })?;
-            match res {
-                Ok(stopped) => {
-                    let (t, k): (usize, usize) = stopped
-                        .iter()
-                        .fold((0, 0), |(t, k), s| (t + s.terminated, k + s.killed));
-                    self.emit(
-                        EventKind::Revoking,
-                        &lease,
-                        Some(&partition),
-                        format!(
-                            "containers stopped: {t} process(es) got SIGTERM, {k} needed SIGKILL"
-                        ),
-                    );
-                }
-                Err(e) => {
-                    warn!(lease = %lease.id, error = %e, "stopping containers failed; will retry");
-                    self.emit(
-                        EventKind::Revoking,
-                        &lease,
-                        Some(&partition),
-                        format!("stopping containers failed, retrying: {e}"),
-                    );
-                    let mut st = self.lock();
-                    if let Some(l) = st.leases.get_mut(&lease.id) {
-                        *l = lease.clone();
-                    }
-                    return Ok(lease);
-                }
-            }
+            return Ok(lease);
         }
-
-        if let Some(hw) = hw {
-            let backend = self.backend.clone();
-            let res = match hw {
-                HwDestroy::Mig { gpu, gi_id } if backend.instance_calls_are_quick() => {
-                    backend.destroy_instance(gpu, gi_id)
-                }
-                hw => tokio::task::spawn_blocking(move || match hw {
-                    HwDestroy::Mig { gpu, gi_id } => backend.destroy_instance(gpu, gi_id),
-                    HwDestroy::Mps { lease_id } => backend.mps_stop(&lease_id),
-                })
-                .await
-                .map_err(|source| LeaseError::Task {
-                    what: "hardware teardown",
-                    source,
-                })?,
-            };
-            if let Err(e) = res {
-                warn!(lease = %lease.id, error = %e, "teardown failed; will retry");
-                let mut st = self.lock();
-                if let Some(p) = st.partitions.get_mut(&partition.id) {
-                    p.state = PartitionState::Destroying;
-                }
-                if let Some(l) = st.leases.get_mut(&lease.id) {
-                    *l = lease.clone();
-                }
-                drop(st);
-                self.emit(
-                    EventKind::Revoking,
-                    &lease,
-                    Some(&partition),
-                    format!("teardown failed, retrying: {e}"),
-                );
-                return Ok(lease);
-            }
-        }
-
         if let PartKind::Mps(m) = &partition.kind
             && let Some(base) = m.pipe_dir.parent()
             && base.starts_with(self.config.daemon.run_dir.join("mps"))
@@ -239,6 +147,122 @@ impl LeaseManager {
         {
             warn!(lease = %lease.id, dir = %base.display(), error = %e, "could not remove the MPS directories");
         }
+        self.record_end(lease, partition, intent).await
+    }
+
+    /// The teardown's intent, written with the lease (revoking) and the partition
+    /// (destroying) before anything is touched. None without a hardware step.
+    async fn record_teardown_intent(
+        &self,
+        lease: &Lease,
+        partition: &Partition,
+        hw: &Option<HwDestroy>,
+    ) -> Result<Option<i64>, LeaseError> {
+        let op = match hw {
+            Some(HwDestroy::Mig { .. }) => IntentOp::DestroyMig,
+            Some(HwDestroy::Mps { .. }) => IntentOp::StopMps,
+            None => return Ok(None),
+        };
+        let mut destroying = partition.clone();
+        destroying.state = PartitionState::Destroying;
+        let (l2, now) = (lease.clone(), now_ms());
+        let id = self
+            .store
+            .write(move |w| {
+                w.put_lease(&l2)?;
+                w.put_partition(&destroying)?;
+                w.begin_intent(op, &destroying.id, Some(&l2.id), now)
+            })
+            .await?;
+        Ok(Some(id))
+    }
+
+    /// Stop every container bound to the lease: SIGTERM, then SIGKILL after the
+    /// grace. False when that failed (the lease stays revoking and is retried).
+    async fn stop_containers(
+        &self,
+        lease: &Lease,
+        partition: &Partition,
+    ) -> Result<bool, LeaseError> {
+        let containers = self
+            .lock()
+            .leases
+            .get(&lease.id)
+            .map(|l| l.containers.clone())
+            .unwrap_or_else(|| lease.containers.clone());
+        if containers.is_empty() {
+            return Ok(true);
+        }
+        let grace = self.config.lease.revocation_grace;
+        self.emit(
+            EventKind::Revoking,
+            lease,
+            Some(partition),
+            format!(
+                "stopping {} container(s): SIGTERM, then SIGKILL after {}s",
+                containers.len(),
+                grace.as_secs()
+            ),
+        );
+        let (lid, host) = (lease.id.clone(), self.host.clone());
+        let res = tokio::task::spawn_blocking(move || {
+            containers
+                .iter()
+                .map(|c| enforce::stop_container(host.as_ref(), &lid, c, grace))
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .await
+        .map_err(|source| LeaseError::Task {
+            what: "container stop",
+            source,
+        })?;
+        let message = match &res {
+            Ok(stopped) => {
+                let (t, k) = stopped
+                    .iter()
+                    .fold((0, 0), |(t, k), s| (t + s.terminated, k + s.killed));
+                format!("containers stopped: {t} process(es) got SIGTERM, {k} needed SIGKILL")
+            }
+            Err(e) => {
+                warn!(lease = %lease.id, error = %e, "stopping containers failed; will retry");
+                if let Some(l) = self.lock().leases.get_mut(&lease.id) {
+                    *l = lease.clone();
+                }
+                format!("stopping containers failed, retrying: {e}")
+            }
+        };
+        self.emit(EventKind::Revoking, lease, Some(partition), message);
+        Ok(res.is_ok())
+    }
+
+    /// The hardware step of a teardown. Outer error: the task itself failed.
+    async fn destroy_hw(&self, hw: HwDestroy) -> Result<Result<(), GpuError>, LeaseError> {
+        let backend = self.backend.clone();
+        Ok(match hw {
+            HwDestroy::Mig { gpu, gi_id } if backend.instance_calls_are_quick() => {
+                backend.destroy_instance(gpu, gi_id)
+            }
+            hw => tokio::task::spawn_blocking(move || match hw {
+                HwDestroy::Mig { gpu, gi_id } => backend.destroy_instance(gpu, gi_id),
+                HwDestroy::Mps { lease_id } => backend.mps_stop(&lease_id),
+            })
+            .await
+            .map_err(|source| LeaseError::Task {
+                what: "hardware teardown",
+                source,
+            })?,
+        })
+    }
+
+    /// The end, durably: the lease ended (with its usage record), the partition
+    /// back in the pool or gone, its tokens deleted, the intent finished. Then in
+    /// memory and on the watch stream.
+    async fn record_end(
+        &self,
+        mut lease: Lease,
+        partition: Partition,
+        intent: Option<i64>,
+    ) -> Result<Lease, LeaseError> {
         let now = now_ms();
         let final_state = lease.finish_end(now)?;
         let back_to_pool = hw_keeps(&partition, self.config.partition.on_release);
@@ -270,21 +294,7 @@ impl LeaseManager {
                 Ok(())
             })
             .await?;
-        {
-            let mut st = self.lock();
-            st.leases.remove(&lease.id);
-            st.tokens.retain(|_, l| *l != lease.id);
-            st.expiring_notified.remove(&lease.id);
-            st.teardown_backoff.remove(&lease.id);
-            if let Some(rid) = &lease.request_id {
-                st.requests.remove(&(lease.tenant.clone(), rid.clone()));
-            }
-            if back_to_pool {
-                st.partitions.insert(freed.id.clone(), freed);
-            } else {
-                st.partitions.remove(&partition.id);
-            }
-        }
+        self.forget_ended(&lease, &partition, back_to_pool.then_some(freed));
         let kind = if final_state == LeaseState::Released {
             EventKind::Released
         } else {
@@ -298,5 +308,26 @@ impl LeaseManager {
         );
         info!(lease = %lease.id, state = final_state.as_str(), "lease ended");
         Ok(lease)
+    }
+
+    /// An ended lease leaves the table; its partition returns to the pool (`freed`)
+    /// or goes.
+    fn forget_ended(&self, lease: &Lease, partition: &Partition, freed: Option<Partition>) {
+        let mut st = self.lock();
+        st.leases.remove(&lease.id);
+        st.tokens.retain(|_, l| *l != lease.id);
+        st.expiring_notified.remove(&lease.id);
+        st.teardown_backoff.remove(&lease.id);
+        if let Some(rid) = &lease.request_id {
+            st.requests.remove(&(lease.tenant.clone(), rid.clone()));
+        }
+        match freed {
+            Some(f) => {
+                st.partitions.insert(f.id.clone(), f);
+            }
+            None => {
+                st.partitions.remove(&partition.id);
+            }
+        }
     }
 }

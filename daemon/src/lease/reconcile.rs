@@ -1,4 +1,5 @@
-//! Start: load the store and reconcile it with the hardware (open intents, vanished instances, MPS daemons, foreign instances).
+//! Start: load the store and reconcile it with the hardware (open intents,
+//! vanished instances, MPS daemons, foreign instances).
 
 use std::collections::{HashMap, HashSet};
 
@@ -11,6 +12,10 @@ use crate::model::{IntentOp, Lease, MigPart, PartKind, Partition, PartitionState
 #[allow(unused_imports)]
 use super::*;
 
+/// The MIG instances of each GPU, as the backend listed them at start.
+type Instances = HashMap<u32, Vec<MigInstance>>;
+
+/// What reconciliation did, for the start-up log line.
 #[derive(Default)]
 pub(super) struct Reconciled {
     adopted: usize,
@@ -20,36 +25,13 @@ pub(super) struct Reconciled {
 }
 
 impl LeaseManager {
+    /// Start: the store's records into memory, then each open intent resolved,
+    /// each record checked against the hardware, and instances no record explains
+    /// set aside as foreign.
     pub(super) fn load_and_reconcile(&self) -> Result<(), LeaseError> {
-        let devices = self.backend.devices()?;
-        let mut gpus = Vec::new();
-        for info in devices {
-            let profiles = if info.mig_current {
-                self.backend.gi_profiles(info.index)?
-            } else {
-                Vec::new()
-            };
-            gpus.push(GpuState { info, profiles });
-        }
         let snap = self.store.snapshot()?;
-        let mut st = State {
-            gpus,
-            ..Default::default()
-        };
-        for p in snap.partitions {
-            st.partitions.insert(p.id.clone(), p);
-        }
-        for l in snap.leases {
-            if let Some(rid) = &l.request_id {
-                st.requests
-                    .insert((l.tenant.clone(), rid.clone()), l.id.clone());
-            }
-            st.leases.insert(l.id.clone(), l);
-        }
-        for (h, lid) in snap.tokens {
-            st.tokens.insert(h, lid);
-        }
-        let mut instances: HashMap<u32, Vec<MigInstance>> = HashMap::new();
+        let mut st = self.load_state(snap.partitions, snap.leases, snap.tokens)?;
+        let mut instances: Instances = HashMap::new();
         for g in &st.gpus {
             if g.info.mig_current {
                 instances.insert(g.info.index, self.backend.instances(g.info.index)?);
@@ -57,13 +39,67 @@ impl LeaseManager {
         }
         let now = now_ms();
         let mut report = Reconciled::default();
-
         // Open intents first: each explains a hardware change that may be half done.
         for intent in &snap.intents {
             self.reconcile_intent(&mut st, &mut instances, intent, now, &mut report)?;
         }
+        self.verify_records(&mut st, &mut instances, now, &mut report)?;
+        Self::set_aside_foreign(&mut st, &instances);
+        info!(
+            leases = st.leases.len(),
+            partitions = st.partitions.len(),
+            intents = snap.intents.len(),
+            adopted = report.adopted,
+            rolled_back = report.rolled_back,
+            recreated = report.recreated,
+            mps_restarted = report.mps_restarted,
+            foreign = st.foreign.len(),
+            "state loaded and reconciled with the hardware"
+        );
+        *self.lock() = st;
+        Ok(())
+    }
 
-        // Records that point at hardware: verify it is still there.
+    /// The GPUs as the backend reports them, and the live records of the store.
+    fn load_state(
+        &self,
+        partitions: Vec<Partition>,
+        leases: Vec<Lease>,
+        tokens: Vec<(String, String)>,
+    ) -> Result<State, LeaseError> {
+        let mut st = State::default();
+        for info in self.backend.devices()? {
+            let profiles = if info.mig_current {
+                self.backend.gi_profiles(info.index)?
+            } else {
+                Vec::new()
+            };
+            st.gpus.push(GpuState { info, profiles });
+        }
+        for p in partitions {
+            st.partitions.insert(p.id.clone(), p);
+        }
+        for l in leases {
+            if let Some(rid) = &l.request_id {
+                st.requests
+                    .insert((l.tenant.clone(), rid.clone()), l.id.clone());
+            }
+            st.leases.insert(l.id.clone(), l);
+        }
+        st.tokens.extend(tokens);
+        Ok(st)
+    }
+
+    /// Records that point at hardware: a MIG instance that vanished (GPU reset,
+    /// reboot) is created again at its placement for the lease that holds it; a
+    /// dead MPS control daemon is restarted (or left to the supervisor's backoff).
+    fn verify_records(
+        &self,
+        st: &mut State,
+        instances: &mut Instances,
+        now: i64,
+        report: &mut Reconciled,
+    ) -> Result<(), LeaseError> {
         let mps_running: HashSet<String> = self
             .backend
             .mps_daemons()?
@@ -86,19 +122,9 @@ impl LeaseManager {
                             .any(|i| Some(i.gi_id) == m.gi_id && Some(&i.uuid) == m.uuid.as_ref())
                     });
                     if !present {
-                        // The instance vanished (GPU reset, reboot): recreate it at
-                        // the same placement for the lease that holds it.
-                        self.recreate_vanished(&mut st, &p, m, now, &mut report)?;
-                        if let Some(inst) = st
-                            .partitions
-                            .get(&p.id)
-                            .and_then(|p| p.mig().and_then(|m| m.gi_id))
-                        {
-                            let list = instances.entry(p.gpu).or_default();
-                            if let Ok(all) = self.backend.instances(p.gpu) {
-                                *list = all;
-                            }
-                            let _ = inst;
+                        self.recreate_vanished(st, &p, m, now, report)?;
+                        if let Ok(all) = self.backend.instances(p.gpu) {
+                            instances.insert(p.gpu, all);
                         }
                     }
                 }
@@ -126,9 +152,12 @@ impl LeaseManager {
                 PartKind::WholeGpu => {}
             }
         }
+        Ok(())
+    }
 
-        // Instances no record explains: never touched, but counted as occupied.
-        for (gpu, list) in &instances {
+    /// Instances no record explains: never touched, but counted as occupied.
+    fn set_aside_foreign(st: &mut State, instances: &Instances) {
+        for (gpu, list) in instances {
             for inst in list {
                 let explained = st.partitions.values().any(|p| {
                     p.gpu == *gpu
@@ -143,25 +172,14 @@ impl LeaseManager {
                 }
             }
         }
-        info!(
-            leases = st.leases.len(),
-            partitions = st.partitions.len(),
-            intents = snap.intents.len(),
-            adopted = report.adopted,
-            rolled_back = report.rolled_back,
-            recreated = report.recreated,
-            mps_restarted = report.mps_restarted,
-            foreign = st.foreign.len(),
-            "state loaded and reconciled with the hardware"
-        );
-        *self.lock() = st;
-        Ok(())
     }
 
-    pub(super) fn reconcile_intent(
+    /// One open intent: the hardware change it announced is adopted if it
+    /// completed, undone if it did not; an interrupted teardown is finished.
+    fn reconcile_intent(
         &self,
         st: &mut State,
-        instances: &mut HashMap<u32, Vec<MigInstance>>,
+        instances: &mut Instances,
         intent: &crate::model::Intent,
         now: i64,
         report: &mut Reconciled,
@@ -183,43 +201,23 @@ impl LeaseManager {
                     .iter()
                     .find(|i| i.placement == m.placement && i.gi_profile_id == m.gi_profile_id)
                     .cloned();
-                match found {
-                    Some(inst) if inst.ci_id.is_some() => {
-                        // Created completely: adopt it.
-                        let mut p2 = p.clone();
-                        if let PartKind::Mig(mm) = &mut p2.kind {
-                            mm.gi_id = Some(inst.gi_id);
-                            mm.ci_id = inst.ci_id;
-                            mm.uuid = Some(inst.uuid.clone());
-                        }
-                        self.adopt_at_start(st, p2, lease, iid, now)?;
-                        report.adopted += 1;
+                if let Some(inst) = found.as_ref().filter(|i| i.ci_id.is_some()) {
+                    // Created completely: adopt it.
+                    let mut p2 = p.clone();
+                    if let PartKind::Mig(mm) = &mut p2.kind {
+                        mm.gi_id = Some(inst.gi_id);
+                        mm.ci_id = inst.ci_id;
+                        mm.uuid = Some(inst.uuid.clone());
                     }
-                    other => {
-                        if let Some(inst) = other {
-                            // A GI without its CI: our half-done create. Undo it. If
-                            // the driver refuses, start anyway: the GI stays in
-                            // `instances`, so it is reported as foreign below and
-                            // its slices count as occupied until an operator
-                            // removes it.
-                            match self.backend.destroy_instance(inst.gpu, inst.gi_id) {
-                                Ok(()) => list.retain(|i| i.gi_id != inst.gi_id),
-                                Err(e) => warn!(
-                                    gpu = inst.gpu,
-                                    gi = inst.gi_id,
-                                    error = %e,
-                                    "could not undo a MIG instance a crash left half created; \
-                                     it is left alone as foreign: remove it with \
-                                     `nvidia-smi mig -i {} -dgi -gi {}`",
-                                    inst.gpu,
-                                    inst.gi_id
-                                ),
-                            }
-                        }
-                        self.fail_creation(st, &p, lease, iid, now)?;
-                        report.rolled_back += 1;
-                    }
+                    self.adopt_at_start(st, p2, lease, iid, now)?;
+                    report.adopted += 1;
+                    return Ok(());
                 }
+                if let Some(inst) = found {
+                    self.undo_half_created(list, &inst);
+                }
+                self.fail_creation(st, &p, lease, iid, now)?;
+                report.rolled_back += 1;
             }
             IntentOp::StartMps => {
                 let lid = p.lease_id.clone().unwrap_or_default();
@@ -238,47 +236,75 @@ impl LeaseManager {
                 }
             }
             IntentOp::DestroyMig | IntentOp::StopMps => {
-                match (&p.kind, intent.op) {
-                    (PartKind::Mig(m), IntentOp::DestroyMig) => {
-                        let list = instances.entry(p.gpu).or_default();
-                        let present = list
-                            .iter()
-                            .any(|i| Some(i.gi_id) == m.gi_id && Some(&i.uuid) == m.uuid.as_ref());
-                        if present {
-                            let gi = m.gi_id.unwrap_or_default();
-                            if let Err(e) = self.backend.destroy_instance(p.gpu, gi) {
-                                warn!(partition = %p.id, error = %e, "teardown still fails; will retry");
-                                return Ok(());
-                            }
-                            list.retain(|i| i.gi_id != gi);
-                        }
+                if self.finish_teardown_hw(instances, &p, intent.op) {
+                    let mut l2 = lease.clone();
+                    if let Some(l) = &mut l2
+                        && l.finish_end(now).is_err()
+                    {
+                        // An intent to tear down is written with the lease revoking;
+                        // anything else is a record from an older daemon: end it.
+                        l.lose(
+                            "its partition was torn down while the daemon was stopped".into(),
+                            now,
+                        )?;
                     }
-                    _ => {
-                        if let Some(l) = &p.lease_id
-                            && let Err(e) = self.backend.mps_stop(l)
-                        {
-                            // As for a MIG teardown: the lease stays revoking and
-                            // housekeeping tries again.
-                            warn!(partition = %p.id, error = %e, "stopping the MPS daemon still fails; will retry");
-                            return Ok(());
-                        }
-                    }
+                    self.drop_at_start(st, &p.id, l2, iid, now, "done")?;
                 }
-                let mut l2 = lease.clone();
-                if let Some(l) = &mut l2
-                    && l.finish_end(now).is_err()
-                {
-                    // An intent to tear down is written with the lease revoking;
-                    // anything else is a record from an older daemon: end it.
-                    l.lose(
-                        "its partition was torn down while the daemon was stopped".into(),
-                        now,
-                    )?;
-                }
-                self.drop_at_start(st, &p.id, l2, iid, now, "done")?;
             }
         }
         Ok(())
+    }
+
+    /// A GI without its CI: our half-done create. Undo it. If the driver refuses,
+    /// start anyway: the GI stays in `list`, so it is set aside as foreign and its
+    /// slices count as occupied until an operator removes it.
+    fn undo_half_created(&self, list: &mut Vec<MigInstance>, inst: &MigInstance) {
+        match self.backend.destroy_instance(inst.gpu, inst.gi_id) {
+            Ok(()) => list.retain(|i| i.gi_id != inst.gi_id),
+            Err(e) => warn!(
+                gpu = inst.gpu,
+                gi = inst.gi_id,
+                error = %e,
+                "could not undo a MIG instance a crash left half created; \
+                 it is left alone as foreign: remove it with \
+                 `nvidia-smi mig -i {} -dgi -gi {}`",
+                inst.gpu,
+                inst.gi_id
+            ),
+        }
+    }
+
+    /// The hardware step of an interrupted teardown, done again (what is already
+    /// gone counts as done). False while it still fails: the lease stays revoking
+    /// and housekeeping tries again.
+    fn finish_teardown_hw(&self, instances: &mut Instances, p: &Partition, op: IntentOp) -> bool {
+        match (&p.kind, op) {
+            (PartKind::Mig(m), IntentOp::DestroyMig) => {
+                let list = instances.entry(p.gpu).or_default();
+                let present = list
+                    .iter()
+                    .any(|i| Some(i.gi_id) == m.gi_id && Some(&i.uuid) == m.uuid.as_ref());
+                if present {
+                    let gi = m.gi_id.unwrap_or_default();
+                    if let Err(e) = self.backend.destroy_instance(p.gpu, gi) {
+                        warn!(partition = %p.id, error = %e, "teardown still fails; will retry");
+                        return false;
+                    }
+                    list.retain(|i| i.gi_id != gi);
+                }
+                true
+            }
+            _ => match &p.lease_id {
+                Some(l) => match self.backend.mps_stop(l) {
+                    Ok(()) => true,
+                    Err(e) => {
+                        warn!(partition = %p.id, error = %e, "stopping the MPS daemon still fails; will retry");
+                        false
+                    }
+                },
+                None => true,
+            },
+        }
     }
 
     pub(super) fn fail_creation(
