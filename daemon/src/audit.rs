@@ -9,6 +9,9 @@
 //! `audit.jsonl.1` (older ones shift up to `keep`, the oldest is deleted) and a new
 //! file is started. Records are written with one `write` call each on an O_APPEND
 //! file, so concurrent readers never see half a line.
+//!
+//! Owns: the audit file and its rotation. May use: lease (token scrubbing). May not
+//! touch: the transport.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;

@@ -2,6 +2,10 @@
 //!
 //! Unknown keys are errors (a typo must not silently weaken a setting). Every error
 //! names the field, so `tesserad` can exit 64 with a message a person can act on.
+//!
+//! Owns: the file format and its validation. May use: names, gpu (the GPU layer's
+//! own config types live there), partition (the strategy). May not touch: anything
+//! with side effects: it binds, opens and creates nothing.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -12,6 +12,9 @@
 //! and admission reasons are caller-chosen, so each keeps its first
 //! [`MAX_TENANT_LABELS`] / [`MAX_REASON_LABELS`] distinct values and reports the rest
 //! as "other". Tokens never appear.
+//!
+//! Owns: the metrics endpoint and its label bounds. May use: lease, model, partition.
+//! May not touch: tonic or proto (the API layer names each status code).
 
 use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;

@@ -1,5 +1,9 @@
 //! gRPC API: tonic service implementations. They unpack requests, call the domain,
 //! and map errors to `tonic::Status`. No domain logic lives here.
+//!
+//! Owns: the only use of tonic and the generated proto types in the daemon, caller
+//! identity and authorization. May use: every layer below. No layer below may use it
+//! (`daemon/tests/layering.rs`).
 
 pub mod auth;
 pub mod convert;

@@ -6,6 +6,10 @@
 //!   outside the daemon's database, because real MIG instances outlive a daemon restart.
 //!
 //! The trait is synchronous, like NVML. Callers serialise hardware changes per GPU.
+//!
+//! Owns: the hardware interface and the config types only it reads (`SimSection`,
+//! `NvmlConfig`). May use: names, host, mps. May not touch: leases, the store, the
+//! config file as a whole.
 
 pub mod caps;
 pub mod nvml;

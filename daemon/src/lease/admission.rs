@@ -22,8 +22,7 @@ use crate::partition::{PlanDecision, PlanError};
 use super::create::{Ask, Reserved};
 use super::error::Inconsistency;
 use super::quota;
-#[allow(unused_imports)]
-use super::*;
+use super::{EventKind, GpuState, HwCreate, LeaseError, LeaseManager, State};
 
 /// Why a reservation attempt has to be tried again (or answered otherwise).
 pub(super) enum Again {

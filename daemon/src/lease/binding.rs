@@ -6,8 +6,7 @@ use super::devices::{self, Resolved};
 use super::error::Inconsistency;
 use super::error::invalid;
 use super::token;
-#[allow(unused_imports)]
-use super::*;
+use super::{EventKind, LeaseError, LeaseManager};
 
 impl LeaseManager {
     /// The nvidia-uvm and nvidia-caps majors (config, else `/proc/devices`).

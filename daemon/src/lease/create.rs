@@ -16,8 +16,7 @@ use crate::partition::Shape;
 use crate::store::StoreError;
 
 use super::error::{Inconsistency, invalid};
-#[allow(unused_imports)]
-use super::*;
+use super::{Again, EventKind, LeaseError, LeaseManager, mps_dirs, validate_create};
 use super::{quota, token};
 
 #[derive(Debug, Clone, Default)]

@@ -5,12 +5,12 @@ use tracing::{info, warn};
 
 use crate::config::OnRelease;
 
+use crate::gpu::GpuError;
 use crate::model::{IntentOp, Lease, LeaseState, Origin, PartKind, Partition, PartitionState};
 use crate::names::truncate;
 
 use super::error::Inconsistency;
-#[allow(unused_imports)]
-use super::*;
+use super::{EventKind, LeaseError, LeaseManager, enforce};
 
 pub(super) enum HwDestroy {
     Mig { gpu: u32, gi_id: u32 },

@@ -4,9 +4,6 @@ use crate::gpu::GpuError;
 use crate::partition::PlanError;
 use crate::store::StoreError;
 
-#[allow(unused_imports)]
-use super::*;
-
 #[derive(Debug, thiserror::Error)]
 pub enum LeaseError {
     #[error("invalid {field}: {message}")]

@@ -5,8 +5,7 @@ use tokio::sync::broadcast;
 
 use crate::model::{Lease, Partition};
 
-#[allow(unused_imports)]
-use super::*;
+use super::LeaseManager;
 
 /// Kinds of lease events (WatchLeases).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

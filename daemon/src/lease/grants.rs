@@ -11,8 +11,7 @@ use crate::names::{new_id, validate_tenant};
 
 use super::error::invalid;
 use super::quota;
-#[allow(unused_imports)]
-use super::*;
+use super::{LeaseError, LeaseManager};
 
 impl LeaseManager {
     /// The tenancy policy in force (quotas, priority classes); replaced on reload.

@@ -9,8 +9,7 @@ use tracing::warn;
 
 use crate::model::{Lease, LeaseState, Partition, PartitionState};
 
-#[allow(unused_imports)]
-use super::*;
+use super::{EventKind, LeaseError, LeaseManager, mps_dirs};
 
 /// First wait before a failed teardown is tried again; it doubles per failure.
 pub(super) const TEARDOWN_RETRY_MS: i64 = 250;

@@ -6,8 +6,7 @@ use crate::names::truncate;
 use crate::partition::{self};
 use crate::store::LeaseQuery;
 
-#[allow(unused_imports)]
-use super::*;
+use super::{LeaseError, LeaseManager};
 
 /// A GPU with its partitions and free capacity (GetNode).
 #[derive(Debug, Clone)]

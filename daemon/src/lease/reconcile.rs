@@ -9,8 +9,7 @@ use tracing::{info, warn};
 use crate::gpu::MigInstance;
 use crate::model::{IntentOp, Lease, MigPart, PartKind, Partition, PartitionState};
 
-#[allow(unused_imports)]
-use super::*;
+use super::{GpuState, LeaseError, LeaseManager, State, mps_dirs};
 
 /// The MIG instances of each GPU, as the backend listed them at start.
 type Instances = HashMap<u32, Vec<MigInstance>>;

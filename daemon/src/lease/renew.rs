@@ -8,8 +8,7 @@ use crate::model::{Lease, LeaseState};
 use crate::names::truncate;
 
 use super::error::invalid;
-#[allow(unused_imports)]
-use super::*;
+use super::{EventKind, LeaseError, LeaseManager};
 
 impl LeaseManager {
     pub async fn renew(&self, id: &str, ttl: Option<Duration>) -> Result<Lease, LeaseError> {

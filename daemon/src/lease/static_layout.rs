@@ -10,8 +10,7 @@ use crate::names::new_id;
 use crate::partition::{self, PlanDecision, Shape};
 
 use super::error::Inconsistency;
-#[allow(unused_imports)]
-use super::*;
+use super::{GpuState, LeaseError, LeaseManager};
 
 /// The next instance a static layout still lacks.
 struct Missing {

@@ -9,8 +9,7 @@ use crate::gpu::{GiProfile, GpuInfo, MigInstance};
 use crate::model::{Lease, PartKind, Partition, PartitionState};
 use crate::partition::{GpuView, MpsShare, OccupiedMig, PlanOptions};
 
-#[allow(unused_imports)]
-use super::*;
+use super::LeaseManager;
 
 /// One GPU as the manager knows it.
 #[derive(Debug, Clone)]

@@ -7,8 +7,7 @@ use crate::names::{truncate, validate_tenant};
 use crate::partition::Shape;
 
 use super::error::invalid;
-#[allow(unused_imports)]
-use super::*;
+use super::{CreateRequest, LeaseError};
 
 /// Most bytes a lease's labels may take in all (keys and values). Every event of a
 /// lease carries a copy of them, and the event buffer holds 4096 events.

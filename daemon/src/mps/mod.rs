@@ -11,6 +11,9 @@
 //! daemon is spawned, so a crash in between leaves a record to clean up). Liveness
 //! comes from the daemon's own pid file, `<pipe_dir>/nvidia-cuda-mps-control.pid`,
 //! checked against `/proc/<pid>/cmdline` so a reused pid is not taken for the daemon.
+//!
+//! Owns: the control daemons, their records and `MpsSpec`. May use: nothing of the
+//! daemon but names (the GPU layer uses this module, never the other way round).
 
 use std::ffi::OsString;
 use std::fs;

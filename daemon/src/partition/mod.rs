@@ -3,6 +3,9 @@
 //! Pure logic over plain data: it never calls the backend. The lease manager builds a
 //! [`GpuView`] per GPU from the backend and its own records, asks [`plan`] where a shape
 //! goes, and then performs the hardware change itself.
+//!
+//! Owns: shapes and placement decisions. May use: gpu (profile and placement types).
+//! May not touch: the backend, the store, the lease core: it has no side effects.
 
 pub mod fragmentation;
 pub mod planner;

@@ -9,6 +9,9 @@
 //! * Versioned schema migrations (`PRAGMA user_version`).
 //! * A lock file in the state directory: a second daemon on it refuses to start.
 //! * A damaged or unreadable database is an error at open: never start empty.
+//!
+//! Owns: the database file and its schema. May use: model. May not touch: the lease
+//! core (it stores what it is given) or the hardware.
 
 mod schema;
 
