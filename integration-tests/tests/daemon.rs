@@ -758,3 +758,56 @@ fn startup_checks_come_before_the_hardware_is_touched() {
         );
     }
 }
+
+/// Refusals carry the rich error model: an ErrorInfo (domain tessera.io, a stable
+/// reason) always, BadRequest naming the field for invalid input, and ErrorInfo
+/// even on refusals the API layer makes itself (an unknown lease).
+#[test]
+fn refusals_carry_error_info_and_field_violations() {
+    use tonic_types::StatusExt;
+    let d = TestDaemon::start("").unwrap();
+    rt().block_on(async {
+        let mut c = d.client().await.unwrap();
+        let err = c
+            .create_lease(create_req("Not A Tenant", shape::mig("1g.10gb")))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument);
+        let info = err.get_details_error_info().expect("ErrorInfo");
+        assert_eq!(
+            (info.reason.as_str(), info.domain.as_str()),
+            ("INVALID_ARGUMENT", "tessera.io")
+        );
+        let bad = err.get_details_bad_request().expect("BadRequest");
+        assert_eq!(bad.field_violations[0].field, "tenant");
+
+        let err = c
+            .create_lease(create_req("team-a", shape::mig("7g.80gb")))
+            .await
+            .and(
+                c.create_lease(create_req("team-a", shape::mig("7g.80gb")))
+                    .await,
+            )
+            .and(
+                c.create_lease(create_req("team-a", shape::mig("7g.80gb")))
+                    .await,
+            )
+            .unwrap_err();
+        assert_eq!(err.code(), Code::ResourceExhausted, "{err}");
+        let info = err.get_details_error_info().expect("ErrorInfo");
+        assert_eq!(info.reason, "NO_CAPACITY", "{err}");
+        assert!(err.get_details_retry_info().is_some());
+
+        let err = c
+            .release_lease(pb::ReleaseLeaseRequest {
+                lease_id: "l-nope".into(),
+                reason: String::new(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err.get_details_error_info().expect("ErrorInfo").reason,
+            "NOT_FOUND"
+        );
+    });
+}

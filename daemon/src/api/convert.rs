@@ -8,25 +8,11 @@ use crate::lease::{CreateRequest, EventKind, GpuReport, LeaseError, LeaseEvent};
 use crate::model::{Lease, LeaseState, PartKind, Partition};
 use crate::partition::Shape;
 
-/// Map a domain error to a precise gRPC status. Internal details of hardware or
-/// storage failures are kept (operators need them) but never include tokens.
+/// Map a domain error to a precise gRPC status with its rich details
+/// ([`super::errors::status_of`]). Internal details of hardware or storage failures
+/// are kept (operators need them) but never include tokens.
 pub fn status(e: LeaseError) -> Status {
-    match e {
-        LeaseError::InvalidArgument { .. } => Status::invalid_argument(e.to_string()),
-        LeaseError::NotFound(m) => Status::not_found(m),
-        LeaseError::ResourceExhausted(m) => Status::resource_exhausted(m),
-        LeaseError::FailedPrecondition(m) => Status::failed_precondition(m),
-        LeaseError::PermissionDenied(m) => Status::permission_denied(m),
-        LeaseError::ShuttingDown => Status::unavailable(e.to_string()),
-        LeaseError::Transition(_) | LeaseError::Devices(_) => {
-            Status::failed_precondition(e.to_string())
-        }
-        LeaseError::Hardware(_)
-        | LeaseError::Store(_)
-        | LeaseError::Inconsistent(_)
-        | LeaseError::Host(_)
-        | LeaseError::Task { .. } => Status::internal(e.to_string()),
-    }
+    super::errors::status_of(e)
 }
 
 pub fn shape_from_pb(s: Option<pb::Shape>) -> Result<Option<Shape>, Status> {

@@ -7,6 +7,7 @@
 
 pub mod auth;
 pub mod convert;
+pub mod errors;
 mod service;
 
 pub use service::{

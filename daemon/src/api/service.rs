@@ -97,7 +97,7 @@ impl TesseraService {
                 result: code_name(st.code()),
                 reasons: vec![st.message().to_string()],
             });
-            st
+            super::errors::with_error_info(st)
         };
         let who = self
             .auth
@@ -123,6 +123,7 @@ impl TesseraService {
         lease: &str,
         r: Result<R, Status>,
     ) -> Result<R, Status> {
+        let r = r.map_err(super::errors::with_error_info);
         let (result, reasons) = match &r {
             Ok(_) => ("ok".to_string(), vec![]),
             Err(st) => (code_name(st.code()), vec![st.message().to_string()]),

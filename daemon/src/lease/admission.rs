@@ -127,11 +127,11 @@ impl LeaseManager {
                 quota::add(acc, quota::amounts_of(&l.shape))
             });
         let admission = quota::admit(tenancy, tenant, used, quota::amounts_of(shape), extra)
-            .map_err(LeaseError::ResourceExhausted)?;
+            .map_err(LeaseError::QuotaExceeded)?;
         if admission == quota::Admission::Burst && st.preempting > 0 {
             // Capacity being freed by a preemption belongs to the guaranteed
             // request that caused it, not to a burst request racing it.
-            return Err(LeaseError::ResourceExhausted(
+            return Err(LeaseError::BurstWaits(
                 "capacity is being freed for another tenant's guaranteed request; burst requests wait".into(),
             ));
         }

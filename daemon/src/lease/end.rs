@@ -236,9 +236,10 @@ impl LeaseManager {
     }
 
     /// The hardware step of a teardown. Outer error: the task itself failed.
+    /// Destroying what is already gone (NVML NotFound) counts as done.
     async fn destroy_hw(&self, hw: HwDestroy) -> Result<Result<(), GpuError>, LeaseError> {
         let backend = self.backend.clone();
-        Ok(match hw {
+        let done = match hw {
             HwDestroy::Mig { gpu, gi_id } if backend.instance_calls_are_quick() => {
                 backend.destroy_instance(gpu, gi_id)
             }
@@ -251,6 +252,13 @@ impl LeaseManager {
                 what: "hardware teardown",
                 source,
             })?,
+        };
+        Ok(match done {
+            Err(e) if e.nvml_code() == Some(crate::gpu::NvmlCode::NotFound) => {
+                info!(error = %e, "the instance to destroy is already gone: teardown done");
+                Ok(())
+            }
+            other => other,
         })
     }
 

@@ -13,8 +13,16 @@ pub enum LeaseError {
     },
     #[error("{0}")]
     NotFound(String),
+    /// No capacity for the request on this node (now).
     #[error("{0}")]
     ResourceExhausted(String),
+    /// The tenant's quota does not allow the request.
+    #[error("{0}")]
+    QuotaExceeded(String),
+    /// Capacity is being freed for another tenant's guaranteed request; a burst
+    /// request waits.
+    #[error("{0}")]
+    BurstWaits(String),
     #[error("{0}")]
     FailedPrecondition(String),
     #[error("{0}")]

@@ -62,6 +62,18 @@ pub enum StoreError {
     DuplicateRequest { tenant: String, request_id: String },
 }
 
+impl StoreError {
+    /// The filesystem of the state directory is full (SQLITE_FULL): nothing was
+    /// written; retrying helps once space is freed.
+    pub fn is_disk_full(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Sqlite(rusqlite::Error::SqliteFailure(e, _))
+                if e.code == rusqlite::ErrorCode::DiskFull
+        ) || matches!(self, StoreError::Io { source, .. } if source.raw_os_error() == Some(libc::ENOSPC))
+    }
+}
+
 type Completion = Box<dyn FnOnce(Result<(), String>) + Send>;
 type Job = Box<dyn FnOnce(&Connection) -> (bool, Completion) + Send>;
 

@@ -1,0 +1,183 @@
+//! The gRPC rich error model (`google.rpc.Status` with details) for every refusal:
+//! an `ErrorInfo` with a stable reason and the domain `tessera.io` always, and, where
+//! they apply, `BadRequest` field violations, `QuotaFailure`, `PreconditionFailure`
+//! and `RetryInfo`. The reasons are listed in `proto/tessera/v1/tessera.proto`.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use tonic::{Code, Status};
+use tonic_types::{ErrorDetails, StatusExt};
+
+use crate::lease::LeaseError;
+
+/// The `ErrorInfo.domain` of every Tessera refusal.
+pub const DOMAIN: &str = "tessera.io";
+
+/// A status with `details` and an `ErrorInfo` of `reason`.
+pub fn rich(
+    code: Code,
+    message: impl Into<String>,
+    reason: &str,
+    mut details: ErrorDetails,
+) -> Status {
+    details.set_error_info(reason, DOMAIN, HashMap::new());
+    Status::with_error_details(code, message, details)
+}
+
+/// A domain error as a status: its code, its stable reason and its details.
+pub fn status_of(e: LeaseError) -> Status {
+    let msg = e.to_string();
+    let none = ErrorDetails::new;
+    match &e {
+        LeaseError::InvalidArgument { field, message } => rich(
+            Code::InvalidArgument,
+            msg,
+            "INVALID_ARGUMENT",
+            ErrorDetails::with_bad_request_violation(*field, message.clone()),
+        ),
+        LeaseError::NotFound(_) => rich(Code::NotFound, msg, "NOT_FOUND", none()),
+        LeaseError::ResourceExhausted(_) => rich(
+            Code::ResourceExhausted,
+            msg,
+            "NO_CAPACITY",
+            ErrorDetails::with_retry_info(Some(Duration::from_secs(5))),
+        ),
+        LeaseError::QuotaExceeded(m) => rich(
+            Code::ResourceExhausted,
+            msg.clone(),
+            "QUOTA_EXCEEDED",
+            ErrorDetails::with_quota_failure_violation("tenant quota", m.clone()),
+        ),
+        LeaseError::BurstWaits(_) => rich(
+            Code::ResourceExhausted,
+            msg,
+            "BURST_WAITS_FOR_PREEMPTION",
+            ErrorDetails::with_retry_info(Some(Duration::from_secs(1))),
+        ),
+        LeaseError::FailedPrecondition(m) => rich(
+            Code::FailedPrecondition,
+            msg.clone(),
+            "FAILED_PRECONDITION",
+            ErrorDetails::with_precondition_failure_violation("LEASE_STATE", "lease", m.clone()),
+        ),
+        LeaseError::Transition(t) => rich(
+            Code::FailedPrecondition,
+            msg.clone(),
+            "ILLEGAL_TRANSITION",
+            ErrorDetails::with_precondition_failure_violation(
+                "LEASE_STATE",
+                t.from.as_str(),
+                msg.clone(),
+            ),
+        ),
+        LeaseError::Devices(_) => rich(
+            Code::FailedPrecondition,
+            msg,
+            "DEVICE_MAJOR_UNKNOWN",
+            none(),
+        ),
+        LeaseError::PermissionDenied(_) => {
+            rich(Code::PermissionDenied, msg, "PERMISSION_DENIED", none())
+        }
+        LeaseError::ShuttingDown => rich(
+            Code::Unavailable,
+            msg,
+            "SHUTTING_DOWN",
+            ErrorDetails::with_retry_info(Some(Duration::from_secs(1))),
+        ),
+        LeaseError::Store(s) if s.is_disk_full() => rich(
+            Code::ResourceExhausted,
+            format!("the daemon's state directory is full; nothing was changed: {msg}"),
+            "STATE_DISK_FULL",
+            ErrorDetails::with_retry_info(Some(Duration::from_secs(30))),
+        ),
+        LeaseError::Store(_) => rich(Code::Internal, msg, "STORE_FAILED", none()),
+        LeaseError::Hardware(_) => rich(Code::Internal, msg, "HARDWARE_FAILED", none()),
+        LeaseError::Inconsistent(_) => rich(Code::Internal, msg, "INCONSISTENT_RECORDS", none()),
+        LeaseError::Host(_) => rich(Code::Internal, msg, "HOST_OPERATION_FAILED", none()),
+        LeaseError::Task { .. } => rich(Code::Internal, msg, "TASK_FAILED", none()),
+    }
+}
+
+/// A refusal made by the API layer itself (a request that does not decode, a
+/// caller without the right): `reason` is the code's name unless the status
+/// already carries an `ErrorInfo`.
+pub fn with_error_info(st: Status) -> Status {
+    if st.code() == Code::Ok || st.get_details_error_info().is_some() {
+        return st;
+    }
+    let mut details = st.get_error_details();
+    let reason = super::code_name(st.code());
+    details.set_error_info(reason, DOMAIN, HashMap::new());
+    Status::with_error_details(st.code(), st.message(), details)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn info(st: &Status) -> (String, String) {
+        let i = st.get_details_error_info().unwrap();
+        (i.reason, i.domain)
+    }
+
+    #[test]
+    fn every_domain_error_gets_its_code_a_stable_reason_and_details() {
+        let st = status_of(LeaseError::InvalidArgument {
+            field: "tenant",
+            message: "bad".into(),
+        });
+        assert_eq!(st.code(), Code::InvalidArgument);
+        assert_eq!(info(&st), ("INVALID_ARGUMENT".into(), DOMAIN.into()));
+        let v = st.get_details_bad_request().unwrap().field_violations;
+        assert_eq!(
+            (v[0].field.as_str(), v[0].description.as_str()),
+            ("tenant", "bad")
+        );
+
+        let st = status_of(LeaseError::QuotaExceeded("team-a: 8 of 7 slices".into()));
+        assert_eq!(st.code(), Code::ResourceExhausted);
+        assert_eq!(info(&st).0, "QUOTA_EXCEEDED");
+        assert!(st.get_details_quota_failure().is_some());
+
+        let st = status_of(LeaseError::ResourceExhausted("no room".into()));
+        assert_eq!(info(&st).0, "NO_CAPACITY");
+        assert!(st.get_details_retry_info().is_some());
+
+        let st = status_of(LeaseError::ShuttingDown);
+        assert_eq!(
+            (st.code(), info(&st).0.as_str()),
+            (Code::Unavailable, "SHUTTING_DOWN")
+        );
+
+        let st = status_of(LeaseError::FailedPrecondition("pending".into()));
+        assert!(st.get_details_precondition_failure().is_some());
+    }
+
+    #[test]
+    fn a_full_disk_is_resource_exhausted_not_internal() {
+        let full = rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_FULL),
+            Some("database or disk is full".into()),
+        );
+        let st = status_of(LeaseError::Store(crate::store::StoreError::Sqlite(full)));
+        assert_eq!(st.code(), Code::ResourceExhausted);
+        assert_eq!(info(&st).0, "STATE_DISK_FULL");
+        let st = status_of(LeaseError::Store(crate::store::StoreError::WriterGone));
+        assert_eq!(
+            (st.code(), info(&st).0.as_str()),
+            (Code::Internal, "STORE_FAILED")
+        );
+    }
+
+    #[test]
+    fn api_refusals_get_an_error_info_once() {
+        let st = with_error_info(Status::permission_denied("no"));
+        assert_eq!(info(&st), ("PERMISSION_DENIED".into(), DOMAIN.into()));
+        assert_eq!(st.message(), "no");
+        let again = with_error_info(status_of(LeaseError::NotFound("x".into())));
+        assert_eq!(info(&again).0, "NOT_FOUND");
+    }
+}
