@@ -254,7 +254,10 @@ pub async fn run(daemon: &mut Daemon, cmd: LeaseCmd, json: bool) -> anyhow::Resu
                 .await
                 .map_err(|s| daemon.fail("ReleaseLease", s))?
                 .into_inner();
-            print_lease(resp.lease.as_ref(), json, now)?;
+            // Times are shown relative to when the answer came: a release waits for
+            // the containers' grace period, so "now" from before the call would
+            // put the end in the future ("ended in 3s").
+            print_lease(resp.lease.as_ref(), json, parse::now_ms())?;
         }
     }
     Ok(())

@@ -260,6 +260,8 @@ impl Lease {
         self.guard(self.state.can_finish_end(), to)?;
         self.state = to;
         self.ended_at_ms = Some(at_ms);
+        // Its containers were stopped: an ended lease lists none.
+        self.containers.clear();
         Ok(to)
     }
 
@@ -278,6 +280,7 @@ impl Lease {
         self.state = LeaseState::Revoked;
         self.end_reason = Some(reason);
         self.ended_at_ms = Some(at_ms);
+        self.containers.clear();
         Ok(())
     }
 }
@@ -491,8 +494,15 @@ mod lifecycle_tests {
         let mut l = new(true);
         assert_eq!((l.state(), l.expires_at_ms), (LeaseState::Pending, 61_000));
         l.activate()?;
+        l.containers.push(ContainerBinding {
+            id: "c1".into(),
+            cgroup_path: String::new(),
+            runtime_root: String::new(),
+            bound_at_ms: 2_000,
+        });
         l.begin_end(LeaseState::Expired, "TTL ran out")?;
         assert_eq!(l.state(), LeaseState::Revoking);
+        assert_eq!(l.containers.len(), 1, "a revoking lease still has them");
         assert_eq!(l.ending_as(), Some(LeaseState::Expired));
         assert_eq!(l.finish_end(70_000)?, LeaseState::Expired);
         assert_eq!(
