@@ -186,6 +186,63 @@ pub struct Policy {
     /// Largest config.json / process.json accepted.
     #[serde(default = "default_max_bytes")]
     pub max_config_bytes: u64,
+    /// SELinux labels (`process.selinuxLabel`, `linux.mountLabel`) are refused unless
+    /// this is true (then the forbidden types still refuse).
+    #[serde(default)]
+    pub allow_selinux_labels: bool,
+    /// Joining a user namespace by path (rootless setups).
+    #[serde(default)]
+    pub allow_user_namespace_path: bool,
+    /// Where container engines keep rootfs trees outside the bundle (podman's
+    /// graph root): `root.path` may lie below one.
+    #[serde(default = "default_storage_roots")]
+    pub container_storage_roots: Vec<PathBuf>,
+    /// podman's run root: a container's own `overlay-containers/<id>/userdata` below
+    /// it may be bind-mounted.
+    #[serde(default = "default_run_roots")]
+    pub container_run_roots: Vec<PathBuf>,
+    /// containerd's root and state directories: the pod's own CRI sandbox files below
+    /// them may be bind-mounted.
+    #[serde(default = "default_containerd_root")]
+    pub containerd_root: PathBuf,
+    #[serde(default = "default_containerd_state")]
+    pub containerd_state: PathBuf,
+    /// kubelet's root: the pod's own `pods/<uid>` below it may be bind-mounted.
+    #[serde(default = "default_kubelet_root")]
+    pub kubelet_root: PathBuf,
+    /// Further host prefixes bind mounts may come from, each read-only unless marked
+    /// writable.
+    #[serde(default)]
+    pub bind_sources: Vec<BindSource>,
+}
+
+/// An operator-allowed bind-mount source prefix.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct BindSource {
+    pub path: PathBuf,
+    #[serde(default)]
+    pub writable: bool,
+}
+
+fn default_storage_roots() -> Vec<PathBuf> {
+    vec![PathBuf::from("/var/lib/containers/storage")]
+}
+
+fn default_run_roots() -> Vec<PathBuf> {
+    vec![PathBuf::from("/run/containers/storage")]
+}
+
+fn default_containerd_root() -> PathBuf {
+    PathBuf::from("/var/lib/containerd")
+}
+
+fn default_containerd_state() -> PathBuf {
+    PathBuf::from("/run/containerd")
+}
+
+fn default_kubelet_root() -> PathBuf {
+    PathBuf::from("/var/lib/kubelet")
 }
 
 fn default_apparmor_mode() -> AppArmorMode {
@@ -215,6 +272,14 @@ impl Default for Policy {
             seccomp_profile: None,
             no_token: default_no_token(),
             max_config_bytes: default_max_bytes(),
+            allow_selinux_labels: false,
+            allow_user_namespace_path: false,
+            container_storage_roots: default_storage_roots(),
+            container_run_roots: default_run_roots(),
+            containerd_root: default_containerd_root(),
+            containerd_state: default_containerd_state(),
+            kubelet_root: default_kubelet_root(),
+            bind_sources: Vec::new(),
         }
     }
 }

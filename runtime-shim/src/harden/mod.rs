@@ -2,6 +2,7 @@
 //! names every reason. Pure apart from reading host facts (never the rootfs): the caller
 //! writes the result and execs runc.
 
+pub mod allowlist;
 pub mod apparmor;
 pub mod caps;
 pub mod cgroups;
@@ -390,12 +391,14 @@ pub fn harden(mut spec: Value, ctx: &Context) -> Decision {
             spec,
         };
     }
+    allowlist::walk(&spec, "", &mut f);
     if let Err(e) = find_token(&spec) {
         f.refuse(e);
     }
     check_tenant_binding(&spec, ctx, &mut f);
     check_hooks(&mut spec, &mut f);
     check_root(&spec, ctx, &mut f);
+    allowlist::check(&mut spec, ctx, &mut f);
     namespaces::apply(&mut spec, ctx, &mut f);
     caps::apply(&mut spec, ctx.policy(), &mut f);
     harden_process(&mut spec, ctx, &mut f);

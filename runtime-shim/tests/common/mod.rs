@@ -461,8 +461,7 @@ pub fn base_spec(args: &[&str]) -> Value {
             ],
             "maskedPaths": ["/proc/acpi", "/proc/kcore"],
             "readonlyPaths": ["/proc/sys"]
-        },
-        "x-tenant-extension": {"kept": [1, 2, 3]}
+        }
     })
 }
 
@@ -476,14 +475,16 @@ pub fn write_spec(bundle: &Path, spec: &Value) {
     .unwrap();
 }
 
-/// A runtime.toml for tests: this host's runc, the given socket, AppArmor if-available.
+/// A runtime.toml for tests: this host's runc, the given socket, AppArmor if-available,
+/// and `dir` as a container-storage root (the tests share one rootfs outside the
+/// bundles, as podman keeps its rootfs trees in its storage).
 pub fn runtime_config(dir: &Path, socket: &Path, nvidia_proc: &Path, extra: &str) -> PathBuf {
     let runc = which("runc").unwrap_or_else(|| PathBuf::from("/usr/sbin/runc"));
     let p = dir.join("runtime.toml");
     std::fs::write(
         &p,
         format!(
-            "runc_path = {runc:?}\ndaemon_socket = {socket:?}\ndaemon_timeout_ms = 3000\nnvidia_proc_root = {nvidia_proc:?}\n{extra}\n[policy]\napparmor = \"if-available\"\n"
+            "runc_path = {runc:?}\ndaemon_socket = {socket:?}\ndaemon_timeout_ms = 3000\nnvidia_proc_root = {nvidia_proc:?}\n{extra}\n[policy]\napparmor = \"if-available\"\ncontainer_storage_roots = [{dir:?}]\n"
         ),
     )
     .unwrap();

@@ -1,0 +1,1099 @@
+//! The policy table: every field of the OCI runtime spec (config.json, and the process
+//! JSON of `exec`) is copied, checked, rewritten or refused. A field the table does not
+//! know, including future spec fields and unknown top-level keys, refuses the
+//! container with its JSON path. docs/security.md lists the table with the reasons.
+//!
+//! The walk here decides which fields may appear at all; the checks and rewrites of
+//! the fields it lets through live beside it ([`check`], and the sibling modules:
+//! namespaces, caps, mounts, devices, cgroups, seccomp, apparmor).
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use serde_json::{Value, json};
+
+use super::mounts::{is_under, normalize};
+use super::{Context, Findings, strings};
+
+/// What the runtime does with a field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Class {
+    /// Passed to runc as written (only its JSON type is checked).
+    Copied,
+    /// Passed to runc after a check that can refuse it.
+    Checked,
+    /// Replaced or extended by the runtime (the tenant's value is not trusted).
+    Rewritten,
+    /// Its presence refuses the container.
+    Refused,
+}
+
+/// One row of the table: a JSON path (`*` = any array index or map key), its class,
+/// whether the walk descends below it, and why.
+#[derive(Debug, Clone, Copy)]
+pub struct Field {
+    pub path: &'static str,
+    pub class: Class,
+    /// False for leaves and for maps whose keys are checked by [`check`].
+    pub descend: bool,
+    pub why: &'static str,
+}
+
+use Class::{Checked, Copied, Refused, Rewritten};
+
+const fn f(path: &'static str, class: Class, descend: bool, why: &'static str) -> Field {
+    Field {
+        path,
+        class,
+        descend,
+        why,
+    }
+}
+
+/// The table. Paths are JSON pointers below the spec's root (config.json), or below
+/// `/process` for the process JSON of `exec`.
+pub const TABLE: &[Field] = &[
+    f("/ociVersion", Copied, false, "the spec version runc checks"),
+    f(
+        "/hostname",
+        Copied,
+        false,
+        "the container's own UTS namespace",
+    ),
+    f(
+        "/domainname",
+        Copied,
+        false,
+        "the container's own UTS namespace",
+    ),
+    f("/root", Checked, true, "the rootfs"),
+    f(
+        "/root/path",
+        Checked,
+        false,
+        "inside the bundle or a container-storage root, root-owned, passed to runc canonical",
+    ),
+    f(
+        "/root/readonly",
+        Copied,
+        false,
+        "a read-only rootfs only restricts",
+    ),
+    f("/process", Checked, true, "the init process"),
+    f("/process/terminal", Copied, false, "a pty from runc"),
+    f("/process/consoleSize", Copied, true, "the pty size"),
+    f("/process/consoleSize/height", Copied, false, "the pty size"),
+    f("/process/consoleSize/width", Copied, false, "the pty size"),
+    f(
+        "/process/user",
+        Copied,
+        true,
+        "the uid and gids inside the container's namespaces",
+    ),
+    f(
+        "/process/user/uid",
+        Copied,
+        false,
+        "a uid inside the container",
+    ),
+    f(
+        "/process/user/gid",
+        Copied,
+        false,
+        "a gid inside the container",
+    ),
+    f("/process/user/umask", Copied, false, "the file mode mask"),
+    f(
+        "/process/user/additionalGids",
+        Copied,
+        true,
+        "gids inside the container",
+    ),
+    f(
+        "/process/user/additionalGids/*",
+        Copied,
+        false,
+        "a gid inside the container",
+    ),
+    f("/process/user/username", Copied, false, "informational"),
+    f("/process/args", Copied, true, "the command"),
+    f("/process/args/*", Copied, false, "an argument"),
+    f(
+        "/process/commandLine",
+        Copied,
+        false,
+        "the command (Windows form, ignored by runc)",
+    ),
+    f(
+        "/process/env",
+        Rewritten,
+        true,
+        "the lease token is dropped, the lease's variables win",
+    ),
+    f(
+        "/process/env/*",
+        Rewritten,
+        false,
+        "an environment variable",
+    ),
+    f(
+        "/process/cwd",
+        Copied,
+        false,
+        "resolved by runc inside the container",
+    ),
+    f(
+        "/process/capabilities",
+        Rewritten,
+        true,
+        "reduced to the policy's allowed set; a forbidden one refuses",
+    ),
+    f(
+        "/process/capabilities/bounding",
+        Rewritten,
+        true,
+        "capability set",
+    ),
+    f(
+        "/process/capabilities/bounding/*",
+        Rewritten,
+        false,
+        "a capability",
+    ),
+    f(
+        "/process/capabilities/effective",
+        Rewritten,
+        true,
+        "capability set",
+    ),
+    f(
+        "/process/capabilities/effective/*",
+        Rewritten,
+        false,
+        "a capability",
+    ),
+    f(
+        "/process/capabilities/inheritable",
+        Rewritten,
+        true,
+        "capability set",
+    ),
+    f(
+        "/process/capabilities/inheritable/*",
+        Rewritten,
+        false,
+        "a capability",
+    ),
+    f(
+        "/process/capabilities/permitted",
+        Rewritten,
+        true,
+        "capability set",
+    ),
+    f(
+        "/process/capabilities/permitted/*",
+        Rewritten,
+        false,
+        "a capability",
+    ),
+    f(
+        "/process/capabilities/ambient",
+        Rewritten,
+        true,
+        "capability set",
+    ),
+    f(
+        "/process/capabilities/ambient/*",
+        Rewritten,
+        false,
+        "a capability",
+    ),
+    f(
+        "/process/rlimits",
+        Checked,
+        true,
+        "only known limits, capped",
+    ),
+    f("/process/rlimits/*", Checked, true, "a limit"),
+    f(
+        "/process/rlimits/*/type",
+        Checked,
+        false,
+        "RLIMIT_NOFILE, RLIMIT_NPROC, RLIMIT_CORE, RLIMIT_STACK, RLIMIT_MSGQUEUE only",
+    ),
+    f("/process/rlimits/*/hard", Checked, false, "capped"),
+    f("/process/rlimits/*/soft", Checked, false, "capped"),
+    f("/process/noNewPrivileges", Rewritten, false, "always true"),
+    f(
+        "/process/apparmorProfile",
+        Rewritten,
+        false,
+        "always the policy's profile",
+    ),
+    f(
+        "/process/oomScoreAdj",
+        Checked,
+        false,
+        "-998 or more: -999 and -1000 would make the host kill other tenants first",
+    ),
+    f(
+        "/process/selinuxLabel",
+        Checked,
+        false,
+        "refused unless the policy allows SELinux labels",
+    ),
+    f(
+        "/process/scheduler",
+        Checked,
+        true,
+        "real-time policies would starve other tenants",
+    ),
+    f(
+        "/process/scheduler/policy",
+        Checked,
+        false,
+        "SCHED_OTHER, SCHED_BATCH or SCHED_IDLE only",
+    ),
+    f("/process/scheduler/nice", Checked, false, "0 or more"),
+    f("/process/scheduler/priority", Checked, false, "0 only"),
+    f(
+        "/process/scheduler/flags",
+        Refused,
+        false,
+        "scheduler flags are not allowed",
+    ),
+    f(
+        "/process/scheduler/runtime",
+        Refused,
+        false,
+        "deadline scheduling is not allowed",
+    ),
+    f(
+        "/process/scheduler/deadline",
+        Refused,
+        false,
+        "deadline scheduling is not allowed",
+    ),
+    f(
+        "/process/scheduler/period",
+        Refused,
+        false,
+        "deadline scheduling is not allowed",
+    ),
+    f(
+        "/process/ioPriority",
+        Checked,
+        true,
+        "no real-time I/O class",
+    ),
+    f(
+        "/process/ioPriority/class",
+        Checked,
+        false,
+        "IOPRIO_CLASS_BE or IOPRIO_CLASS_IDLE only",
+    ),
+    f(
+        "/process/ioPriority/priority",
+        Copied,
+        false,
+        "the level within the class",
+    ),
+    f(
+        "/process/execCPUAffinity",
+        Refused,
+        false,
+        "runc's exec CPU placement is not allowed",
+    ),
+    f(
+        "/mounts",
+        Checked,
+        true,
+        "bind sources from allowed prefixes only; kernel filesystems with fixed options",
+    ),
+    f("/mounts/*", Checked, true, "a mount"),
+    f(
+        "/mounts/*/destination",
+        Checked,
+        false,
+        "never a GPU node; resolved by runc inside the rootfs",
+    ),
+    f(
+        "/mounts/*/source",
+        Checked,
+        false,
+        "for binds: canonical, under an allowed prefix, every ancestor root-owned",
+    ),
+    f("/mounts/*/type", Checked, false, "the policy's mount types"),
+    f(
+        "/mounts/*/options",
+        Checked,
+        true,
+        "fixed for kernel filesystems",
+    ),
+    f("/mounts/*/options/*", Checked, false, "a mount option"),
+    f(
+        "/mounts/*/uidMappings",
+        Refused,
+        false,
+        "id-mapped mounts are not allowed",
+    ),
+    f(
+        "/mounts/*/gidMappings",
+        Refused,
+        false,
+        "id-mapped mounts are not allowed",
+    ),
+    f(
+        "/hooks",
+        Refused,
+        false,
+        "hooks run on the host as root: never from a tenant spec",
+    ),
+    f(
+        "/annotations",
+        Checked,
+        false,
+        "runc- and systemd-acting keys refused; the token is dropped",
+    ),
+    f("/linux", Checked, true, "Linux specifics"),
+    f(
+        "/linux/namespaces",
+        Checked,
+        true,
+        "new namespaces, or the pod sandbox's; never a mount namespace path",
+    ),
+    f("/linux/namespaces/*", Checked, true, "a namespace"),
+    f(
+        "/linux/namespaces/*/type",
+        Checked,
+        false,
+        "a known namespace type",
+    ),
+    f(
+        "/linux/namespaces/*/path",
+        Checked,
+        false,
+        "/proc/<pid>/ns/<type> or a CNI netns, never the host's",
+    ),
+    f(
+        "/linux/uidMappings",
+        Copied,
+        true,
+        "user namespace mappings (the policy may require one)",
+    ),
+    f("/linux/uidMappings/*", Copied, true, "a mapping"),
+    f("/linux/uidMappings/*/containerID", Copied, false, "mapping"),
+    f("/linux/uidMappings/*/hostID", Copied, false, "mapping"),
+    f("/linux/uidMappings/*/size", Copied, false, "mapping"),
+    f(
+        "/linux/gidMappings",
+        Copied,
+        true,
+        "user namespace mappings",
+    ),
+    f("/linux/gidMappings/*", Copied, true, "a mapping"),
+    f("/linux/gidMappings/*/containerID", Copied, false, "mapping"),
+    f("/linux/gidMappings/*/hostID", Copied, false, "mapping"),
+    f("/linux/gidMappings/*/size", Copied, false, "mapping"),
+    f(
+        "/linux/devices",
+        Checked,
+        false,
+        "no GPU node except the lease's; the lease's nodes are added",
+    ),
+    f(
+        "/linux/cgroupsPath",
+        Checked,
+        false,
+        "the pod's cgroup (cgroupfs or systemd form) ending in this container, or the lease's tree; never a host slice or another container's",
+    ),
+    f("/linux/resources", Checked, true, "cgroup limits"),
+    f(
+        "/linux/resources/devices",
+        Rewritten,
+        false,
+        "replaced: deny all, then the lease's nodes",
+    ),
+    f(
+        "/linux/resources/memory",
+        Copied,
+        false,
+        "a limit only restricts",
+    ),
+    f(
+        "/linux/resources/cpu",
+        Copied,
+        false,
+        "a limit only restricts",
+    ),
+    f(
+        "/linux/resources/pids",
+        Rewritten,
+        false,
+        "capped by the policy and the lease",
+    ),
+    f(
+        "/linux/resources/blockIO",
+        Copied,
+        false,
+        "a weight or limit only restricts",
+    ),
+    f(
+        "/linux/resources/hugepageLimits",
+        Copied,
+        false,
+        "a limit only restricts",
+    ),
+    f(
+        "/linux/resources/network",
+        Refused,
+        false,
+        "network classes are host-wide",
+    ),
+    f(
+        "/linux/resources/rdma",
+        Refused,
+        false,
+        "RDMA devices are not leased",
+    ),
+    f(
+        "/linux/resources/unified",
+        Checked,
+        false,
+        "no devices, pids, cgroup-core or rdma files",
+    ),
+    f(
+        "/linux/sysctl",
+        Checked,
+        false,
+        "the namespaced safe set only",
+    ),
+    f(
+        "/linux/seccomp",
+        Rewritten,
+        false,
+        "replaced by the tenant profile",
+    ),
+    f(
+        "/linux/rootfsPropagation",
+        Checked,
+        false,
+        "private or slave only: shared would leak mounts to the host",
+    ),
+    f(
+        "/linux/maskedPaths",
+        Rewritten,
+        false,
+        "extended to at least Docker's and the other GPUs'",
+    ),
+    f(
+        "/linux/readonlyPaths",
+        Rewritten,
+        false,
+        "extended to at least Docker's",
+    ),
+    f(
+        "/linux/mountLabel",
+        Checked,
+        false,
+        "refused unless the policy allows SELinux labels",
+    ),
+    f(
+        "/linux/intelRdt",
+        Refused,
+        false,
+        "cache and memory-bandwidth allocation are host-wide",
+    ),
+    f(
+        "/linux/netDevices",
+        Refused,
+        false,
+        "moving host network devices into a container",
+    ),
+    f(
+        "/linux/personality",
+        Refused,
+        false,
+        "execution domains are not allowed",
+    ),
+    f(
+        "/linux/timeOffsets",
+        Refused,
+        false,
+        "time namespace offsets are not allowed",
+    ),
+    f(
+        "/linux/memoryPolicy",
+        Refused,
+        false,
+        "NUMA memory policy is not allowed",
+    ),
+];
+
+/// The row for a concrete path (`/mounts/3/source` matches `/mounts/*/source`).
+pub fn lookup(path: &str) -> Option<&'static Field> {
+    TABLE.iter().find(|row| matches(row.path, path))
+}
+
+fn matches(pattern: &str, path: &str) -> bool {
+    let mut p = pattern.split('/');
+    let mut q = path.split('/');
+    loop {
+        match (p.next(), q.next()) {
+            (None, None) => return true,
+            (Some("*"), Some(_)) => {}
+            (Some(a), Some(b)) if a == b => {}
+            _ => return false,
+        }
+    }
+}
+
+fn escape(key: &str) -> String {
+    key.replace('~', "~0").replace('/', "~1")
+}
+
+/// Walk the spec: a field the table does not know, or one it refuses, is a refusal
+/// naming its JSON path. `prefix` is "" for config.json and "/process" for the
+/// process JSON of `exec`.
+pub fn walk(v: &Value, prefix: &str, f: &mut Findings) {
+    let children: Vec<(String, &Value)> = match v {
+        Value::Object(m) => m.iter().map(|(k, v)| (escape(k), v)).collect(),
+        Value::Array(a) => a
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (i.to_string(), v))
+            .collect(),
+        _ => return,
+    };
+    for (key, child) in children {
+        let path = format!("{prefix}/{key}");
+        match lookup(&path) {
+            None => f.refuse(format!(
+                "{path}: not in the runtime's policy table (unknown fields are refused)"
+            )),
+            Some(row) if row.class == Refused => {
+                if !child.is_null() {
+                    f.refuse(format!("{path}: refused: {}", row.why));
+                }
+            }
+            Some(row) if row.descend => walk(child, &path, f),
+            Some(_) => {}
+        }
+    }
+}
+
+/// Annotation key prefixes that make runc, crun or systemd act: refused.
+const ACTING_ANNOTATIONS: &[&str] = &["org.systemd.property.", "run.oci.", "org.criu."];
+
+/// Rlimits a tenant may set, with their cap.
+const RLIMITS: &[(&str, u64)] = &[
+    ("RLIMIT_NOFILE", 1 << 20),
+    ("RLIMIT_NPROC", 1 << 16),
+    ("RLIMIT_CORE", u64::MAX),
+    ("RLIMIT_STACK", 1 << 30),
+    ("RLIMIT_MSGQUEUE", 1 << 24),
+];
+
+/// Checks of the fields the walk lets through that no sibling module makes.
+pub fn check(spec: &mut Value, ctx: &Context, f: &mut Findings) {
+    process_fields(
+        spec.get("process").unwrap_or(&Value::Null),
+        "/process",
+        ctx,
+        f,
+    );
+    if let Some(ann) = spec.get("annotations").and_then(Value::as_object) {
+        for k in ann.keys() {
+            if let Some(p) = ACTING_ANNOTATIONS.iter().find(|p| k.starts_with(*p)) {
+                f.refuse(format!(
+                    "/annotations/{}: refused: {p}* annotations make the runtime or systemd act",
+                    escape(k)
+                ));
+            }
+        }
+    }
+    if let Some(label) = spec.pointer("/linux/mountLabel").and_then(Value::as_str)
+        && !label.is_empty()
+        && !ctx.policy().allow_selinux_labels
+    {
+        f.refuse("/linux/mountLabel: refused: the policy does not allow SELinux labels");
+    }
+    if let Some(p) = spec
+        .pointer("/linux/rootfsPropagation")
+        .and_then(Value::as_str)
+        && !matches!(p, "" | "private" | "rprivate" | "slave" | "rslave")
+    {
+        f.refuse(format!(
+            "/linux/rootfsPropagation: {p:?} would share mounts with the host; private or slave only"
+        ));
+    }
+    if let Some(list) = spec.pointer("/linux/namespaces").and_then(Value::as_array) {
+        for (i, ns) in list.iter().enumerate() {
+            namespace_path(ns, i, ctx, f);
+        }
+    }
+    cgroups_path(spec, ctx, f);
+    root_path(spec, ctx, f);
+    kernel_mounts(spec, f);
+    bind_sources(spec, ctx, f);
+}
+
+/// Process fields (config.json's `process`, or the process JSON of `exec`).
+pub fn process_fields(p: &Value, at: &str, ctx: &Context, f: &mut Findings) {
+    if let Some(adj) = p.get("oomScoreAdj").and_then(Value::as_i64)
+        && adj < -998
+    {
+        f.refuse(format!(
+            "{at}/oomScoreAdj: {adj} is below -998: the kernel would kill other tenants' processes first"
+        ));
+    }
+    if let Some(label) = p.get("selinuxLabel").and_then(Value::as_str)
+        && !label.is_empty()
+        && !ctx.policy().allow_selinux_labels
+    {
+        f.refuse(format!(
+            "{at}/selinuxLabel: refused: the policy does not allow SELinux labels"
+        ));
+    }
+    if let Some(list) = p.get("rlimits").and_then(Value::as_array) {
+        for (i, r) in list.iter().enumerate() {
+            let ty = r.get("type").and_then(Value::as_str).unwrap_or("");
+            let Some((_, cap)) = RLIMITS.iter().find(|(n, _)| *n == ty) else {
+                f.refuse(format!(
+                    "{at}/rlimits/{i}/type: {ty:?} is not a limit a tenant may set"
+                ));
+                continue;
+            };
+            for k in ["hard", "soft"] {
+                match r.get(k) {
+                    Some(v) if v.as_u64().is_some_and(|n| n <= *cap) => {}
+                    None => {}
+                    Some(v) => f.refuse(format!(
+                        "{at}/rlimits/{i}/{k}: {v} is above the cap of {cap} for {ty}"
+                    )),
+                }
+            }
+        }
+    }
+    if let Some(s) = p.get("scheduler") {
+        let policy = s
+            .get("policy")
+            .and_then(Value::as_str)
+            .unwrap_or("SCHED_OTHER");
+        if !matches!(policy, "SCHED_OTHER" | "SCHED_BATCH" | "SCHED_IDLE") {
+            f.refuse(format!(
+                "{at}/scheduler/policy: {policy} would starve other tenants"
+            ));
+        }
+        if s.get("nice").and_then(Value::as_i64).is_some_and(|n| n < 0) {
+            f.refuse(format!(
+                "{at}/scheduler/nice: a negative nice value is not allowed"
+            ));
+        }
+        if s.get("priority")
+            .and_then(Value::as_i64)
+            .is_some_and(|n| n != 0)
+        {
+            f.refuse(format!("{at}/scheduler/priority: must be 0"));
+        }
+    }
+    if let Some(class) = p.pointer("/ioPriority/class").and_then(Value::as_str)
+        && !matches!(class, "IOPRIO_CLASS_BE" | "IOPRIO_CLASS_IDLE")
+    {
+        f.refuse(format!(
+            "{at}/ioPriority/class: {class} would starve other tenants' I/O"
+        ));
+    }
+}
+
+/// A namespace path: never a mount or user namespace by path; otherwise a process's
+/// namespace file (`/proc/<pid>/ns/<type>`) or, for the network, a CNI netns file.
+fn namespace_path(ns: &Value, i: usize, ctx: &Context, f: &mut Findings) {
+    let ty = ns.get("type").and_then(Value::as_str).unwrap_or("");
+    let Some(path) = ns
+        .get("path")
+        .and_then(Value::as_str)
+        .filter(|p| !p.is_empty())
+    else {
+        return;
+    };
+    let at = format!("/linux/namespaces/{i}/path");
+    match ty {
+        "mount" => {
+            f.refuse(format!(
+                "{at}: joining a mount namespace by path ({path}) would give the container another's root"
+            ));
+            return;
+        }
+        "user" if !ctx.policy().allow_user_namespace_path => {
+            f.refuse(format!(
+                "{at}: joining a user namespace by path is not allowed"
+            ));
+            return;
+        }
+        _ => {}
+    }
+    let name = super::namespaces::proc_name(ty).unwrap_or("?");
+    let n = normalize(path);
+    let parts: Vec<&str> = n.trim_start_matches('/').split('/').collect();
+    let proc_form = parts.len() == 4
+        && parts[0] == "proc"
+        && parts[1].parse::<u32>().is_ok_and(|pid| pid > 1)
+        && parts[2] == "ns"
+        && parts[3] == name;
+    let netns_form = ty == "network"
+        && (is_under(&n, "/var/run/netns") || is_under(&n, "/run/netns"))
+        && parts.len() == 3;
+    if !proc_form && !netns_form {
+        f.refuse(format!(
+            "{at}: {path} is not a namespace file (/proc/<pid>/ns/{name}{})",
+            if ty == "network" {
+                " or a CNI netns under /run/netns"
+            } else {
+                ""
+            }
+        ));
+    }
+}
+
+/// `linux.cgroupsPath` when the runtime does not set it itself (no lease): the
+/// container's own cgroup, ending in its id, never under a host slice or the
+/// runtime's tree of another container.
+fn cgroups_path(spec: &Value, ctx: &Context, f: &mut Findings) {
+    if ctx.lease.is_some() {
+        return; // replaced by the lease's tree (cgroups.rs)
+    }
+    let Some(path) = spec.pointer("/linux/cgroupsPath").and_then(Value::as_str) else {
+        return;
+    };
+    let at = "/linux/cgroupsPath";
+    let id = ctx.container_id;
+    let host_slices = [
+        "system.slice",
+        "user.slice",
+        "init.scope",
+        "-.slice",
+        "machine.slice",
+    ];
+    if ctx.systemd_cgroup || path.contains(':') {
+        let parts: Vec<&str> = path.split(':').collect();
+        let ok = parts.len() == 3
+            && parts[0].ends_with(".slice")
+            && !host_slices.contains(&parts[0])
+            && !parts[0].starts_with("tessera")
+            && parts[2] == id;
+        if !ok {
+            f.refuse(format!(
+                "{at}: {path:?} must be <pod slice>:<prefix>:{id} outside the host's slices"
+            ));
+        }
+        return;
+    }
+    let n = normalize(path);
+    let first = n.trim_start_matches('/').split('/').next().unwrap_or("");
+    let last = n.rsplit('/').next().unwrap_or("");
+    let ok = path.split('/').all(|c| c != "..")
+        && n != "/"
+        && !host_slices.contains(&first)
+        && first != "tessera"
+        && (last == id
+            || last.ends_with(&format!("-{id}"))
+            || last.ends_with(&format!("-{id}.scope")));
+    if !ok {
+        f.refuse(format!(
+            "{at}: {path:?} must end in this container's id ({id}) and lie outside the host's slices and the runtime's lease tree"
+        ));
+    }
+}
+
+/// Whether every ancestor of `path` (and `path` itself) is owned by root and not
+/// writable by group or others (a sticky directory, like /tmp, may be world-writable):
+/// then nothing but root can swap a component between the check and runc's mount.
+pub fn root_owned_chain(path: &Path) -> Result<(), String> {
+    let mut cur = Some(path);
+    while let Some(p) = cur {
+        let m = std::fs::symlink_metadata(p).map_err(|e| format!("{}: {e}", p.display()))?;
+        if m.uid() != 0 {
+            return Err(format!(
+                "{} is owned by uid {}, not root",
+                p.display(),
+                m.uid()
+            ));
+        }
+        let mode = m.mode();
+        let sticky = mode & 0o1000 != 0;
+        if mode & 0o022 != 0 && !(sticky && m.is_dir()) {
+            return Err(format!(
+                "{} is writable by others (mode {:o})",
+                p.display(),
+                mode & 0o7777
+            ));
+        }
+        cur = p.parent();
+    }
+    Ok(())
+}
+
+/// `root.path`: inside the bundle or under a configured container-storage root,
+/// root-owned all the way up; runc gets the canonical path.
+fn root_path(spec: &mut Value, ctx: &Context, f: &mut Findings) {
+    let Some(path) = spec.pointer("/root/path").and_then(Value::as_str) else {
+        return; // check_root refuses a missing root
+    };
+    let full = if Path::new(path).is_absolute() {
+        PathBuf::from(path)
+    } else {
+        ctx.bundle.join(path)
+    };
+    let Ok(canon) = std::fs::canonicalize(&full) else {
+        return; // check_root reports it
+    };
+    let bundle = std::fs::canonicalize(ctx.bundle).unwrap_or_else(|_| ctx.bundle.to_path_buf());
+    let c = canon.to_string_lossy().into_owned();
+    let inside_bundle = canon != bundle && canon.starts_with(&bundle);
+    let storage = ctx.policy().container_storage_roots.iter().any(|r| {
+        is_under(&c, &normalize(&r.to_string_lossy())) && c != normalize(&r.to_string_lossy())
+    });
+    if !inside_bundle && !storage {
+        f.refuse(format!(
+            "/root/path: {c} is neither inside the bundle ({}) nor under a container-storage root (policy.container_storage_roots)",
+            bundle.display()
+        ));
+        return;
+    }
+    if let Err(e) = root_owned_chain(&canon) {
+        f.refuse(format!("/root/path: {e}"));
+        return;
+    }
+    // A relative path that names the same directory stays as written (runc
+    // resolves it in the bundle, whose ancestors were just found root-owned).
+    let same = !Path::new(path).is_absolute() && bundle.join(path) == canon;
+    if !same && let Some(root) = spec.get_mut("root").and_then(Value::as_object_mut) {
+        root.insert("path".into(), json!(c));
+    }
+}
+
+/// Kernel filesystems get fixed, safe options whatever the spec asked.
+fn kernel_mounts(spec: &mut Value, f: &mut Findings) {
+    let Some(list) = spec.get_mut("mounts").and_then(Value::as_array_mut) else {
+        return;
+    };
+    for m in list.iter_mut() {
+        let ty = m
+            .get("type")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        let fixed: &[&str] = match ty.as_str() {
+            "proc" => &["nosuid", "noexec", "nodev"],
+            "sysfs" => &["nosuid", "noexec", "nodev", "ro"],
+            "cgroup" | "cgroup2" => &["nosuid", "noexec", "nodev", "relatime", "ro"],
+            "mqueue" => &["nosuid", "noexec", "nodev"],
+            "devpts" => &[
+                "nosuid",
+                "noexec",
+                "newinstance",
+                "ptmxmode=0666",
+                "mode=0620",
+            ],
+            _ => continue,
+        };
+        let mut opts: Vec<String> = fixed.iter().map(|s| (*s).to_string()).collect();
+        // A devpts gid (the tty group) is kept; nothing else of the spec's.
+        if ty == "devpts"
+            && let Some(gid) = m
+                .get("options")
+                .and_then(strings)
+                .unwrap_or_default()
+                .into_iter()
+                .find(|o| o.starts_with("gid="))
+        {
+            opts.push(gid);
+        }
+        let asked = m.get("options").and_then(strings).unwrap_or_default();
+        if asked.iter().any(|o| o == "rw") && fixed.contains(&"ro") {
+            let dest = m.get("destination").and_then(Value::as_str).unwrap_or("?");
+            f.note(format!("{ty} at {dest} asked rw: mounted read-only"));
+        }
+        if let Some(o) = m.as_object_mut() {
+            o.insert("options".into(), json!(opts));
+        }
+    }
+}
+
+/// The annotation value of `key`, if any.
+fn annotation<'s>(spec: &'s Value, key: &str) -> Option<&'s str> {
+    spec.get("annotations")?.get(key)?.as_str()
+}
+
+/// An id from an annotation, usable as one path component.
+fn component(s: Option<&str>) -> Option<&str> {
+    s.filter(|s| {
+        !s.is_empty()
+            && s.len() <= 128
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+            && *s != "."
+            && *s != ".."
+    })
+}
+
+/// The prefixes this container's bind sources may come from, with whether a writable
+/// bind is allowed.
+pub fn bind_prefixes(spec: &Value, ctx: &Context) -> Vec<(String, bool)> {
+    let mut out = Vec::new();
+    let bundle = std::fs::canonicalize(ctx.bundle).unwrap_or_else(|_| ctx.bundle.to_path_buf());
+    out.push((bundle.to_string_lossy().into_owned(), true));
+    let p = ctx.policy();
+    if let Some(sid) = component(annotation(spec, "io.kubernetes.cri.sandbox-id")) {
+        for root in [&p.containerd_root, &p.containerd_state] {
+            let dir = root.join("io.containerd.grpc.v1.cri/sandboxes").join(sid);
+            out.push((normalize(&dir.to_string_lossy()), true));
+        }
+    }
+    if let Some(uid) = component(annotation(spec, "io.kubernetes.cri.sandbox-uid")) {
+        let dir = p.kubelet_root.join("pods").join(uid);
+        out.push((normalize(&dir.to_string_lossy()), true));
+    }
+    // podman: the container's own run directory beside its bundle.
+    if let Some(id) = component(Some(ctx.container_id)) {
+        for root in &p.container_storage_roots {
+            let dir = root.join("overlay-containers").join(id).join("userdata");
+            out.push((normalize(&dir.to_string_lossy()), true));
+        }
+        for root in &p.container_run_roots {
+            let dir = root.join("overlay-containers").join(id).join("userdata");
+            out.push((normalize(&dir.to_string_lossy()), true));
+        }
+    }
+    for b in &p.bind_sources {
+        out.push((normalize(&b.path.to_string_lossy()), b.writable));
+    }
+    out
+}
+
+/// Tessera's own paths: never bind-mounted, whatever a prefix allows.
+fn own_paths(ctx: &Context) -> Vec<String> {
+    let mut v = vec![
+        "/run/tessera".to_string(),
+        "/var/lib/tessera".to_string(),
+        "/etc/tessera".to_string(),
+    ];
+    if let Some(dir) = ctx.config.daemon_socket.parent() {
+        v.push(normalize(&dir.to_string_lossy()));
+    }
+    v
+}
+
+/// Bind sources: the canonical host path must lie under an allowed prefix (read-only
+/// where the prefix says so), never under Tessera's own paths, with every ancestor
+/// root-owned; runc is handed that canonical path, so no component can be swapped
+/// between this check and its mount.
+fn bind_sources(spec: &mut Value, ctx: &Context, f: &mut Findings) {
+    let prefixes = bind_prefixes(spec, ctx);
+    let own = own_paths(ctx);
+    let Some(list) = spec.get_mut("mounts").and_then(Value::as_array_mut) else {
+        return;
+    };
+    for (i, m) in list.iter_mut().enumerate() {
+        let ty = m.get("type").and_then(Value::as_str).unwrap_or("");
+        let options = m.get("options").and_then(strings).unwrap_or_default();
+        let bind = ty == "bind" || options.iter().any(|o| o == "bind" || o == "rbind");
+        if !bind {
+            continue;
+        }
+        let at = format!("/mounts/{i}/source");
+        let Some(source) = m.get("source").and_then(Value::as_str) else {
+            f.refuse(format!("{at}: a bind mount needs a source"));
+            continue;
+        };
+        if !source.starts_with('/') {
+            continue; // mounts.rs refuses relative sources
+        }
+        let canon = match std::fs::canonicalize(source) {
+            Ok(c) => c,
+            Err(e) => {
+                f.refuse(format!("{at}: {source}: {e}"));
+                continue;
+            }
+        };
+        let c = canon.to_string_lossy().into_owned();
+        if let Some(o) = own.iter().find(|o| is_under(&c, o)) {
+            f.refuse(format!("{at}: {c} is under Tessera's own {o}"));
+            continue;
+        }
+        let readonly = options.iter().any(|o| o == "ro");
+        let allowed = prefixes
+            .iter()
+            .filter(|(p, _)| is_under(&c, p))
+            .map(|(_, w)| *w)
+            .max();
+        match allowed {
+            None => {
+                f.refuse(format!(
+                    "{at}: {c} is not under this container's bundle, its pod's sandbox or kubelet directories, or an operator-allowed prefix (policy.bind_sources)"
+                ));
+                continue;
+            }
+            Some(false) if !readonly => {
+                f.refuse(format!(
+                    "{at}: {c} may be bind-mounted read-only only (add \"ro\")"
+                ));
+                continue;
+            }
+            Some(_) => {}
+        }
+        if let Err(e) = root_owned_chain(&canon) {
+            f.refuse(format!("{at}: {e}"));
+            continue;
+        }
+        if let Some(o) = m.as_object_mut() {
+            o.insert("source".into(), json!(c));
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patterns_match_indices_and_keys() {
+        assert!(matches("/mounts/*/source", "/mounts/12/source"));
+        assert!(!matches("/mounts/*/source", "/mounts/12/source/x"));
+        assert_eq!(lookup("/linux/intelRdt").unwrap().class, Refused);
+        assert!(lookup("/linux/futureField").is_none());
+    }
+
+    #[test]
+    fn unknown_and_refused_fields_are_named_by_path() {
+        let spec = json!({
+            "ociVersion": "1.0.2",
+            "vm": {"hypervisor": {}},
+            "linux": {"intelRdt": {"closID": "x"}, "resources": {"memory": {"limit": 1}}},
+            "process": {"args": ["sh"], "user": {"uid": 0, "gid": 0}, "newThing": 1},
+            "mounts": [{"destination": "/x", "type": "bind", "source": "/y", "uidMappings": []}],
+        });
+        let mut f = Findings::default();
+        walk(&spec, "", &mut f);
+        let all = f.reasons.join("\n");
+        assert!(
+            all.contains("/vm: not in the runtime's policy table"),
+            "{all}"
+        );
+        assert!(all.contains("/linux/intelRdt: refused"), "{all}");
+        assert!(all.contains("/process/newThing: not in"), "{all}");
+        assert!(all.contains("/mounts/0/uidMappings: refused"), "{all}");
+        assert_eq!(f.reasons.len(), 4, "{all}");
+    }
+
+    #[test]
+    fn every_row_has_a_reason_and_a_unique_path() {
+        let mut seen = std::collections::HashSet::new();
+        for row in TABLE {
+            assert!(!row.why.is_empty(), "{}", row.path);
+            assert!(seen.insert(row.path), "duplicate row {}", row.path);
+        }
+    }
+}
