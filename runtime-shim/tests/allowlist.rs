@@ -7,7 +7,7 @@
 mod common;
 
 use serde_json::{Value, json};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 const SANDBOX: &str = "5e1c0ffee5e1c0ffee5e1c0ffee5e1c0ffee5e1c0ffee5e1c0ffee5e1c0ffee0";
