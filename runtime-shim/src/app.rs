@@ -163,7 +163,14 @@ pub fn run(args: Vec<OsString>) -> Outcome {
         return env.plan(0, None);
     };
     match cmd {
-        Command::Create | Command::Run | Command::Restore => create(&env, cmd, &sub),
+        Command::Restore => {
+            let id = sub.first_positional().unwrap_or_default().to_string();
+            env.refuse(
+                &format!("restore {id}"),
+                &["restore is refused: a CRIU image can carry any process state and mounts, outside the policy table".to_string()],
+            )
+        }
+        Command::Create | Command::Run => create(&env, cmd, &sub),
         Command::Exec => exec(&env, &sub),
         Command::Update => update(&env, &sub),
         Command::Delete => delete(&env, &sub),
@@ -206,10 +213,7 @@ fn admit(
     let mut token = harden::find_token(&spec).map_err(|e| (vec![e], String::new()))?;
     // A Kubernetes pod's sandbox (pause) container carries the pod's annotations too; it
     // runs no tenant code, so it gets the baseline hardening and never the GPU.
-    let sandbox = spec
-        .pointer("/annotations/io.kubernetes.cri.container-type")
-        .and_then(Value::as_str)
-        == Some("sandbox");
+    let sandbox = harden::is_cri_sandbox(&spec, id, &env.cfg.policy);
     if sandbox {
         token = None;
     }
@@ -412,7 +416,7 @@ fn update(env: &Env, sub: &SubArgs) -> Outcome {
     let id = sub.first_positional().unwrap_or_default().to_string();
     let what = format!("update {id}");
     let mut f = Findings::default();
-    hexec::check_update_flags(sub, &mut f);
+    hexec::check_update_flags(sub, &env.cfg.policy, &mut f);
     let mut stdin = None;
     let resources_flag = sub.flags.iter().rev().find(|fl| fl.name == "resources");
     let mut inv = env.inv.clone();
@@ -432,10 +436,15 @@ fn update(env: &Env, sub: &SubArgs) -> Outcome {
         };
         match bytes.and_then(|b| bundle::parse_strict(&b).map(|v| (b, v))) {
             Ok((b, v)) => {
-                hexec::check_update_resources(&v, &mut f);
-                // runc reads exactly the bytes that were checked, from a pipe.
+                let checked = hexec::check_update_resources(&v, &env.cfg.policy, &mut f);
+                // runc reads exactly what was checked, from a pipe: the bytes as
+                // they came, or the JSON without its deny-only device rules.
                 inv.set_flag_value(flag, "-");
-                stdin = Some(b);
+                stdin = Some(if checked == v {
+                    b
+                } else {
+                    serde_json::to_vec(&checked).unwrap_or(b)
+                });
             }
             Err(e) => f.refuse(format!("update: {e}")),
         }

@@ -266,9 +266,18 @@ fn pod_sandbox_gets_baseline_even_with_the_pods_token() {
     let mut spec = common::base_spec(&["/pause"]);
     spec["annotations"] = serde_json::json!({
         "io.kubernetes.cri.container-type": "sandbox",
+        "io.kubernetes.cri.sandbox-id": "pause1",
         "tessera.io/lease-token": "tok"
     });
+    // A tenant container that only claims to be a sandbox (another id) gets no
+    // exemption: no_token = "refuse" and its token cannot be resolved.
     common::write_spec(&b, &spec);
+    let fake = run(
+        &cfg,
+        &["create", "--bundle", b.to_str().unwrap(), "tenant1"],
+        false,
+    );
+    assert!(!fake.status.success(), "a fake sandbox was admitted");
     // No daemon is running: a resolved token would fail; the sandbox never resolves it.
     let out = run(
         &cfg,

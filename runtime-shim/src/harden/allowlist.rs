@@ -599,7 +599,7 @@ pub fn check(spec: &mut Value, ctx: &Context, f: &mut Findings) {
     process_fields(
         spec.get("process").unwrap_or(&Value::Null),
         "/process",
-        ctx,
+        ctx.policy(),
         f,
     );
     if let Some(ann) = spec.get("annotations").and_then(Value::as_object) {
@@ -639,7 +639,7 @@ pub fn check(spec: &mut Value, ctx: &Context, f: &mut Findings) {
 }
 
 /// Process fields (config.json's `process`, or the process JSON of `exec`).
-pub fn process_fields(p: &Value, at: &str, ctx: &Context, f: &mut Findings) {
+pub fn process_fields(p: &Value, at: &str, policy: &crate::policy::Policy, f: &mut Findings) {
     if let Some(adj) = p.get("oomScoreAdj").and_then(Value::as_i64)
         && adj < -998
     {
@@ -649,7 +649,7 @@ pub fn process_fields(p: &Value, at: &str, ctx: &Context, f: &mut Findings) {
     }
     if let Some(label) = p.get("selinuxLabel").and_then(Value::as_str)
         && !label.is_empty()
-        && !ctx.policy().allow_selinux_labels
+        && !policy.allow_selinux_labels
     {
         f.refuse(format!(
             "{at}/selinuxLabel: refused: the policy does not allow SELinux labels"
@@ -1095,5 +1095,36 @@ mod tests {
             assert!(!row.why.is_empty(), "{}", row.path);
             assert!(seen.insert(row.path), "duplicate row {}", row.path);
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod sandbox_tests {
+    use super::super::is_cri_sandbox;
+    use crate::policy::Policy;
+    use serde_json::json;
+
+    #[test]
+    fn only_a_consistent_sandbox_spec_is_exempt() {
+        let p = Policy::default();
+        let real = json!({
+            "annotations": {"io.kubernetes.cri.container-type": "sandbox", "io.kubernetes.cri.sandbox-id": "abc"},
+            "process": {"capabilities": {"bounding": ["CAP_CHOWN", "CAP_NET_RAW"]}},
+        });
+        assert!(is_cri_sandbox(&real, "abc", &p));
+        assert!(
+            !is_cri_sandbox(&real, "other-container", &p),
+            "the id must be the sandbox's"
+        );
+        let mut devices = real.clone();
+        devices["linux"] =
+            json!({"devices": [{"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0}]});
+        assert!(!is_cri_sandbox(&devices, "abc", &p));
+        let mut caps = real.clone();
+        caps["process"]["capabilities"]["bounding"] = json!(["SYS_ADMIN"]);
+        assert!(!is_cri_sandbox(&caps, "abc", &p));
+        let claim_only = json!({"annotations": {"io.kubernetes.cri.container-type": "sandbox"}});
+        assert!(!is_cri_sandbox(&claim_only, "abc", &p));
     }
 }

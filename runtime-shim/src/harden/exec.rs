@@ -90,6 +90,9 @@ pub fn harden_process(
         f.refuse("the exec process is not a JSON object");
         return process;
     };
+    // The same table as create's `process`: unknown or refused fields refuse.
+    super::allowlist::walk(&process, "/process", f);
+    super::allowlist::process_fields(&process, "/process", policy, f);
     if let Some(c) = obj.get("capabilities")
         && !c.is_null()
     {
@@ -150,38 +153,70 @@ pub fn harden_process(
     process
 }
 
-/// `update --resources`: what a resources JSON may change. Device rules, pids, unified
-/// cgroup files, network classes and RDMA are isolation, not tuning: refused. Unknown
-/// keys are refused (fail closed).
-pub fn check_update_resources(r: &Value, f: &mut Findings) {
+/// `update --resources`: CPU, memory, pids (up to the policy's limit), hugepages and
+/// block I/O may change; what runc gets is returned. Device rules that only deny
+/// (containerd sends a deny-all rule with every CRI update) are dropped, so the
+/// container keeps its lease's rules (runc's update never widens devices on its
+/// own); a rule that allows a device is refused. Unified cgroup files, network
+/// classes and RDMA are isolation, not tuning: refused. Unknown keys are refused.
+pub fn check_update_resources(r: &Value, policy: &Policy, f: &mut Findings) -> Value {
     let Some(obj) = r.as_object() else {
         f.refuse("update: the resources JSON is not an object");
-        return;
+        return r.clone();
     };
+    let mut out = obj.clone();
     for (k, v) in obj {
         match k.as_str() {
             "cpu" | "memory" | "blockIO" | "hugepageLimits" => {}
             "devices" => {
-                if v.as_array().is_none_or(|a| !a.is_empty()) && !v.is_null() {
-                    f.refuse("update may not change device rules");
+                let grants = v
+                    .as_array()
+                    .is_some_and(|a| a.iter().any(|r| r.get("allow") != Some(&json!(false))));
+                if grants {
+                    f.refuse("/devices: update may not allow a device (the lease's rules stay)");
+                }
+                out.remove(k);
+            }
+            "pids" => {
+                let limit = v.get("limit").and_then(Value::as_i64);
+                match limit {
+                    Some(l) if l > 0 && l <= policy.pids_limit => {}
+                    None if v.is_null() => {}
+                    _ => f.refuse(format!(
+                        "/pids/limit: update may set a pids limit of 1..={} only",
+                        policy.pids_limit
+                    )),
                 }
             }
-            "pids" | "unified" | "network" | "rdma" => {
+            "unified" | "network" | "rdma" => {
                 if !v.is_null() {
-                    f.refuse(format!("update may not change {k}"));
+                    f.refuse(format!("/{k}: update may not change {k}"));
                 }
             }
-            other => f.refuse(format!("update: unknown resources key {other:?}")),
+            other => f.refuse(format!("/{other}: unknown resources key (refused)")),
         }
     }
+    Value::Object(out)
 }
 
 /// `update` flags that change isolation rather than tuning.
-pub fn check_update_flags(sub: &SubArgs, f: &mut Findings) {
-    if let Some(v) = sub.value("pids-limit") {
+pub fn check_update_flags(sub: &SubArgs, policy: &Policy, f: &mut Findings) {
+    if let Some(v) = sub.value("pids-limit")
+        && !v
+            .parse::<i64>()
+            .is_ok_and(|l| l > 0 && l <= policy.pids_limit)
+    {
         f.refuse(format!(
-            "update --pids-limit {v} is refused: the pids limit comes from the lease"
+            "update --pids-limit {v} is refused: 1..={} only",
+            policy.pids_limit
         ));
+    }
+    for flag in ["l3-cache-schema", "mem-bw-schema"] {
+        if let Some(v) = sub.value(flag) {
+            f.refuse(format!(
+                "update --{flag} {v} is refused: cache and memory-bandwidth allocation are host-wide"
+            ));
+        }
     }
 }
 
@@ -211,13 +246,12 @@ mod tests {
     #[test]
     fn exec_process_is_hardened() {
         let mut f = Findings::default();
-        let p = json!({"args": ["sh"], "noNewPrivileges": false, "x-extra": 1,
+        let p = json!({"args": ["sh"], "noNewPrivileges": false,
                        "capabilities": {"bounding": ["CAP_KILL"], "effective": ["kill"]}});
         let out = harden_process(p, &state(), &crate::policy::Policy::default(), &mut f);
         assert!(f.reasons.is_empty(), "{:?}", f.reasons);
         assert_eq!(out["noNewPrivileges"], true);
         assert_eq!(out["capabilities"]["effective"], json!(["CAP_KILL"]));
-        assert_eq!(out["x-extra"], 1);
     }
 
     #[test]
@@ -278,21 +312,46 @@ mod tests {
 
     #[test]
     fn update_rules() {
+        let p = crate::policy::Policy::default();
         let mut f = Findings::default();
-        check_update_resources(
-            &json!({"memory": {"limit": 1}, "cpu": {"shares": 2}, "devices": []}),
-            &mut f,
-        );
+        // What containerd's CRI sends: CPU and memory with a deny-all device rule.
+        let cri = json!({"memory": {"limit": 1}, "cpu": {"shares": 2}, "pids": {"limit": 100},
+            "devices": [{"allow": false, "access": "rwm"}]});
+        let out = check_update_resources(&cri, &p, &mut f);
         assert!(f.reasons.is_empty(), "{:?}", f.reasons);
+        assert!(
+            out.get("devices").is_none(),
+            "the deny-only rule is dropped: {out}"
+        );
+        assert_eq!(out["memory"]["limit"], 1);
         for r in [
-            json!({"devices": [{"allow": true, "access": "rwm"}]}),
+            json!({"devices": [{"allow": false, "access": "rwm"}, {"allow": true, "type": "c", "major": 195, "access": "rwm"}]}),
+            json!({"devices": [{"access": "rwm"}]}),
             json!({"pids": {"limit": 0}}),
+            json!({"pids": {"limit": 1_000_000}}),
             json!({"unified": {"devices.allow": "a"}}),
+            json!({"network": {"classID": 1}}),
             json!({"bogus": 1}),
         ] {
             let mut f = Findings::default();
-            check_update_resources(&r, &mut f);
+            check_update_resources(&r, &p, &mut f);
             assert!(!f.reasons.is_empty(), "{r}");
         }
+    }
+
+    #[test]
+    fn an_exec_process_goes_through_the_table() {
+        let mut f = Findings::default();
+        harden_process(
+            json!({"args": ["sh"], "oomScoreAdj": -1000, "futureKnob": 1,
+                   "rlimits": [{"type": "RLIMIT_RTPRIO", "hard": 99, "soft": 99}]}),
+            &state(),
+            &crate::policy::Policy::default(),
+            &mut f,
+        );
+        let all = f.reasons.join("\n");
+        assert!(all.contains("/process/futureKnob: not in"), "{all}");
+        assert!(all.contains("/process/oomScoreAdj"), "{all}");
+        assert!(all.contains("/process/rlimits/0/type"), "{all}");
     }
 }

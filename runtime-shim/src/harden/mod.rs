@@ -224,6 +224,44 @@ pub fn find_token(spec: &Value) -> Result<Option<String>, String> {
     }
 }
 
+/// Whether the spec really is containerd's pod sandbox (pause) container, which runs
+/// no tenant code: the CRI annotations agree (`container-type` sandbox, `sandbox-id`
+/// equal to this container's id), it asks for no device and for no forbidden
+/// capability. A spec that only claims to be one gets no exemption.
+pub fn is_cri_sandbox(spec: &Value, id: &str, policy: &Policy) -> bool {
+    let ann = |k: &str| {
+        spec.get("annotations")
+            .and_then(|a| a.get(k))
+            .and_then(Value::as_str)
+    };
+    if ann("io.kubernetes.cri.container-type") != Some("sandbox") {
+        return false;
+    }
+    let same_id = ann("io.kubernetes.cri.sandbox-id") == Some(id) && !id.is_empty();
+    let no_devices = spec
+        .pointer("/linux/devices")
+        .and_then(Value::as_array)
+        .is_none_or(Vec::is_empty);
+    let caps = spec
+        .pointer("/process/capabilities")
+        .and_then(Value::as_object)
+        .map(|sets| {
+            sets.values()
+                .filter_map(strings)
+                .flatten()
+                .map(|c| crate::policy::cap_name(&c))
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+    let no_forbidden = !caps.iter().any(|c| {
+        policy
+            .forbidden_capabilities
+            .iter()
+            .any(|f| crate::policy::cap_name(f) == *c)
+    });
+    same_id && no_devices && no_forbidden
+}
+
 fn check_hooks(spec: &mut Value, f: &mut Findings) {
     if let Some(hooks) = spec.get("hooks").and_then(Value::as_object) {
         for (kind, list) in hooks {
