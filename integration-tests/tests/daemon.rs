@@ -811,3 +811,48 @@ fn refusals_carry_error_info_and_field_violations() {
         );
     });
 }
+
+/// A uid-0 process inside a container (its own mount and PID namespaces) that reaches
+/// the socket is not the host admin: the daemon compares its namespaces with its own.
+#[test]
+fn root_in_other_namespaces_is_not_the_admin() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("SKIPPED: needs root to make namespaces with unshare");
+        return;
+    }
+    let Ok(unshare) = which_unshare() else {
+        eprintln!("SKIPPED: unshare (util-linux) is not installed");
+        return;
+    };
+    let d = TestDaemon::start("").unwrap();
+    let cli = bin_path("tessera").unwrap();
+    let host = std::process::Command::new(&cli)
+        .args(["--socket"])
+        .arg(&d.socket)
+        .args(["lease", "list"])
+        .output()
+        .unwrap();
+    assert!(
+        host.status.success(),
+        "root on the host is the admin: {host:?}"
+    );
+    let contained = std::process::Command::new(unshare)
+        .args(["--mount", "--pid", "--fork"])
+        .arg(&cli)
+        .args(["--socket"])
+        .arg(&d.socket)
+        .args(["lease", "list"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&contained.stderr);
+    assert_eq!(contained.status.code(), Some(1), "{err}");
+    assert!(err.contains("inside a container"), "{err}");
+}
+
+fn which_unshare() -> Result<std::path::PathBuf, ()> {
+    ["/usr/bin/unshare", "/bin/unshare"]
+        .iter()
+        .map(std::path::PathBuf::from)
+        .find(|p| p.exists())
+        .ok_or(())
+}

@@ -44,6 +44,9 @@ pub enum Caller {
         /// needs them.
         groups: Vec<u32>,
         pid: Option<i32>,
+        /// The peer runs in other mount or PID namespaces than the daemon (inside a
+        /// container), or that could not be told: never an admin, whatever its uid.
+        contained: bool,
     },
     Cert {
         common_name: String,
@@ -54,6 +57,12 @@ pub enum Caller {
 impl Caller {
     pub fn describe(&self) -> String {
         match self {
+            Caller::Unix {
+                uid,
+                gid,
+                contained: true,
+                ..
+            } => format!("uid {uid} gid {gid} inside a container"),
             Caller::Unix { uid, gid, .. } => format!("uid {uid} gid {gid}"),
             Caller::Cert { common_name } => format!("certificate CN={common_name:?}"),
             Caller::Unknown => "an unidentified caller".into(),
@@ -73,6 +82,7 @@ pub fn caller_of<T>(req: &Request<T>) -> Caller {
             gid: cred.gid(),
             groups: Vec::new(),
             pid: cred.pid(),
+            contained: cred.pid().is_none_or(|pid| !in_host_namespaces(pid)),
         };
     }
     if let Some(certs) = req.peer_certs()
@@ -82,6 +92,22 @@ pub fn caller_of<T>(req: &Request<T>) -> Caller {
         return Caller::Cert { common_name: cn };
     }
     Caller::Unknown
+}
+
+/// Whether process `pid` shares the daemon's mount and PID namespaces (and so is not
+/// inside a container). False when it cannot be told (the process is gone).
+pub fn in_host_namespaces(pid: i32) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    ["mnt", "pid"].iter().all(|ns| {
+        let id = |p: String| std::fs::metadata(p).map(|m| (m.dev(), m.ino()));
+        match (
+            id(format!("/proc/{pid}/ns/{ns}")),
+            id(format!("/proc/self/ns/{ns}")),
+        ) {
+            (Ok(a), Ok(b)) => a == b,
+            _ => false,
+        }
+    })
 }
 
 /// The `Groups:` line of /proc/<pid>/status.
@@ -141,6 +167,7 @@ impl Authenticator {
                 gid,
                 groups,
                 pid: Some(pid),
+                contained,
             } if groups.is_empty()
                 && !rules
                     .iter()
@@ -154,6 +181,7 @@ impl Authenticator {
                         .map(|s| supplementary_groups(&s))
                         .unwrap_or_default(),
                     pid: Some(*pid),
+                    contained: *contained,
                 };
                 &extra_groups
             }
@@ -170,7 +198,21 @@ impl Authenticator {
             Caller::Cert { common_name } => r.cert_cns.iter().any(|c| c == common_name),
             Caller::Unknown => false,
         });
+        let contained = matches!(
+            caller,
+            Caller::Unix {
+                contained: true,
+                ..
+            }
+        );
         if let Some(r) = matched {
+            if contained && !matches!(r.role, Role::Tenant(_)) {
+                return Err(Status::permission_denied(format!(
+                    "{} matches principal {:?}, but a process inside a container is never an admin or the runtime: at most a tenant",
+                    caller.describe(),
+                    r.name
+                )));
+            }
             return Ok(match &r.role {
                 Role::Admin => Principal::Admin {
                     name: r.name.clone(),
@@ -184,7 +226,11 @@ impl Authenticator {
                 },
             });
         }
-        if let Caller::Unix { uid, .. } = caller
+        if let Caller::Unix {
+            uid,
+            contained: false,
+            ..
+        } = caller
             && (*uid == 0 || *uid == self.own_uid)
         {
             return Ok(Principal::Admin {
@@ -306,6 +352,43 @@ mod tests {
         ]
     }
 
+    /// A peer inside a container (other mount or PID namespace) is never the host
+    /// admin, not even as uid 0, and never the runtime; a tenant rule still applies.
+    #[test]
+    fn a_contained_peer_is_never_admin_or_runtime() {
+        let a = Authenticator::new(rules());
+        let contained = |uid, gid, groups| Caller::Unix {
+            uid,
+            gid,
+            groups,
+            pid: None,
+            contained: true,
+        };
+        let e = a.identify(&contained(0, 0, vec![])).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::PermissionDenied);
+        assert!(
+            e.message().contains("inside a container"),
+            "{}",
+            e.message()
+        );
+        let e = a.identify(&contained(1234, 5, vec![990])).unwrap_err();
+        assert!(
+            e.message().contains("never an admin or the runtime"),
+            "{}",
+            e.message()
+        );
+        assert_eq!(
+            a.identify(&contained(1000, 1000, vec![])).unwrap().tenant(),
+            Some("team-a")
+        );
+        // This test process shares the daemon's namespaces with itself.
+        assert!(in_host_namespaces(std::process::id() as i32));
+        assert!(
+            !in_host_namespaces(i32::MAX),
+            "a vanished peer is not trusted"
+        );
+    }
+
     #[test]
     fn callers_map_to_principals_first_match_and_root_is_admin() {
         let a = Authenticator::new(rules());
@@ -314,6 +397,7 @@ mod tests {
             gid,
             groups,
             pid: None,
+            contained: false,
         };
         assert_eq!(
             a.identify(&unix(1000, 1000, vec![])).unwrap().tenant(),
