@@ -13,9 +13,6 @@ use serde::Serialize;
 
 use crate::output;
 
-/// Oldest runc of each line with the fixes for CVE-2025-31133, CVE-2025-52565 and
-/// CVE-2025-52881 (Nov 2025): 1.2.8, 1.3.3, 1.4.0.
-const RUNC_FIXED: &[(u64, u64, u64)] = &[(1, 2, 8), (1, 3, 3), (1, 4, 0)];
 const RUNC_CVES: &str = "CVE-2025-31133, CVE-2025-52565, CVE-2025-52881";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -272,24 +269,7 @@ pub fn check_mps(f: &HostFacts) -> Check {
     }
 }
 
-/// (major, minor, patch) from "runc version 1.1.5+ds1".
-pub fn parse_runc_version(out: &str) -> Option<(u64, u64, u64)> {
-    let line = out.lines().find(|l| l.starts_with("runc version"))?;
-    let v = line.split_whitespace().nth(2)?;
-    let core: String = v
-        .chars()
-        .take_while(|c| c.is_ascii_digit() || *c == '.')
-        .collect();
-    let mut it = core.split('.').map(|p| p.parse::<u64>());
-    let (Some(Ok(a)), Some(Ok(b))) = (it.next(), it.next()) else {
-        return None;
-    };
-    let c = match it.next() {
-        Some(Ok(c)) => c,
-        _ => 0,
-    };
-    Some((a, b, c))
-}
+pub use tessera_common::runc::parse_version as parse_runc_version;
 
 pub fn check_runc(f: &HostFacts) -> Check {
     const NAME: &str = "runc";
@@ -314,11 +294,7 @@ pub fn check_runc(f: &HostFacts) -> Check {
         );
     };
     let shown = format!("{}.{}.{}", v.0, v.1, v.2);
-    let fixed = RUNC_FIXED.iter().any(|&(a, b, c)| {
-        // Same line and new enough, or a later line than any listed.
-        (v.0, v.1) == (a, b) && v.2 >= c
-    }) || (v.0, v.1) > (1, 4);
-    if fixed {
+    if tessera_common::runc::unfixed(Some(v)).is_empty() {
         ok(NAME, format!("{shown} (has the fixes for {RUNC_CVES})"))
     } else {
         warn(
@@ -326,7 +302,7 @@ pub fn check_runc(f: &HostFacts) -> Check {
             format!(
                 "{shown} is older than the releases that fix {RUNC_CVES} (1.2.8, 1.3.3, 1.4.0)"
             ),
-            "upgrade runc to 1.2.8, 1.3.3 or 1.4.0 or later; a distribution build may carry backported fixes: check its changelog for those CVEs",
+            "upgrade runc to 1.2.8, 1.3.3 or 1.4.0 or later; a distribution build may carry backported fixes: check its changelog, then name the CVEs in runtime.toml's runc_cve_acknowledged (tessera-runtime refuses containers otherwise)",
         )
     }
 }

@@ -8,5 +8,6 @@
 
 pub mod clock;
 pub mod procdevices;
+pub mod runc;
 pub mod size;
 pub mod unix;

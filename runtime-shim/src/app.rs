@@ -306,6 +306,11 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
         );
         env.refuse(&what, &reasons)
     };
+    match crate::runc_cves::check(&env.cfg.runc_path, &env.cfg.runc_cve_acknowledged) {
+        Err(reason) => return refuse_reported(vec![reason], ""),
+        Ok(Some(warning)) => env.log.warn(&warning),
+        Ok(None) => {}
+    }
     let adm = match admit(env, client.as_ref(), &bundle, &id) {
         Ok(a) => a,
         Err((reasons, lease_id)) => return refuse_reported(reasons, &lease_id),

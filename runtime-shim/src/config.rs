@@ -83,6 +83,11 @@ pub struct RuntimeConfig {
     pub tenant_namespaces: BTreeMap<String, Vec<String>>,
     #[serde(default)]
     pub driver_libraries: Vec<DriverLibrary>,
+    /// CVEs of runc that the operator acknowledges as fixed in this runc although its
+    /// version predates the fix (a distribution backport), or as an accepted risk.
+    /// A container is refused while runc lacks a fix not named here.
+    #[serde(default)]
+    pub runc_cve_acknowledged: Vec<String>,
     #[serde(default)]
     pub policy: Policy,
 }
@@ -97,6 +102,7 @@ impl Default for RuntimeConfig {
             nvidia_proc_root: default_nvidia_proc(),
             tenant_namespaces: BTreeMap::new(),
             driver_libraries: Vec::new(),
+            runc_cve_acknowledged: Vec::new(),
             policy: Policy::default(),
         }
     }

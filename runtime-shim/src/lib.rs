@@ -12,4 +12,5 @@ pub mod harden;
 pub mod host;
 pub mod lease;
 pub mod policy;
+pub mod runc_cves;
 pub mod runclog;

@@ -70,7 +70,7 @@ impl Host {
         std::fs::write(
             &config,
             format!(
-                "runc_path = {runc:?}\ndaemon_socket = {}\ndaemon_timeout_ms = 3000\nnvidia_proc_root = {proc_root:?}\n\
+                "runc_path = {runc:?}\ndaemon_socket = {}\ndaemon_timeout_ms = 3000\nnvidia_proc_root = {proc_root:?}\nrunc_cve_acknowledged = [\"CVE-2025-31133\", \"CVE-2025-52565\", \"CVE-2025-52881\"]\n\
                  [policy]\napparmor = \"if-available\"\n\
                  container_storage_roots = [{}]\ncontainer_run_roots = [{}]\n\
                  containerd_root = {}\ncontainerd_state = {}\nkubelet_root = {}\n\

@@ -28,7 +28,7 @@ fn setup() -> (tempfile::TempDir, PathBuf) {
     std::fs::write(
         &cfg,
         format!(
-            "runc_path = {runc:?}\ndaemon_socket = {:?}\n[policy]\napparmor = \"if-available\"\n",
+            "runc_path = {runc:?}\ndaemon_socket = {:?}\nrunc_cve_acknowledged = [\"CVE-2025-31133\", \"CVE-2025-52565\", \"CVE-2025-52881\"]\n[policy]\napparmor = \"if-available\"\n",
             dir.path().join("none.sock")
         ),
     )
@@ -229,7 +229,7 @@ fn no_token_policy_refuse() {
     std::fs::write(
         &cfg,
         format!(
-            "runc_path = {:?}\n[policy]\napparmor = \"if-available\"\nno_token = \"refuse\"\n",
+            "runc_path = {:?}\nrunc_cve_acknowledged = [\"CVE-2025-31133\", \"CVE-2025-52565\", \"CVE-2025-52881\"]\n[policy]\napparmor = \"if-available\"\nno_token = \"refuse\"\n",
             d.path().join("fake-runc")
         ),
     )
@@ -255,7 +255,7 @@ fn pod_sandbox_gets_baseline_even_with_the_pods_token() {
     std::fs::write(
         &cfg,
         format!(
-            "runc_path = {:?}\ndaemon_socket = {:?}\n[policy]\napparmor = \"if-available\"\nno_token = \"refuse\"\n",
+            "runc_path = {:?}\ndaemon_socket = {:?}\nrunc_cve_acknowledged = [\"CVE-2025-31133\", \"CVE-2025-52565\", \"CVE-2025-52881\"]\n[policy]\napparmor = \"if-available\"\nno_token = \"refuse\"\n",
             d.path().join("fake-runc"),
             d.path().join("no-daemon.sock")
         ),

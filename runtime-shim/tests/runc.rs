@@ -481,13 +481,20 @@ fn exec_update_delete_on_a_running_container() {
     assert!(stdout.contains("NoNewPrivs:\t1"), "{stdout}");
     assert!(stdout.contains("CapEff:\t0000000000000020"), "{stdout}");
 
-    // update: device rules and pids are refused, memory passes (read from stdin).
+    // update: a rule that allows a device and a pids limit of 0 are refused; what
+    // containerd's CRI sends (a deny-all device rule with CPU and memory) passes
+    // and the container keeps its devices; memory passes (read from stdin).
     let out = env.runtime(
         &["update", "--resources", "-", &id],
         Some(r#"{"devices":[{"allow":true,"access":"rwm"}]}"#),
     );
     assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out).1.contains("update may not change device rules"));
+    assert!(text(&out).1.contains("update may not allow a device"));
+    let out = env.runtime(
+        &["update", "--resources", "-", &id],
+        Some(r#"{"devices":[{"allow":false,"access":"rwm"}],"cpu":{"shares":512},"memory":{"limit":268435456}}"#),
+    );
+    assert!(out.status.success(), "CRI-style update: {:?}", text(&out));
     let out = env.runtime(&["update", "--pids-limit", "0", &id], None);
     assert_eq!(out.status.code(), Some(1));
     let out = env.runtime(

@@ -476,6 +476,8 @@ pub fn write_spec(bundle: &Path, spec: &Value) {
 }
 
 /// A runtime.toml for tests: this host's runc, the given socket, AppArmor if-available,
+/// the 2025 runc CVEs acknowledged (CI runs Debian bookworm's runc 1.1.5, which
+/// predates their fixes: the runtime logs a warning for each container),
 /// and `dir` as a container-storage root (the tests share one rootfs outside the
 /// bundles, as podman keeps its rootfs trees in its storage).
 pub fn runtime_config(dir: &Path, socket: &Path, nvidia_proc: &Path, extra: &str) -> PathBuf {
@@ -484,7 +486,7 @@ pub fn runtime_config(dir: &Path, socket: &Path, nvidia_proc: &Path, extra: &str
     std::fs::write(
         &p,
         format!(
-            "runc_path = {runc:?}\ndaemon_socket = {socket:?}\ndaemon_timeout_ms = 3000\nnvidia_proc_root = {nvidia_proc:?}\n{extra}\n[policy]\napparmor = \"if-available\"\ncontainer_storage_roots = [{dir:?}]\n"
+            "runc_path = {runc:?}\ndaemon_socket = {socket:?}\ndaemon_timeout_ms = 3000\nnvidia_proc_root = {nvidia_proc:?}\nrunc_cve_acknowledged = [\"CVE-2025-31133\", \"CVE-2025-52565\", \"CVE-2025-52881\"]\n{extra}\n[policy]\napparmor = \"if-available\"\ncontainer_storage_roots = [{dir:?}]\n"
         ),
     )
     .unwrap();
