@@ -1088,6 +1088,22 @@ mod tests {
         assert_eq!(f.reasons.len(), 4, "{all}");
     }
 
+    /// docs/security.md lists the table field by field: every row, with its class.
+    #[test]
+    fn the_security_doc_lists_every_row() {
+        let doc = include_str!("../../../docs/security.md");
+        for row in TABLE {
+            let class = match row.class {
+                Copied => "copied",
+                Checked => "checked",
+                Rewritten => "rewritten",
+                Refused => "**refused**",
+            };
+            let line = format!("| `{}` | {class} |", row.path);
+            assert!(doc.contains(&line), "docs/security.md lacks {line}");
+        }
+    }
+
     #[test]
     fn every_row_has_a_reason_and_a_unique_path() {
         let mut seen = std::collections::HashSet::new();
