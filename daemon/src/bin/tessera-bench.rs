@@ -6,12 +6,12 @@
 //! durable intent, the hardware change, a durable commit) then ReleaseLease (the same
 //! again).
 //!
-//! Scale (`--prefill N`): one daemon on 64 simulated A100s takes MPS leases that stay
-//! live; at each point of the curve (0, 1k, 5k, 10k, 20k live leases, up to N) one
-//! client measures CreateLease (each followed by a release, so the live count holds),
-//! the daemon's RSS is read from /proc right after the leases were created, and at
-//! `--restart-at` the daemon is stopped and started again: the time from its start to
-//! its first answered RPC is "restart to serving".
+//! Scale (`--prefill N`): one daemon on 64 simulated A100s (`--curve-gpus`) takes MPS
+//! leases that stay live; at each point of the curve (0, 1k, 5k, 10k, 20k live leases,
+//! up to N) one client measures CreateLease (each followed by a release, so the live
+//! count holds), the daemon's RSS is read from /proc right after the leases were
+//! created, and at `--restart-at` the daemon is stopped and started again: the time
+//! from its start to its first answered RPC is "restart to serving".
 //!
 //! `--results FILE` appends every figure as a `key value` line; `tessera-bench report
 //! FILE` prints them against the goals (what `make bench` shows).
@@ -34,7 +34,7 @@ use tonic::transport::{Channel, Endpoint, Uri};
 const USAGE: &str = "\
 tessera-bench [--seconds N] [--clients 1,8,32] [--shape mig|mps|whole]
               [--prefill N] [--points 0,1000,5000,10000,20000] [--restart-at 10000]
-              [--curve-seconds S] [--no-throughput]
+              [--curve-seconds S] [--curve-gpus 64] [--no-throughput]
               [--tesserad PATH | --socket PATH] [--results FILE]
 tessera-bench report FILE     the goals table from the figures in FILE
 
@@ -46,6 +46,7 @@ tessera-bench report FILE     the goals table from the figures in FILE
   --restart-at    curve points where the daemon is restarted (default 10000, or the
                   last point when lower); later points run on the restarted daemon
   --curve-seconds length of each curve measurement (default 2)
+  --curve-gpus    simulated A100-80GB GPUs of the curve's daemon (default 64)
   --no-throughput only the scale curve
   --tesserad      the daemon binary (default: next to this one)
   --socket        measure an already running daemon (no curve, RSS or restart)
@@ -59,6 +60,7 @@ struct Args {
     points: Vec<usize>,
     restart_at: Vec<usize>,
     curve_seconds: f64,
+    curve_gpus: usize,
     throughput: bool,
     tesserad: Option<PathBuf>,
     socket: Option<PathBuf>,
@@ -84,6 +86,7 @@ fn parse_args(args: impl Iterator<Item = String>) -> anyhow::Result<Args> {
         points: vec![0, 1000, 5000, 10000, 20000],
         restart_at: vec![10000],
         curve_seconds: 2.0,
+        curve_gpus: 64,
         throughput: true,
         tesserad: None,
         socket: None,
@@ -104,6 +107,7 @@ fn parse_args(args: impl Iterator<Item = String>) -> anyhow::Result<Args> {
                 restart_given = true;
             }
             "--curve-seconds" => a.curve_seconds = val()?.parse().context("--curve-seconds")?,
+            "--curve-gpus" => a.curve_gpus = val()?.parse().context("--curve-gpus")?,
             "--no-throughput" => a.throughput = false,
             "--tesserad" => a.tesserad = Some(PathBuf::from(val()?)),
             "--socket" => a.socket = Some(PathBuf::from(val()?)),
@@ -123,6 +127,9 @@ fn parse_args(args: impl Iterator<Item = String>) -> anyhow::Result<Args> {
     }
     if !a.curve_seconds.is_finite() || a.curve_seconds <= 0.0 {
         bail!("--curve-seconds must be positive");
+    }
+    if a.curve_gpus == 0 {
+        bail!("--curve-gpus must be positive");
     }
     if a.prefill > 0 && a.socket.is_some() {
         bail!("--prefill starts its own daemon (it restarts it and reads its RSS): drop --socket");
@@ -161,7 +168,7 @@ fn shape(kind: &str) -> pb::Shape {
     pb::Shape { kind: Some(kind) }
 }
 
-/// The curve's leases: 1% SM (oversubscribed), 64 MiB, so 64 A100-80GB hold 20k+.
+/// The curve's leases: 1% SM (oversubscribed), 64 MiB: an A100-80GB holds 1,280.
 fn small_mps() -> pb::Shape {
     pb::Shape {
         kind: Some(pb::shape::Kind::Mps(pb::MpsShape {
@@ -587,13 +594,13 @@ fn curve(args: &Args, rt: &tokio::runtime::Runtime, results: &mut Results) -> an
     let mut daemon = Daemon::start(
         &default_tesserad(args)?,
         dir.path(),
-        &sim_gpus(64, "a100-80gb", false),
+        &sim_gpus(args.curve_gpus, "a100-80gb", false),
     )?;
     println!();
     println!(
-        "scale: 64 simulated A100-80GB, MPS leases (1% SM, 64 MiB) kept live; at each point one client \
+        "scale: {} simulated A100-80GB, MPS leases (1% SM, 64 MiB) kept live; at each point one client \
          runs CreateLease+ReleaseLease for {} s; RSS right after the leases were created",
-        args.curve_seconds
+        args.curve_gpus, args.curve_seconds
     );
     println!(
         "{:>8} {:>8} {:>11} {:>7} | {:>17} | {:>9} | {:>10} {:>12} | {:>8}",

@@ -8,10 +8,17 @@
 //! `INTERNAL: Stream removed` (hyperium/h2#487 would relax that upstream; it is not
 //! merged). h2 has no setting for it, and the header is HPACK-compressed, so it cannot
 //! be patched in place: a unix socket has no authority to check anyway, so
-//! [`NormalizeAuthority`] sits between the socket and h2 and rewrites the client's
-//! header blocks. It decodes each block with the client's compression context,
-//! replaces an `:authority` that is not a valid URI authority with `localhost`, and
-//! encodes the block again with a context of its own that h2's decoder follows. Every
+//! [`NormalizeAuthority`] sits between the socket and h2.
+//!
+//! It decodes the connection's first header block. When its `:authority` is valid (or
+//! absent: tonic and grpc-go send `localhost`-like values), the block's own bytes go on
+//! and the rest of the connection passes through untouched: h2 decodes everything with
+//! the same compression context as the client, and the layer costs nothing more.
+//! Otherwise it rewrites every header block of the connection: it decodes each with the
+//! client's compression context, replaces an `:authority` that is not a valid URI
+//! authority with `localhost`, and encodes the block again with a context of its own
+//! that h2's decoder follows (a client that sent a valid authority first and an invalid
+//! one later on the same connection is refused by h2, as without this layer). Every
 //! other frame, and everything the server writes, passes through byte for byte.
 //!
 //! It fails closed: a block that does not decode, that is too large, or frames out of
@@ -57,8 +64,17 @@ enum State {
     Frame,
     /// Inside the payload of a frame that passes through: bytes left.
     Payload(usize),
-    /// Not HTTP/2 (no preface): everything passes through untouched; h2 refuses it.
+    /// Everything passes through untouched: not HTTP/2 (no preface; h2 refuses it),
+    /// or a client whose first header block had a valid authority.
     Raw,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Before the first complete header block.
+    Inspect,
+    /// The first block's authority was invalid: every block is re-encoded.
+    Rewrite,
 }
 
 /// A HEADERS frame whose header block goes on in CONTINUATION frames.
@@ -69,6 +85,8 @@ struct OpenBlock {
     /// The 5 priority bytes when PRIORITY is set.
     priority: Option<[u8; 5]>,
     fragment: BytesMut,
+    /// The frames as received (kept while inspecting: they may go on as they are).
+    raw: BytesMut,
 }
 
 /// A server-side connection whose incoming header blocks carry a valid (or no)
@@ -81,6 +99,7 @@ pub struct NormalizeAuthority<T> {
     /// Bytes ready for h2.
     output: BytesMut,
     open: Option<OpenBlock>,
+    mode: Mode,
     decoder: loona_hpack::Decoder<'static>,
     encoder: loona_hpack::Encoder<'static>,
     /// The client closed its side.
@@ -99,6 +118,7 @@ impl<T> NormalizeAuthority<T> {
             input: BytesMut::new(),
             output: BytesMut::new(),
             open: None,
+            mode: Mode::Inspect,
             decoder,
             encoder,
             eof: false,
@@ -193,6 +213,9 @@ impl<T> NormalizeAuthority<T> {
                 return Err(invalid("header block larger than the limit"));
             }
             open.fragment.extend_from_slice(payload);
+            if self.mode == Mode::Inspect {
+                open.raw.extend_from_slice(frame);
+            }
             if flags & FLAG_END_HEADERS != 0
                 && let Some(open) = self.open.take()
             {
@@ -221,11 +244,17 @@ impl<T> NormalizeAuthority<T> {
             return Err(invalid("HEADERS padding longer than the frame"));
         }
         let fragment = BytesMut::from(&payload[..payload.len() - pad]);
+        let raw = if self.mode == Mode::Inspect {
+            BytesMut::from(frame)
+        } else {
+            BytesMut::new()
+        };
         let open = OpenBlock {
             stream_id,
             flags: flags & (FLAG_END_STREAM | FLAG_PRIORITY),
             priority,
             fragment,
+            raw,
         };
         if flags & FLAG_END_HEADERS != 0 {
             self.finish(open)
@@ -236,10 +265,12 @@ impl<T> NormalizeAuthority<T> {
     }
 
     /// Decode a complete header block, fix its authority, encode it again and queue
-    /// it as HEADERS (+ CONTINUATION) frames.
-    fn finish(&mut self, block: OpenBlock) -> io::Result<()> {
+    /// it as HEADERS (+ CONTINUATION) frames; or, for a first block that needs no fix,
+    /// queue it as received and pass the rest of the connection through.
+    fn finish(&mut self, mut block: OpenBlock) -> io::Result<()> {
         let mut fields: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
         let mut size = 0usize;
+        let mut fixed = false;
         self.decoder
             .decode_with_cb(&block.fragment, |name, value| {
                 // Keep decoding past the limit: the table must see every field.
@@ -248,6 +279,7 @@ impl<T> NormalizeAuthority<T> {
                     return;
                 }
                 let value = if &*name == b":authority" && Authority::try_from(&*value).is_err() {
+                    fixed = true;
                     LOCALHOST.to_vec()
                 } else {
                     value.into_owned()
@@ -257,6 +289,15 @@ impl<T> NormalizeAuthority<T> {
             .map_err(|e| invalid(&format!("header block does not decode: {e}")))?;
         if size > MAX_HEADER_LIST {
             return Err(invalid("header list larger than the limit"));
+        }
+        if self.mode == Mode::Inspect {
+            if !fixed {
+                let raw = block.raw.split();
+                self.output.unsplit(raw);
+                self.state = State::Raw;
+                return Ok(());
+            }
+            self.mode = Mode::Rewrite;
         }
         let mut encoded = Vec::with_capacity(block.fragment.len() + 16);
         self.encoder
@@ -322,6 +363,10 @@ impl<T: AsyncRead + Unpin> AsyncRead for NormalizeAuthority<T> {
                 buf.put_slice(&this.output[..n]);
                 this.output.advance(n);
                 return Poll::Ready(Ok(()));
+            }
+            if matches!(this.state, State::Raw) && this.input.is_empty() {
+                // Nothing left to look at: straight from the socket.
+                return Pin::new(&mut this.inner).poll_read(cx, buf);
             }
             if this.eof {
                 // A frame cut short by the client's close is dropped: h2 sees the
@@ -653,6 +698,33 @@ mod tests {
         let input = [PREFACE, &frame(TYPE_HEADERS, FLAG_END_HEADERS, 1, &block)].concat();
         let err = through(&input, input.len()).await.unwrap_err();
         assert!(err.to_string().contains("larger than the limit"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_connection_whose_first_authority_is_valid_passes_through_untouched() {
+        let mut enc = loona_hpack::Encoder::new();
+        let mut input = PREFACE.to_vec();
+        input.extend(frame(0x4, 0, 0, &[]));
+        let block = encode(&mut enc, &request("[::]:50051"));
+        // Split over a CONTINUATION: the frames go on as they came.
+        input.extend(frame(TYPE_HEADERS, 0, 1, &block[..5]));
+        input.extend(frame(TYPE_CONTINUATION, FLAG_END_HEADERS, 1, &block[5..]));
+        input.extend(frame(0x0, FLAG_END_STREAM, 1, &[0, 0, 0, 0, 0]));
+        // Later blocks are not looked at (h2 would refuse this one, as without the layer).
+        let later = encode(&mut enc, &request("tmp%2Fx.sock"));
+        input.extend(frame(
+            TYPE_HEADERS,
+            FLAG_END_HEADERS | FLAG_END_STREAM,
+            3,
+            &later,
+        ));
+        for chunk in [input.len(), 5, 1] {
+            assert_eq!(
+                through(&input, chunk).await.unwrap(),
+                input,
+                "chunk {chunk}"
+            );
+        }
     }
 
     #[tokio::test]
