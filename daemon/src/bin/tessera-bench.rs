@@ -232,6 +232,29 @@ fn rss_bytes(pid: u32) -> anyhow::Result<u64> {
     Ok(kib * 1024)
 }
 
+/// CPU time (user + system) a process has used, from /proc/<pid>/stat.
+fn cpu_time(pid: u32) -> anyhow::Result<Duration> {
+    let path = format!("/proc/{pid}/stat");
+    let stat = std::fs::read_to_string(&path).with_context(|| path.clone())?;
+    // Fields after the command name (which may hold spaces) in parentheses.
+    let rest = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r)
+        .with_context(|| format!("{path}: no command name"))?;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the line: 12 and 13 after the name.
+    let ticks = |i: usize| -> anyhow::Result<u64> {
+        f.get(i)
+            .and_then(|v| v.parse().ok())
+            .with_context(|| format!("{path}: field {}", i + 3))
+    };
+    // SAFETY: sysconf has no preconditions; _SC_CLK_TCK is a valid name.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let hz = u64::try_from(hz).ok().filter(|&h| h > 0).unwrap_or(100);
+    let total = ticks(11)? + ticks(12)?;
+    Ok(Duration::from_micros(total * 1_000_000 / hz))
+}
+
 fn mib(bytes: u64) -> f64 {
     bytes as f64 / (1024.0 * 1024.0)
 }
@@ -603,15 +626,21 @@ fn curve(args: &Args, rt: &tokio::runtime::Runtime, results: &mut Results) -> an
         args.curve_gpus, args.curve_seconds
     );
     println!(
-        "{:>8} {:>8} {:>11} {:>7} | {:>17} | {:>9} | {:>10} {:>12} | {:>8}",
+        "creates/s = 1 / median CreateLease latency (mean-based beside it); daemon CPU per \
+         create+release cycle; RSS after the restart in 'then'"
+    );
+    println!(
+        "{:>6} {:>7} {:>9} {:>6} {:>6} | {:>14} | {:>9} | {:>7} | {:>7} {:>8} | {:>6}",
         "live",
-        "creates",
+        "cycles",
         "creates/s",
+        "mean",
         "vs 0",
-        "create p50/p99 ms",
+        "create p50/p99",
+        "CPU ms/cy",
         "RSS MiB",
-        "restart ms",
-        "RSS then MiB",
+        "restart",
+        "then MiB",
         "fill s"
     );
     let mut live = 0usize;
@@ -624,6 +653,7 @@ fn curve(args: &Args, rt: &tokio::runtime::Runtime, results: &mut Results) -> an
         live = point;
         let pid = daemon.pid().context("the daemon is not running")?;
         let rss = rss_bytes(pid)?;
+        let cpu0 = cpu_time(pid)?;
         let samples = rt.block_on(async {
             let mut c = connect(&daemon.socket).await?;
             let mut v = Vec::new();
@@ -633,11 +663,20 @@ fn curve(args: &Args, rt: &tokio::runtime::Runtime, results: &mut Results) -> an
             }
             Ok::<_, anyhow::Error>(v)
         })?;
-        let create_time: Duration = samples.iter().map(|s| s.create).sum();
-        let rate = samples.len() as f64 / create_time.as_secs_f64();
-        let base_rate = *base.get_or_insert(rate);
+        let cpu_per_cycle = cpu_time(pid)?.saturating_sub(cpu0) / samples.len().max(1) as u32;
         let cre = sorted(&samples, |s| s.create);
+        // One client's rate, 1 / median latency: the median resists the other work of
+        // a shared machine better than the mean (printed beside it).
+        let rate = 1.0 / percentile(&cre, 0.50).as_secs_f64().max(1e-9);
+        let create_time: Duration = samples.iter().map(|s| s.create).sum();
+        let mean_rate = samples.len() as f64 / create_time.as_secs_f64();
+        let base_rate = *base.get_or_insert(rate);
         results.put(&format!("curve.{point}.create_per_s"), rate)?;
+        results.put(&format!("curve.{point}.create_per_s_mean"), mean_rate)?;
+        results.put(
+            &format!("curve.{point}.daemon_cpu_us_per_cycle"),
+            cpu_per_cycle.as_secs_f64() * 1e6,
+        )?;
         results.put(
             &format!("curve.{point}.create_p99_ms"),
             ms(percentile(&cre, 0.99)),
@@ -656,13 +695,15 @@ fn curve(args: &Args, rt: &tokio::runtime::Runtime, results: &mut Results) -> an
             ("-".into(), "-".into())
         };
         println!(
-            "{:>8} {:>8} {:>11.0} {:>7.2} | {:>8.2} /{:>7.2} | {:>9.1} | {:>10} {:>12} | {:>8.1}",
+            "{:>6} {:>7} {:>9.0} {:>6.0} {:>6.2} | {:>6.2} /{:>6.2} | {:>9.2} | {:>7.1} | {:>7} {:>8} | {:>6.1}",
             point,
             samples.len(),
             rate,
+            mean_rate,
             rate / base_rate,
             ms(percentile(&cre, 0.50)),
             ms(percentile(&cre, 0.99)),
+            ms(cpu_per_cycle),
             mib(rss),
             restart,
             rss_after,
@@ -747,7 +788,7 @@ fn report(files: &[String]) -> anyhow::Result<()> {
     ));
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!();
-    println!("goals ({cores} cores):");
+    println!("goals ({cores} cores, load average now {}):", loadavg());
     println!("{:<60} {:<26} {:<30} result", "measure", "goal", "measured");
     let mut met = 0;
     for (name, goal, got, ok) in &rows {
@@ -766,6 +807,14 @@ fn report(files: &[String]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The 1, 5 and 15 minute load averages, to show what else the machine was doing.
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|| "unknown".into())
+}
+
 fn main() -> anyhow::Result<()> {
     let mut argv = std::env::args().skip(1).peekable();
     if argv.peek().map(String::as_str) == Some("report") {
@@ -778,8 +827,9 @@ fn main() -> anyhow::Result<()> {
         .build()?;
     let mut results = Results::open(args.results.as_deref())?;
     println!(
-        "tessera-bench: {} cores",
-        std::thread::available_parallelism().map_or(1, |n| n.get())
+        "tessera-bench: {} cores, load average {}",
+        std::thread::available_parallelism().map_or(1, |n| n.get()),
+        loadavg()
     );
     if args.throughput {
         throughput(&args, &rt, &mut results)?;
