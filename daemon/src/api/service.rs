@@ -18,6 +18,8 @@ use crate::lease::{CreateRequest, LeaseManager};
 use crate::model::ContainerBinding;
 use tessera_common::clock::now_ms;
 
+mod uds_authority;
+
 /// Largest request the daemon decodes (a lease request is a few hundred bytes).
 pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
 
@@ -789,7 +791,11 @@ pub async fn serve_unix(
     listener: tokio::net::UnixListener,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
-    let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+    use tokio_stream::StreamExt;
+    // grpc-core clients (Python grpcio, C++, ...) send the socket path as :authority,
+    // which h2 refuses: normalized before h2 reads it (see uds_authority).
+    let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener)
+        .map(|conn| conn.map(uds_authority::NormalizeAuthority::new));
     builder()
         .add_routes(router(service).await?)
         .serve_with_incoming_shutdown(incoming, shutdown)

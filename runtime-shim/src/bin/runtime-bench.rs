@@ -20,15 +20,28 @@
 //! keeps bundles and runc state on /run (tmpfs); on a disk filesystem the config.json
 //! fsyncs cost a journal commit each, which the output points out.
 //!
+//! With a lease (the path a GPU container takes: the runtime resolves the token, binds
+//! the container and reports the admission, three RPCs to tesserad, and adds the
+//! lease's devices, mounts and environment), either `--sim-lease`: the bench starts a
+//! `tesserad` on one simulated A100, takes an MPS lease and makes its device nodes with
+//! mknod under the daemon's `dev_root` (as the driver would on a GPU host); or
+//! `--daemon-socket PATH --token TOKEN`: a lease of a running daemon, whose device nodes
+//! must exist (a real GPU host).
+//!
 //! Needs root, runc and busybox. Usage:
 //!   runtime-bench [--iterations N] [--runtime PATH] [--runc PATH] [--workdir DIR]
-//!                 [--daemon-socket PATH --token TOKEN]   (lease path against a real tesserad)
+//!                 [--sim-lease [--tesserad PATH] | --daemon-socket PATH --token TOKEN]
+//!                 [--results FILE]
+//! `--results` appends the medians and ratios as `key value` lines (see tessera-bench
+//! report).
 
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+use tessera_proto::v1 as pb;
 use tessera_runtime::harden::{DEFAULT_MASKED, DEFAULT_READONLY};
 
 struct Args {
@@ -38,7 +51,14 @@ struct Args {
     daemon_socket: Option<PathBuf>,
     token: Option<String>,
     workdir: Option<PathBuf>,
+    sim_lease: bool,
+    tesserad: Option<PathBuf>,
+    results: Option<PathBuf>,
 }
+
+const USAGE: &str = "runtime-bench [--iterations N] [--runtime PATH] [--runc PATH] [--workdir DIR]
+              [--sim-lease [--tesserad PATH] | --daemon-socket PATH --token TOKEN]
+              [--results FILE]";
 
 fn parse_args() -> Result<Args> {
     let exe = std::env::current_exe().context("current_exe")?;
@@ -49,6 +69,9 @@ fn parse_args() -> Result<Args> {
         daemon_socket: None,
         token: None,
         workdir: None,
+        sim_lease: false,
+        tesserad: None,
+        results: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -60,10 +83,11 @@ fn parse_args() -> Result<Args> {
             "--daemon-socket" => a.daemon_socket = Some(value()?.into()),
             "--token" => a.token = Some(value()?),
             "--workdir" => a.workdir = Some(value()?.into()),
+            "--sim-lease" => a.sim_lease = true,
+            "--tesserad" => a.tesserad = Some(value()?.into()),
+            "--results" => a.results = Some(value()?.into()),
             "-h" | "--help" => {
-                println!(
-                    "runtime-bench [--iterations N] [--runtime PATH] [--runc PATH] [--workdir DIR] [--daemon-socket PATH --token TOKEN]"
-                );
+                println!("{USAGE}");
                 std::process::exit(0);
             }
             other => bail!("unknown argument {other}"),
@@ -71,6 +95,12 @@ fn parse_args() -> Result<Args> {
     }
     if a.iterations == 0 {
         bail!("--iterations must be positive");
+    }
+    if a.daemon_socket.is_some() != a.token.is_some() {
+        bail!("--daemon-socket and --token go together");
+    }
+    if a.sim_lease && a.daemon_socket.is_some() {
+        bail!("--sim-lease starts its own daemon: drop --daemon-socket and --token");
     }
     Ok(a)
 }
@@ -218,7 +248,7 @@ fn time_cmd(program: &Path, args: &[&str], env: &[(&str, &Path)]) -> Result<Samp
     let mut cmd = Command::new(program);
     cmd.args(args)
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     for (k, v) in env {
         cmd.env(k, v);
@@ -232,8 +262,10 @@ fn time_cmd(program: &Path, args: &[&str], env: &[(&str, &Path)]) -> Result<Samp
     let cpu = children_cpu().saturating_sub(cpu0);
     if !out.status.success() {
         bail!(
-            "{} {args:?} failed: {}",
+            "{} {args:?} failed ({}): {}{}",
             program.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
     }
@@ -278,9 +310,177 @@ fn main() -> Result<()> {
         bail!("runtime-bench needs root (runc run)");
     }
     let dir = work_dir(args.workdir.as_deref())?;
-    let result = bench(&args, &dir);
+    let result = run_bench(args, &dir);
     let _ = std::fs::remove_dir_all(&dir);
     result
+}
+
+fn run_bench(mut args: Args, dir: &Path) -> Result<()> {
+    let _daemon = if args.sim_lease {
+        let d = SimLease::start(&args)?;
+        println!(
+            "lease path: tesserad on a simulated A100, MPS lease {} (device nodes made under {})",
+            d.lease_id,
+            d.dev_root.display()
+        );
+        args.daemon_socket = Some(d.socket.clone());
+        args.token = Some(d.token.clone());
+        Some(d)
+    } else {
+        None
+    };
+    bench(&args, dir)
+}
+
+/// A `tesserad` on one simulated A100 (MIG off) holding one MPS lease, whose device
+/// nodes exist under the daemon's `dev_root` in the bench directory.
+struct SimLease {
+    child: Child,
+    dir: PathBuf,
+    socket: PathBuf,
+    dev_root: PathBuf,
+    lease_id: String,
+    token: String,
+}
+
+impl SimLease {
+    fn start(args: &Args) -> Result<SimLease> {
+        let tesserad = match &args.tesserad {
+            Some(p) => p.clone(),
+            None => std::env::current_exe()
+                .context("current_exe")?
+                .with_file_name("tesserad"),
+        };
+        if !tesserad.exists() {
+            bail!(
+                "{} not found: build it (cargo build --release --bin tesserad) or pass --tesserad",
+                tesserad.display()
+            );
+        }
+        // Not in the bench's workdir: that may be /dev/shm, and the runtime refuses a
+        // lease mount from under /dev (the MPS pipe directory lives in the run dir).
+        let d = std::env::temp_dir().join(format!("tessera-bench-daemon-{}", std::process::id()));
+        let dev_root = d.join("dev");
+        std::fs::create_dir_all(&dev_root)
+            .with_context(|| format!("mkdir {}", dev_root.display()))?;
+        let socket = d.join("tesserad.sock");
+        let config = d.join("tesserad.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[daemon]\nsocket = {socket:?}\nstate_dir = {:?}\nrun_dir = {:?}\n\n[[sim.gpus]]\nmodel = \"a100-80gb\"\nmig = false\n\n[devices]\ndev_root = {dev_root:?}\n\n[lease]\ndefault_ttl = \"24h\"\n",
+                d.join("state"),
+                d.join("run"),
+            ),
+        )
+        .with_context(|| format!("writing {}", config.display()))?;
+        let log = d.join("tesserad.log");
+        let child = Command::new(&tesserad)
+            .arg("--config")
+            .arg(&config)
+            .env("TESSERA_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).with_context(|| format!("{}", log.display()))?)
+            .spawn()
+            .with_context(|| format!("spawn {}", tesserad.display()))?;
+        let mut me = SimLease {
+            child,
+            dir: d.clone(),
+            socket,
+            dev_root,
+            lease_id: String::new(),
+            token: String::new(),
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("tokio runtime")?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut client = loop {
+            if let Ok(c) = rt.block_on(connect(&me.socket)) {
+                break c;
+            }
+            if Instant::now() > deadline || me.child.try_wait()?.is_some() {
+                bail!(
+                    "tesserad did not start: {}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let created = rt
+            .block_on(client.create_lease(pb::CreateLeaseRequest {
+                tenant: "bench".into(),
+                shape: Some(pb::Shape {
+                    kind: Some(pb::shape::Kind::Mps(pb::MpsShape {
+                        sm_percent: 25,
+                        memory_bytes: 8 << 30,
+                    })),
+                }),
+                ..Default::default()
+            }))
+            .context("CreateLease")?
+            .into_inner();
+        me.lease_id = created.lease.map(|l| l.id).unwrap_or_default();
+        me.token = created.token;
+        let resolved = rt
+            .block_on(client.resolve_token(pb::ResolveTokenRequest {
+                token: me.token.clone(),
+            }))
+            .context("ResolveToken")?
+            .into_inner();
+        // The nodes the driver would have made on a GPU host.
+        for dev in &resolved.devices {
+            let p = Path::new(&dev.host_path);
+            if !p.starts_with(&me.dev_root) {
+                bail!(
+                    "the lease's device {} is outside {}",
+                    p.display(),
+                    me.dev_root.display()
+                );
+            }
+            if p.exists() {
+                continue;
+            }
+            let (major, minor) = (
+                u64::try_from(dev.major).context("device major")?,
+                u64::try_from(dev.minor).context("device minor")?,
+            );
+            nix::sys::stat::mknod(
+                p,
+                nix::sys::stat::SFlag::S_IFCHR,
+                nix::sys::stat::Mode::from_bits_truncate(0o666),
+                nix::sys::stat::makedev(major, minor),
+            )
+            .with_context(|| format!("mknod {}", p.display()))?;
+        }
+        Ok(me)
+    }
+}
+
+impl Drop for SimLease {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+async fn connect(
+    socket: &Path,
+) -> Result<pb::tessera_client::TesseraClient<tonic::transport::Channel>> {
+    let path = socket.to_path_buf();
+    let ch = tonic::transport::Endpoint::try_from("http://[::1]:50051")?
+        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+            let path = path.clone();
+            async move {
+                let s = tokio::net::UnixStream::connect(path).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
+            }
+        }))
+        .await?;
+    Ok(pb::tessera_client::TesseraClient::new(ch))
 }
 
 fn bench(args: &Args, dir: &Path) -> Result<()> {
@@ -355,11 +555,17 @@ fn bench(args: &Args, dir: &Path) -> Result<()> {
                     std::fs::write(alone.join("config.json"), &original)?;
                     time_run(&args.runtime, &root, alone, &id, &env_true)?
                 }
-                5 => time_cmd(
-                    &args.runtime,
-                    &["--root", &root_s, "check", "--json", "--bundle", &alone_s],
-                    &env,
-                )?,
+                5 => {
+                    // From the tenant's spec too: `run` above rewrote this bundle's
+                    // config.json into the hardened spec, which lists the lease's GPU
+                    // devices itself and so is (rightly) refused by check.
+                    std::fs::write(alone.join("config.json"), &original)?;
+                    time_cmd(
+                        &args.runtime,
+                        &["--root", &root_s, "check", "--json", "--bundle", &alone_s],
+                        &env,
+                    )?
+                }
                 _ => time_cmd(&true_bin, &[], &[])?,
             };
             times[v].push(took);
@@ -399,6 +605,34 @@ fn bench(args: &Args, dir: &Path) -> Result<()> {
         ms(med[4].saturating_sub(med[6])),
         ms(cpu[4].saturating_sub(cpu[6]))
     );
+    if let Some(path) = &args.results {
+        let mode = if args.token.is_some() {
+            "lease"
+        } else {
+            "nolease"
+        };
+        let mut lines = String::new();
+        for (key, v) in [
+            ("runc_ms", ms(med[0])),
+            ("runc_containerd_default_ms", ms(med[1])),
+            ("runc_hardened_ms", ms(med[2])),
+            ("tessera_runtime_ms", ms(med[3])),
+            ("runtime_alone_ms", ms(med[4].saturating_sub(med[6]))),
+            ("check_ms", ms(med[5])),
+            ("ratio_wall_vs_runc", ratio(&med, 3, 0)),
+            ("ratio_wall_vs_containerd_default", ratio(&med, 3, 1)),
+            ("ratio_wall_vs_hardened_runc", ratio(&med, 3, 2)),
+            ("ratio_cpu_vs_hardened_runc", ratio(&cpu, 3, 2)),
+        ] {
+            lines.push_str(&format!("runtime.{mode}.{key} {v}\n"));
+        }
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .and_then(|mut f| f.write_all(lines.as_bytes()))
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
     if fs_kind(dir) != "tmpfs" {
         println!(
             "note: the bundles are not on tmpfs, so config.json's fsyncs reach the disk; containerd keeps bundles under /run (tmpfs): try --workdir on a tmpfs"
