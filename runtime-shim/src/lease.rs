@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tessera_proto::v1 as pb;
 use tessera_proto::v1::tessera_client::TesseraClient;
 use thiserror::Error;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::Channel;
 
 /// Errors resolving a token or talking to the daemon.
 #[derive(Debug, Error)]
@@ -268,27 +268,13 @@ impl DaemonClient {
         let socket = self.socket.clone();
         self.rt.block_on(async move {
             let work = async {
-                let path = socket.clone();
-                let endpoint = Endpoint::try_from("http://[::1]:50051").map_err(|e| {
+                let channel = tessera_common::unix::channel(&socket).await.map_err(|e| {
                     LeaseError::Unavailable {
                         socket: socket.clone(),
-                        message: e.to_string(),
+                        message: std::error::Error::source(&e.source)
+                            .map_or_else(|| e.source.to_string(), |s| s.to_string()),
                     }
                 })?;
-                let channel = endpoint
-                    .connect_with_connector(tower::service_fn(move |_: Uri| {
-                        let path = path.clone();
-                        async move {
-                            let s = tokio::net::UnixStream::connect(path).await?;
-                            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
-                        }
-                    }))
-                    .await
-                    .map_err(|e| LeaseError::Unavailable {
-                        socket: socket.clone(),
-                        message: std::error::Error::source(&e)
-                            .map_or_else(|| e.to_string(), |s| s.to_string()),
-                    })?;
                 f(TesseraClient::new(channel))
                     .await
                     .map_err(|s| map_status(s, &socket))

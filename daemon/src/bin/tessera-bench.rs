@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use tessera_proto::v1 as pb;
 use tessera_proto::v1::tessera_client::TesseraClient;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::Channel;
 
 const USAGE: &str = "\
 tessera-bench [--seconds N] [--clients 1,8,32] [--shape mig|mps|whole]
@@ -195,17 +195,9 @@ fn raw_commit_rate(dir: &Path) -> anyhow::Result<f64> {
 }
 
 async fn connect(socket: &Path) -> anyhow::Result<TesseraClient<Channel>> {
-    let path = socket.to_path_buf();
-    let ch = Endpoint::try_from("http://[::]:50051")?
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move {
-                let s = tokio::net::UnixStream::connect(path).await?;
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
-            }
-        }))
-        .await?;
-    Ok(TesseraClient::new(ch))
+    Ok(TesseraClient::new(
+        tessera_common::unix::channel(socket).await?,
+    ))
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
