@@ -520,3 +520,48 @@ fn pass_through_commands_reach_runc() {
     let out = env.runtime(&["state", "nonexistent-container"], None);
     assert!(!out.status.success());
 }
+
+/// Neutralized, for real: a spec that asks for sysfs and the cgroup tree read-write
+/// gets them read-only from runc, so a container cannot raise its own limits.
+#[test]
+fn sysfs_and_cgroup_asked_read_write_are_mounted_read_only() {
+    let Some(env) = Env::new() else { return };
+    // cgroup v1 (runc mounts each hierarchy under a tmpfs) or v2: the pids limit file.
+    let script = "grep -E ' /sys(/fs/cgroup)? ' /proc/mounts; \
+                  for f in /sys/fs/cgroup/pids/pids.max /sys/fs/cgroup/pids.max; do \
+                    [ -e $f ] || continue; \
+                    if echo 1 > $f 2>/dev/null; then echo WROTE $f; else echo REFUSED $f; fi; \
+                  done";
+    let b = env.bundle("rw-sys", &["sh", "-c", script], None);
+    let mut spec: Value =
+        serde_json::from_slice(&std::fs::read(b.join("config.json")).unwrap()).unwrap();
+    for m in spec["mounts"].as_array_mut().unwrap() {
+        if m["type"] == "sysfs" {
+            m["options"] = json!(["rw", "nosuid", "nodev", "noexec"]);
+        }
+    }
+    spec["mounts"].as_array_mut().unwrap().push(json!({
+        "destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup", "options": ["rw", "nosuid", "nodev", "noexec"]
+    }));
+    common::write_spec(&b, &spec);
+    let id = format!("t{}-rwsys", std::process::id());
+    let out = env.runtime(&["run", "-b", b.to_str().unwrap(), &id], None);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "run failed: {stdout}\n{stderr}");
+    let sys = stdout
+        .lines()
+        .find(|l| l.split_whitespace().nth(1) == Some("/sys"))
+        .unwrap_or_else(|| panic!("no /sys mount in:\n{stdout}"));
+    let opts = sys.split_whitespace().nth(3).unwrap_or("");
+    assert!(
+        opts.split(',').any(|o| o == "ro"),
+        "/sys is not read-only: {sys}"
+    );
+    assert!(
+        !stdout.contains("WROTE"),
+        "the container wrote its pids limit:\n{stdout}"
+    );
+    if !stdout.contains("REFUSED") {
+        eprintln!("note: no pids.max visible in the container on this host (checked /sys only)");
+    }
+}
