@@ -240,11 +240,7 @@ mod tests {
     use clap::Parser;
     use std::time::UNIX_EPOCH;
 
-    #[derive(Debug, Parser)]
-    struct Harness {
-        #[command(subcommand)]
-        cmd: QuotaCmd,
-    }
+    type Harness = crate::harness::Harness<QuotaCmd>;
 
     #[test]
     fn grant_request_carries_amounts_expiry_and_reason() {

@@ -281,11 +281,7 @@ mod tests {
     use super::*;
     use clap::Parser;
 
-    #[derive(Debug, Parser)]
-    struct Harness {
-        #[command(subcommand)]
-        cmd: LeaseCmd,
-    }
+    type Harness = crate::harness::Harness<LeaseCmd>;
 
     fn create(args: &[&str]) -> Result<CreateArgs, clap::Error> {
         let argv = ["tessera", "create"].iter().chain(args);

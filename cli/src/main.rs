@@ -14,6 +14,16 @@ mod parse;
 mod usage;
 mod watch;
 
+/// Tests: parse one subcommand family the way the CLI does.
+#[cfg(test)]
+mod harness {
+    #[derive(Debug, clap::Parser)]
+    pub struct Harness<C: clap::Subcommand> {
+        #[command(subcommand)]
+        pub cmd: C,
+    }
+}
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 

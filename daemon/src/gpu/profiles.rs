@@ -65,6 +65,17 @@ pub fn ci_layout(gi_slices: u32) -> &'static [(u32, u32)] {
     }
 }
 
+/// A GI profile's placements: one per start slice, each `memory_slices` wide.
+pub fn placements_at(starts: &[u32], memory_slices: u32) -> Vec<Placement> {
+    starts
+        .iter()
+        .map(|&start| Placement {
+            start,
+            size: memory_slices,
+        })
+        .collect()
+}
+
 /// CI profiles for a GI with `gi_slices` compute slices and `gi_sm_count` SMs.
 /// `sm_of_slices(n)` gives the SM count of an n-slice CI that is smaller than the GI
 /// (on real GPUs: the SM count of the n-slice GI profile); a CI spanning the whole
@@ -299,14 +310,7 @@ impl GpuModel {
                 memory_bytes: r.memory_mib * MIB,
                 sm_count: r.sm_count,
                 max_count: r.max_count,
-                placements: r
-                    .starts
-                    .iter()
-                    .map(|&start| Placement {
-                        start,
-                        size: r.memory_slices,
-                    })
-                    .collect(),
+                placements: placements_at(r.starts, r.memory_slices),
                 ci_profiles: ci_profiles_for(r.slices, r.sm_count, |n| self.sm_of_slices(n)),
                 media_extensions: r.media_extensions,
             })

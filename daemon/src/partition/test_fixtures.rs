@@ -69,14 +69,7 @@ fn build(rows: &[Row], sm_per_slice: u32) -> Vec<GiProfile> {
             memory_bytes: r.memory_mib * MIB,
             sm_count: r.sm,
             max_count: r.max_count,
-            placements: r
-                .starts
-                .iter()
-                .map(|&start| Placement {
-                    start,
-                    size: r.memory_slices,
-                })
-                .collect(),
+            placements: crate::gpu::profiles::placements_at(r.starts, r.memory_slices),
             ci_profiles: cis_for(r.slices, sm_per_slice),
             media_extensions: r.me,
         })
