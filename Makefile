@@ -68,7 +68,7 @@ BUF_AGAINST ?= HEAD~1
 all: build
 
 help:
-	@sed -n '3,10p' $(firstword $(MAKEFILE_LIST))
+	@sed -n '3,8p' $(firstword $(MAKEFILE_LIST))
 
 run:
 	$(CARGO) build --bin tesserad --bin tessera
