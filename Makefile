@@ -1,7 +1,7 @@
 # Tessera: build, test, run and install.
 #
 #   make run      tesserad on simulated GPUs (configs/dev.toml), in the foreground
-#   make test     deps + fmt check + clippy + the whole test suite (CI runs this as root)
+#   make test     deps + fmt, clippy, buf + the whole test suite, Python client included (CI runs this as root)
 #   make deps     the Debian packages the tests need, installed only when missing
 #   make lint / fmt / build / bench / install / clean
 #   make buf      lint proto/ and check it for breaking changes (buf from npm, under the target dir)
@@ -68,7 +68,7 @@ BUF_AGAINST ?= HEAD~1
 all: build
 
 help:
-	@sed -n '3,10p' $(firstword $(MAKEFILE_LIST))
+	@sed -n '3,8p' $(firstword $(MAKEFILE_LIST))
 
 run:
 	$(CARGO) build --bin tesserad --bin tessera
