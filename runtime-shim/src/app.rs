@@ -253,6 +253,7 @@ fn admit(
         container_id: id,
         systemd_cgroup: env.inv.global.systemd_cgroup,
         bundle,
+        runc_root: &runc_root(env),
     };
     let decision = harden::harden(spec, &ctx);
     if !decision.admitted {
@@ -507,6 +508,11 @@ fn check(env: &Env, sub: &SubArgs) -> Outcome {
 }
 
 /// The spec hardened without a lease (for `check` output after a refusal), or the raw
+/// runc's state root: its `--root` global flag, else runc's default.
+fn runc_root(env: &Env) -> PathBuf {
+    PathBuf::from(env.inv.global.root.as_deref().unwrap_or(RUNC_DEFAULT_ROOT))
+}
+
 /// spec, or null.
 fn partial_spec(env: &Env, bundle: &Path, id: &str) -> Value {
     let Ok(spec) = bundle::load(bundle, env.cfg.policy.max_config_bytes) else {
@@ -524,6 +530,7 @@ fn partial_spec(env: &Env, bundle: &Path, id: &str) -> Value {
         container_id: id,
         systemd_cgroup: env.inv.global.systemd_cgroup,
         bundle,
+        runc_root: &runc_root(env),
     };
     harden::harden(spec, &ctx).spec
 }

@@ -65,6 +65,13 @@ impl Host {
         )
         .unwrap();
         std::fs::write(d.join("tessera-run/tesserad.sock"), "").unwrap();
+        // runc's record of the pod sandbox: its init process.
+        std::fs::create_dir_all(d.join("runc-root").join(SANDBOX)).unwrap();
+        std::fs::write(
+            d.join("runc-root").join(SANDBOX).join("state.json"),
+            r#"{"id": "sandbox", "init_process_pid": 4242, "config": {}}"#,
+        )
+        .unwrap();
         let config = d.join("runtime.toml");
         let q = |p: &str| format!("{:?}", d.join(p));
         std::fs::write(
@@ -103,6 +110,8 @@ impl Host {
         common::write_spec(&b, spec);
         let out = Command::new(common::runtime_bin())
             .env("TESSERA_RUNTIME_CONFIG", &self.config)
+            .arg("--root")
+            .arg(self.dir.path().join("runc-root"))
             .args(["check", "--json", "--id", id, "--bundle"])
             .arg(&b)
             .output()
@@ -461,6 +470,34 @@ fn hostile() -> Vec<(&'static str, &'static str, Mutation)> {
         case("ns-ipc-wrong-type", "is not a namespace file", |s, _| {
             s["linux"]["namespaces"][1] = json!({"type": "ipc", "path": "/proc/1234/ns/net"})
         }),
+        case(
+            "ns-net-other-process",
+            "is not the pod sandbox's (",
+            |s, _| {
+                s["linux"]["namespaces"][4] =
+                    json!({"type": "network", "path": "/proc/999999/ns/net"})
+            },
+        ),
+        case(
+            "ns-net-no-sandbox-id",
+            "needs the pod sandbox's id",
+            |s, _| {
+                s["annotations"]
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("io.kubernetes.cri.sandbox-id");
+                s["linux"]["namespaces"][4] =
+                    json!({"type": "network", "path": "/proc/4242/ns/net"});
+            },
+        ),
+        case(
+            "ns-cni-netns-from-a-container",
+            "for the pod sandbox only",
+            |s, _| {
+                s["linux"]["namespaces"][4] =
+                    json!({"type": "network", "path": "/run/netns/cni-other-pod"})
+            },
+        ),
         case("ns-pid-init", "is not a namespace file", |s, _| {
             s["linux"]["namespaces"][0] = json!({"type": "pid", "path": "/proc/1/ns/pid"})
         }),
@@ -732,4 +769,68 @@ fn what_real_callers_send_is_admitted() {
     );
     let (code, out) = h.check_id("podman", &pod, "podctr");
     assert_eq!(code, 0, "podman: {:?}", reasons(&out));
+}
+
+/// A CRI container joins its pod sandbox's network, IPC and UTS namespaces by
+/// `/proc/<sandbox init pid>/ns/...`: admitted when runc's record of the sandbox
+/// names that pid, refused for any other process.
+#[test]
+fn a_container_joins_only_its_own_sandboxs_namespaces() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("SKIPPED: needs root to make namespaces with unshare");
+        return;
+    }
+    let Some(unshare) = ["/usr/bin/unshare", "/bin/unshare"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+    else {
+        eprintln!("SKIPPED: unshare (util-linux) is not installed");
+        return;
+    };
+    let h = Host::new();
+    let mut sandbox = Command::new(unshare)
+        .args(["--net", "--ipc", "--uts", "sleep", "60"])
+        .spawn()
+        .unwrap();
+    let pid = sandbox.id();
+    // Wait until the process has left the host's namespaces.
+    let host_net = std::fs::read_link("/proc/self/ns/net").unwrap();
+    for _ in 0..100 {
+        if std::fs::read_link(format!("/proc/{pid}/ns/net")).is_ok_and(|n| n != host_net) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    std::fs::write(
+        h.dir
+            .path()
+            .join("runc-root")
+            .join(SANDBOX)
+            .join("state.json"),
+        format!(r#"{{"id": "{SANDBOX}", "init_process_pid": {pid}, "config": {{}}}}"#),
+    )
+    .unwrap();
+    let mut spec = pod_container(&h);
+    spec["linux"]["namespaces"] = json!([
+        {"type": "pid"}, {"type": "mount"},
+        {"type": "ipc", "path": format!("/proc/{pid}/ns/ipc")},
+        {"type": "uts", "path": format!("/proc/{pid}/ns/uts")},
+        {"type": "network", "path": format!("/proc/{pid}/ns/net")},
+    ]);
+    let (code, out) = h.check("joins-sandbox", &spec);
+    let other = std::process::id();
+    spec["linux"]["namespaces"][4] =
+        json!({"type": "network", "path": format!("/proc/{other}/ns/net")});
+    let (code2, out2) = h.check("joins-other", &spec);
+    let _ = sandbox.kill();
+    let _ = sandbox.wait();
+    assert_eq!(code, 0, "{:?}", reasons(&out));
+    assert_eq!(code2, 1);
+    assert!(
+        reasons(&out2)
+            .iter()
+            .any(|r| r.contains("is not the pod sandbox's")),
+        "{:?}",
+        reasons(&out2)
+    );
 }

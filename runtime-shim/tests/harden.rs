@@ -79,6 +79,7 @@ impl Fixture {
             container_id: "c1",
             systemd_cgroup: false,
             bundle: &self.bundle,
+            runc_root: &self.bundle,
         };
         harden::harden(spec, &ctx)
     }

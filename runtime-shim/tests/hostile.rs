@@ -372,7 +372,7 @@ proptest! {
         let ctx = Context {
             config: &cfg, seccomp: &profile, host: &host,
             lease: with_lease.then_some(&lease),
-            container_id: "c", systemd_cgroup: false, bundle: dir.path(),
+            container_id: "c", systemd_cgroup: false, bundle: dir.path(), runc_root: dir.path(),
         };
         let d = harden::harden(spec, &ctx);
         if std::env::var_os("PROPTEST_SHOW").is_some() {

@@ -629,7 +629,7 @@ pub fn check(spec: &mut Value, ctx: &Context, f: &mut Findings) {
     }
     if let Some(list) = spec.pointer("/linux/namespaces").and_then(Value::as_array) {
         for (i, ns) in list.iter().enumerate() {
-            namespace_path(ns, i, ctx, f);
+            namespace_path(spec, ns, i, ctx, f);
         }
     }
     cgroups_path(spec, ctx, f);
@@ -706,9 +706,11 @@ pub fn process_fields(p: &Value, at: &str, policy: &crate::policy::Policy, f: &m
     }
 }
 
-/// A namespace path: never a mount or user namespace by path; otherwise a process's
-/// namespace file (`/proc/<pid>/ns/<type>`) or, for the network, a CNI netns file.
-fn namespace_path(ns: &Value, i: usize, ctx: &Context, f: &mut Findings) {
+/// A namespace path: never a mount or user namespace by path. A process's namespace
+/// file (`/proc/<pid>/ns/<type>`) only of the pod's own sandbox: `<pid>` must be the
+/// init process runc recorded for the `io.kubernetes.cri.sandbox-id` annotation's
+/// container. A CNI netns file (under /run/netns) only for a pod sandbox itself.
+fn namespace_path(spec: &Value, ns: &Value, i: usize, ctx: &Context, f: &mut Findings) {
     let ty = ns.get("type").and_then(Value::as_str).unwrap_or("");
     let Some(path) = ns
         .get("path")
@@ -731,29 +733,63 @@ fn namespace_path(ns: &Value, i: usize, ctx: &Context, f: &mut Findings) {
             ));
             return;
         }
+        "user" => return,
         _ => {}
     }
     let name = super::namespaces::proc_name(ty).unwrap_or("?");
     let n = normalize(path);
     let parts: Vec<&str> = n.trim_start_matches('/').split('/').collect();
-    let proc_form = parts.len() == 4
-        && parts[0] == "proc"
-        && parts[1].parse::<u32>().is_ok_and(|pid| pid > 1)
-        && parts[2] == "ns"
-        && parts[3] == name;
+    let proc_pid = (parts.len() == 4 && parts[0] == "proc" && parts[2] == "ns" && parts[3] == name)
+        .then(|| parts[1].parse::<u32>().ok())
+        .flatten()
+        .filter(|pid| *pid > 1);
     let netns_form = ty == "network"
         && (is_under(&n, "/var/run/netns") || is_under(&n, "/run/netns"))
         && parts.len() == 3;
-    if !proc_form && !netns_form {
+    if netns_form {
+        if !super::is_cri_sandbox(spec, ctx.container_id, ctx.policy()) {
+            f.refuse(format!(
+                "{at}: a CNI netns file ({path}) is for the pod sandbox only; a container joins its sandbox's namespaces"
+            ));
+        }
+        return;
+    }
+    let Some(pid) = proc_pid else {
         f.refuse(format!(
-            "{at}: {path} is not a namespace file (/proc/<pid>/ns/{name}{})",
+            "{at}: {path} is not a namespace file (/proc/<pid>/ns/{name} of the pod's sandbox{})",
             if ty == "network" {
-                " or a CNI netns under /run/netns"
+                ", or a CNI netns under /run/netns for the sandbox"
             } else {
                 ""
             }
         ));
+        return;
+    };
+    let Some(sandbox) = component(annotation(spec, "io.kubernetes.cri.sandbox-id")) else {
+        f.refuse(format!(
+            "{at}: joining process {pid}'s {ty} namespace needs the pod sandbox's id (io.kubernetes.cri.sandbox-id)"
+        ));
+        return;
+    };
+    match sandbox_init_pid(ctx.runc_root, sandbox) {
+        Ok(p) if p == pid => {}
+        Ok(p) => f.refuse(format!(
+            "{at}: process {pid} is not the pod sandbox's ({sandbox} runs as {p})"
+        )),
+        Err(e) => f.refuse(format!(
+            "{at}: cannot verify process {pid} as the pod sandbox {sandbox}: {e}"
+        )),
     }
+}
+
+/// The init pid runc recorded for container `id` under its state root.
+fn sandbox_init_pid(runc_root: &Path, id: &str) -> Result<u32, String> {
+    let path = runc_root.join(id).join("state.json");
+    let v = crate::bundle::load_json(&path, 16 * 1024 * 1024).map_err(|e| e.to_string())?;
+    v.get("init_process_pid")
+        .and_then(Value::as_u64)
+        .and_then(|p| u32::try_from(p).ok())
+        .ok_or_else(|| format!("{}: no init_process_pid", path.display()))
 }
 
 /// `linux.cgroupsPath` when the runtime does not set it itself (no lease): the

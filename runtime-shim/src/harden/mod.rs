@@ -61,6 +61,8 @@ pub struct Context<'a> {
     pub container_id: &'a str,
     pub systemd_cgroup: bool,
     pub bundle: &'a Path,
+    /// runc's state root (`--root`): where the pod sandbox's state is read from.
+    pub runc_root: &'a Path,
 }
 
 impl Context<'_> {
