@@ -245,6 +245,7 @@ fn admit(
         None => None,
     };
     let host = HostFacts::gather(&env.cfg.nvidia_proc_root);
+    let runc_root = env.runtime_root();
     let ctx = Context {
         config: &env.cfg,
         seccomp: &profile,
@@ -253,7 +254,7 @@ fn admit(
         container_id: id,
         systemd_cgroup: env.inv.global.systemd_cgroup,
         bundle,
-        runc_root: &runc_root(env),
+        runc_root: Path::new(&runc_root),
     };
     let decision = harden::harden(spec, &ctx);
     if !decision.admitted {
@@ -508,11 +509,6 @@ fn check(env: &Env, sub: &SubArgs) -> Outcome {
 }
 
 /// The spec hardened without a lease (for `check` output after a refusal), or the raw
-/// runc's state root: its `--root` global flag, else runc's default.
-fn runc_root(env: &Env) -> PathBuf {
-    PathBuf::from(env.inv.global.root.as_deref().unwrap_or(RUNC_DEFAULT_ROOT))
-}
-
 /// spec, or null.
 fn partial_spec(env: &Env, bundle: &Path, id: &str) -> Value {
     let Ok(spec) = bundle::load(bundle, env.cfg.policy.max_config_bytes) else {
@@ -522,6 +518,7 @@ fn partial_spec(env: &Env, bundle: &Path, id: &str) -> Value {
         return spec;
     };
     let host = HostFacts::gather(&env.cfg.nvidia_proc_root);
+    let runc_root = env.runtime_root();
     let ctx = Context {
         config: &env.cfg,
         seccomp: &profile,
@@ -530,7 +527,7 @@ fn partial_spec(env: &Env, bundle: &Path, id: &str) -> Value {
         container_id: id,
         systemd_cgroup: env.inv.global.systemd_cgroup,
         bundle,
-        runc_root: &runc_root(env),
+        runc_root: Path::new(&runc_root),
     };
     harden::harden(spec, &ctx).spec
 }
