@@ -16,6 +16,9 @@ pub struct ContainerState {
     pub bounding: Vec<String>,
     pub apparmor_profile: Option<String>,
     pub process_label: Option<String>,
+    /// The uid and gid the container was started with (from its bundle's hardened
+    /// config.json, which runc's state names in its `bundle=` label).
+    pub user: Option<(u64, u64)>,
 }
 
 impl ContainerState {
@@ -27,7 +30,16 @@ impl ContainerState {
         let path = root.join(id).join("state.json");
         let v = bundle::load_json(&path, max.max(16 * 1024 * 1024))
             .map_err(|e| format!("cannot read the container's state: {e}"))?;
-        Self::from_state(&v).ok_or_else(|| format!("{}: unexpected format", path.display()))
+        let mut s =
+            Self::from_state(&v).ok_or_else(|| format!("{}: unexpected format", path.display()))?;
+        s.user = bundle_of(&v).and_then(|b| {
+            let spec = bundle::load_json(&b.join("config.json"), max.max(16 * 1024 * 1024)).ok()?;
+            Some((
+                spec.pointer("/process/user/uid")?.as_u64()?,
+                spec.pointer("/process/user/gid")?.as_u64()?,
+            ))
+        });
+        Ok(s)
     }
 
     /// Extract the fields from a parsed state.json.
@@ -48,8 +60,29 @@ impl ContainerState {
             bounding: bounding.iter().map(|c| cap_name(c)).collect(),
             apparmor_profile: opt("apparmor_profile"),
             process_label: opt("process_label"),
+            user: None,
         })
     }
+}
+
+/// The bundle directory runc recorded in the state's `bundle=` label.
+fn bundle_of(state: &Value) -> Option<std::path::PathBuf> {
+    state
+        .pointer("/config/labels")?
+        .as_array()?
+        .iter()
+        .filter_map(Value::as_str)
+        .find_map(|l| l.strip_prefix("bundle="))
+        .map(std::path::PathBuf::from)
+}
+
+/// `uid[:gid]` as exec's `--user` writes it.
+fn parse_user(s: &str) -> Option<(u64, Option<u64>)> {
+    let (u, g) = match s.split_once(':') {
+        Some((u, g)) => (u, Some(g.parse().ok()?)),
+        None => (s, None),
+    };
+    Some((u.parse().ok()?, g))
 }
 
 /// Check exec's command-line overrides: `--cap` is refused, and `--apparmor`,
@@ -76,6 +109,20 @@ pub fn check_flags(sub: &SubArgs, state: &ContainerState, f: &mut Findings) {
     }
     if sub.value("no-new-privs") == Some("false") {
         f.refuse("exec --no-new-privs=false is refused");
+    }
+    if let Some(u) = sub.value("user") {
+        match (parse_user(u), state.user) {
+            (Some((uid, gid)), Some((cu, cg))) if uid == cu && gid.is_none_or(|g| g == cg) => {}
+            (_, None) => f.refuse(format!(
+                "exec --user {u}: the container's own user is unknown, so no other may be chosen"
+            )),
+            _ => f.refuse(format!(
+                "exec --user {u} is refused: the container runs as {}",
+                state
+                    .user
+                    .map_or_else(String::new, |(u, g)| format!("{u}:{g}"))
+            )),
+        }
     }
 }
 
@@ -105,6 +152,20 @@ pub fn harden_process(
         if !ok {
             f.refuse("malformed exec process: capabilities");
             return process;
+        }
+    }
+    if let (Some(uid), Some((cu, cg))) = (
+        process.pointer("/user/uid").and_then(Value::as_u64),
+        state.user,
+    ) {
+        let gid = process
+            .pointer("/user/gid")
+            .and_then(Value::as_u64)
+            .unwrap_or(cg);
+        if (uid, gid) != (cu, cg) {
+            f.refuse(format!(
+                "/process/user: exec as {uid}:{gid} is refused: the container runs as {cu}:{cg}"
+            ));
         }
     }
     let reduced = caps::reduce(
@@ -230,7 +291,36 @@ mod tests {
             bounding: vec!["CAP_KILL".into(), "CAP_CHOWN".into()],
             apparmor_profile: None,
             process_label: None,
+            user: Some((1000, 1000)),
         }
+    }
+
+    #[test]
+    fn exec_may_not_pick_another_user() {
+        let p = crate::policy::Policy::default();
+        let mut f = Findings::default();
+        harden_process(
+            json!({"args": ["sh"], "user": {"uid": 0, "gid": 0}}),
+            &state(),
+            &p,
+            &mut f,
+        );
+        assert!(
+            f.reasons.iter().any(|r| r.contains("/process/user")),
+            "{:?}",
+            f.reasons
+        );
+        let mut f = Findings::default();
+        harden_process(
+            json!({"args": ["sh"], "user": {"uid": 1000, "gid": 1000}}),
+            &state(),
+            &p,
+            &mut f,
+        );
+        assert!(f.reasons.is_empty(), "{:?}", f.reasons);
+        assert_eq!(parse_user("0:0"), Some((0, Some(0))));
+        assert_eq!(parse_user("1000"), Some((1000, None)));
+        assert_eq!(parse_user("root"), None);
     }
 
     #[test]
