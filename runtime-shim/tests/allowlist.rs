@@ -106,8 +106,12 @@ impl Host {
 
     fn check_id(&self, name: &str, spec: &Value, id: &str) -> (i32, Value) {
         let b = self.dir.path().join("bundles").join(name);
-        std::fs::create_dir_all(b.join("rootfs")).unwrap();
-        common::write_spec(&b, spec);
+        std::fs::create_dir_all(b.join("rootfs/etc")).unwrap();
+        // "BUNDLE/" in a case stands for this bundle's path.
+        let text = spec
+            .to_string()
+            .replace("BUNDLE/", &format!("{}/", b.display()));
+        common::write_spec(&b, &serde_json::from_str(&text).unwrap());
         let out = Command::new(common::runtime_bin())
             .env("TESSERA_RUNTIME_CONFIG", &self.config)
             .arg("--root")
@@ -443,6 +447,13 @@ fn hostile() -> Vec<(&'static str, &'static str, Mutation)> {
         case("bind-via-type-none", "is not under", |s, _| {
             s["mounts"].as_array_mut().unwrap().push(json!({"destination": "/x", "type": "none", "source": "/etc", "options": ["rbind"]}))
         }),
+        case(
+            "bind-inside-rootfs",
+            "inside the container's rootfs",
+            |s, _| {
+                s["mounts"].as_array_mut().unwrap().push(json!({"destination": "/x", "type": "bind", "source": "BUNDLE/rootfs/etc", "options": ["rbind"]}));
+            },
+        ),
         case("bind-relative", "relative source", |s, _| {
             bind(s, "etc", "/x", &["rbind"])
         }),

@@ -1028,6 +1028,14 @@ fn own_paths(ctx: &Context) -> Vec<String> {
 fn bind_sources(spec: &mut Value, ctx: &Context, f: &mut Findings) {
     let prefixes = bind_prefixes(spec, ctx);
     let own = own_paths(ctx);
+    let rootfs = spec.pointer("/root/path").and_then(Value::as_str).map(|p| {
+        let full = if Path::new(p).is_absolute() {
+            PathBuf::from(p)
+        } else {
+            ctx.bundle.join(p)
+        };
+        normalize(&full.to_string_lossy())
+    });
     let Some(list) = spec.get_mut("mounts").and_then(Value::as_array_mut) else {
         return;
     };
@@ -1045,6 +1053,14 @@ fn bind_sources(spec: &mut Value, ctx: &Context, f: &mut Findings) {
         };
         if !source.starts_with('/') {
             continue; // mounts.rs refuses relative sources
+        }
+        // Never resolve a path inside the container's rootfs as root: its symlinks
+        // are the tenant's.
+        if let Some(rootfs) = &rootfs
+            && is_under(&normalize(source), rootfs)
+        {
+            f.refuse(format!("{at}: {source} is inside the container's rootfs"));
+            continue;
         }
         let canon = match std::fs::canonicalize(source) {
             Ok(c) => c,
