@@ -452,8 +452,8 @@ fn unix_callers_are_identified_by_uid() {
 
 // ------------------------------------------------------------------ quotas and preemption
 
-/// How many live leases (pending, active or revoking) `tenant` holds.
-async fn live_count(c: &mut TesseraClient<Channel>, tenant: &str) -> usize {
+/// The leases ListLeases shows for `tenant` (live ones, by default).
+async fn leases_of(c: &mut TesseraClient<Channel>, tenant: &str) -> Vec<pb::Lease> {
     c.list_leases(pb::ListLeasesRequest {
         tenant: tenant.into(),
         ..Default::default()
@@ -462,28 +462,26 @@ async fn live_count(c: &mut TesseraClient<Channel>, tenant: &str) -> usize {
     .unwrap()
     .into_inner()
     .leases
-    .iter()
-    .filter(|l| {
-        [
-            pb::LeaseState::Pending as i32,
-            pb::LeaseState::Active as i32,
-            pb::LeaseState::Revoking as i32,
-        ]
-        .contains(&l.state)
-    })
-    .count()
 }
 
-async fn ids_of(c: &mut TesseraClient<Channel>, tenant: &str) -> Vec<(i64, String)> {
-    let mut v: Vec<(i64, String)> = c
-        .list_leases(pb::ListLeasesRequest {
-            tenant: tenant.into(),
-            ..Default::default()
-        })
+/// How many live leases (pending, active or revoking) `tenant` holds.
+async fn live_count(c: &mut TesseraClient<Channel>, tenant: &str) -> usize {
+    let live = [
+        pb::LeaseState::Pending as i32,
+        pb::LeaseState::Active as i32,
+        pb::LeaseState::Revoking as i32,
+    ];
+    leases_of(c, tenant)
         .await
-        .unwrap()
-        .into_inner()
-        .leases
+        .iter()
+        .filter(|l| live.contains(&l.state))
+        .count()
+}
+
+/// The active leases of `tenant`, oldest first.
+async fn ids_of(c: &mut TesseraClient<Channel>, tenant: &str) -> Vec<(i64, String)> {
+    let mut v: Vec<(i64, String)> = leases_of(c, tenant)
+        .await
         .into_iter()
         .filter(|l| l.state == pb::LeaseState::Active as i32)
         .map(|l| (l.created_at_ms, l.id))

@@ -489,22 +489,23 @@ fn check(env: &Env, sub: &SubArgs) -> Outcome {
             (false, reasons, Vec::new(), spec)
         }
     };
+    let mut text = String::new();
     if json_out {
         let out = serde_json::json!({"admitted": admitted, "reasons": reasons, "spec": spec});
-        println!("{out}");
+        text.push_str(&format!("{out}\n"));
     } else {
-        println!("{}", if admitted { "admitted" } else { "refused" });
+        text.push_str(if admitted { "admitted\n" } else { "refused\n" });
         for r in &reasons {
-            println!("  reason: {r}");
+            text.push_str(&format!("  reason: {r}\n"));
         }
         for n in &notes {
-            println!("  note: {n}");
+            text.push_str(&format!("  note: {n}\n"));
         }
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&spec).unwrap_or_else(|_| "null".to_string())
-        );
+        let pretty = serde_json::to_string_pretty(&spec).unwrap_or_else(|_| "null".to_string());
+        text.push_str(&format!("{pretty}\n"));
     }
+    // A reader that goes away (`| head`) is not an error of the decision: no panic.
+    let _ = std::io::Write::write_all(&mut std::io::stdout().lock(), text.as_bytes());
     Outcome::Exit(if admitted { 0 } else { EXIT_REFUSED })
 }
 
