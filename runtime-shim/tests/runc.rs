@@ -407,6 +407,29 @@ fn exec_update_delete_on_a_running_container() {
         );
     }
 
+    // An exec'd process gets the lease's environment like the init process, over
+    // what its process JSON says (kubectl exec, exec probes).
+    let pe = env.dir.path().join("process-env.json");
+    std::fs::write(
+        &pe,
+        json!({"args": ["sh", "-c", "echo lease=$TESSERA_LEASE_ID; echo cuda=$CUDA_VISIBLE_DEVICES"],
+               "cwd": "/", "env": ["PATH=/bin", "TESSERA_LEASE_ID=forged"], "user": {"uid": 0, "gid": 0},
+               "capabilities": {"bounding": ["CAP_KILL"], "effective": ["CAP_KILL"], "permitted": ["CAP_KILL"]},
+               "noNewPrivileges": true})
+        .to_string(),
+    )
+    .unwrap();
+    let out = env.runtime(&["exec", "--process", pe.to_str().unwrap(), &id], None);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "exec env: {stdout} {stderr}");
+    assert!(stdout.lines().any(|l| l == "lease=lease-1"), "{stdout}");
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("cuda=") && l.len() > 5),
+        "{stdout}"
+    );
+
     // --cap is refused.
     let out = env.runtime(&["exec", "--cap", "CAP_SYS_ADMIN", &id, "true"], None);
     assert_eq!(out.status.code(), Some(1));

@@ -19,7 +19,18 @@ pub struct ContainerState {
     /// The uid and gid the container was started with (from its bundle's hardened
     /// config.json, which runc's state names in its `bundle=` label).
     pub user: Option<(u64, u64)>,
+    /// The lease's variables the container was started with (`KEY=value`), given to
+    /// every exec'd process too.
+    pub lease_env: Vec<String>,
 }
+
+/// The environment variables the runtime sets from a lease.
+pub const LEASE_ENV_KEYS: &[&str] = &[
+    "TESSERA_LEASE_ID",
+    "CUDA_VISIBLE_DEVICES",
+    "NVIDIA_VISIBLE_DEVICES",
+    "CUDA_MPS_PIPE_DIRECTORY",
+];
 
 impl ContainerState {
     /// Read runc's state for `id` under `root` (host paths; no symlink at the file).
@@ -32,13 +43,37 @@ impl ContainerState {
             .map_err(|e| format!("cannot read the container's state: {e}"))?;
         let mut s =
             Self::from_state(&v).ok_or_else(|| format!("{}: unexpected format", path.display()))?;
-        s.user = bundle_of(&v).and_then(|b| {
-            let spec = bundle::load_json(&b.join("config.json"), max.max(16 * 1024 * 1024)).ok()?;
-            Some((
-                spec.pointer("/process/user/uid")?.as_u64()?,
-                spec.pointer("/process/user/gid")?.as_u64()?,
-            ))
+        let spec = bundle_of(&v).and_then(|b| {
+            bundle::load_json(&b.join("config.json"), max.max(16 * 1024 * 1024)).ok()
         });
+        if let Some(spec) = spec {
+            s.user = spec
+                .pointer("/process/user/uid")
+                .and_then(Value::as_u64)
+                .zip(spec.pointer("/process/user/gid").and_then(Value::as_u64));
+            let lease_id = spec
+                .pointer(&format!(
+                    "/annotations/{}",
+                    super::LEASE_ID_ANNOTATION.replace('/', "~1")
+                ))
+                .and_then(Value::as_str);
+            if let Some(lease_id) = lease_id {
+                s.lease_env = spec
+                    .pointer("/process/env")
+                    .and_then(strings)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter(|e| {
+                        LEASE_ENV_KEYS
+                            .iter()
+                            .any(|k| e.starts_with(&format!("{k}=")))
+                    })
+                    .filter(|e| !e.starts_with("TESSERA_LEASE_ID="))
+                    .collect();
+                // The lease id the runtime recorded, whatever the process JSON says.
+                s.lease_env.push(format!("TESSERA_LEASE_ID={lease_id}"));
+            }
+        }
         Ok(s)
     }
 
@@ -61,6 +96,7 @@ impl ContainerState {
             apparmor_profile: opt("apparmor_profile"),
             process_label: opt("process_label"),
             user: None,
+            lease_env: Vec::new(),
         })
     }
 }
@@ -200,6 +236,17 @@ pub fn harden_process(
         ));
     }
     if let Some(obj) = process.as_object_mut() {
+        // kubectl exec, exec probes and podman exec see the lease like the init
+        // process: its variables win over the process JSON's.
+        if !state.lease_env.is_empty() {
+            let mut env = obj.get("env").and_then(strings).unwrap_or_default();
+            for e in &state.lease_env {
+                let key = e.split('=').next().unwrap_or_default();
+                env.retain(|x| !x.starts_with(&format!("{key}=")));
+                env.push(e.clone());
+            }
+            obj.insert("env".to_string(), json!(env));
+        }
         obj.insert("capabilities".to_string(), reduced);
         obj.insert("noNewPrivileges".to_string(), json!(true));
         match &state.apparmor_profile {
@@ -292,6 +339,7 @@ mod tests {
             apparmor_profile: None,
             process_label: None,
             user: Some((1000, 1000)),
+            lease_env: vec!["TESSERA_LEASE_ID=l-1".into()],
         }
     }
 
