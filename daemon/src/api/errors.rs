@@ -88,7 +88,7 @@ pub fn status_of(e: LeaseError) -> Status {
         ),
         LeaseError::Store(s) if s.is_disk_full() => rich(
             Code::ResourceExhausted,
-            format!("the daemon's state directory is full; nothing was changed: {msg}"),
+            format!("the daemon's state directory is full: {msg}"),
             "STATE_DISK_FULL",
             ErrorDetails::with_retry_info(Some(Duration::from_secs(30))),
         ),
