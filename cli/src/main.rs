@@ -54,6 +54,9 @@ enum Command {
     Gpus,
     /// The whole node, with free capacity per profile per GPU.
     Node,
+    /// Take a GPU (or one MIG instance) out of service, or return it (admin).
+    #[command(subcommand)]
+    Gpu(GpuCmd),
     /// Create, list, show, renew and release leases.
     #[command(subcommand)]
     Lease(lease::LeaseCmd),
@@ -81,6 +84,31 @@ enum Command {
     },
 }
 
+#[derive(Debug, Subcommand)]
+enum GpuCmd {
+    /// Return a GPU (or one MIG instance) to service after it was repaired or
+    /// reset. Audited with the reason.
+    MarkHealthy {
+        /// The GPU's index (as `tessera gpus` shows it).
+        gpu: u32,
+        /// One MIG GPU instance only.
+        #[arg(long)]
+        instance: Option<u32>,
+        /// Why (goes to the audit log).
+        #[arg(long)]
+        reason: String,
+    },
+    /// Take a GPU (or one MIG instance) out of service: no new leases there.
+    /// Audited with the reason.
+    MarkUnhealthy {
+        gpu: u32,
+        #[arg(long)]
+        instance: Option<u32>,
+        #[arg(long)]
+        reason: String,
+    },
+}
+
 impl Command {
     /// Checks what clap cannot, before connecting: a bad combination is a usage error
     /// (exit 2) whether or not the daemon is up.
@@ -89,7 +117,13 @@ impl Command {
             Self::Lease(cmd) => cmd.validate(),
             Self::Usage(args) => args.validate(),
             Self::Quota(cmd) => cmd.validate(),
+            Self::Gpu(GpuCmd::MarkHealthy { reason, .. } | GpuCmd::MarkUnhealthy { reason, .. })
+                if reason.trim().is_empty() =>
+            {
+                Err(CliError::Usage("--reason must say why (it goes to the audit log)".into()))
+            }
             Self::Gpus
+            | Self::Gpu(_)
             | Self::Node
             | Self::Watch { .. }
             | Self::Reload
@@ -116,6 +150,16 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Gpus => node::gpus(&mut daemon, json).await,
         Command::Node => node::node(&mut daemon, json).await,
+        Command::Gpu(GpuCmd::MarkHealthy {
+            gpu,
+            instance,
+            reason,
+        }) => node::set_health(&mut daemon, gpu, instance, true, reason, json).await,
+        Command::Gpu(GpuCmd::MarkUnhealthy {
+            gpu,
+            instance,
+            reason,
+        }) => node::set_health(&mut daemon, gpu, instance, false, reason, json).await,
         Command::Lease(cmd) => lease::run(&mut daemon, cmd, json).await,
         Command::Watch { tenant } => watch::run(&mut daemon, tenant, json).await,
         Command::Usage(args) => usage::run(&mut daemon, args, json).await,

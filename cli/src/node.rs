@@ -37,6 +37,20 @@ pub struct GpuView {
     pub whole_leased: bool,
     pub profiles: Vec<ProfileView>,
     pub partitions: Vec<PartitionView>,
+    /// False while the GPU is out of service.
+    pub healthy: bool,
+    /// Why it is out of service ("" when healthy).
+    pub health: String,
+    pub unhealthy_since_ms: i64,
+    /// MIG instances out of service: (gi, why).
+    pub unhealthy_instances: Vec<InstanceHealthView>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct InstanceHealthView {
+    pub gi_id: u32,
+    pub health: String,
+    pub since_ms: i64,
 }
 
 impl From<&pb::Gpu> for GpuView {
@@ -70,6 +84,37 @@ impl From<&pb::Gpu> for GpuView {
                 })
                 .collect(),
             partitions: g.partitions.iter().map(PartitionView::from).collect(),
+            healthy: g.healthy,
+            health: g.health.clone(),
+            unhealthy_since_ms: g.unhealthy_since_ms,
+            unhealthy_instances: g
+                .unhealthy_instances
+                .iter()
+                .map(|i| InstanceHealthView {
+                    gi_id: i.gi_id,
+                    health: i.health.clone(),
+                    since_ms: i.since_ms,
+                })
+                .collect(),
+        }
+    }
+}
+
+impl GpuView {
+    /// "ok", "UNHEALTHY: <why>", or "ok (instance 3 unhealthy: <why>)".
+    pub fn health_text(&self) -> String {
+        if !self.healthy {
+            return format!("UNHEALTHY: {}", self.health);
+        }
+        match self.unhealthy_instances.as_slice() {
+            [] => "ok".to_owned(),
+            list => format!(
+                "ok ({})",
+                list.iter()
+                    .map(|i| format!("instance {} unhealthy: {}", i.gi_id, i.health))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ),
         }
     }
 }
@@ -93,6 +138,45 @@ impl From<&pb::GetNodeResponse> for NodeView {
             gpus: n.gpus.iter().map(GpuView::from).collect(),
         }
     }
+}
+
+/// `tessera gpu mark-healthy|mark-unhealthy`
+pub async fn set_health(
+    daemon: &mut Daemon,
+    gpu: u32,
+    instance: Option<u32>,
+    healthy: bool,
+    reason: String,
+    json: bool,
+) -> anyhow::Result<()> {
+    let resp = daemon
+        .client
+        .set_gpu_health(pb::SetGpuHealthRequest {
+            gpu_index: gpu,
+            gi_id: instance,
+            healthy,
+            reason,
+        })
+        .await
+        .map_err(|s| daemon.fail("SetGpuHealth", s))?
+        .into_inner();
+    let view = resp.gpu.as_ref().map(GpuView::from);
+    if json {
+        return output::print_json(&view);
+    }
+    let scope = match instance {
+        Some(gi) => format!("GPU {gpu} instance {gi}"),
+        None => format!("GPU {gpu}"),
+    };
+    let state = if healthy { "in service" } else { "out of service" };
+    let line = if resp.changed {
+        format!("{scope} is now {state}")
+    } else {
+        format!("{scope} was already {state}; nothing changed")
+    };
+    let health = view.map(|v| v.health_text()).unwrap_or_default();
+    output::print(&format!("{line}\nhealth: {health}\n"))?;
+    Ok(())
 }
 
 async fn get_node(daemon: &mut Daemon) -> anyhow::Result<NodeView> {
@@ -125,6 +209,7 @@ pub fn gpus_table(gpus: &[GpuView]) -> String {
         "FREE SLICES",
         "MPS SM%",
         "PARTITIONS",
+        "HEALTH",
     ]);
     for g in gpus {
         t.row(vec![
@@ -140,6 +225,7 @@ pub fn gpus_table(gpus: &[GpuView]) -> String {
             },
             format!("{}%", g.mps_sm_percent_used),
             g.partitions.len().to_string(),
+            g.health_text(),
         ]);
     }
     t.render()

@@ -193,6 +193,8 @@ pub fn event_kind_name(kind: i32) -> String {
         Ok(K::ContainerBound) => "container_bound".to_owned(),
         Ok(K::ContainerUnbound) => "container_unbound".to_owned(),
         Ok(K::MpsRestarted) => "mps_restarted".to_owned(),
+        Ok(K::Unhealthy) => "unhealthy".to_owned(),
+        Ok(K::Healthy) => "healthy".to_owned(),
         Err(_) => format!("unknown({kind})"),
     }
 }
@@ -380,6 +382,8 @@ pub struct LeaseView {
     pub priority_class: String,
     pub burst: bool,
     pub end_reason: String,
+    /// Why its GPU or instance is out of service ("" while healthy).
+    pub unhealthy: String,
     pub ended_at_ms: i64,
 }
 
@@ -413,6 +417,7 @@ impl From<&pb::Lease> for LeaseView {
             priority_class: l.priority_class.clone(),
             burst: l.burst,
             end_reason: l.end_reason.clone(),
+            unhealthy: l.unhealthy.clone(),
             ended_at_ms: l.ended_at_ms,
         }
     }
@@ -471,6 +476,9 @@ impl LeaseView {
         kv.push(("labels", self.labels_text()));
         if self.ended_at_ms != 0 {
             kv.push(("ended", when(self.ended_at_ms, now_ms)));
+        }
+        if !self.unhealthy.is_empty() {
+            kv.push(("UNHEALTHY", self.unhealthy.clone()));
         }
         if !self.end_reason.is_empty() {
             kv.push(("end reason", self.end_reason.clone()));
@@ -587,6 +595,7 @@ pub(crate) mod tests {
             priority_class: "normal".to_owned(),
             burst: false,
             end_reason: String::new(),
+            unhealthy: String::new(),
             ended_at_ms: 0,
         }
     }

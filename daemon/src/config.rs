@@ -79,6 +79,42 @@ pub struct Config {
     pub auth: AuthConfig,
     pub tenancy: TenancyConfig,
     pub audit: AuditConfig,
+    pub health: HealthConfig,
+}
+
+/// What happens to leases on a GPU (or MIG instance) that goes unhealthy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum OnUnhealthy {
+    /// Tell them (an event on the watch stream, a status on the lease) and leave
+    /// their containers running: a job may still checkpoint.
+    #[default]
+    Keep,
+    /// Revoke them: their containers are stopped and the partition torn down.
+    Revoke,
+}
+
+/// GPU health (`[health]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthConfig {
+    /// Watch NVML's health events (critical XIDs, double-bit ECC).
+    pub watch_events: bool,
+    /// How often to poll what events do not cover (a GPU fallen off the bus,
+    /// pending retirements). Zero turns polling off.
+    pub poll_interval: Duration,
+    pub on_unhealthy: OnUnhealthy,
+}
+
+/// When an audit record cannot be written (`audit.on_failure`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum AuditOnFailure {
+    /// Refuse the change: nothing happens that the audit log does not show
+    /// (auditd's disk-full action). Reads are still served.
+    #[default]
+    Refuse,
+    /// Go on, with an error log line and `tessera_audit_failures_total`.
+    Log,
 }
 
 /// What a caller may do (see `api::auth`).
@@ -150,6 +186,7 @@ pub struct AuditConfig {
     pub path: PathBuf,
     pub max_bytes: u64,
     pub keep: u32,
+    pub on_failure: AuditOnFailure,
 }
 
 /// The Prometheus endpoint (`[metrics]`).
@@ -251,6 +288,8 @@ struct RawConfig {
     audit: RawAudit,
     #[serde(default)]
     metrics: RawMetrics,
+    #[serde(default)]
+    health: RawHealth,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -318,6 +357,15 @@ struct RawAudit {
     path: Option<PathBuf>,
     max_size: Option<String>,
     keep: Option<u32>,
+    on_failure: Option<AuditOnFailure>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHealth {
+    watch_events: Option<bool>,
+    poll_interval: Option<String>,
+    on_unhealthy: Option<OnUnhealthy>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -361,6 +409,8 @@ struct RawSim {
     #[serde(default)]
     gpus: Vec<SimGpuConfig>,
     seed: Option<String>,
+    #[serde(default)]
+    faults: Vec<crate::gpu::sim::CallFault>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -473,6 +523,7 @@ impl Config {
                 gpus: raw.sim.gpus,
                 seed: raw.sim.seed,
                 state_file: None,
+                faults: raw.sim.faults,
             },
         };
         if gpu.backend == BackendKind::Sim {
@@ -578,6 +629,12 @@ impl Config {
                 Some(s) => parse_size(&s).map_err(|e| v.err("audit.max_size", e.to_string()))?,
             },
             keep: raw.audit.keep.unwrap_or(5),
+            on_failure: raw.audit.on_failure.unwrap_or_default(),
+        };
+        let health = HealthConfig {
+            watch_events: raw.health.watch_events.unwrap_or(true),
+            poll_interval: v.duration("health.poll_interval", raw.health.poll_interval, "10s")?,
+            on_unhealthy: raw.health.on_unhealthy.unwrap_or_default(),
         };
         if audit.max_bytes < 4096 {
             return Err(v.err("audit.max_size", "must be at least 4KiB".into()));
@@ -622,6 +679,7 @@ impl Config {
             tenancy,
             audit,
             metrics,
+            health,
         })
     }
 }

@@ -45,6 +45,64 @@ struct Args {
     /// Validate the config file and exit.
     #[arg(long)]
     check_config: bool,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Command {
+    /// Play the simulated hardware's misfortune (backend = "sim"): health events and
+    /// faults for a running daemon on the same config, through the simulator's
+    /// control file.
+    #[command(subcommand)]
+    Sim(SimCommand),
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum SimCommand {
+    /// An XID error event (critical ones: 48 63 64 74 79 94 95 119 120).
+    Xid {
+        #[arg(long)]
+        gpu: u32,
+        #[arg(long)]
+        xid: u64,
+        /// The GPU instance a contained error (XID 94) stays in.
+        #[arg(long)]
+        gi: Option<u32>,
+    },
+    /// A double-bit ECC error event.
+    Ecc {
+        #[arg(long)]
+        gpu: u32,
+    },
+    /// The GPU falls off the bus: its calls fail with GPU_IS_LOST until `recover`.
+    Lose {
+        #[arg(long)]
+        gpu: u32,
+    },
+    /// Retired pages or remapped rows pending (until `recover`).
+    PendingRetirement {
+        #[arg(long)]
+        gpu: u32,
+    },
+    /// The GPU is back on the bus and its retirements applied (a reset).
+    Recover {
+        #[arg(long)]
+        gpu: u32,
+    },
+    /// A fault on one simulated call (or `*`): a delay, then a failure rate.
+    Fault {
+        #[arg(long)]
+        call: String,
+        #[arg(long, default_value_t = 1.0)]
+        fail_rate: f64,
+        #[arg(long, default_value_t = 0)]
+        delay_ms: u64,
+    },
+    /// Remove every injected call fault.
+    ClearFaults,
+    /// Print the control file.
+    Show,
 }
 
 fn main() -> ExitCode {
@@ -64,6 +122,15 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
     };
+    if let Some(Command::Sim(cmd)) = args.command {
+        return match sim_command(&cfg, cmd) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("tesserad sim: {e:#}");
+                ExitCode::from(EXIT_CONFIG)
+            }
+        };
+    }
     if args.check_config {
         println!("{}: OK", args.config.display());
         return ExitCode::SUCCESS;
@@ -93,6 +160,65 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `tesserad sim ...`: write the simulator's control file.
+fn sim_command(cfg: &Config, cmd: SimCommand) -> anyhow::Result<()> {
+    use tesserad::gpu::sim::{CallFault, SimControl};
+    use tesserad::gpu::{HealthCause, HealthEvent, NvmlCode};
+    if cfg.gpu.backend != BackendKind::Sim {
+        anyhow::bail!("the config's backend is not \"sim\": there is no simulated hardware");
+    }
+    let gpus = cfg.sim.gpus.gpus.len() as u32;
+    let check = |gpu: u32| -> anyhow::Result<u32> {
+        anyhow::ensure!(gpu < gpus, "no simulated GPU {gpu} (the config has {gpus})");
+        Ok(gpu)
+    };
+    let control = SimControl::beside(&cfg.sim.state_file, Vec::new());
+    let event = |gpu, gi_id, cause| -> anyhow::Result<()> {
+        control.update(|c| c.events.push(HealthEvent { gpu, gi_id, cause }))?;
+        Ok(())
+    };
+    match cmd {
+        SimCommand::Xid { gpu, xid, gi } => event(check(gpu)?, gi, HealthCause::Xid { xid })?,
+        SimCommand::Ecc { gpu } => event(check(gpu)?, None, HealthCause::DoubleBitEcc)?,
+        SimCommand::Lose { gpu } => {
+            let gpu = check(gpu)?;
+            control.update(|c| c.lost.insert(gpu))?;
+        }
+        SimCommand::PendingRetirement { gpu } => {
+            let gpu = check(gpu)?;
+            control.update(|c| c.pending_retirement.insert(gpu))?;
+        }
+        SimCommand::Recover { gpu } => {
+            let gpu = check(gpu)?;
+            control.update(|c| {
+                c.lost.remove(&gpu);
+                c.pending_retirement.remove(&gpu);
+            })?;
+        }
+        SimCommand::Fault {
+            call,
+            fail_rate,
+            delay_ms,
+        } => {
+            let f = CallFault {
+                call,
+                fail_rate,
+                delay_ms,
+                code: NvmlCode::Unknown,
+            };
+            f.validate()?;
+            control.update(|c| {
+                c.call_faults.retain(|old| old.call != f.call);
+                c.call_faults.push(f);
+            })?;
+        }
+        SimCommand::ClearFaults => control.update(|c| c.call_faults.clear())?,
+        SimCommand::Show => {}
+    }
+    println!("{}", serde_json::to_string_pretty(&control.current()?)?);
+    Ok(())
 }
 
 fn init_tracing(format: LogFormat) {
@@ -190,6 +316,7 @@ async fn run(cfg: Config, checked: Checked, backend: Arc<dyn GpuBackend>) -> any
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let housekeeping = tokio::spawn(mgr.clone().run_housekeeping(stop_rx.clone()));
     let watchdog = tokio::spawn(feed_watchdog(mgr.clone(), stop_rx.clone()));
+    let health = tokio::spawn(mgr.clone().run_health_watch(stop_rx.clone()));
     // ops: usage records and the Prometheus endpoint ([metrics] listen).
     let catalog_of = mgr.clone();
     let usage = tokio::spawn(tesserad::usage::run_recorder(
@@ -254,6 +381,7 @@ async fn run(cfg: Config, checked: Checked, backend: Arc<dyn GpuBackend>) -> any
     let _ = stop_tx.send(true);
     let _ = housekeeping.await;
     let _ = watchdog.await;
+    let _ = health.await;
     let _ = usage.await;
     let _ = std::fs::remove_file(&socket);
     store.close();

@@ -108,6 +108,7 @@ pub struct Metrics {
     api_calls: Family<Labels, Counter>,
     admissions: Family<Labels, Counter>,
     lease_events: Family<Labels, Counter>,
+    audit_failures: Counter,
     tenants: Arc<LabelCap>,
     reasons: LabelCap,
 }
@@ -134,6 +135,12 @@ impl Metrics {
             "Lease lifecycle events (created, released, expired, revoked, revoking, preempting) by tenant and shape",
             lease_events.clone(),
         );
+        let audit_failures = Counter::default();
+        registry.register(
+            "audit_failures",
+            "Audit records that could not be written (see audit.on_failure)",
+            audit_failures.clone(),
+        );
         let tenants = Arc::new(LabelCap::new(MAX_TENANT_LABELS));
         if let Some(mgr) = mgr {
             registry.register_collector(Box::new(NodeCollector {
@@ -146,9 +153,15 @@ impl Metrics {
             api_calls,
             admissions,
             lease_events,
+            audit_failures,
             tenants,
             reasons: LabelCap::new(MAX_REASON_LABELS),
         }
+    }
+
+    /// Count one audit record that could not be written.
+    pub fn audit_failed(&self) {
+        self.audit_failures.inc();
     }
 
     /// Count one API call and its result, by the canonical gRPC name of its
@@ -190,6 +203,8 @@ impl Metrics {
             EventKind::Revoking => "revoking",
             EventKind::Preempting => "preempting",
             EventKind::MpsRestarted => "mps_restarted",
+            EventKind::Unhealthy => "unhealthy",
+            EventKind::Healthy => "healthy",
             EventKind::Renewed
             | EventKind::Expiring
             | EventKind::ContainerBound
@@ -362,8 +377,23 @@ impl Collector for NodeCollector {
         let mut mem_used = BTreeMap::new();
         let mut mig_util = BTreeMap::new();
         let mut mig_mem = BTreeMap::new();
+        let mut healthy = BTreeMap::new();
         for g in &node {
             let gpu = g.info.index.to_string();
+            healthy.insert(
+                vec![
+                    ("gpu", gpu.clone()),
+                    ("uuid", g.info.uuid.clone()),
+                    (
+                        "cause",
+                        g.health
+                            .as_ref()
+                            .map(|m| m.cause.code())
+                            .unwrap_or_default(),
+                    ),
+                ],
+                i64::from(g.health.is_none()),
+            );
             for p in &g.partitions {
                 let leased = if p.lease_id.is_some() {
                     "true"
@@ -437,6 +467,12 @@ impl Collector for NodeCollector {
             "partitions",
             "Partitions by GPU, profile (MIG profile, mps, whole_gpu) and whether leased",
             partitions,
+        )?;
+        gauge_family(
+            &mut encoder,
+            "gpu_healthy",
+            "1 while the GPU is in service, 0 while it is out of service (cause: xid-N, ecc-dbe, lost, pending-retirement, operator)",
+            healthy,
         )?;
         gauge_family(
             &mut encoder,

@@ -29,7 +29,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::gpu::Placement;
+use crate::gpu::{HealthCause, Placement};
 use crate::partition::Shape;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -138,6 +138,10 @@ pub struct Lease {
     end_reason: Option<String>,
     ended_at_ms: Option<i64>,
     pub containers: Vec<ContainerBinding>,
+    /// Why the lease's GPU or MIG instance is out of service, while it is. Not
+    /// stored with the lease: it follows the GPU's health marks.
+    #[serde(skip)]
+    pub unhealthy: Option<String>,
 }
 
 /// What a new lease is made of (everything but its life cycle).
@@ -192,6 +196,7 @@ impl Lease {
             end_reason: None,
             ended_at_ms: None,
             containers: vec![],
+            unhealthy: None,
         }
     }
 
@@ -542,5 +547,37 @@ mod lifecycle_tests {
         assert_eq!(f.state(), LeaseState::Failed);
         assert!(!f.state().can_bind() && !f.state().can_renew());
         Ok(())
+    }
+}
+
+/// A GPU (or one of its MIG instances) out of service, as the store keeps it until
+/// it is back: marked by a health event, a poll, or an operator.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HealthMark {
+    /// The GPU's UUID: indices can change across reboots, UUIDs do not.
+    pub gpu_uuid: String,
+    /// The GPU's index when the mark was made (and at the last start).
+    pub gpu: u32,
+    /// The MIG GPU instance, for a mark confined to one; None for the whole GPU.
+    pub gi_id: Option<u32>,
+    pub cause: HealthCause,
+    pub since_ms: i64,
+}
+
+impl HealthMark {
+    /// The store's key: `<uuid>` or `<uuid>/gi<N>`.
+    pub fn key(&self) -> String {
+        match self.gi_id {
+            Some(gi) => format!("{}/gi{gi}", self.gpu_uuid),
+            None => self.gpu_uuid.clone(),
+        }
+    }
+
+    /// "GPU 0" or "GPU 0 instance 3", then the cause.
+    pub fn describe(&self) -> String {
+        match self.gi_id {
+            Some(gi) => format!("GPU {} instance {gi}: {}", self.gpu, self.cause),
+            None => format!("GPU {}: {}", self.gpu, self.cause),
+        }
     }
 }

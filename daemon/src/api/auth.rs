@@ -262,10 +262,11 @@ pub enum Rpc {
     ReloadConfig,
     GrantQuota,
     GetQuota,
+    SetGpuHealth,
 }
 
 impl Rpc {
-    pub const ALL: [Rpc; 15] = [
+    pub const ALL: [Rpc; 16] = [
         Rpc::GetNode,
         Rpc::CreateLease,
         Rpc::RenewLease,
@@ -281,7 +282,25 @@ impl Rpc {
         Rpc::ReloadConfig,
         Rpc::GrantQuota,
         Rpc::GetQuota,
+        Rpc::SetGpuHealth,
     ];
+
+    /// Calls that change something (a lease, a binding, a grant, a GPU's health) or
+    /// exist to be audited (admission reports): each needs its audit record.
+    pub fn mutates(self) -> bool {
+        matches!(
+            self,
+            Rpc::CreateLease
+                | Rpc::RenewLease
+                | Rpc::ReleaseLease
+                | Rpc::BindContainer
+                | Rpc::UnbindContainer
+                | Rpc::ReportAdmission
+                | Rpc::ReloadConfig
+                | Rpc::GrantQuota
+                | Rpc::SetGpuHealth
+        )
+    }
 
     pub fn name(self) -> &'static str {
         match self {
@@ -300,6 +319,7 @@ impl Rpc {
             Rpc::ReloadConfig => "ReloadConfig",
             Rpc::GrantQuota => "GrantQuota",
             Rpc::GetQuota => "GetQuota",
+            Rpc::SetGpuHealth => "SetGpuHealth",
         }
     }
 }

@@ -178,6 +178,7 @@ pub fn lease_to_pb(l: &Lease, p: Option<&Partition>) -> pb::Lease {
         burst: l.burst,
         end_reason: l.end_reason().unwrap_or_default().to_string(),
         ended_at_ms: l.ended_at_ms().unwrap_or_default(),
+        unhealthy: l.unhealthy.clone().unwrap_or_default(),
     }
 }
 
@@ -193,6 +194,8 @@ pub fn event_to_pb(e: &LeaseEvent) -> pb::LeaseEvent {
         EventKind::ContainerBound => pb::LeaseEventKind::ContainerBound,
         EventKind::ContainerUnbound => pb::LeaseEventKind::ContainerUnbound,
         EventKind::MpsRestarted => pb::LeaseEventKind::MpsRestarted,
+        EventKind::Unhealthy => pb::LeaseEventKind::Unhealthy,
+        EventKind::Healthy => pb::LeaseEventKind::Healthy,
     };
     pb::LeaseEvent {
         kind: kind as i32,
@@ -231,6 +234,22 @@ pub fn gpu_to_pb(g: &GpuReport) -> pb::Gpu {
         whole_leased: g.whole_leased,
         partitions: g.partitions.iter().map(partition_to_pb).collect(),
         free_slices: g.free_slices,
+        healthy: g.health.is_none(),
+        health: g
+            .health
+            .as_ref()
+            .map(|m| m.cause.to_string())
+            .unwrap_or_default(),
+        unhealthy_since_ms: g.health.as_ref().map_or(0, |m| m.since_ms),
+        unhealthy_instances: g
+            .unhealthy_instances
+            .iter()
+            .map(|m| pb::InstanceHealth {
+                gi_id: m.gi_id.unwrap_or_default(),
+                health: m.cause.to_string(),
+                since_ms: m.since_ms,
+            })
+            .collect(),
     }
 }
 

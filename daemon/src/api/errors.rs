@@ -92,12 +92,40 @@ pub fn status_of(e: LeaseError) -> Status {
             "STATE_DISK_FULL",
             ErrorDetails::with_retry_info(Some(Duration::from_secs(30))),
         ),
+        LeaseError::Store(s) if s.is_unwritable() => rich(
+            Code::Unavailable,
+            format!("the daemon's state directory refuses writes: {msg}"),
+            "STATE_UNWRITABLE",
+            ErrorDetails::with_retry_info(Some(Duration::from_secs(30))),
+        ),
         LeaseError::Store(_) => rich(Code::Internal, msg, "STORE_FAILED", none()),
+        LeaseError::GpuUnhealthy(_) => rich(
+            Code::FailedPrecondition,
+            msg.clone(),
+            "GPU_UNHEALTHY",
+            ErrorDetails::with_precondition_failure_violation("GPU_HEALTH", "gpu", msg),
+        ),
+        LeaseError::Hardware(g) if hardware_may_recover(g) => rich(
+            Code::Unavailable,
+            msg,
+            "HARDWARE_UNAVAILABLE",
+            ErrorDetails::with_retry_info(Some(Duration::from_secs(5))),
+        ),
         LeaseError::Hardware(_) => rich(Code::Internal, msg, "HARDWARE_FAILED", none()),
         LeaseError::Inconsistent(_) => rich(Code::Internal, msg, "INCONSISTENT_RECORDS", none()),
         LeaseError::Host(_) => rich(Code::Internal, msg, "HOST_OPERATION_FAILED", none()),
         LeaseError::Task { .. } => rich(Code::Internal, msg, "TASK_FAILED", none()),
     }
+}
+
+/// NVML failures that are the hardware's state now, not a bug of the request or
+/// the daemon: a lost or busy GPU, a driver that is not ready, an unknown error.
+fn hardware_may_recover(e: &crate::gpu::GpuError) -> bool {
+    use crate::gpu::NvmlCode as C;
+    matches!(
+        e.nvml_code(),
+        Some(C::GpuIsLost | C::InUse | C::Unknown | C::DriverNotLoaded | C::Uninitialized)
+    ) || matches!(e, crate::gpu::GpuError::Task(_))
 }
 
 /// A refusal made by the API layer itself (a request that does not decode, a

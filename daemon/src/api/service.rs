@@ -1,4 +1,4 @@
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -8,13 +8,15 @@ use tessera_proto::v1 as pb;
 use tessera_proto::v1::tessera_server::{Tessera, TesseraServer};
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
+use tonic_types::StatusExt;
 use tracing::info;
 
 use super::auth::{self, Authenticator, Caller, Principal, Rpc};
 use super::convert::{self, status};
 use crate::audit::{AuditLog, Record};
-use crate::config::{Amounts, Config};
-use crate::lease::{CreateRequest, LeaseManager};
+use crate::config::{Amounts, AuditOnFailure, Config};
+use crate::gpu::HealthCause;
+use crate::lease::{CreateRequest, HealthSource, LeaseManager};
 use crate::model::ContainerBinding;
 use tessera_common::clock::now_ms;
 
@@ -79,7 +81,60 @@ impl TesseraService {
         if let Some(a) = &self.audit
             && let Err(e) = a.record(rec)
         {
+            if let Some(m) = &self.metrics {
+                m.audit_failed();
+            }
             tracing::error!(error = %e, "audit log write failed");
+        }
+    }
+
+    /// Before a call changes anything: its audit record, written ahead. When that
+    /// fails and `audit.on_failure = "refuse"`, the call is refused and nothing
+    /// happens that the log cannot show (auditd's disk-full action); with "log" it
+    /// goes on. The outcome is recorded after the call as before.
+    fn audit_ahead(&self, rpc: Rpc, who: &Principal) -> Result<(), Status> {
+        let Some(a) = &self.audit else {
+            return Ok(());
+        };
+        let rec = Record {
+            at_ms: now_ms(),
+            source: "api".into(),
+            principal: who.name().to_string(),
+            tenant: who.tenant().unwrap_or_default().to_string(),
+            action: rpc.name().into(),
+            lease: String::new(),
+            container: String::new(),
+            result: "attempt".into(),
+            reasons: vec![],
+        };
+        let Err(e) = a.record(rec) else {
+            return Ok(());
+        };
+        if let Some(m) = &self.metrics {
+                m.audit_failed();
+            }
+        match self.mgr.config().audit.on_failure {
+            AuditOnFailure::Log => {
+                tracing::error!(error = %e, rpc = rpc.name(), "audit log write failed; going on (audit.on_failure = \"log\")");
+                Ok(())
+            }
+            AuditOnFailure::Refuse => {
+                tracing::error!(error = %e, rpc = rpc.name(), "audit log write failed; refusing the call (audit.on_failure = \"refuse\")");
+                self.count(rpc, tonic::Code::Unavailable);
+                let mut details = tonic_types::ErrorDetails::with_retry_info(Some(
+                    std::time::Duration::from_secs(30),
+                ));
+                details.set_error_info("AUDIT_UNAVAILABLE", super::errors::DOMAIN, HashMap::new());
+                Err(Status::with_error_details(
+                    tonic::Code::Unavailable,
+                    format!(
+                        "{} refused: the audit log cannot be written ({e}); nothing was changed. Free space or fix {}, then retry",
+                        rpc.name(),
+                        a.path().display()
+                    ),
+                    details,
+                ))
+            }
         }
     }
 
@@ -112,6 +167,9 @@ impl TesseraService {
                 rpc.name()
             ));
             return Err(refuse(st, who.name().to_string()));
+        }
+        if rpc.mutates() {
+            self.audit_ahead(rpc, &who)?;
         }
         Ok(who)
     }
@@ -692,6 +750,81 @@ impl Tessera for TesseraService {
             });
         }
         out
+    }
+
+    async fn set_gpu_health(
+        &self,
+        req: Request<pb::SetGpuHealthRequest>,
+    ) -> Result<Response<pb::SetGpuHealthResponse>, Status> {
+        let who = self.begin(Rpc::SetGpuHealth, &req)?;
+        let this = self.clone();
+        // Runs to the end even if the client goes away (a mark is a store write,
+        // and, with on_unhealthy = "revoke", revocations).
+        detached(async move {
+            let r = req.into_inner();
+            let result = async {
+                let reason = r.reason.trim();
+                if reason.is_empty() || reason.len() > 1024 {
+                    return Err(Status::invalid_argument(
+                        "invalid reason: required, at most 1024 characters (it goes to the audit log)",
+                    ));
+                }
+                let changed = if r.healthy {
+                    this.mgr
+                        .mark_healthy(r.gpu_index, r.gi_id, HealthSource::Operator, reason)
+                        .await
+                        .map_err(status)?
+                        .is_some()
+                } else {
+                    this.mgr
+                        .mark_unhealthy(
+                            r.gpu_index,
+                            r.gi_id,
+                            HealthCause::Operator {
+                                reason: reason.to_string(),
+                            },
+                            HealthSource::Operator,
+                        )
+                        .await
+                        .map_err(status)?
+                };
+                let gpu = this
+                    .mgr
+                    .node()
+                    .iter()
+                    .find(|g| g.info.index == r.gpu_index)
+                    .map(convert::gpu_to_pb);
+                Ok(Response::new(pb::SetGpuHealthResponse { gpu, changed }))
+            }
+            .await;
+            let out = this.done(Rpc::SetGpuHealth, &who, "", "", result);
+            if let Ok(resp) = &out {
+                // What changed, and why, is part of the audit trail.
+                let scope = match r.gi_id {
+                    Some(gi) => format!("GPU {} instance {gi}", r.gpu_index),
+                    None => format!("GPU {}", r.gpu_index),
+                };
+                let now = if r.healthy { "in service" } else { "out of service" };
+                let what = if resp.get_ref().changed { "now" } else { "already" };
+                this.write_audit(Record {
+                    at_ms: now_ms(),
+                    source: "api".into(),
+                    principal: who.name().to_string(),
+                    tenant: String::new(),
+                    action: if r.healthy {
+                        "GpuMarkedHealthy".into()
+                    } else {
+                        "GpuMarkedUnhealthy".into()
+                    },
+                    lease: String::new(),
+                    container: String::new(),
+                    result: format!("{scope} {what} {now}"),
+                    reasons: vec![r.reason.clone()],
+                });
+            }
+            out
+        })
+        .await
     }
 
     async fn get_quota(

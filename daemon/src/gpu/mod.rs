@@ -12,10 +12,13 @@
 //! config file as a whole.
 
 pub mod caps;
+pub mod health;
 pub mod nvml;
 pub mod profiles;
 pub mod sim;
+pub mod sim_control;
 
+pub use health::{HealthCause, HealthEvent};
 pub use nvml::{NvmlBackend, NvmlConfig};
 pub use profiles::GpuModel;
 pub use sim::{SimBackend, SimConfig, SimGpuConfig};
@@ -263,6 +266,13 @@ pub trait GpuBackend: Send + Sync {
     fn mps_stop(&self, lease_id: &str) -> Result<(), GpuError>;
     /// The MPS daemons the backend knows of (the sim's state file, or pid files).
     fn mps_daemons(&self) -> Result<Vec<MpsDaemon>, GpuError>;
+
+    /// Health events (critical XIDs, double-bit ECC) since the last call, waiting up
+    /// to `timeout` for the first one (NVML: `nvmlEventSetWait`). Empty when none
+    /// came. One caller at a time (the daemon's health watcher).
+    fn health_events(&self, timeout: std::time::Duration) -> Result<Vec<HealthEvent>, GpuError>;
+    /// What no event covers, read now: None when the GPU is healthy.
+    fn health_poll(&self, gpu: u32) -> Result<Option<HealthCause>, GpuError>;
 }
 
 impl crate::mps::MpsError {

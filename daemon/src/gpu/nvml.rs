@@ -21,6 +21,7 @@ use nvml_wrapper_sys::bindings as sys;
 use serde::{Deserialize, Serialize};
 
 use super::profiles::{self, GpuModel};
+use super::health::{HealthCause, HealthEvent};
 use super::{
     CiProfile, GiProfile, GpuBackend, GpuError, GpuInfo, GpuProcess, MigInstance, MigMinors,
     MpsDaemon, MpsSpec, NvmlCode, Placement, Utilization, caps,
@@ -196,7 +197,34 @@ pub struct NvmlBackend {
     mig_minors_path: PathBuf,
     /// Serialises create/destroy so a unit (GI + CI) is never interleaved with another.
     changes: Mutex<()>,
+    /// The event set the health watcher waits on, made at its first call.
+    events: Mutex<Option<EventSet>>,
 }
+
+/// An NVML event set handle (`nvmlEventSet_t`), freed on drop.
+struct EventSet {
+    raw: sys::nvmlEventSet_t,
+    free: Option<unsafe extern "C" fn(sys::nvmlEventSet_t) -> sys::nvmlReturn_t>,
+}
+
+// SAFETY: an nvmlEventSet_t is an opaque handle NVML allows to be used from any
+// thread; the daemon uses it from one thread at a time (behind `events`' mutex).
+unsafe impl Send for EventSet {}
+
+impl Drop for EventSet {
+    fn drop(&mut self) {
+        if let Some(free) = self.free {
+            // SAFETY: `raw` came from nvmlEventSetCreate and is freed exactly once.
+            unsafe {
+                free(self.raw);
+            }
+        }
+    }
+}
+
+/// Event types the health watcher registers for, where a GPU supports them.
+const HEALTH_EVENT_TYPES: u64 =
+    (sys::nvmlEventTypeXidCriticalError | sys::nvmlEventTypeDoubleBitEccError) as u64;
 
 impl std::fmt::Debug for NvmlBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -220,7 +248,60 @@ impl NvmlBackend {
             mps: MpsControl::new(&config.mps),
             mig_minors_path: config.mig_minors_path.clone(),
             changes: Mutex::new(()),
+            events: Mutex::new(None),
         })
+    }
+
+    /// Create the event set and register every GPU for the health events it
+    /// supports. A GPU that supports none (or a driver without events) is covered by
+    /// polling alone.
+    fn event_set(&self) -> Result<EventSet, GpuError> {
+        let lib = self.lib();
+        let create = sym(&lib.nvmlEventSetCreate, "nvmlEventSetCreate")?;
+        let register = sym(&lib.nvmlDeviceRegisterEvents, "nvmlDeviceRegisterEvents")?;
+        let supported = sym(
+            &lib.nvmlDeviceGetSupportedEventTypes,
+            "nvmlDeviceGetSupportedEventTypes",
+        )?;
+        let mut raw: sys::nvmlEventSet_t = std::ptr::null_mut();
+        // SAFETY: `raw` is a valid out-pointer for the new set's handle.
+        check("nvmlEventSetCreate", unsafe { create(&mut raw) })?;
+        let set = EventSet {
+            raw,
+            free: lib.nvmlEventSetFree.as_ref().ok().copied(),
+        };
+        let count = self
+            .nvml
+            .device_count()
+            .map_err(wrap("nvmlDeviceGetCount"))?;
+        for gpu in 0..count {
+            let dev = self.handle(gpu)?;
+            let mut types: std::ffi::c_ulonglong = 0;
+            // SAFETY: `dev` is a live handle of this Nvml; `types` a valid out-pointer.
+            let ret = unsafe { supported(dev, &mut types) };
+            let wanted = if ret == sys::nvmlReturn_enum_NVML_SUCCESS {
+                types & HEALTH_EVENT_TYPES
+            } else {
+                0
+            };
+            if wanted == 0 {
+                tracing::info!(gpu, "GPU reports no health events; it is polled only");
+                continue;
+            }
+            // SAFETY: `dev` and `set.raw` are live handles of this Nvml.
+            check("nvmlDeviceRegisterEvents", unsafe {
+                register(dev, wanted, set.raw)
+            })?;
+        }
+        Ok(set)
+    }
+
+    fn index_of(&self, dev: sys::nvmlDevice_t) -> Result<u32, GpuError> {
+        let get = sym(&self.lib().nvmlDeviceGetIndex, "nvmlDeviceGetIndex")?;
+        let mut index = 0;
+        // SAFETY: `dev` came from an event of this Nvml; `index` is a valid out-pointer.
+        check("nvmlDeviceGetIndex", unsafe { get(dev, &mut index) })?;
+        Ok(index)
     }
 
     fn lib(&self) -> &sys::NvmlLib {
@@ -814,6 +895,73 @@ impl GpuBackend for NvmlBackend {
 
     fn mps_daemons(&self) -> Result<Vec<MpsDaemon>, GpuError> {
         self.mps.daemons().map_err(|e| e.into_gpu_error(""))
+    }
+
+    fn health_events(&self, timeout: std::time::Duration) -> Result<Vec<HealthEvent>, GpuError> {
+        let mut guard = self.events.lock().unwrap_or_else(|e| e.into_inner());
+        if guard.is_none() {
+            *guard = Some(self.event_set()?);
+        }
+        let Some(set) = guard.as_ref() else {
+            return Ok(Vec::new());
+        };
+        let wait = sym(&self.lib().nvmlEventSetWait_v2, "nvmlEventSetWait_v2")?;
+        let mut out = Vec::new();
+        let mut timeout_ms = u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX);
+        loop {
+            // SAFETY: all-zero is a valid nvmlEventData_t (plain integers and a null
+            // handle); NVML fills it on success.
+            let mut data: sys::nvmlEventData_t = unsafe { std::mem::zeroed() };
+            // SAFETY: `set.raw` is a live event set; `data` a valid out-pointer.
+            let ret = unsafe { wait(set.raw, &mut data, timeout_ms) };
+            if ret == sys::nvmlReturn_enum_NVML_ERROR_TIMEOUT {
+                return Ok(out);
+            }
+            check("nvmlEventSetWait_v2", ret)?;
+            let gpu = self.index_of(data.device)?;
+            // NVML reports 0xFFFFFFFF when the event is not tied to one instance.
+            let gi_id = (data.gpuInstanceId != u32::MAX).then_some(data.gpuInstanceId);
+            let cause = if data.eventType & u64::from(sys::nvmlEventTypeXidCriticalError) != 0 {
+                HealthCause::Xid {
+                    xid: data.eventData,
+                }
+            } else {
+                HealthCause::DoubleBitEcc
+            };
+            out.push(HealthEvent { gpu, gi_id, cause });
+            // Drain what is already queued without waiting again.
+            timeout_ms = 0;
+        }
+    }
+
+    fn health_poll(&self, gpu: u32) -> Result<Option<HealthCause>, GpuError> {
+        let dev = match self.handle(gpu) {
+            Err(e) if e.nvml_code() == Some(NvmlCode::GpuIsLost) => {
+                return Ok(Some(HealthCause::Lost));
+            }
+            other => other?,
+        };
+        let remapped = sym(
+            &self.lib().nvmlDeviceGetRemappedRows,
+            "nvmlDeviceGetRemappedRows",
+        );
+        let Ok(remapped) = remapped else {
+            return Ok(None);
+        };
+        let (mut corr, mut unc, mut pending, mut failed) = (0, 0, 0, 0);
+        // SAFETY: `dev` is a live handle of this Nvml; the four are valid out-pointers.
+        let ret = unsafe { remapped(dev, &mut corr, &mut unc, &mut pending, &mut failed) };
+        Ok(match ret {
+            sys::nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST => Some(HealthCause::Lost),
+            sys::nvmlReturn_enum_NVML_SUCCESS if failed != 0 => {
+                Some(HealthCause::Xid { xid: 64 })
+            }
+            sys::nvmlReturn_enum_NVML_SUCCESS if pending != 0 => {
+                Some(HealthCause::PendingRetirement)
+            }
+            // Not supported (pre-Ampere) or unreadable: nothing to say.
+            _ => None,
+        })
     }
 }
 

@@ -27,12 +27,15 @@ use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
 
 use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use super::health::{HealthCause, HealthEvent};
 use super::profiles::GpuModel;
+pub use super::sim_control::{CallFault, SimControl};
 use super::{
     GiProfile, GpuBackend, GpuError, GpuInfo, GpuProcess, MigInstance, MigMinors, MpsDaemon,
     MpsSpec, NvmlCode, Placement, Utilization, caps,
@@ -66,7 +69,7 @@ pub struct SimGpuConfig {
 }
 
 /// The `[sim]` section of the daemon config.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SimConfig {
     pub gpus: Vec<SimGpuConfig>,
@@ -78,6 +81,11 @@ pub struct SimConfig {
     /// under its state directory) when unset. See [`SimConfig::state_file_or`].
     #[serde(default)]
     pub state_file: Option<PathBuf>,
+    /// Faults on simulated calls for the daemon's whole life (`[[sim.faults]]`):
+    /// a failure rate, a delay, the NVML code. More can be injected at run time
+    /// through the control file (`tesserad sim fault`).
+    #[serde(default)]
+    pub faults: Vec<CallFault>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -86,6 +94,8 @@ pub enum SimConfigError {
     NoGpus,
     #[error("sim GPU {index}: uuid {uuid:?} is not GPU-<uuid>")]
     BadUuid { index: u32, uuid: String },
+    #[error("sim.faults: {0}")]
+    Fault(#[from] super::sim_control::CallFaultError),
     #[error("sim GPUs {first} and {second} have the same uuid {uuid}")]
     DuplicateUuid {
         first: u32,
@@ -104,6 +114,9 @@ impl SimConfig {
     pub fn validate(&self) -> Result<(), SimConfigError> {
         if self.gpus.is_empty() {
             return Err(SimConfigError::NoGpus);
+        }
+        for f in &self.faults {
+            f.validate()?;
         }
         let uuids = self.gpu_uuids()?;
         for (i, a) in uuids.iter().enumerate() {
@@ -428,6 +441,8 @@ pub struct SimBackend {
     /// Serialises operations in this process; holds the last state this process
     /// read or wrote, with the identity of the file it came from.
     mutex: Mutex<Option<(FileId, SimState)>>,
+    /// Injected faults and hardware health, beside the state file.
+    control: SimControl,
 }
 
 /// Identity of one version of the state file. Every save renames a new file into
@@ -484,7 +499,9 @@ impl SimBackend {
         let mut lock_name = path.file_name().unwrap_or_default().to_os_string();
         lock_name.push(".lock");
         let lock_path = path.with_file_name(lock_name);
+        let control = SimControl::beside(&path, config.faults.clone());
         let backend = SimBackend {
+            control,
             config: config.clone(),
             uuids,
             path,
@@ -499,6 +516,11 @@ impl SimBackend {
     /// The state file's path.
     pub fn state_path(&self) -> &Path {
         &self.path
+    }
+
+    /// The control file: injected call faults and the simulated hardware's health.
+    pub fn control(&self) -> &SimControl {
+        &self.control
     }
 
     fn io_err(path: &Path, source: std::io::Error) -> GpuError {
@@ -812,6 +834,7 @@ impl GpuBackend for SimBackend {
     }
 
     fn devices(&self) -> Result<Vec<GpuInfo>, GpuError> {
+        self.control.before("devices", None)?;
         self.read(|s| {
             Ok(s.gpus
                 .iter()
@@ -832,6 +855,7 @@ impl GpuBackend for SimBackend {
     }
 
     fn gi_profiles(&self, gpu: u32) -> Result<Vec<GiProfile>, GpuError> {
+        self.control.before("gi_profiles", Some(gpu))?;
         self.read(|s| {
             let g = s.gpu(gpu)?;
             Ok(if g.mig {
@@ -849,6 +873,7 @@ impl GpuBackend for SimBackend {
         placement: Placement,
         ci_profile_id: Option<u32>,
     ) -> Result<MigInstance, GpuError> {
+        self.control.before("create_instance", Some(gpu))?;
         self.mutate(|s| {
             let g = s.gpu_mut(gpu)?;
             g.require_mig(CALL_CREATE_GI)?;
@@ -892,6 +917,7 @@ impl GpuBackend for SimBackend {
     }
 
     fn destroy_instance(&self, gpu: u32, gi_id: u32) -> Result<(), GpuError> {
+        self.control.before("destroy_instance", Some(gpu))?;
         self.mutate(|s| {
             let g = s.gpu_mut(gpu)?;
             g.require_mig(CALL_GET_GI)?;
@@ -933,6 +959,7 @@ impl GpuBackend for SimBackend {
     }
 
     fn instances(&self, gpu: u32) -> Result<Vec<MigInstance>, GpuError> {
+        self.control.before("instances", Some(gpu))?;
         self.read(|s| {
             let g = s.gpu(gpu)?;
             g.instances.iter().map(|i| g.instance(i)).collect()
@@ -940,6 +967,7 @@ impl GpuBackend for SimBackend {
     }
 
     fn processes(&self, gpu: u32) -> Result<Vec<GpuProcess>, GpuError> {
+        self.control.before("processes", Some(gpu))?;
         self.read(|s| Ok(s.gpu(gpu)?.processes.clone()))
     }
 
@@ -952,6 +980,7 @@ impl GpuBackend for SimBackend {
     /// their instances fully busy, so the GPU is busy in proportion to the compute
     /// slices of the instances that have at least one process (rounded down).
     fn utilization(&self, gpu: u32) -> Result<Utilization, GpuError> {
+        self.control.before("utilization", Some(gpu))?;
         self.read(|s| {
             let g = s.gpu(gpu)?;
             let memory_used_bytes = g.processes.iter().map(|p| p.used_memory_bytes).sum();
@@ -976,6 +1005,7 @@ impl GpuBackend for SimBackend {
     }
 
     fn mps_start(&self, spec: &MpsSpec) -> Result<MpsDaemon, GpuError> {
+        self.control.before("mps_start", Some(spec.gpu))?;
         let mps_err = |detail: String| GpuError::Mps {
             lease: spec.lease_id.clone(),
             detail,
@@ -1044,6 +1074,7 @@ impl GpuBackend for SimBackend {
     }
 
     fn mps_stop(&self, lease_id: &str) -> Result<(), GpuError> {
+        self.control.before("mps_stop", None)?;
         self.mutate(|s| {
             s.mps.retain(|d| d.spec.lease_id != lease_id);
             Ok(())
@@ -1051,7 +1082,20 @@ impl GpuBackend for SimBackend {
     }
 
     fn mps_daemons(&self) -> Result<Vec<MpsDaemon>, GpuError> {
+        self.control.before("mps_daemons", None)?;
         self.read(|s| Ok(s.mps.clone()))
+    }
+
+    fn health_events(&self, timeout: Duration) -> Result<Vec<HealthEvent>, GpuError> {
+        self.control.take_events(timeout)
+    }
+
+    fn health_poll(&self, gpu: u32) -> Result<Option<HealthCause>, GpuError> {
+        self.control.before("health_poll", None)?;
+        if gpu as usize >= self.config.gpus.len() {
+            return Err(GpuError::NoSuchGpu(gpu));
+        }
+        self.control.poll(gpu)
     }
 }
 
@@ -1078,6 +1122,7 @@ mod tests {
                 .collect(),
             seed: Some("test".to_owned()),
             state_file: None,
+            faults: Vec::new(),
         }
     }
 
@@ -1135,6 +1180,7 @@ mod tests {
             }],
             seed: None,
             state_file: None,
+            faults: Vec::new(),
         };
         assert!(matches!(
             bad.validate(),
@@ -1145,6 +1191,7 @@ mod tests {
                 gpus: vec![],
                 seed: None,
                 state_file: None,
+                faults: Vec::new(),
             }
             .validate(),
             Err(SimConfigError::NoGpus)

@@ -62,7 +62,15 @@ impl LeaseManager {
         }
         let admission = Self::admit(&st, tenancy, &req.tenant, &ask.shape, extra)?;
         let opts = self.plan_options(req.gpu_index);
-        let decision = match partition::plan(&ask.shape, &Self::views(&st), &opts) {
+        if let Some(g) = req.gpu_index
+            && let Some(m) = st.unhealthy(g, None)
+        {
+            return Err(LeaseError::GpuUnhealthy(format!(
+                "{}; it takes no new leases until it is back in service",
+                m.describe()
+            )));
+        }
+        let decision = match partition::plan(&ask.shape, &Self::placeable_views(&st), &opts) {
             Ok(d) => d,
             Err(PlanError::NoCapacity(msg))
                 if admission == quota::Admission::Guaranteed
@@ -302,7 +310,7 @@ impl LeaseManager {
             .filter(|l| matches!(l.state(), LeaseState::Active | LeaseState::Pending))
             .collect();
         let order = quota::victims_in_order(tenancy, tenant, &live);
-        let mut views = Self::views(st);
+        let mut views = Self::placeable_views(st);
         let mut chosen = Vec::new();
         for v in order {
             let Some(p) = st.partitions.get(&v.partition_id) else {

@@ -258,6 +258,14 @@ impl LeaseManager {
                 info!(error = %e, "the instance to destroy is already gone: teardown done");
                 Ok(())
             }
+            // A GPU fallen off the bus comes back only through a reset or a reboot,
+            // and either destroys its MIG instances: nothing is left to tear down.
+            // Should it return without one, the instance is foreign at the next
+            // start: counted as occupied, never handed out.
+            Err(e) if e.nvml_code() == Some(crate::gpu::NvmlCode::GpuIsLost) => {
+                warn!(error = %e, "the GPU is lost; its instance goes with it: teardown done");
+                Ok(())
+            }
             other => other,
         })
     }

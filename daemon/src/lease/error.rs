@@ -25,6 +25,9 @@ pub enum LeaseError {
     BurstWaits(String),
     #[error("{0}")]
     FailedPrecondition(String),
+    /// The GPU asked for is out of service.
+    #[error("{0}")]
+    GpuUnhealthy(String),
     #[error("{0}")]
     PermissionDenied(String),
     #[error("the daemon is shutting down")]

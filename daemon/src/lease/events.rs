@@ -20,6 +20,10 @@ pub enum EventKind {
     ContainerBound,
     ContainerUnbound,
     MpsRestarted,
+    /// The lease's GPU or MIG instance was taken out of service.
+    Unhealthy,
+    /// It is back in service.
+    Healthy,
 }
 
 #[derive(Debug, Clone)]

@@ -11,6 +11,7 @@
 //! | `renew.rs`, `end.rs` | a new expiry; release, expiry and revocation with write-ahead teardown |
 //! | `binding.rs` | the runtime's side: token -> devices, container bindings |
 //! | `housekeeping.rs` | the background loop |
+//! | `health.rs` | GPUs and instances out of service: marks, their leases, no new placements |
 //! | `reconcile.rs`, `static_layout.rs` | start: store vs hardware, the operator's static layout |
 //! | `devices.rs`, `token.rs`, `events.rs`, `error.rs` | device nodes of a lease, tokens, events, errors |
 //!
@@ -49,6 +50,7 @@ pub mod enforce;
 mod error;
 mod events;
 mod grants;
+mod health;
 mod housekeeping;
 mod queries;
 pub mod quota;
@@ -62,6 +64,7 @@ mod validate;
 pub use create::{CreateRequest, Created};
 pub use error::LeaseError;
 pub use events::{EventKind, LeaseEvent};
+pub use health::HealthSource;
 pub use queries::GpuReport;
 pub use table::GpuState;
 pub use validate::validate_create;

@@ -18,6 +18,10 @@ pub struct GpuReport {
     pub mps_memory_used: u64,
     pub whole_leased: bool,
     pub free_slices: u32,
+    /// Why the GPU is out of service; None while it is in service.
+    pub health: Option<crate::model::HealthMark>,
+    /// Its MIG instances out of service (contained errors).
+    pub unhealthy_instances: Vec<crate::model::HealthMark>,
 }
 
 impl LeaseManager {
@@ -60,6 +64,13 @@ impl LeaseManager {
                     } else {
                         0
                     },
+                    health: st.health.get(&(v.info.index, None)).cloned(),
+                    unhealthy_instances: st
+                        .health
+                        .iter()
+                        .filter(|((g, gi), _)| *g == v.info.index && gi.is_some())
+                        .map(|(_, m)| m.clone())
+                        .collect(),
                 }
             })
             .collect()

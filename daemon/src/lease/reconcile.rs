@@ -30,6 +30,7 @@ impl LeaseManager {
     pub(super) fn load_and_reconcile(&self) -> Result<(), LeaseError> {
         let snap = self.store.snapshot()?;
         let mut st = self.load_state(snap.partitions, snap.leases, snap.tokens)?;
+        self.load_health(&mut st)?;
         let mut instances: Instances = HashMap::new();
         for g in &st.gpus {
             if g.info.mig_current {

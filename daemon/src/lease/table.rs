@@ -41,6 +41,8 @@ pub(super) struct State {
     pub(super) teardown_backoff: HashMap<String, (u32, i64)>,
     /// When the MPS daemons were last checked.
     pub(super) mps_checked_ms: i64,
+    /// GPUs (gi None) and MIG instances out of service: (gpu, gi) -> mark.
+    pub(super) health: HashMap<(u32, Option<u32>), crate::model::HealthMark>,
 }
 
 impl LeaseManager {
@@ -51,6 +53,27 @@ impl LeaseManager {
             dynamic_mig: self.config.partition.dynamic_mig,
             gpu_index,
         }
+    }
+
+    /// The views new placements may use: no GPU out of service, and no free static
+    /// instance that is.
+    pub(super) fn placeable_views(st: &State) -> Vec<GpuView> {
+        let mut views = Self::views(st);
+        views.retain(|v| st.unhealthy(v.info.index, None).is_none());
+        for v in &mut views {
+            for m in &mut v.mig {
+                let sick = m.free_static.as_ref().is_some_and(|pid| {
+                    st.partitions
+                        .get(pid)
+                        .and_then(|p| p.mig())
+                        .is_some_and(|mp| st.unhealthy(v.info.index, mp.gi_id).is_some())
+                });
+                if sick {
+                    m.free_static = None;
+                }
+            }
+        }
+        views
     }
 
     pub(super) fn views(st: &State) -> Vec<GpuView> {

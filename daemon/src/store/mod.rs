@@ -22,7 +22,7 @@ use std::sync::mpsc;
 
 use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 
-use crate::model::{Grant, Intent, IntentOp, Lease, LeaseState, Partition};
+use crate::model::{Grant, HealthMark, Intent, IntentOp, Lease, LeaseState, Partition};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -72,10 +72,44 @@ impl StoreError {
                 if e.code == rusqlite::ErrorCode::DiskFull
         ) || matches!(self, StoreError::Io { source, .. } if source.raw_os_error() == Some(libc::ENOSPC))
     }
+
+    /// The state directory's disk refuses writes (an I/O error, a filesystem
+    /// remounted read-only): nothing was written; retrying helps once the disk is
+    /// fixed.
+    pub fn is_unwritable(&self) -> bool {
+        use rusqlite::ErrorCode as C;
+        matches!(
+            self,
+            StoreError::Sqlite(rusqlite::Error::SqliteFailure(e, _))
+                if matches!(e.code, C::SystemIoFailure | C::ReadOnly | C::CannotOpen)
+        ) || matches!(self, StoreError::Io { source, .. }
+            if matches!(source.raw_os_error(), Some(libc::EIO | libc::EROFS)))
+    }
 }
 
-type Completion = Box<dyn FnOnce(Result<(), String>) + Send>;
-type Job = Box<dyn FnOnce(&Connection) -> (bool, Completion) + Send>;
+/// Why a batch did not commit: SQLite's code (kept, so a full disk stays a full
+/// disk for the caller) and its message.
+#[derive(Debug, Clone)]
+struct CommitFailed(rusqlite::ffi::Error, String);
+
+impl CommitFailed {
+    fn of(e: &rusqlite::Error) -> CommitFailed {
+        let code = e
+            .sqlite_error()
+            .copied()
+            .unwrap_or_else(|| rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_IOERR));
+        CommitFailed(code, e.to_string())
+    }
+
+    fn into_error(self) -> StoreError {
+        StoreError::Sqlite(rusqlite::Error::SqliteFailure(self.0, Some(self.1)))
+    }
+}
+
+type Completion = Box<dyn FnOnce(Result<(), CommitFailed>) + Send>;
+/// A queued write. Given no connection (the batch's transaction could not begin),
+/// it runs nothing and only hands back its completion.
+type Job = Box<dyn FnOnce(Option<&Connection>) -> (bool, Completion) + Send>;
 
 /// What the daemon reloads at start.
 #[derive(Debug, Default)]
@@ -233,16 +267,15 @@ impl Store {
         F: FnOnce(&Writer<'_>) -> Result<T, StoreError> + Send + 'static,
         D: FnOnce(Result<T, StoreError>) + Send + 'static,
     {
-        let job: Job = Box::new(move |conn: &Connection| {
-            let result = f(&Writer { conn });
-            let ok = result.is_ok();
-            let completion: Completion = Box::new(move |commit: Result<(), String>| {
-                deliver(match commit {
-                    Ok(()) => result,
-                    Err(e) => Err(StoreError::Sqlite(rusqlite::Error::SqliteFailure(
-                        rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_IOERR),
-                        Some(e),
-                    ))),
+        let job: Job = Box::new(move |conn: Option<&Connection>| {
+            let result = conn.map(|conn| f(&Writer { conn }));
+            let ok = matches!(result, Some(Ok(_)));
+            let completion: Completion = Box::new(move |commit: Result<(), CommitFailed>| {
+                deliver(match (commit, result) {
+                    (Ok(()), Some(r)) => r,
+                    (Err(e), _) => Err(e.into_error()),
+                    // Not reached: a job that did not run gets its batch's failure.
+                    (Ok(()), None) => Err(StoreError::WriterGone),
                 });
             });
             (ok, completion)
@@ -377,6 +410,19 @@ impl Store {
         Ok(out)
     }
 
+    /// The health marks (GPUs and instances out of service).
+    pub fn health_marks(&self) -> Result<Vec<HealthMark>, StoreError> {
+        let conn = self.reader.lock().map_err(|_| StoreError::WriterGone)?;
+        let mut stmt = conn.prepare("SELECT key, body FROM health_marks ORDER BY key")?;
+        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (key, body) = row?;
+            out.push(decode("health mark", &key, &body)?);
+        }
+        Ok(out)
+    }
+
     /// Stop the writer after the queued writes are committed.
     pub fn close(&self) {
         if let Ok(mut g) = self.jobs.lock() {
@@ -430,11 +476,12 @@ fn writer_loop(conn: Connection, rx: mpsc::Receiver<Job>) {
         }
         let mut completions = Vec::with_capacity(batch.len());
         if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
-            let msg = e.to_string();
+            let failed = CommitFailed::of(&e);
             for job in batch {
-                // Run nothing: report the failure to every waiter.
-                let (_, done) = job(&conn);
-                done(Err(msg.clone()));
+                // Run nothing (outside a transaction each statement would commit
+                // on its own): report the failure to every waiter.
+                let (_, done) = job(None);
+                done(Err(failed.clone()));
             }
             continue;
         }
@@ -443,7 +490,7 @@ fn writer_loop(conn: Connection, rx: mpsc::Receiver<Job>) {
             // Each write in its own savepoint: one failing write (a duplicate
             // request id, say) is undone alone, the rest of the batch commits.
             let sp = run("SAVEPOINT w");
-            let (ok, done) = job(&conn);
+            let (ok, done) = job(Some(&conn));
             if sp.is_ok() {
                 if !ok {
                     let _ = run("ROLLBACK TO w");
@@ -452,7 +499,9 @@ fn writer_loop(conn: Connection, rx: mpsc::Receiver<Job>) {
             }
             completions.push(done);
         }
-        let commit = conn.execute_batch("COMMIT").map_err(|e| e.to_string());
+        let commit = conn
+            .execute_batch("COMMIT")
+            .map_err(|e| CommitFailed::of(&e));
         if commit.is_err() {
             let _ = conn.execute_batch("ROLLBACK");
         }
@@ -592,6 +641,22 @@ impl Writer<'_> {
             "INSERT INTO quota_grants (id, tenant, expires_at_ms, body) VALUES (?1, ?2, ?3, ?4)",
             params![g.id, g.tenant, g.expires_at_ms, body],
         )?;
+        Ok(())
+    }
+
+    pub fn put_health_mark(&self, m: &HealthMark) -> Result<(), StoreError> {
+        let key = m.key();
+        let body = encode("health mark", &key, m)?;
+        self.exec(
+            "INSERT INTO health_marks (key, body) VALUES (?1, ?2) \
+             ON CONFLICT(key) DO UPDATE SET body = excluded.body",
+            params![key, body],
+        )?;
+        Ok(())
+    }
+
+    pub fn delete_health_mark(&self, key: &str) -> Result<(), StoreError> {
+        self.exec("DELETE FROM health_marks WHERE key = ?1", params![key])?;
         Ok(())
     }
 

@@ -67,6 +67,11 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX usage_records_window ON usage_records(tenant, start_ms, end_ms);",
     // 4: find recently ended leases without scanning them all
     "CREATE INDEX leases_ended ON leases(ended_at_ms);",
+    // 5: GPUs and MIG instances out of service, kept until they are back
+    "CREATE TABLE health_marks (
+        key TEXT PRIMARY KEY,
+        body TEXT NOT NULL
+    );",
 ];
 
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;

@@ -1,0 +1,312 @@
+//! GPU health: marks GPUs and MIG instances out of service (from NVML events, polls
+//! or an operator), keeps the marks in the store until they are back, tells the
+//! leases on them, and keeps new placements off them.
+//!
+//! A mark is written to the store before it takes effect in memory, and cleared in
+//! the same order, so a restart neither forgets a sick GPU nor revives one.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tessera_common::clock::now_ms;
+use tracing::{error, info, warn};
+
+use crate::config::OnUnhealthy;
+use crate::gpu::{HealthCause, HealthEvent};
+use crate::model::{HealthMark, LeaseState, PartKind};
+
+use super::table::State;
+use super::{EventKind, LeaseError, LeaseManager};
+
+/// Where a health change comes from (for the log and the events).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HealthSource {
+    Event,
+    Poll,
+    Operator,
+}
+
+impl HealthSource {
+    fn as_str(self) -> &'static str {
+        match self {
+            HealthSource::Event => "NVML event",
+            HealthSource::Poll => "NVML poll",
+            HealthSource::Operator => "operator",
+        }
+    }
+}
+
+impl State {
+    /// The mark that keeps `gpu` (or its instance `gi_id`) out of service, if any:
+    /// a GPU-wide mark covers every instance.
+    pub(super) fn unhealthy(&self, gpu: u32, gi_id: Option<u32>) -> Option<&HealthMark> {
+        self.health
+            .get(&(gpu, None))
+            .or_else(|| gi_id.and_then(|gi| self.health.get(&(gpu, Some(gi)))))
+    }
+
+    /// Set each live lease's `unhealthy` from the marks.
+    pub(super) fn refresh_lease_health(&mut self) {
+        let State {
+            leases,
+            partitions,
+            health,
+            ..
+        } = self;
+        for l in leases.values_mut() {
+            let gi = partitions
+                .get(&l.partition_id)
+                .and_then(|p| p.mig())
+                .and_then(|m| m.gi_id);
+            let mark = health
+                .get(&(l.gpu, None))
+                .or_else(|| gi.and_then(|gi| health.get(&(l.gpu, Some(gi)))));
+            l.unhealthy = mark.map(HealthMark::describe);
+        }
+    }
+}
+
+impl LeaseManager {
+    /// Every GPU and instance out of service now.
+    pub fn health_marks(&self) -> Vec<HealthMark> {
+        let mut marks: Vec<HealthMark> = self.lock().health.values().cloned().collect();
+        marks.sort_by_key(|m| (m.gpu, m.gi_id));
+        marks
+    }
+
+    /// The marks the store kept, on the GPUs as they are indexed now (matched by
+    /// UUID). Marks of GPUs this host no longer has are kept in the store, unused.
+    pub(super) fn load_health(&self, st: &mut State) -> Result<(), LeaseError> {
+        for mut m in self.store.health_marks()? {
+            let Some(g) = st.gpus.iter().find(|g| g.info.uuid == m.gpu_uuid) else {
+                warn!(gpu = %m.gpu_uuid, "a health mark names a GPU this host does not have");
+                continue;
+            };
+            m.gpu = g.info.index;
+            warn!(mark = %m.describe(), "out of service since before this start");
+            st.health.insert((m.gpu, m.gi_id), m);
+        }
+        st.refresh_lease_health();
+        Ok(())
+    }
+
+    /// An event from the hardware. Non-critical ones are logged only.
+    pub async fn apply_health_event(&self, ev: HealthEvent) {
+        if !ev.is_critical() {
+            info!(gpu = ev.gpu, gi = ?ev.gi_id, cause = %ev.cause, "GPU event (not a hardware fault)");
+            return;
+        }
+        let gi = ev.instance_scope();
+        if let Err(e) = self
+            .mark_unhealthy(ev.gpu, gi, ev.cause, HealthSource::Event)
+            .await
+        {
+            error!(gpu = ev.gpu, error = %e, "could not record a GPU health event");
+        }
+    }
+
+    /// Take `gpu` (or its instance) out of service. Returns false when it already
+    /// was (the first cause stays).
+    pub async fn mark_unhealthy(
+        &self,
+        gpu: u32,
+        gi_id: Option<u32>,
+        cause: HealthCause,
+        source: HealthSource,
+    ) -> Result<bool, LeaseError> {
+        let mark = {
+            let st = self.lock();
+            let Some(g) = st.gpus.iter().find(|g| g.info.index == gpu) else {
+                return Err(LeaseError::NotFound(format!("no GPU {gpu}")));
+            };
+            if st.health.contains_key(&(gpu, gi_id)) {
+                return Ok(false);
+            }
+            HealthMark {
+                gpu_uuid: g.info.uuid.clone(),
+                gpu,
+                gi_id,
+                cause,
+                since_ms: now_ms(),
+            }
+        };
+        let m2 = mark.clone();
+        self.store.write(move |w| w.put_health_mark(&m2)).await?;
+        warn!(mark = %mark.describe(), source = source.as_str(), "taken out of service: no new placements");
+        let affected = {
+            let mut st = self.lock();
+            st.health.insert((gpu, gi_id), mark.clone());
+            st.refresh_lease_health();
+            self.leases_under(&st, gpu, gi_id)
+        };
+        let revoke = self.config.health.on_unhealthy == OnUnhealthy::Revoke;
+        for (lease, partition) in &affected {
+            let then = if revoke {
+                "the lease is revoked ([health] on_unhealthy = \"revoke\")"
+            } else {
+                "the lease keeps running; no new placements there"
+            };
+            self.emit(
+                EventKind::Unhealthy,
+                lease,
+                partition.as_ref(),
+                format!("{} ({}): {then}", mark.describe(), source.as_str()),
+            );
+        }
+        if revoke {
+            for (lease, _) in affected {
+                let reason = format!("unhealthy: {}", mark.describe());
+                if let Err(e) = self.end(&lease.id, LeaseState::Revoked, &reason).await {
+                    warn!(lease = %lease.id, error = %e, "could not revoke a lease on an unhealthy GPU");
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    /// Return `gpu` (or its instance) to service. Returns the mark it cleared.
+    pub async fn mark_healthy(
+        &self,
+        gpu: u32,
+        gi_id: Option<u32>,
+        source: HealthSource,
+        why: &str,
+    ) -> Result<Option<HealthMark>, LeaseError> {
+        let Some(mark) = self.lock().health.get(&(gpu, gi_id)).cloned() else {
+            if !self.lock().gpus.iter().any(|g| g.info.index == gpu) {
+                return Err(LeaseError::NotFound(format!("no GPU {gpu}")));
+            }
+            return Ok(None);
+        };
+        let key = mark.key();
+        self.store.write(move |w| w.delete_health_mark(&key)).await?;
+        info!(mark = %mark.describe(), source = source.as_str(), why, "back in service");
+        let affected = {
+            let mut st = self.lock();
+            st.health.remove(&(gpu, gi_id));
+            st.refresh_lease_health();
+            self.leases_under(&st, gpu, gi_id)
+        };
+        for (lease, partition) in &affected {
+            self.emit(
+                EventKind::Healthy,
+                lease,
+                partition.as_ref(),
+                format!(
+                    "back in service ({}: {why}); was {}",
+                    source.as_str(),
+                    mark.describe()
+                ),
+            );
+        }
+        Ok(Some(mark))
+    }
+
+    /// Live leases on `gpu` (on its instance `gi_id` only, when given).
+    fn leases_under(
+        &self,
+        st: &State,
+        gpu: u32,
+        gi_id: Option<u32>,
+    ) -> Vec<(crate::model::Lease, Option<crate::model::Partition>)> {
+        st.leases
+            .values()
+            .filter(|l| l.gpu == gpu && l.state().is_live())
+            .filter_map(|l| {
+                let p = st.partitions.get(&l.partition_id);
+                let on_it = match (gi_id, p.map(|p| &p.kind)) {
+                    (None, _) => true,
+                    (Some(gi), Some(PartKind::Mig(m))) => m.gi_id == Some(gi),
+                    (Some(_), _) => false,
+                };
+                on_it.then(|| (l.clone(), p.cloned()))
+            })
+            .collect()
+    }
+
+    /// Poll every GPU for what events do not cover; clear poll-made marks that the
+    /// hardware says are over.
+    pub async fn poll_health(&self) {
+        let gpus: Vec<u32> = self.lock().gpus.iter().map(|g| g.info.index).collect();
+        for gpu in gpus {
+            let backend = self.backend.clone();
+            let read = tokio::task::spawn_blocking(move || backend.health_poll(gpu)).await;
+            let reading = match read {
+                Ok(Ok(r)) => r,
+                Ok(Err(e)) => {
+                    warn!(gpu, error = %e, "GPU health poll failed");
+                    continue;
+                }
+                Err(_) => continue,
+            };
+            let current = self.lock().health.get(&(gpu, None)).cloned();
+            let result = match (reading, current) {
+                (Some(cause), None) => self
+                    .mark_unhealthy(gpu, None, cause, HealthSource::Poll)
+                    .await
+                    .map(|_| ()),
+                (None, Some(m)) if m.cause.clears_by_poll() => self
+                    .mark_healthy(gpu, None, HealthSource::Poll, "the poll reads healthy")
+                    .await
+                    .map(|_| ()),
+                _ => Ok(()),
+            };
+            if let Err(e) = result {
+                error!(gpu, error = %e, "could not record a GPU health change");
+            }
+        }
+    }
+
+    /// Wait for NVML health events (on a blocking thread, one wait at a time) and
+    /// poll on `[health] poll_interval`, until `stop` fires.
+    pub async fn run_health_watch(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
+        let poll_every = self.config.health.poll_interval;
+        let mut next_poll = tokio::time::Instant::now();
+        let mut failures = 0u32;
+        loop {
+            if *stop.borrow() {
+                return;
+            }
+            if !poll_every.is_zero() && tokio::time::Instant::now() >= next_poll {
+                self.poll_health().await;
+                next_poll = tokio::time::Instant::now() + poll_every;
+            }
+            if !self.config.health.watch_events {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(next_poll) => continue,
+                    _ = stop.changed() => return,
+                }
+            }
+            let backend = self.backend.clone();
+            let wait = tokio::task::spawn_blocking(move || {
+                backend.health_events(Duration::from_millis(500))
+            });
+            let events = tokio::select! {
+                r = wait => r,
+                _ = stop.changed() => return,
+            };
+            match events {
+                Ok(Ok(events)) => {
+                    failures = 0;
+                    for ev in events {
+                        self.apply_health_event(ev).await;
+                    }
+                }
+                Ok(Err(e)) => {
+                    // Without events, polling still covers what it can. Back off so
+                    // a driver without event support does not spin.
+                    failures = failures.saturating_add(1);
+                    if failures == 1 {
+                        warn!(error = %e, "cannot wait for GPU health events; polling only until this clears");
+                    }
+                    let pause = Duration::from_secs(1 << failures.min(6));
+                    tokio::select! {
+                        _ = tokio::time::sleep(pause) => {}
+                        _ = stop.changed() => return,
+                    }
+                }
+                Err(_) => return,
+            }
+        }
+    }
+}
