@@ -310,3 +310,168 @@ impl LeaseManager {
         }
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::path::Path;
+
+    use super::*;
+    use crate::config::Config;
+    use crate::gpu::SimBackend;
+    use crate::lease::CreateRequest;
+    use crate::partition::Shape;
+    use crate::store::Store;
+
+    fn config(dir: &Path, extra: &str) -> Config {
+        let text = format!(
+            "[daemon]\nstate_dir = {d:?}\nrun_dir = {d:?}\n[gpu]\nbackend = \"sim\"\n\
+             [sim]\nstate_file = {s:?}\n[[sim.gpus]]\nmodel = \"h100-80gb\"\n\
+             [[sim.gpus]]\nmodel = \"h100-80gb\"\n{extra}",
+            d = dir.display().to_string(),
+            s = dir.join("sim.json").display().to_string(),
+        );
+        Config::parse(Path::new("test.toml"), &text).unwrap()
+    }
+
+    fn start(dir: &Path, extra: &str) -> (Arc<LeaseManager>, Arc<SimBackend>) {
+        let cfg = config(dir, extra);
+        let sim = Arc::new(crate::gpu::open_sim(&cfg.sim).unwrap());
+        let store = Arc::new(Store::open(dir).unwrap());
+        (LeaseManager::start(cfg, sim.clone(), store).unwrap(), sim)
+    }
+
+    fn ask(profile: &str, gpu: Option<u32>) -> CreateRequest {
+        CreateRequest {
+            tenant: "team-a".into(),
+            shape: Some(Shape::Mig {
+                profile: profile.into(),
+                compute_profile: None,
+            }),
+            ttl: None,
+            request_id: None,
+            labels: BTreeMap::new(),
+            priority_class: None,
+            gpu_index: gpu,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_critical_xid_keeps_new_leases_off_the_gpu_tells_its_leases_and_outlives_a_restart()
+    {
+        let dir = tempfile::tempdir().unwrap();
+        let (mgr, _sim) = start(dir.path(), "");
+        let on0 = mgr.create(ask("1g.10gb", Some(0))).await.unwrap().lease;
+        let mut events = mgr.subscribe();
+        // An application XID says nothing about the hardware.
+        mgr.apply_health_event(HealthEvent {
+            gpu: 0,
+            gi_id: None,
+            cause: HealthCause::Xid { xid: 13 },
+        })
+        .await;
+        assert!(mgr.health_marks().is_empty());
+        mgr.apply_health_event(HealthEvent {
+            gpu: 0,
+            gi_id: None,
+            cause: HealthCause::Xid { xid: 79 },
+        })
+        .await;
+        let ev = events.recv().await.unwrap();
+        assert_eq!(ev.kind, EventKind::Unhealthy);
+        assert_eq!(ev.lease.id, on0.id);
+        assert!(ev.message.contains("XID 79"), "{}", ev.message);
+        let (l, _) = mgr.get(&on0.id).unwrap();
+        assert!(l.unhealthy.as_deref().unwrap().contains("GPU 0"));
+        assert_eq!(l.state(), LeaseState::Active, "default policy keeps the lease");
+
+        // Pinned to the sick GPU: a precise refusal. Unpinned: GPU 1, every time.
+        let e = mgr.create(ask("1g.10gb", Some(0))).await.unwrap_err();
+        assert!(matches!(e, LeaseError::GpuUnhealthy(_)), "{e}");
+        for _ in 0..3 {
+            assert_eq!(mgr.create(ask("1g.10gb", None)).await.unwrap().lease.gpu, 1);
+        }
+        let node = mgr.node();
+        assert!(node[0].health.is_some() && node[1].health.is_none());
+
+        // A restart remembers it; an operator brings it back.
+        drop(events);
+        mgr.begin_shutdown();
+        drop(mgr);
+        let (mgr, _sim) = start(dir.path(), "");
+        assert_eq!(mgr.health_marks().len(), 1);
+        assert!(mgr.get(&on0.id).unwrap().0.unhealthy.is_some());
+        assert!(mgr.create(ask("1g.10gb", Some(0))).await.is_err());
+        let cleared = mgr
+            .mark_healthy(0, None, HealthSource::Operator, "reset done")
+            .await
+            .unwrap();
+        assert!(cleared.is_some());
+        assert!(mgr.get(&on0.id).unwrap().0.unhealthy.is_none());
+        assert_eq!(mgr.create(ask("1g.10gb", Some(0))).await.unwrap().lease.gpu, 0);
+        assert!(mgr.store.health_marks().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn the_revoke_policy_ends_the_leases_on_a_sick_gpu_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mgr, _sim) = start(dir.path(), "[health]\non_unhealthy = \"revoke\"\n");
+        let on0 = mgr.create(ask("2g.20gb", Some(0))).await.unwrap().lease;
+        let on1 = mgr.create(ask("2g.20gb", Some(1))).await.unwrap().lease;
+        mgr.apply_health_event(HealthEvent {
+            gpu: 0,
+            gi_id: None,
+            cause: HealthCause::DoubleBitEcc,
+        })
+        .await;
+        let (l0, _) = mgr.get(&on0.id).unwrap();
+        assert_eq!(l0.state(), LeaseState::Revoked);
+        assert!(l0.end_reason().unwrap().contains("double-bit ECC"));
+        assert_eq!(mgr.get(&on1.id).unwrap().0.state(), LeaseState::Active);
+    }
+
+    #[tokio::test]
+    async fn a_contained_error_takes_out_its_instance_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mgr, _sim) = start(dir.path(), "");
+        let a = mgr.create(ask("2g.20gb", Some(0))).await.unwrap();
+        let b = mgr.create(ask("2g.20gb", Some(0))).await.unwrap();
+        let gi = a.partition.as_ref().unwrap().mig().unwrap().gi_id;
+        mgr.apply_health_event(HealthEvent {
+            gpu: 0,
+            gi_id: gi,
+            cause: HealthCause::Xid { xid: 94 },
+        })
+        .await;
+        assert!(mgr.get(&a.lease.id).unwrap().0.unhealthy.is_some());
+        assert!(mgr.get(&b.lease.id).unwrap().0.unhealthy.is_none());
+        // The GPU itself still takes leases.
+        assert_eq!(mgr.create(ask("1g.10gb", Some(0))).await.unwrap().lease.gpu, 0);
+        assert_eq!(mgr.node()[0].unhealthy_instances.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_lost_gpu_is_noticed_by_the_poll_and_returns_by_itself_when_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mgr, sim) = start(dir.path(), "");
+        sim.control().update(|c| c.lost.insert(1)).unwrap();
+        mgr.poll_health().await;
+        let marks = mgr.health_marks();
+        assert_eq!(marks.len(), 1);
+        assert_eq!((marks[0].gpu, &marks[0].cause), (1, &HealthCause::Lost));
+        assert!(mgr.create(ask("1g.10gb", Some(1))).await.is_err());
+        sim.control().update(|c| c.lost.remove(&1)).unwrap();
+        mgr.poll_health().await;
+        assert!(mgr.health_marks().is_empty());
+        // An XID mark, by contrast, stays until an operator clears it.
+        mgr.apply_health_event(HealthEvent {
+            gpu: 1,
+            gi_id: None,
+            cause: HealthCause::Xid { xid: 48 },
+        })
+        .await;
+        mgr.poll_health().await;
+        assert_eq!(mgr.health_marks().len(), 1);
+    }
+}
