@@ -117,11 +117,11 @@ impl Command {
             Self::Lease(cmd) => cmd.validate(),
             Self::Usage(args) => args.validate(),
             Self::Quota(cmd) => cmd.validate(),
-            Self::Gpu(GpuCmd::MarkHealthy { reason, .. } | GpuCmd::MarkUnhealthy { reason, .. })
-                if reason.trim().is_empty() =>
-            {
-                Err(CliError::Usage("--reason must say why (it goes to the audit log)".into()))
-            }
+            Self::Gpu(
+                GpuCmd::MarkHealthy { reason, .. } | GpuCmd::MarkUnhealthy { reason, .. },
+            ) if reason.trim().is_empty() => Err(CliError::Usage(
+                "--reason must say why (it goes to the audit log)".into(),
+            )),
             Self::Gpus
             | Self::Gpu(_)
             | Self::Node

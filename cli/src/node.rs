@@ -168,7 +168,11 @@ pub async fn set_health(
         Some(gi) => format!("GPU {gpu} instance {gi}"),
         None => format!("GPU {gpu}"),
     };
-    let state = if healthy { "in service" } else { "out of service" };
+    let state = if healthy {
+        "in service"
+    } else {
+        "out of service"
+    };
     let line = if resp.changed {
         format!("{scope} is now {state}")
     } else {

@@ -195,6 +195,45 @@ impl TestDaemon {
     pub async fn client(&self) -> anyhow::Result<TesseraClient<Channel>> {
         connect(&self.socket).await
     }
+
+    /// The Prometheus endpoint's address (`[metrics] listen = "127.0.0.1:0"`), from
+    /// the daemon's log line; waits up to 10 s for it.
+    pub fn metrics_addr(&self) -> anyhow::Result<String> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let found = strip_ansi(&self.log())
+                .lines()
+                .find(|l| l.contains("serving Prometheus metrics"))
+                .and_then(|l| l.split("addr=").nth(1))
+                .and_then(|s| s.split_whitespace().next())
+                .map(str::to_string);
+            if let Some(a) = found {
+                return Ok(a);
+            }
+            if Instant::now() > deadline {
+                bail!("no metrics address in the log:\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+}
+
+/// Text without the terminal colour codes of the daemon's log.
+pub fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 impl Drop for TestDaemon {

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::io::{Read, Write};
 use std::time::Duration;
 
-use tessera_integration_tests::{TestDaemon, bin_path, create_req, shape};
+use tessera_integration_tests::{TestDaemon, bin_path, create_req, shape, strip_ansi};
 use tessera_proto::v1 as pb;
 
 use tessera_integration_tests::rt;
@@ -191,22 +191,6 @@ fn usage_is_weighted_clipped_exported_and_counted_once_across_restarts() {
 }
 
 /// The log without terminal colour sequences.
-fn strip_ansi(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    let mut chars = s.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for c in chars.by_ref() {
-                if c.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
 
 /// A minimal HTTP/1.0 GET (the test must not trust the server it checks).
 fn http_get(addr: &str, path: &str) -> (String, String) {

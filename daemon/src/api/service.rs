@@ -111,8 +111,8 @@ impl TesseraService {
             return Ok(());
         };
         if let Some(m) = &self.metrics {
-                m.audit_failed();
-            }
+            m.audit_failed();
+        }
         match self.mgr.config().audit.on_failure {
             AuditOnFailure::Log => {
                 tracing::error!(error = %e, rpc = rpc.name(), "audit log write failed; going on (audit.on_failure = \"log\")");

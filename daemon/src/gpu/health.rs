@@ -140,10 +140,17 @@ mod tests {
         };
         assert!(ev(79, None).is_critical());
         assert!(ev(48, None).is_critical());
-        assert!(!ev(13, None).is_critical(), "an application fault is no hardware fault");
+        assert!(
+            !ev(13, None).is_critical(),
+            "an application fault is no hardware fault"
+        );
         assert!(!ev(43, Some(1)).is_critical());
         assert_eq!(ev(94, Some(3)).instance_scope(), Some(3));
-        assert_eq!(ev(95, Some(3)).instance_scope(), None, "uncontained takes the GPU");
+        assert_eq!(
+            ev(95, Some(3)).instance_scope(),
+            None,
+            "uncontained takes the GPU"
+        );
         assert_eq!(ev(94, None).instance_scope(), None);
     }
 
@@ -153,12 +160,7 @@ mod tests {
         assert!(HealthCause::PendingRetirement.clears_by_poll());
         assert!(!HealthCause::Xid { xid: 79 }.clears_by_poll());
         assert!(!HealthCause::DoubleBitEcc.clears_by_poll());
-        assert!(
-            !HealthCause::Operator {
-                reason: "x".into()
-            }
-            .clears_by_poll()
-        );
+        assert!(!HealthCause::Operator { reason: "x".into() }.clears_by_poll());
         assert_eq!(HealthCause::Xid { xid: 79 }.code(), "xid-79");
         assert!(
             HealthCause::Xid { xid: 79 }

@@ -20,8 +20,8 @@ use nvml_wrapper::error::NvmlError;
 use nvml_wrapper_sys::bindings as sys;
 use serde::{Deserialize, Serialize};
 
-use super::profiles::{self, GpuModel};
 use super::health::{HealthCause, HealthEvent};
+use super::profiles::{self, GpuModel};
 use super::{
     CiProfile, GiProfile, GpuBackend, GpuError, GpuInfo, GpuProcess, MigInstance, MigMinors,
     MpsDaemon, MpsSpec, NvmlCode, Placement, Utilization, caps,
@@ -953,9 +953,7 @@ impl GpuBackend for NvmlBackend {
         let ret = unsafe { remapped(dev, &mut corr, &mut unc, &mut pending, &mut failed) };
         Ok(match ret {
             sys::nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST => Some(HealthCause::Lost),
-            sys::nvmlReturn_enum_NVML_SUCCESS if failed != 0 => {
-                Some(HealthCause::Xid { xid: 64 })
-            }
+            sys::nvmlReturn_enum_NVML_SUCCESS if failed != 0 => Some(HealthCause::Xid { xid: 64 }),
             sys::nvmlReturn_enum_NVML_SUCCESS if pending != 0 => {
                 Some(HealthCause::PendingRetirement)
             }

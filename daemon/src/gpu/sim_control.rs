@@ -328,14 +328,22 @@ mod tests {
                 code: NvmlCode::Unknown,
             }
         };
-        assert!(bad.validate().unwrap_err().to_string().contains("create_instance"));
+        assert!(
+            bad.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("create_instance")
+        );
         let rate = CallFault {
             call: "mps_start".into(),
             fail_rate: 1.5,
             delay_ms: 0,
             code: NvmlCode::Unknown,
         };
-        assert!(matches!(rate.validate(), Err(CallFaultError::BadRate { .. })));
+        assert!(matches!(
+            rate.validate(),
+            Err(CallFaultError::BadRate { .. })
+        ));
     }
 
     #[test]

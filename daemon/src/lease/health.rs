@@ -179,7 +179,9 @@ impl LeaseManager {
             return Ok(None);
         };
         let key = mark.key();
-        self.store.write(move |w| w.delete_health_mark(&key)).await?;
+        self.store
+            .write(move |w| w.delete_health_mark(&key))
+            .await?;
         info!(mark = %mark.describe(), source = source.as_str(), why, "back in service");
         let affected = {
             let mut st = self.lock();
@@ -358,8 +360,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_critical_xid_keeps_new_leases_off_the_gpu_tells_its_leases_and_outlives_a_restart()
-    {
+    async fn a_critical_xid_keeps_new_leases_off_the_gpu_tells_its_leases_and_outlives_a_restart() {
         let dir = tempfile::tempdir().unwrap();
         let (mgr, _sim) = start(dir.path(), "");
         let on0 = mgr.create(ask("1g.10gb", Some(0))).await.unwrap().lease;
@@ -384,7 +385,11 @@ mod tests {
         assert!(ev.message.contains("XID 79"), "{}", ev.message);
         let (l, _) = mgr.get(&on0.id).unwrap();
         assert!(l.unhealthy.as_deref().unwrap().contains("GPU 0"));
-        assert_eq!(l.state(), LeaseState::Active, "default policy keeps the lease");
+        assert_eq!(
+            l.state(),
+            LeaseState::Active,
+            "default policy keeps the lease"
+        );
 
         // Pinned to the sick GPU: a precise refusal. Unpinned: GPU 1, every time.
         let e = mgr.create(ask("1g.10gb", Some(0))).await.unwrap_err();
@@ -409,7 +414,10 @@ mod tests {
             .unwrap();
         assert!(cleared.is_some());
         assert!(mgr.get(&on0.id).unwrap().0.unhealthy.is_none());
-        assert_eq!(mgr.create(ask("1g.10gb", Some(0))).await.unwrap().lease.gpu, 0);
+        assert_eq!(
+            mgr.create(ask("1g.10gb", Some(0))).await.unwrap().lease.gpu,
+            0
+        );
         assert!(mgr.store.health_marks().unwrap().is_empty());
     }
 
@@ -447,7 +455,10 @@ mod tests {
         assert!(mgr.get(&a.lease.id).unwrap().0.unhealthy.is_some());
         assert!(mgr.get(&b.lease.id).unwrap().0.unhealthy.is_none());
         // The GPU itself still takes leases.
-        assert_eq!(mgr.create(ask("1g.10gb", Some(0))).await.unwrap().lease.gpu, 0);
+        assert_eq!(
+            mgr.create(ask("1g.10gb", Some(0))).await.unwrap().lease.gpu,
+            0
+        );
         assert_eq!(mgr.node()[0].unhealthy_instances.len(), 1);
     }
 

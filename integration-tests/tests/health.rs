@@ -1,0 +1,228 @@
+//! GPU health end to end, on the real binaries: the simulator is told of an XID
+//! (`tesserad sim xid`) or loses a GPU (`tesserad sim lose`), and the daemon takes the
+//! GPU out of service. Its leases hear of it on the watch stream and in their status,
+//! `tessera gpus` and `tessera_gpu_healthy` show it, new leases go elsewhere, and it
+//! returns by `tessera gpu mark-healthy` (audited) or, for a lost GPU, by itself.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{Read, Write};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use tessera_integration_tests::{TestDaemon, bin_path, create_req, rt, shape};
+use tessera_proto::v1 as pb;
+use tonic_types::StatusExt;
+
+fn sim(d: &TestDaemon, args: &[&str]) {
+    let out = Command::new(bin_path("tesserad").unwrap())
+        .arg("--config")
+        .arg(&d.config)
+        .arg("sim")
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "tesserad sim {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn cli(d: &TestDaemon, args: &[&str]) -> (bool, String) {
+    let out = Command::new(bin_path("tessera").unwrap())
+        .arg("--socket")
+        .arg(&d.socket)
+        .args(args)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// The `tessera_gpu_healthy` sample of GPU `gpu`.
+fn healthy_metric(addr: &str, gpu: u32) -> Option<String> {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(s, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    resp.lines()
+        .find(|l| l.starts_with("tessera_gpu_healthy{") && l.contains(&format!("gpu=\"{gpu}\"")))
+        .map(str::to_string)
+}
+
+async fn next_event(
+    stream: &mut tonic::Streaming<pb::LeaseEvent>,
+    kind: pb::LeaseEventKind,
+) -> pb::LeaseEvent {
+    let deadline = Duration::from_secs(15);
+    loop {
+        let ev = tokio::time::timeout(deadline, stream.message())
+            .await
+            .unwrap_or_else(|_| panic!("no {kind:?} event within {deadline:?}"))
+            .unwrap()
+            .unwrap();
+        if ev.kind == kind as i32 {
+            return ev;
+        }
+    }
+}
+
+async fn gpu(
+    c: &mut pb::tessera_client::TesseraClient<tonic::transport::Channel>,
+    i: usize,
+) -> pb::Gpu {
+    c.get_node(pb::GetNodeRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .gpus
+        .swap_remove(i)
+}
+
+#[test]
+fn an_xid_takes_a_gpu_out_of_service_end_to_end_until_an_operator_returns_it() {
+    let d = TestDaemon::start("[metrics]\nlisten = \"127.0.0.1:0\"\n").unwrap();
+    let addr = d.metrics_addr().unwrap();
+    let rt = rt();
+    let lease = rt.block_on(async {
+        let mut c = d.client().await.unwrap();
+        let mut req = create_req("team-a", shape::mig("1g.10gb"));
+        req.gpu_index = Some(0);
+        let lease = c
+            .create_lease(req)
+            .await
+            .unwrap()
+            .into_inner()
+            .lease
+            .unwrap();
+        let mut watch = c
+            .watch_leases(pb::WatchLeasesRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(healthy_metric(&addr, 0).unwrap().ends_with(" 1"));
+
+        sim(&d, &["xid", "--gpu", "0", "--xid", "79"]);
+        let ev = next_event(&mut watch, pb::LeaseEventKind::Unhealthy).await;
+        assert_eq!(ev.lease.as_ref().unwrap().id, lease.id);
+        assert!(ev.message.contains("XID 79"), "{}", ev.message);
+
+        let g0 = gpu(&mut c, 0).await;
+        assert!(
+            !g0.healthy && g0.health.contains("fallen off the bus"),
+            "{g0:?}"
+        );
+        let got = c
+            .get_lease(pb::GetLeaseRequest {
+                lease_id: lease.id.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .lease
+            .unwrap();
+        assert!(got.unhealthy.contains("GPU 0"), "{got:?}");
+        assert_eq!(got.state, pb::LeaseState::Active as i32, "default: kept");
+
+        // New leases: never on GPU 0; pinned there, a precise refusal.
+        let mut pinned = create_req("team-a", shape::mig("1g.10gb"));
+        pinned.gpu_index = Some(0);
+        let st = c.create_lease(pinned).await.unwrap_err();
+        assert_eq!(st.code(), tonic::Code::FailedPrecondition);
+        assert_eq!(st.get_details_error_info().unwrap().reason, "GPU_UNHEALTHY");
+        for _ in 0..3 {
+            let l = c
+                .create_lease(create_req("team-a", shape::mig("1g.10gb")))
+                .await
+                .unwrap()
+                .into_inner()
+                .lease
+                .unwrap();
+            assert_eq!(l.partition.unwrap().gpu_index, 1);
+        }
+        lease
+    });
+    let sample = healthy_metric(&addr, 0).unwrap();
+    assert!(
+        sample.contains("cause=\"xid-79\"") && sample.ends_with(" 0"),
+        "{sample}"
+    );
+    let (ok, out) = cli(&d, &["gpus"]);
+    assert!(ok && out.contains("UNHEALTHY: XID 79"), "{out}");
+    let (ok, out) = cli(&d, &["lease", "show", &lease.id]);
+    assert!(ok && out.contains("UNHEALTHY"), "{out}");
+
+    // Back by an operator, with a reason that lands in the audit log.
+    let (ok, out) = cli(&d, &["gpu", "mark-healthy", "0"]);
+    assert!(!ok && out.contains("--reason"), "{out}");
+    let (ok, out) = cli(
+        &d,
+        &["gpu", "mark-healthy", "0", "--reason", "node rebooted"],
+    );
+    assert!(ok && out.contains("GPU 0 is now in service"), "{out}");
+    let (ok, out) = cli(&d, &["gpu", "mark-healthy", "0", "--reason", "again"]);
+    assert!(ok && out.contains("already in service"), "{out}");
+    assert!(healthy_metric(&addr, 0).unwrap().ends_with(" 1"));
+    let audit = std::fs::read_to_string(d.dir.path().join("state/audit.jsonl")).unwrap();
+    assert!(
+        audit
+            .lines()
+            .any(|l| l.contains("GpuMarkedHealthy") && l.contains("node rebooted")),
+        "{audit}"
+    );
+    rt.block_on(async {
+        let mut c = d.client().await.unwrap();
+        assert!(gpu(&mut c, 0).await.healthy);
+        let mut req = create_req("team-a", shape::mig("1g.10gb"));
+        req.gpu_index = Some(0);
+        c.create_lease(req).await.unwrap();
+    });
+}
+
+#[test]
+fn a_gpu_off_the_bus_is_found_by_the_poll_and_returns_when_it_is_back() {
+    let mut d = TestDaemon::start("[health]\npoll_interval = \"100ms\"\n").unwrap();
+    let rt = rt();
+    rt.block_on(async {
+        let mut c = d.client().await.unwrap();
+        let mut req = create_req("team-a", shape::mig("2g.20gb"));
+        req.gpu_index = Some(1);
+        c.create_lease(req).await.unwrap();
+        let mut watch = c
+            .watch_leases(pb::WatchLeasesRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+        sim(&d, &["lose", "--gpu", "1"]);
+        let ev = next_event(&mut watch, pb::LeaseEventKind::Unhealthy).await;
+        assert!(ev.message.contains("fallen off the bus"), "{}", ev.message);
+        assert!(!gpu(&mut c, 1).await.healthy);
+        sim(&d, &["recover", "--gpu", "1"]);
+        let ev = next_event(&mut watch, pb::LeaseEventKind::Healthy).await;
+        assert!(ev.message.contains("NVML poll"), "{}", ev.message);
+        assert!(gpu(&mut c, 1).await.healthy);
+    });
+    // An XID mark outlives a restart of the daemon.
+    sim(&d, &["xid", "--gpu", "0", "--xid", "48"]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    rt.block_on(async {
+        let mut c = d.client().await.unwrap();
+        while gpu(&mut c, 0).await.healthy {
+            assert!(Instant::now() < deadline, "XID 48 not noticed");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+    d.stop().unwrap();
+    d.spawn().unwrap();
+    rt.block_on(async {
+        let mut c = d.client().await.unwrap();
+        let g0 = gpu(&mut c, 0).await;
+        assert!(!g0.healthy && g0.health.contains("XID 48"), "{g0:?}");
+    });
+}
