@@ -362,6 +362,10 @@ mod tests {
             whole_leased: false,
             partitions: vec![crate::output::tests::sample_lease().partition.unwrap()],
             free_slices: 6,
+            healthy: true,
+            health: String::new(),
+            unhealthy_since_ms: 0,
+            unhealthy_instances: vec![],
         }
     }
 
@@ -371,11 +375,11 @@ mod tests {
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(
             lines[0],
-            "INDEX  NAME                   UUID      MEMORY  MIG  FREE SLICES  MPS SM%  PARTITIONS"
+            "INDEX  NAME                   UUID      MEMORY  MIG  FREE SLICES  MPS SM%  PARTITIONS  HEALTH"
         );
         assert_eq!(
             lines[1],
-            "0      NVIDIA A100-SXM4-80GB  GPU-1111  80 GiB  on   6            0%       1"
+            "0      NVIDIA A100-SXM4-80GB  GPU-1111  80 GiB  on   6            0%       1           ok"
         );
         let mut pending = sample_gpu();
         pending.mig_enabled = false;

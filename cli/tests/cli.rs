@@ -175,6 +175,12 @@ impl Tessera for Fake {
     async fn get_quota(&self, _: Request<pb::GetQuotaRequest>) -> Reply<pb::GetQuotaResponse> {
         Err(Status::unimplemented("not in this fake"))
     }
+    async fn set_gpu_health(
+        &self,
+        _: Request<pb::SetGpuHealthRequest>,
+    ) -> Reply<pb::SetGpuHealthResponse> {
+        Err(Status::unimplemented("not in this fake"))
+    }
 }
 
 struct Daemon {

@@ -207,6 +207,9 @@ pub struct DaemonConfig {
     pub run_dir: PathBuf,
     pub shutdown_grace: Duration,
     pub log_format: LogFormat,
+    /// Chaos testing: store commits fail while `<run_dir>/store-faults.json` says so
+    /// (`tesserad inject store`). Never on a production host.
+    pub fault_injection: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -385,6 +388,7 @@ struct RawDaemon {
     run_dir: Option<PathBuf>,
     shutdown_grace: Option<String>,
     log_format: Option<LogFormat>,
+    fault_injection: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -494,6 +498,7 @@ impl Config {
             run_dir,
             shutdown_grace: v.duration("daemon.shutdown_grace", d.shutdown_grace, "10s")?,
             log_format: d.log_format.unwrap_or_default(),
+            fault_injection: d.fault_injection.unwrap_or(false),
         };
 
         let mps_timeout = v.duration("nvml.mps_timeout", raw.nvml.mps_timeout, "10s")?;

@@ -51,6 +51,13 @@ struct Args {
 
 #[derive(Debug, clap::Subcommand)]
 enum Command {
+    /// Make the state store's commits fail (needs `[daemon] fault_injection = true`
+    /// in the running daemon's config): chaos testing.
+    Inject {
+        /// What commits do from now on: io-error, disk-full or none.
+        #[arg(long, value_parser = ["io-error", "disk-full", "none"])]
+        store: String,
+    },
     /// Play the simulated hardware's misfortune (backend = "sim"): health events and
     /// faults for a running daemon on the same config, through the simulator's
     /// control file.
@@ -122,6 +129,32 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
     };
+    if let Some(Command::Inject { store }) = &args.command {
+        use tesserad::store::faults::{CommitFault, StoreFaults};
+        if !cfg.daemon.fault_injection {
+            eprintln!(
+                "tesserad inject: {} does not set [daemon] fault_injection = true; the daemon would ignore it",
+                args.config.display()
+            );
+            return ExitCode::from(EXIT_CONFIG);
+        }
+        let fault = match store.as_str() {
+            "io-error" => CommitFault::IoError,
+            "disk-full" => CommitFault::DiskFull,
+            _ => CommitFault::None,
+        };
+        let f = StoreFaults::in_run_dir(&cfg.daemon.run_dir);
+        return match f.set(fault) {
+            Ok(()) => {
+                println!("store commits: {store} ({})", f.path().display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("tesserad inject: {}: {e}", f.path().display());
+                ExitCode::FAILURE
+            }
+        };
+    }
     if let Some(Command::Sim(cmd)) = args.command {
         return match sim_command(&cfg, cmd) {
             Ok(()) => ExitCode::SUCCESS,
@@ -283,7 +316,12 @@ fn preflight(cfg: &Config) -> anyhow::Result<Checked> {
 }
 
 async fn run(cfg: Config, checked: Checked, backend: Arc<dyn GpuBackend>) -> anyhow::Result<()> {
-    let store = Arc::new(Store::open(&cfg.daemon.state_dir)?);
+    let faults = cfg.daemon.fault_injection.then(|| {
+        let f = tesserad::store::faults::StoreFaults::in_run_dir(&cfg.daemon.run_dir);
+        warn!(file = %f.path().display(), "fault injection is on: store commits fail while this file says so (never on a production host)");
+        f
+    });
+    let store = Arc::new(Store::open_with_faults(&cfg.daemon.state_dir, faults)?);
     info!(db = %store.path().display(), backend = backend.name(), "store opened");
     let socket = cfg.daemon.socket.clone();
     let grace = cfg.daemon.shutdown_grace;

@@ -8,6 +8,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+
+pub mod invariants;
 use tessera_proto::v1::tessera_client::TesseraClient;
 use tonic::transport::Channel;
 
@@ -91,6 +93,14 @@ impl TestDaemon {
     }
 
     pub fn start_with(gpus: &str, extra: &str) -> anyhow::Result<TestDaemon> {
+        let mut d = Self::configure(gpus, extra)?;
+        d.spawn()?;
+        Ok(d)
+    }
+
+    /// The temp dir and config of [`TestDaemon::start_with`], without starting the
+    /// process (to prepare its state directory first; then [`TestDaemon::spawn`]).
+    pub fn configure(gpus: &str, extra: &str) -> anyhow::Result<TestDaemon> {
         let dir = tempfile::Builder::new().prefix("tesserad-it").tempdir()?;
         let socket = dir.path().join("tesserad.sock");
         let config = dir.path().join("tesserad.toml");
@@ -102,14 +112,17 @@ impl TestDaemon {
             dir.path().join("sim-gpus.json"),
         );
         std::fs::write(&config, text)?;
-        let mut d = TestDaemon {
+        Ok(TestDaemon {
             dir,
             config,
             socket,
             child: None,
-        };
-        d.spawn()?;
-        Ok(d)
+        })
+    }
+
+    /// The daemon's state directory (`<dir>/state`).
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.path().join("state")
     }
 
     pub fn log_path(&self) -> PathBuf {

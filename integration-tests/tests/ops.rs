@@ -190,8 +190,6 @@ fn usage_is_weighted_clipped_exported_and_counted_once_across_restarts() {
     });
 }
 
-/// The log without terminal colour sequences.
-
 /// A minimal HTTP/1.0 GET (the test must not trust the server it checks).
 fn http_get(addr: &str, path: &str) -> (String, String) {
     let mut s = std::net::TcpStream::connect(addr).unwrap();

@@ -1,5 +1,7 @@
 //! The runtime's side: resolve a token to devices, bind and unbind containers.
 
+use std::path::Path;
+
 use crate::model::{ContainerBinding, Lease, LeaseState, PartKind};
 
 use super::devices::{self, Resolved};
@@ -129,10 +131,12 @@ impl LeaseManager {
                 .leases
                 .get_mut(&resolved.lease.id)
                 .ok_or_else(|| LeaseError::NotFound("lease ended".into()))?;
-            l.containers.retain(|c| c.id != binding.id);
+            let previous = l.containers.iter().position(|c| c.id == binding.id);
+            let previous = previous.map(|i| l.containers.remove(i));
             l.containers.push(binding.clone());
-            (l.clone(), handed)
+            (l.clone(), (handed, previous))
         };
+        let (handed, previous) = handed;
         if let (Some(uid), Some((_, pipe, log))) = (uid, &handed) {
             for dir in [pipe.parent(), Some(pipe.as_path()), Some(log.as_path())]
                 .into_iter()
@@ -142,17 +146,56 @@ impl LeaseManager {
             }
         }
         let l2 = lease.clone();
-        let p2 = handed.map(|(p, _, _)| p);
-        self.store
+        let p2 = handed.as_ref().map(|(p, _, _)| p.clone());
+        let written = self
+            .store
             .write(move |w| {
                 if let Some(p) = &p2 {
                     w.put_partition(p)?;
                 }
                 w.put_lease(&l2)
             })
-            .await?;
+            .await;
+        if let Err(e) = written {
+            // Refused: the binding did not happen, in memory either.
+            self.undo_bind(&lease.id, &binding.id, previous, handed.map(|h| h.0));
+            return Err(e.into());
+        }
         self.emit(EventKind::ContainerBound, &lease, None, binding.id);
         Ok(lease)
+    }
+
+    /// Put a lease's bindings (and its MPS partition's owner) back as they were
+    /// before a bind that could not be recorded.
+    fn undo_bind(
+        &self,
+        lease_id: &str,
+        container_id: &str,
+        previous: Option<ContainerBinding>,
+        handed: Option<crate::model::Partition>,
+    ) {
+        let mut st = self.lock();
+        if let Some(l) = st.leases.get_mut(lease_id) {
+            l.containers.retain(|c| c.id != container_id);
+            l.containers.extend(previous);
+        }
+        if let Some(p) = handed
+            && let Some(p) = st.partitions.get_mut(&p.id)
+            && let PartKind::Mps(m) = &mut p.kind
+        {
+            m.owner_uid = None;
+            let dirs = [
+                m.pipe_dir.parent().map(Path::to_path_buf),
+                Some(m.pipe_dir.clone()),
+                Some(m.log_dir.clone()),
+            ];
+            drop(st);
+            for dir in dirs.into_iter().flatten() {
+                if let Err(e) = self.host.chown(&dir, 0) {
+                    tracing::warn!(dir = %dir.display(), error = %e, "could not hand an MPS directory back to root");
+                }
+            }
+        }
     }
 
     pub async fn unbind_container(&self, container_id: &str) -> Result<(), LeaseError> {
@@ -165,11 +208,24 @@ impl LeaseManager {
             else {
                 return Ok(());
             };
+            let gone: Vec<ContainerBinding> = l
+                .containers
+                .iter()
+                .filter(|c| c.id == container_id)
+                .cloned()
+                .collect();
             l.containers.retain(|c| c.id != container_id);
-            l.clone()
+            (l.clone(), gone)
         };
+        let (lease, gone) = lease;
         let l2 = lease.clone();
-        self.store.write(move |w| w.put_lease(&l2)).await?;
+        if let Err(e) = self.store.write(move |w| w.put_lease(&l2)).await {
+            // Refused: still bound, in memory too.
+            if let Some(l) = self.lock().leases.get_mut(&lease.id) {
+                l.containers.extend(gone);
+            }
+            return Err(e.into());
+        }
         self.emit(
             EventKind::ContainerUnbound,
             &lease,

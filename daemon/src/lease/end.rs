@@ -68,11 +68,12 @@ impl LeaseManager {
                 LeaseError::Inconsistent(Inconsistency::LeaseVanished(id.to_string()))
             })?;
             l.begin_end(ending_as, reason)?;
-            let lease = l.clone();
+            let ending = l.clone();
             st.tearing_down.insert(id.to_string());
-            (lease, partition, teardown)
+            (ending, partition, (teardown, lease))
         };
-        let result = self.teardown(lease, partition, teardown).await;
+        let (teardown, before) = teardown;
+        let result = self.teardown(lease, partition, teardown, before).await;
         self.lock().tearing_down.remove(id);
         result
     }
@@ -98,13 +99,27 @@ impl LeaseManager {
     /// destroying, in one commit), the containers stopped, the hardware torn down,
     /// then the end recorded. A step that fails leaves the lease revoking with its
     /// intent open; housekeeping retries it.
+    ///
+    /// The answer tells the truth: when the intent cannot be written nothing has
+    /// happened (the lease is put back as it was, `before`) and the error says so;
+    /// once it is written the end will happen, so a later failure (the hardware,
+    /// the final commit) answers the lease as it is: revoking.
     pub(super) async fn teardown(
         &self,
         lease: Lease,
         partition: Partition,
         hw: Option<HwDestroy>,
+        before: Lease,
     ) -> Result<Lease, LeaseError> {
-        let intent = self.record_teardown_intent(&lease, &partition, &hw).await?;
+        let intent = match self.record_teardown_intent(&lease, &partition, &hw).await {
+            Ok(i) => i,
+            Err(e) => {
+                if let Some(l) = self.lock().leases.get_mut(&lease.id) {
+                    *l = before;
+                }
+                return Err(e);
+            }
+        };
         self.emit(
             EventKind::Revoking,
             &lease,
@@ -147,11 +162,27 @@ impl LeaseManager {
         {
             warn!(lease = %lease.id, dir = %base.display(), error = %e, "could not remove the MPS directories");
         }
-        self.record_end(lease, partition, intent).await
+        match self
+            .record_end(lease.clone(), partition.clone(), intent)
+            .await
+        {
+            Ok(ended) => Ok(ended),
+            Err(e) => {
+                warn!(lease = %lease.id, error = %e, "the end could not be recorded; will retry");
+                self.emit(
+                    EventKind::Revoking,
+                    &lease,
+                    Some(&partition),
+                    format!("torn down; recording the end failed, retrying: {e}"),
+                );
+                Ok(lease)
+            }
+        }
     }
 
     /// The teardown's intent, written with the lease (revoking) and the partition
-    /// (destroying) before anything is touched. None without a hardware step.
+    /// (destroying) before anything is touched. Without a hardware step only the
+    /// lease (revoking) is written, before its containers are stopped: None.
     async fn record_teardown_intent(
         &self,
         lease: &Lease,
@@ -161,7 +192,11 @@ impl LeaseManager {
         let op = match hw {
             Some(HwDestroy::Mig { .. }) => IntentOp::DestroyMig,
             Some(HwDestroy::Mps { .. }) => IntentOp::StopMps,
-            None => return Ok(None),
+            None => {
+                let l2 = lease.clone();
+                self.store.write(move |w| w.put_lease(&l2)).await?;
+                return Ok(None);
+            }
         };
         let mut destroying = partition.clone();
         destroying.state = PartitionState::Destroying;

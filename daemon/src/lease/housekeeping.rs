@@ -189,7 +189,7 @@ impl LeaseManager {
             (lease, p)
         };
         let hw = self.teardown_for(&partition);
-        let r = self.teardown(lease, partition, hw).await;
+        let r = self.teardown(lease.clone(), partition, hw, lease).await;
         self.lock().tearing_down.remove(id);
         r.map(|_| ())
     }

@@ -35,14 +35,29 @@ impl LeaseManager {
                     ),
                 ));
             }
+            let before = (lease.expires_at_ms, lease.ttl_secs);
             lease.expires_at_ms = now_ms() + ttl.as_millis() as i64;
             lease.ttl_secs = ttl.as_secs();
             let l = lease.clone();
-            st.expiring_notified.remove(id);
-            l
+            let notified = st.expiring_notified.remove(id);
+            (l, before, notified)
         };
+        let (lease, before, notified) = lease;
         let l2 = lease.clone();
-        self.store.write(move |w| w.put_lease(&l2)).await?;
+        if let Err(e) = self.store.write(move |w| w.put_lease(&l2)).await {
+            // Refused: the renewal did not happen, in memory either (unless another
+            // renewal has replaced this one meanwhile).
+            let mut st = self.lock();
+            if let Some(l) = st.leases.get_mut(id)
+                && l.expires_at_ms == lease.expires_at_ms
+            {
+                (l.expires_at_ms, l.ttl_secs) = before;
+                if notified {
+                    st.expiring_notified.insert(id.to_string());
+                }
+            }
+            return Err(e.into());
+        }
         self.emit(EventKind::Renewed, &lease, None, String::new());
         Ok(lease)
     }

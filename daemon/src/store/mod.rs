@@ -13,6 +13,7 @@
 //! Owns: the database file and its schema. May use: model. May not touch: the lease
 //! core (it stores what it is given) or the hardware.
 
+pub mod faults;
 mod schema;
 
 use std::fs::File;
@@ -153,6 +154,14 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
 impl Store {
     /// Open (or create) the database `tessera.db` in `state_dir`.
     pub fn open(state_dir: &Path) -> Result<Store, StoreError> {
+        Self::open_with_faults(state_dir, None)
+    }
+
+    /// [`Store::open`], with commits failing while `faults` says so (chaos testing).
+    pub fn open_with_faults(
+        state_dir: &Path,
+        faults: Option<faults::StoreFaults>,
+    ) -> Result<Store, StoreError> {
         std::fs::create_dir_all(state_dir).map_err(io_err(state_dir))?;
         let lock_path = state_dir.join("tesserad.lock");
         let lock_file = std::fs::OpenOptions::new()
@@ -217,7 +226,7 @@ impl Store {
         let (tx, rx) = mpsc::channel::<Job>();
         let writer = std::thread::Builder::new()
             .name("store-writer".into())
-            .spawn(move || writer_loop(writer_conn, rx))
+            .spawn(move || writer_loop(writer_conn, rx, faults))
             .map_err(io_err(&path))?;
         Ok(Store {
             path,
@@ -465,7 +474,7 @@ fn encode<T: serde::Serialize>(what: &'static str, id: &str, v: &T) -> Result<St
 /// The most writes grouped into one commit.
 const MAX_BATCH: usize = 256;
 
-fn writer_loop(conn: Connection, rx: mpsc::Receiver<Job>) {
+fn writer_loop(conn: Connection, rx: mpsc::Receiver<Job>, faults: Option<faults::StoreFaults>) {
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
@@ -499,9 +508,22 @@ fn writer_loop(conn: Connection, rx: mpsc::Receiver<Job>) {
             }
             completions.push(done);
         }
-        let commit = conn
-            .execute_batch("COMMIT")
-            .map_err(|e| CommitFailed::of(&e));
+        let injected = faults
+            .as_ref()
+            .map_or(faults::CommitFault::None, |f| f.commit());
+        let commit = match injected {
+            faults::CommitFault::None => conn
+                .execute_batch("COMMIT")
+                .map_err(|e| CommitFailed::of(&e)),
+            faults::CommitFault::IoError => Err(CommitFailed(
+                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_IOERR),
+                "disk I/O error (injected)".into(),
+            )),
+            faults::CommitFault::DiskFull => Err(CommitFailed(
+                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_FULL),
+                "database or disk is full (injected)".into(),
+            )),
+        };
         if commit.is_err() {
             let _ = conn.execute_batch("ROLLBACK");
         }

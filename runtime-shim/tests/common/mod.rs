@@ -264,6 +264,12 @@ impl pb::tessera_server::Tessera for FakeService {
     ) -> Result<Response<pb::GetQuotaResponse>, Status> {
         unimpl()
     }
+    async fn set_gpu_health(
+        &self,
+        _: Request<pb::SetGpuHealthRequest>,
+    ) -> Result<Response<pb::SetGpuHealthResponse>, Status> {
+        unimpl()
+    }
 }
 
 /// An ACTIVE lease answer granting `devices` (host path, container path, major, minor).

@@ -1,0 +1,226 @@
+//! What must hold of a daemon and its simulated hardware at any quiet moment: the
+//! structural checks the crash harness and the fault suite share.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::{HashMap, HashSet};
+
+use tessera_proto::v1 as pb;
+use tessera_proto::v1::tessera_client::TesseraClient;
+use tesserad::gpu::{GpuBackend, SimBackend, SimConfig};
+use tonic::transport::Channel;
+
+use crate::TestDaemon;
+
+type Client = TesseraClient<Channel>;
+
+/// The simulator of `d` (configured with `gpus`, TOML `[[sim.gpus]]` entries), opened
+/// from this process on the daemon's state file.
+pub fn sim_of(d: &TestDaemon, gpus: &str) -> SimBackend {
+    #[derive(serde::Deserialize)]
+    struct Gpus {
+        sim: SimConfig,
+    }
+    let text = format!("[sim]\n{gpus}");
+    let parsed: Gpus = toml::from_str(&text).unwrap_or_else(|e| panic!("sim GPUs: {e}"));
+    SimBackend::open(&parsed.sim, d.sim_state()).unwrap_or_else(|e| panic!("open the sim: {e}"))
+}
+
+/// Structural invariants between the API's view and the simulator's state file.
+/// Returns the violations and whether work is still in progress (pending or
+/// revoking leases), in which case a violation may be transient.
+pub async fn check_structure(c: &mut Client, sim: &SimBackend) -> (Vec<String>, bool) {
+    let mut v = Vec::new();
+    let node = match c.get_node(pb::GetNodeRequest {}).await {
+        Ok(n) => n.into_inner(),
+        Err(e) => return (vec![format!("GetNode failed: {e}")], false),
+    };
+    let live = match c.list_leases(pb::ListLeasesRequest::default()).await {
+        Ok(l) => l.into_inner().leases,
+        Err(e) => return (vec![format!("ListLeases failed: {e}")], false),
+    };
+    let in_progress = live.iter().any(|l| {
+        l.state == pb::LeaseState::Pending as i32 || l.state == pb::LeaseState::Revoking as i32
+    });
+    let mps = sim.mps_daemons().unwrap();
+
+    // Leases and partitions: one each way, no partition leased twice.
+    let mut by_lease: HashMap<&str, &pb::Partition> = HashMap::new();
+    let mut partition_ids = HashSet::new();
+    for g in &node.gpus {
+        for p in &g.partitions {
+            if !partition_ids.insert(p.id.clone()) {
+                v.push(format!("partition {} reported twice", p.id));
+            }
+            if p.lease_id.is_empty() {
+                if p.origin == "dynamic" {
+                    v.push(format!("dynamic partition {} has no lease", p.id));
+                }
+                continue;
+            }
+            if by_lease.insert(&p.lease_id, p).is_some() {
+                v.push(format!("lease {} holds two partitions", p.lease_id));
+            }
+        }
+    }
+    let live_ids: HashSet<&str> = live.iter().map(|l| l.id.as_str()).collect();
+    for (lid, p) in &by_lease {
+        if !live_ids.contains(lid) {
+            v.push(format!(
+                "partition {} names lease {lid}, which is not live",
+                p.id
+            ));
+        }
+    }
+    let mut seen_partitions = HashSet::new();
+    for l in &live {
+        let Some(p) = &l.partition else {
+            v.push(format!("live lease {} has no partition", l.id));
+            continue;
+        };
+        if !seen_partitions.insert(p.id.clone()) {
+            v.push(format!("partition {} is leased twice", p.id));
+        }
+        match by_lease.get(l.id.as_str()) {
+            Some(np) if np.id == p.id => {}
+            other => v.push(format!(
+                "lease {} points at partition {}, GetNode says {:?}",
+                l.id,
+                p.id,
+                other.map(|p| &p.id)
+            )),
+        }
+    }
+
+    for g in &node.gpus {
+        let gi = g.index;
+        let mig_parts: Vec<&pb::Partition> = g
+            .partitions
+            .iter()
+            .filter(|p| p.kind == pb::PartitionKind::Mig as i32)
+            .collect();
+        let mps_parts: Vec<&pb::Partition> = g
+            .partitions
+            .iter()
+            .filter(|p| p.kind == pb::PartitionKind::Mps as i32)
+            .collect();
+        let whole = g
+            .partitions
+            .iter()
+            .filter(|p| p.kind == pb::PartitionKind::WholeGpu as i32)
+            .count();
+
+        // MIG: a bijection between instances and partitions.
+        let insts = sim.instances(gi).unwrap();
+        for i in &insts {
+            if i.ci_id.is_none() {
+                v.push(format!("GPU {gi}: GI {} has no CI", i.gi_id));
+            }
+            let n = mig_parts
+                .iter()
+                .filter(|p| {
+                    let m = p.mig.as_ref().unwrap();
+                    m.gi_id == i.gi_id && m.mig_uuid == i.uuid
+                })
+                .count();
+            if n != 1 {
+                v.push(format!(
+                    "GPU {gi}: instance GI {} {} is explained by {n} partitions",
+                    i.gi_id, i.uuid
+                ));
+            }
+        }
+        for p in &mig_parts {
+            let m = p.mig.as_ref().unwrap();
+            let n = insts
+                .iter()
+                .filter(|i| i.gi_id == m.gi_id && i.uuid == m.mig_uuid)
+                .count();
+            if n != 1 {
+                v.push(format!(
+                    "GPU {gi}: partition {} (GI {} {}) matches {n} instances",
+                    p.id, m.gi_id, m.mig_uuid
+                ));
+            }
+        }
+        for (k, a) in insts.iter().enumerate() {
+            if a.placement.end() > 8 {
+                v.push(format!("GPU {gi}: GI {} lies outside the GPU", a.gi_id));
+            }
+            for b in &insts[k + 1..] {
+                if a.placement.overlaps(&b.placement) {
+                    v.push(format!("GPU {gi}: GIs {} and {} overlap", a.gi_id, b.gi_id));
+                }
+            }
+        }
+        let sm: u32 = insts.iter().map(|i| i.sm_count).sum();
+        if sm > g.sm_count {
+            v.push(format!(
+                "GPU {gi}: MIG instances use {sm} of {} SMs",
+                g.sm_count
+            ));
+        }
+        let mem: u64 = insts.iter().map(|i| i.memory_bytes).sum();
+        if mem > g.memory_bytes {
+            v.push(format!(
+                "GPU {gi}: MIG instances use {mem} of {} bytes",
+                g.memory_bytes
+            ));
+        }
+
+        // MPS: daemons == partitions, shares within the GPU.
+        let daemons: Vec<_> = mps.iter().filter(|d| d.spec.gpu == gi).collect();
+        for d in &daemons {
+            let n = mps_parts
+                .iter()
+                .filter(|p| {
+                    let m = p.mps.as_ref().unwrap();
+                    p.lease_id == d.spec.lease_id
+                        && m.sm_percent == d.spec.sm_percent
+                        && m.memory_bytes == d.spec.memory_bytes
+                })
+                .count();
+            if n != 1 || !d.running {
+                v.push(format!(
+                    "GPU {gi}: MPS daemon of {} (running {}) matches {n} partitions",
+                    d.spec.lease_id, d.running
+                ));
+            }
+        }
+        for p in &mps_parts {
+            if !daemons.iter().any(|d| d.spec.lease_id == p.lease_id) {
+                v.push(format!("GPU {gi}: MPS partition {} has no daemon", p.id));
+            }
+        }
+        let sm_pct: u32 = daemons.iter().map(|d| d.spec.sm_percent).sum();
+        let mps_mem: u64 = daemons.iter().map(|d| d.spec.memory_bytes).sum();
+        if sm_pct > 100 || mps_mem > g.memory_bytes {
+            v.push(format!(
+                "GPU {gi}: MPS uses {sm_pct}% and {mps_mem} of {} bytes",
+                g.memory_bytes
+            ));
+        }
+        let rep_pct: u32 = mps_parts
+            .iter()
+            .map(|p| p.mps.as_ref().unwrap().sm_percent)
+            .sum();
+        if rep_pct != g.mps_sm_percent_used {
+            v.push(format!(
+                "GPU {gi}: reports {}% MPS used, its partitions add up to {rep_pct}%",
+                g.mps_sm_percent_used
+            ));
+        }
+
+        // Whole GPUs are exclusive.
+        if whole > 1 || (whole == 1 && g.partitions.len() > 1) {
+            v.push(format!(
+                "GPU {gi}: {whole} whole-GPU leases beside {} partitions",
+                g.partitions.len()
+            ));
+        }
+        if whole > 0 && g.mig_enabled {
+            v.push(format!("GPU {gi}: whole-GPU lease on a MIG GPU"));
+        }
+    }
+    (v, in_progress)
+}
