@@ -182,6 +182,9 @@ impl LeaseManager {
         self.store
             .write(move |w| w.delete_health_mark(&key))
             .await?;
+        if gi_id.is_none() {
+            self.reload_profiles(gpu).await;
+        }
         info!(mark = %mark.describe(), source = source.as_str(), why, "back in service");
         let affected = {
             let mut st = self.lock();
@@ -202,6 +205,31 @@ impl LeaseManager {
             );
         }
         Ok(Some(mark))
+    }
+
+    /// A GPU that was lost at start has no MIG profiles read: read them now that it
+    /// is back. (Its open intents and records are reconciled at the next start.)
+    async fn reload_profiles(&self, gpu: u32) {
+        let needs = self
+            .lock()
+            .gpus
+            .iter()
+            .any(|g| g.info.index == gpu && g.info.mig_current && g.profiles.is_empty());
+        if !needs {
+            return;
+        }
+        let backend = self.backend.clone();
+        match tokio::task::spawn_blocking(move || backend.gi_profiles(gpu)).await {
+            Ok(Ok(profiles)) => {
+                if let Some(g) = self.lock().gpus.iter_mut().find(|g| g.info.index == gpu) {
+                    g.profiles = profiles;
+                }
+            }
+            Ok(Err(e)) => {
+                warn!(gpu, error = %e, "could not read the MIG profiles of a GPU back in service")
+            }
+            Err(_) => {}
+        }
     }
 
     /// Live leases on `gpu` (on its instance `gi_id` only, when given).
@@ -460,6 +488,31 @@ mod tests {
             0
         );
         assert_eq!(mgr.node()[0].unhealthy_instances.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_gpu_lost_before_a_start_does_not_stop_it_and_its_leases_are_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mgr, sim) = start(dir.path(), "");
+        let on1 = mgr.create(ask("2g.20gb", Some(1))).await.unwrap().lease;
+        mgr.begin_shutdown();
+        drop(mgr);
+        sim.control().update(|c| c.lost.insert(1)).unwrap();
+        let (mgr, sim) = start(dir.path(), "");
+        let marks = mgr.health_marks();
+        assert_eq!((marks.len(), &marks[0].cause), (1, &HealthCause::Lost));
+        let (l, _) = mgr.get(&on1.id).unwrap();
+        assert_eq!(l.state(), LeaseState::Active);
+        assert!(l.unhealthy.is_some());
+        assert_eq!(mgr.create(ask("2g.20gb", None)).await.unwrap().lease.gpu, 0);
+        // Back: in service again, with its profiles, by the poll alone.
+        sim.control().update(|c| c.lost.remove(&1)).unwrap();
+        mgr.poll_health().await;
+        assert!(mgr.health_marks().is_empty());
+        assert_eq!(
+            mgr.create(ask("1g.10gb", Some(1))).await.unwrap().lease.gpu,
+            1
+        );
     }
 
     #[tokio::test]

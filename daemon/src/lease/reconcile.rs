@@ -29,21 +29,42 @@ impl LeaseManager {
     /// set aside as foreign.
     pub(super) fn load_and_reconcile(&self) -> Result<(), LeaseError> {
         let snap = self.store.snapshot()?;
-        let mut st = self.load_state(snap.partitions, snap.leases, snap.tokens)?;
+        let (mut st, mut lost) = self.load_state(snap.partitions, snap.leases, snap.tokens)?;
         self.load_health(&mut st)?;
         let mut instances: Instances = HashMap::new();
         for g in &st.gpus {
-            if g.info.mig_current {
-                instances.insert(g.info.index, self.backend.instances(g.info.index)?);
+            if g.info.mig_current && !lost.contains(&g.info.index) {
+                match self.backend.instances(g.info.index) {
+                    Ok(list) => {
+                        instances.insert(g.info.index, list);
+                    }
+                    Err(e) if e.nvml_code() == Some(crate::gpu::NvmlCode::GpuIsLost) => {
+                        lost.insert(g.info.index);
+                    }
+                    Err(e) => return Err(e.into()),
+                }
             }
         }
         let now = now_ms();
         let mut report = Reconciled::default();
         // Open intents first: each explains a hardware change that may be half done.
+        // Those on a GPU fallen off the bus stay open: nothing can be learnt of it
+        // until it is back, and the next start resolves them.
+        let on_lost = |st: &State, pid: &str| {
+            st.partitions
+                .get(pid)
+                .is_some_and(|p| lost.contains(&p.gpu))
+        };
         for intent in &snap.intents {
+            if on_lost(&st, &intent.partition_id) {
+                continue;
+            }
             self.reconcile_intent(&mut st, &mut instances, intent, now, &mut report)?;
         }
-        self.verify_records(&mut st, &mut instances, now, &mut report)?;
+        self.verify_records(&mut st, &mut instances, &lost, now, &mut report)?;
+        for gpu in &lost {
+            self.mark_lost_at_start(&mut st, *gpu)?;
+        }
         Self::set_aside_foreign(&mut st, &instances);
         info!(
             leases = st.leases.len(),
@@ -61,16 +82,26 @@ impl LeaseManager {
     }
 
     /// The GPUs as the backend reports them, and the live records of the store.
+    /// GPUs fallen off the bus come back with no profiles read, in the second
+    /// value: they are kept out of service and out of reconciliation.
     fn load_state(
         &self,
         partitions: Vec<Partition>,
         leases: Vec<Lease>,
         tokens: Vec<(String, String)>,
-    ) -> Result<State, LeaseError> {
+    ) -> Result<(State, HashSet<u32>), LeaseError> {
         let mut st = State::default();
+        let mut lost = HashSet::new();
         for info in self.backend.devices()? {
             let profiles = if info.mig_current {
-                self.backend.gi_profiles(info.index)?
+                match self.backend.gi_profiles(info.index) {
+                    Ok(p) => p,
+                    Err(e) if e.nvml_code() == Some(crate::gpu::NvmlCode::GpuIsLost) => {
+                        lost.insert(info.index);
+                        Vec::new()
+                    }
+                    Err(e) => return Err(e.into()),
+                }
             } else {
                 Vec::new()
             };
@@ -87,7 +118,34 @@ impl LeaseManager {
             st.leases.insert(l.id.clone(), l);
         }
         st.tokens.extend(tokens);
-        Ok(st)
+        Ok((st, lost))
+    }
+
+    /// A GPU found fallen off the bus at start: out of service (stored) until a
+    /// poll reads it again.
+    fn mark_lost_at_start(&self, st: &mut State, gpu: u32) -> Result<(), LeaseError> {
+        let Some(g) = st.gpus.iter().find(|g| g.info.index == gpu) else {
+            return Ok(());
+        };
+        warn!(
+            gpu,
+            "GPU has fallen off the bus: its records are kept as they are, out of service until it is back"
+        );
+        if st.health.contains_key(&(gpu, None)) {
+            return Ok(());
+        }
+        let mark = crate::model::HealthMark {
+            gpu_uuid: g.info.uuid.clone(),
+            gpu,
+            gi_id: None,
+            cause: crate::gpu::HealthCause::Lost,
+            since_ms: now_ms(),
+        };
+        let m2 = mark.clone();
+        self.store.write_blocking(move |w| w.put_health_mark(&m2))?;
+        st.health.insert((gpu, None), mark);
+        st.refresh_lease_health();
+        Ok(())
     }
 
     /// Records that point at hardware: a MIG instance that vanished (GPU reset,
@@ -97,6 +155,7 @@ impl LeaseManager {
         &self,
         st: &mut State,
         instances: &mut Instances,
+        lost: &HashSet<u32>,
         now: i64,
         report: &mut Reconciled,
     ) -> Result<(), LeaseError> {
@@ -112,7 +171,7 @@ impl LeaseManager {
             let Some(p) = st.partitions.get(&id).cloned() else {
                 continue;
             };
-            if p.state != PartitionState::Ready {
+            if p.state != PartitionState::Ready || lost.contains(&p.gpu) {
                 continue;
             }
             match &p.kind {
