@@ -209,6 +209,40 @@ impl TestDaemon {
         connect(&self.socket).await
     }
 
+    /// `tesserad --config <this daemon's> sim ARGS`: the simulated hardware's side
+    /// (health events, faults) for the running daemon. Panics when it fails.
+    pub fn sim(&self, args: &[&str]) {
+        let out = Command::new(bin_path("tesserad").unwrap_or_else(|e| panic!("{e}")))
+            .arg("--config")
+            .arg(&self.config)
+            .arg("sim")
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("tesserad sim: {e}"));
+        assert!(
+            out.status.success(),
+            "tesserad sim {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// `tessera --socket <this daemon's> ARGS`: whether it succeeded, and its stdout
+    /// and stderr together.
+    pub fn cli(&self, args: &[&str]) -> (bool, String) {
+        let out = Command::new(bin_path("tessera").unwrap_or_else(|e| panic!("{e}")))
+            .arg("--socket")
+            .arg(&self.socket)
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("tessera: {e}"));
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), text)
+    }
+
     /// The Prometheus endpoint's address (`[metrics] listen = "127.0.0.1:0"`), from
     /// the daemon's log line; waits up to 10 s for it.
     pub fn metrics_addr(&self) -> anyhow::Result<String> {

@@ -17,7 +17,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use tessera_integration_tests::invariants::{check_structure, sim_of};
-use tessera_integration_tests::{TestDaemon, bin_path, create_req, rt, shape};
+use tessera_integration_tests::{DEV_GPUS, TestDaemon, bin_path, create_req, rt, shape};
 use tessera_proto::v1 as pb;
 use tessera_proto::v1::tessera_client::TesseraClient;
 use tonic::Code;
@@ -26,19 +26,7 @@ use tonic_types::StatusExt;
 
 type Client = TesseraClient<Channel>;
 
-const GPUS: &str = r#"
-[[sim.gpus]]
-model = "h100-80gb"
-mig = true
-
-[[sim.gpus]]
-model = "h100-80gb"
-mig = true
-
-[[sim.gpus]]
-model = "a100-40gb"
-mig = false
-"#;
+const GPUS: &str = DEV_GPUS;
 
 const TENANTS: &str = r#"
 [tenants.team-a]
@@ -231,20 +219,7 @@ async fn effects(c: &mut Client, fx: &Fixture, renewed_from: i64) -> Vec<bool> {
 /// Structure and the fixture's leases, after a restart: nothing acknowledged lost,
 /// nothing leased twice, nothing orphaned.
 async fn verify(c: &mut Client, d: &TestDaemon, fx: &Fixture, released_ok: bool) {
-    let sim = sim_of(d, GPUS);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let (violations, in_progress) = check_structure(c, &sim).await;
-        if violations.is_empty() && !in_progress {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "structure after the fault: {violations:#?} (in progress: {in_progress})\n{}",
-            d.log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    verify_structure_only(c, d).await;
     for (lease, token) in [(&fx.mig, &fx.mig_token), (&fx.mps, &fx.mps_token)] {
         let r = c
             .resolve_token(pb::ResolveTokenRequest {
@@ -283,10 +258,19 @@ fn run_tool(bin: &str, args: &[&str]) {
     );
 }
 
-fn sim(d: &TestDaemon, args: &[&str]) {
-    let mut all = vec!["--config", d.config.to_str().unwrap(), "sim"];
-    all.extend_from_slice(args);
-    run_tool("tesserad", &all);
+/// Every hardware change of the simulator takes `delay_ms` (a slow driver).
+fn slow_hardware(d: &TestDaemon, delay_ms: &str) {
+    for call in ["create_instance", "destroy_instance", "mps_start"] {
+        d.sim(&[
+            "fault",
+            "--call",
+            call,
+            "--fail-rate",
+            "0",
+            "--delay-ms",
+            delay_ms,
+        ]);
+    }
 }
 
 /// A tmpfs of `size` on the daemon's state directory: a disk that can be filled.
@@ -584,7 +568,7 @@ fn nvml_calls_that_fail_are_refused_as_unavailable_and_a_blocked_teardown_finish
     let fx = rt.block_on(async { fixture(&mut d.client().await.unwrap()).await });
     let renewed_from = fx.mig.expires_at_ms;
     for call in ["create_instance", "destroy_instance", "mps_start"] {
-        sim(&d, &["fault", "--call", call, "--fail-rate", "1"]);
+        d.sim(&["fault", "--call", call, "--fail-rate", "1"]);
     }
     let answers = rt.block_on(async { every_call(&mut d.client().await.unwrap(), &fx).await });
     // Creates need the hardware: refused. The release is accepted and says so
@@ -613,7 +597,7 @@ fn nvml_calls_that_fail_are_refused_as_unavailable_and_a_blocked_teardown_finish
             .unwrap();
         assert_eq!(l.state, pb::LeaseState::Revoking as i32, "{l:?}");
     });
-    sim(&d, &["clear-faults"]);
+    d.sim(&["clear-faults"]);
     crash_and_restart(&mut d);
     rt.block_on(async {
         let mut c = d.client().await.unwrap();
@@ -650,20 +634,7 @@ fn slow_nvml_calls_past_the_client_deadline_still_converge_on_one_lease_per_requ
     let mut d = TestDaemon::start_with(GPUS, TENANTS).unwrap();
     let rt = rt();
     let fx = rt.block_on(async { fixture(&mut d.client().await.unwrap()).await });
-    for call in ["create_instance", "destroy_instance", "mps_start"] {
-        sim(
-            &d,
-            &[
-                "fault",
-                "--call",
-                call,
-                "--fail-rate",
-                "0",
-                "--delay-ms",
-                "1500",
-            ],
-        );
-    }
+    slow_hardware(&d, "1500");
     rt.block_on(async {
         let mut c = d.client().await.unwrap();
         let mut req = create_req("team-a", shape::mig("1g.10gb"));
@@ -714,7 +685,7 @@ fn slow_nvml_calls_past_the_client_deadline_still_converge_on_one_lease_per_requ
             .count();
         assert_eq!(n, 1);
     });
-    sim(&d, &["clear-faults"]);
+    d.sim(&["clear-faults"]);
     crash_and_restart(&mut d);
     rt.block_on(async {
         let mut c = d.client().await.unwrap();
@@ -727,20 +698,7 @@ fn a_daemon_killed_in_the_middle_of_calls_leaves_nothing_half_done_after_a_resta
     let mut d = TestDaemon::start_with(GPUS, TENANTS).unwrap();
     let rt = rt();
     let fx = rt.block_on(async { fixture(&mut d.client().await.unwrap()).await });
-    for call in ["create_instance", "destroy_instance", "mps_start"] {
-        sim(
-            &d,
-            &[
-                "fault",
-                "--call",
-                call,
-                "--fail-rate",
-                "0",
-                "--delay-ms",
-                "2000",
-            ],
-        );
-    }
+    slow_hardware(&d, "2000");
     let socket = d.socket.clone();
     let release_id = fx.to_release.id.clone();
     let in_flight = rt.spawn(async move {
@@ -766,7 +724,7 @@ fn a_daemon_killed_in_the_middle_of_calls_leaves_nothing_half_done_after_a_resta
     d.kill().unwrap();
     let (a, b, r) = rt.block_on(in_flight).unwrap();
     assert!(!a && !b && !r, "a call was answered before the kill");
-    sim(&d, &["clear-faults"]);
+    d.sim(&["clear-faults"]);
     d.spawn().unwrap();
     rt.block_on(async {
         let mut c = d.client().await.unwrap();

@@ -7,42 +7,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{Read, Write};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use tessera_integration_tests::{TestDaemon, bin_path, create_req, rt, shape};
+use tessera_integration_tests::{TestDaemon, create_req, rt, shape};
 use tessera_proto::v1 as pb;
 use tonic_types::StatusExt;
-
-fn sim(d: &TestDaemon, args: &[&str]) {
-    let out = Command::new(bin_path("tesserad").unwrap())
-        .arg("--config")
-        .arg(&d.config)
-        .arg("sim")
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "tesserad sim {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn cli(d: &TestDaemon, args: &[&str]) -> (bool, String) {
-    let out = Command::new(bin_path("tessera").unwrap())
-        .arg("--socket")
-        .arg(&d.socket)
-        .args(args)
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
-}
 
 /// The `tessera_gpu_healthy` sample of GPU `gpu`.
 fn healthy_metric(addr: &str, gpu: u32) -> Option<String> {
@@ -108,7 +77,7 @@ fn an_xid_takes_a_gpu_out_of_service_end_to_end_until_an_operator_returns_it() {
             .into_inner();
         assert!(healthy_metric(&addr, 0).unwrap().ends_with(" 1"));
 
-        sim(&d, &["xid", "--gpu", "0", "--xid", "79"]);
+        d.sim(&["xid", "--gpu", "0", "--xid", "79"]);
         let ev = next_event(&mut watch, pb::LeaseEventKind::Unhealthy).await;
         assert_eq!(ev.lease.as_ref().unwrap().id, lease.id);
         assert!(ev.message.contains("XID 79"), "{}", ev.message);
@@ -153,20 +122,17 @@ fn an_xid_takes_a_gpu_out_of_service_end_to_end_until_an_operator_returns_it() {
         sample.contains("cause=\"xid-79\"") && sample.ends_with(" 0"),
         "{sample}"
     );
-    let (ok, out) = cli(&d, &["gpus"]);
+    let (ok, out) = d.cli(&["gpus"]);
     assert!(ok && out.contains("UNHEALTHY: XID 79"), "{out}");
-    let (ok, out) = cli(&d, &["lease", "show", &lease.id]);
+    let (ok, out) = d.cli(&["lease", "show", &lease.id]);
     assert!(ok && out.contains("UNHEALTHY"), "{out}");
 
     // Back by an operator, with a reason that lands in the audit log.
-    let (ok, out) = cli(&d, &["gpu", "mark-healthy", "0"]);
+    let (ok, out) = d.cli(&["gpu", "mark-healthy", "0"]);
     assert!(!ok && out.contains("--reason"), "{out}");
-    let (ok, out) = cli(
-        &d,
-        &["gpu", "mark-healthy", "0", "--reason", "node rebooted"],
-    );
+    let (ok, out) = d.cli(&["gpu", "mark-healthy", "0", "--reason", "node rebooted"]);
     assert!(ok && out.contains("GPU 0 is now in service"), "{out}");
-    let (ok, out) = cli(&d, &["gpu", "mark-healthy", "0", "--reason", "again"]);
+    let (ok, out) = d.cli(&["gpu", "mark-healthy", "0", "--reason", "again"]);
     assert!(ok && out.contains("already in service"), "{out}");
     assert!(healthy_metric(&addr, 0).unwrap().ends_with(" 1"));
     let audit = std::fs::read_to_string(d.dir.path().join("state/audit.jsonl")).unwrap();
@@ -199,17 +165,17 @@ fn a_gpu_off_the_bus_is_found_by_the_poll_and_returns_when_it_is_back() {
             .await
             .unwrap()
             .into_inner();
-        sim(&d, &["lose", "--gpu", "1"]);
+        d.sim(&["lose", "--gpu", "1"]);
         let ev = next_event(&mut watch, pb::LeaseEventKind::Unhealthy).await;
         assert!(ev.message.contains("fallen off the bus"), "{}", ev.message);
         assert!(!gpu(&mut c, 1).await.healthy);
-        sim(&d, &["recover", "--gpu", "1"]);
+        d.sim(&["recover", "--gpu", "1"]);
         let ev = next_event(&mut watch, pb::LeaseEventKind::Healthy).await;
         assert!(ev.message.contains("NVML poll"), "{}", ev.message);
         assert!(gpu(&mut c, 1).await.healthy);
     });
     // An XID mark outlives a restart of the daemon.
-    sim(&d, &["xid", "--gpu", "0", "--xid", "48"]);
+    d.sim(&["xid", "--gpu", "0", "--xid", "48"]);
     let deadline = Instant::now() + Duration::from_secs(10);
     rt.block_on(async {
         let mut c = d.client().await.unwrap();
