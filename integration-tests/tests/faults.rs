@@ -230,15 +230,7 @@ async fn verify(c: &mut Client, d: &TestDaemon, fx: &Fixture, released_ok: bool)
             .into_inner();
         assert_eq!(r.lease.unwrap().id, lease.id);
     }
-    let rel = c
-        .get_lease(pb::GetLeaseRequest {
-            lease_id: fx.to_release.id.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .lease
-        .unwrap();
+    let rel = lease_of(c, &fx.to_release.id).await;
     let ended = rel.state == pb::LeaseState::Released as i32;
     assert_eq!(
         ended, released_ok,
@@ -256,6 +248,17 @@ fn run_tool(bin: &str, args: &[&str]) {
         "{bin} {args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+async fn lease_of(c: &mut Client, id: &str) -> pb::Lease {
+    c.get_lease(pb::GetLeaseRequest {
+        lease_id: id.to_string(),
+    })
+    .await
+    .unwrap()
+    .into_inner()
+    .lease
+    .unwrap()
 }
 
 /// Every hardware change of the simulator takes `delay_ms` (a slow driver).
@@ -586,15 +589,7 @@ fn nvml_calls_that_fail_are_refused_as_unavailable_and_a_blocked_teardown_finish
     assert!(answers[3].is_ok(), "release: {:?}", answers[3]);
     rt.block_on(async {
         let mut c = d.client().await.unwrap();
-        let l = c
-            .get_lease(pb::GetLeaseRequest {
-                lease_id: fx.to_release.id.clone(),
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .lease
-            .unwrap();
+        let l = lease_of(&mut c, &fx.to_release.id).await;
         assert_eq!(l.state, pb::LeaseState::Revoking as i32, "{l:?}");
     });
     d.sim(&["clear-faults"]);
@@ -603,15 +598,7 @@ fn nvml_calls_that_fail_are_refused_as_unavailable_and_a_blocked_teardown_finish
         let mut c = d.client().await.unwrap();
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            let l = c
-                .get_lease(pb::GetLeaseRequest {
-                    lease_id: fx.to_release.id.clone(),
-                })
-                .await
-                .unwrap()
-                .into_inner()
-                .lease
-                .unwrap();
+            let l = lease_of(&mut c, &fx.to_release.id).await;
             if l.state == pb::LeaseState::Released as i32 {
                 break;
             }
