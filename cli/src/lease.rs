@@ -55,6 +55,14 @@ pub struct CreateArgs {
     /// A whole GPU.
     #[arg(long, group = "shape")]
     pub gpu: bool,
+    /// Ask by need: this much device memory (e.g. 20GiB); the daemon picks the
+    /// smallest partition that fits now (see --isolation).
+    #[arg(long, group = "shape", value_parser = parse::parse_size, value_name = "SIZE")]
+    pub memory: Option<u64>,
+    /// With --memory: "hardware" (its own MIG instance or GPU) or "shared" (an MPS
+    /// share with SMs in proportion to the memory).
+    #[arg(long, value_enum, requires = "memory", default_value = "hardware")]
+    pub isolation: IsolationArg,
     /// Time to live (e.g. 1h, 30m); default: the daemon's configured default.
     #[arg(long, value_parser = parse::parse_duration)]
     pub ttl: Option<Duration>,
@@ -70,6 +78,12 @@ pub struct CreateArgs {
     /// Pin the lease to this GPU (index).
     #[arg(long)]
     pub gpu_index: Option<u32>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum IsolationArg {
+    Hardware,
+    Shared,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -124,8 +138,16 @@ impl CreateArgs {
             Kind::Mig(m.clone())
         } else if let Some(m) = &self.mps {
             Kind::Mps(*m)
+        } else if let Some(memory_bytes) = self.memory {
+            Kind::Need(pb::NeedShape {
+                memory_bytes,
+                isolation: match self.isolation {
+                    IsolationArg::Hardware => pb::Isolation::Hardware,
+                    IsolationArg::Shared => pb::Isolation::Shared,
+                } as i32,
+            })
         } else {
-            // clap's "shape" group guarantees exactly one of --mig, --mps, --gpu.
+            // clap's "shape" group guarantees exactly one of --mig, --mps, --gpu, --memory.
             Kind::WholeGpu(pb::WholeGpuShape {})
         };
         let mut labels = HashMap::new();

@@ -81,21 +81,7 @@ pub fn print_json<T: Serialize>(value: &T) -> anyhow::Result<()> {
 // ---------------------------------------------------------------- sizes and times
 
 /// A size in binary units with at most two decimals: "0 B", "512 B", "9.75 GiB", "80 GiB".
-pub fn human_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
-    let mut unit = 0;
-    let mut scaled = bytes as f64;
-    while scaled >= 1024.0 && unit < UNITS.len() - 1 {
-        scaled /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        return format!("{bytes} B");
-    }
-    let text = format!("{scaled:.2}");
-    let text = text.trim_end_matches('0').trim_end_matches('.');
-    format!("{text} {}", UNITS[unit])
-}
+pub use tessera_common::size::human as human_bytes;
 
 /// RFC 3339 (UTC, seconds) of unix milliseconds; "-" for 0 (unset).
 pub fn abs_time(ms: i64) -> String {
@@ -240,7 +226,8 @@ impl From<Option<&pb::Shape>> for ShapeView {
                 memory_bytes: m.memory_bytes,
             },
             Some(Kind::WholeGpu(_)) => Self::Gpu,
-            None => Self::Unspecified,
+            // A lease always carries the shape chosen for a need.
+            Some(Kind::Need(_)) | None => Self::Unspecified,
         }
     }
 }

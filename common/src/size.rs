@@ -37,6 +37,25 @@ fn multiplier(unit: &str) -> Option<u64> {
     })
 }
 
+/// A byte count for people: the largest binary unit, up to two decimals, e.g.
+/// `"20 GiB"`, `"1.5 MiB"`, `"512 B"`.
+#[allow(clippy::cast_precision_loss)]
+pub fn human(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut unit = 0;
+    let mut scaled = bytes as f64;
+    while scaled >= 1024.0 && unit < UNITS.len() - 1 {
+        scaled /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        return format!("{bytes} B");
+    }
+    let text = format!("{scaled:.2}");
+    let text = text.trim_end_matches('0').trim_end_matches('.');
+    format!("{text} {}", UNITS[unit])
+}
+
 /// Parse a byte size by the rule of this module.
 pub fn parse_size(input: &str) -> Result<u64, SizeError> {
     let s = input.trim();

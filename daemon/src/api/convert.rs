@@ -40,7 +40,31 @@ pub fn shape_from_pb(s: Option<pb::Shape>) -> Result<Option<Shape>, Status> {
             memory_bytes: m.memory_bytes,
         }),
         Some(pb::shape::Kind::WholeGpu(_)) => Some(Shape::WholeGpu),
+        // Resolved by the lease core (create_request_from_pb carries it).
+        Some(pb::shape::Kind::Need(_)) => None,
     })
+}
+
+/// The need of a shape that asks by need.
+pub fn need_from_pb(s: Option<&pb::Shape>) -> Result<Option<crate::lease::Need>, Status> {
+    use crate::lease::{Isolation, Need};
+    let Some(pb::shape::Kind::Need(n)) = s.and_then(|s| s.kind.as_ref()) else {
+        return Ok(None);
+    };
+    let isolation = match pb::Isolation::try_from(n.isolation) {
+        Ok(pb::Isolation::Unspecified | pb::Isolation::Hardware) => Isolation::Hardware,
+        Ok(pb::Isolation::Shared) => Isolation::Shared,
+        Err(_) => {
+            return Err(Status::invalid_argument(format!(
+                "invalid shape.need.isolation: unknown value {}",
+                n.isolation
+            )));
+        }
+    };
+    Ok(Some(Need {
+        memory_bytes: n.memory_bytes,
+        isolation,
+    }))
 }
 
 /// A CreateLease request as the manager takes it: the shape's strings are checked
@@ -48,6 +72,7 @@ pub fn shape_from_pb(s: Option<pb::Shape>) -> Result<Option<Shape>, Status> {
 /// [`crate::lease::validate_create`]. Empty strings and a zero TTL mean
 /// "not given".
 pub fn create_request_from_pb(r: pb::CreateLeaseRequest) -> Result<CreateRequest, Status> {
+    let need = need_from_pb(r.shape.as_ref())?;
     let shape = shape_from_pb(r.shape)?;
     let non_empty = |s: String| (!s.is_empty()).then_some(s);
     Ok(CreateRequest {
@@ -58,6 +83,7 @@ pub fn create_request_from_pb(r: pb::CreateLeaseRequest) -> Result<CreateRequest
         labels: r.labels.into_iter().collect(),
         priority_class: non_empty(r.priority_class),
         gpu_index: r.gpu_index,
+        need,
     })
 }
 

@@ -315,6 +315,7 @@ impl Tessera for TesseraService {
                 Err(st) => return this.done(Rpc::CreateLease, &who, &r.tenant, "", Err(st)),
             };
             let result = async {
+                let need = convert::need_from_pb(r.shape.as_ref())?;
                 let shape = convert::shape_from_pb(r.shape)?;
                 let labels: BTreeMap<String, String> = r.labels.into_iter().collect();
                 this.mgr
@@ -326,6 +327,7 @@ impl Tessera for TesseraService {
                         labels,
                         priority_class: non_empty(r.priority_class),
                         gpu_index: r.gpu_index,
+                        need,
                     })
                     .await
                     .map_err(status)

@@ -28,6 +28,9 @@ pub struct CreateRequest {
     pub labels: BTreeMap<String, String>,
     pub priority_class: Option<String>,
     pub gpu_index: Option<u32>,
+    /// Instead of a shape: memory and isolation; the smallest partition that fits
+    /// now is chosen (see `need.rs`).
+    pub need: Option<super::Need>,
 }
 
 #[derive(Debug, Clone)]
@@ -74,9 +77,20 @@ impl LeaseManager {
     /// reserve capacity under the lock (preempting burst leases once where the
     /// tenant's guarantee allows); record the lease, its token and the intent in
     /// one commit; change the hardware; record the outcome; publish.
-    pub async fn create(&self, req: CreateRequest) -> Result<Created, LeaseError> {
+    pub async fn create(&self, mut req: CreateRequest) -> Result<Created, LeaseError> {
         if self.shutting_down.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(LeaseError::ShuttingDown);
+        }
+        if let Some(need) = req.need.take() {
+            if req.shape.is_some() {
+                return Err(invalid("shape", "give a shape or a need, not both"));
+            }
+            need.validate()?;
+            // A retry answers with the lease the first call got, whatever fits now.
+            if let Some(answer) = self.answer_retry(&req).await? {
+                return Ok(answer);
+            }
+            req.shape = Some(self.resolve_need(&need, req.gpu_index)?);
         }
         let (shape, ttl) = validate_create(&req, &self.config.lease)?;
         if let Some(answer) = self.answer_retry(&req).await? {

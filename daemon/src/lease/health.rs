@@ -384,6 +384,7 @@ mod tests {
             labels: BTreeMap::new(),
             priority_class: None,
             gpu_index: gpu,
+            need: None,
         }
     }
 

@@ -11,6 +11,7 @@
 //! | `renew.rs`, `end.rs` | a new expiry; release, expiry and revocation with write-ahead teardown |
 //! | `binding.rs` | the runtime's side: token -> devices, container bindings |
 //! | `housekeeping.rs` | the background loop |
+//! | `need.rs` | ask by need: memory and isolation to the smallest shape that fits now |
 //! | `health.rs` | GPUs and instances out of service: marks, their leases, no new placements |
 //! | `reconcile.rs`, `static_layout.rs` | start: store vs hardware, the operator's static layout |
 //! | `devices.rs`, `token.rs`, `events.rs`, `error.rs` | device nodes of a lease, tokens, events, errors |
@@ -52,6 +53,7 @@ mod events;
 mod grants;
 mod health;
 mod housekeeping;
+mod need;
 mod queries;
 pub mod quota;
 mod reconcile;
@@ -65,6 +67,7 @@ pub use create::{CreateRequest, Created};
 pub use error::LeaseError;
 pub use events::{EventKind, LeaseEvent};
 pub use health::HealthSource;
+pub use need::{Isolation, Need};
 pub use queries::GpuReport;
 pub use table::GpuState;
 pub use validate::validate_create;

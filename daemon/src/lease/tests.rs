@@ -47,6 +47,7 @@ fn mig_request(request_id: &str) -> CreateRequest {
         labels: BTreeMap::new(),
         priority_class: None,
         gpu_index: None,
+        need: None,
     }
 }
 
