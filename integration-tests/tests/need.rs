@@ -25,7 +25,9 @@ fn a_request_by_memory_gets_the_smallest_partition_that_fits_over_grpc_and_the_c
         ok && out.contains("mps 25%") && out.contains("10 GiB"),
         "{out}"
     );
-    let (ok, out) = d.cli(&["lease", "create", "--tenant", "team-a", "--memory", "500GiB"]);
+    let (ok, out) = d.cli(&[
+        "lease", "create", "--tenant", "team-a", "--memory", "500GiB",
+    ]);
     assert!(!ok && out.contains("no GPU on this node offers"), "{out}");
     let (ok, out) = d.cli(&[
         "lease",
