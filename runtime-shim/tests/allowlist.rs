@@ -509,6 +509,14 @@ fn hostile() -> Vec<(&'static str, &'static str, Mutation)> {
                     json!({"type": "network", "path": "/run/netns/cni-other-pod"})
             },
         ),
+        case(
+            "ns-cni-var-run-netns-from-a-container",
+            "for the pod sandbox only",
+            |s, _| {
+                s["linux"]["namespaces"][4] =
+                    json!({"type": "network", "path": "/var/run/netns/cni-other-pod"})
+            },
+        ),
         case("ns-pid-init", "is not a namespace file", |s, _| {
             s["linux"]["namespaces"][0] = json!({"type": "pid", "path": "/proc/1/ns/pid"})
         }),
@@ -703,6 +711,44 @@ fn a_symlinked_bind_source_is_judged_by_its_target() {
         reasons(&out)
             .iter()
             .any(|r| r.contains("/etc is not under")),
+        "{:?}",
+        reasons(&out)
+    );
+}
+
+/// kubelet creates each container's termination-log file 0666 (so a non-root process
+/// can write its message) and bind-mounts it at /dev/termination-log: admitted, as a
+/// file's content cannot swap a path component. Its directory must still be safe.
+#[test]
+fn kubelets_world_writable_termination_log_file_is_admitted() {
+    use std::os::unix::fs::PermissionsExt;
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("SKIPPED: needs root to own the directories the check requires");
+        return;
+    }
+    let h = Host::new();
+    let dir = h.path(&format!("kubelet/pods/{POD_UID}/containers/cuda"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = format!("{dir}/3f2a1b0c");
+    std::fs::write(&file, "").unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let mut spec = pod_container(&h);
+    bind(
+        &mut spec,
+        &file,
+        "/dev/termination-log",
+        &["rbind", "rprivate", "rw"],
+    );
+    let (code, out) = h.check("termlog", &spec);
+    assert_eq!(code, 0, "{:?}", reasons(&out));
+    // The same file in a directory others may write to is refused.
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let (code, out) = h.check("termlog-open-dir", &spec);
+    assert_eq!(code, 1);
+    assert!(
+        reasons(&out)
+            .iter()
+            .any(|r| r.contains("writable by others")),
         "{:?}",
         reasons(&out)
     );

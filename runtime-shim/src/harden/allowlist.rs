@@ -743,9 +743,13 @@ fn namespace_path(spec: &Value, ns: &Value, i: usize, ctx: &Context, f: &mut Fin
         .then(|| parts[1].parse::<u32>().ok())
         .flatten()
         .filter(|pid| *pid > 1);
+    // containerd 1.6/1.7 name it /var/run/netns/<name> (a symlink to /run on most
+    // hosts), newer ones /run/netns/<name>: exactly one component below either.
     let netns_form = ty == "network"
-        && (is_under(&n, "/var/run/netns") || is_under(&n, "/run/netns"))
-        && parts.len() == 3;
+        && Path::new(&n)
+            .parent()
+            .is_some_and(|d| d == Path::new("/run/netns") || d == Path::new("/var/run/netns"))
+        && Path::new(&n).file_name().is_some();
     if netns_form {
         if !super::is_cri_sandbox(spec, ctx.container_id, ctx.policy()) {
             f.refuse(format!(
@@ -868,6 +872,25 @@ pub fn root_owned_chain(path: &Path) -> Result<(), String> {
         cur = p.parent();
     }
     Ok(())
+}
+
+/// A bind source: root-owned, below directories as [`root_owned_chain`] wants them. A
+/// regular file may itself be writable by others: kubelet makes every container's
+/// termination-log file 0666 so that a non-root process can write its message, and
+/// writing a file's content cannot swap a component of its path.
+fn bind_source_chain(path: &Path) -> Result<(), String> {
+    let m = std::fs::symlink_metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if !m.is_file() {
+        return root_owned_chain(path);
+    }
+    if m.uid() != 0 {
+        return Err(format!(
+            "{} is owned by uid {}, not root",
+            path.display(),
+            m.uid()
+        ));
+    }
+    path.parent().map_or(Ok(()), root_owned_chain)
 }
 
 /// `root.path`: inside the bundle or under a configured container-storage root,
@@ -1095,7 +1118,7 @@ fn bind_sources(spec: &mut Value, ctx: &Context, f: &mut Findings) {
             }
             Some(_) => {}
         }
-        if let Err(e) = root_owned_chain(&canon) {
+        if let Err(e) = bind_source_chain(&canon) {
             f.refuse(format!("{at}: {e}"));
             continue;
         }
