@@ -1,0 +1,417 @@
+//! End to end through Kubernetes' CRI: a private containerd (its own root, state,
+//! sockets, CNI bridge without uplink) with `tessera-runtime` as the `tessera` runtime
+//! handler, `tesserad` on the simulator, and a CRI RuntimeService v1 client generated
+//! from kubernetes/cri-api driving it as kubelet does: RunPodSandbox with the runtime
+//! handler, kubelet's cgroup parent and annotations; CreateContainer with kubelet's
+//! mounts (termination log included) and the device plugin's token annotation;
+//! StartContainer, ExecSync, UpdateContainerResources, stats, Stop/Remove.
+//!
+//! Needs root, containerd with its CRI plugin, runc, busybox-static, a C compiler and
+//! the CNI plugins (Debian: containernetworking-plugins); says SKIPPED otherwise.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "../../runtime-shim/tests/common/mod.rs"]
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use tessera_integration_tests::cri::{self, Containerd, ContainerdSetup, Pod, pb};
+use tessera_integration_tests::{DEV_GPUS, TestDaemon, create_req, rt, shape};
+use tessera_proto::v1 as tpb;
+
+static SLOT: AtomicU32 = AtomicU32::new(0);
+
+struct World {
+    ctrd: Containerd,
+    daemon: TestDaemon,
+    dev: PathBuf,
+    /// Stands for kubelet's "/kubepods": every pod's cgroup is below it.
+    cgroup_root: String,
+    dir: tempfile::TempDir,
+}
+
+/// A lease made through the API, with the token and what the runtime will resolve.
+struct Lease {
+    lease: tpb::Lease,
+    token: String,
+    resolved: tpb::ResolveTokenResponse,
+}
+
+impl World {
+    fn new() -> Option<World> {
+        if !common::can_run_as_root(
+            "CRI end-to-end",
+            &[
+                "containerd",
+                "ctr",
+                "containerd-shim-runc-v2",
+                "runc",
+                "busybox",
+                "cc",
+            ],
+        ) {
+            return None;
+        }
+        let Some(cni_bin_dir) = cri::cni_bin_dir() else {
+            eprintln!(
+                "SKIPPED: CRI end-to-end: no CNI bridge/host-local plugins in /usr/lib/cni or /opt/cni/bin (Debian: containernetworking-plugins)"
+            );
+            return None;
+        };
+        let n = SLOT.fetch_add(1, Ordering::SeqCst);
+        let slot = (std::process::id() % 10_000) * 10 + n;
+        // Short paths: unix socket names are limited to 108 bytes.
+        let dir = tempfile::Builder::new()
+            .prefix("tcri")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let dev = dir.path().join("dev");
+        std::fs::create_dir_all(&dev).unwrap();
+        let daemon = TestDaemon::start_with(
+            DEV_GPUS,
+            &format!(
+                "[devices]\ndev_root = {dev:?}\n[lease]\nmin_ttl = \"1s\"\nrevocation_grace = \"1s\"\n"
+            ),
+        )
+        .unwrap();
+        let rootfs = common::busybox_rootfs(dir.path());
+        let proc_root = common::fake_nvidia_proc(dir.path());
+        let setup = ContainerdSetup {
+            dir: dir.path().join("c"),
+            runtime_bin: common::runtime_bin(),
+            runtime_config: dir.path().join("runtime.toml"),
+            cni_bin_dir,
+            slot,
+        };
+        std::fs::create_dir_all(&setup.dir).unwrap();
+        let runc = common::which("runc").unwrap();
+        std::fs::write(
+            &setup.runtime_config,
+            format!(
+                "runc_path = {runc:?}\ndaemon_socket = {sock:?}\ndaemon_timeout_ms = 3000\nnvidia_proc_root = {proc_root:?}\n\
+                 runc_cve_acknowledged = [\"CVE-2025-31133\", \"CVE-2025-52565\", \"CVE-2025-52881\"]\n\
+                 [policy]\napparmor = \"if-available\"\ncontainerd_root = {root:?}\ncontainerd_state = {state:?}\nkubelet_root = {kubelet:?}\n",
+                sock = daemon.socket,
+                root = setup.root(),
+                state = setup.state(),
+                kubelet = dir.path().join("kubelet"),
+            ),
+        )
+        .unwrap();
+        let ctrd = Containerd::start(setup).unwrap();
+        let r = rt();
+        r.block_on(async {
+            let pause = cri::oci_image(
+                dir.path(),
+                &rootfs,
+                cri::PAUSE_IMAGE,
+                &["/bin/sleep", "2147483647"],
+            )
+            .unwrap();
+            ctrd.import_image(&pause, cri::PAUSE_IMAGE).await.unwrap();
+            let image = cri::oci_image(dir.path(), &rootfs, cri::TEST_IMAGE, &["/bin/sh"]).unwrap();
+            ctrd.import_image(&image, cri::TEST_IMAGE).await.unwrap();
+        });
+        Some(World {
+            ctrd,
+            daemon,
+            dev,
+            cgroup_root: format!("/tessera-e2e-{slot}"),
+            dir,
+        })
+    }
+
+    fn pod(&self, name: &str) -> Pod {
+        let uid = format!(
+            "{:08x}-0000-4000-8000-{:012x}",
+            SLOT.fetch_add(1, Ordering::SeqCst),
+            std::process::id()
+        );
+        Pod::new(name, &uid, &self.cgroup_root, self.dir.path())
+    }
+
+    /// A lease of `shape` for tenant "team-a", its token resolved once to make the
+    /// device nodes the driver would have made on the host.
+    async fn lease(&self, shape: tpb::Shape) -> Lease {
+        let mut c = self.daemon.client().await.unwrap();
+        let created = c
+            .create_lease(create_req("team-a", shape))
+            .await
+            .unwrap()
+            .into_inner();
+        let resolved = c
+            .resolve_token(tpb::ResolveTokenRequest {
+                token: created.token.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        for d in &resolved.devices {
+            mknod(
+                Path::new(&d.host_path),
+                &self.dev,
+                d.major as u64,
+                d.minor as u64,
+            );
+        }
+        Lease {
+            lease: created.lease.unwrap(),
+            token: created.token,
+            resolved,
+        }
+    }
+
+    async fn run_pod(&self, pod: &Pod) -> Result<String, tonic::Status> {
+        let mut rs = self.ctrd.runtime().await.unwrap();
+        rs.run_pod_sandbox(pb::RunPodSandboxRequest {
+            config: Some(pod.sandbox_config().unwrap()),
+            runtime_handler: cri::HANDLER.into(),
+        })
+        .await
+        .map(|r| r.into_inner().pod_sandbox_id)
+    }
+
+    /// CreateContainer then StartContainer, as kubelet does; the container id, or the
+    /// status of the call that failed.
+    async fn start_container(
+        &self,
+        sandbox: &str,
+        pod: &Pod,
+        config: pb::ContainerConfig,
+    ) -> Result<String, tonic::Status> {
+        let mut rs = self.ctrd.runtime().await.unwrap();
+        let id = rs
+            .create_container(pb::CreateContainerRequest {
+                pod_sandbox_id: sandbox.into(),
+                config: Some(config),
+                sandbox_config: Some(pod.sandbox_config().unwrap()),
+            })
+            .await?
+            .into_inner()
+            .container_id;
+        rs.start_container(pb::StartContainerRequest {
+            container_id: id.clone(),
+        })
+        .await?;
+        Ok(id)
+    }
+
+    /// A long-running GPU container holding `token` in pod `pod`.
+    async fn gpu_container(&self, sandbox: &str, pod: &Pod, name: &str, token: &str) -> String {
+        let cfg = pod
+            .container_config(
+                name,
+                0,
+                cri::TEST_IMAGE,
+                &["sh", "-c", "env > /tmp/init-env; exec sleep 3600"],
+                &[(cri::TOKEN_ANNOTATION, token)],
+            )
+            .unwrap();
+        match self.start_container(sandbox, pod, cfg).await {
+            Ok(id) => id,
+            Err(e) => panic!(
+                "start {name}: {e}\ncontainerd log:\n{}",
+                tail(&self.ctrd.log())
+            ),
+        }
+    }
+
+    /// ExecSync as kubelet's exec probes do: (exit code, stdout, stderr).
+    async fn exec(&self, id: &str, script: &str) -> (i32, String, String) {
+        let mut rs = self.ctrd.runtime().await.unwrap();
+        let r = rs
+            .exec_sync(pb::ExecSyncRequest {
+                container_id: id.into(),
+                cmd: vec!["sh".into(), "-c".into(), script.into()],
+                timeout: 30,
+            })
+            .await
+            .unwrap_or_else(|e| panic!("ExecSync {script:?}: {e}"))
+            .into_inner();
+        (
+            r.exit_code,
+            String::from_utf8_lossy(&r.stdout).into_owned(),
+            String::from_utf8_lossy(&r.stderr).into_owned(),
+        )
+    }
+
+    async fn container_status(&self, id: &str) -> (pb::ContainerStatus, serde_json::Value) {
+        let mut rs = self.ctrd.runtime().await.unwrap();
+        let r = rs
+            .container_status(pb::ContainerStatusRequest {
+                container_id: id.into(),
+                verbose: true,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let info = r
+            .info
+            .get("info")
+            .and_then(|s| serde_json::from_str(s).ok())
+            .unwrap_or(serde_json::Value::Null);
+        (r.status.unwrap(), info)
+    }
+
+    /// The host pid of a running container's init (containerd's verbose status).
+    async fn pid(&self, id: &str) -> i32 {
+        let (_, info) = self.container_status(id).await;
+        info["pid"]
+            .as_i64()
+            .unwrap_or_else(|| panic!("no pid in {info}")) as i32
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        for e in self.ctrd.shutdown() {
+            eprintln!("cleanup: {e}");
+        }
+        cri::remove_cgroup_tree(&self.cgroup_root);
+    }
+}
+
+fn mknod(p: &Path, dev_root: &Path, major: u64, minor: u64) {
+    assert!(p.starts_with(dev_root), "{p:?} outside the dev root");
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    if p.exists() {
+        return;
+    }
+    nix::sys::stat::mknod(
+        p,
+        nix::sys::stat::SFlag::S_IFCHR,
+        nix::sys::stat::Mode::from_bits_truncate(0o666),
+        nix::sys::stat::makedev(major, minor),
+    )
+    .unwrap();
+}
+
+fn tail(s: &str) -> String {
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}
+
+fn has_line(out: &str, want: &str) -> bool {
+    out.lines().any(|l| l.trim() == want.trim())
+}
+
+/// The v1 cgroup path of `pid` in `controller` (from /proc/<pid>/cgroup).
+fn cgroup_of(pid: i32, controller: &str) -> String {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    text.lines()
+        .find_map(|l| {
+            let mut parts = l.splitn(3, ':');
+            let (_, ctrls, path) = (parts.next()?, parts.next()?, parts.next()?);
+            ctrls
+                .split(',')
+                .any(|c| c == controller)
+                .then(|| path.to_string())
+        })
+        .unwrap_or_else(|| panic!("no {controller} cgroup in {text}"))
+}
+
+#[test]
+fn a_mig_pod_sees_exactly_its_instance_through_cri() {
+    let Some(w) = World::new() else { return };
+    rt().block_on(async {
+        let l = w.lease(shape::mig("1g.10gb")).await;
+        let part = l.lease.partition.clone().unwrap();
+        let gpu = part.gpu_index;
+        let other = 1 - gpu;
+        mknod(&w.dev.join(format!("nvidia{other}")), &w.dev, 195, u64::from(other));
+        let pod = w.pod("mig-pod");
+        let sandbox = w.run_pod(&pod).await.unwrap_or_else(|e| {
+            panic!("RunPodSandbox: {e}\n{}", tail(&w.ctrd.log()))
+        });
+        let id = w.gpu_container(&sandbox, &pod, "cuda", &l.token).await;
+        let (code, out, err) = w
+            .exec(
+                &id,
+                &format!(
+                    "probe open /dev/nvidia{gpu}; probe open /dev/nvidiactl; probe open /dev/nvidia{other}; \
+                     cat /tmp/init-env; echo TOKEN=${{TESSERA_LEASE_TOKEN:-none}}; \
+                     grep -E '^(NoNewPrivs|Seccomp):' /proc/self/status"
+                ),
+            )
+            .await;
+        assert_eq!(code, 0, "{out}{err}");
+        let mig_uuid = part.mig.as_ref().unwrap().mig_uuid.clone();
+        for want in [
+            format!("open /dev/nvidia{gpu} errno=6"),
+            "open /dev/nvidiactl errno=6".to_string(),
+            format!("open /dev/nvidia{other} errno=2"),
+            format!("CUDA_VISIBLE_DEVICES={mig_uuid}"),
+            "TOKEN=none".to_string(),
+            "NoNewPrivs:\t1".to_string(),
+            "Seccomp:\t2".to_string(),
+        ] {
+            assert!(has_line(&out, &want), "missing {want:?} in:\n{out}{err}");
+        }
+        // The devices cgroup allows the leased GPU and no other.
+        let pid = w.pid(&id).await;
+        let cg = cgroup_of(pid, "devices");
+        let list = std::fs::read_to_string(format!("/sys/fs/cgroup/devices{cg}/devices.list"))
+            .unwrap();
+        assert!(
+            list.lines().any(|l| l.starts_with(&format!("c 195:{gpu} "))),
+            "GPU {gpu} allowed in {cg}:\n{list}"
+        );
+        assert!(
+            !list.lines().any(|l| l.starts_with(&format!("c 195:{other} ")) || l.starts_with("a ")),
+            "only the leased GPU in {cg}:\n{list}"
+        );
+        // The daemon knows which container holds the lease.
+        let mut c = w.daemon.client().await.unwrap();
+        let got = c
+            .get_lease(tpb::GetLeaseRequest {
+                lease_id: l.lease.id.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .lease
+            .unwrap();
+        assert!(
+            got.containers.iter().any(|c| c.id == id),
+            "the lease lists the pod's container: {:?}",
+            got.containers
+        );
+    });
+}
+
+#[test]
+fn an_mps_pod_gets_its_pipe_directory_and_limits_in_init_and_in_exec() {
+    let Some(w) = World::new() else { return };
+    rt().block_on(async {
+        let l = w.lease(shape::mps(25, 8)).await;
+        assert!(
+            l.resolved.env.contains_key("CUDA_MPS_PIPE_DIRECTORY"),
+            "an MPS lease resolves to a pipe directory: {:?}",
+            l.resolved.env
+        );
+        let pod = w.pod("mps-pod");
+        let sandbox = w.run_pod(&pod).await.unwrap();
+        let id = w.gpu_container(&sandbox, &pod, "worker", &l.token).await;
+        let pipe = l.resolved.env["CUDA_MPS_PIPE_DIRECTORY"].clone();
+        let (code, out, err) = w
+            .exec(
+                &id,
+                &format!(
+                    "echo INIT; cat /tmp/init-env; echo EXEC; env; test -d {pipe} && echo PIPE_DIR_OK"
+                ),
+            )
+            .await;
+        assert_eq!(code, 0, "{out}{err}");
+        let (init, exec) = out.split_once("\nEXEC\n").expect("both sections");
+        for (k, v) in &l.resolved.env {
+            let want = format!("{k}={v}");
+            assert!(has_line(init, &want), "init lacks {want}:\n{init}");
+            assert!(has_line(exec, &want), "exec (ExecSync) lacks {want}:\n{exec}");
+        }
+        assert!(has_line(exec, &format!("TESSERA_LEASE_ID={}", l.lease.id)), "{exec}");
+        assert!(has_line(&out, "PIPE_DIR_OK"), "the MPS pipe directory is mounted: {out}{err}");
+        assert!(!out.contains(&l.token), "the token leaked into the container's env");
+    });
+}
