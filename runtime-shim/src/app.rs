@@ -73,6 +73,19 @@ impl Env {
         .ok()
     }
 
+    /// Whether runc manages cgroups through systemd: `--systemd-cgroup`, or for
+    /// `check` (run by hand, without containerd's flags) a spec in systemd's
+    /// `slice:prefix:name` form.
+    fn systemd_cgroup(&self, spec: &Value) -> bool {
+        let checking = matches!(self.inv.command, Some((Command::Check, _)));
+        self.inv.global.systemd_cgroup
+            || (checking
+                && spec
+                    .pointer("/linux/cgroupsPath")
+                    .and_then(Value::as_str)
+                    .is_some_and(|p| p.contains(':')))
+    }
+
     fn runtime_root(&self) -> String {
         self.inv
             .global
@@ -252,7 +265,7 @@ fn admit(
         host: &host,
         lease: lease.as_ref(),
         container_id: id,
-        systemd_cgroup: env.inv.global.systemd_cgroup,
+        systemd_cgroup: env.systemd_cgroup(&spec),
         bundle,
         runc_root: Path::new(&runc_root),
     };
@@ -342,7 +355,15 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
             .pointer("/process/user/uid")
             .and_then(Value::as_u64)
             .and_then(|u| u32::try_from(u).ok());
-        if let Err(e) = c.bind(token, &id, cgroup, &env.runtime_root(), uid) {
+        let binding = crate::lease::Binding {
+            container_id: id.clone(),
+            cgroup_path: cgroup.to_string(),
+            runtime_root: env.runtime_root(),
+            uid,
+            termination_log: harden::termination_log_source(&adm.decision.spec).unwrap_or_default(),
+            pod: harden::pod_of(&adm.decision.spec).unwrap_or_default(),
+        };
+        if let Err(e) = c.bind(token, &binding) {
             return refuse_reported(vec![format!("BindContainer failed: {e}")], &lease_id);
         }
     }
@@ -415,6 +436,12 @@ fn exec(env: &Env, sub: &SubArgs) -> Outcome {
         let client = env.client();
         report(env, client.as_ref(), &id, "", false, &f.reasons, "exec");
         return env.refuse(&what, &f.reasons);
+    }
+    if sub.value("process").is_none() {
+        // runc builds this process from config.json (which has the lease's
+        // variables) plus each --env: the lease's go last and win.
+        let argv = hexec::argv_with_lease_env(&env.inv.argv, sub, &state.lease_env);
+        return env.plan_with_args(argv, keep, None);
     }
     env.plan(keep, None)
 }
@@ -526,7 +553,7 @@ fn partial_spec(env: &Env, bundle: &Path, id: &str) -> Value {
         host: &host,
         lease: None,
         container_id: id,
-        systemd_cgroup: env.inv.global.systemd_cgroup,
+        systemd_cgroup: env.systemd_cgroup(&spec),
         bundle,
         runc_root: Path::new(&runc_root),
     };

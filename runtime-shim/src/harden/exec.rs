@@ -112,6 +112,28 @@ fn bundle_of(state: &Value) -> Option<std::path::PathBuf> {
         .map(std::path::PathBuf::from)
 }
 
+/// The argv of an `exec` without `--process` (runc builds the process from the
+/// container's config.json and appends each `--env`, the last of a name winning):
+/// the lease's variables go last among the flags, right before the container id,
+/// so that a `--env CUDA_VISIBLE_DEVICES=...` of the caller does not hide them.
+pub fn argv_with_lease_env(argv: &[String], sub: &SubArgs, lease_env: &[String]) -> Vec<String> {
+    let mut out = argv.to_vec();
+    let Some(&(mut at, _)) = sub.positionals.first() else {
+        return out;
+    };
+    if lease_env.is_empty() {
+        return out;
+    }
+    // `exec [flags] -- ID ...`: flags go before the terminator.
+    if at > 0 && argv.get(at - 1).is_some_and(|t| t == "--") {
+        at -= 1;
+    }
+    for (n, e) in lease_env.iter().enumerate() {
+        out.insert(at + n, format!("--env={e}"));
+    }
+    out
+}
+
 /// `uid[:gid]` as exec's `--user` writes it.
 fn parse_user(s: &str) -> Option<(u64, Option<u64>)> {
     let (u, g) = match s.split_once(':') {
@@ -474,6 +496,49 @@ mod tests {
             let mut f = Findings::default();
             check_update_resources(&r, &p, &mut f);
             assert!(!f.reasons.is_empty(), "{r}");
+        }
+    }
+
+    #[test]
+    fn exec_without_a_process_file_gets_the_lease_env_last() {
+        let lease = vec![
+            "CUDA_VISIBLE_DEVICES=MIG-1".to_string(),
+            "TESSERA_LEASE_ID=l-1".to_string(),
+        ];
+        for line in [
+            "exec c1 sh",
+            "exec -t c1 sh -c env",
+            "exec --env CUDA_VISIBLE_DEVICES=all c1 sh",
+            "exec -e=CUDA_VISIBLE_DEVICES=all --env=A=1 c1 sh",
+            "-root /r exec -d -e CUDA_VISIBLE_DEVICES=all c1 sh",
+            "--root=/r exec -u 1000 -- c1 sh --env X=1",
+        ] {
+            let inv =
+                crate::cli::parse_strings(line.split_whitespace().map(String::from).collect())
+                    .unwrap();
+            let (_, sub) = inv.command.clone().unwrap();
+            let argv = argv_with_lease_env(&inv.argv, &sub, &lease);
+            let again = crate::cli::parse_strings(argv).unwrap();
+            let (_, sub2) = again.command.unwrap();
+            let envs = sub2.values("env");
+            // runc keeps the last value of a name: the lease's.
+            assert_eq!(
+                envs[envs.len() - 2..],
+                ["CUDA_VISIBLE_DEVICES=MIG-1", "TESSERA_LEASE_ID=l-1"],
+                "{line}"
+            );
+            let pos = |s: &SubArgs| {
+                s.positionals
+                    .iter()
+                    .map(|(_, p)| p.clone())
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(
+                pos(&sub2),
+                pos(&sub),
+                "{line}: the process's own argv is untouched"
+            );
+            assert_eq!(again.global, inv.global, "{line}");
         }
     }
 

@@ -28,6 +28,18 @@ pub const LEASE_ID_ANNOTATION: &str = "tessera.io/lease-id";
 /// The CRI annotation with the pod's namespace.
 pub const SANDBOX_NAMESPACE_ANNOTATION: &str = "io.kubernetes.cri.sandbox-namespace";
 
+/// kubelet's annotation naming the container's termination-message path.
+pub const TERMINATION_PATH_ANNOTATION: &str = "io.kubernetes.container.terminationMessagePath";
+/// Where kubelet mounts the termination-message file unless the pod says otherwise.
+pub const DEFAULT_TERMINATION_PATH: &str = "/dev/termination-log";
+/// The annotations that name a container's pod, most stable first: the pod's uid
+/// (containerd's CRI, then kubelet's own), then the CRI sandbox id.
+pub const POD_ANNOTATIONS: &[&str] = &[
+    "io.kubernetes.cri.sandbox-uid",
+    "io.kubernetes.pod.uid",
+    "io.kubernetes.cri.sandbox-id",
+];
+
 /// Docker's default masked paths (kept even if the tenant spec dropped them).
 pub const DEFAULT_MASKED: &[&str] = &[
     "/proc/acpi",
@@ -224,6 +236,47 @@ pub fn find_token(spec: &Value) -> Result<Option<String>, String> {
         (Some(t), _) | (None, Some(t)) => Ok(Some(t)),
         (None, None) => Ok(None),
     }
+}
+
+fn annotation<'v>(spec: &'v Value, key: &str) -> Option<&'v str> {
+    spec.get("annotations")
+        .and_then(|a| a.get(key))
+        .and_then(Value::as_str)
+        .filter(|v| !v.is_empty())
+}
+
+/// The pod a container belongs to, from the annotations containerd's CRI sets (the
+/// pod uid, else the sandbox id); `None` outside Kubernetes.
+pub fn pod_of(spec: &Value) -> Option<String> {
+    POD_ANNOTATIONS
+        .iter()
+        .find_map(|k| annotation(spec, k))
+        .map(str::to_string)
+}
+
+/// The host path of the container's termination-message file: the source of the
+/// bind mount whose destination is the termination path (kubelet's annotation, else
+/// `/dev/termination-log`). Read from the hardened spec, whose bind sources are
+/// canonical host paths checked outside the rootfs; nothing is resolved here.
+pub fn termination_log_source(spec: &Value) -> Option<String> {
+    let want = annotation(spec, TERMINATION_PATH_ANNOTATION).unwrap_or(DEFAULT_TERMINATION_PATH);
+    let want = mounts::normalize(want);
+    spec.get("mounts")?
+        .as_array()?
+        .iter()
+        .filter(|m| {
+            m.get("destination")
+                .and_then(Value::as_str)
+                .is_some_and(|d| mounts::normalize(d) == want)
+        })
+        .filter(|m| {
+            let options = m.get("options").and_then(strings).unwrap_or_default();
+            m.get("type").and_then(Value::as_str) == Some("bind")
+                || options.iter().any(|o| o == "bind" || o == "rbind")
+        })
+        .filter_map(|m| m.get("source").and_then(Value::as_str))
+        .rfind(|s| s.starts_with('/'))
+        .map(str::to_string)
 }
 
 /// Whether the spec really is containerd's pod sandbox (pause) container, which runs
@@ -463,5 +516,51 @@ pub fn harden(mut spec: Value, ctx: &Context) -> Decision {
         reasons: f.reasons,
         notes: f.notes,
         spec,
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pod_is_named_by_its_uid_before_its_sandbox() {
+        let spec = json!({"annotations": {
+            "io.kubernetes.cri.sandbox-id": "sb-1",
+            "io.kubernetes.cri.sandbox-uid": "uid-1"}});
+        assert_eq!(pod_of(&spec).as_deref(), Some("uid-1"));
+        let spec = json!({"annotations": {"io.kubernetes.cri.sandbox-id": "sb-1",
+            "io.kubernetes.cri.sandbox-uid": ""}});
+        assert_eq!(pod_of(&spec).as_deref(), Some("sb-1"));
+        assert_eq!(pod_of(&json!({"annotations": {}})), None);
+    }
+
+    #[test]
+    fn the_termination_log_is_the_bind_source_at_the_termination_path() {
+        let kubelet = |dest: &str| {
+            json!({"destination": dest, "type": "bind",
+                   "source": "/var/lib/kubelet/pods/u/containers/app/1a2b",
+                   "options": ["rbind", "rprivate", "rw"]})
+        };
+        let spec = json!({"mounts": [
+            {"destination": "/proc", "type": "proc", "source": "proc"},
+            kubelet("/dev/termination-log")]});
+        assert_eq!(
+            termination_log_source(&spec).as_deref(),
+            Some("/var/lib/kubelet/pods/u/containers/app/1a2b")
+        );
+        // The pod's own terminationMessagePath, which kubelet passes as an annotation.
+        let mut spec = json!({"mounts": [kubelet("/tmp/why")]});
+        assert_eq!(termination_log_source(&spec), None);
+        spec["annotations"] = json!({TERMINATION_PATH_ANNOTATION: "/tmp/why"});
+        assert!(termination_log_source(&spec).is_some());
+        // Not a bind mount, or a relative source: none.
+        let spec = json!({"mounts": [
+            {"destination": "/dev/termination-log", "type": "tmpfs", "source": "tmpfs"}]});
+        assert_eq!(termination_log_source(&spec), None);
+        let spec = json!({"mounts": [
+            {"destination": "/dev/termination-log", "type": "bind", "source": "rel/x"}]});
+        assert_eq!(termination_log_source(&spec), None);
     }
 }
