@@ -238,6 +238,66 @@ pub fn find_token(spec: &Value) -> Result<Option<String>, String> {
     }
 }
 
+/// How a refusal of a privileged container begins.
+pub const PRIVILEGED_REFUSAL: &str = "privileged containers are not allowed";
+
+/// The one reason to show for a privileged container (`podman --privileged`,
+/// Kubernetes `securityContext.privileged`): its spec allows every device in the
+/// devices cgroup, which only privileged mode asks for. `None` for any other spec.
+pub fn privileged(spec: &Value) -> Option<String> {
+    let allow_all = spec
+        .pointer("/linux/resources/devices")
+        .and_then(Value::as_array)
+        .is_some_and(|rules| {
+            rules.iter().any(|r| {
+                r.get("allow") == Some(&Value::Bool(true))
+                    && r.get("type")
+                        .and_then(Value::as_str)
+                        .is_none_or(|t| t == "a")
+                    && r.get("major").and_then(Value::as_i64).is_none_or(|m| m < 0)
+            })
+        });
+    if !allow_all {
+        return None;
+    }
+    let sys_admin = spec
+        .pointer("/process/capabilities/bounding")
+        .and_then(strings)
+        .is_some_and(|c| c.iter().any(|c| crate::policy::cap_name(c) == "CAP_SYS_ADMIN"));
+    let asks = if sys_admin {
+        "every host device and CAP_SYS_ADMIN"
+    } else {
+        "every host device"
+    };
+    Some(format!(
+        "{PRIVILEGED_REFUSAL} (the spec asks for {asks}: podman/docker --privileged or Kubernetes securityContext.privileged); run it unprivileged, the lease's GPU is given without privileges"
+    ))
+}
+
+/// The one line a refusal is shown as (stderr and runc's log, which containerd and
+/// conmon read): a privileged container's single reason, or every reason joined,
+/// without line breaks. `true` when reasons were left out of the line.
+pub fn refusal_line(what: &str, reasons: &[String]) -> (String, bool) {
+    let flat = |r: &str| r.replace(['\n', '\r'], " ");
+    if let Some(p) = reasons.iter().find(|r| r.starts_with(PRIVILEGED_REFUSAL)) {
+        let more = reasons.len() - 1;
+        let tail = if more > 0 {
+            format!(" [{more} more reason(s): tessera-runtime check lists them]")
+        } else {
+            String::new()
+        };
+        return (
+            format!("tessera-runtime: {what} refused: {}{tail}", flat(p)),
+            more > 0,
+        );
+    }
+    let all: Vec<String> = reasons.iter().map(|r| flat(r)).collect();
+    (
+        format!("tessera-runtime: {what} refused: {}", all.join("; ")),
+        false,
+    )
+}
+
 fn annotation<'v>(spec: &'v Value, key: &str) -> Option<&'v str> {
     spec.get("annotations")
         .and_then(|a| a.get(key))
@@ -523,6 +583,37 @@ pub fn harden(mut spec: Value, ctx: &Context) -> Decision {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_privileged_spec_is_refused_in_one_line() {
+        // What podman --privileged and containerd's privileged pods write.
+        let spec = json!({"linux": {"resources": {"devices": [{"allow": true, "access": "rwm"}]}},
+            "process": {"capabilities": {"bounding": ["CAP_SYS_ADMIN", "CAP_KILL"]}}});
+        let p = privileged(&spec).unwrap();
+        assert!(p.contains("every host device and CAP_SYS_ADMIN"), "{p}");
+        let reasons = vec![
+            "capability CAP_SYS_ADMIN is forbidden".to_string(),
+            p.clone(),
+            "device /dev/sda\nis not the lease's".to_string(),
+        ];
+        let (line, cut) = refusal_line("create c1", &reasons);
+        assert!(cut);
+        assert!(
+            line.starts_with("tessera-runtime: create c1 refused: privileged containers are not allowed"),
+            "{line}"
+        );
+        assert!(line.contains("2 more reason(s)") && !line.contains('\n'), "{line}");
+        // A narrower rule, or a deny-all, is not privileged mode.
+        for rules in [
+            json!([{"allow": false, "access": "rwm"}]),
+            json!([{"allow": true, "type": "c", "major": 195, "access": "rw"}]),
+        ] {
+            assert!(privileged(&json!({"linux": {"resources": {"devices": rules}}})).is_none());
+        }
+        let (line, cut) = refusal_line("exec c1", &["a\nb".to_string(), "c".to_string()]);
+        assert_eq!(line, "tessera-runtime: exec c1 refused: a b; c");
+        assert!(!cut);
+    }
 
     #[test]
     fn the_pod_is_named_by_its_uid_before_its_sandbox() {
