@@ -326,7 +326,11 @@ fn the_config_is_found_next_to_the_binary_without_the_environment() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert_eq!(lines(&out, "argv: "), ["--root /r state x"], "the fake runc ran");
+    assert_eq!(
+        lines(&out, "argv: "),
+        ["--root /r state x"],
+        "the fake runc ran"
+    );
     // A second name (a symlink) with a config of its own: that one wins.
     let other = bin.join("tessera-gpu");
     std::os::unix::fs::symlink(&copy, &other).unwrap();
@@ -363,7 +367,8 @@ fn a_privileged_container_is_refused_in_one_line() {
     std::fs::create_dir_all(b.join("rootfs")).unwrap();
     let mut spec = common::base_spec(&["true"]);
     // What podman --privileged writes.
-    spec["process"]["capabilities"]["bounding"] = serde_json::json!(["CAP_SYS_ADMIN", "CAP_SYS_MODULE"]);
+    spec["process"]["capabilities"]["bounding"] =
+        serde_json::json!(["CAP_SYS_ADMIN", "CAP_SYS_MODULE"]);
     spec["linux"]["resources"]["devices"] = serde_json::json!([{"allow": true, "access": "rwm"}]);
     spec["process"]["apparmorProfile"] = serde_json::json!("unconfined");
     common::write_spec(&b, &spec);

@@ -124,6 +124,8 @@ fn bundle_of(state: &Value) -> Option<std::path::PathBuf> {
 /// container's config.json and appends each `--env`, the last of a name winning):
 /// the lease's variables go last among the flags, right before the container id,
 /// so that a `--env CUDA_VISIBLE_DEVICES=...` of the caller does not hide them.
+/// They are spelt with the name the caller used (`-e` or `--env`): runc refuses
+/// "two forms of the same flag".
 pub fn argv_with_lease_env(argv: &[String], sub: &SubArgs, lease_env: &[String]) -> Vec<String> {
     let mut out = argv.to_vec();
     let Some(&(mut at, _)) = sub.positionals.first() else {
@@ -136,8 +138,15 @@ pub fn argv_with_lease_env(argv: &[String], sub: &SubArgs, lease_env: &[String])
     if at > 0 && argv.get(at - 1).is_some_and(|t| t == "--") {
         at -= 1;
     }
+    let short = sub
+        .flags
+        .iter()
+        .filter(|f| f.name == "env")
+        .filter_map(|f| argv.get(f.index))
+        .any(|tok| tok.trim_start_matches('-').split('=').next() == Some("e"));
+    let flag = if short { "-e" } else { "--env" };
     for (n, e) in lease_env.iter().enumerate() {
-        out.insert(at + n, format!("--env={e}"));
+        out.insert(at + n, format!("{flag}={e}"));
     }
     out
 }
@@ -589,7 +598,11 @@ mod tests {
                         {"allow": true, "type": "c", "major": 195, "minor": 0, "access": "rw"}]});
         let out = check_update_resources(&cri, &p, Some(&lease), &mut f);
         assert!(f.reasons.is_empty(), "{:?}", f.reasons);
-        assert_eq!(out["devices"], json!(lease), "the lease's rules are re-applied");
+        assert_eq!(
+            out["devices"],
+            json!(lease),
+            "the lease's rules are re-applied"
+        );
         assert_eq!(out["memory"]["limit"], 1);
         assert_eq!(out["cpu"]["cpus"], "0-1");
         // Without the container's rules only deny rules pass, and none is sent.
@@ -599,14 +612,29 @@ mod tests {
         assert!(f.reasons.is_empty(), "{:?}", f.reasons);
         assert!(out.get("devices").is_none(), "{out}");
         for (r, field) in [
-            (json!({"devices": [{"allow": false, "access": "rwm"}, {"allow": true, "type": "c", "major": 195, "access": "rwm"}]}), "/devices/1"),
-            (json!({"devices": [{"allow": true, "type": "c", "major": 195, "minor": 1, "access": "rw"}]}), "/devices/0"),
-            (json!({"devices": [{"allow": true, "type": "c", "major": 195, "minor": 0, "access": "rwm"}, {"allow": true, "access": "rwm"}]}), "/devices/1"),
+            (
+                json!({"devices": [{"allow": false, "access": "rwm"}, {"allow": true, "type": "c", "major": 195, "access": "rwm"}]}),
+                "/devices/1",
+            ),
+            (
+                json!({"devices": [{"allow": true, "type": "c", "major": 195, "minor": 1, "access": "rw"}]}),
+                "/devices/0",
+            ),
+            (
+                json!({"devices": [{"allow": true, "type": "c", "major": 195, "minor": 0, "access": "rwm"}, {"allow": true, "access": "rwm"}]}),
+                "/devices/1",
+            ),
             (json!({"devices": [{"access": "rwm"}]}), "/devices/0"),
             (json!({"pids": {"limit": 0}}), "/pids/limit"),
             (json!({"pids": {"limit": 1_000_000}}), "/pids/limit"),
-            (json!({"unified": {"devices.allow": "a"}}), "/unified/devices.allow"),
-            (json!({"unified": {"io.max": "8:0 rbps=1"}}), "/unified/io.max"),
+            (
+                json!({"unified": {"devices.allow": "a"}}),
+                "/unified/devices.allow",
+            ),
+            (
+                json!({"unified": {"io.max": "8:0 rbps=1"}}),
+                "/unified/io.max",
+            ),
             (json!({"blockIO": {"weight": 10}}), "/blockIO"),
             (json!({"network": {"classID": 1}}), "/network"),
             (json!({"rdma": {"mlx5_0": {"hcaHandles": 1}}}), "/rdma"),
@@ -636,7 +664,7 @@ mod tests {
             "exec c1 sh",
             "exec -t c1 sh -c env",
             "exec --env CUDA_VISIBLE_DEVICES=all c1 sh",
-            "exec -e=CUDA_VISIBLE_DEVICES=all --env=A=1 c1 sh",
+            "exec -e=CUDA_VISIBLE_DEVICES=all -e A=1 c1 sh",
             "-root /r exec -d -e CUDA_VISIBLE_DEVICES=all c1 sh",
             "--root=/r exec -u 1000 -- c1 sh --env X=1",
         ] {
@@ -666,6 +694,20 @@ mod tests {
                 "{line}: the process's own argv is untouched"
             );
             assert_eq!(again.global, inv.global, "{line}");
+            // One spelling of the flag, as the caller's (runc refuses two).
+            let names: std::collections::BTreeSet<&str> = sub2
+                .flags
+                .iter()
+                .filter(|f| f.name == "env")
+                .map(|f| {
+                    again.argv[f.index]
+                        .trim_start_matches('-')
+                        .split('=')
+                        .next()
+                        .unwrap()
+                })
+                .collect();
+            assert_eq!(names.len(), 1, "{line}: {:?}", again.argv);
         }
     }
 

@@ -263,7 +263,10 @@ pub fn privileged(spec: &Value) -> Option<String> {
     let sys_admin = spec
         .pointer("/process/capabilities/bounding")
         .and_then(strings)
-        .is_some_and(|c| c.iter().any(|c| crate::policy::cap_name(c) == "CAP_SYS_ADMIN"));
+        .is_some_and(|c| {
+            c.iter()
+                .any(|c| crate::policy::cap_name(c) == "CAP_SYS_ADMIN")
+        });
     let asks = if sys_admin {
         "every host device and CAP_SYS_ADMIN"
     } else {
@@ -599,10 +602,15 @@ mod tests {
         let (line, cut) = refusal_line("create c1", &reasons);
         assert!(cut);
         assert!(
-            line.starts_with("tessera-runtime: create c1 refused: privileged containers are not allowed"),
+            line.starts_with(
+                "tessera-runtime: create c1 refused: privileged containers are not allowed"
+            ),
             "{line}"
         );
-        assert!(line.contains("2 more reason(s)") && !line.contains('\n'), "{line}");
+        assert!(
+            line.contains("2 more reason(s)") && !line.contains('\n'),
+            "{line}"
+        );
         // A narrower rule, or a deny-all, is not privileged mode.
         for rules in [
             json!([{"allow": false, "access": "rwm"}]),
