@@ -578,12 +578,14 @@ pub(crate) mod tests {
                 cgroup_path: "/sys/fs/cgroup/tessera/c1".to_owned(),
                 runtime_root: "/run/tessera-runtime".to_owned(),
                 bound_at_ms: NOW - 30_000,
+                ..Default::default()
             }],
             priority_class: "normal".to_owned(),
             burst: false,
             end_reason: String::new(),
             unhealthy: String::new(),
             ended_at_ms: 0,
+            pod: String::new(),
         }
     }
 

@@ -796,18 +796,28 @@ fn sandbox_init_pid(runc_root: &Path, id: &str) -> Result<u32, String> {
         .ok_or_else(|| format!("{}: no init_process_pid", path.display()))
 }
 
-/// `linux.cgroupsPath` when the runtime does not set it itself (no lease): the
+/// `linux.cgroupsPath` as the caller gave it (kept, with a lease or without: pod
+/// limits, QoS, eviction and CRI stats see the container where kubelet put it): the
 /// container's own cgroup, ending in its id, never under a host slice or the
-/// runtime's tree of another container.
+/// runtime's tree of another container. The systemd form goes with
+/// `--systemd-cgroup` and only with it. A spec without one gets the lease's tree
+/// (cgroups.rs).
 fn cgroups_path(spec: &Value, ctx: &Context, f: &mut Findings) {
-    if ctx.lease.is_some() {
-        return; // replaced by the lease's tree (cgroups.rs)
-    }
-    let Some(path) = spec.pointer("/linux/cgroupsPath").and_then(Value::as_str) else {
+    let Some(path) = spec
+        .pointer("/linux/cgroupsPath")
+        .and_then(Value::as_str)
+        .filter(|p| !p.is_empty())
+    else {
         return;
     };
     let at = "/linux/cgroupsPath";
     let id = ctx.container_id;
+    if path.contains(':') && !ctx.systemd_cgroup {
+        f.refuse(format!(
+            "{at}: {path:?} is systemd's slice:prefix:name form, but the runtime was not given --systemd-cgroup (set SystemdCgroup = true in containerd's runtime options, or use a cgroupfs path)"
+        ));
+        return;
+    }
     let host_slices = [
         "system.slice",
         "user.slice",
@@ -824,7 +834,7 @@ fn cgroups_path(spec: &Value, ctx: &Context, f: &mut Findings) {
             && parts[2] == id;
         if !ok {
             f.refuse(format!(
-                "{at}: {path:?} must be <pod slice>:<prefix>:{id} outside the host's slices"
+                "{at}: {path:?} must be <pod slice>:<prefix>:{id} outside the host's slices (--systemd-cgroup takes systemd's slice:prefix:name form)"
             ));
         }
         return;
