@@ -144,10 +144,10 @@ pub struct ContainerdSetup {
     /// Everything of containerd's goes below this directory (keep it short: unix
     /// socket paths are limited to 108 bytes).
     pub dir: PathBuf,
-    /// The tessera-runtime binary registered as the `tessera` handler.
+    /// The tessera-runtime binary registered as the `tessera` handler (BinaryName).
+    /// containerd passes no environment of its choosing to it: the runtime reads
+    /// `<runtime_bin>.toml` beside it.
     pub runtime_bin: PathBuf,
-    /// tessera-runtime's configuration.
-    pub runtime_config: PathBuf,
     /// The CNI plugins' directory.
     pub cni_bin_dir: PathBuf,
     /// A number unique on this host among running harnesses (bridge name, subnet).
@@ -261,7 +261,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         let child = Command::new("containerd")
             .arg("--config")
             .arg(&config)
-            .env("TESSERA_RUNTIME_CONFIG", &setup.runtime_config)
+            .env_remove("TESSERA_RUNTIME_CONFIG")
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)

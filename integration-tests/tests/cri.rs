@@ -78,17 +78,22 @@ impl World {
         .unwrap();
         let rootfs = common::busybox_rootfs(dir.path());
         let proc_root = common::fake_nvidia_proc(dir.path());
+        // The runtime as an operator installs it under another name: a link whose
+        // config sits beside it (`<name>.toml`), found without any environment.
+        let bin_dir = dir.path().join("bin");
+        std::fs::create_dir_all(&bin_dir).unwrap();
+        let runtime_bin = bin_dir.join("tessera-gpu");
+        std::os::unix::fs::symlink(common::runtime_bin(), &runtime_bin).unwrap();
         let setup = ContainerdSetup {
             dir: dir.path().join("c"),
-            runtime_bin: common::runtime_bin(),
-            runtime_config: dir.path().join("runtime.toml"),
+            runtime_bin: runtime_bin.clone(),
             cni_bin_dir,
             slot,
         };
         std::fs::create_dir_all(&setup.dir).unwrap();
         let runc = common::which("runc").unwrap();
         std::fs::write(
-            &setup.runtime_config,
+            bin_dir.join("tessera-gpu.toml"),
             format!(
                 "runc_path = {runc:?}\ndaemon_socket = {sock:?}\ndaemon_timeout_ms = 3000\nnvidia_proc_root = {proc_root:?}\n\
                  runc_cve_acknowledged = [\"CVE-2025-31133\", \"CVE-2025-52565\", \"CVE-2025-52881\"]\n\
@@ -255,6 +260,30 @@ impl World {
         (r.status.unwrap(), info)
     }
 
+    /// Wait (up to 30 s) until the container has exited; its status then.
+    async fn wait_exited(&self, id: &str) -> pb::ContainerStatus {
+        for _ in 0..300 {
+            let (st, _) = self.container_status(id).await;
+            if st.state == pb::ContainerState::ContainerExited as i32 {
+                return st;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        panic!("container {id} still runs 30 s after its lease ended");
+    }
+
+    async fn lease_now(&self, id: &str) -> tpb::Lease {
+        let mut c = self.daemon.client().await.unwrap();
+        c.get_lease(tpb::GetLeaseRequest {
+            lease_id: id.into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .lease
+        .unwrap()
+    }
+
     /// The host pid of a running container's init (containerd's verbose status).
     async fn pid(&self, id: &str) -> i32 {
         let (_, info) = self.container_status(id).await;
@@ -414,4 +443,341 @@ fn an_mps_pod_gets_its_pipe_directory_and_limits_in_init_and_in_exec() {
         assert!(has_line(&out, "PIPE_DIR_OK"), "the MPS pipe directory is mounted: {out}{err}");
         assert!(!out.contains(&l.token), "the token leaked into the container's env");
     });
+}
+
+/// kubelet finds a container's termination message through ContainerStatus: the mount at
+/// its terminationMessagePath, read on the host.
+fn termination_message(st: &pb::ContainerStatus) -> String {
+    let m = st
+        .mounts
+        .iter()
+        .find(|m| m.container_path == "/dev/termination-log")
+        .unwrap_or_else(|| panic!("no termination-log mount in the status: {:?}", st.mounts));
+    std::fs::read_to_string(&m.host_path).unwrap()
+}
+
+/// One line: what containerd, kubelet and `kubectl describe` show of a refusal.
+fn assert_one_clear_line(what: &str, msg: &str, must: &str) {
+    assert!(msg.contains(must), "{what}: {must:?} missing in {msg:?}");
+    assert!(!msg.contains('\n'), "{what}: more than one line: {msg:?}");
+    assert!(
+        msg.matches("tessera-runtime").count() <= 1 && !msg.contains("{\""),
+        "{what}: garbled (repeated or JSON): {msg:?}"
+    );
+}
+
+#[test]
+fn a_gpu_container_stays_in_its_pod_cgroup_where_pod_and_container_stats_see_it() {
+    let Some(w) = World::new() else { return };
+    rt().block_on(async {
+        let l = w.lease(shape::mig("1g.10gb")).await;
+        let pod = w.pod("stats-pod");
+        let sandbox = w.run_pod(&pod).await.unwrap();
+        let id = w.gpu_container(&sandbox, &pod, "cuda", &l.token).await;
+        let pid = w.pid(&id).await;
+        for ctrl in ["memory", "cpu", "pids", "devices", "freezer"] {
+            let cg = cgroup_of(pid, ctrl);
+            assert_eq!(
+                cg,
+                format!("{}/{id}", pod.cgroup_parent),
+                "{ctrl}: the GPU container is in its pod's cgroup, as kubelet asked"
+            );
+        }
+        // 32 MiB in the pod's shared memory, charged to the container's cgroup.
+        let (code, out, err) = w
+            .exec(
+                &id,
+                "head -c 33554432 /dev/zero > /dev/shm/fill && echo FILLED",
+            )
+            .await;
+        assert_eq!(code, 0, "{out}{err}");
+        let mut rs = w.ctrd.runtime().await.unwrap();
+        let cs = rs
+            .container_stats(pb::ContainerStatsRequest {
+                container_id: id.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .stats
+            .unwrap();
+        let used = |m: Option<&pb::MemoryUsage>| {
+            m.and_then(|m| m.working_set_bytes.as_ref())
+                .map_or(0, |v| v.value)
+        };
+        let c_ws = used(cs.memory.as_ref());
+        assert!(c_ws >= 32 << 20, "ContainerStats working set {c_ws}");
+        let ps = rs
+            .pod_sandbox_stats(pb::PodSandboxStatsRequest {
+                pod_sandbox_id: sandbox.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .stats
+            .unwrap();
+        let linux = ps.linux.unwrap();
+        let p_ws = used(linux.memory.as_ref());
+        assert!(
+            p_ws >= 32 << 20,
+            "PodSandboxStats sees the GPU container's memory: pod {p_ws}, container {c_ws}"
+        );
+        assert!(
+            linux
+                .containers
+                .iter()
+                .any(|c| c.attributes.as_ref().is_some_and(|a| a.id == id)),
+            "the pod's stats list the GPU container"
+        );
+        // The lease finds its container through its binding, at the pod's cgroup.
+        let got = w.lease_now(&l.lease.id).await;
+        assert_eq!(got.containers.len(), 1, "{:?}", got.containers);
+        assert_eq!(
+            got.containers[0].cgroup_path,
+            format!("{}/{id}", pod.cgroup_parent)
+        );
+        // StopContainer and RemoveContainer as kubelet does: no binding is left.
+        rs.stop_container(pb::StopContainerRequest {
+            container_id: id.clone(),
+            timeout: 2,
+        })
+        .await
+        .unwrap();
+        rs.remove_container(pb::RemoveContainerRequest {
+            container_id: id.clone(),
+        })
+        .await
+        .unwrap();
+        let got = w.lease_now(&l.lease.id).await;
+        assert!(
+            got.containers.is_empty(),
+            "stale binding: {:?}",
+            got.containers
+        );
+    });
+}
+
+#[test]
+fn update_container_resources_changes_cpu_and_memory_and_keeps_the_gpu() {
+    let Some(w) = World::new() else { return };
+    rt().block_on(async {
+        let l = w.lease(shape::mig("1g.10gb")).await;
+        let gpu = l.lease.partition.as_ref().unwrap().gpu_index;
+        let pod = w.pod("resize-pod");
+        let sandbox = w.run_pod(&pod).await.unwrap();
+        let id = w.gpu_container(&sandbox, &pod, "cuda", &l.token).await;
+        let pid = w.pid(&id).await;
+        let mut rs = w.ctrd.runtime().await.unwrap();
+        // What the CPU manager and in-place resize send; containerd adds its deny-all
+        // device rule to every update.
+        rs.update_container_resources(pb::UpdateContainerResourcesRequest {
+            container_id: id.clone(),
+            linux: Some(pb::LinuxContainerResources {
+                cpu_period: 100_000,
+                cpu_quota: 50_000,
+                cpu_shares: 512,
+                memory_limit_in_bytes: 256 << 20,
+                oom_score_adj: 1000,
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("UpdateContainerResources on a GPU container: {e}"));
+        let read = |ctrl: &str, file: &str| {
+            let p = format!("/sys/fs/cgroup/{ctrl}{}/{file}", cgroup_of(pid, ctrl));
+            std::fs::read_to_string(&p)
+                .unwrap_or_else(|e| panic!("{p}: {e}"))
+                .trim()
+                .to_string()
+        };
+        assert_eq!(read("cpu", "cpu.cfs_quota_us"), "50000");
+        assert_eq!(read("cpu", "cpu.shares"), "512");
+        assert_eq!(
+            read("memory", "memory.limit_in_bytes"),
+            (256u64 << 20).to_string()
+        );
+        let devices = read("devices", "devices.list");
+        assert!(
+            devices
+                .lines()
+                .any(|l| l.starts_with(&format!("c 195:{gpu} "))),
+            "the lease's GPU is still allowed after the update:\n{devices}"
+        );
+        assert!(!devices.lines().any(|l| l.starts_with("a ")), "{devices}");
+        let (code, out, err) = w.exec(&id, &format!("probe open /dev/nvidia{gpu}")).await;
+        assert_eq!(code, 0, "{out}{err}");
+        assert!(
+            has_line(&out, &format!("open /dev/nvidia{gpu} errno=6")),
+            "the GPU still opens (reaches the driver): {out}{err}"
+        );
+        let (st, _) = w.container_status(&id).await;
+        let res = st.resources.and_then(|r| r.linux).unwrap();
+        assert_eq!(res.memory_limit_in_bytes, 256 << 20);
+        assert_eq!(res.cpu_quota, 50_000);
+    });
+}
+
+#[test]
+fn a_revoked_lease_says_why_where_kubelet_reads_it_and_its_container_cannot_restart() {
+    let Some(w) = World::new() else { return };
+    rt().block_on(async {
+        let l = w.lease(shape::mig("1g.10gb")).await;
+        let pod = w.pod("revoked-pod");
+        let sandbox = w.run_pod(&pod).await.unwrap();
+        let id = w.gpu_container(&sandbox, &pod, "cuda", &l.token).await;
+        let mut c = w.daemon.client().await.unwrap();
+        let mut watch = c
+            .watch_leases(tpb::WatchLeasesRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+        c.release_lease(tpb::ReleaseLeaseRequest {
+            lease_id: l.lease.id.clone(),
+            reason: "node drained for maintenance".into(),
+        })
+        .await
+        .unwrap();
+        let st = w.wait_exited(&id).await;
+        assert_ne!(st.exit_code, 0, "{st:?}");
+        let msg = termination_message(&st);
+        assert!(
+            msg.contains(&format!(
+                "lease {} released: node drained for maintenance",
+                l.lease.id
+            )),
+            "the termination message kubelet shows: {msg:?}"
+        );
+        // The lease's events say it too.
+        let mut seen = Vec::new();
+        while let Ok(Some(Ok(ev))) =
+            tokio::time::timeout(std::time::Duration::from_secs(5), watch.message())
+                .await
+                .map(|r| r.transpose())
+        {
+            if ev.lease.as_ref().is_some_and(|x| x.id == l.lease.id) {
+                seen.push(ev.message.clone());
+                if seen
+                    .iter()
+                    .any(|m| m.contains("node drained for maintenance"))
+                {
+                    break;
+                }
+            }
+        }
+        assert!(
+            seen.iter()
+                .any(|m| m.contains("node drained for maintenance")),
+            "events: {seen:?}"
+        );
+        let ended = w.lease_now(&l.lease.id).await;
+        assert!(
+            ended.containers.is_empty(),
+            "an ended lease lists none: {:?}",
+            ended.containers
+        );
+        // kubelet restarts the container (attempt 1, same device plugin annotation).
+        let cfg = pod
+            .container_config(
+                "cuda",
+                1,
+                cri::TEST_IMAGE,
+                &["sleep", "3600"],
+                &[(cri::TOKEN_ANNOTATION, &l.token)],
+            )
+            .unwrap();
+        let e = w
+            .start_container(&sandbox, &pod, cfg)
+            .await
+            .expect_err("a container restarted on a released lease");
+        assert_one_clear_line(
+            "restart after revocation",
+            e.message(),
+            "unknown, expired or revoked lease token",
+        );
+    });
+}
+
+#[test]
+fn a_token_is_bound_to_the_first_pod_and_refused_to_another() {
+    let Some(w) = World::new() else { return };
+    rt().block_on(async {
+        let l = w.lease(shape::mig("1g.10gb")).await;
+        let pod_a = w.pod("pod-a");
+        let sandbox_a = w.run_pod(&pod_a).await.unwrap();
+        let _id = w.gpu_container(&sandbox_a, &pod_a, "cuda", &l.token).await;
+        let pod_b = w.pod("pod-b");
+        let sandbox_b = w.run_pod(&pod_b).await.unwrap();
+        let cfg = pod_b
+            .container_config(
+                "thief",
+                0,
+                cri::TEST_IMAGE,
+                &["sleep", "3600"],
+                &[(cri::TOKEN_ANNOTATION, &l.token)],
+            )
+            .unwrap();
+        let e = w
+            .start_container(&sandbox_b, &pod_b, cfg)
+            .await
+            .expect_err("a second pod used another pod's token");
+        assert_one_clear_line(
+            "token reuse",
+            e.message(),
+            &format!(
+                "is bound to pod {}; pod {} may not use it",
+                pod_a.uid, pod_b.uid
+            ),
+        );
+        let got = w.lease_now(&l.lease.id).await;
+        assert_eq!(
+            got.containers.len(),
+            1,
+            "only pod A's container: {:?}",
+            got.containers
+        );
+        // A second container of the same pod shares the lease.
+        let cfg = pod_a
+            .container_config(
+                "sidecar",
+                0,
+                cri::TEST_IMAGE,
+                &["sleep", "3600"],
+                &[(cri::TOKEN_ANNOTATION, &l.token)],
+            )
+            .unwrap();
+        w.start_container(&sandbox_a, &pod_a, cfg)
+            .await
+            .unwrap_or_else(|e| panic!("a second container of the same pod: {e}"));
+    });
+}
+
+#[test]
+fn with_the_daemon_down_a_gpu_container_fails_closed_and_starts_once_it_is_back() {
+    let Some(mut w) = World::new() else { return };
+    let r = rt();
+    let (l, pod, sandbox) = r.block_on(async {
+        let l = w.lease(shape::mig("1g.10gb")).await;
+        let pod = w.pod("down-pod");
+        let sandbox = w.run_pod(&pod).await.unwrap();
+        (l, pod, sandbox)
+    });
+    w.daemon.kill().unwrap();
+    let cfg = |attempt| {
+        pod.container_config(
+            "cuda",
+            attempt,
+            cri::TEST_IMAGE,
+            &["sleep", "3600"],
+            &[(cri::TOKEN_ANNOTATION, &l.token)],
+        )
+        .unwrap()
+    };
+    let e = r
+        .block_on(w.start_container(&sandbox, &pod, cfg(0)))
+        .expect_err("a GPU container started without the daemon");
+    assert_one_clear_line("daemon down", e.message(), "tessera daemon");
+    w.daemon.spawn().unwrap();
+    r.block_on(w.start_container(&sandbox, &pod, cfg(1)))
+        .unwrap_or_else(|e| panic!("after the daemon's restart: {e}"));
 }
