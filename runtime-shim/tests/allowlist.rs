@@ -34,6 +34,7 @@ impl Host {
             "kubelet/pods/other-pod-uid/volumes".to_string(),
             "storage/overlay/abc/merged/bin".to_string(),
             "run-storage/overlay-containers/podctr/userdata".to_string(),
+            "run-storage/vfs-containers/podctr/userdata".to_string(),
             "tessera-run".to_string(),
             "shared-ro/models".to_string(),
             "etc-cron.d".to_string(),
@@ -59,11 +60,15 @@ impl Host {
             "",
         )
         .unwrap();
-        std::fs::write(
-            d.join("run-storage/overlay-containers/podctr/userdata/hosts"),
-            "",
-        )
-        .unwrap();
+        for driver in ["overlay", "vfs"] {
+            std::fs::write(
+                d.join(format!(
+                    "run-storage/{driver}-containers/podctr/userdata/hosts"
+                )),
+                "",
+            )
+            .unwrap();
+        }
         std::fs::write(d.join("tessera-run/tesserad.sock"), "").unwrap();
         // runc's record of the pod sandbox: its init process.
         std::fs::create_dir_all(d.join("runc-root").join(SANDBOX)).unwrap();
@@ -826,6 +831,25 @@ fn what_real_callers_send_is_admitted() {
     );
     let (code, out) = h.check_id("podman", &pod, "podctr");
     assert_eq!(code, 0, "podman: {:?}", reasons(&out));
+    // podman with the vfs driver (where overlayfs cannot stack): vfs-containers.
+    bind(
+        &mut pod,
+        &h.path("run-storage/vfs-containers/podctr/userdata/hosts"),
+        "/etc/hosts2",
+        &["bind", "rprivate"],
+    );
+    let (code, out) = h.check_id("podman-vfs", &pod, "podctr");
+    assert_eq!(code, 0, "podman vfs: {:?}", reasons(&out));
+    // Another container's userdata stays refused.
+    let (code, out) = h.check_id("podman-other", &pod, "otherctr");
+    assert_eq!(code, 1);
+    assert!(
+        reasons(&out)
+            .iter()
+            .any(|r| r.contains("vfs-containers/podctr/userdata/hosts is not under")),
+        "{:?}",
+        reasons(&out)
+    );
 }
 
 /// A CRI container joins its pod sandbox's network, IPC and UTS namespaces by

@@ -1007,6 +1007,9 @@ fn component(s: Option<&str>) -> Option<&str> {
     })
 }
 
+/// containers/storage's drivers: a container's files live in `<driver>-containers`.
+const STORAGE_DRIVERS: &[&str] = &["overlay", "vfs", "btrfs", "zfs", "aufs", "devmapper"];
+
 /// The prefixes this container's bind sources may come from, with whether a writable
 /// bind is allowed.
 pub fn bind_prefixes(spec: &Value, ctx: &Context) -> Vec<(String, bool)> {
@@ -1024,15 +1027,21 @@ pub fn bind_prefixes(spec: &Value, ctx: &Context) -> Vec<(String, bool)> {
         let dir = p.kubelet_root.join("pods").join(uid);
         out.push((normalize(&dir.to_string_lossy()), true));
     }
-    // podman: the container's own run directory beside its bundle.
+    // podman: the container's own run directory beside its bundle,
+    // `<driver>-containers/<id>/userdata` for containers/storage's drivers.
     if let Some(id) = component(Some(ctx.container_id)) {
-        for root in &p.container_storage_roots {
-            let dir = root.join("overlay-containers").join(id).join("userdata");
-            out.push((normalize(&dir.to_string_lossy()), true));
-        }
-        for root in &p.container_run_roots {
-            let dir = root.join("overlay-containers").join(id).join("userdata");
-            out.push((normalize(&dir.to_string_lossy()), true));
+        for root in p
+            .container_storage_roots
+            .iter()
+            .chain(&p.container_run_roots)
+        {
+            for driver in STORAGE_DRIVERS {
+                let dir = root
+                    .join(format!("{driver}-containers"))
+                    .join(id)
+                    .join("userdata");
+                out.push((normalize(&dir.to_string_lossy()), true));
+            }
         }
     }
     for b in &p.bind_sources {
