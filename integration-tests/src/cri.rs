@@ -152,6 +152,9 @@ pub struct ContainerdSetup {
     pub cni_bin_dir: PathBuf,
     /// A number unique on this host among running harnesses (bridge name, subnet).
     pub slot: u32,
+    /// Register the handler with runc's systemd cgroup driver (`SystemdCgroup = true`,
+    /// kubeadm's default): cgroup parents are slices, containers scopes.
+    pub systemd_cgroup: bool,
 }
 
 /// A running private containerd with the CRI plugin.
@@ -239,7 +242,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
       container_annotations = [{token:?}]
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.{handler}.options]
         BinaryName = {bin:?}
-        SystemdCgroup = false
+        SystemdCgroup = {systemd}
 "#,
             root = setup.root(),
             state = setup.state(),
@@ -253,6 +256,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             handler = HANDLER,
             token = TOKEN_ANNOTATION,
             bin = setup.runtime_bin,
+            systemd = setup.systemd_cgroup,
         );
         std::fs::write(&config, toml).with_context(|| config.display().to_string())?;
         let log_path = dir.join("containerd.log");
