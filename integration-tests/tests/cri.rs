@@ -146,12 +146,12 @@ impl World {
     /// A lease of `shape` for tenant "team-a", its token resolved once to make the
     /// device nodes the driver would have made on the host.
     async fn lease(&self, shape: tpb::Shape) -> Lease {
+        self.lease_with(create_req("team-a", shape)).await
+    }
+
+    async fn lease_with(&self, req: tpb::CreateLeaseRequest) -> Lease {
         let mut c = self.daemon.client().await.unwrap();
-        let created = c
-            .create_lease(create_req("team-a", shape))
-            .await
-            .unwrap()
-            .into_inner();
+        let created = c.create_lease(req).await.unwrap().into_inner();
         let resolved = c
             .resolve_token(tpb::ResolveTokenRequest {
                 token: created.token.clone(),
@@ -402,6 +402,16 @@ fn a_mig_pod_sees_exactly_its_instance_through_cri() {
             !list.lines().any(|l| l.starts_with(&format!("c 195:{other} ")) || l.starts_with("a ")),
             "only the leased GPU in {cg}:\n{list}"
         );
+        // The runtime scrubbed the token from the spec runc and containerd keep.
+        let bundle = w
+            .ctrd
+            .setup
+            .state()
+            .join("io.containerd.runtime.v2.task/k8s.io")
+            .join(&id);
+        let config = std::fs::read_to_string(bundle.join("config.json")).unwrap();
+        assert!(config.contains("CUDA_VISIBLE_DEVICES"), "not the hardened spec");
+        assert!(!config.contains(&l.token), "the token is left in the bundle's config.json");
         // The daemon knows which container holds the lease.
         let mut c = w.daemon.client().await.unwrap();
         let got = c
@@ -836,6 +846,27 @@ fn with_the_systemd_cgroup_driver_a_gpu_container_lands_in_its_pod_slice() {
         assert_eq!(
             got.containers[0].cgroup_path,
             format!("{}:cri-containerd:{id}", pod.cgroup_parent)
+        );
+    });
+}
+
+#[test]
+fn an_expired_lease_stops_its_pod_container_and_says_so_in_the_termination_message() {
+    let Some(w) = World::new() else { return };
+    rt().block_on(async {
+        let mut req = create_req("team-a", shape::mig("1g.10gb"));
+        // Long enough for the pod to start on a loaded machine.
+        req.ttl_seconds = 10;
+        let l = w.lease_with(req).await;
+        let pod = w.pod("expiring-pod");
+        let sandbox = w.run_pod(&pod).await.unwrap();
+        let id = w.gpu_container(&sandbox, &pod, "cuda", &l.token).await;
+        let st = w.wait_exited(&id).await;
+        assert_ne!(st.exit_code, 0, "{st:?}");
+        let msg = termination_message(&st);
+        assert!(
+            msg.starts_with(&format!("tessera: lease {} expired", l.lease.id)),
+            "the termination message kubelet shows: {msg:?}"
         );
     });
 }
