@@ -130,7 +130,7 @@ async fn every_call(c: &mut Client, fx: &Fixture) -> Vec<Answer> {
             container_id: "c-under-fault".into(),
             cgroup_path: "/sys/fs/cgroup/pids/faults/c-under-fault".into(),
             // No runtime root: housekeeping never drops these as gone.
-        runtime_root: String::new(),
+            runtime_root: String::new(),
             uid: None,
             ..Default::default()
         })

@@ -117,12 +117,19 @@ impl LeaseManager {
                 .collect()
         };
         for (lease, id, root) in candidates {
-            if self.host.runtime_state_exists(std::path::Path::new(&root), &id) {
+            if self
+                .host
+                .runtime_state_exists(std::path::Path::new(&root), &id)
+            {
                 continue;
             }
             match self.unbind_container(&id).await {
-                Ok(()) => tracing::info!(lease = %lease, container = %id, runtime_root = %root, "container gone: binding dropped"),
-                Err(e) => warn!(lease = %lease, container = %id, error = %e, "could not drop the binding of a container that is gone"),
+                Ok(()) => {
+                    tracing::info!(lease = %lease, container = %id, runtime_root = %root, "container gone: binding dropped")
+                }
+                Err(e) => {
+                    warn!(lease = %lease, container = %id, error = %e, "could not drop the binding of a container that is gone")
+                }
             }
         }
     }
