@@ -1,6 +1,7 @@
 //! The host's side effects behind one trait, so the lease core can be tested and
 //! replaced: stopping a container through its cgroup, the private directories of an
-//! MPS lease (create, hand to a uid, remove), and reading `/proc/devices`.
+//! MPS lease (create, hand to a uid, remove), reading `/proc/devices`, and writing a
+//! container's termination message.
 //!
 //! [`RealHost`] does them; [`RecordingHost`] records the calls and does nothing
 //! (tests). Owns: the mechanics. May not touch: leases or policy (which cgroup may be
@@ -74,6 +75,11 @@ pub trait HostOps: Send + Sync + std::fmt::Debug {
     /// path: the source of kubelet's bind mount) with `message`. The file must
     /// exist and be a regular file; no component of the path may be a symlink.
     fn write_termination_message(&self, path: &Path, message: &str) -> Result<(), HostError>;
+    /// Whether the runtime still keeps state for container `id` under `root` (runc's
+    /// `<root>/<id>`, from create to delete). Unsure (a bad name, an error other than
+    /// "not there") answers true: a binding is dropped only when its container is
+    /// certainly gone.
+    fn runtime_state_exists(&self, root: &Path, id: &str) -> bool;
 }
 
 /// kubelet reads at most this much of a termination message.
@@ -168,6 +174,16 @@ impl HostOps for RealHost {
     fn write_termination_message(&self, path: &Path, message: &str) -> Result<(), HostError> {
         write_termination_message(path, message)
     }
+
+    fn runtime_state_exists(&self, root: &Path, id: &str) -> bool {
+        if !root.is_absolute() || id.is_empty() || id.contains('/') || id == "." || id == ".." {
+            return true;
+        }
+        match std::fs::symlink_metadata(root.join(id)) {
+            Err(e) => e.kind() != std::io::ErrorKind::NotFound,
+            Ok(_) => true,
+        }
+    }
 }
 
 /// One call a [`RecordingHost`] saw.
@@ -187,6 +203,8 @@ pub enum HostCall {
 pub struct RecordingHost {
     calls: Mutex<Vec<HostCall>>,
     proc_devices: String,
+    /// Containers whose runtime state is gone (every other one exists).
+    gone: Mutex<Vec<String>>,
 }
 
 impl RecordingHost {
@@ -194,7 +212,16 @@ impl RecordingHost {
         RecordingHost {
             calls: Mutex::default(),
             proc_devices: text.to_string(),
+            gone: Mutex::default(),
         }
+    }
+
+    /// From now on, container `id`'s runtime state is gone.
+    pub fn container_gone(&self, id: &str) {
+        self.gone
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(id.to_string());
     }
 
     /// The calls so far, oldest first.
@@ -237,6 +264,14 @@ impl HostOps for RecordingHost {
     fn proc_devices(&self) -> Result<String, HostError> {
         self.record(HostCall::ProcDevices);
         Ok(self.proc_devices.clone())
+    }
+    fn runtime_state_exists(&self, _: &Path, id: &str) -> bool {
+        !self
+            .gone
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .any(|g| g == id)
     }
     fn write_termination_message(&self, path: &Path, message: &str) -> Result<(), HostError> {
         self.record(HostCall::TerminationMessage {

@@ -428,3 +428,35 @@ async fn a_token_is_bound_to_the_first_pod_that_uses_it() {
             .is_err()
     );
 }
+
+/// A binding whose container is gone from its runtime's state (a delete that never
+/// reached the daemon) is dropped by housekeeping; a live one, or one just made, stays.
+#[tokio::test]
+async fn bindings_of_containers_that_are_gone_are_dropped() {
+    use crate::host::RecordingHost;
+    let dir = tempfile::tempdir().unwrap();
+    let config = test_config(dir.path());
+    let sim = Arc::new(crate::gpu::open_sim(&config.sim).unwrap());
+    let store = Arc::new(Store::open(dir.path()).unwrap());
+    let host = Arc::new(RecordingHost::with_proc_devices(""));
+    let mgr = LeaseManager::start_with_host(config, sim, store, host.clone()).unwrap();
+    let created = mgr.create(mig_request("r-gone")).await.unwrap();
+    let token = created.token.clone().unwrap();
+    let now = tessera_common::clock::now_ms();
+    for (id, bound_at_ms) in [("old-live", 0), ("old-gone", 0), ("new-gone", now)] {
+        let b = crate::model::ContainerBinding {
+            id: id.into(),
+            cgroup_path: format!("/kubepods/pod1/{id}"),
+            runtime_root: "/run/containerd/runc/k8s.io".into(),
+            bound_at_ms,
+            ..Default::default()
+        };
+        mgr.bind_container(&token, b, None).await.unwrap();
+    }
+    host.container_gone("old-gone");
+    host.container_gone("new-gone");
+    mgr.tick().await;
+    let (l, _) = mgr.get(&created.lease.id).unwrap();
+    let ids: Vec<&str> = l.containers.iter().map(|c| c.id.as_str()).collect();
+    assert_eq!(ids, ["old-live", "new-gone"]);
+}

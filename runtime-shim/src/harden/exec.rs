@@ -320,6 +320,7 @@ pub fn device_rule_within(r: &Value, lease: &[Value]) -> bool {
     let ty = |v: &Value| {
         v.get("type")
             .and_then(Value::as_str)
+            .filter(|t| !t.is_empty())
             .unwrap_or("a")
             .to_string()
     };

@@ -253,7 +253,7 @@ pub fn privileged(spec: &Value) -> Option<String> {
                 r.get("allow") == Some(&Value::Bool(true))
                     && r.get("type")
                         .and_then(Value::as_str)
-                        .is_none_or(|t| t == "a")
+                        .is_none_or(|t| t == "a" || t.is_empty())
                     && r.get("major").and_then(Value::as_i64).is_none_or(|m| m < 0)
             })
         });
@@ -612,6 +612,9 @@ mod tests {
             "{line}"
         );
         // A narrower rule, or a deny-all, is not privileged mode.
+        // podman writes the rule with an empty type.
+        let podman = json!({"linux": {"resources": {"devices": [{"allow": true, "type": "", "access": "rwm"}]}}});
+        assert!(privileged(&podman).unwrap().contains("every host device"));
         for rules in [
             json!([{"allow": false, "access": "rwm"}]),
             json!([{"allow": true, "type": "c", "major": 195, "access": "rw"}]),
