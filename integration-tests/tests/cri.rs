@@ -870,3 +870,52 @@ fn an_expired_lease_stops_its_pod_container_and_says_so_in_the_termination_messa
         );
     });
 }
+
+/// restartPolicy Always: a GPU container that crashed is created again (attempt 1) in
+/// the same pod with the same device plugin annotation, and starts.
+#[test]
+fn a_crashed_gpu_container_restarts_in_its_pod_with_the_same_token() {
+    let Some(w) = World::new() else { return };
+    rt().block_on(async {
+        let l = w.lease(shape::mig("1g.10gb")).await;
+        let pod = w.pod("crashy-pod");
+        let sandbox = w.run_pod(&pod).await.unwrap();
+        let cfg = pod
+            .container_config(
+                "cuda",
+                0,
+                cri::TEST_IMAGE,
+                &["sh", "-c", "exit 3"],
+                &[(cri::TOKEN_ANNOTATION, &l.token)],
+            )
+            .unwrap();
+        let first = w.start_container(&sandbox, &pod, cfg).await.unwrap();
+        let st = w.wait_exited(&first).await;
+        assert_eq!(st.exit_code, 3, "{st:?}");
+        let cfg = pod
+            .container_config(
+                "cuda",
+                1,
+                cri::TEST_IMAGE,
+                &["sh", "-c", "env > /tmp/init-env; exec sleep 3600"],
+                &[(cri::TOKEN_ANNOTATION, &l.token)],
+            )
+            .unwrap();
+        let second = w
+            .start_container(&sandbox, &pod, cfg)
+            .await
+            .unwrap_or_else(|e| panic!("the restart (attempt 1): {e}"));
+        let (code, out, err) = w.exec(&second, "cat /tmp/init-env").await;
+        assert_eq!(code, 0, "{out}{err}");
+        assert!(
+            out.contains(&format!("TESSERA_LEASE_ID={}", l.lease.id)),
+            "the restarted container holds the lease: {out}"
+        );
+        let got = w.lease_now(&l.lease.id).await;
+        assert!(
+            got.containers.iter().any(|c| c.id == second),
+            "{:?}",
+            got.containers
+        );
+    });
+}
