@@ -114,6 +114,7 @@ impl World {
         let ctrd = Containerd::start(setup).unwrap();
         let r = rt();
         r.block_on(async {
+            ctrd.wait_ready().await.unwrap();
             let pause = cri::oci_image(
                 dir.path(),
                 &rootfs,
