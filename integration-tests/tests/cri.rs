@@ -21,7 +21,10 @@ use tessera_integration_tests::cri::{self, Containerd, ContainerdSetup, Pod, pb}
 use tessera_integration_tests::{DEV_GPUS, TestDaemon, create_req, rt, shape};
 use tessera_proto::v1 as tpb;
 
-static SLOT: AtomicU32 = AtomicU32::new(0);
+/// Worlds made by this process (each gets its own bridge and subnet).
+static WORLDS: AtomicU32 = AtomicU32::new(0);
+/// Pods made by this process (unique uids).
+static PODS: AtomicU32 = AtomicU32::new(0);
 
 struct World {
     ctrd: Containerd,
@@ -65,8 +68,9 @@ impl World {
             );
             return None;
         };
-        let n = SLOT.fetch_add(1, Ordering::SeqCst);
-        let slot = (std::process::id() % 10_000) * 10 + n;
+        // Unique on this host among concurrent runs too: up to 32 worlds a process.
+        let n = WORLDS.fetch_add(1, Ordering::SeqCst) % 32;
+        let slot = (std::process::id() % 3_000) * 32 + n;
         // Short paths: unix socket names are limited to 108 bytes.
         let dir = tempfile::Builder::new()
             .prefix("tcri")
@@ -138,7 +142,7 @@ impl World {
     fn pod(&self, name: &str) -> Pod {
         let uid = format!(
             "{:08x}-0000-4000-8000-{:012x}",
-            SLOT.fetch_add(1, Ordering::SeqCst),
+            PODS.fetch_add(1, Ordering::SeqCst),
             std::process::id()
         );
         Pod::new(name, &uid, &self.cgroup_root, self.dir.path())
