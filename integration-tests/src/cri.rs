@@ -312,6 +312,39 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             .context("run ctr")
     }
 
+    /// Wait (up to 60 s) until the CRI plugin reports the runtime and the network
+    /// ready, as kubelet waits before it runs pods.
+    pub async fn wait_ready(&self) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let last = match self.runtime().await {
+                Ok(mut rs) => match rs.status(pb::StatusRequest { verbose: false }).await {
+                    Ok(r) => {
+                        let conds = r
+                            .into_inner()
+                            .status
+                            .map(|s| s.conditions)
+                            .unwrap_or_default();
+                        let ready = |t: &str| conds.iter().any(|c| c.r#type == t && c.status);
+                        if ready("RuntimeReady") && ready("NetworkReady") {
+                            return Ok(());
+                        }
+                        format!("{conds:?}")
+                    }
+                    Err(e) => e.to_string(),
+                },
+                Err(e) => format!("{e:#}"),
+            };
+            if Instant::now() > deadline {
+                bail!(
+                    "the CRI plugin is not ready after 60 s: {last}\n{}",
+                    self.log()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// Import an image tarball into the CRI plugin's namespace (native snapshotter, as
     /// the CRI plugin is configured) and wait until the CRI image service lists it.
     pub async fn import_image(&self, tarball: &Path, name: &str) -> anyhow::Result<()> {

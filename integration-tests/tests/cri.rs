@@ -114,6 +114,7 @@ impl World {
         let ctrd = Containerd::start(setup).unwrap();
         let r = rt();
         r.block_on(async {
+            ctrd.wait_ready().await.unwrap();
             let pause = cri::oci_image(
                 dir.path(),
                 &rootfs,
@@ -146,12 +147,12 @@ impl World {
     /// A lease of `shape` for tenant "team-a", its token resolved once to make the
     /// device nodes the driver would have made on the host.
     async fn lease(&self, shape: tpb::Shape) -> Lease {
+        self.lease_with(create_req("team-a", shape)).await
+    }
+
+    async fn lease_with(&self, req: tpb::CreateLeaseRequest) -> Lease {
         let mut c = self.daemon.client().await.unwrap();
-        let created = c
-            .create_lease(create_req("team-a", shape))
-            .await
-            .unwrap()
-            .into_inner();
+        let created = c.create_lease(req).await.unwrap().into_inner();
         let resolved = c
             .resolve_token(tpb::ResolveTokenRequest {
                 token: created.token.clone(),
@@ -402,6 +403,16 @@ fn a_mig_pod_sees_exactly_its_instance_through_cri() {
             !list.lines().any(|l| l.starts_with(&format!("c 195:{other} ")) || l.starts_with("a ")),
             "only the leased GPU in {cg}:\n{list}"
         );
+        // The runtime scrubbed the token from the spec runc and containerd keep.
+        let bundle = w
+            .ctrd
+            .setup
+            .state()
+            .join("io.containerd.runtime.v2.task/k8s.io")
+            .join(&id);
+        let config = std::fs::read_to_string(bundle.join("config.json")).unwrap();
+        assert!(config.contains("CUDA_VISIBLE_DEVICES"), "not the hardened spec");
+        assert!(!config.contains(&l.token), "the token is left in the bundle's config.json");
         // The daemon knows which container holds the lease.
         let mut c = w.daemon.client().await.unwrap();
         let got = c
@@ -836,6 +847,76 @@ fn with_the_systemd_cgroup_driver_a_gpu_container_lands_in_its_pod_slice() {
         assert_eq!(
             got.containers[0].cgroup_path,
             format!("{}:cri-containerd:{id}", pod.cgroup_parent)
+        );
+    });
+}
+
+#[test]
+fn an_expired_lease_stops_its_pod_container_and_says_so_in_the_termination_message() {
+    let Some(w) = World::new() else { return };
+    rt().block_on(async {
+        let mut req = create_req("team-a", shape::mig("1g.10gb"));
+        // Long enough for the pod to start on a loaded machine.
+        req.ttl_seconds = 10;
+        let l = w.lease_with(req).await;
+        let pod = w.pod("expiring-pod");
+        let sandbox = w.run_pod(&pod).await.unwrap();
+        let id = w.gpu_container(&sandbox, &pod, "cuda", &l.token).await;
+        let st = w.wait_exited(&id).await;
+        assert_ne!(st.exit_code, 0, "{st:?}");
+        let msg = termination_message(&st);
+        assert!(
+            msg.starts_with(&format!("tessera: lease {} expired", l.lease.id)),
+            "the termination message kubelet shows: {msg:?}"
+        );
+    });
+}
+
+/// restartPolicy Always: a GPU container that crashed is created again (attempt 1) in
+/// the same pod with the same device plugin annotation, and starts.
+#[test]
+fn a_crashed_gpu_container_restarts_in_its_pod_with_the_same_token() {
+    let Some(w) = World::new() else { return };
+    rt().block_on(async {
+        let l = w.lease(shape::mig("1g.10gb")).await;
+        let pod = w.pod("crashy-pod");
+        let sandbox = w.run_pod(&pod).await.unwrap();
+        let cfg = pod
+            .container_config(
+                "cuda",
+                0,
+                cri::TEST_IMAGE,
+                &["sh", "-c", "exit 3"],
+                &[(cri::TOKEN_ANNOTATION, &l.token)],
+            )
+            .unwrap();
+        let first = w.start_container(&sandbox, &pod, cfg).await.unwrap();
+        let st = w.wait_exited(&first).await;
+        assert_eq!(st.exit_code, 3, "{st:?}");
+        let cfg = pod
+            .container_config(
+                "cuda",
+                1,
+                cri::TEST_IMAGE,
+                &["sh", "-c", "env > /tmp/init-env; exec sleep 3600"],
+                &[(cri::TOKEN_ANNOTATION, &l.token)],
+            )
+            .unwrap();
+        let second = w
+            .start_container(&sandbox, &pod, cfg)
+            .await
+            .unwrap_or_else(|e| panic!("the restart (attempt 1): {e}"));
+        let (code, out, err) = w.exec(&second, "cat /tmp/init-env").await;
+        assert_eq!(code, 0, "{out}{err}");
+        assert!(
+            out.contains(&format!("TESSERA_LEASE_ID={}", l.lease.id)),
+            "the restarted container holds the lease: {out}"
+        );
+        let got = w.lease_now(&l.lease.id).await;
+        assert!(
+            got.containers.iter().any(|c| c.id == second),
+            "{:?}",
+            got.containers
         );
     });
 }
