@@ -123,6 +123,30 @@ fn write_termination_message(path: &Path, message: &str) -> Result<(), HostError
             "not a regular file",
         )));
     }
+    // A kernel file (/proc/sys, sysfs, a cgroup) is a regular file too: never one.
+    use nix::sys::statfs as fs;
+    let kind = fs::fstatfs(&f)
+        .map_err(|e| io(path)(e.into()))?
+        .filesystem_type();
+    let kernel = [
+        fs::PROC_SUPER_MAGIC,
+        fs::SYSFS_MAGIC,
+        fs::CGROUP_SUPER_MAGIC,
+        fs::CGROUP2_SUPER_MAGIC,
+        fs::DEBUGFS_MAGIC,
+        fs::TRACEFS_MAGIC,
+        fs::SECURITYFS_MAGIC,
+        fs::SELINUX_MAGIC,
+        fs::BPF_FS_MAGIC,
+        fs::DEVPTS_SUPER_MAGIC,
+        fs::NSFS_MAGIC,
+    ];
+    if kernel.contains(&kind) {
+        return Err(io(path)(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "a kernel filesystem's file, not a termination message",
+        )));
+    }
     let mut end = message.len().min(TERMINATION_MESSAGE_MAX);
     while !message.is_char_boundary(end) {
         end -= 1;
@@ -349,5 +373,11 @@ mod tests {
         );
         assert!(!dir.path().join("absent").exists());
         assert!(RealHost.write_termination_message(&sub, "no").is_err());
+        // A kernel file is a regular file too (this process's own name: harmless).
+        let comm = std::path::PathBuf::from(format!("/proc/{}/comm", std::process::id()));
+        let before = std::fs::read_to_string(&comm).unwrap();
+        let e = RealHost.write_termination_message(&comm, "no").unwrap_err();
+        assert!(e.to_string().contains("kernel filesystem"), "{e}");
+        assert_eq!(std::fs::read_to_string(&comm).unwrap(), before);
     }
 }

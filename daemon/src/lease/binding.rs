@@ -281,7 +281,11 @@ fn check_termination_log(path: &str) -> Result<(), LeaseError> {
     if path.is_empty() {
         return Ok(());
     }
+    let kernel = ["/proc/", "/sys/", "/dev/"]
+        .iter()
+        .any(|p| path.starts_with(p));
     let clean = path.len() <= 4096
+        && !kernel
         && path.starts_with('/')
         && !path.contains('\0')
         && path[1..]
@@ -292,7 +296,7 @@ fn check_termination_log(path: &str) -> Result<(), LeaseError> {
     } else {
         Err(invalid(
             "termination_log_path",
-            "must be a clean absolute host path",
+            "must be a clean absolute host path outside /proc, /sys and /dev",
         ))
     }
 }

@@ -334,19 +334,26 @@ async fn a_revocation_writes_its_reason_then_stops_the_pod_cgroup() {
             .unwrap_err();
         assert!(e.to_string().contains("cgroup_path"), "{bad}: {e}");
     }
-    let e = mgr
-        .bind_container(
-            &token,
-            crate::model::ContainerBinding {
-                id: "abc125".into(),
-                termination_log: "/var/lib/kubelet/../../etc/shadow".into(),
-                ..Default::default()
-            },
-            None,
-        )
-        .await
-        .unwrap_err();
-    assert!(e.to_string().contains("termination_log_path"), "{e}");
+    for bad in [
+        "/var/lib/kubelet/../../etc/shadow",
+        "/proc/sys/kernel/core_pattern",
+        "/sys/kernel/uevent_helper",
+        "relative/termination-log",
+    ] {
+        let e = mgr
+            .bind_container(
+                &token,
+                crate::model::ContainerBinding {
+                    id: "abc125".into(),
+                    termination_log: bad.into(),
+                    ..Default::default()
+                },
+                None,
+            )
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("termination_log_path"), "{bad}: {e}");
+    }
     let mut events = mgr.subscribe();
     let ended = mgr
         .end(&lease.id, LeaseState::Revoked, "preempted by team-b")
