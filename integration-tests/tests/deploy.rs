@@ -115,13 +115,16 @@ fn the_sample_pod_asks_for_a_mig_partition_with_the_tessera_runtime_class() {
 
 #[test]
 fn pods_asking_for_tessera_resources_must_use_the_runtime_class() {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/kubernetes/admission-policy.yaml");
+    let p =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/kubernetes/admission-policy.yaml");
     let text = std::fs::read_to_string(&p).unwrap();
     let docs: Vec<Value> = serde_yaml_ng::Deserializer::from_str(&text)
         .map(|d| serde::Deserialize::deserialize(d).unwrap())
         .collect();
     assert_eq!(docs[0]["kind"], "ValidatingAdmissionPolicy");
-    let rule = docs[0]["spec"]["validations"][0]["expression"].as_str().unwrap();
+    let rule = docs[0]["spec"]["validations"][0]["expression"]
+        .as_str()
+        .unwrap();
     assert!(rule.contains("runtimeClassName == 'tessera'"), "{rule}");
     assert_eq!(docs[1]["spec"]["policyName"], docs[0]["metadata"]["name"]);
     assert_eq!(docs[1]["spec"]["validationActions"][0], "Deny");

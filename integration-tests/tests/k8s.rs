@@ -8,9 +8,15 @@
 //! once, idempotent Allocate, leases that follow pods (tenant of the namespace,
 //! labels, release when the pod is gone), ListAndWatch updates on a mix change and on
 //! a health change, kubelet restart (sockets deleted, kubelet.sock recreated ->
-//! registered again), and a tesserad restart (the same device ids and tokens).
+//! registered again), and a tesserad restart (the same device ids and tokens). Last,
+//! an Allocate answer carried into a container as containerd does (the container
+//! annotations and envs into the OCI spec) runs through the real tessera-runtime and
+//! runc bound to its lease, and stops when its pod is gone.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "../../runtime-shim/tests/common/mod.rs"]
+mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -625,4 +631,198 @@ fn kubelet_and_tesserad_restarts_keep_devices_and_registration() {
         assert_eq!(resp[0].annotations["tessera.io/lease-token"], token);
     });
     d.stop().unwrap();
+}
+
+#[test]
+fn an_allocate_answer_runs_a_container_bound_to_its_lease_until_its_pod_is_gone() {
+    if !common::can_run_as_root("device plugin to runtime", &["runc", "busybox", "cc"]) {
+        return;
+    }
+    let rt = rt();
+    let _g = rt.enter();
+    let k = StandIn::start();
+    let work = tempfile::tempdir().unwrap();
+    let dev = work.path().join("dev");
+    std::fs::create_dir_all(&dev).unwrap();
+    let d = TestDaemon::start_with(
+        GPUS,
+        &format!(
+            "{}\n[devices]\ndev_root = {dev:?}\n[lease]\nrevocation_grace = \"1s\"\n",
+            k.config("\"mig-1g.10gb\" = 1\n")
+        ),
+    )
+    .unwrap();
+    k.wait_registered(MIG, 1, &d);
+    let (id, alloc, resolved) = rt.block_on(async {
+        let mut c = k.plugin(MIG).await;
+        let mut s = list_and_watch(&mut c).await;
+        let devs = watch_until(&mut s, "one device", |d| all_healthy(d, 1)).await;
+        let alloc = allocate_each(&mut c, &ids(&devs)).await.unwrap().remove(0);
+        let resolved = d
+            .client()
+            .await
+            .unwrap()
+            .resolve_token(pb::ResolveTokenRequest {
+                token: alloc.annotations["tessera.io/lease-token"].clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        (devs[0].id.clone(), alloc, resolved)
+    });
+    // The CDI spec names exactly the lease's device nodes.
+    let spec: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(k.cdi_dir.join(format!("tessera.io-lease-{id}.json"))).unwrap(),
+    )
+    .unwrap();
+    let mut cdi_nodes: Vec<String> = spec["devices"][0]["containerEdits"]["deviceNodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["path"].as_str().unwrap().to_string())
+        .collect();
+    let mut lease_nodes: Vec<String> = resolved
+        .devices
+        .iter()
+        .map(|d| d.container_path.clone())
+        .collect();
+    cdi_nodes.sort();
+    lease_nodes.sort();
+    assert_eq!(cdi_nodes, lease_nodes);
+
+    // The driver's nodes on the "host".
+    for n in &resolved.devices {
+        let p = Path::new(&n.host_path);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        if !p.exists() {
+            nix::sys::stat::mknod(
+                p,
+                nix::sys::stat::SFlag::S_IFCHR,
+                nix::sys::stat::Mode::from_bits_truncate(0o666),
+                nix::sys::stat::makedev(n.major as u64, n.minor as u64),
+            )
+            .unwrap();
+        }
+    }
+    // What containerd makes of kubelet's container config: the container annotations
+    // it passes (container_annotations) and the envs, in the OCI spec.
+    let rootfs = common::busybox_rootfs(work.path());
+    let gpu = resolved
+        .lease
+        .as_ref()
+        .unwrap()
+        .partition
+        .as_ref()
+        .unwrap()
+        .gpu_index;
+    let script = format!(
+        "probe open /dev/nvidia{gpu}; echo LEASE=$TESSERA_LEASE_ID; echo CVD=$CUDA_VISIBLE_DEVICES; \
+         trap '' TERM; while :; do sleep 1; done"
+    );
+    let mut oci = common::base_spec(&["sh", "-c", &script]);
+    oci["root"]["path"] = serde_json::json!(rootfs);
+    oci["annotations"] = serde_json::json!(alloc.annotations);
+    let env = oci["process"]["env"].as_array_mut().unwrap();
+    for (k, v) in &alloc.envs {
+        env.push(serde_json::json!(format!("{k}={v}")));
+    }
+    let bundle = work.path().join("bundle");
+    common::write_spec(&bundle, &oci);
+    let proc_root = common::fake_nvidia_proc(work.path());
+    let runtime_config = common::runtime_config(work.path(), &d.socket, &proc_root, "");
+    let runc_root = work.path().join("runc-root");
+    let out_path = work.path().join("out");
+    let runtime = |args: &[&str]| {
+        std::process::Command::new(common::runtime_bin())
+            .env("TESSERA_RUNTIME_CONFIG", &runtime_config)
+            .arg("--root")
+            .arg(&runc_root)
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::fs::File::create(&out_path).unwrap())
+            .stderr(std::fs::File::create(work.path().join("err")).unwrap())
+            .status()
+            .unwrap()
+    };
+    let cid = format!("k8s-e2e-{}", std::process::id());
+    let st = runtime(&["create", "--bundle", bundle.to_str().unwrap(), &cid]);
+    assert!(
+        st.success(),
+        "create: {}",
+        std::fs::read_to_string(work.path().join("err")).unwrap()
+    );
+    assert!(runtime(&["start", &cid]).success());
+    let mig_uuid = resolved
+        .lease
+        .as_ref()
+        .unwrap()
+        .partition
+        .as_ref()
+        .unwrap()
+        .mig
+        .as_ref()
+        .unwrap()
+        .mig_uuid
+        .clone();
+    wait("the container's output", &d, || {
+        std::fs::read_to_string(&out_path).is_ok_and(|o| o.contains("CVD="))
+    });
+    let out = std::fs::read_to_string(&out_path).unwrap();
+    for want in [
+        format!("open /dev/nvidia{gpu} errno=6"),
+        format!("LEASE={id}"),
+        format!("CVD={mig_uuid}"),
+    ] {
+        assert!(
+            out.lines().any(|l| l.trim() == want),
+            "missing {want:?} in {out}"
+        );
+    }
+    rt.block_on(async {
+        let l = lease(&d, &id).await;
+        assert_eq!(l.containers.len(), 1, "the runtime bound the container");
+        assert_eq!(l.containers[0].id, cid);
+    });
+    // The pod runs, then is gone: after the grace the lease is released and its
+    // container stopped (it ignores SIGTERM: killed).
+    k.set_pods(vec![pod("team-a", "job", MIG, std::slice::from_ref(&id))]);
+    rt.block_on(async {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while lease(&d, &id).await.tenant != "acme" {
+            assert!(
+                Instant::now() < deadline,
+                "never handed to acme\n{}",
+                d.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+    k.set_pods(Vec::new());
+    rt.block_on(async {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let l = lease(&d, &id).await;
+            if l.state == pb::LeaseState::Released as i32 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "not released: {l:?}\n{}",
+                d.log()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let state = std::process::Command::new("runc")
+        .arg("--root")
+        .arg(&runc_root)
+        .args(["state", &cid])
+        .output()
+        .unwrap();
+    let state: serde_json::Value = serde_json::from_slice(&state.stdout).unwrap_or_default();
+    assert_ne!(
+        state["status"], "running",
+        "the container outlived its lease"
+    );
+    let _ = runtime(&["delete", "--force", &cid]);
 }
