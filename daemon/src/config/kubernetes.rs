@@ -148,9 +148,11 @@ pub(super) fn validate_kubernetes(
     lease: &LeaseConfig,
 ) -> Result<KubernetesConfig, ConfigError> {
     let d = KubernetesConfig::default();
+    let device_plugin = raw.device_plugin.unwrap_or(false);
     let known_tenant = |field: &str, t: &str| -> Result<(), ConfigError> {
         validate_tenant(t).map_err(|e| v.err(field, e.to_string()))?;
-        if !tenancy.tenants.is_empty() && !tenancy.tenants.contains_key(t) {
+        // Quotas on: the plugin's tenants need theirs (only when it runs).
+        if device_plugin && !tenancy.tenants.is_empty() && !tenancy.tenants.contains_key(t) {
             return Err(v.err(field, format!("tenant {t:?} has no [tenants.{t}] section")));
         }
         Ok(())
@@ -269,7 +271,7 @@ pub(super) fn validate_kubernetes(
         ));
     }
     let k = KubernetesConfig {
-        device_plugin: raw.device_plugin.unwrap_or(false),
+        device_plugin,
         device_plugin_dir: raw.device_plugin_dir.unwrap_or(d.device_plugin_dir),
         pod_resources_socket: raw.pod_resources_socket.unwrap_or(d.pod_resources_socket),
         default_tenant,
@@ -370,14 +372,22 @@ mod tests {
                 "kubernetes.namespaces.Team_A",
             ),
             (
-                "[tenants.acme]\n[kubernetes]\ndefault_tenant = \"acme\"\n[kubernetes.namespaces]\nteam-b = \"other\"\n",
+                "[tenants.acme]\n[kubernetes]\ndevice_plugin = true\ndefault_tenant = \"acme\"\n[kubernetes.namespaces]\nteam-b = \"other\"\n[kubernetes.mix]\ngpu = 1\n",
                 "kubernetes.namespaces.team-b",
             ),
-            ("[tenants.acme]\n", "kubernetes.default_tenant"),
+            (
+                "[tenants.acme]\n[kubernetes]\ndevice_plugin = true\n[kubernetes.mix]\ngpu = 1\n",
+                "kubernetes.default_tenant",
+            ),
         ] {
             let e = parse(text).unwrap_err();
             assert!(e.contains(&format!("`{field}`")), "{text}: {e}");
         }
+    }
+
+    #[test]
+    fn quotas_without_the_plugin_need_no_kubernetes_tenant() {
+        assert!(parse("[tenants.acme]\n").is_ok());
     }
 
     #[test]
