@@ -103,3 +103,9 @@ mod tests {
         assert_eq!(truncate("ééé", 3), "é…");
     }
 }
+
+/// Lease labels the kubelet device plugin sets: the class of the device a lease stands
+/// for, and the pod (namespace and name) that holds it.
+pub const LABEL_K8S_CLASS: &str = "tessera.io/k8s-class";
+pub const LABEL_K8S_NAMESPACE: &str = "tessera.io/k8s-namespace";
+pub const LABEL_K8S_POD: &str = "tessera.io/k8s-pod";

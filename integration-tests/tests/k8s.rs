@@ -355,6 +355,17 @@ async fn allocate_each(
     .map(|r| r.into_inner().container_responses)
 }
 
+/// The Prometheus text of the daemon's metrics endpoint.
+fn scrape(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(s, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
 async fn lease(d: &TestDaemon, id: &str) -> pb::Lease {
     d.client()
         .await
@@ -376,9 +387,12 @@ fn every_advertised_device_allocates_at_once_idempotently_and_leases_follow_pods
     let k = StandIn::start();
     let d = TestDaemon::start_with(
         GPUS,
-        &k.config("\"mig-1g.10gb\" = 3\ngpu = 1\nmps-small = 2\n"),
+        &k.config(
+            "\"mig-1g.10gb\" = 3\ngpu = 1\nmps-small = 2\n\n[metrics]\nlisten = \"127.0.0.1:0\"\n",
+        ),
     )
     .unwrap();
+    let metrics = d.metrics_addr().unwrap();
     for r in [MIG, WHOLE, MPS] {
         k.wait_registered(r, 1, &d);
     }
@@ -485,11 +499,20 @@ fn every_advertised_device_allocates_at_once_idempotently_and_leases_follow_pods
                 assert_eq!(o.tenant, "k8s");
                 break;
             }
-            assert!(
-                Instant::now() < deadline,
-                "lease never followed its pod: {l:?}\n{}",
-                d.log()
-            );
+            assert!(Instant::now() < deadline, "lease never followed its pod: {l:?}\n{}", d.log());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // Metrics say which pod holds which lease.
+        let want = format!(
+            "tessera_kubernetes_pod_leases{{namespace=\"team-a\",pod=\"trainer-0\",tenant=\"acme\",resource=\"{MIG}\",lease=\"{held}\"}} 1"
+        );
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let text = scrape(&metrics);
+            if text.lines().any(|l| l == want) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "no {want} in:\n{text}");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
 

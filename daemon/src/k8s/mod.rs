@@ -46,9 +46,10 @@ pub const TOKEN_ANNOTATION: &str = "tessera.io/lease-token";
 /// The CDI kind of the per-lease specs.
 pub const CDI_KIND: &str = "tessera.io/lease";
 /// Labels the plugin puts on its leases.
-pub const LABEL_CLASS: &str = "tessera.io/k8s-class";
-pub const LABEL_NAMESPACE: &str = "tessera.io/k8s-namespace";
-pub const LABEL_POD: &str = "tessera.io/k8s-pod";
+pub use crate::names::{
+    LABEL_K8S_CLASS as LABEL_CLASS, LABEL_K8S_NAMESPACE as LABEL_NAMESPACE,
+    LABEL_K8S_POD as LABEL_POD,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum K8sError {
