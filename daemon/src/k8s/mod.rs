@@ -655,21 +655,21 @@ impl DevicePlugin {
         let mut events = self.mgr.subscribe();
         let mut fast_until = 0i64;
         let mut pod_resources_failing = false;
+        // A deadline, not a sleep per turn: a stream of lease events must not starve
+        // the poll.
+        let mut next_poll = tokio::time::Instant::now() + self.cfg.poll_interval;
         loop {
-            let interval = if now_ms() < fast_until {
-                Duration::from_millis(200).min(self.cfg.poll_interval)
-            } else {
-                self.cfg.poll_interval
-            };
             tokio::select! {
-                _ = tokio::time::sleep(interval) => {}
+                _ = tokio::time::sleep_until(next_poll) => {}
                 _ = self.wake.notified() => { fast_until = now_ms() + 5_000; }
                 ev = events.recv() => {
-                    if !matches!(ev, Err(tokio::sync::broadcast::error::RecvError::Closed)) {
-                        // Health and state changes show at once.
-                        self.publish().await;
-                        continue;
+                    if matches!(ev, Err(tokio::sync::broadcast::error::RecvError::Closed)) {
+                        // The lease core is gone: nothing left to serve.
+                        break;
                     }
+                    // Health and state changes show at once.
+                    self.publish().await;
+                    continue;
                 }
                 _ = stop.changed() => break,
             }
@@ -691,6 +691,12 @@ impl DevicePlugin {
                 }
             }
             self.reconcile().await;
+            let interval = if now_ms() < fast_until {
+                Duration::from_millis(200).min(self.cfg.poll_interval)
+            } else {
+                self.cfg.poll_interval
+            };
+            next_poll = tokio::time::Instant::now() + interval;
         }
         let _ = endpoints.await;
     }
