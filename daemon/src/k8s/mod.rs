@@ -701,3 +701,6 @@ impl DevicePlugin {
         let _ = endpoints.await;
     }
 }
+
+#[cfg(test)]
+mod tests;
