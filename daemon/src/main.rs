@@ -347,6 +347,14 @@ async fn run(cfg: Config, checked: Checked, backend: Arc<dyn GpuBackend>) -> any
         info!(dir = %p.config().device_plugin_dir.display(), "kubernetes device plugin on");
         Some(p)
     } else {
+        if let Ok(left) = store.k8s_devices()
+            && !left.is_empty()
+        {
+            warn!(
+                devices = left.len(),
+                "the kubernetes device plugin is off but its devices' leases remain until they expire (kubernetes.lease_ttl) or are released (tessera lease list shows them, label tessera.io/k8s-class)"
+            );
+        }
         None
     };
 
