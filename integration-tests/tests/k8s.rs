@@ -539,6 +539,37 @@ fn every_advertised_device_allocates_at_once_idempotently_and_leases_follow_pods
                 .exists(),
             "the CDI spec outlived its lease"
         );
+        // web-1 ends and kubelet at once gives its device to web-2 (it frees a
+        // terminated pod's devices right away): web-2 gets a fresh lease, not web-1's
+        // token (bound to web-1's pod by the runtime).
+        let web1 = allocate_each(&mut c, std::slice::from_ref(&other_pod))
+            .await
+            .unwrap()
+            .remove(0);
+        let web1_lease = web1.envs["TESSERA_LEASE_ID"].clone();
+        k.set_pods(Vec::new());
+        let web2 = allocate_each(&mut c, std::slice::from_ref(&other_pod))
+            .await
+            .unwrap()
+            .remove(0);
+        assert_ne!(
+            web2.annotations["tessera.io/lease-token"],
+            web1.annotations["tessera.io/lease-token"]
+        );
+        let old = lease(&d, &web1_lease).await;
+        assert_eq!(old.state, pb::LeaseState::Released as i32, "{old:?}");
+        assert!(old.end_reason.contains("another pod"), "{}", old.end_reason);
+        k.set_pods(vec![pod("team-b", "web-2", MIG, std::slice::from_ref(&other_pod))]);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let l = lease(&d, &web2.envs["TESSERA_LEASE_ID"]).await;
+            if l.labels.get("tessera.io/k8s-pod").map(String::as_str) == Some("web-2") {
+                break;
+            }
+            assert!(Instant::now() < deadline, "web-2's lease: {l:?}\n{}", d.log());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+
         // The devices allocated but never seen in a pod are released too.
         let never = per[MIG][2].clone();
         assert_ne!(

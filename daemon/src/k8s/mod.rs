@@ -350,11 +350,24 @@ impl DevicePlugin {
 
     /// One reservation: a lease of the default tenant, its CDI spec, its record.
     async fn reserve(&self, class: &str, spec: &ClassSpec) -> Result<K8sDevice, K8sError> {
+        let d = self.make_lease(class, &spec.shape, None).await?;
+        info!(device = %d.device_id, class, "kubernetes: device reserved");
+        Ok(d)
+    }
+
+    /// A new lease of `shape` for the default tenant, its CDI spec and its record:
+    /// a new device, or `device` (same id) given a fresh lease for a new pod.
+    async fn make_lease(
+        &self,
+        class: &str,
+        shape: &crate::partition::Shape,
+        device: Option<&K8sDevice>,
+    ) -> Result<K8sDevice, K8sError> {
         let created = self
             .mgr
             .create(CreateRequest {
                 tenant: self.cfg.default_tenant.clone(),
-                shape: Some(spec.shape.clone()),
+                shape: Some(shape.clone()),
                 ttl: Some(self.cfg.lease_ttl),
                 labels: BTreeMap::from([(LABEL_CLASS.to_string(), class.to_string())]),
                 ..Default::default()
@@ -369,14 +382,14 @@ impl DevicePlugin {
             });
         };
         let d = K8sDevice {
-            device_id: lease_id.clone(),
+            device_id: device.map_or_else(|| lease_id.clone(), |d| d.device_id.clone()),
             class: class.to_string(),
             lease_id: lease_id.clone(),
             token,
-            allocated: false,
+            allocated: device.is_some(),
             pod: None,
             unseen_since_ms: None,
-            created_at_ms: now_ms(),
+            created_at_ms: device.map_or_else(now_ms, |d| d.created_at_ms),
         };
         let recorded = async {
             if self.cfg.cdi {
@@ -405,8 +418,48 @@ impl DevicePlugin {
             }
             return Err(e);
         }
-        info!(device = %d.device_id, class, "kubernetes: device reserved");
         Ok(d)
+    }
+
+    /// kubelet gives a device whose pod is gone to a new pod (it frees a terminated
+    /// pod's devices at once): the old lease (its token bound to the old pod) ends
+    /// and the device gets a fresh one.
+    async fn renew_for_new_pod(&self, d: &mut K8sDevice) -> Result<(), K8sError> {
+        let old = self.lease(&d.lease_id);
+        let pod = d
+            .pod
+            .as_ref()
+            .map(|(ns, p)| format!("{ns}/{p}"))
+            .unwrap_or_default();
+        if old.as_ref().is_some_and(|l| l.state().is_live()) {
+            let reason = format!(
+                "kubernetes: kubelet gave {} to another pod; {pod} no longer holds it",
+                d.device_id
+            );
+            self.mgr
+                .end(&d.lease_id, LeaseState::Released, &reason)
+                .await?;
+        }
+        if self.cfg.cdi
+            && let Err(e) = cdi::remove_spec(&self.cfg.cdi_dir, &d.lease_id)
+        {
+            warn!(error = %e, "kubernetes: CDI spec not removed");
+        }
+        let shape = match (&old, lock(&self.mix).get(&d.class)) {
+            (Some(l), _) => l.shape.clone(),
+            (None, Some(spec)) => spec.shape.clone(),
+            (None, None) => {
+                return Err(K8sError::DeviceEnded {
+                    device: d.device_id.clone(),
+                    resource: resource_name(&d.class),
+                    reason: "its lease is gone".into(),
+                });
+            }
+        };
+        let class = d.class.clone();
+        *d = self.make_lease(&class, &shape, Some(d)).await?;
+        info!(device = %d.device_id, lease = %d.lease_id, previous_pod = %pod, "kubernetes: device given to a new pod: a fresh lease");
+        Ok(())
     }
 
     /// Advertise every class's devices (health from the lease).
@@ -454,6 +507,23 @@ impl DevicePlugin {
         containers: &[Vec<String>],
     ) -> Result<Vec<Allocation>, K8sError> {
         let resource = resource_name(class);
+        // A device a pod was seen holding may come back for another pod: ask kubelet
+        // now who holds it (the last poll may be a moment old).
+        let asked_held = {
+            let devices = self.devices.lock().await;
+            containers.iter().flatten().any(|id| {
+                devices
+                    .iter()
+                    .any(|d| &d.device_id == id && d.allocated && d.pod.is_some())
+            })
+        };
+        let holders = if asked_held {
+            kubelet::pod_holders(&self.cfg.pod_resources_socket)
+                .await
+                .ok()
+        } else {
+            None
+        };
         let mut devices = self.devices.lock().await;
         let mut out = Vec::with_capacity(containers.len());
         for ids in containers {
@@ -472,6 +542,18 @@ impl DevicePlugin {
                     resource,
                 });
             };
+            if let Some((ns, pod)) = d.pod.clone().filter(|_| d.allocated) {
+                let still_held = match &holders {
+                    Some(h) => h.get(id).is_some_and(|x| {
+                        x.namespace == ns && x.pod == pod && x.resource == resource
+                    }),
+                    // kubelet did not answer: the last poll decides.
+                    None => d.unseen_since_ms.is_none(),
+                };
+                if !still_held {
+                    self.renew_for_new_pod(d).await?;
+                }
+            }
             let lease = self.lease(&d.lease_id);
             if let Some(reason) = match &lease {
                 None => Some("its lease is gone".to_string()),

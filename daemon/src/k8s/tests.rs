@@ -20,10 +20,12 @@ fn config(dir: &std::path::Path, extra: &str) -> Config {
          [sim]\nstate_file = {s:?}\n[[sim.gpus]]\nmodel = \"h100-80gb\"\nmig = true\n\
          [[sim.gpus]]\nmodel = \"a100-40gb\"\nmig = false\n\
          [kubernetes]\ndevice_plugin = true\ncdi_dir = {c:?}\nrelease_grace = \"0s\"\n\
+         device_plugin_dir = {d:?}\npod_resources_socket = {pr:?}\n\
          default_tenant = \"k8s\"\n[kubernetes.namespaces]\nteam-a = \"acme\"\n{extra}",
         d = dir.display().to_string(),
         s = dir.join("sim.json").display().to_string(),
         c = dir.join("cdi").display().to_string(),
+        pr = dir.join("no-kubelet.sock").display().to_string(),
     );
     Config::parse(std::path::Path::new("test.toml"), &text).unwrap()
 }
@@ -192,5 +194,56 @@ async fn a_restart_advertises_the_same_ids_with_the_same_tokens() {
             .await
             .unwrap(),
         alloc
+    );
+}
+
+#[tokio::test]
+async fn a_device_kubelet_gives_to_a_new_pod_gets_a_fresh_lease() {
+    let dir = tempfile::tempdir().unwrap();
+    let (p, mgr) = plugin(dir.path(), MIX).await;
+    let id = advertised(&p, "mig-1g.10gb")[0].id.clone();
+    let first = p
+        .allocate("mig-1g.10gb", &[vec![id.clone()]])
+        .await
+        .unwrap();
+    let a = BTreeMap::from([(id.clone(), holder("team-a", "a", "mig-1g.10gb"))]);
+    p.follow(&a).await;
+    // A retry while pod a holds it: the same lease.
+    let again = p
+        .allocate("mig-1g.10gb", &[vec![id.clone()]])
+        .await
+        .unwrap();
+    assert_eq!(again, first);
+    // Pod a is gone and kubelet hands the device to pod b before the grace ends
+    // (PodResources is unreachable here: the last poll decides).
+    p.follow(&BTreeMap::new()).await;
+    let b = p
+        .allocate("mig-1g.10gb", &[vec![id.clone()]])
+        .await
+        .unwrap();
+    assert_ne!(b[0].token, first[0].token, "pod b got pod a's token");
+    assert_ne!(b[0].lease_id, first[0].lease_id);
+    let (old, _) = mgr.get(&first[0].lease_id).unwrap();
+    assert_eq!(old.state(), LeaseState::Released);
+    assert!(
+        old.end_reason().unwrap_or("").contains("another pod"),
+        "{old:?}"
+    );
+    let (new, _) = mgr.get(&b[0].lease_id).unwrap();
+    assert_eq!(new.state(), LeaseState::Active);
+    // The same device id, healthy, now b's.
+    assert!(
+        advertised(&p, "mig-1g.10gb")
+            .iter()
+            .any(|d| d.id == id && d.healthy)
+    );
+    let hb = BTreeMap::from([(id.clone(), holder("team-a", "b", "mig-1g.10gb"))]);
+    p.follow(&hb).await;
+    assert_eq!(mgr.get(&b[0].lease_id).unwrap().0.labels[LABEL_POD], "b");
+    assert_eq!(
+        p.allocate("mig-1g.10gb", &[vec![id.clone()]])
+            .await
+            .unwrap(),
+        b
     );
 }
