@@ -672,10 +672,30 @@ fn kubelet_and_tesserad_restarts_keep_devices_and_registration() {
         assert_eq!(ids(&devs), before);
     });
 
+    // Only kubelet.sock is new (the plugin's socket kept): registered again too.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(k.endpoint(MIG))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(
+            mode & 0o777,
+            0o600,
+            "the plugin socket answers tokens: root only"
+        );
+    }
+    if let Some(stop) = k.registration.take() {
+        let _ = stop.send(());
+    }
+    std::fs::remove_file(k.plugins_dir.join("kubelet.sock")).unwrap();
+    k.start_registration();
+    k.wait_registered(MIG, 3, &d);
+
     // tesserad restarts: the same ids for the same leases, the same token.
     d.stop().unwrap();
     d.spawn().unwrap();
-    k.wait_registered(MIG, 3, &d);
+    k.wait_registered(MIG, 4, &d);
     rt.block_on(async {
         let mut c = k.plugin(MIG).await;
         let mut s = list_and_watch(&mut c).await;
