@@ -220,7 +220,11 @@ impl DevicePlugin {
             }
         };
         for (l, _) in leases {
+            // Only the default tenant's: whoever could label a lease so could release
+            // it through the API anyway.
             if l.labels.contains_key(LABEL_CLASS)
+                && l.tenant == self.cfg.default_tenant
+                && !l.labels.contains_key(LABEL_POD)
                 && !known.contains(&l.id)
                 && l.state() == LeaseState::Active
             {
