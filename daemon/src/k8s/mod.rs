@@ -125,6 +125,21 @@ impl std::fmt::Debug for DevicePlugin {
     }
 }
 
+/// `dir` readable by its owner only (0700): tightened when group or others may enter.
+fn private_dir(dir: &std::path::Path) -> Result<(), K8sError> {
+    use std::os::unix::fs::PermissionsExt;
+    let io = |source| K8sError::Io {
+        path: dir.to_path_buf(),
+        source,
+    };
+    let mode = std::fs::metadata(dir).map_err(io)?.permissions().mode();
+    if mode & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(io)?;
+        warn!(dir = %dir.display(), was = format!("{:o}", mode & 0o777), "kubernetes: the state directory holds the device plugin's lease tokens: made 0700");
+    }
+    Ok(())
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -137,6 +152,9 @@ impl DevicePlugin {
         store: Arc<Store>,
         cfg: KubernetesConfig,
     ) -> Result<Arc<DevicePlugin>, K8sError> {
+        // The store keeps the devices' tokens: only tesserad's user may read it.
+        let state_dir = mgr.config().daemon.state_dir.clone();
+        private_dir(&state_dir)?;
         let devices = store.k8s_devices()?;
         let nvidia = if cfg.cdi {
             NvidiaCdi::find(&cdi::nvidia_spec_paths())?

@@ -31,6 +31,10 @@ fn config(dir: &std::path::Path, extra: &str) -> Config {
 }
 
 async fn plugin(dir: &std::path::Path, extra: &str) -> (Arc<DevicePlugin>, Arc<LeaseManager>) {
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
     let cfg = config(dir, extra);
     let sim = Arc::new(crate::gpu::open_sim(&cfg.sim).unwrap());
     let store = Arc::new(Store::open(dir).unwrap());
@@ -61,6 +65,12 @@ async fn every_advertised_device_is_a_live_lease_and_allocates_idempotently() {
     let mig = advertised(&p, "mig-1g.10gb");
     assert_eq!(mig.len(), 3);
     assert!(mig.iter().all(|d| d.healthy));
+    // The store holds the tokens: the state directory is the owner's only.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir.path()).unwrap().permissions().mode();
+        assert_eq!(mode & 0o077, 0, "{mode:o}");
+    }
     assert_eq!(advertised(&p, "gpu").len(), 1);
     for d in &mig {
         let (l, _) = mgr.get(&d.id).unwrap();
