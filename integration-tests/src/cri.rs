@@ -564,7 +564,7 @@ impl Pod {
     }
 
     /// The PodSandboxConfig kubelet sends (cgroupfs driver, pod network, container
-    /// PID namespace, RuntimeDefault seccomp off as kubelet's default Unconfined).
+    /// PID namespace, seccomp Unconfined: kubelet's default without --seccomp-default).
     pub fn sandbox_config(&self) -> anyhow::Result<pb::PodSandboxConfig> {
         std::fs::create_dir_all(&self.log_dir)
             .with_context(|| self.log_dir.display().to_string())?;
@@ -596,7 +596,7 @@ impl Pod {
                         ..Default::default()
                     }),
                     seccomp: Some(pb::SecurityProfile {
-                        profile_type: pb::security_profile::ProfileType::RuntimeDefault as i32,
+                        profile_type: pb::security_profile::ProfileType::Unconfined as i32,
                         localhost_ref: String::new(),
                     }),
                     ..Default::default()
@@ -716,7 +716,7 @@ impl Pod {
                         ..Default::default()
                     }),
                     seccomp: Some(pb::SecurityProfile {
-                        profile_type: pb::security_profile::ProfileType::RuntimeDefault as i32,
+                        profile_type: pb::security_profile::ProfileType::Unconfined as i32,
                         localhost_ref: String::new(),
                     }),
                     masked_paths: KUBELET_MASKED_PATHS.iter().map(|s| (*s).into()).collect(),

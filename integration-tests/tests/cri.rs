@@ -21,7 +21,10 @@ use tessera_integration_tests::cri::{self, Containerd, ContainerdSetup, Pod, pb}
 use tessera_integration_tests::{DEV_GPUS, TestDaemon, create_req, rt, shape};
 use tessera_proto::v1 as tpb;
 
-static SLOT: AtomicU32 = AtomicU32::new(0);
+/// Worlds made by this process (each gets its own bridge and subnet).
+static WORLDS: AtomicU32 = AtomicU32::new(0);
+/// Pods made by this process (unique uids).
+static PODS: AtomicU32 = AtomicU32::new(0);
 
 struct World {
     ctrd: Containerd,
@@ -70,8 +73,9 @@ impl World {
             );
             return None;
         };
-        let n = SLOT.fetch_add(1, Ordering::SeqCst);
-        let slot = (std::process::id() % 10_000) * 10 + n;
+        // Unique on this host among concurrent runs too: up to 32 worlds a process.
+        let n = WORLDS.fetch_add(1, Ordering::SeqCst) % 32;
+        let slot = (std::process::id() % 3_000) * 32 + n;
         // Short paths: unix socket names are limited to 108 bytes.
         let dir = tempfile::Builder::new()
             .prefix("tcri")
@@ -143,7 +147,7 @@ impl World {
     fn pod(&self, name: &str) -> Pod {
         let uid = format!(
             "{:08x}-0000-4000-8000-{:012x}",
-            SLOT.fetch_add(1, Ordering::SeqCst),
+            PODS.fetch_add(1, Ordering::SeqCst),
             std::process::id()
         );
         Pod::new(name, &uid, &self.cgroup_root, self.dir.path())
@@ -488,8 +492,10 @@ fn assert_one_clear_line(what: &str, msg: &str, must: &str) {
     assert!(msg.contains(must), "{what}: {must:?} missing in {msg:?}");
     assert!(!msg.contains('\n'), "{what}: more than one line: {msg:?}");
     assert!(
-        msg.matches("tessera-runtime").count() <= 1 && !msg.contains("{\""),
-        "{what}: garbled (repeated or JSON): {msg:?}"
+        msg.matches("tessera-runtime: ").count() == 1
+            && !msg.contains("{\"")
+            && !msg.contains("\\n"),
+        "{what}: garbled (repeated, JSON or escaped): {msg:?}"
     );
 }
 
@@ -922,6 +928,108 @@ fn a_crashed_gpu_container_restarts_in_its_pod_with_the_same_token() {
             got.containers.iter().any(|c| c.id == second),
             "{:?}",
             got.containers
+        );
+    });
+}
+
+/// A pod with a privileged container: kubelet makes its sandbox privileged too. The
+/// pause process runs confined all the same (it runs no tenant code); the privileged
+/// container is refused in one line kubelet can show. So is an unknown token.
+#[test]
+fn privileged_containers_and_unknown_tokens_are_refused_in_one_line() {
+    let Some(w) = World::new() else { return };
+    rt().block_on(async {
+        let l = w.lease(shape::mig("1g.10gb")).await;
+        let pod = w.pod("privileged-pod");
+        let mut config = pod.sandbox_config().unwrap();
+        if let Some(sc) = config
+            .linux
+            .as_mut()
+            .and_then(|l| l.security_context.as_mut())
+        {
+            sc.privileged = true;
+        }
+        let mut rs = w.ctrd.runtime().await.unwrap();
+        let sandbox = rs
+            .run_pod_sandbox(pb::RunPodSandboxRequest {
+                config: Some(config.clone()),
+                runtime_handler: cri::HANDLER.into(),
+            })
+            .await
+            .unwrap_or_else(|e| panic!("the privileged pod's sandbox: {e}"))
+            .into_inner()
+            .pod_sandbox_id;
+        let st = rs
+            .pod_sandbox_status(pb::PodSandboxStatusRequest {
+                pod_sandbox_id: sandbox.clone(),
+                verbose: true,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let info: serde_json::Value = serde_json::from_str(&st.info["info"]).unwrap();
+        let pid = info["pid"].as_i64().unwrap();
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        for want in ["NoNewPrivs:\t1", "Seccomp:\t2"] {
+            assert!(
+                has_line(&status, want),
+                "the pause process is confined: {status}"
+            );
+        }
+        let mut cfg = pod
+            .container_config(
+                "cuda",
+                0,
+                cri::TEST_IMAGE,
+                &["sleep", "3600"],
+                &[(cri::TOKEN_ANNOTATION, &l.token)],
+            )
+            .unwrap();
+        if let Some(sc) = cfg.linux.as_mut().and_then(|l| l.security_context.as_mut()) {
+            sc.privileged = true;
+            sc.seccomp = None;
+        }
+        let id = rs
+            .create_container(pb::CreateContainerRequest {
+                pod_sandbox_id: sandbox.clone(),
+                config: Some(cfg),
+                sandbox_config: Some(config),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .container_id;
+        let e = rs
+            .start_container(pb::StartContainerRequest { container_id: id })
+            .await
+            .expect_err("a privileged container started");
+        assert_one_clear_line(
+            "privileged container",
+            e.message(),
+            "privileged containers are not allowed",
+        );
+        let got = w.lease_now(&l.lease.id).await;
+        assert!(got.containers.is_empty(), "{:?}", got.containers);
+
+        let pod = w.pod("bad-token-pod");
+        let sandbox = w.run_pod(&pod).await.unwrap();
+        let cfg = pod
+            .container_config(
+                "cuda",
+                0,
+                cri::TEST_IMAGE,
+                &["sleep", "3600"],
+                &[(cri::TOKEN_ANNOTATION, "tsr1_not-a-token")],
+            )
+            .unwrap();
+        let e = w
+            .start_container(&sandbox, &pod, cfg)
+            .await
+            .expect_err("a container with an unknown token started");
+        assert_one_clear_line(
+            "unknown token",
+            e.message(),
+            "unknown, expired or revoked lease token",
         );
     });
 }

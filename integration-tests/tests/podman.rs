@@ -331,7 +331,7 @@ fn podman_runs_and_execs_a_gpu_container_with_the_lease_env_and_leaves_no_bindin
 }
 
 #[test]
-fn podman_privileged_is_refused_in_one_clear_line_and_leaves_nothing() {
+fn podman_privileged_and_unknown_tokens_are_refused_in_one_clear_line_and_leave_nothing() {
     let Some(w) = World::new() else { return };
     let (lease, token) = w.lease(shape::mig("1g.10gb"));
     let ann = format!("tessera.io/lease-token={token}");
@@ -366,6 +366,25 @@ fn podman_privileged_is_refused_in_one_clear_line_and_leaves_nothing() {
         w.lease_now(&lease.id).containers.is_empty(),
         "a refused container left a binding"
     );
+    // An unknown token: one line too, and nothing kept.
+    let out = w.podman(&[
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        "--annotation",
+        "tessera.io/lease-token=tsr1_not-a-token",
+        IMAGE,
+        "true",
+    ]);
+    let t = text(&out);
+    assert!(!out.status.success(), "podman ran an unknown token: {t}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("unknown, expired or revoked lease token"))
+        .collect();
+    assert_eq!(lines.len(), 1, "one line says why: {t}");
     let out = w.podman(&["ps", "--all", "--quiet"]);
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(
