@@ -18,6 +18,9 @@ use crate::gpu::SimSection;
 use crate::gpu::sim::{SimConfig, SimGpuConfig};
 use crate::partition::Strategy;
 
+mod kubernetes;
+pub use kubernetes::{ClassSpec, KubernetesConfig, RESOURCE_DOMAIN, resource_name};
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("{path}: {source}")]
@@ -80,6 +83,7 @@ pub struct Config {
     pub tenancy: TenancyConfig,
     pub audit: AuditConfig,
     pub health: HealthConfig,
+    pub kubernetes: KubernetesConfig,
 }
 
 /// What happens to leases on a GPU (or MIG instance) that goes unhealthy.
@@ -293,6 +297,8 @@ struct RawConfig {
     metrics: RawMetrics,
     #[serde(default)]
     health: RawHealth,
+    #[serde(default)]
+    kubernetes: kubernetes::RawKubernetes,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -671,6 +677,7 @@ impl Config {
             listen,
             allow_remote,
         };
+        let kubernetes = kubernetes::validate_kubernetes(&v, raw.kubernetes, &tenancy, &lease)?;
 
         Ok(Config {
             path: path.to_path_buf(),
@@ -685,6 +692,7 @@ impl Config {
             audit,
             metrics,
             health,
+            kubernetes,
         })
     }
 }

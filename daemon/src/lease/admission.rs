@@ -120,7 +120,7 @@ impl LeaseManager {
 
     /// Quota admission: guaranteed, burst, or refused. A burst request waits while
     /// capacity is being freed for another tenant's guaranteed request.
-    fn admit(
+    pub(super) fn admit(
         st: &State,
         tenancy: &TenancyConfig,
         tenant: &str,
