@@ -215,7 +215,8 @@ fn config_error(log: &RuncLog, e: &ConfigError) -> Outcome {
 struct Admission {
     decision: Decision,
     lease: Option<ResolvedLease>,
-    token: Option<String>,
+    /// The tokens of the leases the container runs on (empty: none).
+    tokens: Vec<String>,
 }
 
 fn bundle_dir(sub: &SubArgs) -> PathBuf {
@@ -236,15 +237,32 @@ fn admit(
         .map_err(|e| (vec![format!("bad seccomp profile: {e}")], String::new()))?;
     let spec = bundle::load(bundle, env.cfg.policy.max_config_bytes)
         .map_err(|e| (vec![e.to_string()], String::new()))?;
-    let mut token = harden::find_token(&spec).map_err(|e| (vec![e], String::new()))?;
+    let token = harden::find_token(&spec).map_err(|e| (vec![e], String::new()))?;
+    // One token, or several joined by ',' (a container with several devices).
+    let mut tokens = match &token {
+        Some(t) => {
+            crate::lease::parse_tokens(t).map_err(|e| (vec![e.to_string()], String::new()))?
+        }
+        None => Vec::new(),
+    };
     // A Kubernetes pod's sandbox (pause) container carries the pod's annotations too; it
     // runs no tenant code, so it gets the baseline hardening and never the GPU.
     let sandbox = harden::is_cri_sandbox(&spec, id, &env.cfg.policy);
     if sandbox {
-        token = None;
+        tokens.clear();
     }
-    let lease = match &token {
-        Some(t) => {
+    let lease = match tokens.as_slice() {
+        [] if env.cfg.policy.no_token == NoToken::Refuse && !sandbox => {
+            return Err((
+                vec![format!(
+                    "the container carries no lease token ({}) and the policy refuses such containers",
+                    harden::TOKEN_ANNOTATION
+                )],
+                String::new(),
+            ));
+        }
+        [] => None,
+        ts => {
             let Some(c) = client else {
                 return Err((
                     vec![format!(
@@ -254,21 +272,25 @@ fn admit(
                     String::new(),
                 ));
             };
-            Some(
-                c.resolve(t)
-                    .map_err(|e| (vec![e.to_string()], String::new()))?,
-            )
+            // Every token must resolve to an ACTIVE lease; then what they grant
+            // is merged (refused when it cannot be: two MPS shares, two tenants).
+            let mut resolved = Vec::with_capacity(ts.len());
+            for t in ts {
+                resolved.push(
+                    c.resolve(t)
+                        .map_err(|e| (vec![e.to_string()], String::new()))?,
+                );
+            }
+            if let Some(dup) = resolved
+                .iter()
+                .enumerate()
+                .find(|(i, l)| resolved[..*i].iter().any(|o| o.lease_id == l.lease_id))
+                .map(|(_, l)| l.lease_id.clone())
+            {
+                return Err((vec![format!("two tokens name the same lease {dup}")], dup));
+            }
+            Some(crate::lease::merge(resolved).map_err(|e| (vec![e.to_string()], String::new()))?)
         }
-        None if env.cfg.policy.no_token == NoToken::Refuse && !sandbox => {
-            return Err((
-                vec![format!(
-                    "the container carries no lease token ({}) and the policy refuses such containers",
-                    harden::TOKEN_ANNOTATION
-                )],
-                String::new(),
-            ));
-        }
-        None => None,
     };
     let host = HostFacts::gather(&env.cfg.nvidia_proc_root);
     let runc_root = env.runtime_root();
@@ -293,7 +315,7 @@ fn admit(
     Ok(Admission {
         decision,
         lease,
-        token,
+        tokens,
     })
 }
 
@@ -351,7 +373,7 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
         .as_ref()
         .map(|l| l.lease_id.clone())
         .unwrap_or_default();
-    if let Some(token) = &adm.token {
+    if !adm.tokens.is_empty() {
         // admit() resolved the token, so there is a client; stay closed regardless.
         let Some(c) = client.as_ref() else {
             return env.refuse(
@@ -379,14 +401,25 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
             termination_log: harden::termination_log_source(&adm.decision.spec).unwrap_or_default(),
             pod: harden::pod_of(&adm.decision.spec).unwrap_or_default(),
         };
-        if let Err(e) = c.bind(token, &binding) {
-            return refuse_reported(vec![format!("BindContainer failed: {e}")], &lease_id);
+        // Bound to every lease, or to none: a failed bind unbinds the container
+        // from those already bound (UnbindContainer forgets it on every lease).
+        for (i, token) in adm.tokens.iter().enumerate() {
+            if let Err(e) = c.bind(token, &binding) {
+                if i > 0
+                    && let Err(u) = c.unbind(&id)
+                {
+                    env.log.warn(&format!(
+                        "tessera-runtime: UnbindContainer {id} after a failed bind: {u}"
+                    ));
+                }
+                return refuse_reported(vec![format!("BindContainer failed: {e}")], &lease_id);
+            }
         }
     }
     if let Err(e) = bundle::save(&bundle, &adm.decision.spec) {
         let reasons = vec![e.to_string()];
         if let Some(c) = client.as_ref()
-            && adm.token.is_some()
+            && !adm.tokens.is_empty()
         {
             let _ = c.unbind(&id);
         }

@@ -36,6 +36,147 @@ pub enum LeaseError {
     Rpc { code: tonic::Code, message: String },
     #[error("starting the RPC runtime: {0}")]
     Runtime(std::io::Error),
+    /// The token list is malformed (empty entry, duplicate, too many).
+    #[error("the lease token list is refused: {0}")]
+    TokenList(String),
+    /// Several leases that cannot be given to one container together.
+    #[error("these leases cannot run in one container: {0}")]
+    Merge(String),
+}
+
+/// The most leases one container may run on (a Kubernetes container asking for
+/// several devices of a resource gets one lease per device).
+pub const MAX_TOKENS: usize = 16;
+
+/// Split the token annotation (or `TESSERA_LEASE_TOKEN`): one token, or several
+/// joined by `,` (a token is a prefix and hex digits, so a comma never occurs in
+/// one). Empty entries, duplicates and more than [`MAX_TOKENS`] are refused.
+pub fn parse_tokens(s: &str) -> Result<Vec<String>, LeaseError> {
+    let bad = |m: String| LeaseError::TokenList(m);
+    let mut out: Vec<String> = Vec::new();
+    for (i, t) in s.split(',').enumerate() {
+        let t = t.trim();
+        if t.is_empty() {
+            return Err(bad(format!("entry {} is empty", i + 1)));
+        }
+        if out.iter().any(|o| o == t) {
+            return Err(bad(format!("entry {} repeats an earlier token", i + 1)));
+        }
+        out.push(t.to_string());
+        if out.len() > MAX_TOKENS {
+            return Err(bad(format!("more than {MAX_TOKENS} tokens")));
+        }
+    }
+    Ok(out)
+}
+
+/// The variables whose values are lists a CUDA program reads in order: joined
+/// with `,` across leases.
+const JOINED_ENV: [&str; 3] = [
+    "TESSERA_LEASE_ID",
+    "CUDA_VISIBLE_DEVICES",
+    "NVIDIA_VISIBLE_DEVICES",
+];
+
+/// What a container running on every one of `leases` (in order) may use: the
+/// devices (each node once), device-cgroup rules, capabilities and GPUs of all,
+/// `CUDA_VISIBLE_DEVICES` and `NVIDIA_VISIBLE_DEVICES` joined in order, and the
+/// lease ids joined with `,`. One lease is returned unchanged. Refused: leases
+/// of different tenants, more than one MPS share (a process has one
+/// `CUDA_MPS_PIPE_DIRECTORY`), one container path naming different device nodes,
+/// and another variable set to different values.
+pub fn merge(mut leases: Vec<ResolvedLease>) -> Result<ResolvedLease, LeaseError> {
+    let bad = |m: String| LeaseError::Merge(m);
+    if leases.len() <= 1 {
+        return leases
+            .pop()
+            .ok_or_else(|| bad("no lease to run on".to_string()));
+    }
+    let mps = leases
+        .iter()
+        .filter(|l| l.env.contains_key("CUDA_MPS_PIPE_DIRECTORY") || !l.mounts.is_empty())
+        .count();
+    if mps > 1 {
+        return Err(bad(format!(
+            "CUDA_MPS_PIPE_DIRECTORY: {mps} of the leases are MPS shares and a container can use one MPS server"
+        )));
+    }
+    let mut it = leases.into_iter();
+    let mut out = it
+        .next()
+        .ok_or_else(|| bad("no lease to run on".to_string()))?;
+    for l in it {
+        if l.tenant != out.tenant {
+            return Err(bad(format!(
+                "tenant: lease {} belongs to {} and lease {} to {}",
+                out.lease_id, out.tenant, l.lease_id, l.tenant
+            )));
+        }
+        for d in l.devices {
+            match out
+                .devices
+                .iter_mut()
+                .find(|o| o.container_path == d.container_path)
+            {
+                None => out.devices.push(d),
+                Some(o) if (o.kind, o.major, o.minor) != (d.kind, d.major, d.minor) => {
+                    return Err(bad(format!(
+                        "devices: {} is {}:{} for one lease and {}:{} for lease {}",
+                        d.container_path, o.major, o.minor, d.major, d.minor, l.lease_id
+                    )));
+                }
+                Some(o) => {
+                    // The same node: the union of what the leases allow.
+                    for c in d.permissions.chars() {
+                        if !o.permissions.contains(c) {
+                            o.permissions.push(c);
+                        }
+                    }
+                    o.file_mode |= d.file_mode;
+                }
+            }
+        }
+        for (k, v) in l.env {
+            match out.env.get_mut(&k) {
+                None => {
+                    out.env.insert(k, v);
+                }
+                Some(o) if *o == v => {}
+                Some(o) if JOINED_ENV.contains(&k.as_str()) => {
+                    if !o.split(',').any(|x| x == v) {
+                        o.push(',');
+                        o.push_str(&v);
+                    }
+                }
+                Some(o) => {
+                    return Err(bad(format!(
+                        "env {k}: {o:?} for one lease and {v:?} for lease {}",
+                        l.lease_id
+                    )));
+                }
+            }
+        }
+        out.mounts.extend(l.mounts);
+        for g in l.visible_gpu_indices {
+            if !out.visible_gpu_indices.contains(&g) {
+                out.visible_gpu_indices.push(g);
+            }
+        }
+        for c in l.granted_capabilities {
+            if !out.granted_capabilities.contains(&c) {
+                out.granted_capabilities.push(c);
+            }
+        }
+        out.pids_limit = match (out.pids_limit, l.pids_limit) {
+            (0, b) => b,
+            (a, 0) => a,
+            (a, b) => a.min(b),
+        };
+        out.lease_id = format!("{},{}", out.lease_id, l.lease_id);
+    }
+    // The container's cgroup goes under the first lease's parent; every lease is
+    // bound to that cgroup, so revoking any of them stops the container.
+    Ok(out)
 }
 
 /// A device node the lease grants.
@@ -422,6 +563,141 @@ mod tests {
         let mut a = answer();
         a.lease = None;
         assert!(ResolvedLease::from_proto(a, 1_000).is_err());
+    }
+
+    fn mig(id: &str, minor: i64, uuid: &str) -> ResolvedLease {
+        let mut a = answer();
+        a.lease.as_mut().unwrap().id = id.into();
+        a.devices.push(pb::DeviceNode {
+            host_path: format!("/dev/nvidia-caps/nvidia-cap{minor}"),
+            container_path: format!("/dev/nvidia-caps/nvidia-cap{minor}"),
+            r#type: "c".into(),
+            major: 237,
+            minor,
+            permissions: "r".into(),
+            file_mode: 0o444,
+        });
+        a.env = [
+            ("TESSERA_LEASE_ID".to_string(), id.to_string()),
+            ("CUDA_VISIBLE_DEVICES".to_string(), uuid.to_string()),
+            ("NVIDIA_VISIBLE_DEVICES".to_string(), "void".to_string()),
+        ]
+        .into();
+        a.granted_capabilities = vec![format!("gpu0/mig/gi{minor}/access")];
+        a.cgroup_parent = format!("tessera/{id}");
+        a.visible_gpu_indices = vec![0];
+        a.pids_limit = if id == "l2" { 100 } else { 200 };
+        ResolvedLease::from_proto(a, 1_000).unwrap()
+    }
+
+    fn mps(id: &str) -> ResolvedLease {
+        let mut l = mig(id, 9, "GPU-1");
+        l.env
+            .insert("CUDA_MPS_PIPE_DIRECTORY".into(), "/tmp/nvidia-mps".into());
+        l.mounts.push(LeaseMount {
+            source: format!("/run/tessera/mps/{id}"),
+            destination: "/tmp/nvidia-mps".into(),
+            options: vec!["rbind".into()],
+        });
+        l
+    }
+
+    #[test]
+    fn token_lists_split_on_commas_and_refuse_empty_duplicate_and_too_many() {
+        assert_eq!(parse_tokens("tsr1_ab").unwrap(), ["tsr1_ab"]);
+        assert_eq!(
+            parse_tokens("tsr1_ab,tsr1_cd").unwrap(),
+            ["tsr1_ab", "tsr1_cd"]
+        );
+        assert_eq!(parse_tokens(" tsr1_ab , tsr1_cd").unwrap().len(), 2);
+        for bad in [
+            "",
+            "tsr1_ab,",
+            ",tsr1_ab",
+            "tsr1_ab,,tsr1_cd",
+            "tsr1_ab,tsr1_ab",
+        ] {
+            let e = parse_tokens(bad).unwrap_err();
+            assert!(matches!(e, LeaseError::TokenList(_)), "{bad:?}: {e}");
+        }
+        let many: Vec<String> = (0..=MAX_TOKENS).map(|i| format!("tsr1_{i:x}")).collect();
+        assert_eq!(
+            parse_tokens(&many[..MAX_TOKENS].join(",")).unwrap().len(),
+            16
+        );
+        let e = parse_tokens(&many.join(",")).unwrap_err().to_string();
+        assert!(e.contains("more than 16"), "{e}");
+    }
+
+    #[test]
+    fn one_lease_merges_to_itself() {
+        let l = mig("l1", 3, "MIG-a");
+        assert_eq!(merge(vec![l.clone()]).unwrap(), l);
+        assert!(merge(Vec::new()).is_err());
+    }
+
+    #[test]
+    fn two_mig_leases_merge_devices_once_and_join_lists_in_order() {
+        let m = merge(vec![mig("l1", 3, "MIG-a"), mig("l2", 12, "MIG-b")]).unwrap();
+        assert_eq!(m.lease_id, "l1,l2");
+        assert_eq!(m.env["TESSERA_LEASE_ID"], "l1,l2");
+        assert_eq!(m.env["CUDA_VISIBLE_DEVICES"], "MIG-a,MIG-b");
+        assert_eq!(m.env["NVIDIA_VISIBLE_DEVICES"], "void");
+        let paths: Vec<&str> = m
+            .devices
+            .iter()
+            .map(|d| d.container_path.as_str())
+            .collect();
+        // /dev/nvidia0 is shared: once.
+        assert_eq!(
+            paths,
+            [
+                "/dev/nvidia0",
+                "/dev/nvidia-caps/nvidia-cap3",
+                "/dev/nvidia-caps/nvidia-cap12"
+            ]
+        );
+        assert_eq!(
+            m.granted_capabilities,
+            ["gpu0/mig/gi3/access", "gpu0/mig/gi12/access"]
+        );
+        assert_eq!(m.visible_gpu_indices, [0]);
+        assert_eq!(m.pids_limit, 100);
+        assert_eq!(m.cgroup_parent, "tessera/l1");
+        // The order of the tokens is the order of the GPUs CUDA sees.
+        let m = merge(vec![mig("l2", 12, "MIG-b"), mig("l1", 3, "MIG-a")]).unwrap();
+        assert_eq!(m.env["CUDA_VISIBLE_DEVICES"], "MIG-b,MIG-a");
+    }
+
+    #[test]
+    fn merging_refuses_two_mps_shares_other_tenants_and_clashing_nodes() {
+        let e = merge(vec![mps("l1"), mps("l2")]).unwrap_err().to_string();
+        assert!(e.contains("CUDA_MPS_PIPE_DIRECTORY"), "{e}");
+        assert!(!e.contains('\n'));
+        // One MPS share next to a MIG instance is fine.
+        let m = merge(vec![mps("l1"), mig("l2", 12, "MIG-b")]).unwrap();
+        assert_eq!(m.mounts.len(), 1);
+        let mut other = mig("l2", 12, "MIG-b");
+        other.tenant = "globex".into();
+        let e = merge(vec![mig("l1", 3, "MIG-a"), other])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("tenant"), "{e}");
+        let mut clash = mig("l2", 12, "MIG-b");
+        clash.devices[0].minor = 1;
+        let e = merge(vec![mig("l1", 3, "MIG-a"), clash])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("/dev/nvidia0"), "{e}");
+        let mut env = mig("l2", 12, "MIG-b");
+        env.env
+            .insert("NVIDIA_DRIVER_CAPABILITIES".into(), "all".into());
+        let mut first = mig("l1", 3, "MIG-a");
+        first
+            .env
+            .insert("NVIDIA_DRIVER_CAPABILITIES".into(), "compute".into());
+        let e = merge(vec![first, env]).unwrap_err().to_string();
+        assert!(e.contains("NVIDIA_DRIVER_CAPABILITIES"), "{e}");
     }
 
     #[test]

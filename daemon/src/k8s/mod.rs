@@ -75,11 +75,36 @@ pub enum K8sError {
         reason: String,
     },
     #[error(
-        "a container gets one device of {resource} ({n} asked): a container runs bound to one lease"
+        "a container gets at most {MAX_DEVICES_PER_CONTAINER} devices of {resource} ({n} asked)"
     )]
-    OneDevicePerContainer { resource: String, n: usize },
+    TooManyDevices { resource: String, n: usize },
+    #[error("a container request names no device of {resource}")]
+    NoDevice { resource: String },
+    #[error("a container request names device {device:?} of {resource} twice")]
+    RepeatedDevice { device: String, resource: String },
     #[error("CDI: {0}")]
     Cdi(#[from] CdiError),
+}
+
+/// The most devices of a resource one container may get: the runtime binds the
+/// container to every one of their leases.
+pub const MAX_DEVICES_PER_CONTAINER: usize = 16;
+
+/// The token annotation for a container given several leases: their tokens in
+/// the order kubelet asked for the devices, joined with `,` (a token is a prefix
+/// and hex digits, never a comma).
+pub fn token_annotation(devices: &[Allocation]) -> String {
+    join(devices.iter().map(|a| a.token.as_str()))
+}
+
+/// `TESSERA_LEASE_ID` for a container given several leases: the ids joined with
+/// `,`, in the order of the tokens.
+pub fn lease_id_env(devices: &[Allocation]) -> String {
+    join(devices.iter().map(|a| a.lease_id.as_str()))
+}
+
+fn join<'a>(it: impl Iterator<Item = &'a str>) -> String {
+    it.collect::<Vec<_>>().join(",")
 }
 
 /// A device as ListAndWatch advertises it.
@@ -89,7 +114,7 @@ pub struct Advertised {
     pub healthy: bool,
 }
 
-/// What Allocate answers for one container.
+/// What Allocate answers for one device of a container.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Allocation {
     pub lease_id: String,
@@ -521,13 +546,14 @@ impl DevicePlugin {
         }
     }
 
-    /// Allocate: for each container (one device each) the lease's token, id and CDI
-    /// name. The same devices get the same answer every time.
+    /// Allocate: for each container, for each of its devices (in the order asked)
+    /// the lease's token, id and CDI name. The same devices get the same answer
+    /// every time. Every request is checked before any device is marked allocated.
     pub async fn allocate(
         &self,
         class: &str,
         containers: &[Vec<String>],
-    ) -> Result<Vec<Allocation>, K8sError> {
+    ) -> Result<Vec<Vec<Allocation>>, K8sError> {
         let resource = resource_name(class);
         // A device a pod was seen holding may come back for another pod: ask kubelet
         // now who holds it (the last poll may be a moment old).
@@ -546,64 +572,83 @@ impl DevicePlugin {
         } else {
             None
         };
-        let mut devices = self.devices.lock().await;
-        let mut out = Vec::with_capacity(containers.len());
         for ids in containers {
-            let [id] = ids.as_slice() else {
-                return Err(K8sError::OneDevicePerContainer {
+            if ids.is_empty() {
+                return Err(K8sError::NoDevice { resource });
+            }
+            if ids.len() > MAX_DEVICES_PER_CONTAINER {
+                return Err(K8sError::TooManyDevices {
                     resource,
                     n: ids.len(),
                 });
-            };
-            let Some(d) = devices
-                .iter_mut()
-                .find(|d| &d.device_id == id && d.class == class)
-            else {
-                return Err(K8sError::UnknownDevice {
+            }
+            if let Some((_, id)) = ids
+                .iter()
+                .enumerate()
+                .find(|(i, id)| ids[..*i].contains(id))
+            {
+                return Err(K8sError::RepeatedDevice {
                     device: id.clone(),
                     resource,
                 });
-            };
-            if let Some((ns, pod)) = d.pod.clone().filter(|_| d.allocated) {
-                let still_held = match &holders {
-                    Some(h) => h.get(id).is_some_and(|x| {
-                        x.namespace == ns && x.pod == pod && x.resource == resource
-                    }),
-                    // kubelet did not answer: the last poll decides.
-                    None => d.unseen_since_ms.is_none(),
+            }
+        }
+        let mut devices = self.devices.lock().await;
+        let mut out = Vec::with_capacity(containers.len());
+        for ids in containers {
+            let mut granted = Vec::with_capacity(ids.len());
+            for id in ids {
+                let Some(d) = devices
+                    .iter_mut()
+                    .find(|d| &d.device_id == id && d.class == class)
+                else {
+                    return Err(K8sError::UnknownDevice {
+                        device: id.clone(),
+                        resource,
+                    });
                 };
-                if !still_held {
-                    self.renew_for_new_pod(d).await?;
+                if let Some((ns, pod)) = d.pod.clone().filter(|_| d.allocated) {
+                    let still_held = match &holders {
+                        Some(h) => h.get(id).is_some_and(|x| {
+                            x.namespace == ns && x.pod == pod && x.resource == resource
+                        }),
+                        // kubelet did not answer: the last poll decides.
+                        None => d.unseen_since_ms.is_none(),
+                    };
+                    if !still_held {
+                        self.renew_for_new_pod(d).await?;
+                    }
                 }
-            }
-            let lease = self.lease(&d.lease_id);
-            if let Some(reason) = match &lease {
-                None => Some("its lease is gone".to_string()),
-                Some(l) if !l.state().is_live() => Some(format!(
-                    "its lease is {}: {}",
-                    l.state().as_str(),
-                    l.end_reason().unwrap_or("")
-                )),
-                Some(l) => l.unhealthy.clone(),
-            } {
-                return Err(K8sError::DeviceEnded {
-                    device: id.clone(),
-                    resource,
-                    reason,
+                let lease = self.lease(&d.lease_id);
+                if let Some(reason) = match &lease {
+                    None => Some("its lease is gone".to_string()),
+                    Some(l) if !l.state().is_live() => Some(format!(
+                        "its lease is {}: {}",
+                        l.state().as_str(),
+                        l.end_reason().unwrap_or("")
+                    )),
+                    Some(l) => l.unhealthy.clone(),
+                } {
+                    return Err(K8sError::DeviceEnded {
+                        device: id.clone(),
+                        resource,
+                        reason,
+                    });
+                }
+                if !d.allocated {
+                    d.allocated = true;
+                    d.unseen_since_ms = None;
+                    let rec = d.clone();
+                    self.persist(&rec).await?;
+                    info!(device = %id, resource = %resource, "kubernetes: device allocated");
+                }
+                granted.push(Allocation {
+                    lease_id: d.lease_id.clone(),
+                    token: d.token.clone(),
+                    cdi_device: self.cfg.cdi.then(|| format!("{CDI_KIND}={}", d.lease_id)),
                 });
             }
-            if !d.allocated {
-                d.allocated = true;
-                d.unseen_since_ms = None;
-                let rec = d.clone();
-                self.persist(&rec).await?;
-                info!(device = %id, resource = %resource, "kubernetes: device allocated");
-            }
-            out.push(Allocation {
-                lease_id: d.lease_id.clone(),
-                token: d.token.clone(),
-                cdi_device: self.cfg.cdi.then(|| format!("{CDI_KIND}={}", d.lease_id)),
-            });
+            out.push(granted);
         }
         drop(devices);
         // The pod shows in PodResources in a moment: follow it soon.

@@ -12,7 +12,7 @@ use tonic::{Request, Response, Status};
 
 use crate::config::resource_name;
 
-use super::{Advertised, DevicePlugin, K8sError, TOKEN_ANNOTATION};
+use super::{Advertised, DevicePlugin, K8sError, TOKEN_ANNOTATION, lease_id_env, token_annotation};
 
 /// What the plugin tells kubelet at registration and when asked.
 pub(super) fn options() -> dp::DevicePluginOptions {
@@ -46,7 +46,9 @@ impl PluginService {
 fn status(e: K8sError) -> Status {
     match &e {
         K8sError::UnknownDevice { .. } => Status::not_found(e.to_string()),
-        K8sError::OneDevicePerContainer { .. } => Status::invalid_argument(e.to_string()),
+        K8sError::TooManyDevices { .. }
+        | K8sError::NoDevice { .. }
+        | K8sError::RepeatedDevice { .. } => Status::invalid_argument(e.to_string()),
         K8sError::DeviceEnded { .. } => Status::failed_precondition(e.to_string()),
         _ => Status::unavailable(e.to_string()),
     }
@@ -145,14 +147,17 @@ impl dp::device_plugin_server::DevicePlugin for PluginService {
             })?;
         let container_responses = allocs
             .into_iter()
-            .map(|a| dp::ContainerAllocateResponse {
-                envs: HashMap::from([("TESSERA_LEASE_ID".to_string(), a.lease_id.clone())]),
+            .map(|granted| dp::ContainerAllocateResponse {
+                envs: HashMap::from([("TESSERA_LEASE_ID".to_string(), lease_id_env(&granted))]),
                 mounts: Vec::new(),
                 devices: Vec::new(),
-                annotations: HashMap::from([(TOKEN_ANNOTATION.to_string(), a.token)]),
-                cdi_devices: a
-                    .cdi_device
+                annotations: HashMap::from([(
+                    TOKEN_ANNOTATION.to_string(),
+                    token_annotation(&granted),
+                )]),
+                cdi_devices: granted
                     .into_iter()
+                    .filter_map(|a| a.cdi_device)
                     .map(|name| dp::CdiDevice { name })
                     .collect(),
             })

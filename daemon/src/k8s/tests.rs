@@ -85,11 +85,83 @@ async fn every_advertised_device_is_a_live_lease_and_allocates_idempotently() {
         p.allocate("gpu", &ids[..1]).await,
         Err(K8sError::UnknownDevice { .. })
     ));
-    assert!(matches!(
-        p.allocate("mig-1g.10gb", &[vec![mig[0].id.clone(), mig[1].id.clone()]])
-            .await,
-        Err(K8sError::OneDevicePerContainer { n: 2, .. })
-    ));
+}
+
+#[tokio::test]
+async fn a_container_asking_for_every_device_gets_every_lease_in_one_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let (p, mgr) = plugin(dir.path(), MIX).await;
+    let ids: Vec<String> = advertised(&p, "mig-1g.10gb")
+        .into_iter()
+        .map(|d| d.id)
+        .collect();
+    assert_eq!(ids.len(), 3);
+    let first = p
+        .allocate("mig-1g.10gb", std::slice::from_ref(&ids))
+        .await
+        .unwrap();
+    assert_eq!(first.len(), 1, "one answer for the one container");
+    let granted = &first[0];
+    assert_eq!(
+        granted.iter().map(|a| &a.lease_id).collect::<Vec<_>>(),
+        ids.iter().collect::<Vec<_>>(),
+        "the leases in the order asked"
+    );
+    assert_eq!(lease_id_env(granted), ids.join(","));
+    let ann = token_annotation(granted);
+    let tokens: Vec<&str> = ann.split(',').collect();
+    assert_eq!(tokens.len(), 3);
+    for (t, a) in tokens.iter().zip(granted) {
+        assert_eq!(*t, a.token);
+        assert!(t.starts_with("tsr1_") && !t.contains(','), "{t}");
+        let (l, _) = mgr.get(&a.lease_id).unwrap();
+        assert_eq!(l.state(), LeaseState::Active);
+        assert_eq!(
+            a.cdi_device.as_deref(),
+            Some(format!("{CDI_KIND}={}", a.lease_id).as_str())
+        );
+    }
+    // kubelet retries: the same answer.
+    assert_eq!(
+        p.allocate("mig-1g.10gb", std::slice::from_ref(&ids))
+            .await
+            .unwrap(),
+        first
+    );
+    // Two containers of a pod, two devices and one.
+    let split = p
+        .allocate("mig-1g.10gb", &[ids[..2].to_vec(), ids[2..].to_vec()])
+        .await
+        .unwrap();
+    assert_eq!(split[0], first[0][..2]);
+    assert_eq!(split[1], first[0][2..]);
+}
+
+#[tokio::test]
+async fn a_multi_device_request_that_repeats_names_nothing_or_exceeds_the_bound_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (p, _mgr) = plugin(dir.path(), MIX).await;
+    let ids: Vec<String> = advertised(&p, "mig-1g.10gb")
+        .into_iter()
+        .map(|d| d.id)
+        .collect();
+    let e = p
+        .allocate("mig-1g.10gb", &[vec![ids[0].clone(), ids[0].clone()]])
+        .await
+        .unwrap_err();
+    assert!(matches!(e, K8sError::RepeatedDevice { .. }), "{e}");
+    let e = p.allocate("mig-1g.10gb", &[vec![]]).await.unwrap_err();
+    assert!(matches!(e, K8sError::NoDevice { .. }), "{e}");
+    let many = vec![ids[0].clone(); MAX_DEVICES_PER_CONTAINER + 1];
+    let e = p.allocate("mig-1g.10gb", &[many]).await.unwrap_err();
+    assert!(matches!(e, K8sError::TooManyDevices { n: 17, .. }), "{e}");
+    assert!(e.to_string().contains("at most 16"), "{e}");
+    // A refused request marks nothing allocated: a later valid one still works.
+    let ok = p
+        .allocate("mig-1g.10gb", &[vec![ids[0].clone(), ids[1].clone()]])
+        .await
+        .unwrap();
+    assert_eq!(ok[0].len(), 2);
 }
 
 #[tokio::test]
@@ -231,15 +303,15 @@ async fn a_device_kubelet_gives_to_a_new_pod_gets_a_fresh_lease() {
         .allocate("mig-1g.10gb", &[vec![id.clone()]])
         .await
         .unwrap();
-    assert_ne!(b[0].token, first[0].token, "pod b got pod a's token");
-    assert_ne!(b[0].lease_id, first[0].lease_id);
-    let (old, _) = mgr.get(&first[0].lease_id).unwrap();
+    assert_ne!(b[0][0].token, first[0][0].token, "pod b got pod a's token");
+    assert_ne!(b[0][0].lease_id, first[0][0].lease_id);
+    let (old, _) = mgr.get(&first[0][0].lease_id).unwrap();
     assert_eq!(old.state(), LeaseState::Released);
     assert!(
         old.end_reason().unwrap_or("").contains("another pod"),
         "{old:?}"
     );
-    let (new, _) = mgr.get(&b[0].lease_id).unwrap();
+    let (new, _) = mgr.get(&b[0][0].lease_id).unwrap();
     assert_eq!(new.state(), LeaseState::Active);
     // The same device id, healthy, now b's.
     assert!(
@@ -249,7 +321,7 @@ async fn a_device_kubelet_gives_to_a_new_pod_gets_a_fresh_lease() {
     );
     let hb = BTreeMap::from([(id.clone(), holder("team-a", "b", "mig-1g.10gb"))]);
     p.follow(&hb).await;
-    assert_eq!(mgr.get(&b[0].lease_id).unwrap().0.labels[LABEL_POD], "b");
+    assert_eq!(mgr.get(&b[0][0].lease_id).unwrap().0.labels[LABEL_POD], "b");
     assert_eq!(
         p.allocate("mig-1g.10gb", &[vec![id.clone()]])
             .await

@@ -237,40 +237,52 @@ impl LeaseManager {
         }
     }
 
+    /// Forget a container on every lease it is bound to (a container may run on
+    /// several leases: one per device a Kubernetes container asked for).
     pub async fn unbind_container(&self, container_id: &str) -> Result<(), LeaseError> {
-        let lease = {
+        let unbound: Vec<(Lease, Vec<ContainerBinding>)> = {
             let mut st = self.lock();
-            let Some(l) = st
-                .leases
+            st.leases
                 .values_mut()
-                .find(|l| l.containers.iter().any(|c| c.id == container_id))
-            else {
-                return Ok(());
-            };
-            let gone: Vec<ContainerBinding> = l
-                .containers
-                .iter()
-                .filter(|c| c.id == container_id)
-                .cloned()
-                .collect();
-            l.containers.retain(|c| c.id != container_id);
-            (l.clone(), gone)
+                .filter(|l| l.containers.iter().any(|c| c.id == container_id))
+                .map(|l| {
+                    let gone: Vec<ContainerBinding> = l
+                        .containers
+                        .iter()
+                        .filter(|c| c.id == container_id)
+                        .cloned()
+                        .collect();
+                    l.containers.retain(|c| c.id != container_id);
+                    (l.clone(), gone)
+                })
+                .collect()
         };
-        let (lease, gone) = lease;
-        let l2 = lease.clone();
-        if let Err(e) = self.store.write(move |w| w.put_lease(&l2)).await {
+        if unbound.is_empty() {
+            return Ok(());
+        }
+        let leases: Vec<Lease> = unbound.iter().map(|(l, _)| l.clone()).collect();
+        if let Err(e) = self
+            .store
+            .write(move |w| leases.iter().try_for_each(|l| w.put_lease(l)))
+            .await
+        {
             // Refused: still bound, in memory too.
-            if let Some(l) = self.lock().leases.get_mut(&lease.id) {
-                l.containers.extend(gone);
+            let mut st = self.lock();
+            for (lease, gone) in unbound {
+                if let Some(l) = st.leases.get_mut(&lease.id) {
+                    l.containers.extend(gone);
+                }
             }
             return Err(e.into());
         }
-        self.emit(
-            EventKind::ContainerUnbound,
-            &lease,
-            None,
-            container_id.to_string(),
-        );
+        for (lease, _) in &unbound {
+            self.emit(
+                EventKind::ContainerUnbound,
+                lease,
+                None,
+                container_id.to_string(),
+            );
+        }
         Ok(())
     }
 }
