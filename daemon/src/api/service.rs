@@ -662,9 +662,12 @@ impl Tessera for TesseraService {
                 )),
             );
         }
+        // A container on several leases reports their ids joined with ',' (all of
+        // one tenant: the runtime refuses a mix).
+        let first = r.lease_id.split(',').next().unwrap_or_default();
         let tenant = self
             .mgr
-            .get(&r.lease_id)
+            .get(first)
             .map(|(l, _)| l.tenant)
             .unwrap_or_default();
         if let Some(m) = &self.metrics {

@@ -467,3 +467,45 @@ async fn bindings_of_containers_that_are_gone_are_dropped() {
     let ids: Vec<&str> = l.containers.iter().map(|c| c.id.as_str()).collect();
     assert_eq!(ids, ["old-live", "new-gone"]);
 }
+
+/// A container on two leases (two devices of a Kubernetes resource) is forgotten
+/// on both when it is deleted, and the unbinding outlives a restart.
+#[tokio::test]
+async fn unbinding_a_container_forgets_it_on_every_lease() {
+    let dir = tempfile::tempdir().unwrap();
+    let mgr = manager(dir.path());
+    let a = mgr.create(mig_request("multi-a")).await.unwrap();
+    let b = mgr.create(mig_request("multi-b")).await.unwrap();
+    let bind = |id: &str| crate::model::ContainerBinding {
+        id: id.into(),
+        cgroup_path: format!("/kubepods/pod1/{id}"),
+        pod: "pod-1".into(),
+        ..Default::default()
+    };
+    for l in [&a, &b] {
+        mgr.bind_container(l.token.as_ref().unwrap(), bind("both"), None)
+            .await
+            .unwrap();
+    }
+    mgr.bind_container(a.token.as_ref().unwrap(), bind("other"), None)
+        .await
+        .unwrap();
+    let ids = |m: &LeaseManager, id: &str| -> Vec<String> {
+        m.get(id)
+            .unwrap()
+            .0
+            .containers
+            .iter()
+            .map(|c| c.id.clone())
+            .collect()
+    };
+    assert_eq!(ids(&mgr, &b.lease.id), ["both"]);
+    mgr.unbind_container("both").await.unwrap();
+    assert_eq!(ids(&mgr, &a.lease.id), ["other"]);
+    assert!(ids(&mgr, &b.lease.id).is_empty());
+    mgr.begin_shutdown();
+    drop(mgr);
+    let mgr = manager(dir.path());
+    assert_eq!(ids(&mgr, &a.lease.id), ["other"]);
+    assert!(ids(&mgr, &b.lease.id).is_empty());
+}
