@@ -355,6 +355,24 @@ async fn allocate_each(
     .map(|r| r.into_inner().container_responses)
 }
 
+/// One container asking for all of `ids` (a pod with `resource: N`).
+async fn allocate_all(
+    c: &mut dp::device_plugin_client::DevicePluginClient<Channel>,
+    ids: &[String],
+) -> Result<dp::ContainerAllocateResponse, Status> {
+    let mut r = c
+        .allocate(dp::AllocateRequest {
+            container_requests: vec![dp::ContainerAllocateRequest {
+                devices_ids: ids.to_vec(),
+            }],
+        })
+        .await?
+        .into_inner()
+        .container_responses;
+    assert_eq!(r.len(), 1, "one answer per container request");
+    Ok(r.remove(0))
+}
+
 /// The Prometheus text of the daemon's metrics endpoint.
 fn scrape(addr: &str) -> String {
     use std::io::{Read, Write};
@@ -444,17 +462,39 @@ fn every_advertised_device_allocates_at_once_idempotently_and_leases_follow_pods
             // kubelet asks again (a retry, a restart): the same answer.
             let again = allocate_each(&mut c, list).await.unwrap();
             assert_eq!(again, resp, "{r}: Allocate is not idempotent");
+            // Every device of the resource in ONE container request (a pod asking
+            // for `resource: N`): one answer carrying every lease, in order.
+            let all = allocate_all(&mut c, list).await.unwrap();
+            let each_tokens: Vec<&str> = resp
+                .iter()
+                .map(|a| a.annotations["tessera.io/lease-token"].as_str())
+                .collect();
+            assert_eq!(
+                all.annotations["tessera.io/lease-token"],
+                each_tokens.join(","),
+                "{r}: the tokens of every device, comma-separated"
+            );
+            assert_eq!(all.envs["TESSERA_LEASE_ID"], list.join(","));
+            assert_eq!(
+                all.cdi_devices
+                    .iter()
+                    .map(|d| d.name.clone())
+                    .collect::<Vec<_>>(),
+                list.iter()
+                    .map(|id| format!("tessera.io/lease={id}"))
+                    .collect::<Vec<_>>()
+            );
+            assert_eq!(
+                allocate_all(&mut c, list).await.unwrap(),
+                all,
+                "{r}: a multi-device Allocate is not idempotent"
+            );
         }
         let mut c = k.plugin(MIG).await;
-        let two = c
-            .allocate(dp::AllocateRequest {
-                container_requests: vec![dp::ContainerAllocateRequest {
-                    devices_ids: per[MIG][..2].to_vec(),
-                }],
-            })
+        let twice = allocate_all(&mut c, &[per[MIG][0].clone(), per[MIG][0].clone()])
             .await
             .unwrap_err();
-        assert_eq!(two.code(), tonic::Code::InvalidArgument, "{two:?}");
+        assert_eq!(twice.code(), tonic::Code::InvalidArgument, "{twice:?}");
         let unknown = allocate_each(&mut c, &["l-nope".to_string()])
             .await
             .unwrap_err();
@@ -899,4 +939,200 @@ fn an_allocate_answer_runs_a_container_bound_to_its_lease_until_its_pod_is_gone(
         "the container outlived its lease"
     );
     let _ = runtime(&["delete", "--force", &cid]);
+}
+
+/// The nodes a resolved lease names, made on the "host" as the driver would.
+fn mknod_lease_nodes(resolved: &pb::ResolveTokenResponse) {
+    for n in &resolved.devices {
+        let p = Path::new(&n.host_path);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        if !p.exists() {
+            nix::sys::stat::mknod(
+                p,
+                nix::sys::stat::SFlag::S_IFCHR,
+                nix::sys::stat::Mode::from_bits_truncate(0o666),
+                nix::sys::stat::makedev(n.major as u64, n.minor as u64),
+            )
+            .unwrap();
+        }
+    }
+}
+
+/// A pod asking for `tessera.io/mig-1g.10gb: 2`: kubelet sends both device ids in
+/// one container request; the answer carries both leases, and the container runs
+/// through the real runtime and runc with both MIG instances (both capability
+/// nodes, both UUIDs in order), bound to both leases. Releasing either lease stops
+/// it; deleting it unbinds it from the other.
+#[test]
+fn a_container_given_two_mig_devices_runs_on_both_leases_and_stops_when_one_ends() {
+    if !common::can_run_as_root("device plugin to runtime", &["runc", "busybox", "cc"]) {
+        return;
+    }
+    let rt = rt();
+    let _g = rt.enter();
+    let k = StandIn::start();
+    let work = tempfile::tempdir().unwrap();
+    let dev = work.path().join("dev");
+    std::fs::create_dir_all(&dev).unwrap();
+    let mut d = TestDaemon::start_with(
+        GPUS,
+        &format!(
+            "{}\n[devices]\ndev_root = {dev:?}\n[lease]\nrevocation_grace = \"1s\"\n",
+            k.config("\"mig-1g.10gb\" = 2\n")
+        ),
+    )
+    .unwrap();
+    k.wait_registered(MIG, 1, &d);
+    let (ids, alloc, resolved) = rt.block_on(async {
+        let mut c = k.plugin(MIG).await;
+        let mut s = list_and_watch(&mut c).await;
+        let devs = watch_until(&mut s, "two devices", |d| all_healthy(d, 2)).await;
+        let ids = ids(&devs);
+        let alloc = allocate_all(&mut c, &ids).await.unwrap();
+        let mut resolved = Vec::new();
+        for token in alloc.annotations["tessera.io/lease-token"].split(',') {
+            resolved.push(
+                d.client()
+                    .await
+                    .unwrap()
+                    .resolve_token(pb::ResolveTokenRequest {
+                        token: token.to_string(),
+                    })
+                    .await
+                    .unwrap()
+                    .into_inner(),
+            );
+        }
+        (ids, alloc, resolved)
+    });
+    assert_eq!(resolved.len(), 2, "{alloc:?}");
+    let mut caps = Vec::new();
+    let mut uuids = Vec::new();
+    for (r, id) in resolved.iter().zip(&ids) {
+        let l = r.lease.as_ref().unwrap();
+        assert_eq!(&l.id, id, "the tokens in the order of the devices");
+        mknod_lease_nodes(r);
+        let ci = r
+            .devices
+            .iter()
+            .filter(|d| d.container_path.contains("nvidia-caps"))
+            .map(|d| d.container_path.clone())
+            .next_back()
+            .unwrap();
+        caps.push(ci);
+        uuids.push(
+            l.partition
+                .as_ref()
+                .unwrap()
+                .mig
+                .as_ref()
+                .unwrap()
+                .mig_uuid
+                .clone(),
+        );
+    }
+    assert_ne!(caps[0], caps[1], "two MIG instances, two capability nodes");
+    let rootfs = common::busybox_rootfs(work.path());
+    let script = format!(
+        "probe open_ro {}; probe open_ro {}; echo LEASE=$TESSERA_LEASE_ID; \
+         echo CVD=$CUDA_VISIBLE_DEVICES; trap '' TERM; while :; do sleep 1; done",
+        caps[0], caps[1]
+    );
+    let mut oci = common::base_spec(&["sh", "-c", &script]);
+    oci["root"]["path"] = serde_json::json!(rootfs);
+    oci["annotations"] = serde_json::json!(alloc.annotations);
+    let env = oci["process"]["env"].as_array_mut().unwrap();
+    for (k, v) in &alloc.envs {
+        env.push(serde_json::json!(format!("{k}={v}")));
+    }
+    let bundle = work.path().join("bundle");
+    common::write_spec(&bundle, &oci);
+    let proc_root = common::fake_nvidia_proc(work.path());
+    let runtime_config = common::runtime_config(work.path(), &d.socket, &proc_root, "");
+    let runc_root = work.path().join("runc-root");
+    let out_path = work.path().join("out");
+    let runtime = |args: &[&str]| {
+        std::process::Command::new(common::runtime_bin())
+            .env("TESSERA_RUNTIME_CONFIG", &runtime_config)
+            .arg("--root")
+            .arg(&runc_root)
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::fs::File::create(&out_path).unwrap())
+            .stderr(std::fs::File::create(work.path().join("err")).unwrap())
+            .status()
+            .unwrap()
+    };
+    let cid = format!("k8s-multi-{}", std::process::id());
+    let st = runtime(&["create", "--bundle", bundle.to_str().unwrap(), &cid]);
+    assert!(
+        st.success(),
+        "create: {}",
+        std::fs::read_to_string(work.path().join("err")).unwrap()
+    );
+    // No token is left in the config runc reads.
+    let saved = std::fs::read_to_string(bundle.join("config.json")).unwrap();
+    for t in alloc.annotations["tessera.io/lease-token"].split(',') {
+        assert!(!saved.contains(t), "a token left in config.json");
+    }
+    assert!(runtime(&["start", &cid]).success());
+    wait("the container's output", &d, || {
+        std::fs::read_to_string(&out_path).is_ok_and(|o| o.contains("CVD="))
+    });
+    let out = std::fs::read_to_string(&out_path).unwrap();
+    for want in [
+        format!("open_ro {} errno=6", caps[0]),
+        format!("open_ro {} errno=6", caps[1]),
+        format!("LEASE={}", ids.join(",")),
+        format!("CVD={}", uuids.join(",")),
+    ] {
+        assert!(
+            out.lines().any(|l| l.trim() == want),
+            "missing {want:?} in {out}"
+        );
+    }
+    rt.block_on(async {
+        for id in &ids {
+            let l = lease(&d, id).await;
+            let bound: Vec<&str> = l.containers.iter().map(|c| c.id.as_str()).collect();
+            assert_eq!(bound, [cid.as_str()], "not bound to lease {id}");
+        }
+        // One of the two leases ends: the container stops.
+        d.client()
+            .await
+            .unwrap()
+            .release_lease(pb::ReleaseLeaseRequest {
+                lease_id: ids[1].clone(),
+                reason: "taken back".into(),
+            })
+            .await
+            .unwrap();
+    });
+    let running = || {
+        let state = std::process::Command::new("runc")
+            .arg("--root")
+            .arg(&runc_root)
+            .args(["state", &cid])
+            .output()
+            .unwrap();
+        let state: serde_json::Value = serde_json::from_slice(&state.stdout).unwrap_or_default();
+        state["status"] == "running"
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while running() {
+        assert!(
+            Instant::now() < deadline,
+            "the container outlived one of its leases\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(runtime(&["delete", "--force", &cid]).success());
+    // Deleted: forgotten on the lease that is still live too.
+    rt.block_on(async {
+        let l = lease(&d, &ids[0]).await;
+        assert_eq!(l.state, pb::LeaseState::Active as i32);
+        assert!(l.containers.is_empty(), "{l:?}");
+    });
+    d.stop().unwrap();
 }
