@@ -121,24 +121,34 @@ def test_register_list_allocate_follow_pods_and_reregister():
     reg_server = serve(KUBELET_SOCK, lambda s: dp_grpc.add_RegistrationServicer_to_server(reg, s))
     endpoints = registered(reg, {MIG, WHOLE})
 
-    # ListAndWatch and Allocate of every advertised device at once.
+    # ListAndWatch and Allocate of every advertised device at once, in one
+    # container request (a pod asking for `tessera.io/mig-1g.10gb: 2`).
     ch, stub = plugin(endpoints[MIG])
     stream = stub.ListAndWatch(dp.Empty())
     devs = until(stream, healthy(2))
     ids = [d.ID for d in devs]
     resp = stub.Allocate(
-        dp.AllocateRequest(container_requests=[dp.ContainerAllocateRequest(devices_ids=[i]) for i in ids]),
+        dp.AllocateRequest(container_requests=[dp.ContainerAllocateRequest(devices_ids=ids)]),
         timeout=TIMEOUT,
     )
-    tokens = [c.annotations["tessera.io/lease-token"] for c in resp.container_responses]
+    assert len(resp.container_responses) == 1
+    both = resp.container_responses[0]
+    tokens = both.annotations["tessera.io/lease-token"].split(",")
     assert len(set(tokens)) == 2
-    assert [c.envs["TESSERA_LEASE_ID"] for c in resp.container_responses] == ids
-    assert [c.cdi_devices[0].name for c in resp.container_responses] == ["tessera.io/lease=" + i for i in ids]
+    assert all(t.startswith("tsr1_") for t in tokens)
+    assert both.envs["TESSERA_LEASE_ID"] == ",".join(ids)
+    assert [c.name for c in both.cdi_devices] == ["tessera.io/lease=" + i for i in ids]
+    # A retry, and the first device alone: the same leases.
     again = stub.Allocate(
+        dp.AllocateRequest(container_requests=[dp.ContainerAllocateRequest(devices_ids=ids)]),
+        timeout=TIMEOUT,
+    )
+    assert again == resp
+    one = stub.Allocate(
         dp.AllocateRequest(container_requests=[dp.ContainerAllocateRequest(devices_ids=[ids[0]])]),
         timeout=TIMEOUT,
     )
-    assert again.container_responses[0].annotations["tessera.io/lease-token"] == tokens[0]
+    assert one.container_responses[0].annotations["tessera.io/lease-token"] == tokens[0]
     wch, wstub = plugin(endpoints[WHOLE])
     whole = until(wstub.ListAndWatch(dp.Empty()), healthy(1))
     wstub.Allocate(
