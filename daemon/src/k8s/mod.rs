@@ -9,7 +9,9 @@
 //!   the same ids for the same leases.
 //! * Allocate answers the lease's token as the container annotation the runtime reads
 //!   (`tessera.io/lease-token`), `TESSERA_LEASE_ID`, and the CDI name
-//!   `tessera.io/lease=<id>`; the same devices always get the same answer.
+//!   `tessera.io/lease=<id>`; a container asking for several devices (at most
+//!   [`MAX_DEVICES_PER_CONTAINER`]) gets the tokens and ids joined with `,` and one
+//!   CDI name per lease. The same devices always get the same answer.
 //! * PodResources says which pod holds which device: the lease is handed to the
 //!   tenant of the pod's namespace and labelled with namespace and pod; a device no
 //!   pod holds for `release_grace` is released, and a fresh reservation replaces it.
