@@ -621,3 +621,127 @@ fn a_gpu_container_runs_under_the_systemd_cgroup_driver() {
     let out = w.runtime(&["--systemd-cgroup", "delete", "--force", &id]);
     assert!(out.status.success(), "delete: {}", text(&out));
 }
+
+/// Several tokens in one container (a Kubernetes container given several devices):
+/// checked before anything is bound, and bound to all leases or to none.
+#[test]
+fn a_container_on_several_leases_is_bound_to_all_or_none() {
+    let Some(w) = World::new("") else { return };
+    let r = rt();
+    let (mig_a, mig_b, mps_1, mps_2) = r.block_on(async {
+        let mut c = w.daemon.client().await.unwrap();
+        let mut made = Vec::new();
+        for s in [
+            shape::mig("1g.10gb"),
+            shape::mig("1g.10gb"),
+            shape::mps(25, 5),
+            shape::mps(25, 5),
+        ] {
+            let l = c
+                .create_lease(create_req("team-a", s))
+                .await
+                .unwrap()
+                .into_inner();
+            made.push((l.lease.unwrap().id, l.token));
+        }
+        let mut it = made.into_iter();
+        let mut next = || it.next().unwrap();
+        (next(), next(), next(), next())
+    });
+    let containers = |id: &str| -> (Vec<String>, String) {
+        r.block_on(async {
+            let l = w
+                .daemon
+                .client()
+                .await
+                .unwrap()
+                .get_lease(pb::GetLeaseRequest {
+                    lease_id: id.into(),
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .lease
+                .unwrap();
+            (l.containers.into_iter().map(|c| c.id).collect(), l.pod)
+        })
+    };
+    let run = |name: &str, tokens: &[&str], pod: &str| {
+        let b = w.bundle(name, &["true"], &tokens.join(","));
+        let mut spec: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(b.join("config.json")).unwrap()).unwrap();
+        spec["annotations"]["io.kubernetes.cri.container-type"] = json!("container");
+        spec["annotations"]["io.kubernetes.cri.sandbox-uid"] = json!(pod);
+        common::write_spec(&b, &spec);
+        w.runtime(&["run", "--bundle", b.to_str().unwrap(), name])
+    };
+    let refused = |out: &Output, want: &str| {
+        assert_eq!(out.status.code(), Some(1), "{}", text(out));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(want), "missing {want:?}: {}", text(out));
+    };
+
+    // Lease b's token is already another pod's: refused before lease a is touched.
+    r.block_on(async {
+        w.daemon
+            .client()
+            .await
+            .unwrap()
+            .bind_container(pb::BindContainerRequest {
+                token: mig_b.1.clone(),
+                container_id: "squatter".into(),
+                pod: "pod-other".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    });
+    let out = run("multi-pod", &[&mig_a.1, &mig_b.1], "pod-mine");
+    refused(&out, "is bound to pod pod-other; pod pod-mine");
+    assert_eq!(containers(&mig_a.0), (Vec::new(), String::new()));
+
+    // Two MPS shares cannot be one container's: refused, nothing bound.
+    let out = run("multi-mps", &[&mps_1.1, &mps_2.1], "pod-mine");
+    refused(&out, "CUDA_MPS_PIPE_DIRECTORY");
+    assert!(containers(&mps_1.0).0.is_empty());
+    assert!(containers(&mps_2.0).0.is_empty());
+
+    // The same token twice.
+    let out = run("multi-dup", &[&mig_a.1, &mig_a.1], "pod-mine");
+    refused(&out, "repeats an earlier token");
+
+    // A bind that fails after another succeeded (the MPS share serves another uid):
+    // the container is unbound from the lease it was bound to.
+    r.block_on(async {
+        w.daemon
+            .client()
+            .await
+            .unwrap()
+            .bind_container(pb::BindContainerRequest {
+                token: mps_1.1.clone(),
+                container_id: "other-uid".into(),
+                uid: Some(4321),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    });
+    for t in [&mig_a.1, &mps_1.1] {
+        let resolved = r.block_on(async {
+            w.daemon
+                .client()
+                .await
+                .unwrap()
+                .resolve_token(pb::ResolveTokenRequest { token: t.clone() })
+                .await
+                .unwrap()
+                .into_inner()
+        });
+        w.mknod_lease_nodes(&resolved);
+    }
+    let out = run("multi-uid", &[&mig_a.1, &mps_1.1], "");
+    refused(&out, "BindContainer failed");
+    refused(&out, "serves uid 4321");
+    assert!(containers(&mig_a.0).0.is_empty(), "left half-bound");
+    assert_eq!(containers(&mps_1.0).0, ["other-uid"]);
+}

@@ -289,6 +289,21 @@ fn admit(
             {
                 return Err((vec![format!("two tokens name the same lease {dup}")], dup));
             }
+            // Validate before binding anything: a lease whose token another pod
+            // holds would refuse its bind after the others were made.
+            if let (true, Some(pod)) = (resolved.len() > 1, harden::pod_of(&spec)) {
+                for l in &resolved {
+                    if !l.pod.is_empty() && l.pod != pod {
+                        return Err((
+                            vec![format!(
+                                "the token of lease {} is bound to pod {}; pod {pod} may not use it",
+                                l.lease_id, l.pod
+                            )],
+                            l.lease_id.clone(),
+                        ));
+                    }
+                }
+            }
             Some(crate::lease::merge(resolved).map_err(|e| (vec![e.to_string()], String::new()))?)
         }
     };

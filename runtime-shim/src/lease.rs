@@ -214,6 +214,8 @@ pub struct ResolvedLease {
     pub granted_capabilities: Vec<String>,
     pub cgroup_parent: String,
     pub pids_limit: u64,
+    /// The pod the lease's token is bound to (the first pod that used it), or empty.
+    pub pod: String,
 }
 
 fn clean_abs(p: &str) -> bool {
@@ -329,6 +331,7 @@ impl ResolvedLease {
             }
         }
         Ok(Self {
+            pod: lease.pod,
             lease_id: lease.id,
             tenant,
             devices,
