@@ -5,13 +5,16 @@
 //! Allocate), and a PodResourcesLister server whose pods the test sets.
 //!
 //! Covered: registration of every resource, allocating every advertised device at
-//! once, idempotent Allocate, leases that follow pods (tenant of the namespace,
+//! once (one device per container, and all of a resource in one container),
+//! idempotent Allocate, leases that follow pods (tenant of the namespace,
 //! labels, release when the pod is gone), ListAndWatch updates on a mix change and on
 //! a health change, kubelet restart (sockets deleted, kubelet.sock recreated ->
 //! registered again), and a tesserad restart (the same device ids and tokens). Last,
 //! an Allocate answer carried into a container as containerd does (the container
 //! annotations and envs into the OCI spec) runs through the real tessera-runtime and
-//! runc bound to its lease, and stops when its pod is gone.
+//! runc bound to its lease, and stops when its pod is gone; and a container given two
+//! MIG devices in one request runs bound to both leases, sees both instances (in
+//! init and in exec), and stops when either lease ends.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -1091,6 +1094,26 @@ fn a_container_given_two_mig_devices_runs_on_both_leases_and_stops_when_one_ends
             "missing {want:?} in {out}"
         );
     }
+    // A process exec'd into the container gets the merged variables too.
+    let exec = std::process::Command::new(common::runtime_bin())
+        .env("TESSERA_RUNTIME_CONFIG", &runtime_config)
+        .arg("--root")
+        .arg(&runc_root)
+        .args([
+            "exec",
+            &cid,
+            "sh",
+            "-c",
+            "echo EXEC=$TESSERA_LEASE_ID/$CUDA_VISIBLE_DEVICES",
+        ])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert!(exec.status.success(), "exec: {exec:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&exec.stdout).trim(),
+        format!("EXEC={}/{}", ids.join(","), uuids.join(","))
+    );
     rt.block_on(async {
         for id in &ids {
             let l = lease(&d, id).await;
