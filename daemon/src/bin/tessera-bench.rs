@@ -780,14 +780,21 @@ fn report(files: &[String]) -> anyhow::Result<()> {
     ));
     let placement = get("placement.default.min_ratio");
     rows.push((
-        "MIG placement vs free-repacking reference (lowest trace)",
+        "MIG placement (default strategy) vs free repacking, lowest",
         ">= 0.97",
         placement.map(|r| format!("{r:.3}")),
         placement.is_some_and(|r| r >= 0.97),
     ));
+    let moves = get("placement.moves.min_ratio");
+    rows.push((
+        "MIG placement moving idle leases (planner) vs free repacking",
+        ">= 0.97",
+        moves.map(|r| format!("{r:.3}")),
+        moves.is_some_and(|r| r >= 0.97),
+    ));
     let least = get("placement.default.least_profile");
     rows.push((
-        "least-served MIG profile, accepted vs the reference's",
+        "least-served MIG profile (default strategy) vs reference",
         ">= 0.80 (none starved)",
         least.map(|r| format!("{r:.3}")),
         least.is_some_and(|r| r >= 0.8),
