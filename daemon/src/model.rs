@@ -392,6 +392,8 @@ pub enum IntentOp {
     DestroyMig,
     StartMps,
     StopMps,
+    /// An idle lease's MIG instance moves: the partition named is the new one.
+    MoveMig,
 }
 
 impl IntentOp {
@@ -401,6 +403,7 @@ impl IntentOp {
             IntentOp::DestroyMig => "destroy_mig",
             IntentOp::StartMps => "start_mps",
             IntentOp::StopMps => "stop_mps",
+            IntentOp::MoveMig => "move_mig",
         }
     }
     pub fn parse(s: &str) -> Option<IntentOp> {
@@ -409,6 +412,7 @@ impl IntentOp {
             "destroy_mig" => IntentOp::DestroyMig,
             "start_mps" => IntentOp::StartMps,
             "stop_mps" => IntentOp::StopMps,
+            "move_mig" => IntentOp::MoveMig,
             _ => return None,
         })
     }

@@ -2,12 +2,11 @@
 //!
 //! Each trace (a profile mix, an offered load, a duration law and a seed; 8 H100s by
 //! default) is replayed under the reference (accept whenever all live instances plus
-//! the new one could be laid out again from scratch), first fit, best fit (the daemon's
-//! default strategy), a static layout made for the mix, and best fit that moves idle
-//! leases when a request would be refused ("moves": the planner's `plan_with_moves`;
-//! the daemon does not move leases yet). Every policy but the reference runs the
-//! daemon's own planner (`tesserad::partition`). See `tesserad::partition::trace` for
-//! the model.
+//! the new one could be laid out again from scratch), first fit, best fit, a static
+//! layout made for the mix, and best fit that moves idle leases when a request would
+//! be refused ("moves": the planner's `plan_with_moves`, what the daemon does by
+//! default). Every policy but the reference runs the daemon's own planner
+//! (`tesserad::partition`). See `tesserad::partition::trace` for the model.
 //!
 //! Printed per trace: each policy's accepted slice-time over the reference's (the
 //! ratio), the share of requests it accepted, and the share accepted per profile.
@@ -254,8 +253,10 @@ fn main() -> anyhow::Result<()> {
         ),
         None => None,
     };
+    // The daemon's default: its default strategy, moving idle leases when a request
+    // would be refused (`[partition] move_idle = true`).
     let default = match PlanOptions::default().strategy {
-        Strategy::BestFit => "best-fit",
+        Strategy::BestFit => "moves",
         Strategy::FirstFit => "first-fit",
     };
     for ((name, _), s) in policies.iter().zip(&summary) {

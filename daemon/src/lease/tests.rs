@@ -294,3 +294,179 @@ async fn an_mps_lease_drives_the_host_through_host_ops() {
     );
     assert!(!pipe.exists(), "the recording host touched nothing");
 }
+
+// ------------------------------------------------------------------ moves of idle leases
+
+fn two_h100(
+    dir: &std::path::Path,
+    move_idle: bool,
+) -> (Arc<LeaseManager>, Arc<crate::gpu::SimBackend>) {
+    let text = format!(
+        "[daemon]\nstate_dir = {d:?}\nrun_dir = {d:?}\n[gpu]\nbackend = \"sim\"\n\
+         [partition]\nmove_idle = {move_idle}\n\
+         [sim]\nstate_file = {s:?}\n[[sim.gpus]]\nmodel = \"h100-80gb\"\nmig = true\n\
+         [[sim.gpus]]\nmodel = \"h100-80gb\"\nmig = true\n",
+        d = dir.display().to_string(),
+        s = dir.join("sim.json").display().to_string(),
+    );
+    let config = Config::parse(std::path::Path::new("test.toml"), &text).unwrap();
+    let sim = Arc::new(crate::gpu::open_sim(&config.sim).unwrap());
+    let store = Arc::new(Store::open(dir).unwrap());
+    (
+        LeaseManager::start(config, sim.clone(), store).unwrap(),
+        sim,
+    )
+}
+
+/// A 1g lease on each GPU: a 7g fits only once one of them moves.
+async fn one_small_lease_per_gpu(mgr: &LeaseManager) -> (Created, Created) {
+    let mut a = mig_request("small-a");
+    a.gpu_index = Some(0);
+    let mut b = mig_request("small-b");
+    b.gpu_index = Some(1);
+    (mgr.create(a).await.unwrap(), mgr.create(b).await.unwrap())
+}
+
+fn seven_g(request_id: &str) -> CreateRequest {
+    CreateRequest {
+        shape: Some(Shape::Mig {
+            profile: "7g.80gb".into(),
+            compute_profile: None,
+        }),
+        ..mig_request(request_id)
+    }
+}
+
+fn instance_count(sim: &crate::gpu::SimBackend) -> usize {
+    (0..2).map(|g| sim.instances(g).unwrap().len()).sum()
+}
+
+#[tokio::test]
+async fn an_idle_lease_moves_to_make_room_keeping_its_id_and_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mgr, sim) = two_h100(dir.path(), true);
+    let mut events = mgr.subscribe();
+    let (a, b) = one_small_lease_per_gpu(&mgr).await;
+    let big = mgr.create(seven_g("big")).await.unwrap();
+    let (la, pa) = mgr.get(&a.lease.id).unwrap();
+    let (lb, _) = mgr.get(&b.lease.id).unwrap();
+    assert_eq!(la.gpu, lb.gpu, "both small leases now share one GPU");
+    assert_ne!(la.gpu, big.lease.gpu);
+    assert_eq!(instance_count(&sim), 3);
+    // Same ids, same tokens, and the token names the instance where it is now.
+    let moved = if la.gpu != a.lease.gpu { &a } else { &b };
+    let r = mgr.resolve_token(moved.token.as_ref().unwrap()).unwrap();
+    assert_eq!(r.lease.id, moved.lease.id);
+    assert_eq!(r.partition.gpu, big.lease.gpu ^ 1);
+    assert_ne!(
+        r.partition.mig().unwrap().uuid,
+        moved.partition.as_ref().unwrap().mig().unwrap().uuid,
+        "a re-created MIG instance has a new UUID"
+    );
+    assert!(pa.is_some());
+    let mut saw = false;
+    while let Ok(ev) = events.try_recv() {
+        if ev.kind == EventKind::Moved {
+            assert_eq!(ev.lease.id, moved.lease.id);
+            assert!(ev.message.contains("moved to make room"), "{}", ev.message);
+            saw = true;
+        }
+    }
+    assert!(saw, "watchers hear of the move");
+    // The move is durable: a restart finds the lease where it went.
+    let gpu_now = r.partition.gpu;
+    drop(mgr);
+    let (mgr, sim) = two_h100(dir.path(), true);
+    let (l, p) = mgr.get(&moved.lease.id).unwrap();
+    assert_eq!(l.state(), LeaseState::Active);
+    assert_eq!((l.gpu, p.unwrap().gpu), (gpu_now, gpu_now));
+    assert_eq!(instance_count(&sim), 3);
+    assert!(mgr.store.snapshot().unwrap().intents.is_empty());
+}
+
+#[tokio::test]
+async fn leases_a_runtime_asked_for_never_move_and_moves_can_be_turned_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mgr, sim) = two_h100(dir.path(), true);
+    let (a, b) = one_small_lease_per_gpu(&mgr).await;
+    mgr.resolve_token(a.token.as_ref().unwrap()).unwrap();
+    mgr.resolve_token(b.token.as_ref().unwrap()).unwrap();
+    let err = mgr.create(seven_g("big")).await.unwrap_err();
+    assert!(matches!(err, LeaseError::ResourceExhausted(_)), "{err}");
+    assert_eq!(mgr.get(&a.lease.id).unwrap().0.gpu, 0);
+    assert_eq!(mgr.get(&b.lease.id).unwrap().0.gpu, 1);
+    assert_eq!(instance_count(&sim), 2);
+
+    let dir = tempfile::tempdir().unwrap();
+    let (mgr, _) = two_h100(dir.path(), false);
+    one_small_lease_per_gpu(&mgr).await;
+    let err = mgr.create(seven_g("big")).await.unwrap_err();
+    assert!(matches!(err, LeaseError::ResourceExhausted(_)), "{err}");
+}
+
+#[tokio::test]
+async fn a_move_whose_destroy_fails_leaves_the_lease_where_it_was() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mgr, sim) = two_h100(dir.path(), true);
+    let (a, b) = one_small_lease_per_gpu(&mgr).await;
+    sim.fail_next_destroy(0).unwrap();
+    sim.fail_next_destroy(1).unwrap();
+    let err = mgr.create(seven_g("big")).await.unwrap_err();
+    assert!(matches!(err, LeaseError::ResourceExhausted(_)), "{err}");
+    assert!(err.to_string().contains("moving an idle lease"), "{err}");
+    for c in [&a, &b] {
+        let (l, p) = mgr.get(&c.lease.id).unwrap();
+        assert_eq!(l.state(), LeaseState::Active);
+        assert_eq!(p.unwrap(), c.partition.clone().unwrap());
+    }
+    assert_eq!(instance_count(&sim), 2);
+    assert!(mgr.store.snapshot().unwrap().intents.is_empty());
+}
+
+/// A crash right after the move's intent was written (nothing done on the hardware
+/// yet): the next start destroys the old instance and creates the new one.
+#[tokio::test]
+async fn a_move_interrupted_by_a_crash_is_finished_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mgr, sim) = two_h100(dir.path(), true);
+    let (a, b) = one_small_lease_per_gpu(&mgr).await;
+    let old = a.partition.clone().unwrap();
+    let other = b.partition.clone().unwrap();
+    let taken = other.mig().unwrap().placement.start;
+    let mut new = old.clone();
+    new.id = "p-moved".into();
+    new.gpu = 1;
+    new.gpu_uuid = other.gpu_uuid.clone();
+    new.state = crate::model::PartitionState::Creating;
+    if let crate::model::PartKind::Mig(m) = &mut new.kind {
+        m.placement.start = if taken == 0 { 1 } else { 0 };
+        m.gi_id = None;
+        m.ci_id = None;
+        m.uuid = None;
+    }
+    let (n2, lid) = (new.clone(), a.lease.id.clone());
+    mgr.store
+        .write(move |w| {
+            w.put_partition(&n2)?;
+            w.begin_intent(crate::model::IntentOp::MoveMig, &n2.id, Some(&lid), 1)
+        })
+        .await
+        .unwrap();
+    drop(mgr);
+    let (mgr, sim2) = two_h100(dir.path(), true);
+    drop(sim);
+    let (l, p) = mgr.get(&a.lease.id).unwrap();
+    assert_eq!(l.state(), LeaseState::Active);
+    assert_eq!(l.partition_id, "p-moved");
+    let p = p.unwrap();
+    assert_eq!(p.gpu, 1);
+    assert_eq!(p.state, crate::model::PartitionState::Ready);
+    assert!(
+        sim2.instances(0).unwrap().is_empty(),
+        "the old instance is gone"
+    );
+    assert_eq!(sim2.instances(1).unwrap().len(), 2);
+    assert!(mgr.store.snapshot().unwrap().intents.is_empty());
+    let r = mgr.resolve_token(a.token.as_ref().unwrap()).unwrap();
+    assert_eq!(r.partition.id, "p-moved");
+}
