@@ -46,10 +46,13 @@ PYTHON ?= python3
 
 # Packages the test suite needs: "package:probe", probe = a command that proves it is
 # there, or "-" to ask dpkg. python3-venv is added when $(PYTHON) cannot make a venv
-# (Debian's python3 lacks ensurepip without it); npm installs buf.
+# (Debian's python3 lacks ensurepip without it); npm installs buf. The CRI suite's pods
+# get a CNI bridge without uplink (containernetworking-plugins; iproute2's `ip` removes
+# it afterwards); the podman suite runs Debian's podman 4 and conmon.
 DEPS := runc:runc containerd:containerd busybox-static:- libseccomp-dev:- \
         protobuf-compiler:protoc pkg-config:pkg-config build-essential:cc \
-        python3:$(PYTHON) npm:npm
+        python3:$(PYTHON) npm:npm containernetworking-plugins:- iproute2:ip \
+        podman:podman conmon:conmon
 
 # Python for the grpcio client test (integration-tests/tests/python_client.rs) and
 # docs/examples/python: a venv this Makefile owns, with the pinned requirements.

@@ -352,6 +352,9 @@ pub struct ContainerView {
     pub cgroup_path: String,
     pub runtime_root: String,
     pub bound_at_ms: i64,
+    /// Host path of its termination-message file (where a lease's end is explained).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub termination_log_path: String,
 }
 
 #[derive(Debug, Serialize)]
@@ -373,6 +376,9 @@ pub struct LeaseView {
     /// Why its GPU or instance is out of service ("" while healthy).
     pub unhealthy: String,
     pub ended_at_ms: i64,
+    /// The pod its token is bound to ("" until a pod used it).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub pod: String,
 }
 
 impl From<&pb::Lease> for LeaseView {
@@ -400,6 +406,7 @@ impl From<&pb::Lease> for LeaseView {
                     cgroup_path: c.cgroup_path.clone(),
                     runtime_root: c.runtime_root.clone(),
                     bound_at_ms: c.bound_at_ms,
+                    termination_log_path: c.termination_log_path.clone(),
                 })
                 .collect(),
             priority_class: l.priority_class.clone(),
@@ -407,6 +414,7 @@ impl From<&pb::Lease> for LeaseView {
             end_reason: l.end_reason.clone(),
             unhealthy: l.unhealthy.clone(),
             ended_at_ms: l.ended_at_ms,
+            pod: l.pod.clone(),
         }
     }
 }
@@ -470,6 +478,9 @@ impl LeaseView {
         }
         if !self.end_reason.is_empty() {
             kv.push(("end reason", self.end_reason.clone()));
+        }
+        if !self.pod.is_empty() {
+            kv.push(("pod", self.pod.clone()));
         }
         let width = kv.iter().map(|(k, _)| k.len()).max().unwrap_or(0) + 1;
         let mut out = String::new();
@@ -579,12 +590,14 @@ pub(crate) mod tests {
                 cgroup_path: "/sys/fs/cgroup/tessera/c1".to_owned(),
                 runtime_root: "/run/tessera-runtime".to_owned(),
                 bound_at_ms: NOW - 30_000,
+                ..Default::default()
             }],
             priority_class: "normal".to_owned(),
             burst: false,
             end_reason: String::new(),
             unhealthy: String::new(),
             ended_at_ms: 0,
+            pod: String::new(),
         }
     }
 

@@ -226,6 +226,21 @@ fn map_status(s: tonic::Status, socket: &Path) -> LeaseError {
     }
 }
 
+/// What the runtime tells the daemon about a container it binds to a lease.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Binding {
+    pub container_id: String,
+    /// The cgroup the container runs in (cgroupfs path or systemd's
+    /// `slice:prefix:name`): where a revocation stops it.
+    pub cgroup_path: String,
+    pub runtime_root: String,
+    pub uid: Option<u32>,
+    /// Host path of the container's termination-message file, or empty.
+    pub termination_log: String,
+    /// The pod (CRI sandbox id, else pod uid), or empty outside Kubernetes.
+    pub pod: String,
+}
+
 /// A client of the daemon's unix socket.
 pub struct DaemonClient {
     socket: PathBuf,
@@ -297,20 +312,15 @@ impl DaemonClient {
     }
 
     /// Record that a container runs on the token's lease.
-    pub fn bind(
-        &self,
-        token: &str,
-        container_id: &str,
-        cgroup_path: &str,
-        runtime_root: &str,
-        uid: Option<u32>,
-    ) -> Result<(), LeaseError> {
+    pub fn bind(&self, token: &str, b: &Binding) -> Result<(), LeaseError> {
         let req = pb::BindContainerRequest {
             token: token.to_string(),
-            container_id: container_id.to_string(),
-            cgroup_path: cgroup_path.to_string(),
-            runtime_root: runtime_root.to_string(),
-            uid,
+            container_id: b.container_id.clone(),
+            cgroup_path: b.cgroup_path.clone(),
+            runtime_root: b.runtime_root.clone(),
+            uid: b.uid,
+            termination_log_path: b.termination_log.clone(),
+            pod: b.pod.clone(),
         };
         self.call(self.timeout, |mut c| async move {
             c.bind_container(req).await.map(|_| ())

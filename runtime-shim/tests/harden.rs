@@ -71,13 +71,18 @@ impl Fixture {
     }
 
     fn harden(&self, spec: Value) -> Decision {
+        self.harden_with(spec, false)
+    }
+
+    /// Harden as `runc --systemd-cgroup` (or not) would be asked to.
+    fn harden_with(&self, spec: Value, systemd_cgroup: bool) -> Decision {
         let ctx = Context {
             config: &self.cfg,
             seccomp: &self.profile,
             host: &self.host,
             lease: self.lease.as_ref(),
             container_id: "c1",
-            systemd_cgroup: false,
+            systemd_cgroup,
             bundle: &self.bundle,
             runc_root: &self.bundle,
         };
@@ -613,4 +618,61 @@ fn lease_refusals() {
         .find(|m| m["source"].as_str().unwrap().ends_with("config-lib.so"))
         .unwrap();
     assert_eq!(lib["options"], json!(["bind", "ro", "nosuid", "nodev"]));
+}
+
+/// A GPU container stays in the cgroup its caller gave (kubelet's pod cgroup, with
+/// the cgroupfs or the systemd driver), so pod limits, QoS, eviction and CRI stats
+/// see it; only a spec without one goes to the lease's tree.
+#[test]
+fn a_lease_container_stays_in_its_callers_cgroup() {
+    let Some(fx) = Fixture::new(true) else { return };
+    let with_path = |p: &str| {
+        let mut s = common::base_spec(&["sh"]);
+        s["linux"]["cgroupsPath"] = json!(p);
+        s
+    };
+    // cgroupfs driver: inside the pod's cgroup, kept as given.
+    let d = fx.harden(with_path("/kubepods/burstable/pod0f1e/c1"));
+    assert!(d.admitted, "{:?}", d.reasons);
+    assert_eq!(
+        d.spec["linux"]["cgroupsPath"],
+        "/kubepods/burstable/pod0f1e/c1"
+    );
+    // systemd driver (kubeadm's default), with runc --systemd-cgroup: kept as given.
+    let sd = "kubepods-burstable-pod0f1e.slice:cri-containerd:c1";
+    let d = fx.harden_with(with_path(sd), true);
+    assert!(d.admitted, "{:?}", d.reasons);
+    assert_eq!(d.spec["linux"]["cgroupsPath"], sd);
+    // No cgroup named: the lease's tree, or its slice under systemd.
+    let d = fx.harden_with(common::base_spec(&["sh"]), true);
+    assert!(d.admitted, "{:?}", d.reasons);
+    assert_eq!(d.spec["linux"]["cgroupsPath"], "tessera.slice:tessera:c1");
+    let d = fx.harden(common::base_spec(&["sh"]));
+    assert_eq!(d.spec["linux"]["cgroupsPath"], "/tessera/lease-1/c1");
+    // The driver and the path's form must agree, and the cgroup must be this
+    // container's own.
+    for (path, systemd, want) in [
+        (sd, false, "not given --systemd-cgroup"),
+        ("/kubepods/burstable/pod0f1e/c1", true, "slice:prefix:name"),
+        (
+            "/kubepods/burstable/pod0f1e/victim",
+            false,
+            "must end in this container's id",
+        ),
+        ("/system.slice/c1", false, "host's slices"),
+        (
+            "system.slice:cri-containerd:c1",
+            true,
+            "outside the host's slices",
+        ),
+        ("/tessera/l-other/c1", false, "lease tree"),
+    ] {
+        let d = fx.harden_with(with_path(path), systemd);
+        assert!(!d.admitted, "{path} admitted");
+        assert!(
+            d.reasons.iter().any(|r| r.contains(want)),
+            "{path}: want {want:?} in {:?}",
+            d.reasons
+        );
+    }
 }

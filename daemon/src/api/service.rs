@@ -574,6 +574,8 @@ impl Tessera for TesseraService {
                         cgroup_path: r.cgroup_path,
                         runtime_root: r.runtime_root,
                         bound_at_ms: now_ms(),
+                        termination_log: r.termination_log_path,
+                        pod: r.pod,
                     },
                     r.uid,
                 )

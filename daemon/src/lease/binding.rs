@@ -103,7 +103,19 @@ impl LeaseManager {
                 "cgroup_path and runtime_root are at most 4096 bytes",
             ));
         }
+        // A revocation stops the container through this cgroup: it must be the
+        // container's own, checked now rather than when it is needed.
+        if !binding.cgroup_path.is_empty()
+            && let Err(e) = super::enforce::cgroup_of(&binding)
+        {
+            return Err(invalid("cgroup_path", e.to_string()));
+        }
+        check_termination_log(&binding.termination_log)?;
+        if binding.pod.len() > 256 || binding.pod.chars().any(char::is_control) {
+            return Err(invalid("pod", "at most 256 printable characters"));
+        }
         let resolved = self.resolve_token(tok)?;
+        let mut pod_claimed = false;
         let (lease, handed) = {
             let mut st = self.lock();
             let n = st
@@ -139,6 +151,23 @@ impl LeaseManager {
                 .leases
                 .get_mut(&resolved.lease.id)
                 .ok_or_else(|| LeaseError::NotFound("lease ended".into()))?;
+            // The token belongs to the first pod that uses it; another pod
+            // presenting it (copied from an annotation, say) is refused.
+            if !binding.pod.is_empty() {
+                match &l.pod {
+                    Some(owner) if *owner != binding.pod => {
+                        return Err(LeaseError::PermissionDenied(format!(
+                            "the token of lease {} is bound to pod {owner}; pod {} may not use it",
+                            l.id, binding.pod
+                        )));
+                    }
+                    Some(_) => {}
+                    None => {
+                        l.pod = Some(binding.pod.clone());
+                        pod_claimed = true;
+                    }
+                }
+            }
             let previous = l.containers.iter().position(|c| c.id == binding.id);
             let previous = previous.map(|i| l.containers.remove(i));
             l.containers.push(binding.clone());
@@ -166,7 +195,13 @@ impl LeaseManager {
             .await;
         if let Err(e) = written {
             // Refused: the binding did not happen, in memory either.
-            self.undo_bind(&lease.id, &binding.id, previous, handed.map(|h| h.0));
+            self.undo_bind(
+                &lease.id,
+                &binding.id,
+                previous,
+                handed.map(|h| h.0),
+                pod_claimed,
+            );
             return Err(e.into());
         }
         self.emit(EventKind::ContainerBound, &lease, None, binding.id);
@@ -181,11 +216,15 @@ impl LeaseManager {
         container_id: &str,
         previous: Option<ContainerBinding>,
         handed: Option<crate::model::Partition>,
+        pod_claimed: bool,
     ) {
         let mut st = self.lock();
         if let Some(l) = st.leases.get_mut(lease_id) {
             l.containers.retain(|c| c.id != container_id);
             l.containers.extend(previous);
+            if pod_claimed {
+                l.pod = None;
+            }
         }
         if let Some(p) = handed
             && let Some(p) = st.partitions.get_mut(&p.id)
@@ -241,5 +280,31 @@ impl LeaseManager {
             container_id.to_string(),
         );
         Ok(())
+    }
+}
+
+/// A termination-message path is a clean absolute host path (the daemon writes a
+/// revocation's reason there, never following a symlink), or empty.
+fn check_termination_log(path: &str) -> Result<(), LeaseError> {
+    if path.is_empty() {
+        return Ok(());
+    }
+    let kernel = ["/proc/", "/sys/", "/dev/"]
+        .iter()
+        .any(|p| path.starts_with(p));
+    let clean = path.len() <= 4096
+        && !kernel
+        && path.starts_with('/')
+        && !path.contains('\0')
+        && path[1..]
+            .split('/')
+            .all(|c| !c.is_empty() && c != "." && c != "..");
+    if clean {
+        Ok(())
+    } else {
+        Err(invalid(
+            "termination_log_path",
+            "must be a clean absolute host path outside /proc, /sys and /dev",
+        ))
     }
 }

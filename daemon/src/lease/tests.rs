@@ -259,8 +259,7 @@ async fn an_mps_lease_drives_the_host_through_host_ops() {
     let binding = crate::model::ContainerBinding {
         id: "c1".into(),
         cgroup_path: format!("/tessera/{}/c1", lease.id),
-        runtime_root: String::new(),
-        bound_at_ms: 0,
+        ..Default::default()
     };
     mgr.bind_container(created.token.as_deref().unwrap(), binding, Some(1000))
         .await
@@ -295,6 +294,7 @@ async fn an_mps_lease_drives_the_host_through_host_ops() {
     assert!(!pipe.exists(), "the recording host touched nothing");
 }
 
+<<<<<<< HEAD
 // ------------------------------------------------------------------ moves of idle leases
 
 fn two_h100(
@@ -469,4 +469,178 @@ async fn a_move_interrupted_by_a_crash_is_finished_at_start() {
     assert!(mgr.store.snapshot().unwrap().intents.is_empty());
     let r = mgr.resolve_token(a.token.as_ref().unwrap()).unwrap();
     assert_eq!(r.partition.id, "p-moved");
+=======
+/// A GPU container stays in its pod's cgroup: the binding records where, a revocation
+/// writes its reason to the container's termination-message file (where kubelet reads
+/// it) before stopping it through that cgroup, and keeps the reason in the events.
+#[tokio::test]
+async fn a_revocation_writes_its_reason_then_stops_the_pod_cgroup() {
+    use crate::host::{HostCall, RecordingHost};
+    let dir = tempfile::tempdir().unwrap();
+    let config = test_config(dir.path());
+    let sim = Arc::new(crate::gpu::open_sim(&config.sim).unwrap());
+    let store = Arc::new(Store::open(dir.path()).unwrap());
+    let host = Arc::new(RecordingHost::with_proc_devices(""));
+    let mgr = LeaseManager::start_with_host(config, sim, store, host.clone()).unwrap();
+    let created = mgr.create(mig_request("r-term")).await.unwrap();
+    let token = created.token.clone().unwrap();
+    let lease = created.lease.clone();
+    let term = "/var/lib/kubelet/pods/uid-1/containers/app/1a2b";
+    let binding = crate::model::ContainerBinding {
+        id: "abc123".into(),
+        cgroup_path: "kubepods-burstable-poduid_1.slice:cri-containerd:abc123".into(),
+        termination_log: term.into(),
+        pod: "uid-1".into(),
+        ..Default::default()
+    };
+    mgr.bind_container(&token, binding, None).await.unwrap();
+    // A cgroup that is not the container's own is refused at bind time.
+    for bad in ["/system.slice", "/kubepods/burstable/poduid-1"] {
+        let e = mgr
+            .bind_container(
+                &token,
+                crate::model::ContainerBinding {
+                    id: "abc124".into(),
+                    cgroup_path: bad.into(),
+                    ..Default::default()
+                },
+                None,
+            )
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("cgroup_path"), "{bad}: {e}");
+    }
+    for bad in [
+        "/var/lib/kubelet/../../etc/shadow",
+        "/proc/sys/kernel/core_pattern",
+        "/sys/kernel/uevent_helper",
+        "relative/termination-log",
+    ] {
+        let e = mgr
+            .bind_container(
+                &token,
+                crate::model::ContainerBinding {
+                    id: "abc125".into(),
+                    termination_log: bad.into(),
+                    ..Default::default()
+                },
+                None,
+            )
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("termination_log_path"), "{bad}: {e}");
+    }
+    let mut events = mgr.subscribe();
+    let ended = mgr
+        .end(&lease.id, LeaseState::Revoked, "preempted by team-b")
+        .await
+        .unwrap();
+    assert_eq!(ended.state(), LeaseState::Revoked);
+    assert!(ended.containers.is_empty(), "an ended lease lists none");
+    let calls = host.calls();
+    let note = HostCall::TerminationMessage {
+        path: term.into(),
+        message: format!("tessera: lease {} revoked: preempted by team-b", lease.id),
+    };
+    let stop = HostCall::StopCgroup {
+        container: "abc123".into(),
+        rel: "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-poduid_1.slice/cri-containerd-abc123.scope".into(),
+    };
+    let pos = |c: &HostCall| calls.iter().position(|x| x == c);
+    assert!(
+        pos(&note).unwrap() < pos(&stop).unwrap(),
+        "the reason is written before the container stops: {calls:?}"
+    );
+    let mut said = Vec::new();
+    while let Ok(ev) = events.try_recv() {
+        said.push(ev.message.clone());
+    }
+    assert!(
+        said.iter().any(|m| m.contains("preempted by team-b")),
+        "the reason is in the lease's events: {said:?}"
+    );
+}
+
+/// A lease's token belongs to the first pod that uses it: another pod presenting it
+/// is refused, the same pod (a restarted container) and non-Kubernetes callers are not.
+#[tokio::test]
+async fn a_token_is_bound_to_the_first_pod_that_uses_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mgr = manager(dir.path());
+    let created = mgr.create(mig_request("r-pod")).await.unwrap();
+    let token = created.token.clone().unwrap();
+    let bind = |id: &str, pod: &str| crate::model::ContainerBinding {
+        id: id.into(),
+        cgroup_path: format!("/kubepods/pod{pod}/{id}"),
+        pod: pod.into(),
+        ..Default::default()
+    };
+    let l = mgr
+        .bind_container(&token, bind("c1", "uid-a"), None)
+        .await
+        .unwrap();
+    assert_eq!(l.pod.as_deref(), Some("uid-a"));
+    mgr.bind_container(&token, bind("c2", "uid-a"), None)
+        .await
+        .unwrap();
+    let e = mgr
+        .bind_container(&token, bind("c3", "uid-b"), None)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, LeaseError::PermissionDenied(_)), "{e:?}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("bound to pod uid-a") && msg.contains("pod uid-b may not use it"),
+        "{msg}"
+    );
+    let (l, _) = mgr.get(&created.lease.id).unwrap();
+    assert_eq!(
+        l.containers
+            .iter()
+            .map(|c| c.id.as_str())
+            .collect::<Vec<_>>(),
+        ["c1", "c2"],
+        "the refused container is not bound"
+    );
+    // Kept across a restart of the daemon.
+    drop(mgr);
+    let mgr = manager(dir.path());
+    assert!(
+        mgr.bind_container(&token, bind("c4", "uid-b"), None)
+            .await
+            .is_err()
+    );
+}
+
+/// A binding whose container is gone from its runtime's state (a delete that never
+/// reached the daemon) is dropped by housekeeping; a live one, or one just made, stays.
+#[tokio::test]
+async fn bindings_of_containers_that_are_gone_are_dropped() {
+    use crate::host::RecordingHost;
+    let dir = tempfile::tempdir().unwrap();
+    let config = test_config(dir.path());
+    let sim = Arc::new(crate::gpu::open_sim(&config.sim).unwrap());
+    let store = Arc::new(Store::open(dir.path()).unwrap());
+    let host = Arc::new(RecordingHost::with_proc_devices(""));
+    let mgr = LeaseManager::start_with_host(config, sim, store, host.clone()).unwrap();
+    let created = mgr.create(mig_request("r-gone")).await.unwrap();
+    let token = created.token.clone().unwrap();
+    let now = tessera_common::clock::now_ms();
+    for (id, bound_at_ms) in [("old-live", 0), ("old-gone", 0), ("new-gone", now)] {
+        let b = crate::model::ContainerBinding {
+            id: id.into(),
+            cgroup_path: format!("/kubepods/pod1/{id}"),
+            runtime_root: "/run/containerd/runc/k8s.io".into(),
+            bound_at_ms,
+            ..Default::default()
+        };
+        mgr.bind_container(&token, b, None).await.unwrap();
+    }
+    host.container_gone("old-gone");
+    host.container_gone("new-gone");
+    mgr.tick().await;
+    let (l, _) = mgr.get(&created.lease.id).unwrap();
+    let ids: Vec<&str> = l.containers.iter().map(|c| c.id.as_str()).collect();
+    assert_eq!(ids, ["old-live", "new-gone"]);
+>>>>>>> main
 }
