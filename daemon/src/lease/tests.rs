@@ -294,7 +294,6 @@ async fn an_mps_lease_drives_the_host_through_host_ops() {
     assert!(!pipe.exists(), "the recording host touched nothing");
 }
 
-<<<<<<< HEAD
 // ------------------------------------------------------------------ moves of idle leases
 
 fn two_h100(
@@ -469,7 +468,8 @@ async fn a_move_interrupted_by_a_crash_is_finished_at_start() {
     assert!(mgr.store.snapshot().unwrap().intents.is_empty());
     let r = mgr.resolve_token(a.token.as_ref().unwrap()).unwrap();
     assert_eq!(r.partition.id, "p-moved");
-=======
+}
+
 /// A GPU container stays in its pod's cgroup: the binding records where, a revocation
 /// writes its reason to the container's termination-message file (where kubelet reads
 /// it) before stopping it through that cgroup, and keeps the reason in the events.
@@ -642,5 +642,4 @@ async fn bindings_of_containers_that_are_gone_are_dropped() {
     let (l, _) = mgr.get(&created.lease.id).unwrap();
     let ids: Vec<&str> = l.containers.iter().map(|c| c.id.as_str()).collect();
     assert_eq!(ids, ["old-live", "new-gone"]);
->>>>>>> main
 }
