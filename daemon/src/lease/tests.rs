@@ -423,12 +423,40 @@ async fn a_move_whose_destroy_fails_leaves_the_lease_where_it_was() {
 }
 
 /// A crash right after the move's intent was written (nothing done on the hardware
-/// yet): the next start destroys the old instance and creates the new one.
+/// yet): the next start destroys the old instance and creates the new one; or, when
+/// the old one cannot be destroyed, drops the move and keeps the lease where it was.
 #[tokio::test]
 async fn a_move_interrupted_by_a_crash_is_finished_at_start() {
     let dir = tempfile::tempdir().unwrap();
     let (mgr, sim) = two_h100(dir.path(), true);
     let (a, b) = one_small_lease_per_gpu(&mgr).await;
+    crash_mid_move(&mgr, &a, &b).await;
+    drop(mgr);
+    let (mgr, sim2) = two_h100(dir.path(), true);
+    drop(sim);
+    check_finished_move(&mgr, &sim2, &a);
+
+    let dir = tempfile::tempdir().unwrap();
+    let (mgr, sim) = two_h100(dir.path(), true);
+    let (a, b) = one_small_lease_per_gpu(&mgr).await;
+    crash_mid_move(&mgr, &a, &b).await;
+    drop(mgr);
+    sim.fail_next_destroy(0).unwrap();
+    let (mgr, sim2) = two_h100(dir.path(), true);
+    let (l, p) = mgr.get(&a.lease.id).unwrap();
+    assert_eq!(l.state(), LeaseState::Active);
+    assert_eq!(
+        p.unwrap(),
+        a.partition.clone().unwrap(),
+        "still where it was"
+    );
+    assert_eq!(instance_count(&sim2), 2);
+    assert!(mgr.store.snapshot().unwrap().intents.is_empty());
+}
+
+/// The records a crash leaves right after a move's intent: lease `a` (gpu0) was
+/// going to a free slot of gpu1, next to `b`.
+async fn crash_mid_move(mgr: &LeaseManager, a: &Created, b: &Created) {
     let old = a.partition.clone().unwrap();
     let other = b.partition.clone().unwrap();
     let taken = other.mig().unwrap().placement.start;
@@ -451,9 +479,9 @@ async fn a_move_interrupted_by_a_crash_is_finished_at_start() {
         })
         .await
         .unwrap();
-    drop(mgr);
-    let (mgr, sim2) = two_h100(dir.path(), true);
-    drop(sim);
+}
+
+fn check_finished_move(mgr: &LeaseManager, sim2: &crate::gpu::SimBackend, a: &Created) {
     let (l, p) = mgr.get(&a.lease.id).unwrap();
     assert_eq!(l.state(), LeaseState::Active);
     assert_eq!(l.partition_id, "p-moved");
@@ -642,4 +670,64 @@ async fn bindings_of_containers_that_are_gone_are_dropped() {
     let (l, _) = mgr.get(&created.lease.id).unwrap();
     let ids: Vec<&str> = l.containers.iter().map(|c| c.id.as_str()).collect();
     assert_eq!(ids, ["old-live", "new-gone"]);
+}
+
+/// The planner moves gpu0's lease (the lower GPU wins a tie) to gpu1. If its new
+/// instance cannot be created, the old one is created again where it was; if even
+/// that fails, the lease is lost with its reason.
+#[tokio::test]
+async fn a_move_whose_create_fails_puts_the_instance_back_or_loses_the_lease() {
+    use crate::gpu::sim::CreateStage;
+    let dir = tempfile::tempdir().unwrap();
+    let (mgr, sim) = two_h100(dir.path(), true);
+    let (a, _) = one_small_lease_per_gpu(&mgr).await;
+    sim.fail_next_create(1, CreateStage::Gi).unwrap();
+    let err = mgr.create(seven_g("big")).await.unwrap_err();
+    assert!(err.to_string().contains("moving an idle lease"), "{err}");
+    let (l, p) = mgr.get(&a.lease.id).unwrap();
+    assert_eq!(l.state(), LeaseState::Active);
+    let (before, after) = (a.partition.clone().unwrap(), p.unwrap());
+    assert_eq!((after.gpu, after.id.as_str()), (0, before.id.as_str()));
+    assert_eq!(
+        after.mig().unwrap().placement,
+        before.mig().unwrap().placement
+    );
+    assert_ne!(
+        after.mig().unwrap().uuid,
+        before.mig().unwrap().uuid,
+        "created again"
+    );
+    assert_eq!(instance_count(&sim), 2);
+    assert!(mgr.store.snapshot().unwrap().intents.is_empty());
+    assert_eq!(
+        mgr.resolve_token(a.token.as_ref().unwrap())
+            .unwrap()
+            .partition
+            .id,
+        before.id
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let (mgr, sim) = two_h100(dir.path(), true);
+    let mut events = mgr.subscribe();
+    let (a, _) = one_small_lease_per_gpu(&mgr).await;
+    sim.fail_next_create(1, CreateStage::Gi).unwrap();
+    sim.fail_next_create(0, CreateStage::Gi).unwrap();
+    assert!(mgr.create(seven_g("big")).await.is_err());
+    let (l, p) = mgr.get(&a.lease.id).unwrap();
+    assert!(!l.state().is_live(), "{:?}", l.state());
+    assert!(
+        l.end_reason().unwrap().contains("being moved"),
+        "{:?}",
+        l.end_reason()
+    );
+    assert!(p.is_none());
+    assert_eq!(instance_count(&sim), 1);
+    assert!(mgr.resolve_token(a.token.as_ref().unwrap()).is_err());
+    assert!(mgr.store.snapshot().unwrap().intents.is_empty());
+    let mut revoked = false;
+    while let Ok(ev) = events.try_recv() {
+        revoked |= ev.kind == EventKind::Revoked && ev.lease.id == a.lease.id;
+    }
+    assert!(revoked, "watchers hear the lease is gone");
 }
