@@ -150,6 +150,9 @@ pub struct Lease {
     /// with it. Another pod presenting the token is refused.
     #[serde(default)]
     pub pod: Option<String>,
+    /// The request pinned the lease to its GPU (`gpu_index`): it never moves.
+    #[serde(default)]
+    pub pinned_gpu: bool,
     /// Why the lease's GPU or MIG instance is out of service, while it is. Not
     /// stored with the lease: it follows the GPU's health marks.
     #[serde(skip)]
@@ -209,6 +212,7 @@ impl Lease {
             ended_at_ms: None,
             containers: vec![],
             pod: None,
+            pinned_gpu: false,
             unhealthy: None,
         }
     }

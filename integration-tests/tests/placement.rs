@@ -1,8 +1,8 @@
-//! Room for large MIG instances, end to end on the real binaries: with one small idle
-//! lease on each of two H100s, a 7g request over the CLI succeeds because tesserad
-//! moves one of them; the moved lease keeps its id and token, watchers get a `moved`
-//! event, and `tessera lease show` names its new GPU. A lease whose devices a runtime
-//! asked for stays where it is.
+//! Room for large MIG instances, end to end on the real binaries: with a pinned 4g on
+//! one H100 and one small idle lease on the other, a 7g request over the CLI succeeds
+//! because tesserad moves the small lease next to the 4g; it keeps its id and token,
+//! watchers get a `moved` event, and `tessera lease show` names its new GPU. A lease
+//! whose devices a runtime asked for stays where it is.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -21,13 +21,47 @@ model = "h100-80gb"
 mig = true
 "#;
 
-async fn small_on(
+/// gpu0: a 4g pinned there (never moved) with room beside it; gpu1: one idle 1g, not
+/// pinned. Returns the 1g's CreateLease answer.
+async fn idle_lease_in_the_way(
     c: &mut pb::tessera_client::TesseraClient<tonic::transport::Channel>,
-    gpu: u32,
 ) -> pb::CreateLeaseResponse {
-    let mut req = create_req("team-a", shape::mig("1g.10gb"));
-    req.gpu_index = Some(gpu);
-    c.create_lease(req).await.unwrap().into_inner()
+    let mut ids = Vec::new();
+    for profile in ["4g.40gb", "3g.40gb"] {
+        let mut req = create_req("team-a", shape::mig(profile));
+        req.gpu_index = Some(0);
+        ids.push(
+            c.create_lease(req)
+                .await
+                .unwrap()
+                .into_inner()
+                .lease
+                .unwrap()
+                .id,
+        );
+    }
+    let a = c
+        .create_lease(create_req("team-a", shape::mig("1g.10gb")))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        a.lease
+            .as_ref()
+            .unwrap()
+            .partition
+            .as_ref()
+            .unwrap()
+            .gpu_index,
+        1
+    );
+    c.release_lease(pb::ReleaseLeaseRequest {
+        lease_id: ids[1].clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    a
 }
 
 #[test]
@@ -40,12 +74,11 @@ fn an_idle_lease_moves_for_a_7g_over_grpc_and_the_cli() {
             .await
             .unwrap()
             .into_inner();
-        let a = small_on(&mut c, 0).await;
-        let b = small_on(&mut c, 1).await;
-        let ids = [a.lease.unwrap().id, b.lease.unwrap().id];
+        let a = idle_lease_in_the_way(&mut c).await;
+        let id = a.lease.as_ref().unwrap().id.clone();
 
         let (ok, out) = d.cli(&["lease", "create", "--tenant", "team-b", "--mig", "7g.80gb"]);
-        assert!(ok, "{out}");
+        assert!(ok && out.contains("on gpu 1"), "{out}");
 
         let moved = loop {
             let ev = tokio::time::timeout(Duration::from_secs(15), watch.message())
@@ -58,46 +91,25 @@ fn an_idle_lease_moves_for_a_7g_over_grpc_and_the_cli() {
             }
         };
         let lease = moved.lease.unwrap();
-        assert!(ids.contains(&lease.id), "{}", lease.id);
+        assert_eq!(lease.id, id);
         assert!(
             moved.message.contains("moved to make room"),
             "{}",
             moved.message
         );
-        let gpu_now = lease.partition.unwrap().gpu_index;
+        assert_eq!(lease.partition.unwrap().gpu_index, 0);
 
         // Same token, new place.
-        let token = if lease.id == ids[0] {
-            &a.token
-        } else {
-            &b.token
-        };
         let r = c
             .resolve_token(pb::ResolveTokenRequest {
-                token: token.clone(),
+                token: a.token.clone(),
             })
             .await
             .unwrap()
             .into_inner();
-        assert_eq!(r.lease.unwrap().id, lease.id);
-        let (ok, out) = d.cli(&["lease", "show", &lease.id]);
-        assert!(ok && out.contains(&format!("on gpu {gpu_now} ")), "{out}");
-
-        // Both small leases now share a GPU; the 7g has the other.
-        let list = c
-            .list_leases(pb::ListLeasesRequest::default())
-            .await
-            .unwrap()
-            .into_inner()
-            .leases;
-        let gpu_of = |id: &str| {
-            list.iter()
-                .find(|l| l.id == id)
-                .and_then(|l| l.partition.as_ref())
-                .map(|p| p.gpu_index)
-                .unwrap()
-        };
-        assert_eq!(gpu_of(&ids[0]), gpu_of(&ids[1]));
+        assert_eq!(r.lease.unwrap().id, id);
+        let (ok, out) = d.cli(&["lease", "show", &id]);
+        assert!(ok && out.contains("on gpu 0 "), "{out}");
     });
 }
 
@@ -106,12 +118,10 @@ fn leases_in_use_are_not_moved() {
     let d = TestDaemon::start_with(TWO_H100, "").unwrap();
     rt().block_on(async {
         let mut c = d.client().await.unwrap();
-        for gpu in [0, 1] {
-            let l = small_on(&mut c, gpu).await;
-            c.resolve_token(pb::ResolveTokenRequest { token: l.token })
-                .await
-                .unwrap();
-        }
+        let a = idle_lease_in_the_way(&mut c).await;
+        c.resolve_token(pb::ResolveTokenRequest { token: a.token })
+            .await
+            .unwrap();
     });
     let (ok, out) = d.cli(&["lease", "create", "--tenant", "team-b", "--mig", "7g.80gb"]);
     assert!(

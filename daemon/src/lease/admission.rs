@@ -110,7 +110,7 @@ impl LeaseManager {
             Err(e) => return Err(e.into()),
         };
         let (partition, hw) = self.partition_for(&st, decision, ask)?;
-        let lease = Lease::reserved(
+        let mut lease = Lease::reserved(
             NewLease {
                 id: ask.lease_id.clone(),
                 tenant: req.tenant.clone(),
@@ -126,6 +126,7 @@ impl LeaseManager {
             },
             hw.is_some(),
         );
+        lease.pinned_gpu = req.gpu_index.is_some();
         Self::hold(&mut st, &lease, &partition, notify);
         Ok(Ok(Reserved {
             lease,

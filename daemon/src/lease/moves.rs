@@ -3,7 +3,8 @@
 //! idle leases whose instance, created again elsewhere, frees a placement for it.
 //!
 //! A lease is *idle* while it is active, on a dynamic MIG partition that is ready and in
-//! service, no container (and no pod) is bound to it, and no runtime has asked for its devices
+//! service, it was not pinned to its GPU (`gpu_index`), no container (and no pod) is
+//! bound to it, and no runtime has asked for its devices
 //! (ResolveToken) since the daemon started: a runtime that resolved the old devices
 //! never binds to a moved instance. While a lease moves, ResolveToken and
 //! BindContainer refuse it (FAILED_PRECONDITION, retry).
@@ -44,6 +45,7 @@ impl LeaseManager {
                 l.state() == LeaseState::Active
                     && l.containers.is_empty()
                     && l.pod.is_none()
+                    && !l.pinned_gpu
                     && !st.resolved.contains(&l.id)
                     && !st.moving.contains(&l.id)
                     && !st.tearing_down.contains(&l.id)

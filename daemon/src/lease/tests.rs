@@ -317,13 +317,28 @@ fn two_h100(
     )
 }
 
-/// A 1g lease on each GPU: a 7g fits only once one of them moves.
-async fn one_small_lease_per_gpu(mgr: &LeaseManager) -> (Created, Created) {
-    let mut a = mig_request("small-a");
-    a.gpu_index = Some(0);
-    let mut b = mig_request("small-b");
-    b.gpu_index = Some(1);
-    (mgr.create(a).await.unwrap(), mgr.create(b).await.unwrap())
+/// gpu0 holds a pinned 4g (slices 0-3, never moved) with room left beside it; gpu1
+/// holds one idle 1g (`a`, not pinned). A 7g fits only once `a` moves to gpu0.
+/// Returns (a, the pinned 4g).
+async fn idle_lease_in_the_way(mgr: &LeaseManager, pin_a: bool) -> (Created, Created) {
+    let pinned = |id: &str, profile: &str| CreateRequest {
+        shape: Some(Shape::Mig {
+            profile: profile.into(),
+            compute_profile: None,
+        }),
+        gpu_index: Some(0),
+        ..mig_request(id)
+    };
+    let four = mgr.create(pinned("pin-4g", "4g.40gb")).await.unwrap();
+    let three = mgr.create(pinned("pin-3g", "3g.40gb")).await.unwrap();
+    let mut small = mig_request("small-a");
+    small.gpu_index = pin_a.then_some(1);
+    let a = mgr.create(small).await.unwrap();
+    assert_eq!(a.lease.gpu, 1, "gpu0 is full");
+    mgr.end(&three.lease.id, LeaseState::Released, "test")
+        .await
+        .unwrap();
+    (a, four)
 }
 
 fn seven_g(request_id: &str) -> CreateRequest {
@@ -345,79 +360,78 @@ async fn an_idle_lease_moves_to_make_room_keeping_its_id_and_token() {
     let dir = tempfile::tempdir().unwrap();
     let (mgr, sim) = two_h100(dir.path(), true);
     let mut events = mgr.subscribe();
-    let (a, b) = one_small_lease_per_gpu(&mgr).await;
+    let (a, _) = idle_lease_in_the_way(&mgr, false).await;
     let big = mgr.create(seven_g("big")).await.unwrap();
-    let (la, pa) = mgr.get(&a.lease.id).unwrap();
-    let (lb, _) = mgr.get(&b.lease.id).unwrap();
-    assert_eq!(la.gpu, lb.gpu, "both small leases now share one GPU");
-    assert_ne!(la.gpu, big.lease.gpu);
+    assert_eq!(big.lease.gpu, 1);
+    let (la, _) = mgr.get(&a.lease.id).unwrap();
+    assert_eq!(la.gpu, 0, "the idle lease went next to the pinned 4g");
     assert_eq!(instance_count(&sim), 3);
-    // Same ids, same tokens, and the token names the instance where it is now.
-    let moved = if la.gpu != a.lease.gpu { &a } else { &b };
-    let r = mgr.resolve_token(moved.token.as_ref().unwrap()).unwrap();
-    assert_eq!(r.lease.id, moved.lease.id);
-    assert_eq!(r.partition.gpu, big.lease.gpu ^ 1);
+    // Same id, same token, and the token names the instance where it is now.
+    let r = mgr.resolve_token(a.token.as_ref().unwrap()).unwrap();
+    assert_eq!(r.lease.id, a.lease.id);
+    assert_eq!(r.partition.gpu, 0);
     assert_ne!(
         r.partition.mig().unwrap().uuid,
-        moved.partition.as_ref().unwrap().mig().unwrap().uuid,
+        a.partition.as_ref().unwrap().mig().unwrap().uuid,
         "a re-created MIG instance has a new UUID"
     );
-    assert!(pa.is_some());
     let mut saw = false;
     while let Ok(ev) = events.try_recv() {
         if ev.kind == EventKind::Moved {
-            assert_eq!(ev.lease.id, moved.lease.id);
+            assert_eq!(ev.lease.id, a.lease.id);
             assert!(ev.message.contains("moved to make room"), "{}", ev.message);
             saw = true;
         }
     }
     assert!(saw, "watchers hear of the move");
     // The move is durable: a restart finds the lease where it went.
-    let gpu_now = r.partition.gpu;
     drop(mgr);
     let (mgr, sim) = two_h100(dir.path(), true);
-    let (l, p) = mgr.get(&moved.lease.id).unwrap();
+    let (l, p) = mgr.get(&a.lease.id).unwrap();
     assert_eq!(l.state(), LeaseState::Active);
-    assert_eq!((l.gpu, p.unwrap().gpu), (gpu_now, gpu_now));
+    assert_eq!((l.gpu, p.unwrap().gpu), (0, 0));
     assert_eq!(instance_count(&sim), 3);
     assert!(mgr.store.snapshot().unwrap().intents.is_empty());
 }
 
 #[tokio::test]
-async fn leases_a_runtime_asked_for_never_move_and_moves_can_be_turned_off() {
+async fn leases_in_use_or_pinned_never_move_and_moves_can_be_turned_off() {
+    let refused = |err: LeaseError| {
+        assert!(matches!(err, LeaseError::ResourceExhausted(_)), "{err}");
+    };
+    // A runtime asked for its devices.
     let dir = tempfile::tempdir().unwrap();
     let (mgr, sim) = two_h100(dir.path(), true);
-    let (a, b) = one_small_lease_per_gpu(&mgr).await;
+    let (a, _) = idle_lease_in_the_way(&mgr, false).await;
     mgr.resolve_token(a.token.as_ref().unwrap()).unwrap();
-    mgr.resolve_token(b.token.as_ref().unwrap()).unwrap();
-    let err = mgr.create(seven_g("big")).await.unwrap_err();
-    assert!(matches!(err, LeaseError::ResourceExhausted(_)), "{err}");
-    assert_eq!(mgr.get(&a.lease.id).unwrap().0.gpu, 0);
-    assert_eq!(mgr.get(&b.lease.id).unwrap().0.gpu, 1);
+    refused(mgr.create(seven_g("big")).await.unwrap_err());
+    assert_eq!(mgr.get(&a.lease.id).unwrap().0.gpu, 1);
     assert_eq!(instance_count(&sim), 2);
-
+    // Pinned to its GPU by its request.
+    let dir = tempfile::tempdir().unwrap();
+    let (mgr, _) = two_h100(dir.path(), true);
+    let (a, _) = idle_lease_in_the_way(&mgr, true).await;
+    refused(mgr.create(seven_g("big")).await.unwrap_err());
+    assert_eq!(mgr.get(&a.lease.id).unwrap().0.gpu, 1);
+    // move_idle = false.
     let dir = tempfile::tempdir().unwrap();
     let (mgr, _) = two_h100(dir.path(), false);
-    one_small_lease_per_gpu(&mgr).await;
-    let err = mgr.create(seven_g("big")).await.unwrap_err();
-    assert!(matches!(err, LeaseError::ResourceExhausted(_)), "{err}");
+    idle_lease_in_the_way(&mgr, false).await;
+    refused(mgr.create(seven_g("big")).await.unwrap_err());
 }
 
 #[tokio::test]
 async fn a_move_whose_destroy_fails_leaves_the_lease_where_it_was() {
     let dir = tempfile::tempdir().unwrap();
     let (mgr, sim) = two_h100(dir.path(), true);
-    let (a, b) = one_small_lease_per_gpu(&mgr).await;
-    sim.fail_next_destroy(0).unwrap();
+    let (a, _) = idle_lease_in_the_way(&mgr, false).await;
     sim.fail_next_destroy(1).unwrap();
     let err = mgr.create(seven_g("big")).await.unwrap_err();
     assert!(matches!(err, LeaseError::ResourceExhausted(_)), "{err}");
     assert!(err.to_string().contains("moving an idle lease"), "{err}");
-    for c in [&a, &b] {
-        let (l, p) = mgr.get(&c.lease.id).unwrap();
-        assert_eq!(l.state(), LeaseState::Active);
-        assert_eq!(p.unwrap(), c.partition.clone().unwrap());
-    }
+    let (l, p) = mgr.get(&a.lease.id).unwrap();
+    assert_eq!(l.state(), LeaseState::Active);
+    assert_eq!(p.unwrap(), a.partition.clone().unwrap());
     assert_eq!(instance_count(&sim), 2);
     assert!(mgr.store.snapshot().unwrap().intents.is_empty());
 }
@@ -429,19 +443,32 @@ async fn a_move_whose_destroy_fails_leaves_the_lease_where_it_was() {
 async fn a_move_interrupted_by_a_crash_is_finished_at_start() {
     let dir = tempfile::tempdir().unwrap();
     let (mgr, sim) = two_h100(dir.path(), true);
-    let (a, b) = one_small_lease_per_gpu(&mgr).await;
-    crash_mid_move(&mgr, &a, &b).await;
+    let (a, four) = idle_lease_in_the_way(&mgr, false).await;
+    crash_mid_move(&mgr, &a, &four).await;
     drop(mgr);
     let (mgr, sim2) = two_h100(dir.path(), true);
     drop(sim);
-    check_finished_move(&mgr, &sim2, &a);
+    let (l, p) = mgr.get(&a.lease.id).unwrap();
+    assert_eq!(l.state(), LeaseState::Active);
+    assert_eq!(l.partition_id, "p-moved");
+    let p = p.unwrap();
+    assert_eq!(p.gpu, 0);
+    assert_eq!(p.state, crate::model::PartitionState::Ready);
+    assert!(
+        sim2.instances(1).unwrap().is_empty(),
+        "the old instance is gone"
+    );
+    assert_eq!(sim2.instances(0).unwrap().len(), 2);
+    assert!(mgr.store.snapshot().unwrap().intents.is_empty());
+    let r = mgr.resolve_token(a.token.as_ref().unwrap()).unwrap();
+    assert_eq!(r.partition.id, "p-moved");
 
     let dir = tempfile::tempdir().unwrap();
     let (mgr, sim) = two_h100(dir.path(), true);
-    let (a, b) = one_small_lease_per_gpu(&mgr).await;
-    crash_mid_move(&mgr, &a, &b).await;
+    let (a, four) = idle_lease_in_the_way(&mgr, false).await;
+    crash_mid_move(&mgr, &a, &four).await;
     drop(mgr);
-    sim.fail_next_destroy(0).unwrap();
+    sim.fail_next_destroy(1).unwrap();
     let (mgr, sim2) = two_h100(dir.path(), true);
     let (l, p) = mgr.get(&a.lease.id).unwrap();
     assert_eq!(l.state(), LeaseState::Active);
@@ -454,19 +481,17 @@ async fn a_move_interrupted_by_a_crash_is_finished_at_start() {
     assert!(mgr.store.snapshot().unwrap().intents.is_empty());
 }
 
-/// The records a crash leaves right after a move's intent: lease `a` (gpu0) was
-/// going to a free slot of gpu1, next to `b`.
-async fn crash_mid_move(mgr: &LeaseManager, a: &Created, b: &Created) {
+/// The records a crash leaves right after a move's intent: `a` (gpu1) was going to
+/// slice 4 of gpu0, beside the pinned 4g.
+async fn crash_mid_move(mgr: &LeaseManager, a: &Created, four: &Created) {
     let old = a.partition.clone().unwrap();
-    let other = b.partition.clone().unwrap();
-    let taken = other.mig().unwrap().placement.start;
     let mut new = old.clone();
     new.id = "p-moved".into();
-    new.gpu = 1;
-    new.gpu_uuid = other.gpu_uuid.clone();
+    new.gpu = 0;
+    new.gpu_uuid = four.partition.as_ref().unwrap().gpu_uuid.clone();
     new.state = crate::model::PartitionState::Creating;
     if let crate::model::PartKind::Mig(m) = &mut new.kind {
-        m.placement.start = if taken == 0 { 1 } else { 0 };
+        m.placement.start = 4;
         m.gi_id = None;
         m.ci_id = None;
         m.uuid = None;
@@ -479,23 +504,6 @@ async fn crash_mid_move(mgr: &LeaseManager, a: &Created, b: &Created) {
         })
         .await
         .unwrap();
-}
-
-fn check_finished_move(mgr: &LeaseManager, sim2: &crate::gpu::SimBackend, a: &Created) {
-    let (l, p) = mgr.get(&a.lease.id).unwrap();
-    assert_eq!(l.state(), LeaseState::Active);
-    assert_eq!(l.partition_id, "p-moved");
-    let p = p.unwrap();
-    assert_eq!(p.gpu, 1);
-    assert_eq!(p.state, crate::model::PartitionState::Ready);
-    assert!(
-        sim2.instances(0).unwrap().is_empty(),
-        "the old instance is gone"
-    );
-    assert_eq!(sim2.instances(1).unwrap().len(), 2);
-    assert!(mgr.store.snapshot().unwrap().intents.is_empty());
-    let r = mgr.resolve_token(a.token.as_ref().unwrap()).unwrap();
-    assert_eq!(r.partition.id, "p-moved");
 }
 
 /// A GPU container stays in its pod's cgroup: the binding records where, a revocation
@@ -672,22 +680,22 @@ async fn bindings_of_containers_that_are_gone_are_dropped() {
     assert_eq!(ids, ["old-live", "new-gone"]);
 }
 
-/// The planner moves gpu0's lease (the lower GPU wins a tie) to gpu1. If its new
-/// instance cannot be created, the old one is created again where it was; if even
-/// that fails, the lease is lost with its reason.
+/// If the moved lease's new instance (on gpu0) cannot be created, the old one is
+/// created again where it was (gpu1); if even that fails, the lease is lost with its
+/// reason.
 #[tokio::test]
 async fn a_move_whose_create_fails_puts_the_instance_back_or_loses_the_lease() {
     use crate::gpu::sim::CreateStage;
     let dir = tempfile::tempdir().unwrap();
     let (mgr, sim) = two_h100(dir.path(), true);
-    let (a, _) = one_small_lease_per_gpu(&mgr).await;
-    sim.fail_next_create(1, CreateStage::Gi).unwrap();
+    let (a, _) = idle_lease_in_the_way(&mgr, false).await;
+    sim.fail_next_create(0, CreateStage::Gi).unwrap();
     let err = mgr.create(seven_g("big")).await.unwrap_err();
     assert!(err.to_string().contains("moving an idle lease"), "{err}");
     let (l, p) = mgr.get(&a.lease.id).unwrap();
     assert_eq!(l.state(), LeaseState::Active);
     let (before, after) = (a.partition.clone().unwrap(), p.unwrap());
-    assert_eq!((after.gpu, after.id.as_str()), (0, before.id.as_str()));
+    assert_eq!((after.gpu, after.id.as_str()), (1, before.id.as_str()));
     assert_eq!(
         after.mig().unwrap().placement,
         before.mig().unwrap().placement
@@ -710,9 +718,9 @@ async fn a_move_whose_create_fails_puts_the_instance_back_or_loses_the_lease() {
     let dir = tempfile::tempdir().unwrap();
     let (mgr, sim) = two_h100(dir.path(), true);
     let mut events = mgr.subscribe();
-    let (a, _) = one_small_lease_per_gpu(&mgr).await;
-    sim.fail_next_create(1, CreateStage::Gi).unwrap();
+    let (a, _) = idle_lease_in_the_way(&mgr, false).await;
     sim.fail_next_create(0, CreateStage::Gi).unwrap();
+    sim.fail_next_create(1, CreateStage::Gi).unwrap();
     assert!(mgr.create(seven_g("big")).await.is_err());
     let (l, p) = mgr.get(&a.lease.id).unwrap();
     assert!(!l.state().is_live(), "{:?}", l.state());
@@ -722,7 +730,7 @@ async fn a_move_whose_create_fails_puts_the_instance_back_or_loses_the_lease() {
         l.end_reason()
     );
     assert!(p.is_none());
-    assert_eq!(instance_count(&sim), 1);
+    assert_eq!(instance_count(&sim), 1, "the pinned 4g");
     assert!(mgr.resolve_token(a.token.as_ref().unwrap()).is_err());
     assert!(mgr.store.snapshot().unwrap().intents.is_empty());
     let mut revoked = false;
