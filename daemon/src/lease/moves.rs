@@ -209,9 +209,22 @@ impl LeaseManager {
             m.ci_id = inst.ci_id;
             m.uuid = Some(inst.uuid);
         }
-        let mut moved = lease.clone();
-        moved.partition_id = new.id.clone();
-        moved.gpu = new.gpu;
+        // The lease as it is now (renewals and ends wait for the move, but one that
+        // began just before it may have changed it), pointing at the new partition:
+        // in memory first, then durably.
+        let moved = {
+            let mut st = self.lock();
+            st.partitions.remove(&old.id);
+            st.partitions.insert(new.id.clone(), new.clone());
+            let l = st.leases.get_mut(&lease.id);
+            let mut moved = l.as_ref().map_or_else(|| lease.clone(), |l| (*l).clone());
+            moved.partition_id = new.id.clone();
+            moved.gpu = new.gpu;
+            if let Some(l) = l {
+                *l = moved.clone();
+            }
+            moved
+        };
         let (p2, l2, old_id, done) = (new.clone(), moved.clone(), old.id.clone(), now_ms());
         let written = self
             .store
@@ -222,17 +235,8 @@ impl LeaseManager {
                 w.finish_intent(intent, done, "moved")
             })
             .await;
-        // The hardware moved either way: memory follows it (if the commit failed,
-        // the open intent finishes the move at the next start).
-        {
-            let mut st = self.lock();
-            st.partitions.remove(&old.id);
-            st.partitions.insert(new.id.clone(), new.clone());
-            if let Some(l) = st.leases.get_mut(&moved.id) {
-                l.partition_id = new.id.clone();
-                l.gpu = new.gpu;
-            }
-        }
+        // If the commit failed, memory still follows the hardware and the open
+        // intent finishes the move at the next start.
         written?;
         let msg = format!(
             "moved to make room: gpu{} slice {} -> gpu{} slice {} (new MIG device UUID)",
@@ -291,7 +295,8 @@ impl LeaseManager {
             }
             Err(e2) => {
                 warn!(lease = %lease.id, error = %e2, "a moved lease's instance could be created neither at its new nor at its old place; the lease is lost");
-                let mut lost = lease.clone();
+                let current = self.lock().leases.get(&lease.id).cloned();
+                let mut lost = current.unwrap_or_else(|| lease.clone());
                 if let Err(t) = lost.lose(
                     format!("its MIG instance was being moved and could not be created again: {cause}; {e2}"),
                     now,
@@ -325,6 +330,17 @@ impl LeaseManager {
                     Err(e) => e.into(),
                 }
             }
+        }
+    }
+
+    /// Ending or renewing a lease waits while it moves (a move takes two hardware
+    /// calls), so the move's final record and theirs never cross.
+    pub(super) async fn wait_while_moving(&self, id: &str) {
+        for _ in 0..12_000 {
+            if !self.lock().moving.contains(id) {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         }
     }
 
