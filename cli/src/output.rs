@@ -181,6 +181,7 @@ pub fn event_kind_name(kind: i32) -> String {
         Ok(K::MpsRestarted) => "mps_restarted".to_owned(),
         Ok(K::Unhealthy) => "unhealthy".to_owned(),
         Ok(K::Healthy) => "healthy".to_owned(),
+        Ok(K::Moved) => "moved".to_owned(),
         Err(_) => format!("unknown({kind})"),
     }
 }

@@ -238,6 +238,8 @@ pub struct PartitionConfig {
     pub on_release: OnRelease,
     pub mps_oversubscribe: bool,
     pub static_layouts: Vec<StaticLayout>,
+    /// Move idle MIG leases to make room for a request that would be refused.
+    pub move_idle: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -437,6 +439,7 @@ struct RawPartition {
     dynamic_mig: Option<bool>,
     on_release: Option<OnRelease>,
     mps_oversubscribe: Option<bool>,
+    move_idle: Option<bool>,
     #[serde(default, rename = "static")]
     static_layouts: Vec<RawStatic>,
 }
@@ -583,6 +586,7 @@ impl Config {
             on_release: p.on_release.unwrap_or_default(),
             mps_oversubscribe: p.mps_oversubscribe.unwrap_or(false),
             static_layouts,
+            move_idle: p.move_idle.unwrap_or(true),
         };
 
         let l = raw.lease;

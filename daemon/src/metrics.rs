@@ -205,6 +205,7 @@ impl Metrics {
             EventKind::MpsRestarted => "mps_restarted",
             EventKind::Unhealthy => "unhealthy",
             EventKind::Healthy => "healthy",
+            EventKind::Moved => "moved",
             EventKind::Renewed
             | EventKind::Expiring
             | EventKind::ContainerBound

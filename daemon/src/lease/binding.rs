@@ -29,9 +29,15 @@ impl LeaseManager {
         }
         let h = token::hash(tok);
         let (lease, partition, gpu) = {
-            let st = self.lock();
+            let mut st = self.lock();
             let lid = st.tokens.get(&h).ok_or_else(not_found)?;
             let lease = st.leases.get(lid).cloned().ok_or_else(not_found)?;
+            if st.moving.contains(&lease.id) {
+                return Err(LeaseError::FailedPrecondition(format!(
+                    "lease {} is being moved to another MIG placement; retry in a moment",
+                    lease.id
+                )));
+            }
             if lease.state() != LeaseState::Active {
                 return Err(LeaseError::FailedPrecondition(format!(
                     "lease {} is {}",
@@ -57,6 +63,8 @@ impl LeaseManager {
                         gpu: partition.gpu,
                     })
                 })?;
+            // A runtime now holds these devices: the lease never moves again.
+            st.resolved.insert(lease.id.clone());
             (lease, partition, gpu)
         };
         let minors = match partition.kind {
