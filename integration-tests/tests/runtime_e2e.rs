@@ -263,10 +263,19 @@ fn a_revoked_token_is_refused_and_the_refusal_is_audited() {
 fn a_container_cannot_outlive_its_lease() {
     let Some(w) = World::new("") else { return };
     let r = rt();
-    let (lease, token, resolved) = r.block_on(async {
+    let (lease, token, resolved, mut watch) = r.block_on(async {
         let mut c = w.daemon.client().await.unwrap();
+        // Watching from before the lease exists: on a loaded machine the expiry may
+        // come before the container has even started (then create is refused and
+        // the test says so), never unseen.
+        let watch = c
+            .watch_leases(pb::WatchLeasesRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
         let mut req = create_req("team-a", shape::whole());
-        req.ttl_seconds = 4;
+        // Long enough for create and start on a busy 2-core machine.
+        req.ttl_seconds = 10;
         let created = c.create_lease(req).await.unwrap().into_inner();
         let resolved = c
             .resolve_token(pb::ResolveTokenRequest {
@@ -275,7 +284,7 @@ fn a_container_cannot_outlive_its_lease() {
             .await
             .unwrap()
             .into_inner();
-        (created.lease.unwrap(), created.token, resolved)
+        (created.lease.unwrap(), created.token, resolved, watch)
     });
     w.mknod_lease_nodes(&resolved);
     // A process that ignores SIGTERM: the revocation must escalate to SIGKILL.
@@ -314,17 +323,12 @@ fn a_container_cannot_outlive_its_lease() {
         assert_eq!(l.containers.len(), 1, "the runtime bound the container");
         assert_eq!(l.containers[0].id, id);
         assert!(l.containers[0].cgroup_path.contains(&lease.id));
-        let mut watch = c
-            .watch_leases(pb::WatchLeasesRequest::default())
-            .await
-            .unwrap()
-            .into_inner();
         // Wait for the expiry and the revocation to finish.
         let mut steps = Vec::new();
         loop {
-            let ev = tokio::time::timeout(Duration::from_secs(20), watch.message())
+            let ev = tokio::time::timeout(Duration::from_secs(40), watch.message())
                 .await
-                .expect("revocation within 20 s")
+                .expect("revocation within 40 s")
                 .unwrap()
                 .unwrap();
             if ev.lease.as_ref().unwrap().id != lease.id {
