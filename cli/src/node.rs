@@ -34,6 +34,11 @@ pub struct GpuView {
     pub free_slices: u32,
     pub mps_sm_percent_used: u32,
     pub mps_memory_bytes_used: u64,
+    /// The MPS mode of its MPS leases ("" while it has none).
+    pub mps_mode: String,
+    /// MPS servers running on it and the share of its time each gets.
+    pub mps_servers: u32,
+    pub mps_time_slice_percent: u32,
     pub whole_leased: bool,
     pub profiles: Vec<ProfileView>,
     pub partitions: Vec<PartitionView>,
@@ -69,6 +74,9 @@ impl From<&pb::Gpu> for GpuView {
             free_slices: g.free_slices,
             mps_sm_percent_used: g.mps_sm_percent_used,
             mps_memory_bytes_used: g.mps_memory_bytes_used,
+            mps_mode: crate::output::mps_mode_name(g.mps_mode).to_owned(),
+            mps_servers: g.mps_servers,
+            mps_time_slice_percent: g.mps_time_slice_percent,
             whole_leased: g.whole_leased,
             profiles: g
                 .profiles
@@ -235,6 +243,23 @@ pub fn gpus_table(gpus: &[GpuView]) -> String {
     t.render()
 }
 
+/// How the GPU's MPS servers share it: "" without servers.
+fn mps_servers_text(g: &GpuView) -> String {
+    let mode = if g.mps_mode.is_empty() {
+        String::new()
+    } else {
+        format!("{} mode, ", g.mps_mode)
+    };
+    match g.mps_servers {
+        0 => String::new(),
+        1 => format!("  ({mode}1 server: its clients run concurrently)"),
+        n => format!(
+            "  ({mode}{n} servers time-sliced, {}% of the time each; clients of one server run concurrently)",
+            g.mps_time_slice_percent
+        ),
+    }
+}
+
 /// `tessera node`
 pub async fn node(daemon: &mut Daemon, json: bool) -> anyhow::Result<()> {
     let node = get_node(daemon).await?;
@@ -275,9 +300,10 @@ pub fn node_text(node: &NodeView) -> String {
             out.push_str(&format!("  free slices {}\n", g.free_slices));
         }
         out.push_str(&format!(
-            "  MPS used {}% SM, {}\n",
+            "  MPS used {}% SM, {}{}\n",
             g.mps_sm_percent_used,
-            human_bytes(g.mps_memory_bytes_used)
+            human_bytes(g.mps_memory_bytes_used),
+            mps_servers_text(g)
         ));
         if !g.profiles.is_empty() {
             out.push_str("  free capacity:\n");
@@ -359,6 +385,9 @@ mod tests {
             }],
             mps_sm_percent_used: 0,
             mps_memory_bytes_used: 0,
+            mps_mode: 0,
+            mps_servers: 0,
+            mps_time_slice_percent: 0,
             whole_leased: false,
             partitions: vec![crate::output::tests::sample_lease().partition.unwrap()],
             free_slices: 6,

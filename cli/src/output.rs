@@ -208,6 +208,8 @@ pub enum ShapeView {
     Mps {
         sm_percent: u32,
         memory_bytes: u64,
+        /// "isolated", "shared", or "" when the server did not say.
+        mode: String,
     },
     Gpu,
     Unspecified,
@@ -224,6 +226,7 @@ impl From<Option<&pb::Shape>> for ShapeView {
             Some(Kind::Mps(m)) => Self::Mps {
                 sm_percent: m.sm_percent,
                 memory_bytes: m.memory_bytes,
+                mode: mps_mode_name(m.mode).to_owned(),
             },
             Some(Kind::WholeGpu(_)) => Self::Gpu,
             // A lease always carries the shape chosen for a need.
@@ -233,7 +236,7 @@ impl From<Option<&pb::Shape>> for ShapeView {
 }
 
 impl ShapeView {
-    /// "mig 1g.10gb", "mig 3g.40gb/1c", "mps 25% 8 GiB", "gpu".
+    /// "mig 1g.10gb", "mig 3g.40gb/1c", "mps 25% 8 GiB shared", "gpu".
     pub fn describe(&self) -> String {
         match self {
             Self::Mig {
@@ -247,7 +250,13 @@ impl ShapeView {
             Self::Mps {
                 sm_percent,
                 memory_bytes,
-            } => format!("mps {sm_percent}% {}", human_bytes(*memory_bytes)),
+                mode,
+            } if mode.is_empty() => format!("mps {sm_percent}% {}", human_bytes(*memory_bytes)),
+            Self::Mps {
+                sm_percent,
+                memory_bytes,
+                mode,
+            } => format!("mps {sm_percent}% {} {mode}", human_bytes(*memory_bytes)),
             Self::Gpu => "gpu".to_owned(),
             Self::Unspecified => "-".to_owned(),
         }
@@ -274,6 +283,16 @@ pub struct MpsPartitionView {
     pub memory_bytes: u64,
     pub pipe_dir: String,
     pub log_dir: String,
+    pub mode: String,
+}
+
+/// "isolated", "shared", or "" (unspecified: an older daemon).
+pub fn mps_mode_name(mode: i32) -> &'static str {
+    match pb::MpsMode::try_from(mode) {
+        Ok(pb::MpsMode::Isolated) => "isolated",
+        Ok(pb::MpsMode::Shared) => "shared",
+        _ => "",
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -314,6 +333,7 @@ impl From<&pb::Partition> for PartitionView {
                 memory_bytes: m.memory_bytes,
                 pipe_dir: m.pipe_dir.clone(),
                 log_dir: m.log_dir.clone(),
+                mode: mps_mode_name(m.mode).to_owned(),
             }),
             lease_id: p.lease_id.clone(),
             origin: p.origin.clone(),
@@ -685,13 +705,22 @@ pub(crate) mod tests {
             kind: Some(pb::shape::Kind::Mps(pb::MpsShape {
                 sm_percent: 25,
                 memory_bytes: 8 << 30,
+                mode: pb::MpsMode::Unspecified as i32,
             })),
         }));
         assert_eq!(mps.describe(), "mps 25% 8 GiB");
         assert_eq!(
             serde_json::to_value(&mps).unwrap(),
-            serde_json::json!({"kind": "mps", "sm_percent": 25, "memory_bytes": 8u64 << 30})
+            serde_json::json!({"kind": "mps", "sm_percent": 25, "memory_bytes": 8u64 << 30, "mode": ""})
         );
+        let shared = ShapeView::from(Some(&pb::Shape {
+            kind: Some(pb::shape::Kind::Mps(pb::MpsShape {
+                sm_percent: 25,
+                memory_bytes: 8 << 30,
+                mode: pb::MpsMode::Shared as i32,
+            })),
+        }));
+        assert_eq!(shared.describe(), "mps 25% 8 GiB shared");
         let gpu = ShapeView::from(Some(&pb::Shape {
             kind: Some(pb::shape::Kind::WholeGpu(pb::WholeGpuShape {})),
         }));

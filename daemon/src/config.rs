@@ -233,6 +233,8 @@ pub struct PartitionConfig {
     pub dynamic_mig: bool,
     pub on_release: OnRelease,
     pub mps_oversubscribe: bool,
+    /// The MPS mode of a request that does not name one.
+    pub mps_mode: crate::gpu::MpsMode,
     pub static_layouts: Vec<StaticLayout>,
 }
 
@@ -431,6 +433,7 @@ struct RawPartition {
     dynamic_mig: Option<bool>,
     on_release: Option<OnRelease>,
     mps_oversubscribe: Option<bool>,
+    mps_mode: Option<crate::gpu::MpsMode>,
     #[serde(default, rename = "static")]
     static_layouts: Vec<RawStatic>,
 }
@@ -576,6 +579,7 @@ impl Config {
             dynamic_mig: p.dynamic_mig.unwrap_or(true),
             on_release: p.on_release.unwrap_or_default(),
             mps_oversubscribe: p.mps_oversubscribe.unwrap_or(false),
+            mps_mode: p.mps_mode.unwrap_or_default(),
             static_layouts,
         };
 

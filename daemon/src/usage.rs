@@ -109,6 +109,7 @@ pub fn weights(lease: &Lease, catalog: &Catalog) -> Weights {
         Shape::Mps {
             sm_percent,
             memory_bytes,
+            ..
         } => Weights {
             sm_percent: *sm_percent,
             memory_bytes: *memory_bytes,
@@ -543,6 +544,7 @@ mod tests {
             Shape::Mps {
                 sm_percent: 50,
                 memory_bytes: 4 << 30,
+                mode: crate::gpu::MpsMode::Isolated,
             },
             LeaseState::Released,
         );

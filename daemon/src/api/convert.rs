@@ -6,7 +6,7 @@ use tonic::Status;
 use crate::lease::devices::Resolved;
 use crate::lease::{CreateRequest, EventKind, GpuReport, LeaseError, LeaseEvent};
 use crate::model::{Lease, LeaseState, PartKind, Partition};
-use crate::partition::Shape;
+use crate::partition::{MpsMode, Shape};
 
 /// Map a domain error to a precise gRPC status with its rich details
 /// ([`super::errors::status_of`]). Internal details of hardware or storage failures
@@ -15,7 +15,7 @@ pub fn status(e: LeaseError) -> Status {
     super::errors::status_of(e)
 }
 
-pub fn shape_from_pb(s: Option<pb::Shape>) -> Result<Option<Shape>, Status> {
+pub fn shape_from_pb(s: Option<pb::Shape>, default_mps: MpsMode) -> Result<Option<Shape>, Status> {
     let Some(s) = s else { return Ok(None) };
     Ok(match s.kind {
         None => None,
@@ -38,6 +38,7 @@ pub fn shape_from_pb(s: Option<pb::Shape>) -> Result<Option<Shape>, Status> {
         Some(pb::shape::Kind::Mps(m)) => Some(Shape::Mps {
             sm_percent: m.sm_percent,
             memory_bytes: m.memory_bytes,
+            mode: mps_mode_from_pb(m.mode, default_mps, "shape.mps.mode")?,
         }),
         Some(pb::shape::Kind::WholeGpu(_)) => Some(Shape::WholeGpu),
         // Resolved by the lease core (create_request_from_pb carries it).
@@ -46,7 +47,10 @@ pub fn shape_from_pb(s: Option<pb::Shape>) -> Result<Option<Shape>, Status> {
 }
 
 /// The need of a shape that asks by need.
-pub fn need_from_pb(s: Option<&pb::Shape>) -> Result<Option<crate::lease::Need>, Status> {
+pub fn need_from_pb(
+    s: Option<&pb::Shape>,
+    default_mps: MpsMode,
+) -> Result<Option<crate::lease::Need>, Status> {
     use crate::lease::{Isolation, Need};
     let Some(pb::shape::Kind::Need(n)) = s.and_then(|s| s.kind.as_ref()) else {
         return Ok(None);
@@ -64,16 +68,39 @@ pub fn need_from_pb(s: Option<&pb::Shape>) -> Result<Option<crate::lease::Need>,
     Ok(Some(Need {
         memory_bytes: n.memory_bytes,
         isolation,
+        mps_mode: mps_mode_from_pb(n.mps_mode, default_mps, "shape.need.mps_mode")?,
     }))
+}
+
+/// An MPS mode on the wire; unspecified is the configured default.
+pub fn mps_mode_from_pb(mode: i32, default_mps: MpsMode, field: &str) -> Result<MpsMode, Status> {
+    match pb::MpsMode::try_from(mode) {
+        Ok(pb::MpsMode::Unspecified) => Ok(default_mps),
+        Ok(pb::MpsMode::Isolated) => Ok(MpsMode::Isolated),
+        Ok(pb::MpsMode::Shared) => Ok(MpsMode::Shared),
+        Err(_) => Err(Status::invalid_argument(format!(
+            "invalid {field}: unknown value {mode}"
+        ))),
+    }
+}
+
+pub fn mps_mode_to_pb(mode: MpsMode) -> pb::MpsMode {
+    match mode {
+        MpsMode::Isolated => pb::MpsMode::Isolated,
+        MpsMode::Shared => pb::MpsMode::Shared,
+    }
 }
 
 /// A CreateLease request as the manager takes it: the shape's strings are checked
 /// here ([`shape_from_pb`]), everything else by
 /// [`crate::lease::validate_create`]. Empty strings and a zero TTL mean
 /// "not given".
-pub fn create_request_from_pb(r: pb::CreateLeaseRequest) -> Result<CreateRequest, Status> {
-    let need = need_from_pb(r.shape.as_ref())?;
-    let shape = shape_from_pb(r.shape)?;
+pub fn create_request_from_pb(
+    r: pb::CreateLeaseRequest,
+    default_mps: MpsMode,
+) -> Result<CreateRequest, Status> {
+    let need = need_from_pb(r.shape.as_ref(), default_mps)?;
+    let shape = shape_from_pb(r.shape, default_mps)?;
     let non_empty = |s: String| (!s.is_empty()).then_some(s);
     Ok(CreateRequest {
         tenant: r.tenant,
@@ -99,9 +126,11 @@ pub fn shape_to_pb(s: &Shape) -> pb::Shape {
         Shape::Mps {
             sm_percent,
             memory_bytes,
+            mode,
         } => pb::shape::Kind::Mps(pb::MpsShape {
             sm_percent: *sm_percent,
             memory_bytes: *memory_bytes,
+            mode: mps_mode_to_pb(*mode) as i32,
         }),
         Shape::WholeGpu => pb::shape::Kind::WholeGpu(pb::WholeGpuShape {}),
     };
@@ -171,6 +200,7 @@ pub fn partition_to_pb(p: &Partition) -> pb::Partition {
                 memory_bytes: m.memory_bytes,
                 pipe_dir: m.pipe_dir.display().to_string(),
                 log_dir: m.log_dir.display().to_string(),
+                mode: mps_mode_to_pb(m.mode) as i32,
             });
         }
         PartKind::WholeGpu => out.kind = pb::PartitionKind::WholeGpu as i32,
@@ -270,6 +300,9 @@ pub fn gpu_to_pb(g: &GpuReport) -> pb::Gpu {
             .map(|m| m.cause.to_string())
             .unwrap_or_default(),
         unhealthy_since_ms: g.health.as_ref().map_or(0, |m| m.since_ms),
+        mps_mode: g.mps_mode.map_or(pb::MpsMode::Unspecified, mps_mode_to_pb) as i32,
+        mps_servers: g.mps_servers,
+        mps_time_slice_percent: g.mps_time_slice_percent,
         unhealthy_instances: g
             .unhealthy_instances
             .iter()

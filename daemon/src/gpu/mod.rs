@@ -27,7 +27,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-pub use crate::mps::{MpsDaemon, MpsSpec};
+pub use crate::mps::{MpsDaemon, MpsMode, MpsSpec};
 
 /// NVML return codes the daemon reacts to. Names follow `nvmlReturn_t`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

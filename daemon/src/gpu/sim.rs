@@ -1028,7 +1028,9 @@ impl GpuBackend for SimBackend {
                     spec.sm_percent
                 )));
             }
-            if spec.memory_bytes == 0 || spec.memory_bytes > g.model.memory_bytes() {
+            // A shared server sets no limit of its own (its clients do).
+            let isolated = spec.mode == crate::mps::MpsMode::Isolated;
+            if isolated && (spec.memory_bytes == 0 || spec.memory_bytes > g.model.memory_bytes()) {
                 return Err(mps_err(format!(
                     "pinned memory limit {} bytes does not fit GPU {}",
                     spec.memory_bytes, spec.gpu
@@ -1064,6 +1066,7 @@ impl GpuBackend for SimBackend {
                         spec: spec.clone(),
                         pid: Some(pid),
                         running: true,
+                        time_slice_percent: 0,
                     };
                     s.mps.push(d.clone());
                     s.next_pid += 1;
@@ -1083,7 +1086,11 @@ impl GpuBackend for SimBackend {
 
     fn mps_daemons(&self) -> Result<Vec<MpsDaemon>, GpuError> {
         self.control.before("mps_daemons", None)?;
-        self.read(|s| Ok(s.mps.clone()))
+        // The accounting NVML would show: separate servers on one device time-slice,
+        // the clients of one server run concurrently within its slice.
+        let mut all = self.read(|s| Ok(s.mps.clone()))?;
+        crate::mps::assign_time_slices(&mut all);
+        Ok(all)
     }
 
     fn health_events(&self, timeout: Duration) -> Result<Vec<HealthEvent>, GpuError> {
@@ -1562,7 +1569,34 @@ mod tests {
             pipe_dir: PathBuf::from(format!("/run/tessera/mps/{lease}/pipe")),
             log_dir: PathBuf::from(format!("/run/tessera/mps/{lease}/log")),
             owner_uid: Some(1000),
+            mode: crate::mps::MpsMode::Isolated,
         }
+    }
+
+    #[test]
+    fn separate_mps_servers_on_one_gpu_are_time_sliced() {
+        let (_d, b) = sim(&[(GpuModel::H100Hbm3_80Gb, false)]);
+        let slices = |b: &SimBackend| -> Vec<(String, u32)> {
+            b.mps_daemons()
+                .unwrap()
+                .into_iter()
+                .map(|d| (d.spec.lease_id, d.time_slice_percent))
+                .collect()
+        };
+        b.mps_start(&mps_spec(&b, "lease-a")).unwrap();
+        assert_eq!(slices(&b), vec![("lease-a".to_owned(), 100)]);
+        b.mps_start(&mps_spec(&b, "lease-b")).unwrap();
+        b.mps_start(&mps_spec(&b, "lease-c")).unwrap();
+        assert!(
+            slices(&b).iter().all(|(_, pct)| *pct == 33),
+            "{:?}",
+            slices(&b)
+        );
+        // A dead daemon gets no time and leaves more for the others.
+        b.kill_mps("lease-c").unwrap();
+        let now = slices(&b);
+        assert!(now.contains(&("lease-c".to_owned(), 0)), "{now:?}");
+        assert!(now.contains(&("lease-a".to_owned(), 50)), "{now:?}");
     }
 
     #[test]

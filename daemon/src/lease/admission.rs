@@ -15,8 +15,8 @@ use std::sync::Arc;
 use tokio::sync::Notify;
 
 use crate::config::Amounts;
-use crate::gpu::MpsSpec;
-use crate::model::{MigPart, MpsPart, NewLease, Partition, PartitionState};
+use crate::gpu::MpsMode;
+use crate::model::{MigPart, MpsPart, NewLease, Partition, PartitionState, shared_mps_key};
 use crate::partition::{PlanDecision, PlanError};
 
 use super::create::{Ask, Reserved};
@@ -219,15 +219,16 @@ impl LeaseManager {
                 (p, None)
             }
             PlanDecision::Mps { .. } => {
-                let spec = self.mps_spec_for(gpu, ask)?;
-                let mps = MpsPart {
-                    sm_percent: spec.sm_percent,
-                    memory_bytes: spec.memory_bytes,
-                    pipe_dir: spec.pipe_dir.clone(),
-                    log_dir: spec.log_dir.clone(),
-                    owner_uid: None,
-                };
+                let mps = self.mps_part_for(gpu, ask)?;
                 let p = dynamic(PartitionState::Creating, PartKind::Mps(mps));
+                let spec = p.mps_spec(&ask.lease_id).ok_or(LeaseError::Inconsistent(
+                    Inconsistency::ShapeMismatch {
+                        decision: "an MPS share",
+                        shape: "non-MPS",
+                    },
+                ))?;
+                // Shared: the first lease starts the server, later ones find it
+                // running (starting is idempotent), each under its own intent.
                 (p, Some(HwCreate::Mps(spec)))
             }
             PlanDecision::WholeGpu { .. } => {
@@ -267,12 +268,14 @@ impl LeaseManager {
         })
     }
 
-    /// The MPS control daemon a new MPS lease gets, with its private directories
-    /// under the run directory.
-    fn mps_spec_for(&self, gpu: &GpuState, ask: &Ask<'_>) -> Result<MpsSpec, LeaseError> {
+    /// The MPS partition a new MPS lease gets: isolated, its own control daemon
+    /// with private directories under `<run_dir>/mps/<lease>`; shared, the GPU's
+    /// server for its tenant under `<run_dir>/mps/shared-gpu<N>-<tenant>`.
+    fn mps_part_for(&self, gpu: &GpuState, ask: &Ask<'_>) -> Result<MpsPart, LeaseError> {
         let Shape::Mps {
             sm_percent,
             memory_bytes,
+            mode,
         } = ask.shape
         else {
             return Err(LeaseError::Inconsistent(Inconsistency::ShapeMismatch {
@@ -280,16 +283,18 @@ impl LeaseManager {
                 shape: "non-MPS",
             }));
         };
-        let base = self.config.daemon.run_dir.join("mps").join(&ask.lease_id);
-        Ok(MpsSpec {
-            lease_id: ask.lease_id.clone(),
-            gpu: gpu.info.index,
-            gpu_uuid: gpu.info.uuid.clone(),
+        let dir = match mode {
+            MpsMode::Isolated => ask.lease_id.clone(),
+            MpsMode::Shared => shared_mps_key(gpu.info.index, &ask.req.tenant),
+        };
+        let base = self.config.daemon.run_dir.join("mps").join(dir);
+        Ok(MpsPart {
             sm_percent,
             memory_bytes,
             pipe_dir: base.join("pipe"),
             log_dir: base.join("log"),
             owner_uid: None,
+            mode,
         })
     }
 
@@ -331,7 +336,9 @@ impl LeaseManager {
                 }
                 PartKind::Mps(m) => {
                     if let Some(i) = view.mps.iter().position(|s| {
-                        s.sm_percent == m.sm_percent && s.memory_bytes == m.memory_bytes
+                        s.sm_percent == m.sm_percent
+                            && s.memory_bytes == m.memory_bytes
+                            && s.mode == m.mode
                     }) {
                         view.mps.remove(i);
                     }

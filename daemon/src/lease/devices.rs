@@ -167,6 +167,19 @@ pub fn resolve(
                 "CUDA_MPS_PIPE_DIRECTORY".into(),
                 CONTAINER_MPS_PIPE_DIR.to_string(),
             );
+            if m.mode == crate::gpu::MpsMode::Shared {
+                // The shared server has no daemon-side limits: each lease's are the
+                // client's, which can only tighten the server's (so its own
+                // process could raise them back up to the whole GPU).
+                env.insert(
+                    "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".into(),
+                    m.sm_percent.to_string(),
+                );
+                env.insert(
+                    "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".into(),
+                    format!("0={}M", (m.memory_bytes >> 20).max(1)),
+                );
+            }
             mounts.push(MountSpec {
                 source: m.pipe_dir.clone(),
                 destination: CONTAINER_MPS_PIPE_DIR.to_string(),

@@ -24,6 +24,7 @@ pub fn amounts_of(shape: &Shape) -> Amounts {
         Shape::Mps {
             sm_percent,
             memory_bytes,
+            ..
         } => Amounts {
             mps_sm_percent: *sm_percent,
             memory_bytes: *memory_bytes,

@@ -95,6 +95,7 @@ impl LeaseManager {
                         PartKind::Mps(m) => mps.push(MpsShare {
                             sm_percent: m.sm_percent,
                             memory_bytes: m.memory_bytes,
+                            mode: m.mode,
                         }),
                         PartKind::WholeGpu => whole = true,
                     }

@@ -192,6 +192,7 @@ async fn an_mps_daemon_that_cannot_restart_at_start_is_retried_later() {
     req.shape = Some(Shape::Mps {
         sm_percent: 25,
         memory_bytes: 4 << 30,
+        mode: crate::gpu::MpsMode::Isolated,
     });
     let c = mgr.create(req).await.unwrap();
     let lid = c.lease.id.clone();
@@ -224,6 +225,50 @@ async fn an_mps_daemon_that_cannot_restart_at_start_is_retried_later() {
     assert!(up, "the supervisor restarted the MPS daemon");
 }
 
+/// A shared MPS server that died with tesserad is restarted once at start for all
+/// the leases it serves; a lease still pending on it (its intent open) is adopted;
+/// releasing them stops it only with the last.
+#[tokio::test]
+async fn a_shared_mps_server_survives_a_restart_for_all_its_leases() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mgr, sim) = manager_and_sim(dir.path());
+    let shared = |sm| CreateRequest {
+        tenant: "team-a".into(),
+        shape: Some(Shape::Mps {
+            sm_percent: sm,
+            memory_bytes: 4 << 30,
+            mode: crate::gpu::MpsMode::Shared,
+        }),
+        ..Default::default()
+    };
+    let a = mgr.create(shared(20)).await.unwrap().lease.id;
+    let b = mgr.create(shared(30)).await.unwrap().lease.id;
+    let key = crate::model::shared_mps_key(1, "team-a");
+    let servers = |sim: &crate::gpu::SimBackend| -> Vec<(String, bool)> {
+        sim.mps_daemons()
+            .unwrap()
+            .into_iter()
+            .map(|d| (d.spec.lease_id, d.running))
+            .collect()
+    };
+    assert_eq!(servers(&sim), vec![(key.clone(), true)]);
+    drop(mgr);
+    sim.kill_mps(&key).unwrap();
+    let (mgr, sim) = manager_and_sim(dir.path());
+    assert_eq!(servers(&sim), vec![(key.clone(), true)], "restarted once");
+    for id in [&a, &b] {
+        assert_eq!(mgr.get(id).unwrap().0.state(), LeaseState::Active);
+    }
+    mgr.end(&a, LeaseState::Released, "done").await.unwrap();
+    assert_eq!(servers(&sim), vec![(key.clone(), true)], "b still uses it");
+    mgr.end(&b, LeaseState::Released, "done").await.unwrap();
+    assert!(servers(&sim).is_empty(), "the last lease stops it");
+    assert!(
+        !dir.path().join("mps").join(&key).exists(),
+        "its directories go with it"
+    );
+}
+
 /// The host's side effects of a lease's life go through `HostOps`: an MPS lease's
 /// private directories, their hand-over to the container's uid, the container
 /// stopped through its cgroup on release, and the directories removed after.
@@ -242,6 +287,7 @@ async fn an_mps_lease_drives_the_host_through_host_ops() {
             shape: Some(Shape::Mps {
                 sm_percent: 25,
                 memory_bytes: 4 << 30,
+                mode: crate::gpu::MpsMode::Isolated,
             }),
             ..Default::default()
         })

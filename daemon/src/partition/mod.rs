@@ -19,6 +19,7 @@ pub use planner::{PlanDecision, PlanError, PlanOptions, Strategy, plan};
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::gpu::MpsMode;
 use crate::gpu::{GiProfile, GpuInfo, Placement};
 
 /// What a tenant asks for.
@@ -31,8 +32,14 @@ pub enum Shape {
         profile: String,
         compute_profile: Option<String>,
     },
-    /// An MPS share: SM percentage 1..=100 and a device-memory limit in bytes.
-    Mps { sm_percent: u32, memory_bytes: u64 },
+    /// An MPS share: SM percentage 1..=100 and a device-memory limit in bytes, with
+    /// its own control daemon (isolated) or on the GPU's shared server (shared).
+    Mps {
+        sm_percent: u32,
+        memory_bytes: u64,
+        #[serde(default)]
+        mode: MpsMode,
+    },
     /// The whole GPU: excludes any other partition on it.
     WholeGpu,
 }
@@ -51,6 +58,7 @@ pub struct OccupiedMig {
 pub struct MpsShare {
     pub sm_percent: u32,
     pub memory_bytes: u64,
+    pub mode: MpsMode,
 }
 
 /// Everything the planner needs to know about one GPU.

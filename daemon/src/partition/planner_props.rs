@@ -9,7 +9,9 @@ use rand::{Rng, SeedableRng};
 
 use super::fragmentation::{total_memory_slices, used_memory_slices};
 use super::test_fixtures::*;
-use super::{GpuView, PlanDecision, PlanError, PlanOptions, Shape, Strategy as PlanStrategy, plan};
+use super::{
+    GpuView, MpsMode, PlanDecision, PlanError, PlanOptions, Shape, Strategy as PlanStrategy, plan,
+};
 use crate::gpu::Placement;
 
 // ------------------------------------------------------------------ strategy comparison
@@ -193,6 +195,7 @@ enum Op {
         mem_gib: u64,
         oversubscribe: bool,
         best_fit: bool,
+        shared: bool,
     },
     Whole {
         best_fit: bool,
@@ -219,12 +222,13 @@ fn op() -> impl Strategy<Value = Op> {
                 dynamic,
                 gpu,
             }),
-        2 => (0u32..=110, 0u64..=90, prop::bool::weighted(0.3), any::<bool>()).prop_map(
-            |(sm, mem_gib, oversubscribe, best_fit)| Op::Mps {
+        2 => (0u32..=110, 0u64..=90, prop::bool::weighted(0.3), any::<bool>(), any::<bool>()).prop_map(
+            |(sm, mem_gib, oversubscribe, best_fit, shared)| Op::Mps {
                 sm,
                 mem_gib,
                 oversubscribe,
                 best_fit,
+                shared,
             }
         ),
         1 => any::<bool>().prop_map(|best_fit| Op::Whole { best_fit }),
@@ -435,8 +439,9 @@ proptest! {
                         }
                     }
                 }
-                Op::Mps { sm, mem_gib, oversubscribe, best_fit } => {
-                    let shape = Shape::Mps { sm_percent: sm, memory_bytes: gib(mem_gib) };
+                Op::Mps { sm, mem_gib, oversubscribe, best_fit, shared } => {
+                    let mode = if shared { MpsMode::Shared } else { MpsMode::Isolated };
+                    let shape = Shape::Mps { sm_percent: sm, memory_bytes: gib(mem_gib), mode };
                     let opts = PlanOptions { mps_oversubscribe: oversubscribe, ..options(best_fit) };
                     match plan(&shape, &gpus, &opts) {
                         Ok(d) => {
@@ -446,6 +451,11 @@ proptest! {
                             if oversubscribe {
                                 oversubscribed[gpu as usize] = true;
                             }
+                            // One MPS mode per GPU at a time.
+                            prop_assert!(
+                                view_mut(&mut gpus, gpu).mps.iter().all(|s| s.mode == mode),
+                                "{mode} share placed on GPU {gpu} beside another mode"
+                            );
                             apply(&mut gpus, &shape, &d);
                             leases.push(Lease::Mps { gpu, sm, mem: gib(mem_gib) });
                         }
@@ -454,7 +464,8 @@ proptest! {
                         }
                         Err(PlanError::NoCapacity(msg)) => {
                             let fits = gpus.iter().any(|g| {
-                                !g.info.mig_current && !g.whole_leased && {
+                                !g.info.mig_current && !g.whole_leased
+                                    && g.mps.iter().all(|s| s.mode == mode) && {
                                     let s: u32 = g.mps.iter().map(|s| s.sm_percent).sum();
                                     let m: u64 = g.mps.iter().map(|s| s.memory_bytes).sum();
                                     (oversubscribe || s + sm <= 100) && m + gib(mem_gib) <= g.info.memory_bytes

@@ -33,6 +33,9 @@ pub const LEASE_ENV_KEYS: &[&str] = &[
     "CUDA_VISIBLE_DEVICES",
     "NVIDIA_VISIBLE_DEVICES",
     "CUDA_MPS_PIPE_DIRECTORY",
+    // A shared MPS lease's client-side limits (the server sets none).
+    "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+    "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
 ];
 
 impl ContainerState {
