@@ -14,7 +14,7 @@ use crate::parse;
 #[derive(Debug, Subcommand)]
 pub enum LeaseCmd {
     /// Lease a MIG instance, an MPS share or a whole GPU; prints the lease and its token.
-    Create(CreateArgs),
+    Create(Box<CreateArgs>),
     /// List leases (live ones unless --state or --all).
     List(ListArgs),
     /// Show one lease, with the containers bound to it.
@@ -69,6 +69,10 @@ pub struct CreateArgs {
     /// Default: the daemon's partition.mps_mode.
     #[arg(long, value_enum, value_name = "MODE")]
     pub mps_mode: Option<MpsModeArg>,
+    /// With --mps: MPS inside MIG, a share of a MIG instance of this profile (SM% of
+    /// the instance, memory within it) on the instance's one MPS server.
+    #[arg(long, requires = "mps", value_name = "PROFILE")]
+    pub in_mig: Option<String>,
     /// Time to live (e.g. 1h, 30m); default: the daemon's configured default.
     #[arg(long, value_parser = parse::parse_duration)]
     pub ttl: Option<Duration>,
@@ -169,7 +173,8 @@ impl CreateArgs {
         } else if let Some(m) = &self.mps {
             Kind::Mps(pb::MpsShape {
                 mode: mps_mode,
-                ..*m
+                mig_profile: self.in_mig.clone().unwrap_or_default(),
+                ..m.clone()
             })
         } else if let Some(memory_bytes) = self.memory {
             Kind::Need(pb::NeedShape {
@@ -342,7 +347,7 @@ mod tests {
     fn create(args: &[&str]) -> Result<CreateArgs, clap::Error> {
         let argv = ["tessera", "create"].iter().chain(args);
         match Harness::try_parse_from(argv)?.cmd {
-            LeaseCmd::Create(c) => Ok(c),
+            LeaseCmd::Create(c) => Ok(*c),
             other => panic!("parsed as {other:?}"),
         }
     }
@@ -375,6 +380,7 @@ mod tests {
                 sm_percent: 25,
                 memory_bytes: 8 << 30,
                 mode: pb::MpsMode::Unspecified as i32,
+                ..Default::default()
             }))
         );
         assert_eq!(req.ttl_seconds, 3600);
@@ -400,6 +406,7 @@ mod tests {
                 sm_percent: 25,
                 memory_bytes: 8 << 30,
                 mode: pb::MpsMode::Shared as i32,
+                ..Default::default()
             }))
         );
         let Some(pb::shape::Kind::Need(n)) = shape(&[

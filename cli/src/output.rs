@@ -210,6 +210,9 @@ pub enum ShapeView {
         memory_bytes: u64,
         /// "isolated", "shared", or "" when the server did not say.
         mode: String,
+        /// MPS inside MIG: the instance's GI profile.
+        #[serde(skip_serializing_if = "String::is_empty")]
+        mig_profile: String,
     },
     Gpu,
     Unspecified,
@@ -227,6 +230,7 @@ impl From<Option<&pb::Shape>> for ShapeView {
                 sm_percent: m.sm_percent,
                 memory_bytes: m.memory_bytes,
                 mode: mps_mode_name(m.mode).to_owned(),
+                mig_profile: m.mig_profile.clone(),
             },
             Some(Kind::WholeGpu(_)) => Self::Gpu,
             // A lease always carries the shape chosen for a need.
@@ -251,12 +255,19 @@ impl ShapeView {
                 sm_percent,
                 memory_bytes,
                 mode,
-            } if mode.is_empty() => format!("mps {sm_percent}% {}", human_bytes(*memory_bytes)),
-            Self::Mps {
-                sm_percent,
-                memory_bytes,
-                mode,
-            } => format!("mps {sm_percent}% {} {mode}", human_bytes(*memory_bytes)),
+                mig_profile,
+            } => {
+                let mut s = format!("mps {sm_percent}% {}", human_bytes(*memory_bytes));
+                if !mode.is_empty() {
+                    s.push(' ');
+                    s.push_str(mode);
+                }
+                if !mig_profile.is_empty() {
+                    s.push_str(" in ");
+                    s.push_str(mig_profile);
+                }
+                s
+            }
             Self::Gpu => "gpu".to_owned(),
             Self::Unspecified => "-".to_owned(),
         }
@@ -284,6 +295,9 @@ pub struct MpsPartitionView {
     pub pipe_dir: String,
     pub log_dir: String,
     pub mode: String,
+    /// MPS inside MIG: the partition id of its host instance.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub mig_host: String,
 }
 
 /// "isolated", "shared", or "" (unspecified: an older daemon).
@@ -334,6 +348,7 @@ impl From<&pb::Partition> for PartitionView {
                 pipe_dir: m.pipe_dir.clone(),
                 log_dir: m.log_dir.clone(),
                 mode: mps_mode_name(m.mode).to_owned(),
+                mig_host: m.mig_host.clone(),
             }),
             lease_id: p.lease_id.clone(),
             origin: p.origin.clone(),
@@ -706,6 +721,7 @@ pub(crate) mod tests {
                 sm_percent: 25,
                 memory_bytes: 8 << 30,
                 mode: pb::MpsMode::Unspecified as i32,
+                ..Default::default()
             })),
         }));
         assert_eq!(mps.describe(), "mps 25% 8 GiB");
@@ -718,9 +734,19 @@ pub(crate) mod tests {
                 sm_percent: 25,
                 memory_bytes: 8 << 30,
                 mode: pb::MpsMode::Shared as i32,
+                ..Default::default()
             })),
         }));
         assert_eq!(shared.describe(), "mps 25% 8 GiB shared");
+        let in_mig = ShapeView::from(Some(&pb::Shape {
+            kind: Some(pb::shape::Kind::Mps(pb::MpsShape {
+                sm_percent: 25,
+                memory_bytes: 8 << 30,
+                mode: pb::MpsMode::Shared as i32,
+                mig_profile: "3g.40gb".into(),
+            })),
+        }));
+        assert_eq!(in_mig.describe(), "mps 25% 8 GiB shared in 3g.40gb");
         let gpu = ShapeView::from(Some(&pb::Shape {
             kind: Some(pb::shape::Kind::WholeGpu(pb::WholeGpuShape {})),
         }));

@@ -335,6 +335,10 @@ pub struct MigPart {
     pub memory_bytes: u64,
     pub sm_count: u32,
     pub slices: u32,
+    /// Some(tenant) while the instance hosts MPS shares of that tenant (MPS inside
+    /// MIG): not leased itself, not free for MIG leases.
+    #[serde(default)]
+    pub mps_host: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -351,6 +355,16 @@ pub struct MpsPart {
     /// (records before modes existed are isolated).
     #[serde(default)]
     pub mode: crate::gpu::MpsMode,
+    /// MPS inside MIG: the partition id of the MIG instance it runs on (its device;
+    /// the share's `gpu_uuid` is the instance's MIG uuid).
+    #[serde(default)]
+    pub host: Option<String>,
+}
+
+/// The key (and directory name under `<run_dir>/mps`) of the MPS server of a MIG
+/// instance hosting shares (its partition id).
+pub fn mig_mps_key(host_partition: &str) -> String {
+    format!("mig-{host_partition}")
 }
 
 /// The key (and directory name under `<run_dir>/mps`) of the shared MPS server of a

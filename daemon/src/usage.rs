@@ -120,6 +120,19 @@ pub fn weights(lease: &Lease, catalog: &Catalog) -> Weights {
             memory_bytes: catalog.gpu_memory.get(&lease.gpu).copied().unwrap_or(0),
             ..Weights::default()
         },
+        // SM percent of the whole GPU: the instance's slices (of 7) times its share.
+        Shape::MigMps {
+            profile,
+            sm_percent,
+            memory_bytes,
+        } => {
+            let slices = parse_profile_name(profile).map_or(7, |(s, _)| s);
+            Weights {
+                sm_percent: sm_percent.saturating_mul(slices).div_ceil(7),
+                memory_bytes: *memory_bytes,
+                ..Weights::default()
+            }
+        }
     }
 }
 

@@ -20,6 +20,7 @@ fn mps(tenant: &str, sm_percent: u32, gib: u64, mode: pb::MpsMode) -> pb::Create
                 sm_percent,
                 memory_bytes: gib << 30,
                 mode: mode as i32,
+                ..Default::default()
             })),
         }),
         ..Default::default()
@@ -242,5 +243,197 @@ fn a_shared_server_serves_one_uid() {
             "{st:?}"
         );
         c.bind_container(bind(&b.token, "c-b", 1000)).await.unwrap();
+    });
+}
+
+fn mig_share(tenant: &str, sm_percent: u32, gib: u64, profile: &str) -> pb::CreateLeaseRequest {
+    pb::CreateLeaseRequest {
+        tenant: tenant.into(),
+        shape: Some(pb::Shape {
+            kind: Some(pb::shape::Kind::Mps(pb::MpsShape {
+                sm_percent,
+                memory_bytes: gib << 30,
+                mig_profile: profile.into(),
+                ..Default::default()
+            })),
+        }),
+        ..Default::default()
+    }
+}
+
+/// The MIG instances hosting MPS shares: (partition id, gpu, profile, uuid).
+async fn mps_hosts(c: &mut Client) -> Vec<(String, u32, String, String)> {
+    let node = c
+        .get_node(pb::GetNodeRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let shares: Vec<String> = node
+        .gpus
+        .iter()
+        .flat_map(|g| g.partitions.iter())
+        .filter_map(|p| p.mps.as_ref().map(|m| m.mig_host.clone()))
+        .filter(|h| !h.is_empty())
+        .collect();
+    let mut hosts: Vec<(String, u32, String, String)> = node
+        .gpus
+        .iter()
+        .flat_map(|g| g.partitions.iter())
+        .filter(|p| p.lease_id.is_empty() && shares.contains(&p.id))
+        .filter_map(|p| {
+            let m = p.mig.as_ref()?;
+            Some((
+                p.id.clone(),
+                p.gpu_index,
+                m.profile.clone(),
+                m.mig_uuid.clone(),
+            ))
+        })
+        .collect();
+    hosts.sort();
+    hosts
+}
+
+/// Any MIG instance not leased and not in the static pool (tesserad creates none
+/// other than MPS hosts here).
+async fn unleased_instances(c: &mut Client) -> usize {
+    let node = c
+        .get_node(pb::GetNodeRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    node.gpus
+        .iter()
+        .flat_map(|g| g.partitions.iter())
+        .filter(|p| p.mig.is_some() && p.lease_id.is_empty())
+        .count()
+}
+
+#[test]
+fn mps_shares_inside_a_mig_instance_share_its_one_server() {
+    let mut d = TestDaemon::start("").unwrap();
+    let (ok, out) = d.cli(&[
+        "lease", "create", "--tenant", "team-a", "--mps", "30%,8GiB", "--in-mig", "3g.40gb",
+    ]);
+    assert!(
+        ok && out.contains("mps 30% 8 GiB shared in 3g.40gb"),
+        "{out}"
+    );
+
+    let (a2, overflow) = rt().block_on(async {
+        let mut c = d.client().await.unwrap();
+        let hosts = mps_hosts(&mut c).await;
+        assert_eq!(hosts.len(), 1, "{hosts:?}");
+        let (host, _, profile, uuid) = hosts[0].clone();
+        assert_eq!(profile, "3g.40gb");
+        assert!(uuid.starts_with("MIG-"), "{uuid}");
+
+        // The tenant's next share joins the instance; its container gets the
+        // instance's devices and the share's limits.
+        let a2 = c
+            .create_lease(mig_share("team-a", 50, 10, "3g.40gb"))
+            .await
+            .unwrap()
+            .into_inner();
+        let l = a2.lease.clone().unwrap();
+        let p = l.partition.clone().unwrap();
+        assert_eq!(p.mps.clone().unwrap().mig_host, host);
+        assert_eq!(p.gpu_uuid, uuid);
+        let r = c
+            .resolve_token(pb::ResolveTokenRequest {
+                token: a2.token.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.env["CUDA_VISIBLE_DEVICES"], uuid);
+        assert_eq!(r.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], "50");
+        assert_eq!(r.env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"], "0=10240M");
+        assert_eq!(r.granted_capabilities.len(), 2, "{r:?}");
+        assert!(
+            r.devices
+                .iter()
+                .any(|n| n.container_path.starts_with("/dev/nvidia-caps/")),
+            "{r:?}"
+        );
+
+        // 30% + 50% + 30% > 100%: a second instance; another tenant never joins.
+        let overflow = c
+            .create_lease(mig_share("team-a", 30, 1, "3g.40gb"))
+            .await
+            .unwrap()
+            .into_inner()
+            .lease
+            .unwrap();
+        let b = c
+            .create_lease(mig_share("team-b", 10, 1, "3g.40gb"))
+            .await
+            .unwrap()
+            .into_inner()
+            .lease
+            .unwrap();
+        let hosts = mps_hosts(&mut c).await;
+        assert_eq!(hosts.len(), 3, "{hosts:?}");
+        for l in [&overflow, &b] {
+            assert_ne!(l.partition.clone().unwrap().mps.unwrap().mig_host, host);
+        }
+        release(&mut c, &b.id).await;
+
+        // Refused with the reason: more than the instance holds, isolated mode.
+        let st = c
+            .create_lease(mig_share("team-a", 10, 40, "3g.40gb"))
+            .await
+            .unwrap_err();
+        assert_eq!(st.code(), tonic::Code::InvalidArgument, "{st:?}");
+        let mut iso = mig_share("team-a", 10, 1, "3g.40gb");
+        if let Some(pb::shape::Kind::Mps(m)) = iso.shape.as_mut().and_then(|s| s.kind.as_mut()) {
+            m.mode = pb::MpsMode::Isolated as i32;
+        }
+        let st = c.create_lease(iso).await.unwrap_err();
+        assert!(st.message().contains("one MPS server"), "{st:?}");
+        (l, overflow)
+    });
+
+    // A restart keeps the shares, their instances and their servers.
+    d.stop().unwrap();
+    d.spawn().unwrap();
+    rt().block_on(async {
+        let mut c = d.client().await.unwrap();
+        let l = c
+            .get_lease(pb::GetLeaseRequest {
+                lease_id: a2.id.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .lease
+            .unwrap();
+        assert_eq!(l.state, pb::LeaseState::Active as i32);
+        assert_eq!(mps_hosts(&mut c).await.len(), 2);
+
+        // Every share released: the instances go with their last share
+        // (housekeeping destroys them).
+        let all = c
+            .list_leases(pb::ListLeasesRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .leases;
+        for l in all
+            .iter()
+            .filter(|l| l.state == pb::LeaseState::Active as i32)
+        {
+            release(&mut c, &l.id).await;
+        }
+        let _ = overflow;
+        let mut left = usize::MAX;
+        for _ in 0..200 {
+            left = unleased_instances(&mut c).await;
+            if left == 0 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        assert_eq!(left, 0, "the MPS host instances were destroyed");
     });
 }

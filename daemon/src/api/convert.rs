@@ -35,6 +35,25 @@ pub fn shape_from_pb(s: Option<pb::Shape>, default_mps: MpsMode) -> Result<Optio
                 compute_profile: (!m.compute_profile.is_empty()).then_some(m.compute_profile),
             })
         }
+        Some(pb::shape::Kind::Mps(m)) if !m.mig_profile.is_empty() => {
+            if m.mig_profile.len() > 64 {
+                return Err(Status::invalid_argument(
+                    "invalid shape.mps.mig_profile: too long",
+                ));
+            }
+            // The instance's one server is shared by its shares.
+            if m.mode == pb::MpsMode::Isolated as i32 {
+                return Err(Status::invalid_argument(
+                    "invalid shape.mps.mode: an MPS share inside MIG runs on its instance's one MPS server (shared); isolated applies to whole GPUs",
+                ));
+            }
+            mps_mode_from_pb(m.mode, default_mps, "shape.mps.mode")?;
+            Some(Shape::MigMps {
+                profile: m.mig_profile,
+                sm_percent: m.sm_percent,
+                memory_bytes: m.memory_bytes,
+            })
+        }
         Some(pb::shape::Kind::Mps(m)) => Some(Shape::Mps {
             sm_percent: m.sm_percent,
             memory_bytes: m.memory_bytes,
@@ -131,6 +150,17 @@ pub fn shape_to_pb(s: &Shape) -> pb::Shape {
             sm_percent: *sm_percent,
             memory_bytes: *memory_bytes,
             mode: mps_mode_to_pb(*mode) as i32,
+            mig_profile: String::new(),
+        }),
+        Shape::MigMps {
+            profile,
+            sm_percent,
+            memory_bytes,
+        } => pb::shape::Kind::Mps(pb::MpsShape {
+            sm_percent: *sm_percent,
+            memory_bytes: *memory_bytes,
+            mode: pb::MpsMode::Shared as i32,
+            mig_profile: profile.clone(),
         }),
         Shape::WholeGpu => pb::shape::Kind::WholeGpu(pb::WholeGpuShape {}),
     };
@@ -201,6 +231,7 @@ pub fn partition_to_pb(p: &Partition) -> pb::Partition {
                 pipe_dir: m.pipe_dir.display().to_string(),
                 log_dir: m.log_dir.display().to_string(),
                 mode: mps_mode_to_pb(m.mode) as i32,
+                mig_host: m.host.clone().unwrap_or_default(),
             });
         }
         PartKind::WholeGpu => out.kind = pb::PartitionKind::WholeGpu as i32,

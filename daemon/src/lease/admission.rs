@@ -16,8 +16,10 @@ use tokio::sync::Notify;
 
 use crate::config::Amounts;
 use crate::gpu::MpsMode;
-use crate::model::{MigPart, MpsPart, NewLease, Partition, PartitionState, shared_mps_key};
-use crate::partition::{PlanDecision, PlanError};
+use crate::model::{
+    MigPart, MpsPart, NewLease, Partition, PartitionState, mig_mps_key, shared_mps_key,
+};
+use crate::partition::{MigMpsDecision, PlanDecision, PlanError};
 
 use super::create::{Ask, Reserved};
 use super::error::Inconsistency;
@@ -70,6 +72,36 @@ impl LeaseManager {
                 m.describe()
             )));
         }
+        if let Shape::MigMps {
+            profile,
+            sm_percent,
+            memory_bytes,
+        } = &ask.shape
+        {
+            // Its host instance was set up before (`ensure_mig_mps_host`): join one.
+            let hosts = Self::mig_mps_hosts(&st);
+            let views = Self::placeable_views(&st);
+            let host = match partition::plan_mig_mps(
+                profile,
+                *sm_percent,
+                *memory_bytes,
+                &req.tenant,
+                &hosts,
+                &views,
+                &opts,
+            )? {
+                MigMpsDecision::Join { host, .. } => host,
+                MigMpsDecision::NewHost(_) => {
+                    return Err(LeaseError::ResourceExhausted(format!(
+                        "the {profile} instance set up for this share was taken by another request; retry"
+                    )));
+                }
+            };
+            let (partition, hw) = self.mig_mps_share_for(&st, &host, ask)?;
+            return Ok(Ok(
+                self.hold_new(&mut st, ask, admission, partition, hw, notify)
+            ));
+        }
         let decision = match partition::plan(&ask.shape, &Self::placeable_views(&st), &opts) {
             Ok(d) => d,
             Err(PlanError::NoCapacity(msg))
@@ -94,6 +126,22 @@ impl LeaseManager {
             Err(e) => return Err(e.into()),
         };
         let (partition, hw) = self.partition_for(&st, decision, ask)?;
+        Ok(Ok(
+            self.hold_new(&mut st, ask, admission, partition, hw, notify)
+        ))
+    }
+
+    /// The new lease on `partition`, held in the table.
+    fn hold_new(
+        &self,
+        st: &mut State,
+        ask: &Ask<'_>,
+        admission: quota::Admission,
+        partition: Partition,
+        hw: Option<HwCreate>,
+        notify: &Arc<Notify>,
+    ) -> Reserved {
+        let req = ask.req;
         let lease = Lease::reserved(
             NewLease {
                 id: ask.lease_id.clone(),
@@ -110,17 +158,17 @@ impl LeaseManager {
             },
             hw.is_some(),
         );
-        Self::hold(&mut st, &lease, &partition, notify);
-        Ok(Ok(Reserved {
+        Self::hold(st, &lease, &partition, notify);
+        Reserved {
             lease,
             partition,
             hw,
-        }))
+        }
     }
 
     /// Quota admission: guaranteed, burst, or refused. A burst request waits while
     /// capacity is being freed for another tenant's guaranteed request.
-    fn admit(
+    pub(super) fn admit(
         st: &State,
         tenancy: &TenancyConfig,
         tenant: &str,
@@ -238,7 +286,7 @@ impl LeaseManager {
     }
 
     /// A new MIG partition's description from its GI (and CI) profile.
-    fn mig_part(
+    pub(super) fn mig_part(
         gpu: &GpuState,
         gi_profile_id: u32,
         placement: crate::gpu::Placement,
@@ -265,6 +313,7 @@ impl LeaseManager {
             memory_bytes: prof.memory_bytes,
             sm_count: ci.map(|c| c.sm_count).unwrap_or(prof.sm_count),
             slices: prof.slices,
+            mps_host: None,
         })
     }
 
@@ -295,7 +344,66 @@ impl LeaseManager {
             log_dir: base.join("log"),
             owner_uid: None,
             mode,
+            host: None,
         })
+    }
+
+    /// MPS inside MIG: the share partition of a lease on host instance `host_id`,
+    /// served by the instance's one MPS server (`<run_dir>/mps/mig-<host>`), and
+    /// the hardware step (start that server, or find it running).
+    fn mig_mps_share_for(
+        &self,
+        st: &State,
+        host_id: &str,
+        ask: &Ask<'_>,
+    ) -> Result<(Partition, Option<HwCreate>), LeaseError> {
+        let Shape::MigMps {
+            sm_percent,
+            memory_bytes,
+            ..
+        } = ask.shape
+        else {
+            return Err(LeaseError::Inconsistent(Inconsistency::ShapeMismatch {
+                decision: "an MPS share inside MIG",
+                shape: "another",
+            }));
+        };
+        let host = st.partitions.get(host_id).ok_or_else(|| {
+            LeaseError::Inconsistent(Inconsistency::UnknownPartition(host_id.to_string()))
+        })?;
+        let uuid = host.mig().and_then(|m| m.uuid.clone()).ok_or_else(|| {
+            LeaseError::Inconsistent(Inconsistency::UnknownPartition(host_id.to_string()))
+        })?;
+        let base = self
+            .config
+            .daemon
+            .run_dir
+            .join("mps")
+            .join(mig_mps_key(host_id));
+        let p = Partition {
+            id: ask.partition_id.clone(),
+            gpu: host.gpu,
+            gpu_uuid: uuid,
+            origin: Origin::Dynamic,
+            state: PartitionState::Creating,
+            lease_id: Some(ask.lease_id.clone()),
+            kind: PartKind::Mps(MpsPart {
+                sm_percent,
+                memory_bytes,
+                pipe_dir: base.join("pipe"),
+                log_dir: base.join("log"),
+                owner_uid: None,
+                mode: MpsMode::Shared,
+                host: Some(host_id.to_string()),
+            }),
+        };
+        let spec = p.mps_spec(&ask.lease_id).ok_or(LeaseError::Inconsistent(
+            Inconsistency::ShapeMismatch {
+                decision: "an MPS share",
+                shape: "non-MPS",
+            },
+        ))?;
+        Ok((p, Some(HwCreate::Mps(spec))))
     }
 
     /// The smallest set of preemptible leases (in victim order) whose partitions,

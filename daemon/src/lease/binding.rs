@@ -29,7 +29,7 @@ impl LeaseManager {
             return Err(not_found());
         }
         let h = token::hash(tok);
-        let (lease, partition, gpu) = {
+        let (lease, partition, gpu, host) = {
             let st = self.lock();
             let lid = st.tokens.get(&h).ok_or_else(not_found)?;
             let lease = st.leases.get(lid).cloned().ok_or_else(not_found)?;
@@ -58,23 +58,35 @@ impl LeaseManager {
                         gpu: partition.gpu,
                     })
                 })?;
-            (lease, partition, gpu)
+            // MPS inside MIG: the container gets its host instance's devices.
+            let host = match partition.mps().and_then(|m| m.host.as_ref()) {
+                Some(h) => Some(st.partitions.get(h).cloned().ok_or_else(|| {
+                    LeaseError::Inconsistent(Inconsistency::UnknownPartition(h.clone()))
+                })?),
+                None => None,
+            };
+            (lease, partition, gpu, host)
         };
-        let minors = match partition.kind {
+        let device = host.as_ref().unwrap_or(&partition);
+        let minors = match device.kind {
             PartKind::Mig(_) => self.backend.mig_minors()?,
             _ => Default::default(),
         };
         let majors = self.device_majors()?;
-        Ok(devices::resolve(
+        let mut resolved = devices::resolve(
             &lease,
-            &partition,
+            device,
             gpu.minor,
             &gpu.uuid,
             &minors,
             &self.config.devices,
             majors,
             self.config.lease.pids_limit,
-        ))
+        );
+        if host.is_some() {
+            devices::add_mps_share(&mut resolved, &partition);
+        }
+        Ok(resolved)
     }
 
     /// Record a container on the lease its token names (the runtime calls this

@@ -91,6 +91,7 @@ impl LeaseManager {
             }
         }
         self.supervise_mps(now).await;
+        self.reap_idle_mps_hosts().await;
         self.prune_gone_containers(now).await;
         ended
     }

@@ -53,6 +53,7 @@ mod events;
 mod grants;
 mod health;
 mod housekeeping;
+mod mig_mps;
 mod need;
 mod queries;
 pub mod quota;

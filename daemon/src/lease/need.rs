@@ -154,6 +154,14 @@ fn shape_name(s: &Shape) -> String {
             tessera_common::size::human(*memory_bytes)
         ),
         Shape::WholeGpu => "a whole GPU".into(),
+        Shape::MigMps {
+            profile,
+            sm_percent,
+            memory_bytes,
+        } => format!(
+            "an MPS share of {sm_percent}% SMs and {} on a {profile} instance",
+            tessera_common::size::human(*memory_bytes)
+        ),
     }
 }
 

@@ -34,6 +34,17 @@ pub fn amounts_of(shape: &Shape) -> Amounts {
             whole_gpus: 1,
             ..Default::default()
         },
+        // Its share of the whole GPU's SMs: the instance's compute slices (of 7)
+        // times its percentage, rounded up.
+        Shape::MigMps {
+            profile,
+            sm_percent,
+            memory_bytes,
+        } => Amounts {
+            mps_sm_percent: (sm_percent.saturating_mul(mig_slices(profile))).div_ceil(7),
+            memory_bytes: *memory_bytes,
+            ..Default::default()
+        },
     }
 }
 

@@ -166,7 +166,9 @@ impl LeaseManager {
             .filter(|d| d.running)
             .map(|d| d.spec.lease_id)
             .collect();
-        let ids: Vec<String> = st.partitions.keys().cloned().collect();
+        // In creation order: an MPS host instance before the shares on it.
+        let mut ids: Vec<String> = st.partitions.keys().cloned().collect();
+        ids.sort();
         for id in ids {
             let Some(p) = st.partitions.get(&id).cloned() else {
                 continue;
@@ -187,7 +189,23 @@ impl LeaseManager {
                         }
                     }
                 }
-                PartKind::Mps(_) => {
+                PartKind::Mps(m) => {
+                    // MPS inside MIG: its host instance may have been re-created
+                    // above (new MIG uuid); the share's device follows it.
+                    let mut p = p.clone();
+                    if let Some(uuid) = m
+                        .host
+                        .as_ref()
+                        .and_then(|h| st.partitions.get(h))
+                        .and_then(|h| h.mig())
+                        .and_then(|h| h.uuid.clone())
+                        .filter(|u| *u != p.gpu_uuid)
+                    {
+                        p.gpu_uuid = uuid;
+                        let p2 = p.clone();
+                        self.store.write_blocking(move |w| w.put_partition(&p2))?;
+                        st.partitions.insert(p.id.clone(), p.clone());
+                    }
                     if let Some(lid) = &p.lease_id
                         && let Some(spec) = p.mps_spec(lid)
                         && !mps_running.contains(&spec.lease_id)

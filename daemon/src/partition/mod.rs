@@ -8,6 +8,7 @@
 //! May not touch: the backend, the store, the lease core: it has no side effects.
 
 pub mod fragmentation;
+pub mod mig_mps;
 pub mod planner;
 #[cfg(test)]
 mod planner_props;
@@ -15,6 +16,7 @@ mod planner_props;
 pub(crate) mod test_fixtures;
 
 pub use fragmentation::{free_capacity, free_static_counts, used_memory_slices};
+pub use mig_mps::{MigMpsDecision, MigMpsHost, plan_mig_mps};
 pub use planner::{PlanDecision, PlanError, PlanOptions, Strategy, plan};
 
 use serde::{Deserialize, Serialize};
@@ -42,6 +44,14 @@ pub enum Shape {
     },
     /// The whole GPU: excludes any other partition on it.
     WholeGpu,
+    /// An MPS share on a MIG instance of a GI profile: SM percentage 1..=100 of the
+    /// instance and a memory limit within it; the instance's one MPS server serves
+    /// the shares of one tenant (planned by [`plan_mig_mps`]).
+    MigMps {
+        profile: String,
+        sm_percent: u32,
+        memory_bytes: u64,
+    },
 }
 
 /// A MIG instance that exists on a GPU (leased, or free in the static pool).

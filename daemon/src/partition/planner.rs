@@ -159,6 +159,9 @@ pub fn plan(
             mode,
         } => plan_mps(*sm_percent, *memory_bytes, *mode, &considered, opts),
         Shape::WholeGpu => plan_whole(&considered),
+        Shape::MigMps { .. } => Err(PlanError::InvalidShape(
+            "an MPS share inside MIG is planned with its host instances (plan_mig_mps)".into(),
+        )),
     }
 }
 
