@@ -120,19 +120,26 @@ pub fn weights(lease: &Lease, catalog: &Catalog) -> Weights {
             memory_bytes: catalog.gpu_memory.get(&lease.gpu).copied().unwrap_or(0),
             ..Weights::default()
         },
-        // SM percent of the whole GPU: the instance's slices (of 7) times its share.
-        Shape::MigMps {
-            profile,
-            sm_percent,
-            memory_bytes,
-        } => {
-            let slices = parse_profile_name(profile).map_or(7, |(s, _)| s);
-            Weights {
-                sm_percent: sm_percent.saturating_mul(slices).div_ceil(7),
-                memory_bytes: *memory_bytes,
-                ..Weights::default()
-            }
-        }
+        Shape::MigMps { .. } => mig_mps_weights(&lease.shape),
+    }
+}
+
+/// An MPS share inside MIG weighs its SM percent of the whole GPU (the instance's
+/// compute slices, of 7, times its share of them) and its memory.
+fn mig_mps_weights(shape: &Shape) -> Weights {
+    let Shape::MigMps {
+        profile,
+        sm_percent,
+        memory_bytes,
+    } = shape
+    else {
+        return Weights::default();
+    };
+    let slices = parse_profile_name(profile).map_or(7, |(s, _)| s);
+    Weights {
+        sm_percent: sm_percent.saturating_mul(slices).div_ceil(7),
+        memory_bytes: *memory_bytes,
+        ..Weights::default()
     }
 }
 
@@ -231,6 +238,7 @@ pub fn weights_of_partition(
             memory_bytes: m.memory_bytes,
             ..Weights::default()
         },
+        PartKind::Mps(m) if m.host.is_some() => mig_mps_weights(&lease.shape),
         PartKind::Mps(m) => Weights {
             sm_percent: m.sm_percent,
             memory_bytes: m.memory_bytes,
@@ -409,6 +417,21 @@ mod tests {
             memory_bytes: gib << 30,
             ..Weights::default()
         }
+    }
+
+    #[test]
+    fn an_mps_share_inside_mig_weighs_its_part_of_the_whole_gpu() {
+        let l = lease(
+            Shape::MigMps {
+                profile: "3g.40gb".into(),
+                sm_percent: 50,
+                memory_bytes: 4 << 30,
+            },
+            LeaseState::Active,
+        );
+        let w = weights(&l, &Catalog::default());
+        // 50 % of 3 of 7 compute slices, rounded up.
+        assert_eq!((w.sm_percent, w.memory_bytes), (22, 4 << 30));
     }
 
     #[test]

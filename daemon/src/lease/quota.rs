@@ -275,6 +275,20 @@ mod tests {
     }
 
     #[test]
+    fn an_mps_share_inside_mig_counts_its_part_of_the_whole_gpu() {
+        let a = amounts_of(&Shape::MigMps {
+            profile: "3g.40gb".into(),
+            sm_percent: 50,
+            memory_bytes: 4 << 30,
+        });
+        // 50 % of 3 of 7 compute slices, rounded up, like usage.
+        assert_eq!(
+            (a.mps_sm_percent, a.memory_bytes, a.mig_slices),
+            (22, 4 << 30, 0)
+        );
+    }
+
+    #[test]
     fn admission_follows_guarantee_then_burst_then_refusal() {
         let c = cfg();
         let z = Amounts::default();
