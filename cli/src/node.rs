@@ -333,10 +333,12 @@ pub fn node_text(node: &NodeView) -> String {
                     p.describe(),
                     p.memory_bytes().map_or_else(|| "-".to_owned(), human_bytes),
                     dash(&p.origin).to_owned(),
-                    if p.lease_id.is_empty() {
-                        "free".to_owned()
-                    } else {
-                        p.lease_id.clone()
+                    match &p.mig {
+                        Some(m) if !m.mps_host_tenant.is_empty() => {
+                            format!("hosts MPS of {}", m.mps_host_tenant)
+                        }
+                        _ if p.lease_id.is_empty() => "free".to_owned(),
+                        _ => p.lease_id.clone(),
                     },
                 ]);
             }

@@ -286,6 +286,9 @@ pub struct MigPartitionView {
     pub mig_uuid: String,
     pub memory_bytes: u64,
     pub sm_count: u32,
+    /// MPS inside MIG: the tenant whose shares it hosts.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub mps_host_tenant: String,
 }
 
 #[derive(Debug, Serialize)]
@@ -341,6 +344,7 @@ impl From<&pb::Partition> for PartitionView {
                 mig_uuid: m.mig_uuid.clone(),
                 memory_bytes: m.memory_bytes,
                 sm_count: m.sm_count,
+                mps_host_tenant: m.mps_host_tenant.clone(),
             }),
             mps: p.mps.as_ref().map(|m| MpsPartitionView {
                 sm_percent: m.sm_percent,
@@ -609,6 +613,7 @@ pub(crate) mod tests {
                     mig_uuid: "MIG-2222".to_owned(),
                     memory_bytes: 10_468_982_784, // 9.75 GiB
                     sm_count: 14,
+                    mps_host_tenant: String::new(),
                 }),
                 mps: None,
                 lease_id: "l-7f3a".to_owned(),

@@ -327,6 +327,8 @@ fn mps_shares_inside_a_mig_instance_share_its_one_server() {
         let (host, _, profile, uuid) = hosts[0].clone();
         assert_eq!(profile, "3g.40gb");
         assert!(uuid.starts_with("MIG-"), "{uuid}");
+        let (ok, out) = d.cli(&["node"]);
+        assert!(ok && out.contains("hosts MPS of team-a"), "{out}");
 
         // The tenant's next share joins the instance; its container gets the
         // instance's devices and the share's limits.

@@ -221,6 +221,7 @@ pub fn partition_to_pb(p: &Partition) -> pb::Partition {
                 mig_uuid: m.uuid.clone().unwrap_or_default(),
                 memory_bytes: m.memory_bytes,
                 sm_count: m.sm_count,
+                mps_host_tenant: m.mps_host.clone().unwrap_or_default(),
             });
         }
         PartKind::Mps(m) => {
