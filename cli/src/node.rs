@@ -39,6 +39,8 @@ pub struct GpuView {
     /// MPS servers running on it and the share of its time each gets.
     pub mps_servers: u32,
     pub mps_time_slice_percent: u32,
+    /// How it connects to the other GPUs: (index, PCIe level, NVLinks).
+    pub peers: Vec<PeerView>,
     pub whole_leased: bool,
     pub profiles: Vec<ProfileView>,
     pub partitions: Vec<PartitionView>,
@@ -49,6 +51,13 @@ pub struct GpuView {
     pub unhealthy_since_ms: i64,
     /// MIG instances out of service: (gi, why).
     pub unhealthy_instances: Vec<InstanceHealthView>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PeerView {
+    pub index: u32,
+    pub level: String,
+    pub nvlinks: u32,
 }
 
 #[derive(Debug, Serialize)]
@@ -77,6 +86,15 @@ impl From<&pb::Gpu> for GpuView {
             mps_mode: crate::output::mps_mode_name(g.mps_mode).to_owned(),
             mps_servers: g.mps_servers,
             mps_time_slice_percent: g.mps_time_slice_percent,
+            peers: g
+                .peers
+                .iter()
+                .map(|p| PeerView {
+                    index: p.index,
+                    level: p.level.clone(),
+                    nvlinks: p.nvlinks,
+                })
+                .collect(),
             whole_leased: g.whole_leased,
             profiles: g
                 .profiles
@@ -305,6 +323,21 @@ pub fn node_text(node: &NodeView) -> String {
             human_bytes(g.mps_memory_bytes_used),
             mps_servers_text(g)
         ));
+        if !g.peers.is_empty() {
+            // nvidia-smi topo -m style: NV<links> over NVLink, else the PCIe level.
+            let peers: Vec<String> = g
+                .peers
+                .iter()
+                .map(|p| {
+                    if p.nvlinks > 0 {
+                        format!("gpu{} NV{}", p.index, p.nvlinks)
+                    } else {
+                        format!("gpu{} {}", p.index, p.level)
+                    }
+                })
+                .collect();
+            out.push_str(&format!("  peers: {}\n", peers.join(", ")));
+        }
         if !g.profiles.is_empty() {
             out.push_str("  free capacity:\n");
             let mut t = Table::new(&["PROFILE", "ID", "SLICES", "MEMORY", "SMS", "FREE", "MAX"]);
@@ -390,6 +423,11 @@ mod tests {
             mps_mode: 0,
             mps_servers: 0,
             mps_time_slice_percent: 0,
+            peers: vec![pb::GpuPeer {
+                index: 1,
+                level: "node".to_owned(),
+                nvlinks: 18,
+            }],
             whole_leased: false,
             partitions: vec![crate::output::tests::sample_lease().partition.unwrap()],
             free_slices: 6,
@@ -436,7 +474,9 @@ mod tests {
             text.contains("p-0-3  mig   1g.10gb  9.75 GiB  dynamic  l-7f3a"),
             "{text}"
         );
+        assert!(text.contains("  peers: gpu1 NV18\n"), "{text}");
         let json = serde_json::to_value(&node).unwrap();
+        assert_eq!(json["gpus"][0]["peers"][0]["level"], "node");
         assert_eq!(json["gpus"][0]["mig_mode"], "on");
         assert_eq!(json["gpus"][0]["profiles"][0]["free"], 6);
     }

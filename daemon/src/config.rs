@@ -417,6 +417,8 @@ struct RawSim {
     seed: Option<String>,
     #[serde(default)]
     faults: Vec<crate::gpu::sim::CallFault>,
+    #[serde(default)]
+    topology: crate::gpu::SimTopology,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -532,6 +534,7 @@ impl Config {
                 seed: raw.sim.seed,
                 state_file: None,
                 faults: raw.sim.faults,
+                topology: raw.sim.topology,
             },
         };
         if gpu.backend == BackendKind::Sim {

@@ -335,6 +335,15 @@ pub fn gpu_to_pb(g: &GpuReport) -> pb::Gpu {
         mps_mode: g.mps_mode.map_or(pb::MpsMode::Unspecified, mps_mode_to_pb) as i32,
         mps_servers: g.mps_servers,
         mps_time_slice_percent: g.mps_time_slice_percent,
+        peers: g
+            .links
+            .iter()
+            .map(|(index, l)| pb::GpuPeer {
+                index: *index,
+                level: l.level.as_str().to_owned(),
+                nvlinks: l.nvlinks,
+            })
+            .collect(),
         unhealthy_instances: g
             .unhealthy_instances
             .iter()

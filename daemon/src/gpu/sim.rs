@@ -86,6 +86,10 @@ pub struct SimConfig {
     /// through the control file (`tesserad sim fault`).
     #[serde(default)]
     pub faults: Vec<CallFault>,
+    /// The board modelled: how the GPUs connect (PCIe switches, NUMA nodes,
+    /// NVLink), as NVML's topology queries report it.
+    #[serde(default)]
+    pub topology: super::SimTopology,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -1084,6 +1088,21 @@ impl GpuBackend for SimBackend {
         })
     }
 
+    fn topology(&self, a: u32, b: u32) -> Result<super::GpuLink, GpuError> {
+        self.control.before("topology", Some(a))?;
+        self.read(|s| {
+            let ga = s.gpu(a)?;
+            s.gpu(b)?;
+            let count = u32::try_from(s.gpus.len()).unwrap_or(u32::MAX);
+            // NVLinks per pair through the NVSwitches: 12 on A100, 18 on Hopper.
+            let per_pair = match ga.model {
+                GpuModel::A100Sxm40Gb | GpuModel::A100Sxm80Gb => 12,
+                _ => 18,
+            };
+            Ok(self.config.topology.link(a, b, count, per_pair))
+        })
+    }
+
     fn mps_daemons(&self) -> Result<Vec<MpsDaemon>, GpuError> {
         self.control.before("mps_daemons", None)?;
         // The accounting NVML would show: separate servers on one device time-slice,
@@ -1129,6 +1148,7 @@ mod tests {
                 .collect(),
             seed: Some("test".to_owned()),
             state_file: None,
+            topology: Default::default(),
             faults: Vec::new(),
         }
     }
@@ -1188,6 +1208,7 @@ mod tests {
             seed: None,
             state_file: None,
             faults: Vec::new(),
+            topology: Default::default(),
         };
         assert!(matches!(
             bad.validate(),
@@ -1199,6 +1220,7 @@ mod tests {
                 seed: None,
                 state_file: None,
                 faults: Vec::new(),
+                topology: Default::default(),
             }
             .validate(),
             Err(SimConfigError::NoGpus)

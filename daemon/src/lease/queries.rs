@@ -28,6 +28,8 @@ pub struct GpuReport {
     /// and the share of the GPU's time each gets (they time-slice).
     pub mps_servers: u32,
     pub mps_time_slice_percent: u32,
+    /// How it connects to each other GPU: (index, link).
+    pub links: Vec<(u32, crate::gpu::GpuLink)>,
 }
 
 impl LeaseManager {
@@ -92,6 +94,12 @@ impl LeaseManager {
                     mps_mode: v.mps.first().map(|m| m.mode),
                     mps_servers: u32::try_from(on_gpu.len()).unwrap_or(u32::MAX),
                     mps_time_slice_percent: on_gpu.first().map_or(0, |d| d.time_slice_percent),
+                    links: st
+                        .gpus
+                        .iter()
+                        .find(|g| g.info.index == v.info.index)
+                        .map(|g| g.links.clone())
+                        .unwrap_or_default(),
                 }
             })
             .collect()

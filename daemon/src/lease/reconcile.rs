@@ -105,7 +105,27 @@ impl LeaseManager {
             } else {
                 Vec::new()
             };
-            st.gpus.push(GpuState { info, profiles });
+            st.gpus.push(GpuState {
+                info,
+                profiles,
+                links: Vec::new(),
+            });
+        }
+        // The board's topology, once.
+        let indices: Vec<u32> = st.gpus.iter().map(|g| g.info.index).collect();
+        for g in st.gpus.iter_mut().filter(|g| !lost.contains(&g.info.index)) {
+            for &other in indices
+                .iter()
+                .filter(|&&o| o != g.info.index && !lost.contains(&o))
+            {
+                match self.backend.topology(g.info.index, other) {
+                    Ok(l) => g.links.push((other, l)),
+                    Err(e) => {
+                        warn!(gpu = g.info.index, other, error = %e, "GPU topology unknown");
+                        break;
+                    }
+                }
+            }
         }
         for p in partitions {
             st.partitions.insert(p.id.clone(), p);

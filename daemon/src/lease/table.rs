@@ -16,6 +16,9 @@ use super::LeaseManager;
 pub struct GpuState {
     pub info: GpuInfo,
     pub profiles: Vec<GiProfile>,
+    /// How it connects to each other GPU (read once at start: the board does not
+    /// change): (other index, link). Empty where the backend could not tell.
+    pub links: Vec<(u32, crate::gpu::GpuLink)>,
 }
 
 #[derive(Default)]

@@ -14,6 +14,7 @@ pub mod planner;
 mod planner_props;
 #[cfg(test)]
 pub(crate) mod test_fixtures;
+pub mod topology;
 
 pub use fragmentation::{free_capacity, free_static_counts, used_memory_slices};
 pub use mig_mps::{MigMpsDecision, MigMpsHost, plan_mig_mps};
