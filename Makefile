@@ -38,6 +38,9 @@ TESSERA_BENCH_ARGS ?= --seconds 5 --clients 1,8,32 --prefill $(BENCH_PREFILL) --
 # runtime-bench needs root, runc and busybox; its bundles go on tmpfs as containerd's
 # do (/run), here /dev/shm.
 RUNTIME_BENCH_ARGS ?= --iterations 40 --sim-lease --workdir /dev/shm
+# placement-bench: 3 mixes x 3 loads x 2 duration laws x 3 seeds on 8 simulated H100s;
+# drop --quiet to see every trace.
+PLACEMENT_BENCH_ARGS ?= --quiet
 
 PYTHON ?= python3
 
@@ -172,16 +175,19 @@ build:
 
 # Release builds of the daemon, the runtime and both benchmarks; then tessera-bench
 # (throughput at 1/8/32 clients, the scale curve up to BENCH_PREFILL live leases, RSS,
-# restart) and runtime-bench (the lease path against hardened runc). Every bench runs
+# restart), runtime-bench (the lease path against hardened runc) and placement-bench (MIG
+# placement against a free-repacking reference on request traces). Every bench runs
 # even when an earlier one fails; the goals table comes last (a goal a failed bench
 # could not measure says so), and the target fails if a bench did.
 bench:
-	$(CARGO) build --release --bin tesserad --bin tessera-bench --bin tessera-runtime --bin runtime-bench
+	$(CARGO) build --release --bin tesserad --bin tessera-bench --bin tessera-runtime --bin runtime-bench --bin placement-bench
 	@rm -f "$(BENCH_RESULTS)"; failed=(); \
 	echo "==> bench: tessera-bench $(TESSERA_BENCH_ARGS)"; \
 	$(TARGET_DIR)/release/tessera-bench $(TESSERA_BENCH_ARGS) --results "$(BENCH_RESULTS)" || failed+=(tessera-bench); \
 	echo; echo "==> bench: runtime-bench $(RUNTIME_BENCH_ARGS)"; \
 	$(TARGET_DIR)/release/runtime-bench $(RUNTIME_BENCH_ARGS) --results "$(BENCH_RESULTS)" || failed+=(runtime-bench); \
+	echo; echo "==> bench: placement-bench $(PLACEMENT_BENCH_ARGS)"; \
+	$(TARGET_DIR)/release/placement-bench $(PLACEMENT_BENCH_ARGS) --results "$(BENCH_RESULTS)" || failed+=(placement-bench); \
 	touch "$(BENCH_RESULTS)"; \
 	$(TARGET_DIR)/release/tessera-bench report "$(BENCH_RESULTS)"; \
 	if [ $${#failed[@]} -ne 0 ]; then echo "==> bench: FAILED: $${failed[*]}" >&2; exit 1; fi

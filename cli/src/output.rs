@@ -181,6 +181,7 @@ pub fn event_kind_name(kind: i32) -> String {
         Ok(K::MpsRestarted) => "mps_restarted".to_owned(),
         Ok(K::Unhealthy) => "unhealthy".to_owned(),
         Ok(K::Healthy) => "healthy".to_owned(),
+        Ok(K::Moved) => "moved".to_owned(),
         Err(_) => format!("unknown({kind})"),
     }
 }
@@ -509,7 +510,14 @@ impl LeaseView {
         }
         kv.push(("labels", self.labels_text()));
         if self.ended_at_ms != 0 {
-            kv.push(("ended", when(self.ended_at_ms, now_ms)));
+            // A lease still revoking (its containers in their grace) has not ended:
+            // its time is when it will at the latest.
+            let key = if self.state == "revoking" || self.ended_at_ms > now_ms {
+                "ending by"
+            } else {
+                "ended"
+            };
+            kv.push((key, when(self.ended_at_ms, now_ms)));
         }
         if !self.unhealthy.is_empty() {
             kv.push(("UNHEALTHY", self.unhealthy.clone()));
@@ -561,7 +569,12 @@ pub fn lease_table(leases: &[LeaseView], now_ms: i64) -> String {
     ]);
     for l in leases {
         let expires = if l.ended_at_ms != 0 {
-            format!("ended {}", rel_time(l.ended_at_ms, now_ms))
+            let verb = if l.state == "revoking" || l.ended_at_ms > now_ms {
+                "ending"
+            } else {
+                "ended"
+            };
+            format!("{verb} {}", rel_time(l.ended_at_ms, now_ms))
         } else {
             rel_time(l.expires_at_ms, now_ms)
         };
@@ -683,6 +696,23 @@ pub(crate) mod tests {
             lines[1],
             "l-7f3a  team-a  active  mig 1g.10gb  0    in 59m   1           team=ml"
         );
+    }
+
+    #[test]
+    fn a_lease_still_ending_is_not_shown_as_ended() {
+        let mut l = sample_lease();
+        l.state = pb::LeaseState::Revoking as i32;
+        l.ended_at_ms = NOW + 3_000;
+        let text = LeaseView::from(&l).render_detail(NOW);
+        assert!(text.contains("state:          revoking\n"), "{text}");
+        assert!(text.contains("ending by:"), "{text}");
+        assert!(text.contains("(in 3s)"), "{text}");
+        assert!(!text.contains("ended:"), "{text}");
+        l.state = pb::LeaseState::Released as i32;
+        l.ended_at_ms = NOW - 5_000;
+        let text = LeaseView::from(&l).render_detail(NOW);
+        assert!(text.contains("ended:"), "{text}");
+        assert!(!text.contains("ending by:"), "{text}");
     }
 
     #[test]

@@ -18,6 +18,9 @@ use crate::gpu::SimSection;
 use crate::gpu::sim::{SimConfig, SimGpuConfig};
 use crate::partition::Strategy;
 
+mod kubernetes;
+pub use kubernetes::{ClassSpec, KubernetesConfig, RESOURCE_DOMAIN, resource_name};
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("{path}: {source}")]
@@ -80,6 +83,7 @@ pub struct Config {
     pub tenancy: TenancyConfig,
     pub audit: AuditConfig,
     pub health: HealthConfig,
+    pub kubernetes: KubernetesConfig,
 }
 
 /// What happens to leases on a GPU (or MIG instance) that goes unhealthy.
@@ -236,6 +240,8 @@ pub struct PartitionConfig {
     /// The MPS mode of a request that does not name one.
     pub mps_mode: crate::gpu::MpsMode,
     pub static_layouts: Vec<StaticLayout>,
+    /// Move idle MIG leases to make room for a request that would be refused.
+    pub move_idle: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -295,6 +301,8 @@ struct RawConfig {
     metrics: RawMetrics,
     #[serde(default)]
     health: RawHealth,
+    #[serde(default)]
+    kubernetes: kubernetes::RawKubernetes,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -436,6 +444,7 @@ struct RawPartition {
     on_release: Option<OnRelease>,
     mps_oversubscribe: Option<bool>,
     mps_mode: Option<crate::gpu::MpsMode>,
+    move_idle: Option<bool>,
     #[serde(default, rename = "static")]
     static_layouts: Vec<RawStatic>,
 }
@@ -584,6 +593,7 @@ impl Config {
             mps_oversubscribe: p.mps_oversubscribe.unwrap_or(false),
             mps_mode: p.mps_mode.unwrap_or_default(),
             static_layouts,
+            move_idle: p.move_idle.unwrap_or(true),
         };
 
         let l = raw.lease;
@@ -678,6 +688,7 @@ impl Config {
             listen,
             allow_remote,
         };
+        let kubernetes = kubernetes::validate_kubernetes(&v, raw.kubernetes, &tenancy, &lease)?;
 
         Ok(Config {
             path: path.to_path_buf(),
@@ -692,6 +703,7 @@ impl Config {
             audit,
             metrics,
             health,
+            kubernetes,
         })
     }
 }

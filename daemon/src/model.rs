@@ -150,6 +150,9 @@ pub struct Lease {
     /// with it. Another pod presenting the token is refused.
     #[serde(default)]
     pub pod: Option<String>,
+    /// The request pinned the lease to its GPU (`gpu_index`): it never moves.
+    #[serde(default)]
+    pub pinned_gpu: bool,
     /// Why the lease's GPU or MIG instance is out of service, while it is. Not
     /// stored with the lease: it follows the GPU's health marks.
     #[serde(skip)]
@@ -209,6 +212,7 @@ impl Lease {
             ended_at_ms: None,
             containers: vec![],
             pod: None,
+            pinned_gpu: false,
             unhealthy: None,
         }
     }
@@ -450,6 +454,8 @@ pub enum IntentOp {
     DestroyMig,
     StartMps,
     StopMps,
+    /// An idle lease's MIG instance moves: the partition named is the new one.
+    MoveMig,
 }
 
 impl IntentOp {
@@ -459,6 +465,7 @@ impl IntentOp {
             IntentOp::DestroyMig => "destroy_mig",
             IntentOp::StartMps => "start_mps",
             IntentOp::StopMps => "stop_mps",
+            IntentOp::MoveMig => "move_mig",
         }
     }
     pub fn parse(s: &str) -> Option<IntentOp> {
@@ -467,6 +474,7 @@ impl IntentOp {
             "destroy_mig" => IntentOp::DestroyMig,
             "start_mps" => IntentOp::StartMps,
             "stop_mps" => IntentOp::StopMps,
+            "move_mig" => IntentOp::MoveMig,
             _ => return None,
         })
     }

@@ -49,6 +49,11 @@ impl World {
 
     /// A world whose handler uses runc's systemd cgroup driver when `systemd`.
     fn with_driver(systemd: bool) -> Option<World> {
+        Self::with_config(systemd, "")
+    }
+
+    /// [`World::with_driver`] with `extra` tesserad config.
+    fn with_config(systemd: bool, extra: &str) -> Option<World> {
         if !common::can_run_as_root(
             "CRI end-to-end",
             &[
@@ -81,7 +86,7 @@ impl World {
         let daemon = TestDaemon::start_with(
             DEV_GPUS,
             &format!(
-                "[devices]\ndev_root = {dev:?}\n[lease]\nmin_ttl = \"1s\"\nrevocation_grace = \"1s\"\n"
+                "[devices]\ndev_root = {dev:?}\n[lease]\nmin_ttl = \"1s\"\nrevocation_grace = \"1s\"\n{extra}"
             ),
         )
         .unwrap();
@@ -1025,6 +1030,131 @@ fn privileged_containers_and_unknown_tokens_are_refused_in_one_line() {
             "unknown token",
             e.message(),
             "unknown, expired or revoked lease token",
+        );
+    });
+}
+
+/// The device plugin's Allocate answer carried into CRI as kubelet carries it: the
+/// container annotations and envs of its ContainerAllocateResponse in
+/// CreateContainer. No lease is made by hand and no token pasted: the container runs
+/// bound to the lease the plugin reserved.
+#[test]
+fn a_device_plugin_allocation_runs_its_container_bound_to_the_lease_through_cri() {
+    use tessera_proto::k8s::deviceplugin::v1beta1 as dp;
+    let kubelet = tempfile::Builder::new()
+        .prefix("tdp")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let plugins = kubelet.path().join("dp");
+    std::fs::create_dir_all(&plugins).unwrap();
+    let extra = format!(
+        "[kubernetes]\ndevice_plugin = true\ndevice_plugin_dir = {plugins:?}\n\
+         pod_resources_socket = {pr:?}\ncdi_dir = {cdi:?}\n[kubernetes.mix]\n\"mig-1g.10gb\" = 1\n",
+        pr = kubelet.path().join("pr.sock"),
+        cdi = kubelet.path().join("cdi"),
+    );
+    let Some(w) = World::with_config(false, &extra) else {
+        return;
+    };
+    rt().block_on(async {
+        // The plugin serves its endpoint before it registers: dial it as kubelet does.
+        let sock = plugins.join("tessera-mig-1g.10gb.sock");
+        for _ in 0..300 {
+            if sock.exists() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        let ch = tessera_common::unix::channel(&sock).await.unwrap();
+        let mut c = dp::device_plugin_client::DevicePluginClient::new(ch);
+        let mut s = c.list_and_watch(dp::Empty {}).await.unwrap().into_inner();
+        let devices = s.message().await.unwrap().unwrap().devices;
+        assert_eq!(devices.len(), 1, "{devices:?}");
+        let device = devices[0].id.clone();
+        let alloc = c
+            .allocate(dp::AllocateRequest {
+                container_requests: vec![dp::ContainerAllocateRequest {
+                    devices_ids: vec![device.clone()],
+                }],
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .container_responses
+            .remove(0);
+        let token = alloc.annotations[cri::TOKEN_ANNOTATION].clone();
+        let resolved = w
+            .daemon
+            .client()
+            .await
+            .unwrap()
+            .resolve_token(tpb::ResolveTokenRequest {
+                token: token.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        for d in &resolved.devices {
+            mknod(
+                Path::new(&d.host_path),
+                &w.dev,
+                d.major as u64,
+                d.minor as u64,
+            );
+        }
+        let part = resolved.lease.as_ref().unwrap().partition.clone().unwrap();
+        let gpu = part.gpu_index;
+        let pod = w.pod("plugin-pod");
+        let sandbox = w
+            .run_pod(&pod)
+            .await
+            .unwrap_or_else(|e| panic!("RunPodSandbox: {e}\n{}", tail(&w.ctrd.log())));
+        let annotations: Vec<(&str, &str)> = alloc
+            .annotations
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let mut cfg = pod
+            .container_config(
+                "cuda",
+                0,
+                cri::TEST_IMAGE,
+                &["sh", "-c", "env > /tmp/init-env; exec sleep 3600"],
+                &annotations,
+            )
+            .unwrap();
+        for (k, v) in &alloc.envs {
+            cfg.envs.push(pb::KeyValue {
+                key: k.clone(),
+                value: v.clone().into_bytes(),
+            });
+        }
+        let id = w
+            .start_container(&sandbox, &pod, cfg)
+            .await
+            .unwrap_or_else(|e| panic!("start: {e}\n{}", tail(&w.ctrd.log())));
+        let (code, out, err) = w
+            .exec(
+                &id,
+                &format!("probe open /dev/nvidia{gpu}; cat /tmp/init-env"),
+            )
+            .await;
+        assert_eq!(code, 0, "{out}{err}");
+        for want in [
+            format!("open /dev/nvidia{gpu} errno=6"),
+            format!(
+                "CUDA_VISIBLE_DEVICES={}",
+                part.mig.as_ref().unwrap().mig_uuid
+            ),
+            format!("TESSERA_LEASE_ID={device}"),
+        ] {
+            assert!(has_line(&out, &want), "missing {want:?} in:\n{out}{err}");
+        }
+        let l = w.lease_now(&device).await;
+        assert!(
+            l.containers.iter().any(|c| c.id == id),
+            "the plugin's lease holds the pod's container: {:?}",
+            l.containers
         );
     });
 }

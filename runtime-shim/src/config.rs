@@ -93,6 +93,12 @@ pub struct RuntimeConfig {
     pub tenant_namespaces: BTreeMap<String, Vec<String>>,
     #[serde(default)]
     pub driver_libraries: Vec<DriverLibrary>,
+    /// Where the NVIDIA Container Toolkit's CDI spec (`nvidia-ctk cdi generate`) may
+    /// be: the first that exists lists the driver's files, in place of
+    /// `driver_libraries`. Absent: /etc/cdi/nvidia.{yaml,json}, then nvidia*.yaml|json
+    /// in /var/run/cdi and /etc/cdi. `[]`: never (only `driver_libraries`).
+    #[serde(default)]
+    pub nvidia_cdi_specs: Option<Vec<PathBuf>>,
     /// CVEs of runc that the operator acknowledges as fixed in this runc although its
     /// version predates the fix (a distribution backport), or as an accepted risk.
     /// A container is refused while runc lacks a fix not named here.
@@ -112,6 +118,7 @@ impl Default for RuntimeConfig {
             nvidia_proc_root: default_nvidia_proc(),
             tenant_namespaces: BTreeMap::new(),
             driver_libraries: Vec::new(),
+            nvidia_cdi_specs: None,
             runc_cve_acknowledged: Vec::new(),
             policy: Policy::default(),
         }
@@ -230,6 +237,14 @@ impl RuntimeConfig {
         }
         if self.daemon_timeout_ms == 0 {
             return Err(bad("daemon_timeout_ms must be positive".to_string()));
+        }
+        for p in self.nvidia_cdi_specs.iter().flatten() {
+            if !p.is_absolute() {
+                return Err(bad(format!(
+                    "nvidia_cdi_specs entry {} is not absolute",
+                    p.display()
+                )));
+            }
         }
         for lib in &self.driver_libraries {
             if !lib.source.is_absolute()
@@ -373,7 +388,7 @@ mod tests {
             opts["options"]["BinaryName"].as_str(),
             Some("/usr/bin/tessera-runtime")
         );
-        let rc = include_str!("../../configs/kubernetes/runtimeclass.yaml");
+        let rc = include_str!("../../deploy/kubernetes/runtimeclass.yaml");
         assert!(rc.contains("kind: RuntimeClass") && rc.contains("handler: tessera"));
     }
 

@@ -287,6 +287,7 @@ pub fn event_to_pb(e: &LeaseEvent) -> pb::LeaseEvent {
         EventKind::MpsRestarted => pb::LeaseEventKind::MpsRestarted,
         EventKind::Unhealthy => pb::LeaseEventKind::Unhealthy,
         EventKind::Healthy => pb::LeaseEventKind::Healthy,
+        EventKind::Moved => pb::LeaseEventKind::Moved,
     };
     pb::LeaseEvent {
         kind: kind as i32,

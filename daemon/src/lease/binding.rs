@@ -30,9 +30,15 @@ impl LeaseManager {
         }
         let h = token::hash(tok);
         let (lease, partition, gpu, host) = {
-            let st = self.lock();
+            let mut st = self.lock();
             let lid = st.tokens.get(&h).ok_or_else(not_found)?;
             let lease = st.leases.get(lid).cloned().ok_or_else(not_found)?;
+            if st.moving.contains(&lease.id) {
+                return Err(LeaseError::FailedPrecondition(format!(
+                    "lease {} is being moved to another MIG placement; retry in a moment",
+                    lease.id
+                )));
+            }
             if lease.state() != LeaseState::Active {
                 return Err(LeaseError::FailedPrecondition(format!(
                     "lease {} is {}",
@@ -65,6 +71,8 @@ impl LeaseManager {
                 })?),
                 None => None,
             };
+            // A runtime now holds these devices: the lease never moves again.
+            st.resolved.insert(lease.id.clone());
             (lease, partition, gpu, host)
         };
         let device = host.as_ref().unwrap_or(&partition);

@@ -32,8 +32,14 @@ impl LeaseManager {
         ending_as: LeaseState,
         reason: &str,
     ) -> Result<Lease, LeaseError> {
+        self.wait_while_moving(id).await;
         let (lease, partition, teardown) = {
             let mut st = self.lock();
+            if st.moving.contains(id) {
+                return Err(LeaseError::FailedPrecondition(format!(
+                    "lease {id} is being moved to another MIG placement; retry in a moment"
+                )));
+            }
             let Some(lease) = st.leases.get(id).cloned() else {
                 // Already ended: releasing twice is not an error.
                 return match self.store.get_lease(id)? {
