@@ -14,7 +14,7 @@ use crate::parse;
 #[derive(Debug, Subcommand)]
 pub enum LeaseCmd {
     /// Lease a MIG instance, an MPS share or a whole GPU; prints the lease and its token.
-    Create(CreateArgs),
+    Create(Box<CreateArgs>),
     /// List leases (live ones unless --state or --all).
     List(ListArgs),
     /// Show one lease, with the containers bound to it.
@@ -63,6 +63,16 @@ pub struct CreateArgs {
     /// share with SMs in proportion to the memory).
     #[arg(long, value_enum, requires = "memory", default_value = "hardware")]
     pub isolation: IsolationArg,
+    /// With --mps (or --memory --isolation shared): "isolated" (its own MPS control
+    /// daemon, limits enforced by it; servers on one GPU time-slice) or "shared" (the
+    /// GPU's one server for the tenant, leases run concurrently, limits client-side).
+    /// Default: the daemon's partition.mps_mode.
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub mps_mode: Option<MpsModeArg>,
+    /// With --mps: MPS inside MIG, a share of a MIG instance of this profile (SM% of
+    /// the instance, memory within it) on the instance's one MPS server.
+    #[arg(long, requires = "mps", value_name = "PROFILE")]
+    pub in_mig: Option<String>,
     /// Time to live (e.g. 1h, 30m); default: the daemon's configured default.
     #[arg(long, value_parser = parse::parse_duration)]
     pub ttl: Option<Duration>,
@@ -78,6 +88,21 @@ pub struct CreateArgs {
     /// Pin the lease to this GPU (index).
     #[arg(long)]
     pub gpu_index: Option<u32>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum MpsModeArg {
+    Isolated,
+    Shared,
+}
+
+impl From<MpsModeArg> for pb::MpsMode {
+    fn from(m: MpsModeArg) -> Self {
+        match m {
+            MpsModeArg::Isolated => Self::Isolated,
+            MpsModeArg::Shared => Self::Shared,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -128,16 +153,29 @@ pub struct ListArgs {
 pub enum LeaseArgError {
     #[error("label {0:?} given twice")]
     DuplicateLabel(String),
+    #[error("--mps-mode applies to --mps or to --memory with --isolation shared")]
+    MpsModeWithoutMps,
 }
 
 impl CreateArgs {
     /// The request this command sends.
     pub fn to_request(&self) -> Result<pb::CreateLeaseRequest, LeaseArgError> {
         use pb::shape::Kind;
+        let mps_mode = self
+            .mps_mode
+            .map_or(pb::MpsMode::Unspecified, pb::MpsMode::from) as i32;
+        let shared_need = self.memory.is_some() && self.isolation == IsolationArg::Shared;
+        if self.mps_mode.is_some() && self.mps.is_none() && !shared_need {
+            return Err(LeaseArgError::MpsModeWithoutMps);
+        }
         let kind = if let Some(m) = &self.mig {
             Kind::Mig(m.clone())
         } else if let Some(m) = &self.mps {
-            Kind::Mps(*m)
+            Kind::Mps(pb::MpsShape {
+                mode: mps_mode,
+                mig_profile: self.in_mig.clone().unwrap_or_default(),
+                ..m.clone()
+            })
         } else if let Some(memory_bytes) = self.memory {
             Kind::Need(pb::NeedShape {
                 memory_bytes,
@@ -145,6 +183,7 @@ impl CreateArgs {
                     IsolationArg::Hardware => pb::Isolation::Hardware,
                     IsolationArg::Shared => pb::Isolation::Shared,
                 } as i32,
+                mps_mode,
             })
         } else {
             // clap's "shape" group guarantees exactly one of --mig, --mps, --gpu, --memory.
@@ -308,7 +347,7 @@ mod tests {
     fn create(args: &[&str]) -> Result<CreateArgs, clap::Error> {
         let argv = ["tessera", "create"].iter().chain(args);
         match Harness::try_parse_from(argv)?.cmd {
-            LeaseCmd::Create(c) => Ok(c),
+            LeaseCmd::Create(c) => Ok(*c),
             other => panic!("parsed as {other:?}"),
         }
     }
@@ -339,7 +378,9 @@ mod tests {
             req.shape.unwrap().kind,
             Some(pb::shape::Kind::Mps(pb::MpsShape {
                 sm_percent: 25,
-                memory_bytes: 8 << 30
+                memory_bytes: 8 << 30,
+                mode: pb::MpsMode::Unspecified as i32,
+                ..Default::default()
             }))
         );
         assert_eq!(req.ttl_seconds, 3600);
@@ -347,6 +388,47 @@ mod tests {
         assert_eq!(req.labels.len(), 2);
         assert_eq!(req.request_id, "r1");
         assert_eq!(req.gpu_index, Some(1));
+    }
+
+    #[test]
+    fn mps_mode_goes_with_an_mps_share_only() {
+        let shape = |args: &[&str]| {
+            let mut argv = vec!["--tenant", "t"];
+            argv.extend_from_slice(args);
+            create(&argv)
+                .unwrap()
+                .to_request()
+                .map(|r| r.shape.unwrap().kind)
+        };
+        assert_eq!(
+            shape(&["--mps", "25%,8GiB", "--mps-mode", "shared"]).unwrap(),
+            Some(pb::shape::Kind::Mps(pb::MpsShape {
+                sm_percent: 25,
+                memory_bytes: 8 << 30,
+                mode: pb::MpsMode::Shared as i32,
+                ..Default::default()
+            }))
+        );
+        let Some(pb::shape::Kind::Need(n)) = shape(&[
+            "--memory",
+            "8GiB",
+            "--isolation",
+            "shared",
+            "--mps-mode",
+            "isolated",
+        ])
+        .unwrap() else {
+            panic!("not a need")
+        };
+        assert_eq!(n.mps_mode, pb::MpsMode::Isolated as i32);
+        for other in [&["--gpu"][..], &["--memory", "8GiB"], &["--mig", "1g.10gb"]] {
+            let mut args = other.to_vec();
+            args.extend(["--mps-mode", "shared"]);
+            assert_eq!(shape(&args).unwrap_err(), LeaseArgError::MpsModeWithoutMps);
+        }
+        let err =
+            create(&["--tenant", "t", "--mps", "25%,8GiB", "--mps-mode", "both"]).unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::InvalidValue);
     }
 
     #[test]

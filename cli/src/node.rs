@@ -34,6 +34,13 @@ pub struct GpuView {
     pub free_slices: u32,
     pub mps_sm_percent_used: u32,
     pub mps_memory_bytes_used: u64,
+    /// The MPS mode of its MPS leases ("" while it has none).
+    pub mps_mode: String,
+    /// MPS servers running on it and the share of its time each gets.
+    pub mps_servers: u32,
+    pub mps_time_slice_percent: u32,
+    /// How it connects to the other GPUs: (index, PCIe level, NVLinks).
+    pub peers: Vec<PeerView>,
     pub whole_leased: bool,
     pub profiles: Vec<ProfileView>,
     pub partitions: Vec<PartitionView>,
@@ -44,6 +51,13 @@ pub struct GpuView {
     pub unhealthy_since_ms: i64,
     /// MIG instances out of service: (gi, why).
     pub unhealthy_instances: Vec<InstanceHealthView>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PeerView {
+    pub index: u32,
+    pub level: String,
+    pub nvlinks: u32,
 }
 
 #[derive(Debug, Serialize)]
@@ -69,6 +83,18 @@ impl From<&pb::Gpu> for GpuView {
             free_slices: g.free_slices,
             mps_sm_percent_used: g.mps_sm_percent_used,
             mps_memory_bytes_used: g.mps_memory_bytes_used,
+            mps_mode: crate::output::mps_mode_name(g.mps_mode).to_owned(),
+            mps_servers: g.mps_servers,
+            mps_time_slice_percent: g.mps_time_slice_percent,
+            peers: g
+                .peers
+                .iter()
+                .map(|p| PeerView {
+                    index: p.index,
+                    level: p.level.clone(),
+                    nvlinks: p.nvlinks,
+                })
+                .collect(),
             whole_leased: g.whole_leased,
             profiles: g
                 .profiles
@@ -235,6 +261,23 @@ pub fn gpus_table(gpus: &[GpuView]) -> String {
     t.render()
 }
 
+/// How the GPU's MPS servers share it: "" without servers.
+fn mps_servers_text(g: &GpuView) -> String {
+    let mode = if g.mps_mode.is_empty() {
+        String::new()
+    } else {
+        format!("{} mode, ", g.mps_mode)
+    };
+    match g.mps_servers {
+        0 => String::new(),
+        1 => format!("  ({mode}1 server: its clients run concurrently)"),
+        n => format!(
+            "  ({mode}{n} servers time-sliced, {}% of the time each; clients of one server run concurrently)",
+            g.mps_time_slice_percent
+        ),
+    }
+}
+
 /// `tessera node`
 pub async fn node(daemon: &mut Daemon, json: bool) -> anyhow::Result<()> {
     let node = get_node(daemon).await?;
@@ -275,10 +318,26 @@ pub fn node_text(node: &NodeView) -> String {
             out.push_str(&format!("  free slices {}\n", g.free_slices));
         }
         out.push_str(&format!(
-            "  MPS used {}% SM, {}\n",
+            "  MPS used {}% SM, {}{}\n",
             g.mps_sm_percent_used,
-            human_bytes(g.mps_memory_bytes_used)
+            human_bytes(g.mps_memory_bytes_used),
+            mps_servers_text(g)
         ));
+        if !g.peers.is_empty() {
+            // nvidia-smi topo -m style: NV<links> over NVLink, else the PCIe level.
+            let peers: Vec<String> = g
+                .peers
+                .iter()
+                .map(|p| {
+                    if p.nvlinks > 0 {
+                        format!("gpu{} NV{}", p.index, p.nvlinks)
+                    } else {
+                        format!("gpu{} {}", p.index, p.level)
+                    }
+                })
+                .collect();
+            out.push_str(&format!("  peers: {}\n", peers.join(", ")));
+        }
         if !g.profiles.is_empty() {
             out.push_str("  free capacity:\n");
             let mut t = Table::new(&["PROFILE", "ID", "SLICES", "MEMORY", "SMS", "FREE", "MAX"]);
@@ -307,10 +366,12 @@ pub fn node_text(node: &NodeView) -> String {
                     p.describe(),
                     p.memory_bytes().map_or_else(|| "-".to_owned(), human_bytes),
                     dash(&p.origin).to_owned(),
-                    if p.lease_id.is_empty() {
-                        "free".to_owned()
-                    } else {
-                        p.lease_id.clone()
+                    match &p.mig {
+                        Some(m) if !m.mps_host_tenant.is_empty() => {
+                            format!("hosts MPS of {}", m.mps_host_tenant)
+                        }
+                        _ if p.lease_id.is_empty() => "free".to_owned(),
+                        _ => p.lease_id.clone(),
                     },
                 ]);
             }
@@ -359,6 +420,14 @@ mod tests {
             }],
             mps_sm_percent_used: 0,
             mps_memory_bytes_used: 0,
+            mps_mode: 0,
+            mps_servers: 0,
+            mps_time_slice_percent: 0,
+            peers: vec![pb::GpuPeer {
+                index: 1,
+                level: "node".to_owned(),
+                nvlinks: 18,
+            }],
             whole_leased: false,
             partitions: vec![crate::output::tests::sample_lease().partition.unwrap()],
             free_slices: 6,
@@ -405,7 +474,9 @@ mod tests {
             text.contains("p-0-3  mig   1g.10gb  9.75 GiB  dynamic  l-7f3a"),
             "{text}"
         );
+        assert!(text.contains("  peers: gpu1 NV18\n"), "{text}");
         let json = serde_json::to_value(&node).unwrap();
+        assert_eq!(json["gpus"][0]["peers"][0]["level"], "node");
         assert_eq!(json["gpus"][0]["mig_mode"], "on");
         assert_eq!(json["gpus"][0]["profiles"][0]["free"], 6);
     }

@@ -209,6 +209,11 @@ pub enum ShapeView {
     Mps {
         sm_percent: u32,
         memory_bytes: u64,
+        /// "isolated", "shared", or "" when the server did not say.
+        mode: String,
+        /// MPS inside MIG: the instance's GI profile.
+        #[serde(skip_serializing_if = "String::is_empty")]
+        mig_profile: String,
     },
     Gpu,
     Unspecified,
@@ -225,6 +230,8 @@ impl From<Option<&pb::Shape>> for ShapeView {
             Some(Kind::Mps(m)) => Self::Mps {
                 sm_percent: m.sm_percent,
                 memory_bytes: m.memory_bytes,
+                mode: mps_mode_name(m.mode).to_owned(),
+                mig_profile: m.mig_profile.clone(),
             },
             Some(Kind::WholeGpu(_)) => Self::Gpu,
             // A lease always carries the shape chosen for a need.
@@ -234,7 +241,7 @@ impl From<Option<&pb::Shape>> for ShapeView {
 }
 
 impl ShapeView {
-    /// "mig 1g.10gb", "mig 3g.40gb/1c", "mps 25% 8 GiB", "gpu".
+    /// "mig 1g.10gb", "mig 3g.40gb/1c", "mps 25% 8 GiB shared", "gpu".
     pub fn describe(&self) -> String {
         match self {
             Self::Mig {
@@ -248,7 +255,20 @@ impl ShapeView {
             Self::Mps {
                 sm_percent,
                 memory_bytes,
-            } => format!("mps {sm_percent}% {}", human_bytes(*memory_bytes)),
+                mode,
+                mig_profile,
+            } => {
+                let mut s = format!("mps {sm_percent}% {}", human_bytes(*memory_bytes));
+                if !mode.is_empty() {
+                    s.push(' ');
+                    s.push_str(mode);
+                }
+                if !mig_profile.is_empty() {
+                    s.push_str(" in ");
+                    s.push_str(mig_profile);
+                }
+                s
+            }
             Self::Gpu => "gpu".to_owned(),
             Self::Unspecified => "-".to_owned(),
         }
@@ -267,6 +287,9 @@ pub struct MigPartitionView {
     pub mig_uuid: String,
     pub memory_bytes: u64,
     pub sm_count: u32,
+    /// MPS inside MIG: the tenant whose shares it hosts.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub mps_host_tenant: String,
 }
 
 #[derive(Debug, Serialize)]
@@ -275,6 +298,19 @@ pub struct MpsPartitionView {
     pub memory_bytes: u64,
     pub pipe_dir: String,
     pub log_dir: String,
+    pub mode: String,
+    /// MPS inside MIG: the partition id of its host instance.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub mig_host: String,
+}
+
+/// "isolated", "shared", or "" (unspecified: an older daemon).
+pub fn mps_mode_name(mode: i32) -> &'static str {
+    match pb::MpsMode::try_from(mode) {
+        Ok(pb::MpsMode::Isolated) => "isolated",
+        Ok(pb::MpsMode::Shared) => "shared",
+        _ => "",
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -309,12 +345,15 @@ impl From<&pb::Partition> for PartitionView {
                 mig_uuid: m.mig_uuid.clone(),
                 memory_bytes: m.memory_bytes,
                 sm_count: m.sm_count,
+                mps_host_tenant: m.mps_host_tenant.clone(),
             }),
             mps: p.mps.as_ref().map(|m| MpsPartitionView {
                 sm_percent: m.sm_percent,
                 memory_bytes: m.memory_bytes,
                 pipe_dir: m.pipe_dir.clone(),
                 log_dir: m.log_dir.clone(),
+                mode: mps_mode_name(m.mode).to_owned(),
+                mig_host: m.mig_host.clone(),
             }),
             lease_id: p.lease_id.clone(),
             origin: p.origin.clone(),
@@ -587,6 +626,7 @@ pub(crate) mod tests {
                     mig_uuid: "MIG-2222".to_owned(),
                     memory_bytes: 10_468_982_784, // 9.75 GiB
                     sm_count: 14,
+                    mps_host_tenant: String::new(),
                 }),
                 mps: None,
                 lease_id: "l-7f3a".to_owned(),
@@ -715,13 +755,33 @@ pub(crate) mod tests {
             kind: Some(pb::shape::Kind::Mps(pb::MpsShape {
                 sm_percent: 25,
                 memory_bytes: 8 << 30,
+                mode: pb::MpsMode::Unspecified as i32,
+                ..Default::default()
             })),
         }));
         assert_eq!(mps.describe(), "mps 25% 8 GiB");
         assert_eq!(
             serde_json::to_value(&mps).unwrap(),
-            serde_json::json!({"kind": "mps", "sm_percent": 25, "memory_bytes": 8u64 << 30})
+            serde_json::json!({"kind": "mps", "sm_percent": 25, "memory_bytes": 8u64 << 30, "mode": ""})
         );
+        let shared = ShapeView::from(Some(&pb::Shape {
+            kind: Some(pb::shape::Kind::Mps(pb::MpsShape {
+                sm_percent: 25,
+                memory_bytes: 8 << 30,
+                mode: pb::MpsMode::Shared as i32,
+                ..Default::default()
+            })),
+        }));
+        assert_eq!(shared.describe(), "mps 25% 8 GiB shared");
+        let in_mig = ShapeView::from(Some(&pb::Shape {
+            kind: Some(pb::shape::Kind::Mps(pb::MpsShape {
+                sm_percent: 25,
+                memory_bytes: 8 << 30,
+                mode: pb::MpsMode::Shared as i32,
+                mig_profile: "3g.40gb".into(),
+            })),
+        }));
+        assert_eq!(in_mig.describe(), "mps 25% 8 GiB shared in 3g.40gb");
         let gpu = ShapeView::from(Some(&pb::Shape {
             kind: Some(pb::shape::Kind::WholeGpu(pb::WholeGpuShape {})),
         }));

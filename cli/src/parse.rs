@@ -64,6 +64,7 @@ pub fn parse_mps(input: &str) -> Result<MpsShape, ParseError> {
     Ok(MpsShape {
         sm_percent,
         memory_bytes,
+        ..Default::default()
     })
 }
 
@@ -188,21 +189,24 @@ mod tests {
             parse_mps("25%,8GiB").unwrap(),
             MpsShape {
                 sm_percent: 25,
-                memory_bytes: 8 * GIB
+                memory_bytes: 8 * GIB,
+                ..Default::default()
             }
         );
         assert_eq!(
             parse_mps("25,8G").unwrap(),
             MpsShape {
                 sm_percent: 25,
-                memory_bytes: 8 * GIB
+                memory_bytes: 8 * GIB,
+                ..Default::default()
             }
         );
         assert_eq!(
             parse_mps("50%,16384MiB").unwrap(),
             MpsShape {
                 sm_percent: 50,
-                memory_bytes: 16 * GIB
+                memory_bytes: 16 * GIB,
+                ..Default::default()
             }
         );
         assert!(matches!(parse_mps("25%"), Err(ParseError::MpsFormat(_))));

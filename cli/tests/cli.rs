@@ -30,6 +30,7 @@ fn lease(id: &str, tenant: &str) -> pb::Lease {
             kind: Some(pb::shape::Kind::Mps(pb::MpsShape {
                 sm_percent: 25,
                 memory_bytes: 8 << 30,
+                ..Default::default()
             })),
         }),
         partition: None,

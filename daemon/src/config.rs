@@ -237,6 +237,8 @@ pub struct PartitionConfig {
     pub dynamic_mig: bool,
     pub on_release: OnRelease,
     pub mps_oversubscribe: bool,
+    /// The MPS mode of a request that does not name one.
+    pub mps_mode: crate::gpu::MpsMode,
     pub static_layouts: Vec<StaticLayout>,
     /// Move idle MIG leases to make room for a request that would be refused.
     pub move_idle: bool,
@@ -423,6 +425,8 @@ struct RawSim {
     seed: Option<String>,
     #[serde(default)]
     faults: Vec<crate::gpu::sim::CallFault>,
+    #[serde(default)]
+    topology: crate::gpu::SimTopology,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -439,6 +443,7 @@ struct RawPartition {
     dynamic_mig: Option<bool>,
     on_release: Option<OnRelease>,
     mps_oversubscribe: Option<bool>,
+    mps_mode: Option<crate::gpu::MpsMode>,
     move_idle: Option<bool>,
     #[serde(default, rename = "static")]
     static_layouts: Vec<RawStatic>,
@@ -538,6 +543,7 @@ impl Config {
                 seed: raw.sim.seed,
                 state_file: None,
                 faults: raw.sim.faults,
+                topology: raw.sim.topology,
             },
         };
         if gpu.backend == BackendKind::Sim {
@@ -585,6 +591,7 @@ impl Config {
             dynamic_mig: p.dynamic_mig.unwrap_or(true),
             on_release: p.on_release.unwrap_or_default(),
             mps_oversubscribe: p.mps_oversubscribe.unwrap_or(false),
+            mps_mode: p.mps_mode.unwrap_or_default(),
             static_layouts,
             move_idle: p.move_idle.unwrap_or(true),
         };

@@ -90,6 +90,10 @@ pub fn shape_label(shape: &Shape) -> String {
         Shape::Mig { profile, .. } => profile.chars().take(MAX_LABEL_LEN).collect(),
         Shape::Mps { .. } => "mps".into(),
         Shape::WholeGpu => "whole_gpu".into(),
+        Shape::MigMps { profile, .. } => format!("mps@{profile}")
+            .chars()
+            .take(MAX_LABEL_LEN)
+            .collect(),
     }
 }
 

@@ -339,6 +339,10 @@ pub struct MigPart {
     pub memory_bytes: u64,
     pub sm_count: u32,
     pub slices: u32,
+    /// Some(tenant) while the instance hosts MPS shares of that tenant (MPS inside
+    /// MIG): not leased itself, not free for MIG leases.
+    #[serde(default)]
+    pub mps_host: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -350,6 +354,27 @@ pub struct MpsPart {
     /// The uid the lease's containers run as (owner of the pipe and log dirs).
     #[serde(default)]
     pub owner_uid: Option<u32>,
+    /// Isolated: its own control daemon under `<run_dir>/mps/<lease>`; shared: the
+    /// GPU's shared server for its tenant under `<run_dir>/mps/shared-gpu<N>-<tenant>`
+    /// (records before modes existed are isolated).
+    #[serde(default)]
+    pub mode: crate::gpu::MpsMode,
+    /// MPS inside MIG: the partition id of the MIG instance it runs on (its device;
+    /// the share's `gpu_uuid` is the instance's MIG uuid).
+    #[serde(default)]
+    pub host: Option<String>,
+}
+
+/// The key (and directory name under `<run_dir>/mps`) of the MPS server of a MIG
+/// instance hosting shares (its partition id).
+pub fn mig_mps_key(host_partition: &str) -> String {
+    format!("mig-{host_partition}")
+}
+
+/// The key (and directory name under `<run_dir>/mps`) of the shared MPS server of a
+/// tenant on a GPU.
+pub fn shared_mps_key(gpu: u32, tenant: &str) -> String {
+    format!("shared-gpu{gpu}-{tenant}")
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -385,18 +410,38 @@ impl Partition {
         }
     }
 
-    /// The MPS control daemon spec of an MPS partition leased to `lease_id`.
+    /// The key of the MPS control daemon that serves an MPS partition leased to
+    /// `lease_id`: the lease itself (isolated) or the shared server (shared: the
+    /// name of the directory that holds its pipe and log directories).
+    pub fn mps_daemon_key(&self, lease_id: &str) -> Option<String> {
+        let m = self.mps()?;
+        match m.mode {
+            crate::gpu::MpsMode::Isolated => Some(lease_id.to_string()),
+            crate::gpu::MpsMode::Shared => m
+                .pipe_dir
+                .parent()
+                .and_then(|d| d.file_name())
+                .map(|n| n.to_string_lossy().into_owned()),
+        }
+    }
+
+    /// The MPS control daemon spec of an MPS partition leased to `lease_id`. A
+    /// shared server has no daemon-side limits (100%, no memory limit) and keeps its
+    /// directories' owner as the binding set it.
     pub fn mps_spec(&self, lease_id: &str) -> Option<crate::gpu::MpsSpec> {
         let m = self.mps()?;
+        let key = self.mps_daemon_key(lease_id)?;
+        let shared = m.mode == crate::gpu::MpsMode::Shared;
         Some(crate::gpu::MpsSpec {
-            lease_id: lease_id.to_string(),
+            lease_id: key,
             gpu: self.gpu,
             gpu_uuid: self.gpu_uuid.clone(),
-            sm_percent: m.sm_percent,
-            memory_bytes: m.memory_bytes,
+            sm_percent: if shared { 100 } else { m.sm_percent },
+            memory_bytes: if shared { 0 } else { m.memory_bytes },
             pipe_dir: m.pipe_dir.clone(),
             log_dir: m.log_dir.clone(),
-            owner_uid: m.owner_uid,
+            owner_uid: if shared { None } else { m.owner_uid },
+            mode: m.mode,
         })
     }
 }

@@ -109,6 +109,7 @@ pub fn weights(lease: &Lease, catalog: &Catalog) -> Weights {
         Shape::Mps {
             sm_percent,
             memory_bytes,
+            ..
         } => Weights {
             sm_percent: *sm_percent,
             memory_bytes: *memory_bytes,
@@ -119,6 +120,26 @@ pub fn weights(lease: &Lease, catalog: &Catalog) -> Weights {
             memory_bytes: catalog.gpu_memory.get(&lease.gpu).copied().unwrap_or(0),
             ..Weights::default()
         },
+        Shape::MigMps { .. } => mig_mps_weights(&lease.shape),
+    }
+}
+
+/// An MPS share inside MIG weighs its SM percent of the whole GPU (the instance's
+/// compute slices, of 7, times its share of them) and its memory.
+fn mig_mps_weights(shape: &Shape) -> Weights {
+    let Shape::MigMps {
+        profile,
+        sm_percent,
+        memory_bytes,
+    } = shape
+    else {
+        return Weights::default();
+    };
+    let slices = parse_profile_name(profile).map_or(7, |(s, _)| s);
+    Weights {
+        sm_percent: sm_percent.saturating_mul(slices).div_ceil(7),
+        memory_bytes: *memory_bytes,
+        ..Weights::default()
     }
 }
 
@@ -217,6 +238,7 @@ pub fn weights_of_partition(
             memory_bytes: m.memory_bytes,
             ..Weights::default()
         },
+        PartKind::Mps(m) if m.host.is_some() => mig_mps_weights(&lease.shape),
         PartKind::Mps(m) => Weights {
             sm_percent: m.sm_percent,
             memory_bytes: m.memory_bytes,
@@ -398,6 +420,21 @@ mod tests {
     }
 
     #[test]
+    fn an_mps_share_inside_mig_weighs_its_part_of_the_whole_gpu() {
+        let l = lease(
+            Shape::MigMps {
+                profile: "3g.40gb".into(),
+                sm_percent: 50,
+                memory_bytes: 4 << 30,
+            },
+            LeaseState::Active,
+        );
+        let w = weights(&l, &Catalog::default());
+        // 50 % of 3 of 7 compute slices, rounded up.
+        assert_eq!((w.sm_percent, w.memory_bytes), (22, 4 << 30));
+    }
+
+    #[test]
     fn overlap_clips_both_ends() {
         assert_eq!(overlap_ms(0, 10, 2, 5), 3);
         assert_eq!(overlap_ms(3, 10, 0, 5), 2);
@@ -543,6 +580,7 @@ mod tests {
             Shape::Mps {
                 sm_percent: 50,
                 memory_bytes: 4 << 30,
+                mode: crate::gpu::MpsMode::Isolated,
             },
             LeaseState::Released,
         );

@@ -311,6 +311,7 @@ pub mod shape {
             kind: Some(pb::shape::Kind::Mps(pb::MpsShape {
                 sm_percent,
                 memory_bytes: memory_gib << 30,
+                ..Default::default()
             })),
         }
     }

@@ -129,7 +129,7 @@ pub fn check_create_request_bytes(data: &[u8]) -> Result<Outcome, String> {
 pub fn check_create_request(req: pb::CreateLeaseRequest) -> Result<Outcome, String> {
     let limits = default_limits();
     let gpu_index = req.gpu_index;
-    let req = match tesserad::api::convert::create_request_from_pb(req) {
+    let req = match tesserad::api::convert::create_request_from_pb(req, Default::default()) {
         Ok(r) => r,
         Err(status) => {
             if status.code() != tonic::Code::InvalidArgument {

@@ -430,6 +430,7 @@ fn unknown_enums_and_extreme_numbers_are_refused_by_field() {
                     kind: Some(pb::shape::Kind::Mps(pb::MpsShape {
                         sm_percent: 10,
                         memory_bytes: 0,
+                        ..Default::default()
                     })),
                 },
                 &[Code::InvalidArgument],
@@ -439,6 +440,7 @@ fn unknown_enums_and_extreme_numbers_are_refused_by_field() {
                     kind: Some(pb::shape::Kind::Mps(pb::MpsShape {
                         sm_percent: 10,
                         memory_bytes: u64::MAX,
+                        ..Default::default()
                     })),
                 },
                 &[Code::InvalidArgument, Code::ResourceExhausted],

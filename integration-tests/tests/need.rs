@@ -48,6 +48,7 @@ fn a_request_by_memory_gets_the_smallest_partition_that_fits_over_grpc_and_the_c
                     kind: Some(pb::shape::Kind::Need(pb::NeedShape {
                         memory_bytes: 30 << 30,
                         isolation: pb::Isolation::Hardware as i32,
+                        ..Default::default()
                     })),
                 }),
                 ..Default::default()
@@ -68,6 +69,7 @@ fn a_request_by_memory_gets_the_smallest_partition_that_fits_over_grpc_and_the_c
                     kind: Some(pb::shape::Kind::Need(pb::NeedShape {
                         memory_bytes: 1 << 30,
                         isolation: 9,
+                        ..Default::default()
                     })),
                 }),
                 ..Default::default()

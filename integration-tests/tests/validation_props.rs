@@ -62,7 +62,8 @@ fn shape() -> impl Strategy<Value = Option<pb::Shape>> {
             .prop_map(
                 |(sm_percent, memory_bytes)| pb::shape::Kind::Mps(pb::MpsShape {
                     sm_percent,
-                    memory_bytes
+                    memory_bytes,
+                    ..Default::default()
                 })
             ),
         Just(pb::shape::Kind::WholeGpu(pb::WholeGpuShape {})),
@@ -186,6 +187,7 @@ fn known_requests_give_known_outcomes() {
                     kind: Some(pb::shape::Kind::Mps(pb::MpsShape {
                         sm_percent: 101,
                         memory_bytes: 1 << 30,
+                        ..Default::default()
                     })),
                 }),
                 ..ok.clone()

@@ -6,7 +6,7 @@ use tonic::Status;
 use crate::lease::devices::Resolved;
 use crate::lease::{CreateRequest, EventKind, GpuReport, LeaseError, LeaseEvent};
 use crate::model::{Lease, LeaseState, PartKind, Partition};
-use crate::partition::Shape;
+use crate::partition::{MpsMode, Shape};
 
 /// Map a domain error to a precise gRPC status with its rich details
 /// ([`super::errors::status_of`]). Internal details of hardware or storage failures
@@ -15,7 +15,7 @@ pub fn status(e: LeaseError) -> Status {
     super::errors::status_of(e)
 }
 
-pub fn shape_from_pb(s: Option<pb::Shape>) -> Result<Option<Shape>, Status> {
+pub fn shape_from_pb(s: Option<pb::Shape>, default_mps: MpsMode) -> Result<Option<Shape>, Status> {
     let Some(s) = s else { return Ok(None) };
     Ok(match s.kind {
         None => None,
@@ -35,9 +35,29 @@ pub fn shape_from_pb(s: Option<pb::Shape>) -> Result<Option<Shape>, Status> {
                 compute_profile: (!m.compute_profile.is_empty()).then_some(m.compute_profile),
             })
         }
+        Some(pb::shape::Kind::Mps(m)) if !m.mig_profile.is_empty() => {
+            if m.mig_profile.len() > 64 {
+                return Err(Status::invalid_argument(
+                    "invalid shape.mps.mig_profile: too long",
+                ));
+            }
+            // The instance's one server is shared by its shares.
+            if m.mode == pb::MpsMode::Isolated as i32 {
+                return Err(Status::invalid_argument(
+                    "invalid shape.mps.mode: an MPS share inside MIG runs on its instance's one MPS server (shared); isolated applies to whole GPUs",
+                ));
+            }
+            mps_mode_from_pb(m.mode, default_mps, "shape.mps.mode")?;
+            Some(Shape::MigMps {
+                profile: m.mig_profile,
+                sm_percent: m.sm_percent,
+                memory_bytes: m.memory_bytes,
+            })
+        }
         Some(pb::shape::Kind::Mps(m)) => Some(Shape::Mps {
             sm_percent: m.sm_percent,
             memory_bytes: m.memory_bytes,
+            mode: mps_mode_from_pb(m.mode, default_mps, "shape.mps.mode")?,
         }),
         Some(pb::shape::Kind::WholeGpu(_)) => Some(Shape::WholeGpu),
         // Resolved by the lease core (create_request_from_pb carries it).
@@ -46,7 +66,10 @@ pub fn shape_from_pb(s: Option<pb::Shape>) -> Result<Option<Shape>, Status> {
 }
 
 /// The need of a shape that asks by need.
-pub fn need_from_pb(s: Option<&pb::Shape>) -> Result<Option<crate::lease::Need>, Status> {
+pub fn need_from_pb(
+    s: Option<&pb::Shape>,
+    default_mps: MpsMode,
+) -> Result<Option<crate::lease::Need>, Status> {
     use crate::lease::{Isolation, Need};
     let Some(pb::shape::Kind::Need(n)) = s.and_then(|s| s.kind.as_ref()) else {
         return Ok(None);
@@ -64,16 +87,39 @@ pub fn need_from_pb(s: Option<&pb::Shape>) -> Result<Option<crate::lease::Need>,
     Ok(Some(Need {
         memory_bytes: n.memory_bytes,
         isolation,
+        mps_mode: mps_mode_from_pb(n.mps_mode, default_mps, "shape.need.mps_mode")?,
     }))
+}
+
+/// An MPS mode on the wire; unspecified is the configured default.
+pub fn mps_mode_from_pb(mode: i32, default_mps: MpsMode, field: &str) -> Result<MpsMode, Status> {
+    match pb::MpsMode::try_from(mode) {
+        Ok(pb::MpsMode::Unspecified) => Ok(default_mps),
+        Ok(pb::MpsMode::Isolated) => Ok(MpsMode::Isolated),
+        Ok(pb::MpsMode::Shared) => Ok(MpsMode::Shared),
+        Err(_) => Err(Status::invalid_argument(format!(
+            "invalid {field}: unknown value {mode}"
+        ))),
+    }
+}
+
+pub fn mps_mode_to_pb(mode: MpsMode) -> pb::MpsMode {
+    match mode {
+        MpsMode::Isolated => pb::MpsMode::Isolated,
+        MpsMode::Shared => pb::MpsMode::Shared,
+    }
 }
 
 /// A CreateLease request as the manager takes it: the shape's strings are checked
 /// here ([`shape_from_pb`]), everything else by
 /// [`crate::lease::validate_create`]. Empty strings and a zero TTL mean
 /// "not given".
-pub fn create_request_from_pb(r: pb::CreateLeaseRequest) -> Result<CreateRequest, Status> {
-    let need = need_from_pb(r.shape.as_ref())?;
-    let shape = shape_from_pb(r.shape)?;
+pub fn create_request_from_pb(
+    r: pb::CreateLeaseRequest,
+    default_mps: MpsMode,
+) -> Result<CreateRequest, Status> {
+    let need = need_from_pb(r.shape.as_ref(), default_mps)?;
+    let shape = shape_from_pb(r.shape, default_mps)?;
     let non_empty = |s: String| (!s.is_empty()).then_some(s);
     Ok(CreateRequest {
         tenant: r.tenant,
@@ -99,9 +145,22 @@ pub fn shape_to_pb(s: &Shape) -> pb::Shape {
         Shape::Mps {
             sm_percent,
             memory_bytes,
+            mode,
         } => pb::shape::Kind::Mps(pb::MpsShape {
             sm_percent: *sm_percent,
             memory_bytes: *memory_bytes,
+            mode: mps_mode_to_pb(*mode) as i32,
+            mig_profile: String::new(),
+        }),
+        Shape::MigMps {
+            profile,
+            sm_percent,
+            memory_bytes,
+        } => pb::shape::Kind::Mps(pb::MpsShape {
+            sm_percent: *sm_percent,
+            memory_bytes: *memory_bytes,
+            mode: pb::MpsMode::Shared as i32,
+            mig_profile: profile.clone(),
         }),
         Shape::WholeGpu => pb::shape::Kind::WholeGpu(pb::WholeGpuShape {}),
     };
@@ -162,6 +221,7 @@ pub fn partition_to_pb(p: &Partition) -> pb::Partition {
                 mig_uuid: m.uuid.clone().unwrap_or_default(),
                 memory_bytes: m.memory_bytes,
                 sm_count: m.sm_count,
+                mps_host_tenant: m.mps_host.clone().unwrap_or_default(),
             });
         }
         PartKind::Mps(m) => {
@@ -171,6 +231,8 @@ pub fn partition_to_pb(p: &Partition) -> pb::Partition {
                 memory_bytes: m.memory_bytes,
                 pipe_dir: m.pipe_dir.display().to_string(),
                 log_dir: m.log_dir.display().to_string(),
+                mode: mps_mode_to_pb(m.mode) as i32,
+                mig_host: m.host.clone().unwrap_or_default(),
             });
         }
         PartKind::WholeGpu => out.kind = pb::PartitionKind::WholeGpu as i32,
@@ -271,6 +333,18 @@ pub fn gpu_to_pb(g: &GpuReport) -> pb::Gpu {
             .map(|m| m.cause.to_string())
             .unwrap_or_default(),
         unhealthy_since_ms: g.health.as_ref().map_or(0, |m| m.since_ms),
+        mps_mode: g.mps_mode.map_or(pb::MpsMode::Unspecified, mps_mode_to_pb) as i32,
+        mps_servers: g.mps_servers,
+        mps_time_slice_percent: g.mps_time_slice_percent,
+        peers: g
+            .links
+            .iter()
+            .map(|(index, l)| pb::GpuPeer {
+                index: *index,
+                level: l.level.as_str().to_owned(),
+                nvlinks: l.nvlinks,
+            })
+            .collect(),
         unhealthy_instances: g
             .unhealthy_instances
             .iter()

@@ -346,8 +346,9 @@ impl Tessera for TesseraService {
                 Err(st) => return this.done(Rpc::CreateLease, &who, &r.tenant, "", Err(st)),
             };
             let result = async {
-                let need = convert::need_from_pb(r.shape.as_ref())?;
-                let shape = convert::shape_from_pb(r.shape)?;
+                let default_mps = this.mgr.config().partition.mps_mode;
+                let need = convert::need_from_pb(r.shape.as_ref(), default_mps)?;
+                let shape = convert::shape_from_pb(r.shape, default_mps)?;
                 let labels: BTreeMap<String, String> = r.labels.into_iter().collect();
                 this.mgr
                     .create(CreateRequest {

@@ -162,6 +162,7 @@ fn shape(kind: &str) -> pb::Shape {
         "mps" => pb::shape::Kind::Mps(pb::MpsShape {
             sm_percent: 2,
             memory_bytes: 1 << 30,
+            ..Default::default()
         }),
         _ => pb::shape::Kind::WholeGpu(pb::WholeGpuShape {}),
     };
@@ -174,6 +175,7 @@ fn small_mps() -> pb::Shape {
         kind: Some(pb::shape::Kind::Mps(pb::MpsShape {
             sm_percent: 1,
             memory_bytes: 64 << 20,
+            ..Default::default()
         })),
     }
 }

@@ -194,9 +194,12 @@ pub(super) fn validate_kubernetes(
         if mps
             .insert(
                 c.name.clone(),
+                // Pods of any namespace share a GPU's device-plugin shares: each
+                // gets its own control daemon with limits it cannot loosen.
                 Shape::Mps {
                     sm_percent: c.sm_percent,
                     memory_bytes,
+                    mode: crate::gpu::MpsMode::Isolated,
                 },
             )
             .is_some()
@@ -341,7 +344,8 @@ mod tests {
             mix["mps-small"].shape,
             crate::partition::Shape::Mps {
                 sm_percent: 25,
-                memory_bytes: 20 << 30
+                memory_bytes: 20 << 30,
+                mode: crate::gpu::MpsMode::Isolated,
             }
         );
         assert_eq!(mix["gpu"].shape, crate::partition::Shape::WholeGpu);

@@ -17,17 +17,19 @@ pub mod nvml;
 pub mod profiles;
 pub mod sim;
 pub mod sim_control;
+pub mod topology;
 
 pub use health::{HealthCause, HealthEvent};
 pub use nvml::{NvmlBackend, NvmlConfig};
 pub use profiles::GpuModel;
 pub use sim::{SimBackend, SimConfig, SimGpuConfig};
+pub use topology::{GpuLink, SimTopology, TopologyLevel};
 
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-pub use crate::mps::{MpsDaemon, MpsSpec};
+pub use crate::mps::{MpsDaemon, MpsMode, MpsSpec};
 
 /// NVML return codes the daemon reacts to. Names follow `nvmlReturn_t`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -266,6 +268,9 @@ pub trait GpuBackend: Send + Sync {
     fn mps_stop(&self, lease_id: &str) -> Result<(), GpuError>;
     /// The MPS daemons the backend knows of (the sim's state file, or pid files).
     fn mps_daemons(&self) -> Result<Vec<MpsDaemon>, GpuError>;
+    /// How GPUs `a` and `b` are connected (NVML: the topology common ancestor, and
+    /// the active NVLinks of `a` whose remote end is `b`).
+    fn topology(&self, a: u32, b: u32) -> Result<GpuLink, GpuError>;
 
     /// Health events (critical XIDs, double-bit ECC) since the last call, waiting up
     /// to `timeout` for the first one (NVML: `nvmlEventSetWait`). Empty when none

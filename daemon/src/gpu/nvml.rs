@@ -893,6 +893,52 @@ impl GpuBackend for NvmlBackend {
             .map_err(|e| e.into_gpu_error(lease_id))
     }
 
+    fn topology(&self, a: u32, b: u32) -> Result<super::GpuLink, GpuError> {
+        use nvml_wrapper::enum_wrappers::device::TopologyLevel as Nvml;
+        use nvml_wrapper::enum_wrappers::device::{P2pCapabilitiesIndex, P2pStatus};
+        let (da, db) = (self.device(a)?, self.device(b)?);
+        if a == b {
+            return Ok(super::GpuLink {
+                level: super::TopologyLevel::Internal,
+                nvlinks: 0,
+            });
+        }
+        let level = match da.topology_common_ancestor(self.device(b)?) {
+            Ok(Nvml::Internal) => super::TopologyLevel::Internal,
+            Ok(Nvml::Single) => super::TopologyLevel::Single,
+            Ok(Nvml::Multiple) => super::TopologyLevel::Multiple,
+            Ok(Nvml::HostBridge) => super::TopologyLevel::HostBridge,
+            Ok(Nvml::Node) => super::TopologyLevel::Node,
+            Ok(Nvml::System) => super::TopologyLevel::System,
+            Err(e) => return Err(wrap("nvmlDeviceGetTopologyCommonAncestor")(e)),
+        };
+        // NVLinks: those of `a` whose remote end is `b` (a bridge); through
+        // NVSwitches the remote end is a switch, so every active link of `a` counts
+        // when NVML says the two reach each other over NVLink.
+        let bus_b = db.pci_info().map_err(wrap("nvmlDeviceGetPciInfo"))?.bus_id;
+        let (mut direct, mut active) = (0u32, 0u32);
+        for link in 0..sys::NVML_NVLINK_MAX_LINKS {
+            let l = da.link_wrapper_for(link);
+            if !matches!(l.is_active(), Ok(true)) {
+                continue;
+            }
+            active += 1;
+            if l.remote_pci_info().is_ok_and(|r| r.bus_id == bus_b) {
+                direct += 1;
+            }
+        }
+        let over_nvlink = matches!(
+            da.p2p_status(&db, P2pCapabilitiesIndex::NvLink),
+            Ok(P2pStatus::Ok)
+        );
+        let nvlinks = match (direct, over_nvlink) {
+            (0, true) => active,
+            (0, false) => 0,
+            (n, _) => n,
+        };
+        Ok(super::GpuLink { level, nvlinks })
+    }
+
     fn mps_daemons(&self) -> Result<Vec<MpsDaemon>, GpuError> {
         self.mps.daemons().map_err(|e| e.into_gpu_error(""))
     }

@@ -86,6 +86,10 @@ pub struct SimConfig {
     /// through the control file (`tesserad sim fault`).
     #[serde(default)]
     pub faults: Vec<CallFault>,
+    /// The board modelled: how the GPUs connect (PCIe switches, NUMA nodes,
+    /// NVLink), as NVML's topology queries report it.
+    #[serde(default)]
+    pub topology: super::SimTopology,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -1028,7 +1032,9 @@ impl GpuBackend for SimBackend {
                     spec.sm_percent
                 )));
             }
-            if spec.memory_bytes == 0 || spec.memory_bytes > g.model.memory_bytes() {
+            // A shared server sets no limit of its own (its clients do).
+            let isolated = spec.mode == crate::mps::MpsMode::Isolated;
+            if isolated && (spec.memory_bytes == 0 || spec.memory_bytes > g.model.memory_bytes()) {
                 return Err(mps_err(format!(
                     "pinned memory limit {} bytes does not fit GPU {}",
                     spec.memory_bytes, spec.gpu
@@ -1064,6 +1070,7 @@ impl GpuBackend for SimBackend {
                         spec: spec.clone(),
                         pid: Some(pid),
                         running: true,
+                        time_slice_percent: 0,
                     };
                     s.mps.push(d.clone());
                     s.next_pid += 1;
@@ -1081,9 +1088,28 @@ impl GpuBackend for SimBackend {
         })
     }
 
+    fn topology(&self, a: u32, b: u32) -> Result<super::GpuLink, GpuError> {
+        self.control.before("topology", Some(a))?;
+        self.read(|s| {
+            let ga = s.gpu(a)?;
+            s.gpu(b)?;
+            let count = u32::try_from(s.gpus.len()).unwrap_or(u32::MAX);
+            // NVLinks per pair through the NVSwitches: 12 on A100, 18 on Hopper.
+            let per_pair = match ga.model {
+                GpuModel::A100Sxm40Gb | GpuModel::A100Sxm80Gb => 12,
+                _ => 18,
+            };
+            Ok(self.config.topology.link(a, b, count, per_pair))
+        })
+    }
+
     fn mps_daemons(&self) -> Result<Vec<MpsDaemon>, GpuError> {
         self.control.before("mps_daemons", None)?;
-        self.read(|s| Ok(s.mps.clone()))
+        // The accounting NVML would show: separate servers on one device time-slice,
+        // the clients of one server run concurrently within its slice.
+        let mut all = self.read(|s| Ok(s.mps.clone()))?;
+        crate::mps::assign_time_slices(&mut all);
+        Ok(all)
     }
 
     fn health_events(&self, timeout: Duration) -> Result<Vec<HealthEvent>, GpuError> {
@@ -1122,6 +1148,7 @@ mod tests {
                 .collect(),
             seed: Some("test".to_owned()),
             state_file: None,
+            topology: Default::default(),
             faults: Vec::new(),
         }
     }
@@ -1181,6 +1208,7 @@ mod tests {
             seed: None,
             state_file: None,
             faults: Vec::new(),
+            topology: Default::default(),
         };
         assert!(matches!(
             bad.validate(),
@@ -1192,6 +1220,7 @@ mod tests {
                 seed: None,
                 state_file: None,
                 faults: Vec::new(),
+                topology: Default::default(),
             }
             .validate(),
             Err(SimConfigError::NoGpus)
@@ -1562,7 +1591,34 @@ mod tests {
             pipe_dir: PathBuf::from(format!("/run/tessera/mps/{lease}/pipe")),
             log_dir: PathBuf::from(format!("/run/tessera/mps/{lease}/log")),
             owner_uid: Some(1000),
+            mode: crate::mps::MpsMode::Isolated,
         }
+    }
+
+    #[test]
+    fn separate_mps_servers_on_one_gpu_are_time_sliced() {
+        let (_d, b) = sim(&[(GpuModel::H100Hbm3_80Gb, false)]);
+        let slices = |b: &SimBackend| -> Vec<(String, u32)> {
+            b.mps_daemons()
+                .unwrap()
+                .into_iter()
+                .map(|d| (d.spec.lease_id, d.time_slice_percent))
+                .collect()
+        };
+        b.mps_start(&mps_spec(&b, "lease-a")).unwrap();
+        assert_eq!(slices(&b), vec![("lease-a".to_owned(), 100)]);
+        b.mps_start(&mps_spec(&b, "lease-b")).unwrap();
+        b.mps_start(&mps_spec(&b, "lease-c")).unwrap();
+        assert!(
+            slices(&b).iter().all(|(_, pct)| *pct == 33),
+            "{:?}",
+            slices(&b)
+        );
+        // A dead daemon gets no time and leaves more for the others.
+        b.kill_mps("lease-c").unwrap();
+        let now = slices(&b);
+        assert!(now.contains(&("lease-c".to_owned(), 0)), "{now:?}");
+        assert!(now.contains(&("lease-a".to_owned(), 50)), "{now:?}");
     }
 
     #[test]

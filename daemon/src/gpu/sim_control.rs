@@ -36,6 +36,7 @@ pub const CALLS: &[&str] = &[
     "mps_stop",
     "mps_daemons",
     "health_poll",
+    "topology",
 ];
 
 fn default_code() -> NvmlCode {

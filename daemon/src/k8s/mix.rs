@@ -45,7 +45,7 @@ fn size_rank(shape: &Shape) -> (u32, u32) {
                 .and_then(|n| n.parse().ok())
                 .unwrap_or(0),
         ),
-        Shape::Mps { sm_percent, .. } => (1, *sm_percent),
+        Shape::Mps { sm_percent, .. } | Shape::MigMps { sm_percent, .. } => (1, *sm_percent),
     }
 }
 
@@ -114,6 +114,7 @@ mod tests {
                     Shape::Mps {
                         sm_percent: 25,
                         memory_bytes: 1 << 30,
+                        mode: crate::gpu::MpsMode::Isolated,
                     }
                 };
                 (c.to_string(), ClassSpec { shape, count: *n })

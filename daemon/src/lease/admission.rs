@@ -15,9 +15,11 @@ use std::sync::Arc;
 use tokio::sync::Notify;
 
 use crate::config::Amounts;
-use crate::gpu::MpsSpec;
-use crate::model::{MigPart, MpsPart, NewLease, Partition, PartitionState};
-use crate::partition::{PlanDecision, PlanError};
+use crate::gpu::MpsMode;
+use crate::model::{
+    MigPart, MpsPart, NewLease, Partition, PartitionState, mig_mps_key, shared_mps_key,
+};
+use crate::partition::{MigMpsDecision, PlanDecision, PlanError};
 
 use super::create::{Ask, Reserved};
 use super::error::Inconsistency;
@@ -73,6 +75,36 @@ impl LeaseManager {
                 m.describe()
             )));
         }
+        if let Shape::MigMps {
+            profile,
+            sm_percent,
+            memory_bytes,
+        } = &ask.shape
+        {
+            // Its host instance was set up before (`ensure_mig_mps_host`): join one.
+            let hosts = Self::mig_mps_hosts(&st);
+            let views = Self::placeable_views(&st);
+            let host = match partition::plan_mig_mps(
+                profile,
+                *sm_percent,
+                *memory_bytes,
+                &req.tenant,
+                &hosts,
+                &views,
+                &opts,
+            )? {
+                MigMpsDecision::Join { host, .. } => host,
+                MigMpsDecision::NewHost(_) => {
+                    return Err(LeaseError::ResourceExhausted(format!(
+                        "the {profile} instance set up for this share was taken by another request; retry"
+                    )));
+                }
+            };
+            let (partition, hw) = self.mig_mps_share_for(&st, &host, ask)?;
+            return Ok(Ok(
+                self.hold_new(&mut st, ask, admission, partition, hw, notify)
+            ));
+        }
         let views = Self::placeable_views(&st);
         let decision = match partition::plan(&ask.shape, &views, &opts) {
             Ok(d) => d,
@@ -110,6 +142,22 @@ impl LeaseManager {
             Err(e) => return Err(e.into()),
         };
         let (partition, hw) = self.partition_for(&st, decision, ask)?;
+        Ok(Ok(
+            self.hold_new(&mut st, ask, admission, partition, hw, notify)
+        ))
+    }
+
+    /// The new lease on `partition`, held in the table.
+    fn hold_new(
+        &self,
+        st: &mut State,
+        ask: &Ask<'_>,
+        admission: quota::Admission,
+        partition: Partition,
+        hw: Option<HwCreate>,
+        notify: &Arc<Notify>,
+    ) -> Reserved {
+        let req = ask.req;
         let mut lease = Lease::reserved(
             NewLease {
                 id: ask.lease_id.clone(),
@@ -127,12 +175,12 @@ impl LeaseManager {
             hw.is_some(),
         );
         lease.pinned_gpu = req.gpu_index.is_some();
-        Self::hold(&mut st, &lease, &partition, notify);
-        Ok(Ok(Reserved {
+        Self::hold(st, &lease, &partition, notify);
+        Reserved {
             lease,
             partition,
             hw,
-        }))
+        }
     }
 
     /// No room: a guaranteed request may preempt burst leases of other tenants (or
@@ -268,15 +316,16 @@ impl LeaseManager {
                 (p, None)
             }
             PlanDecision::Mps { .. } => {
-                let spec = self.mps_spec_for(gpu, ask)?;
-                let mps = MpsPart {
-                    sm_percent: spec.sm_percent,
-                    memory_bytes: spec.memory_bytes,
-                    pipe_dir: spec.pipe_dir.clone(),
-                    log_dir: spec.log_dir.clone(),
-                    owner_uid: None,
-                };
+                let mps = self.mps_part_for(gpu, ask)?;
                 let p = dynamic(PartitionState::Creating, PartKind::Mps(mps));
+                let spec = p.mps_spec(&ask.lease_id).ok_or(LeaseError::Inconsistent(
+                    Inconsistency::ShapeMismatch {
+                        decision: "an MPS share",
+                        shape: "non-MPS",
+                    },
+                ))?;
+                // Shared: the first lease starts the server, later ones find it
+                // running (starting is idempotent), each under its own intent.
                 (p, Some(HwCreate::Mps(spec)))
             }
             PlanDecision::WholeGpu { .. } => {
@@ -286,7 +335,7 @@ impl LeaseManager {
     }
 
     /// A new MIG partition's description from its GI (and CI) profile.
-    fn mig_part(
+    pub(super) fn mig_part(
         gpu: &GpuState,
         gi_profile_id: u32,
         placement: crate::gpu::Placement,
@@ -313,15 +362,18 @@ impl LeaseManager {
             memory_bytes: prof.memory_bytes,
             sm_count: ci.map(|c| c.sm_count).unwrap_or(prof.sm_count),
             slices: prof.slices,
+            mps_host: None,
         })
     }
 
-    /// The MPS control daemon a new MPS lease gets, with its private directories
-    /// under the run directory.
-    fn mps_spec_for(&self, gpu: &GpuState, ask: &Ask<'_>) -> Result<MpsSpec, LeaseError> {
+    /// The MPS partition a new MPS lease gets: isolated, its own control daemon
+    /// with private directories under `<run_dir>/mps/<lease>`; shared, the GPU's
+    /// server for its tenant under `<run_dir>/mps/shared-gpu<N>-<tenant>`.
+    fn mps_part_for(&self, gpu: &GpuState, ask: &Ask<'_>) -> Result<MpsPart, LeaseError> {
         let Shape::Mps {
             sm_percent,
             memory_bytes,
+            mode,
         } = ask.shape
         else {
             return Err(LeaseError::Inconsistent(Inconsistency::ShapeMismatch {
@@ -329,17 +381,78 @@ impl LeaseManager {
                 shape: "non-MPS",
             }));
         };
-        let base = self.config.daemon.run_dir.join("mps").join(&ask.lease_id);
-        Ok(MpsSpec {
-            lease_id: ask.lease_id.clone(),
-            gpu: gpu.info.index,
-            gpu_uuid: gpu.info.uuid.clone(),
+        let dir = match mode {
+            MpsMode::Isolated => ask.lease_id.clone(),
+            MpsMode::Shared => shared_mps_key(gpu.info.index, &ask.req.tenant),
+        };
+        let base = self.config.daemon.run_dir.join("mps").join(dir);
+        Ok(MpsPart {
             sm_percent,
             memory_bytes,
             pipe_dir: base.join("pipe"),
             log_dir: base.join("log"),
             owner_uid: None,
+            mode,
+            host: None,
         })
+    }
+
+    /// MPS inside MIG: the share partition of a lease on host instance `host_id`,
+    /// served by the instance's one MPS server (`<run_dir>/mps/mig-<host>`), and
+    /// the hardware step (start that server, or find it running).
+    fn mig_mps_share_for(
+        &self,
+        st: &State,
+        host_id: &str,
+        ask: &Ask<'_>,
+    ) -> Result<(Partition, Option<HwCreate>), LeaseError> {
+        let Shape::MigMps {
+            sm_percent,
+            memory_bytes,
+            ..
+        } = ask.shape
+        else {
+            return Err(LeaseError::Inconsistent(Inconsistency::ShapeMismatch {
+                decision: "an MPS share inside MIG",
+                shape: "another",
+            }));
+        };
+        let host = st.partitions.get(host_id).ok_or_else(|| {
+            LeaseError::Inconsistent(Inconsistency::UnknownPartition(host_id.to_string()))
+        })?;
+        let uuid = host.mig().and_then(|m| m.uuid.clone()).ok_or_else(|| {
+            LeaseError::Inconsistent(Inconsistency::UnknownPartition(host_id.to_string()))
+        })?;
+        let base = self
+            .config
+            .daemon
+            .run_dir
+            .join("mps")
+            .join(mig_mps_key(host_id));
+        let p = Partition {
+            id: ask.partition_id.clone(),
+            gpu: host.gpu,
+            gpu_uuid: uuid,
+            origin: Origin::Dynamic,
+            state: PartitionState::Creating,
+            lease_id: Some(ask.lease_id.clone()),
+            kind: PartKind::Mps(MpsPart {
+                sm_percent,
+                memory_bytes,
+                pipe_dir: base.join("pipe"),
+                log_dir: base.join("log"),
+                owner_uid: None,
+                mode: MpsMode::Shared,
+                host: Some(host_id.to_string()),
+            }),
+        };
+        let spec = p.mps_spec(&ask.lease_id).ok_or(LeaseError::Inconsistent(
+            Inconsistency::ShapeMismatch {
+                decision: "an MPS share",
+                shape: "non-MPS",
+            },
+        ))?;
+        Ok((p, Some(HwCreate::Mps(spec))))
     }
 
     /// The smallest set of preemptible leases (in victim order) whose partitions,
@@ -380,7 +493,9 @@ impl LeaseManager {
                 }
                 PartKind::Mps(m) => {
                     if let Some(i) = view.mps.iter().position(|s| {
-                        s.sm_percent == m.sm_percent && s.memory_bytes == m.memory_bytes
+                        s.sm_percent == m.sm_percent
+                            && s.memory_bytes == m.memory_bytes
+                            && s.mode == m.mode
                     }) {
                         view.mps.remove(i);
                     }

@@ -2,13 +2,14 @@
 
 use std::path::Path;
 
-use crate::model::{ContainerBinding, Lease, LeaseState, PartKind};
+use crate::gpu::MpsMode;
+use crate::model::{ContainerBinding, Lease, LeaseState, PartKind, Partition};
 
 use super::devices::{self, Resolved};
 use super::error::Inconsistency;
 use super::error::invalid;
 use super::token;
-use super::{EventKind, LeaseError, LeaseManager};
+use super::{EventKind, LeaseError, LeaseManager, State};
 
 impl LeaseManager {
     /// The nvidia-uvm and nvidia-caps majors (config, else `/proc/devices`).
@@ -28,7 +29,7 @@ impl LeaseManager {
             return Err(not_found());
         }
         let h = token::hash(tok);
-        let (lease, partition, gpu) = {
+        let (lease, partition, gpu, host) = {
             let mut st = self.lock();
             let lid = st.tokens.get(&h).ok_or_else(not_found)?;
             let lease = st.leases.get(lid).cloned().ok_or_else(not_found)?;
@@ -63,25 +64,37 @@ impl LeaseManager {
                         gpu: partition.gpu,
                     })
                 })?;
+            // MPS inside MIG: the container gets its host instance's devices.
+            let host = match partition.mps().and_then(|m| m.host.as_ref()) {
+                Some(h) => Some(st.partitions.get(h).cloned().ok_or_else(|| {
+                    LeaseError::Inconsistent(Inconsistency::UnknownPartition(h.clone()))
+                })?),
+                None => None,
+            };
             // A runtime now holds these devices: the lease never moves again.
             st.resolved.insert(lease.id.clone());
-            (lease, partition, gpu)
+            (lease, partition, gpu, host)
         };
-        let minors = match partition.kind {
+        let device = host.as_ref().unwrap_or(&partition);
+        let minors = match device.kind {
             PartKind::Mig(_) => self.backend.mig_minors()?,
             _ => Default::default(),
         };
         let majors = self.device_majors()?;
-        Ok(devices::resolve(
+        let mut resolved = devices::resolve(
             &lease,
-            &partition,
+            device,
             gpu.minor,
             &gpu.uuid,
             &minors,
             &self.config.devices,
             majors,
             self.config.lease.pids_limit,
-        ))
+        );
+        if host.is_some() {
+            devices::add_mps_share(&mut resolved, &partition);
+        }
+        Ok(resolved)
     }
 
     /// Record a container on the lease its token names (the runtime calls this
@@ -130,17 +143,27 @@ impl LeaseManager {
                 )));
             }
             let mut handed = None;
+            // A shared server serves one uid (MPS starts a server per uid and makes
+            // other uids wait): the uid of the first container bound to any of its
+            // leases.
+            let server_owner = shared_server_owner(&st, &resolved.partition);
             if let (Some(uid), Some(p)) = (uid, st.partitions.get_mut(&resolved.partition.id))
                 && let PartKind::Mps(m) = &mut p.kind
             {
-                match m.owner_uid {
+                match m.owner_uid.or(server_owner) {
+                    Some(owner) if owner != uid && m.mode == MpsMode::Shared => {
+                        return Err(LeaseError::FailedPrecondition(format!(
+                            "the shared MPS server of GPU {} serves uid {owner}; a container running as uid {uid} cannot share it (run as uid {owner}, or lease in isolated mode)",
+                            p.gpu
+                        )));
+                    }
                     Some(owner) if owner != uid => {
                         return Err(LeaseError::FailedPrecondition(format!(
                             "this MPS lease serves uid {owner}; a container running as uid {uid} cannot share its MPS server"
                         )));
                     }
-                    Some(_) => {}
-                    None => {
+                    Some(_) if m.owner_uid.is_some() => {}
+                    Some(_) | None => {
                         m.owner_uid = Some(uid);
                         let dirs = (m.pipe_dir.clone(), m.log_dir.clone());
                         handed = Some((p.clone(), dirs.0, dirs.1));
@@ -231,6 +254,14 @@ impl LeaseManager {
             && let PartKind::Mps(m) = &mut p.kind
         {
             m.owner_uid = None;
+            let p = p.clone();
+            // A shared server's directories stay with the uid its other leases use.
+            if shared_server_owner(&st, &p).is_some() {
+                return;
+            }
+            let PartKind::Mps(m) = &p.kind else {
+                return;
+            };
             let dirs = [
                 m.pipe_dir.parent().map(Path::to_path_buf),
                 Some(m.pipe_dir.clone()),
@@ -319,4 +350,16 @@ fn check_termination_log(path: &str) -> Result<(), LeaseError> {
             "must be a clean absolute host path outside /proc, /sys and /dev",
         ))
     }
+}
+
+/// The uid another lease of `p`'s shared MPS server already bound (None for an
+/// isolated partition, or while no lease of the server has a container).
+fn shared_server_owner(st: &State, p: &Partition) -> Option<u32> {
+    let m = p.mps().filter(|m| m.mode == MpsMode::Shared)?;
+    st.partitions
+        .values()
+        .filter(|o| o.id != p.id && o.gpu == p.gpu)
+        .filter_map(Partition::mps)
+        .filter(|o| o.mode == MpsMode::Shared && o.pipe_dir == m.pipe_dir)
+        .find_map(|o| o.owner_uid)
 }

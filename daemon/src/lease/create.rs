@@ -108,6 +108,8 @@ impl LeaseManager {
             partition_id: new_id("p-"),
             now,
         };
+        // MPS inside MIG: its host instance first (held until the share is reserved).
+        let host_claim = self.ensure_mig_mps_host(&ask, &tenancy).await?;
         let notify = Arc::new(Notify::new());
         let reserved = match self
             .reserve_with_preemption(&ask, &tenancy, &notify)
@@ -116,6 +118,7 @@ impl LeaseManager {
             Ok(r) => r,
             Err(answer) => return answer,
         };
+        drop(host_claim);
         let tok = token::generate();
         let tok_hash = token::hash(&tok);
         let intent = self.record_reservation(&reserved, &tok_hash, now).await?;

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use crate::config::DevicesConfig;
 use crate::gpu::MigMinors;
 
-use crate::model::{Lease, PartKind, Partition};
+use crate::model::{Lease, MpsPart, PartKind, Partition};
 
 /// Major of /dev/nvidia<N>, /dev/nvidiactl.
 pub const NVIDIA_MAJOR: i64 = 195;
@@ -104,6 +104,45 @@ fn node(dev_root: &Path, name: &str, major: i64, minor: i64) -> DeviceNode {
     }
 }
 
+/// An MPS client's side: the pipe directory (mounted) and, for a shared server,
+/// the lease's limits as client env.
+fn mps_client(m: &MpsPart, env: &mut BTreeMap<String, String>, mounts: &mut Vec<MountSpec>) {
+    env.insert(
+        "CUDA_MPS_PIPE_DIRECTORY".into(),
+        CONTAINER_MPS_PIPE_DIR.to_string(),
+    );
+    if m.mode == crate::gpu::MpsMode::Shared {
+        // The shared server has no daemon-side limits: each lease's are the
+        // client's, which can only tighten the server's (so its own process could
+        // raise them back up to the whole device).
+        env.insert(
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".into(),
+            m.sm_percent.to_string(),
+        );
+        env.insert(
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".into(),
+            format!("0={}M", (m.memory_bytes >> 20).max(1)),
+        );
+    }
+    mounts.push(MountSpec {
+        source: m.pipe_dir.clone(),
+        destination: CONTAINER_MPS_PIPE_DIR.to_string(),
+        options: ["rbind", "nosuid", "nodev", "noexec"]
+            .map(String::from)
+            .to_vec(),
+    });
+}
+
+/// MPS inside MIG: what a share's container gets is its host instance's devices
+/// (resolved as `host`) plus the share's MPS client side; the share stays the
+/// lease's partition.
+pub fn add_mps_share(resolved: &mut Resolved, share: &Partition) {
+    if let PartKind::Mps(m) = &share.kind {
+        mps_client(m, &mut resolved.env, &mut resolved.mounts);
+    }
+    resolved.partition = share.clone();
+}
+
 /// Build the devices, env and mounts of a lease.
 #[allow(clippy::too_many_arguments)]
 pub fn resolve(
@@ -163,17 +202,7 @@ pub fn resolve(
         }
         PartKind::Mps(m) => {
             env.insert("CUDA_VISIBLE_DEVICES".into(), gpu_uuid.to_string());
-            env.insert(
-                "CUDA_MPS_PIPE_DIRECTORY".into(),
-                CONTAINER_MPS_PIPE_DIR.to_string(),
-            );
-            mounts.push(MountSpec {
-                source: m.pipe_dir.clone(),
-                destination: CONTAINER_MPS_PIPE_DIR.to_string(),
-                options: ["rbind", "nosuid", "nodev", "noexec"]
-                    .map(String::from)
-                    .to_vec(),
-            });
+            mps_client(m, &mut env, &mut mounts);
         }
         PartKind::WholeGpu => {
             env.insert("CUDA_VISIBLE_DEVICES".into(), gpu_uuid.to_string());

@@ -5,12 +5,12 @@ use tracing::{info, warn};
 
 use crate::config::OnRelease;
 
-use crate::gpu::GpuError;
+use crate::gpu::{GpuError, MpsMode};
 use crate::model::{IntentOp, Lease, LeaseState, Origin, PartKind, Partition, PartitionState};
 use crate::names::truncate;
 
 use super::error::Inconsistency;
-use super::{EventKind, LeaseError, LeaseManager, enforce};
+use super::{EventKind, LeaseError, LeaseManager, State, enforce};
 
 pub(super) enum HwDestroy {
     Mig { gpu: u32, gi_id: u32 },
@@ -69,7 +69,7 @@ impl LeaseManager {
                 .ok_or_else(|| {
                     LeaseError::Inconsistent(Inconsistency::LeaseWithoutPartition(id.to_string()))
                 })?;
-            let teardown = self.teardown_for(&partition);
+            let teardown = self.teardown_for(&st, &partition);
             let l = st.leases.get_mut(id).ok_or_else(|| {
                 LeaseError::Inconsistent(Inconsistency::LeaseVanished(id.to_string()))
             })?;
@@ -84,7 +84,11 @@ impl LeaseManager {
         result
     }
 
-    pub(super) fn teardown_for(&self, p: &Partition) -> Option<HwDestroy> {
+    /// The hardware step that ends `p`'s lease. A shared MPS server is stopped only
+    /// by the last lease it serves: while another live lease not itself ending uses
+    /// it, the ending one just leaves (a lease that joins while the server stops
+    /// finds it restarted by the supervisor within a second).
+    pub(super) fn teardown_for(&self, st: &State, p: &Partition) -> Option<HwDestroy> {
         match &p.kind {
             PartKind::Mig(m) => {
                 let keep = p.origin == Origin::Static
@@ -94,9 +98,14 @@ impl LeaseManager {
                     _ => None,
                 }
             }
-            PartKind::Mps(_) => Some(HwDestroy::Mps {
-                lease_id: p.lease_id.clone().unwrap_or_default(),
-            }),
+            PartKind::Mps(m) => {
+                let lease_id = p.lease_id.clone().unwrap_or_default();
+                let key = p.mps_daemon_key(&lease_id)?;
+                if m.mode == MpsMode::Shared && shared_server_users(st, p, &key) > 0 {
+                    return None;
+                }
+                Some(HwDestroy::Mps { lease_id: key })
+            }
             PartKind::WholeGpu => None,
         }
     }
@@ -141,6 +150,9 @@ impl LeaseManager {
         if !self.stop_containers(&lease, &partition).await? {
             return Ok(lease);
         }
+        // The MPS directories go with the daemon (a shared server's stay while it
+        // serves other leases).
+        let stops_mps = matches!(hw, Some(HwDestroy::Mps { .. }));
         if let Some(hw) = hw
             && let Err(e) = self.destroy_hw(hw).await?
         {
@@ -162,6 +174,7 @@ impl LeaseManager {
             return Ok(lease);
         }
         if let PartKind::Mps(m) = &partition.kind
+            && stops_mps
             && let Some(base) = m.pipe_dir.parent()
             && base.starts_with(self.config.daemon.run_dir.join("mps"))
             && let Err(e) = self.host.remove_dir_all(base)
@@ -396,6 +409,22 @@ impl LeaseManager {
             }
         }
     }
+}
+
+/// How many leases other than `p`'s, live and not ending, the shared MPS server
+/// `key` on `p`'s GPU serves.
+pub(super) fn shared_server_users(st: &State, p: &Partition, key: &str) -> usize {
+    st.partitions
+        .values()
+        .filter(|o| o.id != p.id && o.gpu == p.gpu)
+        .filter_map(|o| {
+            let lid = o.lease_id.as_deref()?;
+            let l = st.leases.get(lid)?;
+            let serving = matches!(l.state(), LeaseState::Pending | LeaseState::Active)
+                && !st.tearing_down.contains(lid);
+            (serving && o.mps_daemon_key(lid).as_deref() == Some(key)).then_some(())
+        })
+        .count()
 }
 
 /// What a stopped container's termination message says: the lease, how it ends and

@@ -91,6 +91,7 @@ impl LeaseManager {
             }
         }
         self.supervise_mps(now).await;
+        self.reap_idle_mps_hosts().await;
         self.prune_gone_containers(now).await;
         ended
     }
@@ -175,7 +176,10 @@ impl LeaseManager {
                 Err(_) => return,
             };
         for (lease, p, attempts) in due {
-            if running.contains(&lease.id) {
+            let Some(key) = p.mps_daemon_key(&lease.id) else {
+                continue;
+            };
+            if running.contains(&key) {
                 // Healthy again for a whole check: forget old failures.
                 self.lock().mps_backoff.remove(&lease.id);
                 continue;
@@ -218,7 +222,7 @@ impl LeaseManager {
     }
 
     pub(super) async fn retry_teardown(&self, id: &str) -> Result<(), LeaseError> {
-        let (lease, partition) = {
+        let (lease, partition, hw) = {
             let mut st = self.lock();
             if st.tearing_down.contains(id) {
                 return Ok(());
@@ -230,9 +234,9 @@ impl LeaseManager {
                 return Ok(());
             };
             st.tearing_down.insert(id.to_string());
-            (lease, p)
+            let hw = self.teardown_for(&st, &p);
+            (lease, p, hw)
         };
-        let hw = self.teardown_for(&partition);
         let r = self.teardown(lease.clone(), partition, hw, lease).await;
         self.lock().tearing_down.remove(id);
         r.map(|_| ())

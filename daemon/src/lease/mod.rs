@@ -55,6 +55,7 @@ mod events;
 mod grants;
 mod health;
 mod housekeeping;
+mod mig_mps;
 mod moves;
 mod need;
 mod owner;

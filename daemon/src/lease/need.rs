@@ -31,6 +31,8 @@ pub enum Isolation {
 pub struct Need {
     pub memory_bytes: u64,
     pub isolation: Isolation,
+    /// With `Isolation::Shared`: the MPS mode of the share.
+    pub mps_mode: crate::gpu::MpsMode,
 }
 
 /// Largest need accepted (no GPU has more).
@@ -131,6 +133,7 @@ impl LeaseManager {
                 Shape::Mps {
                     sm_percent: u32::try_from(pct.clamp(1, 100)).unwrap_or(100),
                     memory_bytes: need.memory_bytes,
+                    mode: need.mps_mode,
                 }
             })
             .collect();
@@ -145,11 +148,20 @@ fn shape_name(s: &Shape) -> String {
         Shape::Mps {
             sm_percent,
             memory_bytes,
+            ..
         } => format!(
             "an MPS share of {sm_percent}% SMs and {}",
             tessera_common::size::human(*memory_bytes)
         ),
         Shape::WholeGpu => "a whole GPU".into(),
+        Shape::MigMps {
+            profile,
+            sm_percent,
+            memory_bytes,
+        } => format!(
+            "an MPS share of {sm_percent}% SMs and {} on a {profile} instance",
+            tessera_common::size::human(*memory_bytes)
+        ),
     }
 }
 
@@ -186,6 +198,7 @@ mod tests {
             need: Some(Need {
                 memory_bytes,
                 isolation,
+                mps_mode: crate::gpu::MpsMode::Isolated,
             }),
             ..Default::default()
         }
@@ -248,6 +261,7 @@ mod tests {
         let Shape::Mps {
             sm_percent,
             memory_bytes,
+            ..
         } = l.lease.shape
         else {
             panic!("{:?}", l.lease.shape)

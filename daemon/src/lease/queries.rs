@@ -22,10 +22,26 @@ pub struct GpuReport {
     pub health: Option<crate::model::HealthMark>,
     /// Its MIG instances out of service (contained errors).
     pub unhealthy_instances: Vec<crate::model::HealthMark>,
+    /// The MPS mode of its MPS leases (None while it has none).
+    pub mps_mode: Option<crate::gpu::MpsMode>,
+    /// MPS control daemons running on the GPU itself, as the backend reports them,
+    /// and the share of the GPU's time each gets (they time-slice).
+    pub mps_servers: u32,
+    pub mps_time_slice_percent: u32,
+    /// How it connects to each other GPU: (index, link).
+    pub links: Vec<(u32, crate::gpu::GpuLink)>,
 }
 
 impl LeaseManager {
     pub fn node(&self) -> Vec<GpuReport> {
+        // Asked before the lock: the real backend reads pid files.
+        let daemons = match self.backend.mps_daemons() {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::warn!(error = %e, "GetNode: the MPS control daemons cannot be listed; reporting none");
+                Vec::new()
+            }
+        };
         let st = self.lock();
         let views = Self::views(&st);
         views
@@ -52,6 +68,10 @@ impl LeaseManager {
                     .collect();
                 partitions.sort_by(|a, b| a.id.cmp(&b.id));
                 let used = partition::used_memory_slices(v);
+                let on_gpu: Vec<_> = daemons
+                    .iter()
+                    .filter(|d| d.running && d.spec.gpu_uuid == v.info.uuid)
+                    .collect();
                 GpuReport {
                     info: v.info.clone(),
                     profiles,
@@ -71,6 +91,15 @@ impl LeaseManager {
                         .filter(|((g, gi), _)| *g == v.info.index && gi.is_some())
                         .map(|(_, m)| m.clone())
                         .collect(),
+                    mps_mode: v.mps.first().map(|m| m.mode),
+                    mps_servers: u32::try_from(on_gpu.len()).unwrap_or(u32::MAX),
+                    mps_time_slice_percent: on_gpu.first().map_or(0, |d| d.time_slice_percent),
+                    links: st
+                        .gpus
+                        .iter()
+                        .find(|g| g.info.index == v.info.index)
+                        .map(|g| g.links.clone())
+                        .unwrap_or_default(),
                 }
             })
             .collect()

@@ -24,6 +24,7 @@ pub fn amounts_of(shape: &Shape) -> Amounts {
         Shape::Mps {
             sm_percent,
             memory_bytes,
+            ..
         } => Amounts {
             mps_sm_percent: *sm_percent,
             memory_bytes: *memory_bytes,
@@ -31,6 +32,17 @@ pub fn amounts_of(shape: &Shape) -> Amounts {
         },
         Shape::WholeGpu => Amounts {
             whole_gpus: 1,
+            ..Default::default()
+        },
+        // Its share of the whole GPU's SMs: the instance's compute slices (of 7)
+        // times its percentage, rounded up.
+        Shape::MigMps {
+            profile,
+            sm_percent,
+            memory_bytes,
+        } => Amounts {
+            mps_sm_percent: (sm_percent.saturating_mul(mig_slices(profile))).div_ceil(7),
+            memory_bytes: *memory_bytes,
             ..Default::default()
         },
     }
@@ -260,6 +272,20 @@ mod tests {
             mig_slices: n,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn an_mps_share_inside_mig_counts_its_part_of_the_whole_gpu() {
+        let a = amounts_of(&Shape::MigMps {
+            profile: "3g.40gb".into(),
+            sm_percent: 50,
+            memory_bytes: 4 << 30,
+        });
+        // 50 % of 3 of 7 compute slices, rounded up, like usage.
+        assert_eq!(
+            (a.mps_sm_percent, a.memory_bytes, a.mig_slices),
+            (22, 4 << 30, 0)
+        );
     }
 
     #[test]

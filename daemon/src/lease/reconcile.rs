@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 use tessera_common::clock::now_ms;
 use tracing::{info, warn};
 
-use crate::gpu::MigInstance;
+use crate::gpu::{MigInstance, MpsMode};
 use crate::model::{IntentOp, Lease, MigPart, PartKind, Partition, PartitionState};
 
 use super::{GpuState, LeaseError, LeaseManager, State, mps_dirs};
@@ -105,7 +105,27 @@ impl LeaseManager {
             } else {
                 Vec::new()
             };
-            st.gpus.push(GpuState { info, profiles });
+            st.gpus.push(GpuState {
+                info,
+                profiles,
+                links: Vec::new(),
+            });
+        }
+        // The board's topology, once.
+        let indices: Vec<u32> = st.gpus.iter().map(|g| g.info.index).collect();
+        for g in st.gpus.iter_mut().filter(|g| !lost.contains(&g.info.index)) {
+            for &other in indices
+                .iter()
+                .filter(|&&o| o != g.info.index && !lost.contains(&o))
+            {
+                match self.backend.topology(g.info.index, other) {
+                    Ok(l) => g.links.push((other, l)),
+                    Err(e) => {
+                        warn!(gpu = g.info.index, other, error = %e, "GPU topology unknown");
+                        break;
+                    }
+                }
+            }
         }
         for p in partitions {
             st.partitions.insert(p.id.clone(), p);
@@ -159,14 +179,16 @@ impl LeaseManager {
         now: i64,
         report: &mut Reconciled,
     ) -> Result<(), LeaseError> {
-        let mps_running: HashSet<String> = self
+        let mut mps_running: HashSet<String> = self
             .backend
             .mps_daemons()?
             .into_iter()
             .filter(|d| d.running)
             .map(|d| d.spec.lease_id)
             .collect();
-        let ids: Vec<String> = st.partitions.keys().cloned().collect();
+        // In creation order: an MPS host instance before the shares on it.
+        let mut ids: Vec<String> = st.partitions.keys().cloned().collect();
+        ids.sort();
         for id in ids {
             let Some(p) = st.partitions.get(&id).cloned() else {
                 continue;
@@ -187,15 +209,35 @@ impl LeaseManager {
                         }
                     }
                 }
-                PartKind::Mps(_) => {
+                PartKind::Mps(m) => {
+                    // MPS inside MIG: its host instance may have been re-created
+                    // above (new MIG uuid); the share's device follows it.
+                    let mut p = p.clone();
+                    if let Some(uuid) = m
+                        .host
+                        .as_ref()
+                        .and_then(|h| st.partitions.get(h))
+                        .and_then(|h| h.mig())
+                        .and_then(|h| h.uuid.clone())
+                        .filter(|u| *u != p.gpu_uuid)
+                    {
+                        p.gpu_uuid = uuid;
+                        let p2 = p.clone();
+                        self.store.write_blocking(move |w| w.put_partition(&p2))?;
+                        st.partitions.insert(p.id.clone(), p.clone());
+                    }
                     if let Some(lid) = &p.lease_id
-                        && !mps_running.contains(lid)
                         && let Some(spec) = p.mps_spec(lid)
+                        && !mps_running.contains(&spec.lease_id)
                     {
                         let started = mps_dirs(self.host.as_ref(), &spec)
                             .and_then(|()| self.backend.mps_start(&spec).map(|_| ()));
                         match started {
-                            Ok(()) => report.mps_restarted += 1,
+                            Ok(()) => {
+                                report.mps_restarted += 1;
+                                // A shared server serves its other leases too.
+                                mps_running.insert(spec.lease_id.clone());
+                            }
                             // The supervisor retries it with its backoff once the
                             // daemon runs; one GPU's MPS trouble does not stop the
                             // others being served.
@@ -280,16 +322,23 @@ impl LeaseManager {
             }
             IntentOp::StartMps => {
                 let lid = p.lease_id.clone().unwrap_or_default();
+                let key = p.mps_daemon_key(&lid).unwrap_or_else(|| lid.clone());
                 let running = self
                     .backend
                     .mps_daemons()?
                     .iter()
-                    .any(|d| d.spec.lease_id == lid && d.running);
+                    .any(|d| d.spec.lease_id == key && d.running);
                 if running {
                     self.adopt_at_start(st, p.clone(), lease, iid, now)?;
                     report.adopted += 1;
                 } else {
-                    let _ = self.backend.mps_stop(&lid);
+                    // A shared server that other leases hold stays (it is
+                    // restarted for them); an isolated daemon half started goes.
+                    let shared_in_use = p.mps().is_some_and(|m| m.mode == MpsMode::Shared)
+                        && super::end::shared_server_users(st, &p, &key) > 0;
+                    if !shared_in_use {
+                        let _ = self.backend.mps_stop(&key);
+                    }
                     self.fail_creation(st, &p, lease, iid, now)?;
                     report.rolled_back += 1;
                 }
@@ -357,8 +406,8 @@ impl LeaseManager {
                 }
                 true
             }
-            _ => match &p.lease_id {
-                Some(l) => match self.backend.mps_stop(l) {
+            _ => match p.lease_id.as_deref().and_then(|l| p.mps_daemon_key(l)) {
+                Some(key) => match self.backend.mps_stop(&key) {
                     Ok(()) => true,
                     Err(e) => {
                         warn!(partition = %p.id, error = %e, "stopping the MPS daemon still fails; will retry");

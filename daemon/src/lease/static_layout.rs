@@ -146,6 +146,7 @@ impl LeaseManager {
                 memory_bytes: prof.memory_bytes,
                 sm_count: prof.sm_count,
                 slices: prof.slices,
+                mps_host: None,
             }),
         };
         self.lock().partitions.insert(p.id.clone(), p.clone());

@@ -7,7 +7,7 @@ use tokio::sync::Notify;
 
 use crate::gpu::{GiProfile, GpuInfo, MigInstance};
 use crate::model::{Lease, PartKind, Partition, PartitionState};
-use crate::partition::{GpuView, MpsShare, OccupiedMig, PlanOptions};
+use crate::partition::{GpuView, MigMpsHost, MpsShare, OccupiedMig, PlanOptions};
 
 use super::LeaseManager;
 
@@ -16,6 +16,9 @@ use super::LeaseManager;
 pub struct GpuState {
     pub info: GpuInfo,
     pub profiles: Vec<GiProfile>,
+    /// How it connects to each other GPU (read once at start: the board does not
+    /// change): (other index, link). Empty where the backend could not tell.
+    pub links: Vec<(u32, crate::gpu::GpuLink)>,
 }
 
 #[derive(Default)]
@@ -47,6 +50,9 @@ pub(super) struct State {
     pub(super) resolved: HashSet<String>,
     /// GPUs (gi None) and MIG instances out of service: (gpu, gi) -> mark.
     pub(super) health: HashMap<(u32, Option<u32>), crate::model::HealthMark>,
+    /// MIG instances hosting MPS shares that a CreateLease set up and has not yet
+    /// placed its share on: host partition id -> calls. Never reaped while held.
+    pub(super) host_claims: HashMap<String, usize>,
 }
 
 impl LeaseManager {
@@ -80,6 +86,43 @@ impl LeaseManager {
         views
     }
 
+    /// The MIG instances hosting MPS shares, with their shares (MPS inside MIG).
+    pub(super) fn mig_mps_hosts(st: &State) -> Vec<MigMpsHost> {
+        let mut hosts: Vec<MigMpsHost> = st
+            .partitions
+            .values()
+            .filter_map(|p| {
+                let m = p.mig()?;
+                let tenant = m.mps_host.clone()?;
+                Some(MigMpsHost {
+                    partition_id: p.id.clone(),
+                    gpu: p.gpu,
+                    profile: m.profile.clone(),
+                    memory_bytes: m.memory_bytes,
+                    tenant,
+                    ready: p.state == PartitionState::Ready
+                        && st.unhealthy(p.gpu, m.gi_id).is_none()
+                        && st.unhealthy(p.gpu, None).is_none(),
+                    shares: Vec::new(),
+                })
+            })
+            .collect();
+        for p in st.partitions.values() {
+            if let Some(m) = p.mps()
+                && let Some(h) = &m.host
+                && let Some(host) = hosts.iter_mut().find(|x| x.partition_id == *h)
+            {
+                host.shares.push(MpsShare {
+                    sm_percent: m.sm_percent,
+                    memory_bytes: m.memory_bytes,
+                    mode: m.mode,
+                });
+            }
+        }
+        hosts.sort_by(|a, b| a.partition_id.cmp(&b.partition_id));
+        hosts
+    }
+
     pub(super) fn views(st: &State) -> Vec<GpuView> {
         st.gpus
             .iter()
@@ -93,12 +136,18 @@ impl LeaseManager {
                         PartKind::Mig(m) => mig.push(OccupiedMig {
                             gi_profile_id: m.gi_profile_id,
                             placement: m.placement,
-                            free_static: (p.lease_id.is_none() && p.state == PartitionState::Ready)
+                            // An instance hosting MPS shares is not free.
+                            free_static: (p.lease_id.is_none()
+                                && m.mps_host.is_none()
+                                && p.state == PartitionState::Ready)
                                 .then(|| p.id.clone()),
                         }),
+                        // Shares inside a MIG instance are the instance's.
+                        PartKind::Mps(m) if m.host.is_some() => {}
                         PartKind::Mps(m) => mps.push(MpsShare {
                             sm_percent: m.sm_percent,
                             memory_bytes: m.memory_bytes,
+                            mode: m.mode,
                         }),
                         PartKind::WholeGpu => whole = true,
                     }

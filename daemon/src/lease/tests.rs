@@ -192,6 +192,7 @@ async fn an_mps_daemon_that_cannot_restart_at_start_is_retried_later() {
     req.shape = Some(Shape::Mps {
         sm_percent: 25,
         memory_bytes: 4 << 30,
+        mode: crate::gpu::MpsMode::Isolated,
     });
     let c = mgr.create(req).await.unwrap();
     let lid = c.lease.id.clone();
@@ -224,6 +225,101 @@ async fn an_mps_daemon_that_cannot_restart_at_start_is_retried_later() {
     assert!(up, "the supervisor restarted the MPS daemon");
 }
 
+/// A shared MPS server that died with tesserad is restarted once at start for all
+/// the leases it serves; a lease still pending on it (its intent open) is adopted;
+/// releasing them stops it only with the last.
+#[tokio::test]
+async fn a_shared_mps_server_survives_a_restart_for_all_its_leases() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mgr, sim) = manager_and_sim(dir.path());
+    let shared = |sm| CreateRequest {
+        tenant: "team-a".into(),
+        shape: Some(Shape::Mps {
+            sm_percent: sm,
+            memory_bytes: 4 << 30,
+            mode: crate::gpu::MpsMode::Shared,
+        }),
+        ..Default::default()
+    };
+    let a = mgr.create(shared(20)).await.unwrap().lease.id;
+    let b = mgr.create(shared(30)).await.unwrap().lease.id;
+    let key = crate::model::shared_mps_key(1, "team-a");
+    let servers = |sim: &crate::gpu::SimBackend| -> Vec<(String, bool)> {
+        sim.mps_daemons()
+            .unwrap()
+            .into_iter()
+            .map(|d| (d.spec.lease_id, d.running))
+            .collect()
+    };
+    assert_eq!(servers(&sim), vec![(key.clone(), true)]);
+    drop(mgr);
+    sim.kill_mps(&key).unwrap();
+    let (mgr, sim) = manager_and_sim(dir.path());
+    assert_eq!(servers(&sim), vec![(key.clone(), true)], "restarted once");
+    for id in [&a, &b] {
+        assert_eq!(mgr.get(id).unwrap().0.state(), LeaseState::Active);
+    }
+    mgr.end(&a, LeaseState::Released, "done").await.unwrap();
+    assert_eq!(servers(&sim), vec![(key.clone(), true)], "b still uses it");
+    mgr.end(&b, LeaseState::Released, "done").await.unwrap();
+    assert!(servers(&sim).is_empty(), "the last lease stops it");
+    assert!(
+        !dir.path().join("mps").join(&key).exists(),
+        "its directories go with it"
+    );
+}
+
+/// MPS inside MIG with `on_release = "keep"`: the instance set up for the first
+/// share stays after the last one as a free pool instance, which the next host
+/// request (another tenant) takes without creating one; a MIG lease can take it too.
+#[tokio::test]
+async fn an_idle_mps_host_is_kept_per_on_release_and_reused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = test_config(dir.path());
+    config.partition.on_release = crate::config::OnRelease::Keep;
+    let sim = Arc::new(crate::gpu::open_sim(&config.sim).unwrap());
+    let store = Arc::new(Store::open(dir.path()).unwrap());
+    let mgr = LeaseManager::start(config, sim.clone(), store).unwrap();
+    let share = |tenant: &str| CreateRequest {
+        tenant: tenant.into(),
+        shape: Some(Shape::MigMps {
+            profile: "3g.40gb".into(),
+            sm_percent: 50,
+            memory_bytes: 4 << 30,
+        }),
+        ..Default::default()
+    };
+    let instances = |sim: &crate::gpu::SimBackend| sim.instances(0).unwrap();
+    let a = mgr.create(share("team-a")).await.unwrap();
+    let host = a.partition.unwrap().mps().unwrap().host.clone().unwrap();
+    assert_eq!(instances(&sim).len(), 1);
+    mgr.end(&a.lease.id, LeaseState::Released, "done")
+        .await
+        .unwrap();
+    mgr.tick().await;
+    assert_eq!(instances(&sim).len(), 1, "kept");
+    // Another tenant's share gets the kept instance as its host.
+    let b = mgr.create(share("team-b")).await.unwrap();
+    assert_eq!(
+        b.partition.unwrap().mps().unwrap().host.as_deref(),
+        Some(host.as_str())
+    );
+    assert_eq!(instances(&sim).len(), 1, "no new instance");
+    mgr.end(&b.lease.id, LeaseState::Released, "done")
+        .await
+        .unwrap();
+    mgr.tick().await;
+    // Free again: a MIG lease of the profile takes it.
+    let mut req = mig_request("mig-1");
+    req.shape = Some(Shape::Mig {
+        profile: "3g.40gb".into(),
+        compute_profile: None,
+    });
+    let m = mgr.create(req).await.unwrap();
+    assert_eq!(m.partition.unwrap().id, host);
+    assert_eq!(instances(&sim).len(), 1);
+}
+
 /// The host's side effects of a lease's life go through `HostOps`: an MPS lease's
 /// private directories, their hand-over to the container's uid, the container
 /// stopped through its cgroup on release, and the directories removed after.
@@ -242,6 +338,7 @@ async fn an_mps_lease_drives_the_host_through_host_ops() {
             shape: Some(Shape::Mps {
                 sm_percent: 25,
                 memory_bytes: 4 << 30,
+                mode: crate::gpu::MpsMode::Isolated,
             }),
             ..Default::default()
         })

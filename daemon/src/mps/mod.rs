@@ -25,10 +25,55 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-/// The limits of one MPS control daemon (one per MPS lease).
+/// How an MPS lease shares its GPU with the other MPS leases there.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MpsMode {
+    /// A control daemon of its own: its limits are set on the daemon side, where the
+    /// tenant cannot loosen them; the control daemons on one GPU time-slice against
+    /// each other.
+    #[default]
+    Isolated,
+    /// One control daemon (one server) per GPU and tenant, shared by that tenant's
+    /// shared leases there: their clients run concurrently; the limits of each lease
+    /// are client-side (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`,
+    /// `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` in the container's env), which the tenant's
+    /// own process can raise up to the whole device.
+    Shared,
+}
+
+impl MpsMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MpsMode::Isolated => "isolated",
+            MpsMode::Shared => "shared",
+        }
+    }
+}
+
+impl std::fmt::Display for MpsMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for MpsMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "isolated" => Ok(MpsMode::Isolated),
+            "shared" => Ok(MpsMode::Shared),
+            other => Err(format!("{other:?} is not isolated or shared")),
+        }
+    }
+}
+
+/// The limits of one MPS control daemon (one per isolated MPS lease, one per GPU and
+/// tenant for shared ones).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MpsSpec {
-    /// The lease the daemon belongs to.
+    /// The daemon's key: the lease it belongs to (isolated), or the shared server's
+    /// name (`shared-gpu<N>-<tenant>`).
     pub lease_id: String,
     pub gpu: u32,
     pub gpu_uuid: String,
@@ -38,6 +83,10 @@ pub struct MpsSpec {
     pub log_dir: PathBuf,
     /// uid that owns pipe and log dirs (the uid the container runs as); None = root.
     pub owner_uid: Option<u32>,
+    /// Shared: no daemon-side limits (sm_percent 100, memory_bytes the device's), the
+    /// limits of each lease are client-side.
+    #[serde(default)]
+    pub mode: MpsMode,
 }
 
 /// A running MPS control daemon as the backend reports it.
@@ -46,6 +95,31 @@ pub struct MpsDaemon {
     pub spec: MpsSpec,
     pub pid: Option<u32>,
     pub running: bool,
+    /// The share of the device's time this daemon's server gets: the running control
+    /// daemons on one device (GPU or MIG instance) time-slice against each other, so
+    /// each gets 100/N percent (see [`assign_time_slices`]). Clients of one server
+    /// run concurrently within its slice.
+    #[serde(default)]
+    pub time_slice_percent: u32,
+}
+
+/// Fill in `time_slice_percent` of every daemon: 100 / (running daemons on the same
+/// device uuid); 0 for one not running. The model: separate MPS servers get separate
+/// GPU contexts, which the driver time-slices (equal slices assumed).
+pub fn assign_time_slices(daemons: &mut [MpsDaemon]) {
+    let counts: Vec<u32> = daemons
+        .iter()
+        .map(|d| {
+            let n = daemons
+                .iter()
+                .filter(|o| o.running && o.spec.gpu_uuid == d.spec.gpu_uuid)
+                .count();
+            u32::try_from(n).unwrap_or(u32::MAX)
+        })
+        .collect();
+    for (d, n) in daemons.iter_mut().zip(counts) {
+        d.time_slice_percent = if d.running && n > 0 { 100 / n } else { 0 };
+    }
 }
 
 /// The control binary, looked up in PATH unless configured.
@@ -160,7 +234,7 @@ pub fn validate_spec(spec: &MpsSpec) -> Result<(), MpsError> {
             spec.sm_percent
         ));
     }
-    if spec.memory_bytes < MIB {
+    if spec.mode == MpsMode::Isolated && spec.memory_bytes < MIB {
         return bad(format!(
             "pinned memory limit {} bytes is below 1 MiB",
             spec.memory_bytes
@@ -180,7 +254,11 @@ pub fn validate_spec(spec: &MpsSpec) -> Result<(), MpsError> {
 /// The daemon-side limit commands for a spec, in the order they are sent. The device
 /// is 0: the daemon sees only the spec's GPU (`CUDA_VISIBLE_DEVICES=<uuid>`). Memory
 /// is rounded down to whole MiB so the limit never exceeds the lease.
+/// A shared daemon gets none: its clients' limits are client-side.
 pub fn limit_commands(spec: &MpsSpec) -> Vec<String> {
+    if spec.mode == MpsMode::Shared {
+        return Vec::new();
+    }
     vec![
         format!("set_default_active_thread_percentage {}", spec.sm_percent),
         format!(
@@ -388,6 +466,7 @@ impl MpsControl {
             spec: spec.clone(),
             pid,
             running: pid.is_some(),
+            time_slice_percent: 0,
         }
     }
 
@@ -577,7 +656,9 @@ impl MpsControl {
 
     /// Every daemon tesserad recorded, with its liveness now.
     pub fn daemons(&self) -> Result<Vec<MpsDaemon>, MpsError> {
-        Ok(self.records()?.iter().map(|s| self.status(s)).collect())
+        let mut all: Vec<MpsDaemon> = self.records()?.iter().map(|s| self.status(s)).collect();
+        assign_time_slices(&mut all);
+        Ok(all)
     }
 }
 
@@ -597,6 +678,7 @@ mod tests {
             pipe_dir: root.join(lease).join("pipe"),
             log_dir: root.join(lease).join("log"),
             owner_uid: None,
+            mode: MpsMode::Isolated,
         }
     }
 
@@ -618,6 +700,15 @@ mod tests {
                 "set_default_device_pinned_mem_limit 0 10240M".to_owned(),
             ]
         );
+        // A shared server sets none: its clients carry their own (client-side).
+        let shared = MpsSpec {
+            mode: MpsMode::Shared,
+            sm_percent: 100,
+            memory_bytes: 0,
+            ..s
+        };
+        assert!(validate_spec(&shared).is_ok());
+        assert!(limit_commands(&shared).is_empty());
     }
 
     #[test]
@@ -781,7 +872,14 @@ done
         assert_eq!(log.matches("daemon ").count(), 1);
         // A new MpsControl (daemon restart) finds it from the records.
         let again = control(root.path(), root.path().join("nvidia-cuda-mps-control"));
-        assert_eq!(again.daemons().unwrap(), vec![d.clone()]);
+        // The only daemon on its GPU gets all of the GPU's time.
+        assert_eq!(
+            again.daemons().unwrap(),
+            vec![MpsDaemon {
+                time_slice_percent: 100,
+                ..d.clone()
+            }]
+        );
         // Conflicts: other limits for the lease, or its pipe dir for another lease.
         let mut other = s.clone();
         other.sm_percent = 50;

@@ -8,20 +8,24 @@
 //! May not touch: the backend, the store, the lease core: it has no side effects.
 
 pub mod fragmentation;
+pub mod mig_mps;
 pub mod planner;
 #[cfg(test)]
 mod planner_props;
 #[cfg(test)]
 pub(crate) mod test_fixtures;
+pub mod topology;
 pub mod trace;
 
 pub use fragmentation::{free_capacity, free_static_counts, used_memory_slices};
+pub use mig_mps::{MigMpsDecision, MigMpsHost, plan_mig_mps};
 pub use planner::{
     Movable, Move, MovePlan, PlanDecision, PlanError, PlanOptions, Strategy, plan, plan_with_moves,
 };
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::gpu::MpsMode;
 use crate::gpu::{GiProfile, GpuInfo, Placement};
 
 /// What a tenant asks for.
@@ -34,10 +38,24 @@ pub enum Shape {
         profile: String,
         compute_profile: Option<String>,
     },
-    /// An MPS share: SM percentage 1..=100 and a device-memory limit in bytes.
-    Mps { sm_percent: u32, memory_bytes: u64 },
+    /// An MPS share: SM percentage 1..=100 and a device-memory limit in bytes, with
+    /// its own control daemon (isolated) or on the GPU's shared server (shared).
+    Mps {
+        sm_percent: u32,
+        memory_bytes: u64,
+        #[serde(default)]
+        mode: MpsMode,
+    },
     /// The whole GPU: excludes any other partition on it.
     WholeGpu,
+    /// An MPS share on a MIG instance of a GI profile: SM percentage 1..=100 of the
+    /// instance and a memory limit within it; the instance's one MPS server serves
+    /// the shares of one tenant (planned by [`plan_mig_mps`]).
+    MigMps {
+        profile: String,
+        sm_percent: u32,
+        memory_bytes: u64,
+    },
 }
 
 /// A MIG instance that exists on a GPU (leased, or free in the static pool).
@@ -54,6 +72,7 @@ pub struct OccupiedMig {
 pub struct MpsShare {
     pub sm_percent: u32,
     pub memory_bytes: u64,
+    pub mode: MpsMode,
 }
 
 /// Everything the planner needs to know about one GPU.

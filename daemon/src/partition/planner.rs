@@ -75,7 +75,7 @@ use super::fragmentation::{
     below_max_count, capacity_value, free_placements, instance_count, total_memory_slices,
     used_memory_slices,
 };
-use super::{GpuView, OccupiedMig, Shape};
+use super::{GpuView, MpsMode, OccupiedMig, Shape};
 use crate::gpu::{GiProfile, Placement};
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -156,8 +156,12 @@ pub fn plan(
         Shape::Mps {
             sm_percent,
             memory_bytes,
-        } => plan_mps(*sm_percent, *memory_bytes, &considered, opts),
+            mode,
+        } => plan_mps(*sm_percent, *memory_bytes, *mode, &considered, opts),
         Shape::WholeGpu => plan_whole(&considered),
+        Shape::MigMps { .. } => Err(PlanError::InvalidShape(
+            "an MPS share inside MIG is planned with its host instances (plan_mig_mps)".into(),
+        )),
     }
 }
 
@@ -654,6 +658,7 @@ fn relocate(
 fn plan_mps(
     sm_percent: u32,
     memory_bytes: u64,
+    mode: MpsMode,
     gpus: &[&GpuView],
     opts: &PlanOptions,
 ) -> Result<PlanDecision, PlanError> {
@@ -681,6 +686,16 @@ fn plan_mps(
         }
         if g.whole_leased {
             reasons.push(format!("{name}: held by a whole-GPU lease"));
+            continue;
+        }
+        // One mode per GPU at a time: an isolated lease's guarantee (its own
+        // server, limits it cannot loosen) holds next to other isolated servers,
+        // but a shared server beside them would time-slice against them too and
+        // the shared leases would lose the concurrency they asked for.
+        if let Some(other) = g.mps.iter().map(|s| s.mode).find(|m| *m != mode) {
+            reasons.push(format!(
+                "MPS on {name}: serves {other} shares, {mode} asked"
+            ));
             continue;
         }
         let used_sm: u64 = g.mps.iter().map(|s| u64::from(s.sm_percent)).sum();
@@ -713,7 +728,7 @@ fn plan_mps(
     match chosen {
         Some((_, _, gpu)) => Ok(PlanDecision::Mps { gpu: *gpu }),
         None => Err(PlanError::NoCapacity(format!(
-            "no GPU can admit an MPS share of {sm_percent}% SMs and {} ({})",
+            "no GPU can admit an MPS share of {sm_percent}% SMs and {} in {mode} mode ({})",
             fmt_bytes(asked_mem),
             if reasons.is_empty() {
                 "no GPUs".to_string()
@@ -811,6 +826,7 @@ mod tests {
         Shape::Mps {
             sm_percent,
             memory_bytes,
+            mode: MpsMode::Isolated,
         }
     }
 
@@ -818,7 +834,42 @@ mod tests {
         MpsShare {
             sm_percent,
             memory_bytes,
+            mode: MpsMode::Isolated,
         }
+    }
+
+    #[test]
+    fn a_gpu_serves_one_mps_mode_at_a_time() {
+        let shared = |sm| Shape::Mps {
+            sm_percent: sm,
+            memory_bytes: gib(1),
+            mode: MpsMode::Shared,
+        };
+        let mut g1 = h100_plain(1);
+        g1.mps = vec![share(10, gib(1))];
+        let mut g2 = h100_plain(2);
+        g2.mps = vec![MpsShare {
+            mode: MpsMode::Shared,
+            ..share(60, gib(1))
+        }];
+        let gpus = [g1.clone(), g2];
+        // Shared goes beside shared (even where an isolated GPU has more room) ...
+        assert_eq!(
+            plan(&shared(30), &gpus, &best_fit()).unwrap(),
+            PlanDecision::Mps { gpu: 2 }
+        );
+        // ... isolated beside isolated ...
+        assert_eq!(
+            plan(&mps(30, gib(1)), &gpus, &first_fit()).unwrap(),
+            PlanDecision::Mps { gpu: 1 }
+        );
+        // ... and never the other way round, whatever room is left.
+        let msg = no_capacity(plan(&shared(10), &[g1], &best_fit()));
+        assert!(
+            msg.contains("serves isolated shares, shared asked"),
+            "{msg}"
+        );
+        assert!(msg.contains("in shared mode"), "{msg}");
     }
 
     // ------------------------------------------------------------------ MIG: matching

@@ -11,7 +11,7 @@ use super::fragmentation::{total_memory_slices, used_memory_slices};
 use super::test_fixtures::*;
 use super::trace::Repacker;
 use super::{
-    GpuView, Movable, MovePlan, PlanDecision, PlanError, PlanOptions, Shape,
+    GpuView, Movable, MovePlan, MpsMode, PlanDecision, PlanError, PlanOptions, Shape,
     Strategy as PlanStrategy, plan, plan_with_moves,
 };
 use crate::gpu::Placement;
@@ -197,6 +197,7 @@ enum Op {
         mem_gib: u64,
         oversubscribe: bool,
         best_fit: bool,
+        shared: bool,
     },
     Whole {
         best_fit: bool,
@@ -223,12 +224,13 @@ fn op() -> impl Strategy<Value = Op> {
                 dynamic,
                 gpu,
             }),
-        2 => (0u32..=110, 0u64..=90, prop::bool::weighted(0.3), any::<bool>()).prop_map(
-            |(sm, mem_gib, oversubscribe, best_fit)| Op::Mps {
+        2 => (0u32..=110, 0u64..=90, prop::bool::weighted(0.3), any::<bool>(), any::<bool>()).prop_map(
+            |(sm, mem_gib, oversubscribe, best_fit, shared)| Op::Mps {
                 sm,
                 mem_gib,
                 oversubscribe,
                 best_fit,
+                shared,
             }
         ),
         1 => any::<bool>().prop_map(|best_fit| Op::Whole { best_fit }),
@@ -439,8 +441,9 @@ proptest! {
                         }
                     }
                 }
-                Op::Mps { sm, mem_gib, oversubscribe, best_fit } => {
-                    let shape = Shape::Mps { sm_percent: sm, memory_bytes: gib(mem_gib) };
+                Op::Mps { sm, mem_gib, oversubscribe, best_fit, shared } => {
+                    let mode = if shared { MpsMode::Shared } else { MpsMode::Isolated };
+                    let shape = Shape::Mps { sm_percent: sm, memory_bytes: gib(mem_gib), mode };
                     let opts = PlanOptions { mps_oversubscribe: oversubscribe, ..options(best_fit) };
                     match plan(&shape, &gpus, &opts) {
                         Ok(d) => {
@@ -450,6 +453,11 @@ proptest! {
                             if oversubscribe {
                                 oversubscribed[gpu as usize] = true;
                             }
+                            // One MPS mode per GPU at a time.
+                            prop_assert!(
+                                view_mut(&mut gpus, gpu).mps.iter().all(|s| s.mode == mode),
+                                "{mode} share placed on GPU {gpu} beside another mode"
+                            );
                             apply(&mut gpus, &shape, &d);
                             leases.push(Lease::Mps { gpu, sm, mem: gib(mem_gib) });
                         }
@@ -458,7 +466,8 @@ proptest! {
                         }
                         Err(PlanError::NoCapacity(msg)) => {
                             let fits = gpus.iter().any(|g| {
-                                !g.info.mig_current && !g.whole_leased && {
+                                !g.info.mig_current && !g.whole_leased
+                                    && g.mps.iter().all(|s| s.mode == mode) && {
                                     let s: u32 = g.mps.iter().map(|s| s.sm_percent).sum();
                                     let m: u64 = g.mps.iter().map(|s| s.memory_bytes).sum();
                                     (oversubscribe || s + sm <= 100) && m + gib(mem_gib) <= g.info.memory_bytes

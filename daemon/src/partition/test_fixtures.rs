@@ -221,6 +221,7 @@ pub fn apply(gpus: &mut [GpuView], shape: &Shape, decision: &PlanDecision) {
             let Shape::Mps {
                 sm_percent,
                 memory_bytes,
+                mode,
             } = shape
             else {
                 panic!("MPS decision for {shape:?}");
@@ -228,6 +229,7 @@ pub fn apply(gpus: &mut [GpuView], shape: &Shape, decision: &PlanDecision) {
             view_mut(gpus, *gpu).mps.push(MpsShare {
                 sm_percent: *sm_percent,
                 memory_bytes: *memory_bytes,
+                mode: *mode,
             });
         }
         PlanDecision::WholeGpu { gpu } => view_mut(gpus, *gpu).whole_leased = true,

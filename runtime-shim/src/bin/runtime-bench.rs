@@ -416,6 +416,7 @@ impl SimLease {
                     kind: Some(pb::shape::Kind::Mps(pb::MpsShape {
                         sm_percent: 25,
                         memory_bytes: 8 << 30,
+                        ..Default::default()
                     })),
                 }),
                 ..Default::default()

@@ -33,6 +33,9 @@ pub const LEASE_ENV_KEYS: &[&str] = &[
     "CUDA_VISIBLE_DEVICES",
     "NVIDIA_VISIBLE_DEVICES",
     "CUDA_MPS_PIPE_DIRECTORY",
+    // A shared MPS lease's client-side limits (the server sets none).
+    "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+    "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
 ];
 
 impl ContainerState {
@@ -653,6 +656,50 @@ mod tests {
         let mut f = Findings::default();
         check_update_resources(&json!({"blockIO": {}}), &p, Some(&lease), &mut f);
         assert!(f.reasons.is_empty(), "{:?}", f.reasons);
+    }
+
+    /// A shared MPS lease's client-side limits are lease variables: an exec gets
+    /// them from the container's hardened spec, over whatever the caller passes.
+    #[test]
+    fn an_exec_keeps_a_shared_mps_leases_limits() {
+        let dir = tempfile::tempdir().unwrap();
+        let bundle = dir.path().join("bundle");
+        std::fs::create_dir_all(&bundle).unwrap();
+        std::fs::write(
+            bundle.join("config.json"),
+            json!({
+                "annotations": {super::super::LEASE_ID_ANNOTATION: "l-1"},
+                "process": {"env": [
+                    "PATH=/bin",
+                    "CUDA_MPS_PIPE_DIRECTORY=/run/nvidia-mps",
+                    "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30",
+                    "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=8192M",
+                ]}
+            })
+            .to_string(),
+        )
+        .unwrap();
+        let root = dir.path().join("root");
+        std::fs::create_dir_all(root.join("c1")).unwrap();
+        std::fs::write(
+            root.join("c1").join("state.json"),
+            json!({"config": {"labels": [format!("bundle={}", bundle.display())]}}).to_string(),
+        )
+        .unwrap();
+        let s = ContainerState::load(&root, "c1", 1 << 20).unwrap();
+        for want in [
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30",
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=8192M",
+            "CUDA_MPS_PIPE_DIRECTORY=/run/nvidia-mps",
+            "TESSERA_LEASE_ID=l-1",
+        ] {
+            assert!(
+                s.lease_env.iter().any(|e| e == want),
+                "{want}: {:?}",
+                s.lease_env
+            );
+        }
+        assert!(!s.lease_env.iter().any(|e| e.starts_with("PATH=")));
     }
 
     #[test]

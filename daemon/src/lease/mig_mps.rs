@@ -1,0 +1,338 @@
+//! MPS inside MIG: the MIG instances that host MPS shares. The first share of a
+//! tenant that finds no instance with room gets one set up (a new instance, created
+//! write-ahead like any other, or a free static-pool one); when an instance's last
+//! share has ended it is destroyed write-ahead, or kept as a free pool instance
+//! (`partition.on_release = "keep"`, or a static one), by housekeeping.
+
+use tessera_common::clock::now_ms;
+use tracing::{info, warn};
+
+use crate::config::OnRelease;
+use crate::model::{IntentOp, Origin, PartKind, Partition, PartitionState};
+use crate::names::new_id;
+use crate::partition::{self, MigMpsDecision, PlanDecision, Shape};
+
+use super::create::{Ask, HwCreate};
+use super::error::Inconsistency;
+use super::{LeaseError, LeaseManager};
+
+/// What setting up a host instance takes.
+enum Setup {
+    /// A free static-pool instance becomes the host: only its record changes.
+    Static(Partition),
+    /// A new instance: its record (creating) and the hardware step.
+    New(Partition, HwCreate),
+}
+
+/// A host instance a CreateLease set up (or found) for its share: released when the
+/// share is reserved on it (or the call gives up), so housekeeping never reaps it
+/// in between.
+pub(super) struct HostClaim<'m> {
+    mgr: &'m LeaseManager,
+    host: Option<String>,
+}
+
+impl Drop for HostClaim<'_> {
+    fn drop(&mut self) {
+        if let Some(h) = self.host.take() {
+            let mut st = self.mgr.lock();
+            if let Some(n) = st.host_claims.get_mut(&h) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    st.host_claims.remove(&h);
+                }
+            }
+        }
+    }
+}
+
+impl LeaseManager {
+    /// Before the reservation of an MPS share inside MIG: make sure an instance of
+    /// the tenant with room exists, setting one up when none has. Quota is checked
+    /// first, so a refused request changes no hardware.
+    pub(super) async fn ensure_mig_mps_host(
+        &self,
+        ask: &Ask<'_>,
+        tenancy: &crate::config::TenancyConfig,
+    ) -> Result<HostClaim<'_>, LeaseError> {
+        let mut claim = HostClaim {
+            mgr: self,
+            host: None,
+        };
+        let Shape::MigMps {
+            profile,
+            sm_percent,
+            memory_bytes,
+        } = &ask.shape
+        else {
+            return Ok(claim);
+        };
+        let tenant = ask.req.tenant.clone();
+        let extra = self.grants_extra(&tenant, ask.now);
+        let (host, hw) = {
+            let mut st = self.lock();
+            Self::admit(&st, tenancy, &tenant, &ask.shape, extra)?;
+            let opts = self.plan_options(ask.req.gpu_index);
+            let decision = partition::plan_mig_mps(
+                profile,
+                *sm_percent,
+                *memory_bytes,
+                &tenant,
+                &Self::mig_mps_hosts(&st),
+                &Self::placeable_views(&st),
+                &opts,
+            )?;
+            let (host, hw) = match decision {
+                MigMpsDecision::Join { host, .. } => (host, None),
+                MigMpsDecision::NewHost(PlanDecision::Static { partition_id, .. }) => {
+                    // A free pool instance becomes the host: no hardware change.
+                    let p = st.partitions.get_mut(&partition_id).ok_or_else(|| {
+                        LeaseError::Inconsistent(Inconsistency::UnknownPartition(
+                            partition_id.clone(),
+                        ))
+                    })?;
+                    if let PartKind::Mig(m) = &mut p.kind {
+                        m.mps_host = Some(tenant.clone());
+                    }
+                    let p2 = p.clone();
+                    (partition_id, Some(Setup::Static(p2)))
+                }
+                MigMpsDecision::NewHost(PlanDecision::NewMig {
+                    gpu,
+                    gi_profile_id,
+                    placement,
+                    ci_profile_id,
+                }) => {
+                    let g = st
+                        .gpus
+                        .iter()
+                        .find(|g| g.info.index == gpu)
+                        .ok_or(LeaseError::Inconsistent(Inconsistency::UnknownGpu(gpu)))?;
+                    let mut mig = Self::mig_part(g, gi_profile_id, placement, ci_profile_id)?;
+                    mig.mps_host = Some(tenant.clone());
+                    let p = Partition {
+                        id: new_id("p-"),
+                        gpu,
+                        gpu_uuid: g.info.uuid.clone(),
+                        origin: Origin::Dynamic,
+                        state: PartitionState::Creating,
+                        lease_id: None,
+                        kind: PartKind::Mig(mig),
+                    };
+                    st.partitions.insert(p.id.clone(), p.clone());
+                    let hw = HwCreate::Mig {
+                        gpu,
+                        gi_profile_id,
+                        placement,
+                        ci_profile_id,
+                    };
+                    (p.id.clone(), Some(Setup::New(p, hw)))
+                }
+                MigMpsDecision::NewHost(other) => {
+                    return Err(LeaseError::Inconsistent(Inconsistency::ShapeMismatch {
+                        decision: if matches!(other, PlanDecision::Mps { .. }) {
+                            "an MPS share"
+                        } else {
+                            "a whole GPU"
+                        },
+                        shape: "an MPS share inside MIG",
+                    }));
+                }
+            };
+            *st.host_claims.entry(host.clone()).or_default() += 1;
+            claim.host = Some(host.clone());
+            (host, hw)
+        };
+        let (p, hw) = match hw {
+            None => return Ok(claim),
+            Some(Setup::Static(p2)) => {
+                let id = p2.id.clone();
+                if let Err(e) = self.store.write(move |w| w.put_partition(&p2)).await {
+                    self.give_back_host(&id);
+                    return Err(e.into());
+                }
+                info!(partition = %id, tenant = %tenant, "static MIG instance now hosts MPS shares");
+                return Ok(claim);
+            }
+            Some(Setup::New(p, hw)) => (p, hw),
+        };
+        // Write-ahead: the instance's record and the intent, then the hardware.
+        let (p2, now) = (p.clone(), now_ms());
+        let intent = match self
+            .store
+            .write(move |w| {
+                w.put_partition(&p2)?;
+                w.begin_intent(IntentOp::CreateMig, &p2.id, None, now)
+            })
+            .await
+        {
+            Ok(i) => i,
+            Err(e) => {
+                self.lock().partitions.remove(&host);
+                return Err(e.into());
+            }
+        };
+        match self.hw_create(hw).await {
+            Ok(inst) => {
+                let mut ready = p.clone();
+                ready.state = PartitionState::Ready;
+                if let (PartKind::Mig(m), Some(inst)) = (&mut ready.kind, inst) {
+                    m.gi_id = Some(inst.gi_id);
+                    m.ci_id = inst.ci_id;
+                    m.uuid = Some(inst.uuid);
+                    ready.gpu_uuid = p.gpu_uuid.clone();
+                }
+                let (r2, now) = (ready.clone(), now_ms());
+                // If this fails the instance exists with its intent open: the next
+                // start adopts it, and it stays occupied until then.
+                self.store
+                    .write(move |w| {
+                        w.put_partition(&r2)?;
+                        w.finish_intent(intent, now, "done")
+                    })
+                    .await?;
+                info!(partition = %host, gpu = ready.gpu, tenant = %tenant_of(&ready), "MIG instance created to host MPS shares");
+                self.lock().partitions.insert(host, ready);
+                Ok(claim)
+            }
+            Err(e) => {
+                let undone = match &p.kind {
+                    PartKind::Mig(m) => self.undo_half_create(p.gpu, m).await,
+                    _ => Ok(()),
+                };
+                if undone.is_ok() {
+                    let (id, now) = (host.clone(), now_ms());
+                    if let Err(se) = self
+                        .store
+                        .write(move |w| {
+                            w.delete_partition(&id)?;
+                            w.finish_intent(intent, now, "failed")
+                        })
+                        .await
+                    {
+                        warn!(partition = %host, error = %se, "could not record a failed MPS host instance; the next start resolves it");
+                    } else {
+                        self.lock().partitions.remove(&host);
+                    }
+                }
+                Err(LeaseError::Hardware(e))
+            }
+        }
+    }
+
+    fn give_back_host(&self, partition_id: &str) {
+        if let Some(p) = self.lock().partitions.get_mut(partition_id)
+            && let PartKind::Mig(m) = &mut p.kind
+        {
+            m.mps_host = None;
+        }
+    }
+
+    /// Housekeeping: every MIG instance hosting MPS shares whose last share has
+    /// gone (and that no CreateLease holds) is destroyed write-ahead, or becomes a
+    /// free pool instance (a static one, or `on_release = "keep"`). A failure leaves
+    /// it hosting nothing and is tried again at the next tick.
+    pub(super) async fn reap_idle_mps_hosts(&self) {
+        let idle: Vec<(Partition, Partition)> = {
+            let mut st = self.lock();
+            let used: std::collections::HashSet<String> = st
+                .partitions
+                .values()
+                .filter_map(|p| p.mps().and_then(|m| m.host.clone()))
+                .collect();
+            let ids: Vec<String> = st
+                .partitions
+                .values()
+                .filter(|p| {
+                    p.state == PartitionState::Ready
+                        && p.mig().is_some_and(|m| m.mps_host.is_some())
+                        && !used.contains(&p.id)
+                        && !st.host_claims.contains_key(&p.id)
+                })
+                .map(|p| p.id.clone())
+                .collect();
+            let keep = self.config.partition.on_release == OnRelease::Keep;
+            ids.into_iter()
+                .filter_map(|id| {
+                    let p = st.partitions.get_mut(&id)?;
+                    let before = p.clone();
+                    if p.origin == Origin::Static || keep {
+                        if let PartKind::Mig(m) = &mut p.kind {
+                            m.mps_host = None;
+                        }
+                    } else {
+                        p.state = PartitionState::Destroying;
+                    }
+                    Some((before, p.clone()))
+                })
+                .collect()
+        };
+        for (before, p) in idle {
+            if let Err(e) = self.reap_host(&p).await {
+                warn!(partition = %p.id, error = %e, "an idle MPS host instance could not be torn down; will retry");
+                // As it was: hosting nothing, tried again at the next tick.
+                self.lock().partitions.insert(before.id.clone(), before);
+            }
+        }
+    }
+
+    async fn reap_host(&self, p: &Partition) -> Result<(), LeaseError> {
+        if p.state != PartitionState::Destroying {
+            // Back to the pool: only the record changes.
+            let p2 = p.clone();
+            self.store.write(move |w| w.put_partition(&p2)).await?;
+            info!(partition = %p.id, "MPS host instance has no shares left: back in the free pool");
+            return Ok(());
+        }
+        let Some(gi_id) = p.mig().and_then(|m| m.gi_id) else {
+            return Ok(());
+        };
+        let (p2, now) = (p.clone(), now_ms());
+        let intent = self
+            .store
+            .write(move |w| {
+                w.put_partition(&p2)?;
+                w.begin_intent(IntentOp::DestroyMig, &p2.id, None, now)
+            })
+            .await?;
+        let backend = self.backend.clone();
+        let gpu = p.gpu;
+        let done = tokio::task::spawn_blocking(move || backend.destroy_instance(gpu, gi_id))
+            .await
+            .map_err(|source| LeaseError::Task {
+                what: "MPS host teardown",
+                source,
+            })?;
+        match done {
+            Ok(()) => {}
+            Err(e) if e.nvml_code() == Some(crate::gpu::NvmlCode::NotFound) => {}
+            Err(e) => {
+                let now = now_ms();
+                let mut back = p.clone();
+                back.state = PartitionState::Ready;
+                // The instance is still there and its record says so.
+                self.store
+                    .write(move |w| {
+                        w.put_partition(&back)?;
+                        w.finish_intent(intent, now, "failed")
+                    })
+                    .await?;
+                return Err(LeaseError::Hardware(e));
+            }
+        }
+        let (id, now) = (p.id.clone(), now_ms());
+        self.store
+            .write(move |w| {
+                w.delete_partition(&id)?;
+                w.finish_intent(intent, now, "done")
+            })
+            .await?;
+        self.lock().partitions.remove(&p.id);
+        info!(partition = %p.id, gpu = p.gpu, "MPS host instance destroyed with its last share");
+        Ok(())
+    }
+}
+
+fn tenant_of(p: &Partition) -> String {
+    p.mig().and_then(|m| m.mps_host.clone()).unwrap_or_default()
+}
