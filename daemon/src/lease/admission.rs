@@ -17,7 +17,7 @@ use tokio::sync::Notify;
 use crate::config::Amounts;
 use crate::gpu::MpsSpec;
 use crate::model::{MigPart, MpsPart, NewLease, Partition, PartitionState};
-use crate::partition::{PlanDecision, PlanError};
+use crate::partition::{MpsShare, PlanDecision, PlanError};
 
 use super::create::{Ask, Reserved};
 use super::error::Inconsistency;
@@ -127,13 +127,7 @@ impl LeaseManager {
         shape: &Shape,
         extra: Amounts,
     ) -> Result<quota::Admission, LeaseError> {
-        let used = st
-            .leases
-            .values()
-            .filter(|l| l.tenant == tenant && l.state().is_live())
-            .fold(Amounts::default(), |acc, l| {
-                quota::add(acc, quota::amounts_of(&l.shape))
-            });
+        let used = st.leases.live_usage(tenant);
         let admission = quota::admit(tenancy, tenant, used, quota::amounts_of(shape), extra)
             .map_err(LeaseError::QuotaExceeded)?;
         if admission == quota::Admission::Burst && st.preempting > 0 {
@@ -329,13 +323,10 @@ impl LeaseManager {
                         }
                     }
                 }
-                PartKind::Mps(m) => {
-                    if let Some(i) = view.mps.iter().position(|s| {
-                        s.sm_percent == m.sm_percent && s.memory_bytes == m.memory_bytes
-                    }) {
-                        view.mps.remove(i);
-                    }
-                }
+                PartKind::Mps(m) => view.mps.remove(MpsShare {
+                    sm_percent: m.sm_percent,
+                    memory_bytes: m.memory_bytes,
+                }),
                 PartKind::WholeGpu => view.whole_leased = false,
             }
             chosen.push(v.id.clone());

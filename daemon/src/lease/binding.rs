@@ -110,7 +110,7 @@ impl LeaseManager {
                 )));
             }
             let mut handed = None;
-            if let (Some(uid), Some(p)) = (uid, st.partitions.get_mut(&resolved.partition.id))
+            if let (Some(uid), Some(mut p)) = (uid, st.partitions.get_mut(&resolved.partition.id))
                 && let PartKind::Mps(m) = &mut p.kind
             {
                 match m.owner_uid {
@@ -127,7 +127,7 @@ impl LeaseManager {
                     }
                 }
             }
-            let l = st
+            let mut l = st
                 .leases
                 .get_mut(&resolved.lease.id)
                 .ok_or_else(|| LeaseError::NotFound("lease ended".into()))?;
@@ -175,21 +175,24 @@ impl LeaseManager {
         handed: Option<crate::model::Partition>,
     ) {
         let mut st = self.lock();
-        if let Some(l) = st.leases.get_mut(lease_id) {
+        if let Some(mut l) = st.leases.get_mut(lease_id) {
             l.containers.retain(|c| c.id != container_id);
             l.containers.extend(previous);
         }
-        if let Some(p) = handed
-            && let Some(p) = st.partitions.get_mut(&p.id)
-            && let PartKind::Mps(m) = &mut p.kind
-        {
+        let dirs = handed.and_then(|p| {
+            let mut p = st.partitions.get_mut(&p.id)?;
+            let PartKind::Mps(m) = &mut p.kind else {
+                return None;
+            };
             m.owner_uid = None;
-            let dirs = [
+            Some([
                 m.pipe_dir.parent().map(Path::to_path_buf),
                 Some(m.pipe_dir.clone()),
                 Some(m.log_dir.clone()),
-            ];
-            drop(st);
+            ])
+        });
+        drop(st);
+        if let Some(dirs) = dirs {
             for dir in dirs.into_iter().flatten() {
                 if let Err(e) = self.host.chown(&dir, 0) {
                     tracing::warn!(dir = %dir.display(), error = %e, "could not hand an MPS directory back to root");
@@ -201,10 +204,9 @@ impl LeaseManager {
     pub async fn unbind_container(&self, container_id: &str) -> Result<(), LeaseError> {
         let lease = {
             let mut st = self.lock();
-            let Some(l) = st
+            let Some(mut l) = st
                 .leases
-                .values_mut()
-                .find(|l| l.containers.iter().any(|c| c.id == container_id))
+                .find_mut(|l| l.containers.iter().any(|c| c.id == container_id))
             else {
                 return Ok(());
             };
@@ -221,7 +223,7 @@ impl LeaseManager {
         let l2 = lease.clone();
         if let Err(e) = self.store.write(move |w| w.put_lease(&l2)).await {
             // Refused: still bound, in memory too.
-            if let Some(l) = self.lock().leases.get_mut(&lease.id) {
+            if let Some(mut l) = self.lock().leases.get_mut(&lease.id) {
                 l.containers.extend(gone);
             }
             return Err(e.into());

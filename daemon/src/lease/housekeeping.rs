@@ -93,29 +93,18 @@ impl LeaseManager {
     /// Restart the MPS control daemon of any active MPS lease whose daemon died,
     /// with the lease's limits, backing off exponentially (1 s .. 60 s) per lease.
     pub(super) async fn supervise_mps(&self, now: i64) {
-        let due: Vec<(Lease, Partition, u32)> = {
+        {
             let mut st = self.lock();
             if now - st.mps_checked_ms < 1000 {
                 return;
             }
             st.mps_checked_ms = now;
-            st.partitions
-                .values()
-                .filter(|p| p.state == PartitionState::Ready && p.mps().is_some())
-                .filter_map(|p| {
-                    let l = st.leases.get(p.lease_id.as_deref()?)?;
-                    (l.state() == LeaseState::Active && !st.tearing_down.contains(&l.id))
-                        .then(|| (l.clone(), p.clone()))
-                })
-                .filter_map(|(l, p)| {
-                    let (n, next) = st.mps_backoff.get(&l.id).copied().unwrap_or((0, 0));
-                    (next <= now).then_some((l, p, n))
-                })
-                .collect()
-        };
-        if due.is_empty() {
-            return;
+            if !st.partitions.values().any(|p| p.mps().is_some()) {
+                return;
+            }
         }
+        // Which daemons run, first: then only the leases whose daemon does not are
+        // looked at (and copied), not every MPS lease every second.
         let backend = self.backend.clone();
         let running: HashSet<String> =
             match tokio::task::spawn_blocking(move || backend.mps_daemons()).await {
@@ -130,12 +119,26 @@ impl LeaseManager {
                 }
                 Err(_) => return,
             };
+        let due: Vec<(Lease, Partition, u32)> = {
+            let mut st = self.lock();
+            // Healthy again for a whole check: forget old failures.
+            st.mps_backoff.retain(|id, _| !running.contains(id));
+            st.partitions
+                .values()
+                .filter(|p| p.state == PartitionState::Ready && p.mps().is_some())
+                .filter(|p| p.lease_id.as_ref().is_some_and(|l| !running.contains(l)))
+                .filter_map(|p| {
+                    let l = st.leases.get(p.lease_id.as_deref()?)?;
+                    (l.state() == LeaseState::Active && !st.tearing_down.contains(&l.id))
+                        .then(|| (l.clone(), p.clone()))
+                })
+                .filter_map(|(l, p)| {
+                    let (n, next) = st.mps_backoff.get(&l.id).copied().unwrap_or((0, 0));
+                    (next <= now).then_some((l, p, n))
+                })
+                .collect()
+        };
         for (lease, p, attempts) in due {
-            if running.contains(&lease.id) {
-                // Healthy again for a whole check: forget old failures.
-                self.lock().mps_backoff.remove(&lease.id);
-                continue;
-            }
             let Some(spec) = p.mps_spec(&lease.id) else {
                 continue;
             };

@@ -53,6 +53,7 @@ mod events;
 mod grants;
 mod health;
 mod housekeeping;
+mod index;
 mod need;
 mod queries;
 pub mod quota;
