@@ -53,9 +53,10 @@ pub const SIM_DRIVER_VERSION: &str = "sim-580.65.06";
 const STATE_VERSION: u32 = 2;
 /// The oldest layout this simulator reads.
 const OLDEST_STATE_VERSION: u32 = 1;
-/// Change lines may grow the file to twice its snapshot plus this before it is
-/// compacted: compaction costs O(state) once per O(state) bytes of changes.
-const COMPACT_SLACK_BYTES: u64 = 1 << 20;
+/// Change lines may grow to the snapshot's size plus this before the file is
+/// compacted: compaction costs O(state) once per O(state) bytes of changes, and a
+/// start reads at most twice the snapshot (plus this).
+const COMPACT_SLACK_BYTES: u64 = 512 << 10;
 /// First fake pid handed to simulated MPS daemons.
 const FIRST_FAKE_PID: u32 = 40_000;
 /// GI ids available per GPU (the nvidia-caps minor space holds 15).
@@ -923,12 +924,12 @@ impl SimBackend {
     }
 
     /// Record one change: a line appended (a single write), or, once the change
-    /// lines would outweigh twice the snapshot, a new snapshot.
+    /// lines would outweigh the snapshot (plus the slack), a new snapshot.
     fn record(&self, cached: &mut Cached, change: &Change) -> Result<(), GpuError> {
         let mut line = serde_json::to_vec(change).map_err(|e| self.corrupt(e.to_string()))?;
         line.push(b'\n');
         let grown = cached.id.len + line.len() as u64;
-        if grown > 3 * cached.snapshot_len + COMPACT_SLACK_BYTES {
+        if grown > 2 * cached.snapshot_len + COMPACT_SLACK_BYTES {
             let (id, snapshot_len) = self.write_snapshot(&cached.state)?;
             cached.id = id;
             cached.snapshot_len = snapshot_len;
