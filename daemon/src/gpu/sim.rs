@@ -810,8 +810,8 @@ impl SimBackend {
         file.read_to_end(&mut bytes)
             .map_err(|e| Self::io_err(&self.path, e))?;
         let first_end = newline(&bytes).unwrap_or(bytes.len());
-        let mut state: SimState = serde_json::from_slice(&bytes[..first_end])
-            .map_err(|e| self.corrupt(e.to_string()))?;
+        let mut state: SimState =
+            serde_json::from_slice(&bytes[..first_end]).map_err(|e| self.corrupt(e.to_string()))?;
         if !(OLDEST_STATE_VERSION..=STATE_VERSION).contains(&state.version) {
             return Err(self.corrupt(format!(
                 "state version {} (this daemon reads versions {OLDEST_STATE_VERSION} to \
@@ -844,9 +844,7 @@ impl SimBackend {
             file.set_len(pos as u64)
                 .map_err(|e| Self::io_err(&self.path, e))?;
         }
-        let meta = file
-            .metadata()
-            .map_err(|e| Self::io_err(&self.path, e))?;
+        let meta = file.metadata().map_err(|e| Self::io_err(&self.path, e))?;
         Ok(Cached {
             id: FileId::from_meta(&meta),
             state,
@@ -1099,14 +1097,10 @@ impl SimBackend {
     /// the lease has no daemon.
     pub fn kill_mps(&self, lease_id: &str) -> Result<(), GpuError> {
         self.mutate(|s| {
-            let mut d = s
-                .mps
-                .get(lease_id)
-                .cloned()
-                .ok_or_else(|| GpuError::Mps {
-                    lease: lease_id.to_owned(),
-                    detail: "no MPS control daemon for this lease".to_owned(),
-                })?;
+            let mut d = s.mps.get(lease_id).cloned().ok_or_else(|| GpuError::Mps {
+                lease: lease_id.to_owned(),
+                detail: "no MPS control daemon for this lease".to_owned(),
+            })?;
             d.running = false;
             d.pid = None;
             s.mps_put(d);
@@ -1832,12 +1826,15 @@ mod tests {
         let (d, b) = sim(&[(GpuModel::A100Sxm80Gb, false)]);
         let path = d.path().join("sim-state.json");
         for i in 0..200 {
-            b.mps_start(&mps_spec(&b, &format!("lease-{i:03}"))).unwrap();
+            b.mps_start(&mps_spec(&b, &format!("lease-{i:03}")))
+                .unwrap();
         }
         let before = fs::metadata(&path).unwrap().len();
         b.mps_start(&mps_spec(&b, "lease-new")).unwrap();
         let grown = fs::metadata(&path).unwrap().len() - before;
-        let one_daemon = serde_json::to_vec(&b.mps_daemons().unwrap()[0]).unwrap().len() as u64;
+        let one_daemon = serde_json::to_vec(&b.mps_daemons().unwrap()[0])
+            .unwrap()
+            .len() as u64;
         assert!(
             grown < 2 * one_daemon,
             "a start appended {grown} bytes; one daemon is {one_daemon}"
@@ -1851,7 +1848,10 @@ mod tests {
         let daemons = again.mps_daemons().unwrap();
         assert_eq!(daemons.len(), 200);
         assert!(!daemons.iter().any(|d| d.spec.lease_id == "lease-007"));
-        let dead = daemons.iter().find(|d| d.spec.lease_id == "lease-008").unwrap();
+        let dead = daemons
+            .iter()
+            .find(|d| d.spec.lease_id == "lease-008")
+            .unwrap();
         assert_eq!((dead.running, dead.pid), (false, None));
         let fresh = again.mps_start(&mps_spec(&again, "lease-more")).unwrap();
         assert!(
@@ -1909,7 +1909,10 @@ mod tests {
         }
         b.mps_start(&mps_spec(&b, "lease-last")).unwrap();
         // 12,000 changes (half of them ~300 bytes) make ~2 MB without compaction.
-        assert!(peak <= COMPACT_SLACK_BYTES + 256 * 1024, "the file grew to {peak}");
+        assert!(
+            peak <= COMPACT_SLACK_BYTES + 256 * 1024,
+            "the file grew to {peak}"
+        );
         let again = SimBackend::open(&config(&[(GpuModel::A100Sxm80Gb, false)]), &path).unwrap();
         let ids: Vec<String> = again
             .mps_daemons()

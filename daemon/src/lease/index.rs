@@ -412,11 +412,7 @@ mod tests {
         assert_eq!(leases.live_usage("a").mps_sm_percent, 11 + 13);
 
         // A failed creation, a replaced record, a removal, a whole-table update.
-        leases
-            .get_mut("l1")
-            .unwrap()
-            .fail("no".into(), 3)
-            .unwrap();
+        leases.get_mut("l1").unwrap().fail("no".into(), 3).unwrap();
         check(&leases);
         let mut other = mps_lease("l3", "b", 40);
         other.activate().unwrap();
@@ -454,7 +450,10 @@ mod tests {
     #[test]
     fn a_lease_s_tokens_go_with_it() {
         let mut t = Tokens::default();
-        t.extend([("h1".to_string(), "a".to_string()), ("h2".into(), "b".into())]);
+        t.extend([
+            ("h1".to_string(), "a".to_string()),
+            ("h2".into(), "b".into()),
+        ]);
         t.insert("h3".into(), "a".into());
         // A hash named again moves to its new lease.
         t.insert("h2".into(), "a".into());

@@ -307,7 +307,10 @@ fn check_invariants(gpus: &[GpuView], oversubscribed: &[bool]) -> Result<(), Tes
         }
         let sm = g.mps.sm_percent;
         let mem = g.mps.memory_bytes;
-        prop_assert!(mem <= u128::from(g.info.memory_bytes), "gpu{i}: MPS memory {mem}");
+        prop_assert!(
+            mem <= u128::from(g.info.memory_bytes),
+            "gpu{i}: MPS memory {mem}"
+        );
         if !oversubscribed[i as usize] {
             prop_assert!(sm <= 100, "gpu{i}: MPS SMs {sm}%");
         }
