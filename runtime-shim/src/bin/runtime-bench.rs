@@ -285,10 +285,21 @@ fn runtime_config(path: &Path, runc: &Path, socket: &Path, dir: &Path) -> Result
     std::fs::write(
         path,
         format!(
-            "runc_path = {:?}\ndaemon_socket = {:?}\nnvidia_proc_root = {:?}\n[policy]\napparmor = \"if-available\"\n",
+            "runc_path = {:?}\ndaemon_socket = {:?}\nnvidia_proc_root = {:?}\nrunc_cve_acknowledged = [{}]\n[policy]\napparmor = \"if-available\"\ncontainer_storage_roots = [{:?}]\n",
             runc,
             socket,
-            dir.join("no-nvidia")
+            dir.join("no-nvidia"),
+            // Measured on whatever runc the machine has: the check still runs
+            // (`runc --version` on every start, part of the cost measured), but an
+            // old runc does not stop the benchmark.
+            tessera_common::runc::MOUNT_RACE_CVES
+                .iter()
+                .map(|c| format!("{c:?}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            // The rootfs sits beside the bundles (shared by every variant), as a
+            // container engine's storage holds it apart from its bundles.
+            dir,
         ),
     )
     .with_context(|| format!("writing {}", path.display()))
