@@ -61,6 +61,7 @@ async fn fixture(c: &mut Client) -> Fixture {
         cgroup_path: "/sys/fs/cgroup/pids/faults/c-before".into(),
         runtime_root: "/run/tessera-faults".into(),
         uid: None,
+        admission_command: String::new(),
     })
     .await
     .unwrap();
@@ -129,6 +130,7 @@ async fn every_call(c: &mut Client, fx: &Fixture) -> Vec<Answer> {
             cgroup_path: "/sys/fs/cgroup/pids/faults/c-under-fault".into(),
             runtime_root: "/run/tessera-faults".into(),
             uid: None,
+            admission_command: String::new(),
         })
         .await,
     ));

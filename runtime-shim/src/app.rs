@@ -308,11 +308,9 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
         );
         env.refuse(&what, &reasons)
     };
-    match crate::runc_cves::check(&env.cfg.runc_path, &env.cfg.runc_cve_acknowledged) {
-        Err(reason) => return refuse_reported(vec![reason], ""),
-        Ok(Some(warning)) => env.log.warn(&warning),
-        Ok(None) => {}
-    }
+    // runc's version is asked now and judged once the spec is decided, before
+    // anything is bound, written or run.
+    let runc_version = crate::runc_cves::start(&env.cfg.runc_path);
     let adm = match admit(env, client.as_ref(), &bundle, &id) {
         Ok(a) => a,
         Err((reasons, lease_id)) => return refuse_reported(reasons, &lease_id),
@@ -322,6 +320,11 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
         .as_ref()
         .map(|l| l.lease_id.clone())
         .unwrap_or_default();
+    match runc_version.judge(&env.cfg.runc_cve_acknowledged) {
+        Err(reason) => return refuse_reported(vec![reason], &lease_id),
+        Ok(Some(warning)) => env.log.warn(&warning),
+        Ok(None) => {}
+    }
     if let Some(token) = &adm.token {
         // admit() resolved the token, so there is a client; stay closed regardless.
         let Some(c) = client.as_ref() else {
@@ -342,7 +345,9 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
             .pointer("/process/user/uid")
             .and_then(Value::as_u64)
             .and_then(|u| u32::try_from(u).ok());
-        if let Err(e) = c.bind(token, &id, cgroup, &env.runtime_root(), uid) {
+        // The bind carries the admission report; a failure after it (saving
+        // config.json) unbinds and reports the refusal.
+        if let Err(e) = c.bind(token, &id, cgroup, &env.runtime_root(), uid, cmd.name()) {
             return refuse_reported(vec![format!("BindContainer failed: {e}")], &lease_id);
         }
     }
@@ -371,7 +376,9 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
             env.log.info(&format!("tessera-runtime: {n}"));
         }
     }
-    report(env, client.as_ref(), &id, &lease_id, true, &[], cmd.name());
+    if adm.token.is_none() {
+        report(env, client.as_ref(), &id, &lease_id, true, &[], cmd.name());
+    }
     drop(client);
     env.plan(keep, None)
 }

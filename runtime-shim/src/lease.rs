@@ -226,11 +226,14 @@ fn map_status(s: tonic::Status, socket: &Path) -> LeaseError {
     }
 }
 
-/// A client of the daemon's unix socket.
+/// A client of the daemon's unix socket. It connects on its first call and keeps
+/// the connection for the next ones (a start makes two or three calls: one
+/// connection and HTTP/2 handshake instead of one each).
 pub struct DaemonClient {
     socket: PathBuf,
     timeout: Duration,
     rt: tokio::runtime::Runtime,
+    channel: std::cell::RefCell<Option<Channel>>,
 }
 
 impl std::fmt::Debug for DaemonClient {
@@ -252,6 +255,7 @@ impl DaemonClient {
             socket: socket.to_path_buf(),
             timeout,
             rt,
+            channel: std::cell::RefCell::new(None),
         })
     }
 
@@ -266,15 +270,24 @@ impl DaemonClient {
         Fut: Future<Output = Result<T, tonic::Status>>,
     {
         let socket = self.socket.clone();
+        let cached = self.channel.borrow().clone();
+        let slot = &self.channel;
         self.rt.block_on(async move {
             let work = async {
-                let channel = tessera_common::unix::channel(&socket).await.map_err(|e| {
-                    LeaseError::Unavailable {
-                        socket: socket.clone(),
-                        message: std::error::Error::source(&e.source)
-                            .map_or_else(|| e.source.to_string(), |s| s.to_string()),
+                let channel = match cached {
+                    Some(c) => c,
+                    None => {
+                        let c = tessera_common::unix::channel(&socket).await.map_err(|e| {
+                            LeaseError::Unavailable {
+                                socket: socket.clone(),
+                                message: std::error::Error::source(&e.source)
+                                    .map_or_else(|| e.source.to_string(), |s| s.to_string()),
+                            }
+                        })?;
+                        *slot.borrow_mut() = Some(c.clone());
+                        c
                     }
-                })?;
+                };
                 f(TesseraClient::new(channel))
                     .await
                     .map_err(|s| map_status(s, &socket))
@@ -296,7 +309,9 @@ impl DaemonClient {
         ResolvedLease::from_proto(resp, now_ms())
     }
 
-    /// Record that a container runs on the token's lease.
+    /// Record that a container runs on the token's lease. A non-empty
+    /// `admission_command` makes the bind the container's admission report too
+    /// (one call instead of two).
     pub fn bind(
         &self,
         token: &str,
@@ -304,6 +319,7 @@ impl DaemonClient {
         cgroup_path: &str,
         runtime_root: &str,
         uid: Option<u32>,
+        admission_command: &str,
     ) -> Result<(), LeaseError> {
         let req = pb::BindContainerRequest {
             token: token.to_string(),
@@ -311,6 +327,7 @@ impl DaemonClient {
             cgroup_path: cgroup_path.to_string(),
             runtime_root: runtime_root.to_string(),
             uid,
+            admission_command: admission_command.to_string(),
         };
         self.call(self.timeout, |mut c| async move {
             c.bind_container(req).await.map(|_| ())
