@@ -403,7 +403,7 @@ mod tests {
         leases
             .get_mut("l0")
             .unwrap()
-            .begin_end(LeaseState::Released, "done".into())
+            .begin_end(LeaseState::Released, "done")
             .unwrap();
         check(&leases);
         assert_eq!(leases.live_usage("a").mps_sm_percent, 10 + 11 + 13);
