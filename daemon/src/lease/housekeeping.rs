@@ -25,16 +25,16 @@ impl LeaseManager {
             let mut expired = Vec::new();
             let mut expiring = Vec::new();
             let mut stuck = Vec::new();
-            for l in st.leases.values() {
-                if l.state() == LeaseState::Active && l.expires_at_ms <= now {
+            // Through the indexes: only the leases due now, not every lease.
+            for l in st.leases.active_expiring_by(now.saturating_add(notice)) {
+                if l.expires_at_ms <= now {
                     expired.push(l.id.clone());
-                } else if l.state() == LeaseState::Active
-                    && l.expires_at_ms - notice <= now
-                    && !st.expiring_notified.contains(&l.id)
-                {
+                } else if !st.expiring_notified.contains(&l.id) {
                     expiring.push(l.clone());
-                } else if l.state() == LeaseState::Revoking
-                    && !st.tearing_down.contains(&l.id)
+                }
+            }
+            for l in st.leases.revoking() {
+                if !st.tearing_down.contains(&l.id)
                     && st
                         .teardown_backoff
                         .get(&l.id)

@@ -9,7 +9,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::ops::{Deref, DerefMut};
 
 use crate::config::Amounts;
-use crate::model::{Lease, PartKind, Partition};
+use crate::model::{Lease, LeaseState, PartKind, Partition};
 use crate::partition::{MpsLoad, MpsShare};
 
 use super::quota;
@@ -54,29 +54,56 @@ impl Usage {
     }
 }
 
-/// Leases by id, with what each tenant's live leases use.
+/// Leases by id, with what each tenant's live leases use, the active leases by
+/// expiry and the revoking ones (what housekeeping looks at four times a second).
 #[derive(Debug, Default)]
 pub(crate) struct Leases {
     by_id: HashMap<String, Lease>,
-    used: HashMap<String, Usage>,
+    used: Indexes,
 }
 
-fn count_in(used: &mut HashMap<String, Usage>, l: &Lease) {
+#[derive(Debug, Default)]
+struct Indexes {
+    usage: HashMap<String, Usage>,
+    active_by_expiry: BTreeSet<(i64, String)>,
+    revoking: BTreeSet<String>,
+}
+
+fn count_in(ix: &mut Indexes, l: &Lease) {
     if l.state().is_live() {
-        used.entry(l.tenant.clone())
+        ix.usage
+            .entry(l.tenant.clone())
             .or_default()
             .add(quota::amounts_of(&l.shape));
     }
+    match l.state() {
+        LeaseState::Active => {
+            ix.active_by_expiry.insert((l.expires_at_ms, l.id.clone()));
+        }
+        LeaseState::Revoking => {
+            ix.revoking.insert(l.id.clone());
+        }
+        _ => {}
+    }
 }
 
-fn count_out(used: &mut HashMap<String, Usage>, l: &Lease) {
+fn count_out(ix: &mut Indexes, l: &Lease) {
     if l.state().is_live()
-        && let Some(u) = used.get_mut(&l.tenant)
+        && let Some(u) = ix.usage.get_mut(&l.tenant)
     {
         u.remove(quota::amounts_of(&l.shape));
         if u.leases == 0 {
-            used.remove(&l.tenant);
+            ix.usage.remove(&l.tenant);
         }
+    }
+    match l.state() {
+        LeaseState::Active => {
+            ix.active_by_expiry.remove(&(l.expires_at_ms, l.id.clone()));
+        }
+        LeaseState::Revoking => {
+            ix.revoking.remove(&l.id);
+        }
+        _ => {}
     }
 }
 
@@ -136,16 +163,33 @@ impl Leases {
     /// What `tenant`'s live (pending, active, revoking) leases use.
     pub(crate) fn live_usage(&self, tenant: &str) -> Amounts {
         self.used
+            .usage
             .get(tenant)
             .map(Usage::amounts)
             .unwrap_or_default()
     }
+
+    /// The active leases that expire at `at_ms` or before, soonest first.
+    pub(crate) fn active_expiring_by(&self, at_ms: i64) -> impl Iterator<Item = &Lease> {
+        self.used
+            .active_by_expiry
+            .range(..(at_ms.saturating_add(1), String::new()))
+            .filter_map(|(_, id)| self.by_id.get(id))
+    }
+
+    /// The revoking leases.
+    pub(crate) fn revoking(&self) -> impl Iterator<Item = &Lease> {
+        self.used
+            .revoking
+            .iter()
+            .filter_map(|id| self.by_id.get(id))
+    }
 }
 
-/// A lease being changed; the tenant's usage follows when it is dropped.
+/// A lease being changed; the indexes follow when it is dropped.
 pub(crate) struct LeaseMut<'a> {
     lease: &'a mut Lease,
-    used: &'a mut HashMap<String, Usage>,
+    used: &'a mut Indexes,
 }
 
 impl Deref for LeaseMut<'_> {
@@ -345,7 +389,7 @@ mod tests {
     use std::path::PathBuf;
 
     use super::*;
-    use crate::model::{LeaseState, MpsPart, NewLease, Origin, PartitionState};
+    use crate::model::{MpsPart, NewLease, Origin, PartitionState};
     use crate::partition::Shape;
 
     const GIB: u64 = 1 << 30;
@@ -423,6 +467,42 @@ mod tests {
         check(&leases);
         assert_eq!(leases.live_usage("a"), Amounts::default());
         assert_eq!(leases.live_usage("b").mps_sm_percent, 40);
+    }
+
+    #[test]
+    fn active_leases_by_expiry_and_revoking_ones_follow_changes() {
+        let mut leases = Leases::default();
+        for (i, expires) in [300, 100, 200].iter().enumerate() {
+            let mut l = mps_lease(&format!("l{i}"), "a", 1);
+            l.expires_at_ms = *expires;
+            leases.insert(l.id.clone(), l);
+        }
+        let ids = |it: Box<dyn Iterator<Item = &Lease> + '_>| -> Vec<String> {
+            it.map(|l| l.id.clone()).collect()
+        };
+        // Pending leases are not active yet.
+        assert!(ids(Box::new(leases.active_expiring_by(1000))).is_empty());
+        for id in ["l0", "l1", "l2"] {
+            leases.get_mut(id).unwrap().activate().unwrap();
+        }
+        assert_eq!(ids(Box::new(leases.active_expiring_by(200))), ["l1", "l2"]);
+        assert_eq!(
+            ids(Box::new(leases.active_expiring_by(99))),
+            Vec::<String>::new()
+        );
+        // A renewal moves it; a revocation takes it out and into the revoking set.
+        leases.get_mut("l1").unwrap().expires_at_ms = 400;
+        leases
+            .get_mut("l2")
+            .unwrap()
+            .begin_end(LeaseState::Revoked, "gone")
+            .unwrap();
+        assert_eq!(ids(Box::new(leases.active_expiring_by(350))), ["l0"]);
+        assert_eq!(ids(Box::new(leases.revoking())), ["l2"]);
+        leases.get_mut("l2").unwrap().finish_end(9).unwrap();
+        assert!(ids(Box::new(leases.revoking())).is_empty());
+        leases.remove("l1");
+        assert_eq!(ids(Box::new(leases.active_expiring_by(i64::MAX))), ["l0"]);
     }
 
     fn part(id: &str, gpu: u32, kind: PartKind) -> Partition {
