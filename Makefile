@@ -38,15 +38,21 @@ TESSERA_BENCH_ARGS ?= --seconds 5 --clients 1,8,32 --prefill $(BENCH_PREFILL) --
 # runtime-bench needs root, runc and busybox; its bundles go on tmpfs as containerd's
 # do (/run), here /dev/shm.
 RUNTIME_BENCH_ARGS ?= --iterations 40 --sim-lease --workdir /dev/shm
+# placement-bench: 3 mixes x 3 loads x 2 duration laws x 3 seeds on 8 simulated H100s;
+# drop --quiet to see every trace.
+PLACEMENT_BENCH_ARGS ?= --quiet
 
 PYTHON ?= python3
 
 # Packages the test suite needs: "package:probe", probe = a command that proves it is
 # there, or "-" to ask dpkg. python3-venv is added when $(PYTHON) cannot make a venv
-# (Debian's python3 lacks ensurepip without it); npm installs buf.
+# (Debian's python3 lacks ensurepip without it); npm installs buf. The CRI suite's pods
+# get a CNI bridge without uplink (containernetworking-plugins; iproute2's `ip` removes
+# it afterwards); the podman suite runs Debian's podman 4 and conmon.
 DEPS := runc:runc containerd:containerd busybox-static:- libseccomp-dev:- \
         protobuf-compiler:protoc pkg-config:pkg-config build-essential:cc \
-        python3:$(PYTHON) npm:npm
+        python3:$(PYTHON) npm:npm containernetworking-plugins:- iproute2:ip \
+        podman:podman conmon:conmon
 
 # Python for the grpcio client test (integration-tests/tests/python_client.rs) and
 # docs/examples/python: a venv this Makefile owns, with the pinned requirements.
@@ -169,16 +175,19 @@ build:
 
 # Release builds of the daemon, the runtime and both benchmarks; then tessera-bench
 # (throughput at 1/8/32 clients, the scale curve up to BENCH_PREFILL live leases, RSS,
-# restart) and runtime-bench (the lease path against hardened runc). Every bench runs
+# restart), runtime-bench (the lease path against hardened runc) and placement-bench (MIG
+# placement against a free-repacking reference on request traces). Every bench runs
 # even when an earlier one fails; the goals table comes last (a goal a failed bench
 # could not measure says so), and the target fails if a bench did.
 bench:
-	$(CARGO) build --release --bin tesserad --bin tessera-bench --bin tessera-runtime --bin runtime-bench
+	$(CARGO) build --release --bin tesserad --bin tessera-bench --bin tessera-runtime --bin runtime-bench --bin placement-bench
 	@rm -f "$(BENCH_RESULTS)"; failed=(); \
 	echo "==> bench: tessera-bench $(TESSERA_BENCH_ARGS)"; \
 	$(TARGET_DIR)/release/tessera-bench $(TESSERA_BENCH_ARGS) --results "$(BENCH_RESULTS)" || failed+=(tessera-bench); \
 	echo; echo "==> bench: runtime-bench $(RUNTIME_BENCH_ARGS)"; \
 	$(TARGET_DIR)/release/runtime-bench $(RUNTIME_BENCH_ARGS) --results "$(BENCH_RESULTS)" || failed+=(runtime-bench); \
+	echo; echo "==> bench: placement-bench $(PLACEMENT_BENCH_ARGS)"; \
+	$(TARGET_DIR)/release/placement-bench $(PLACEMENT_BENCH_ARGS) --results "$(BENCH_RESULTS)" || failed+=(placement-bench); \
 	touch "$(BENCH_RESULTS)"; \
 	$(TARGET_DIR)/release/tessera-bench report "$(BENCH_RESULTS)"; \
 	if [ $${#failed[@]} -ne 0 ]; then echo "==> bench: FAILED: $${failed[*]}" >&2; exit 1; fi

@@ -181,6 +181,7 @@ pub fn event_kind_name(kind: i32) -> String {
         Ok(K::MpsRestarted) => "mps_restarted".to_owned(),
         Ok(K::Unhealthy) => "unhealthy".to_owned(),
         Ok(K::Healthy) => "healthy".to_owned(),
+        Ok(K::Moved) => "moved".to_owned(),
         Err(_) => format!("unknown({kind})"),
     }
 }
@@ -351,6 +352,9 @@ pub struct ContainerView {
     pub cgroup_path: String,
     pub runtime_root: String,
     pub bound_at_ms: i64,
+    /// Host path of its termination-message file (where a lease's end is explained).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub termination_log_path: String,
 }
 
 #[derive(Debug, Serialize)]
@@ -372,6 +376,9 @@ pub struct LeaseView {
     /// Why its GPU or instance is out of service ("" while healthy).
     pub unhealthy: String,
     pub ended_at_ms: i64,
+    /// The pod its token is bound to ("" until a pod used it).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub pod: String,
 }
 
 impl From<&pb::Lease> for LeaseView {
@@ -399,6 +406,7 @@ impl From<&pb::Lease> for LeaseView {
                     cgroup_path: c.cgroup_path.clone(),
                     runtime_root: c.runtime_root.clone(),
                     bound_at_ms: c.bound_at_ms,
+                    termination_log_path: c.termination_log_path.clone(),
                 })
                 .collect(),
             priority_class: l.priority_class.clone(),
@@ -406,6 +414,7 @@ impl From<&pb::Lease> for LeaseView {
             end_reason: l.end_reason.clone(),
             unhealthy: l.unhealthy.clone(),
             ended_at_ms: l.ended_at_ms,
+            pod: l.pod.clone(),
         }
     }
 }
@@ -462,13 +471,23 @@ impl LeaseView {
         }
         kv.push(("labels", self.labels_text()));
         if self.ended_at_ms != 0 {
-            kv.push(("ended", when(self.ended_at_ms, now_ms)));
+            // A lease still revoking (its containers in their grace) has not ended:
+            // its time is when it will at the latest.
+            let key = if self.state == "revoking" || self.ended_at_ms > now_ms {
+                "ending by"
+            } else {
+                "ended"
+            };
+            kv.push((key, when(self.ended_at_ms, now_ms)));
         }
         if !self.unhealthy.is_empty() {
             kv.push(("UNHEALTHY", self.unhealthy.clone()));
         }
         if !self.end_reason.is_empty() {
             kv.push(("end reason", self.end_reason.clone()));
+        }
+        if !self.pod.is_empty() {
+            kv.push(("pod", self.pod.clone()));
         }
         let width = kv.iter().map(|(k, _)| k.len()).max().unwrap_or(0) + 1;
         let mut out = String::new();
@@ -511,7 +530,12 @@ pub fn lease_table(leases: &[LeaseView], now_ms: i64) -> String {
     ]);
     for l in leases {
         let expires = if l.ended_at_ms != 0 {
-            format!("ended {}", rel_time(l.ended_at_ms, now_ms))
+            let verb = if l.state == "revoking" || l.ended_at_ms > now_ms {
+                "ending"
+            } else {
+                "ended"
+            };
+            format!("{verb} {}", rel_time(l.ended_at_ms, now_ms))
         } else {
             rel_time(l.expires_at_ms, now_ms)
         };
@@ -578,12 +602,14 @@ pub(crate) mod tests {
                 cgroup_path: "/sys/fs/cgroup/tessera/c1".to_owned(),
                 runtime_root: "/run/tessera-runtime".to_owned(),
                 bound_at_ms: NOW - 30_000,
+                ..Default::default()
             }],
             priority_class: "normal".to_owned(),
             burst: false,
             end_reason: String::new(),
             unhealthy: String::new(),
             ended_at_ms: 0,
+            pod: String::new(),
         }
     }
 
@@ -630,6 +656,23 @@ pub(crate) mod tests {
             lines[1],
             "l-7f3a  team-a  active  mig 1g.10gb  0    in 59m   1           team=ml"
         );
+    }
+
+    #[test]
+    fn a_lease_still_ending_is_not_shown_as_ended() {
+        let mut l = sample_lease();
+        l.state = pb::LeaseState::Revoking as i32;
+        l.ended_at_ms = NOW + 3_000;
+        let text = LeaseView::from(&l).render_detail(NOW);
+        assert!(text.contains("state:          revoking\n"), "{text}");
+        assert!(text.contains("ending by:"), "{text}");
+        assert!(text.contains("(in 3s)"), "{text}");
+        assert!(!text.contains("ended:"), "{text}");
+        l.state = pb::LeaseState::Released as i32;
+        l.ended_at_ms = NOW - 5_000;
+        let text = LeaseView::from(&l).render_detail(NOW);
+        assert!(text.contains("ended:"), "{text}");
+        assert!(!text.contains("ending by:"), "{text}");
     }
 
     #[test]

@@ -18,6 +18,9 @@ use crate::gpu::SimSection;
 use crate::gpu::sim::{SimConfig, SimGpuConfig};
 use crate::partition::Strategy;
 
+mod kubernetes;
+pub use kubernetes::{ClassSpec, KubernetesConfig, RESOURCE_DOMAIN, resource_name};
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("{path}: {source}")]
@@ -80,6 +83,7 @@ pub struct Config {
     pub tenancy: TenancyConfig,
     pub audit: AuditConfig,
     pub health: HealthConfig,
+    pub kubernetes: KubernetesConfig,
 }
 
 /// What happens to leases on a GPU (or MIG instance) that goes unhealthy.
@@ -234,6 +238,8 @@ pub struct PartitionConfig {
     pub on_release: OnRelease,
     pub mps_oversubscribe: bool,
     pub static_layouts: Vec<StaticLayout>,
+    /// Move idle MIG leases to make room for a request that would be refused.
+    pub move_idle: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -293,6 +299,8 @@ struct RawConfig {
     metrics: RawMetrics,
     #[serde(default)]
     health: RawHealth,
+    #[serde(default)]
+    kubernetes: kubernetes::RawKubernetes,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -431,6 +439,7 @@ struct RawPartition {
     dynamic_mig: Option<bool>,
     on_release: Option<OnRelease>,
     mps_oversubscribe: Option<bool>,
+    move_idle: Option<bool>,
     #[serde(default, rename = "static")]
     static_layouts: Vec<RawStatic>,
 }
@@ -577,6 +586,7 @@ impl Config {
             on_release: p.on_release.unwrap_or_default(),
             mps_oversubscribe: p.mps_oversubscribe.unwrap_or(false),
             static_layouts,
+            move_idle: p.move_idle.unwrap_or(true),
         };
 
         let l = raw.lease;
@@ -671,6 +681,7 @@ impl Config {
             listen,
             allow_remote,
         };
+        let kubernetes = kubernetes::validate_kubernetes(&v, raw.kubernetes, &tenancy, &lease)?;
 
         Ok(Config {
             path: path.to_path_buf(),
@@ -685,6 +696,7 @@ impl Config {
             audit,
             metrics,
             health,
+            kubernetes,
         })
     }
 }

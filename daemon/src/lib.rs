@@ -5,6 +5,7 @@ pub mod audit;
 pub mod config;
 pub mod gpu;
 pub mod host;
+pub mod k8s;
 pub mod lease;
 pub mod metrics;
 pub mod model;

@@ -352,8 +352,27 @@ async fn run(cfg: Config, checked: Checked, backend: Arc<dyn GpuBackend>) -> any
         warn!("no [tenants] configured: quotas are off, every tenant may use any free capacity");
     }
     let metrics_listen = cfg.metrics.listen;
+    let kubernetes = cfg.kubernetes.clone();
     // The hardware is touched from here on (reconcile, static layout).
     let mgr = LeaseManager::start(cfg, backend, store.clone())?;
+    // The device plugin's reservations are leases: made before anything is served.
+    let device_plugin = if kubernetes.device_plugin {
+        let p = tesserad::k8s::DevicePlugin::start(mgr.clone(), store.clone(), kubernetes)
+            .await
+            .context("kubernetes device plugin")?;
+        info!(dir = %p.config().device_plugin_dir.display(), "kubernetes device plugin on");
+        Some(p)
+    } else {
+        if let Ok(left) = store.k8s_devices()
+            && !left.is_empty()
+        {
+            warn!(
+                devices = left.len(),
+                "the kubernetes device plugin is off but its devices' leases remain until they expire (kubernetes.lease_ttl) or are released (tessera lease list shows them, label tessera.io/k8s-class)"
+            );
+        }
+        None
+    };
 
     // Every listener is bound before READY.
     let listener = tesserad::api::bind_unix(&socket, mode)?;
@@ -381,6 +400,13 @@ async fn run(cfg: Config, checked: Checked, backend: Arc<dyn GpuBackend>) -> any
     // The handle the API service records calls and admissions on.
     let metrics = tesserad::metrics::spawn(metrics_listen, mgr.clone(), stop_rx.clone()).await?;
     let service = TesseraService::new(mgr.clone(), auth, Some(audit), Some(metrics));
+    let plugin_task = device_plugin.map(|p| {
+        let on_reload = p.clone();
+        service.on_reload(Arc::new(move |cfg: &Config| {
+            on_reload.set_mix(cfg.kubernetes.mix.clone())
+        }));
+        tokio::spawn(p.run(stop_rx.clone()))
+    });
     notify(&[sd_notify::NotifyState::Ready]);
 
     let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
@@ -437,6 +463,9 @@ async fn run(cfg: Config, checked: Checked, backend: Arc<dyn GpuBackend>) -> any
     let _ = watchdog.await;
     let _ = health.await;
     let _ = usage.await;
+    if let Some(t) = plugin_task {
+        let _ = t.await;
+    }
     let _ = std::fs::remove_file(&socket);
     store.close();
     info!("stopped; leases and partitions are kept for the next start");

@@ -205,6 +205,7 @@ impl Metrics {
             EventKind::MpsRestarted => "mps_restarted",
             EventKind::Unhealthy => "unhealthy",
             EventKind::Healthy => "healthy",
+            EventKind::Moved => "moved",
             EventKind::Renewed
             | EventKind::Expiring
             | EventKind::ContainerBound
@@ -349,8 +350,33 @@ fn gauge_family(
 impl Collector for NodeCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let mut leases: BTreeMap<Labels, i64> = BTreeMap::new();
+        let mut pods: BTreeMap<Labels, i64> = BTreeMap::new();
         if let Ok(list) = self.mgr.list(None, None, false) {
             for (l, _) in list {
+                // A lease of the kubelet device plugin held by a pod: bounded by the
+                // live leases, so the pod may be a label.
+                if let (Some(ns), Some(pod)) = (
+                    l.labels.get(crate::names::LABEL_K8S_NAMESPACE),
+                    l.labels.get(crate::names::LABEL_K8S_POD),
+                ) {
+                    let cut = |s: &str| crate::names::truncate(s, MAX_LABEL_LEN);
+                    pods.insert(
+                        vec![
+                            ("namespace", cut(ns)),
+                            ("pod", cut(pod)),
+                            ("tenant", self.tenants.label(&l.tenant)),
+                            (
+                                "resource",
+                                l.labels
+                                    .get(crate::names::LABEL_K8S_CLASS)
+                                    .map(|c| format!("tessera.io/{}", cut(c)))
+                                    .unwrap_or_default(),
+                            ),
+                            ("lease", l.id.clone()),
+                        ],
+                        1,
+                    );
+                }
                 *leases
                     .entry(vec![
                         ("tenant", self.tenants.label(&l.tenant)),
@@ -365,6 +391,12 @@ impl Collector for NodeCollector {
             "leases",
             "Live leases by tenant, shape and state",
             leases,
+        )?;
+        gauge_family(
+            &mut encoder,
+            "kubernetes_pod_leases",
+            "Live leases of the kubelet device plugin held by a pod, by namespace, pod, tenant, resource and lease (1 each)",
+            pods,
         )?;
 
         let node = self.mgr.node();

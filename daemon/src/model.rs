@@ -106,12 +106,20 @@ impl LeaseState {
 }
 
 /// A container bound to a lease by the runtime.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ContainerBinding {
     pub id: String,
+    /// The cgroup the container runs in, as its caller gave it (cgroupfs path or
+    /// systemd's `slice:prefix:name`): where a revocation stops it.
     pub cgroup_path: String,
     pub runtime_root: String,
     pub bound_at_ms: i64,
+    /// Host path of the container's termination-message file; empty when none.
+    #[serde(default)]
+    pub termination_log: String,
+    /// The pod (CRI sandbox id, else pod uid) the container belongs to.
+    #[serde(default)]
+    pub pod: String,
 }
 
 /// A lease as the store keeps it. Its life-cycle fields (`state`, `ending_as`,
@@ -138,6 +146,13 @@ pub struct Lease {
     end_reason: Option<String>,
     ended_at_ms: Option<i64>,
     pub containers: Vec<ContainerBinding>,
+    /// The pod the lease's token is bound to: the first pod that bound a container
+    /// with it. Another pod presenting the token is refused.
+    #[serde(default)]
+    pub pod: Option<String>,
+    /// The request pinned the lease to its GPU (`gpu_index`): it never moves.
+    #[serde(default)]
+    pub pinned_gpu: bool,
     /// Why the lease's GPU or MIG instance is out of service, while it is. Not
     /// stored with the lease: it follows the GPU's health marks.
     #[serde(skip)]
@@ -196,6 +211,8 @@ impl Lease {
             end_reason: None,
             ended_at_ms: None,
             containers: vec![],
+            pod: None,
+            pinned_gpu: false,
             unhealthy: None,
         }
     }
@@ -392,6 +409,8 @@ pub enum IntentOp {
     DestroyMig,
     StartMps,
     StopMps,
+    /// An idle lease's MIG instance moves: the partition named is the new one.
+    MoveMig,
 }
 
 impl IntentOp {
@@ -401,6 +420,7 @@ impl IntentOp {
             IntentOp::DestroyMig => "destroy_mig",
             IntentOp::StartMps => "start_mps",
             IntentOp::StopMps => "stop_mps",
+            IntentOp::MoveMig => "move_mig",
         }
     }
     pub fn parse(s: &str) -> Option<IntentOp> {
@@ -409,6 +429,7 @@ impl IntentOp {
             "destroy_mig" => IntentOp::DestroyMig,
             "start_mps" => IntentOp::StartMps,
             "stop_mps" => IntentOp::StopMps,
+            "move_mig" => IntentOp::MoveMig,
             _ => return None,
         })
     }
@@ -501,9 +522,8 @@ mod lifecycle_tests {
         l.activate()?;
         l.containers.push(ContainerBinding {
             id: "c1".into(),
-            cgroup_path: String::new(),
-            runtime_root: String::new(),
             bound_at_ms: 2_000,
+            ..Default::default()
         });
         l.begin_end(LeaseState::Expired, "TTL ran out")?;
         assert_eq!(l.state(), LeaseState::Revoking);

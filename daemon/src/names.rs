@@ -65,6 +65,12 @@ pub fn truncate(s: &str, n: usize) -> String {
     format!("{}…", &s[..end])
 }
 
+/// Lease labels the kubelet device plugin sets: the class of the device a lease stands
+/// for, and the pod (namespace and name) that holds it.
+pub const LABEL_K8S_CLASS: &str = "tessera.io/k8s-class";
+pub const LABEL_K8S_NAMESPACE: &str = "tessera.io/k8s-namespace";
+pub const LABEL_K8S_POD: &str = "tessera.io/k8s-pod";
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {

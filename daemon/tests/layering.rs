@@ -1,8 +1,10 @@
 //! The daemon's layers point down only. Each module of `daemon/src` has a rank; a
 //! file may name (`crate::x`, `super::…` across modules, or `tesserad::x` in the
 //! binaries) only modules of a lower rank than its own. Only `api` (and the
-//! binaries) may know tonic or the generated proto types. A new module must be given
-//! a rank here, so that its place is a decision, not an accident.
+//! binaries) may know tonic and the `tessera.v1` proto types; `k8s` (the kubelet
+//! device plugin, a client of the lease core like `api`) speaks kubelet's protocol
+//! with tonic and the vendored kubelet types, never `tessera.v1`. A new module must be
+//! given a rank here, so that its place is a decision, not an accident.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -24,6 +26,7 @@ const LAYERS: &[&str] = &[
     "audit",     // the audit log
     "metrics",   // Prometheus
     "api",       // tonic, proto, status mapping
+    "k8s",       // kubelet device plugin: tonic and kubelet's protos (uses api's unix transport)
     "main",      // main.rs and bin/
 ];
 
@@ -57,8 +60,13 @@ fn module_of(rel: &Path) -> String {
 }
 
 /// Modules a line names through `crate::` or `tesserad::`, and whether it names
-/// tonic or the proto crate. Comments are skipped.
+/// tonic or the proto crate (and whether only its kubelet part). Comments are skipped.
 fn named(line: &str) -> (Vec<String>, bool) {
+    let (names, transport, _) = named_k8s(line);
+    (names, transport)
+}
+
+fn named_k8s(line: &str) -> (Vec<String>, bool, bool) {
     let code = line.split("//").next().unwrap_or("");
     let mut out = Vec::new();
     for prefix in ["crate::", "tesserad::"] {
@@ -90,7 +98,9 @@ fn named(line: &str) -> (Vec<String>, bool) {
         }
     }
     let transport = code.contains("tonic") || code.contains("tessera_proto");
-    (out, transport)
+    // The kubelet protocol only: tessera_proto::k8s, never tessera_proto::v1.
+    let kubelet_only = !code.contains("tessera_proto::v1") && !code.contains("tessera_proto::{");
+    (out, transport, kubelet_only)
 }
 
 /// Every violation in `files` (path relative to src/, text).
@@ -111,7 +121,7 @@ fn check(files: &[(PathBuf, String)]) -> (Vec<String>, BTreeMap<String, usize>) 
         };
         *seen.entry(module.clone()).or_default() += 1;
         for (n, line) in text.lines().enumerate() {
-            let (names, transport) = named(line);
+            let (names, transport, kubelet_only) = named_k8s(line);
             for name in names {
                 let Some(r) = rank(&name) else { continue };
                 if name != module && r >= own {
@@ -122,7 +132,13 @@ fn check(files: &[(PathBuf, String)]) -> (Vec<String>, BTreeMap<String, usize>) 
                     ));
                 }
             }
-            if transport && module != "api" && module != "main" {
+            if transport && module == "k8s" && !kubelet_only {
+                violations.push(format!(
+                    "{}:{}: k8s speaks kubelet's protocol, not tessera.v1",
+                    rel.display(),
+                    n + 1
+                ));
+            } else if transport && module != "api" && module != "main" && module != "k8s" {
                 violations.push(format!(
                     "{}:{}: only api knows tonic and the proto types",
                     rel.display(),
@@ -154,7 +170,7 @@ fn layers_point_down_only_and_only_api_knows_the_transport() {
         violations.join("\n")
     );
     // The test saw the tree it guards (a moved src/ would make it vacuous).
-    for m in ["lease", "gpu", "store", "api", "model", "host"] {
+    for m in ["lease", "gpu", "store", "api", "model", "host", "k8s"] {
         assert!(seen.get(m).copied().unwrap_or(0) > 0, "no file of {m} read");
     }
 }
@@ -177,15 +193,24 @@ fn an_upward_import_a_transport_type_or_an_unranked_module_is_caught() {
             PathBuf::from("usage.rs"),
             "fn f() -> tonic::Status { todo() }".to_string(),
         ),
-        (PathBuf::from("k8s/mod.rs"), String::new()),
+        (PathBuf::from("dra/mod.rs"), String::new()),
+        (
+            PathBuf::from("k8s/service.rs"),
+            "use tessera_proto::v1 as pb;".to_string(),
+        ),
+        (
+            PathBuf::from("k8s/kubelet.rs"),
+            "use tessera_proto::k8s::podresources::v1 as pr;".to_string(),
+        ),
     ];
     let (v, _) = check(&files);
-    assert_eq!(v.len(), 3, "{v:#?}");
+    assert_eq!(v.len(), 4, "{v:#?}");
     assert!(
         v[0].contains("store (layer 7) uses lease (layer 9)"),
         "{}",
         v[0]
     );
     assert!(v[1].contains("only api knows tonic"), "{}", v[1]);
-    assert!(v[2].contains("\"k8s\" has no layer"), "{}", v[2]);
+    assert!(v[2].contains("\"dra\" has no layer"), "{}", v[2]);
+    assert!(v[3].contains("k8s speaks kubelet's protocol"), "{}", v[3]);
 }

@@ -31,6 +31,13 @@ pub fn sim_of(d: &TestDaemon, gpus: &str) -> SimBackend {
 /// revoking leases), in which case a violation may be transient.
 pub async fn check_structure(c: &mut Client, sim: &SimBackend) -> (Vec<String>, bool) {
     let mut v = Vec::new();
+    // GetNode and ListLeases are two snapshots: a lease that is revoking when the
+    // first is taken may have ended by the second. Work in progress seen before the
+    // node snapshot counts too, so the caller looks again instead of reporting it.
+    let before = match c.list_leases(pb::ListLeasesRequest::default()).await {
+        Ok(l) => l.into_inner().leases,
+        Err(e) => return (vec![format!("ListLeases failed: {e}")], false),
+    };
     let node = match c.get_node(pb::GetNodeRequest {}).await {
         Ok(n) => n.into_inner(),
         Err(e) => return (vec![format!("GetNode failed: {e}")], false),
@@ -39,7 +46,7 @@ pub async fn check_structure(c: &mut Client, sim: &SimBackend) -> (Vec<String>, 
         Ok(l) => l.into_inner().leases,
         Err(e) => return (vec![format!("ListLeases failed: {e}")], false),
     };
-    let in_progress = live.iter().any(|l| {
+    let in_progress = before.iter().chain(&live).any(|l| {
         l.state == pb::LeaseState::Pending as i32 || l.state == pb::LeaseState::Revoking as i32
     });
     let mps = sim.mps_daemons().unwrap();

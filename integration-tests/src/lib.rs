@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
+pub mod cri;
 pub mod invariants;
 use tessera_proto::v1::tessera_client::TesseraClient;
 use tonic::transport::Channel;

@@ -105,7 +105,7 @@ fn an_mps_lease_hands_its_private_pipe_dir_to_the_container_uid() {
             cgroup_path: format!("/tessera/x/{id}"),
             runtime_root: "/run/runc".into(),
             uid: Some(uid),
-            admission_command: String::new(),
+            ..Default::default()
         };
         c.bind_container(bind("c1", 1000)).await.unwrap();
         let meta = std::fs::metadata(&pipe).unwrap();

@@ -59,9 +59,10 @@ async fn fixture(c: &mut Client) -> Fixture {
         token: mig_token.clone(),
         container_id: "c-before".into(),
         cgroup_path: "/sys/fs/cgroup/pids/faults/c-before".into(),
-        runtime_root: "/run/tessera-faults".into(),
+        // No runtime root: housekeeping never drops these as gone.
+        runtime_root: String::new(),
         uid: None,
-        admission_command: String::new(),
+        ..Default::default()
     })
     .await
     .unwrap();
@@ -128,9 +129,10 @@ async fn every_call(c: &mut Client, fx: &Fixture) -> Vec<Answer> {
             token: fx.mig_token.clone(),
             container_id: "c-under-fault".into(),
             cgroup_path: "/sys/fs/cgroup/pids/faults/c-under-fault".into(),
-            runtime_root: "/run/tessera-faults".into(),
+            // No runtime root: housekeeping never drops these as gone.
+            runtime_root: String::new(),
             uid: None,
-            admission_command: String::new(),
+            ..Default::default()
         })
         .await,
     ));

@@ -1,4 +1,5 @@
-//! Generated code for the `tessera.v1` gRPC API. Generated code only: no logic here.
+//! Generated code for the `tessera.v1` gRPC API and for the kubelet APIs the device
+//! plugin speaks. Generated code only: no logic here.
 
 #![allow(clippy::all, clippy::pedantic, missing_docs)]
 
@@ -8,4 +9,35 @@ pub mod v1 {
     /// Encoded file descriptor set, for server reflection.
     pub const FILE_DESCRIPTOR_SET: &[u8] =
         tonic::include_file_descriptor_set!("tessera_descriptor");
+}
+
+/// kubelet's published APIs (github.com/kubernetes/kubelet), vendored in
+/// `proto/k8s/` with their package names, message names and field numbers.
+pub mod k8s {
+    /// `k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1`: Registration (served by
+    /// kubelet) and DevicePlugin (served by a plugin).
+    pub mod deviceplugin {
+        pub mod v1beta1 {
+            include!(concat!(
+                env!("OUT_DIR"),
+                "/k8s/deviceplugin/v1beta1/v1beta1.rs"
+            ));
+
+            /// The API version a plugin registers with.
+            pub const VERSION: &str = "v1beta1";
+            /// The socket kubelet serves Registration on, in the device-plugins directory.
+            pub const KUBELET_SOCKET: &str = "kubelet.sock";
+            /// `Device.health` of a usable device.
+            pub const HEALTHY: &str = "Healthy";
+            /// `Device.health` of a device kubelet must not count.
+            pub const UNHEALTHY: &str = "Unhealthy";
+        }
+    }
+
+    /// `k8s.io/kubelet/pkg/apis/podresources/v1`: PodResourcesLister (served by kubelet).
+    pub mod podresources {
+        pub mod v1 {
+            include!(concat!(env!("OUT_DIR"), "/k8s/podresources/v1/v1.rs"));
+        }
+    }
 }

@@ -3,7 +3,7 @@
 
 use crate::bundle;
 use crate::cli::{self, Command, Invocation, SubArgs};
-use crate::config::{ConfigError, ENV_VAR, RuntimeConfig};
+use crate::config::{ConfigError, RuntimeConfig};
 use crate::harden::{self, Context, Decision, Findings, exec as hexec, seccomp::Profile};
 use crate::host::HostFacts;
 use crate::lease::{DaemonClient, ResolvedLease};
@@ -52,10 +52,19 @@ struct Env {
 }
 
 impl Env {
+    /// Refuse in one line, once on stderr and once as the last error of runc's log
+    /// (containerd and conmon show that line); reasons left out of it go to the log
+    /// first, as a warning.
     fn refuse(&self, what: &str, reasons: &[String]) -> Outcome {
-        let msg = format!("tessera-runtime: {what} refused: {}", reasons.join("; "));
-        eprintln!("{msg}");
-        self.log.error(&msg);
+        let (line, cut) = harden::refusal_line(what, reasons);
+        if cut {
+            self.log.warn(&format!(
+                "tessera-runtime: {what}: every reason: {}",
+                reasons.join("; ").replace(['\n', '\r'], " ")
+            ));
+        }
+        eprintln!("{line}");
+        self.log.error(&line);
         Outcome::Exit(EXIT_REFUSED)
     }
 
@@ -71,6 +80,19 @@ impl Env {
         )
         .map_err(|e| self.log.warn(&format!("tessera-runtime: {e}")))
         .ok()
+    }
+
+    /// Whether runc manages cgroups through systemd: `--systemd-cgroup`, or for
+    /// `check` (run by hand, without containerd's flags) a spec in systemd's
+    /// `slice:prefix:name` form.
+    fn systemd_cgroup(&self, spec: &Value) -> bool {
+        let checking = matches!(self.inv.command, Some((Command::Check, _)));
+        self.inv.global.systemd_cgroup
+            || (checking
+                && spec
+                    .pointer("/linux/cgroupsPath")
+                    .and_then(Value::as_str)
+                    .is_some_and(|p| p.contains(':')))
     }
 
     fn runtime_root(&self) -> String {
@@ -145,6 +167,11 @@ fn preserve_fds(sub: &SubArgs) -> Result<i32, String> {
 
 /// Run the runtime's logic for one invocation (`args`: after the program name).
 pub fn run(args: Vec<OsString>) -> Outcome {
+    run_as(None, args)
+}
+
+/// [`run`], started as `argv0` (the config may be found next to it).
+pub fn run_as(argv0: Option<PathBuf>, args: Vec<OsString>) -> Outcome {
     let inv = match cli::parse(args) {
         Ok(i) => i,
         Err(e) => {
@@ -153,9 +180,8 @@ pub fn run(args: Vec<OsString>) -> Outcome {
         }
     };
     let log = RuncLog::new(inv.global.log.as_deref(), inv.global.log_format.as_deref());
-    let explicit = std::env::var_os(ENV_VAR).is_some_and(|v| !v.is_empty());
-    let cfg = match RuntimeConfig::load(&RuntimeConfig::path_from_env(), explicit) {
-        Ok(c) => c,
+    let cfg = match RuntimeConfig::load_discovered(argv0.as_deref()) {
+        Ok((c, _)) => c,
         Err(e) => return config_error(&log, &e),
     };
     let env = Env { inv, cfg, log };
@@ -252,14 +278,17 @@ fn admit(
         host: &host,
         lease: lease.as_ref(),
         container_id: id,
-        systemd_cgroup: env.inv.global.systemd_cgroup,
+        systemd_cgroup: env.systemd_cgroup(&spec),
         bundle,
         runc_root: Path::new(&runc_root),
     };
+    let privileged = harden::privileged(&spec);
     let decision = harden::harden(spec, &ctx);
     if !decision.admitted {
         let lease_id = lease.map(|l| l.lease_id).unwrap_or_default();
-        return Err((decision.reasons, lease_id));
+        let mut reasons = decision.reasons;
+        reasons.splice(0..0, privileged);
+        return Err((reasons, lease_id));
     }
     Ok(Admission {
         decision,
@@ -345,9 +374,18 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
             .pointer("/process/user/uid")
             .and_then(Value::as_u64)
             .and_then(|u| u32::try_from(u).ok());
-        // The bind carries the admission report; a failure after it (saving
-        // config.json) unbinds and reports the refusal.
-        if let Err(e) = c.bind(token, &id, cgroup, &env.runtime_root(), uid, cmd.name()) {
+        let binding = crate::lease::Binding {
+            container_id: id.clone(),
+            cgroup_path: cgroup.to_string(),
+            runtime_root: env.runtime_root(),
+            uid,
+            termination_log: harden::termination_log_source(&adm.decision.spec).unwrap_or_default(),
+            pod: harden::pod_of(&adm.decision.spec).unwrap_or_default(),
+            // The bind carries the admission report; a failure after it (saving
+            // config.json) unbinds and reports the refusal.
+            admission_command: cmd.name().to_string(),
+        };
+        if let Err(e) = c.bind(token, &binding) {
             return refuse_reported(vec![format!("BindContainer failed: {e}")], &lease_id);
         }
     }
@@ -423,6 +461,12 @@ fn exec(env: &Env, sub: &SubArgs) -> Outcome {
         report(env, client.as_ref(), &id, "", false, &f.reasons, "exec");
         return env.refuse(&what, &f.reasons);
     }
+    if sub.value("process").is_none() {
+        // runc builds this process from config.json (which has the lease's
+        // variables) plus each --env: the lease's go last and win.
+        let argv = hexec::argv_with_lease_env(&env.inv.argv, sub, &state.lease_env);
+        return env.plan_with_args(argv, keep, None);
+    }
     env.plan(keep, None)
 }
 
@@ -450,9 +494,19 @@ fn update(env: &Env, sub: &SubArgs) -> Outcome {
         };
         match bytes.and_then(|b| bundle::parse_strict(&b).map(|v| (b, v))) {
             Ok((b, v)) => {
-                let checked = hexec::check_update_resources(&v, &env.cfg.policy, &mut f);
+                // The container's own device rules (its hardened config.json), to
+                // check the update's against and to re-apply.
+                let rules = hexec::ContainerState::load(
+                    Path::new(&env.runtime_root()),
+                    &id,
+                    env.cfg.policy.max_config_bytes,
+                )
+                .ok()
+                .and_then(|s| s.device_rules);
+                let checked =
+                    hexec::check_update_resources(&v, &env.cfg.policy, rules.as_deref(), &mut f);
                 // runc reads exactly what was checked, from a pipe: the bytes as
-                // they came, or the JSON without its deny-only device rules.
+                // they came, or the JSON with the container's own device rules.
                 inv.set_flag_value(flag, "-");
                 stdin = Some(if checked == v {
                     b
@@ -533,7 +587,7 @@ fn partial_spec(env: &Env, bundle: &Path, id: &str) -> Value {
         host: &host,
         lease: None,
         container_id: id,
-        systemd_cgroup: env.inv.global.systemd_cgroup,
+        systemd_cgroup: env.systemd_cgroup(&spec),
         bundle,
         runc_root: Path::new(&runc_root),
     };

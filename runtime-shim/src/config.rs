@@ -1,5 +1,15 @@
-//! tessera-runtime's own configuration: `/etc/tessera/runtime.toml`, or the file named by
-//! `TESSERA_RUNTIME_CONFIG`. Unknown keys refuse to start (fail closed).
+//! tessera-runtime's own configuration. Found without relying on the environment
+//! (conmon and containerd's shims do not pass it on), in this order:
+//!
+//! 1. `TESSERA_RUNTIME_CONFIG`, when set: an override (a missing file is an error);
+//! 2. `<argv[0]>.toml`, when the runtime was started by an absolute path (a symlink
+//!    named `/usr/local/bin/tessera-gpu` reads `/usr/local/bin/tessera-gpu.toml`);
+//! 3. `<the executable's real path>.toml` (`/usr/bin/tessera-runtime.toml`);
+//! 4. `/etc/tessera/runtime.toml` (when missing: the built-in defaults).
+//!
+//! A file found next to the binary (2, 3) must be owned by root (or the caller) and
+//! writable by nobody else, like the binary itself. Unknown keys refuse to start
+//! (fail closed).
 
 use crate::policy::Policy;
 use serde::Deserialize;
@@ -7,9 +17,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use thiserror::Error;
 
-/// Where the config is read from when `TESSERA_RUNTIME_CONFIG` is not set.
+/// Where the config is read from when none is named or found next to the binary.
 pub const DEFAULT_PATH: &str = "/etc/tessera/runtime.toml";
-/// The environment variable naming another config file.
+/// The environment variable naming another config file (an override).
 pub const ENV_VAR: &str = "TESSERA_RUNTIME_CONFIG";
 
 /// Errors loading the runtime config.
@@ -83,6 +93,12 @@ pub struct RuntimeConfig {
     pub tenant_namespaces: BTreeMap<String, Vec<String>>,
     #[serde(default)]
     pub driver_libraries: Vec<DriverLibrary>,
+    /// Where the NVIDIA Container Toolkit's CDI spec (`nvidia-ctk cdi generate`) may
+    /// be: the first that exists lists the driver's files, in place of
+    /// `driver_libraries`. Absent: /etc/cdi/nvidia.{yaml,json}, then nvidia*.yaml|json
+    /// in /var/run/cdi and /etc/cdi. `[]`: never (only `driver_libraries`).
+    #[serde(default)]
+    pub nvidia_cdi_specs: Option<Vec<PathBuf>>,
     /// CVEs of runc that the operator acknowledges as fixed in this runc although its
     /// version predates the fix (a distribution backport), or as an accepted risk.
     /// A container is refused while runc lacks a fix not named here.
@@ -102,19 +118,77 @@ impl Default for RuntimeConfig {
             nvidia_proc_root: default_nvidia_proc(),
             tenant_namespaces: BTreeMap::new(),
             driver_libraries: Vec::new(),
+            nvidia_cdi_specs: None,
             runc_cve_acknowledged: Vec::new(),
             policy: Policy::default(),
         }
     }
 }
 
+/// Where the config was found, and whether a missing file there is an error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Found {
+    pub path: PathBuf,
+    /// Named by the environment: must exist.
+    pub explicit: bool,
+    /// Found next to the binary: must be root-owned and writable by nobody else.
+    pub beside_binary: bool,
+}
+
+/// The candidate next to a program path: `<path>.toml`.
+fn beside(program: &Path) -> PathBuf {
+    let mut s = program.as_os_str().to_os_string();
+    s.push(".toml");
+    PathBuf::from(s)
+}
+
+/// Find the config (see the module's order). `env` is `TESSERA_RUNTIME_CONFIG`,
+/// `argv0` the program name as started, `exe` the executable's real path; `exists`
+/// answers whether a candidate file is there.
+pub fn discover(
+    env: Option<&std::ffi::OsStr>,
+    argv0: Option<&Path>,
+    exe: Option<&Path>,
+    exists: impl Fn(&Path) -> bool,
+) -> Found {
+    if let Some(v) = env.filter(|v| !v.is_empty()) {
+        return Found {
+            path: PathBuf::from(v),
+            explicit: true,
+            beside_binary: false,
+        };
+    }
+    let candidates = [argv0.filter(|p| p.is_absolute()), exe];
+    for program in candidates.into_iter().flatten() {
+        let path = beside(program);
+        if exists(&path) {
+            return Found {
+                path,
+                explicit: false,
+                beside_binary: true,
+            };
+        }
+    }
+    Found {
+        path: PathBuf::from(DEFAULT_PATH),
+        explicit: false,
+        beside_binary: false,
+    }
+}
+
 impl RuntimeConfig {
-    /// The config path: `TESSERA_RUNTIME_CONFIG` or the default.
-    pub fn path_from_env() -> PathBuf {
-        std::env::var_os(ENV_VAR)
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from(DEFAULT_PATH))
+    /// Find and load the config of this process (see the module's order).
+    pub fn load_discovered(argv0: Option<&Path>) -> Result<(Self, Found), ConfigError> {
+        let env = std::env::var_os(ENV_VAR);
+        let exe = std::env::current_exe().ok();
+        let found = discover(env.as_deref(), argv0, exe.as_deref(), |p| {
+            std::fs::symlink_metadata(p).is_ok()
+        });
+        if found.beside_binary {
+            check_owner(&found.path)?;
+        }
+        let cfg = Self::load(&found.path, found.explicit)?;
+        Ok((cfg, found))
     }
 
     /// Load and validate a config file. A missing file at the default path gives the
@@ -164,6 +238,14 @@ impl RuntimeConfig {
         if self.daemon_timeout_ms == 0 {
             return Err(bad("daemon_timeout_ms must be positive".to_string()));
         }
+        for p in self.nvidia_cdi_specs.iter().flatten() {
+            if !p.is_absolute() {
+                return Err(bad(format!(
+                    "nvidia_cdi_specs entry {} is not absolute",
+                    p.display()
+                )));
+            }
+        }
         for lib in &self.driver_libraries {
             if !lib.source.is_absolute()
                 || lib.destination.as_ref().is_some_and(|d| !d.is_absolute())
@@ -203,10 +285,82 @@ impl RuntimeConfig {
     }
 }
 
+/// A config found next to the binary decides the policy: it must be a regular
+/// file owned by root (or the caller) that nobody else can write.
+fn check_owner(path: &Path) -> Result<(), ConfigError> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let euid = nix::unistd::geteuid().as_raw();
+    let why = if !m.is_file() {
+        Some("is not a regular file")
+    } else if m.uid() != 0 && m.uid() != euid {
+        Some("is not owned by root")
+    } else if m.mode() & 0o022 != 0 {
+        Some("is writable by group or others")
+    } else {
+        None
+    };
+    match why {
+        Some(w) => Err(ConfigError::Invalid {
+            path: path.to_path_buf(),
+            message: format!("the runtime config next to the binary {w}"),
+        }),
+        None => Ok(()),
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_config_is_found_without_the_environment() {
+        let argv0 = Path::new("/usr/local/bin/tessera-gpu");
+        let exe = Path::new("/usr/bin/tessera-runtime");
+        let none = |_: &Path| false;
+        let all = |_: &Path| true;
+        // The environment overrides everything, and must then exist.
+        let f = discover(Some("/x.toml".as_ref()), Some(argv0), Some(exe), all);
+        assert_eq!(f.path, PathBuf::from("/x.toml"));
+        assert!(f.explicit && !f.beside_binary);
+        // An empty variable is as good as none.
+        let f = discover(Some("".as_ref()), None, None, all);
+        assert_eq!(f.path, PathBuf::from(DEFAULT_PATH));
+        // Next to the name it was started by, then next to the executable.
+        let f = discover(None, Some(argv0), Some(exe), all);
+        assert_eq!(f.path, PathBuf::from("/usr/local/bin/tessera-gpu.toml"));
+        assert!(f.beside_binary && !f.explicit);
+        let only_exe = |p: &Path| p == Path::new("/usr/bin/tessera-runtime.toml");
+        let f = discover(None, Some(argv0), Some(exe), only_exe);
+        assert_eq!(f.path, PathBuf::from("/usr/bin/tessera-runtime.toml"));
+        // A relative argv[0] (runc found on PATH) names no directory.
+        let f = discover(None, Some(Path::new("tessera-runtime")), None, all);
+        assert_eq!(f.path, PathBuf::from(DEFAULT_PATH));
+        // Nothing next to the binary: the fixed default (missing: the defaults).
+        let f = discover(None, Some(argv0), Some(exe), none);
+        assert_eq!(f.path, PathBuf::from(DEFAULT_PATH));
+        assert!(!f.explicit && !f.beside_binary);
+    }
+
+    #[test]
+    fn a_config_beside_the_binary_must_be_the_owners_alone() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("tessera-runtime.toml");
+        std::fs::write(&p, "").unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+        check_owner(&p).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let e = check_owner(&p).unwrap_err();
+        assert!(e.to_string().contains("writable by group or others"), "{e}");
+        let link = dir.path().join("link.toml");
+        std::os::unix::fs::symlink(&p, &link).unwrap();
+        assert!(check_owner(&link).is_err());
+    }
 
     #[test]
     fn shipped_config_parses() {
@@ -234,7 +388,7 @@ mod tests {
             opts["options"]["BinaryName"].as_str(),
             Some("/usr/bin/tessera-runtime")
         );
-        let rc = include_str!("../../configs/kubernetes/runtimeclass.yaml");
+        let rc = include_str!("../../deploy/kubernetes/runtimeclass.yaml");
         assert!(rc.contains("kind: RuntimeClass") && rc.contains("handler: tessera"));
     }
 

@@ -226,6 +226,24 @@ fn map_status(s: tonic::Status, socket: &Path) -> LeaseError {
     }
 }
 
+/// What the runtime tells the daemon about a container it binds to a lease.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Binding {
+    pub container_id: String,
+    /// The cgroup the container runs in (cgroupfs path or systemd's
+    /// `slice:prefix:name`): where a revocation stops it.
+    pub cgroup_path: String,
+    pub runtime_root: String,
+    pub uid: Option<u32>,
+    /// Host path of the container's termination-message file, or empty.
+    pub termination_log: String,
+    /// The pod (CRI sandbox id, else pod uid), or empty outside Kubernetes.
+    pub pod: String,
+    /// The runtime's command (create, run): the bind is then also the
+    /// container's admission report (one call instead of two). Empty: none.
+    pub admission_command: String,
+}
+
 /// A client of the daemon's unix socket. It connects on its first call and keeps
 /// the connection for the next ones (a start makes two or three calls: one
 /// connection and HTTP/2 handshake instead of one each).
@@ -309,25 +327,17 @@ impl DaemonClient {
         ResolvedLease::from_proto(resp, now_ms())
     }
 
-    /// Record that a container runs on the token's lease. A non-empty
-    /// `admission_command` makes the bind the container's admission report too
-    /// (one call instead of two).
-    pub fn bind(
-        &self,
-        token: &str,
-        container_id: &str,
-        cgroup_path: &str,
-        runtime_root: &str,
-        uid: Option<u32>,
-        admission_command: &str,
-    ) -> Result<(), LeaseError> {
+    /// Record that a container runs on the token's lease.
+    pub fn bind(&self, token: &str, b: &Binding) -> Result<(), LeaseError> {
         let req = pb::BindContainerRequest {
             token: token.to_string(),
-            container_id: container_id.to_string(),
-            cgroup_path: cgroup_path.to_string(),
-            runtime_root: runtime_root.to_string(),
-            uid,
-            admission_command: admission_command.to_string(),
+            container_id: b.container_id.clone(),
+            cgroup_path: b.cgroup_path.clone(),
+            runtime_root: b.runtime_root.clone(),
+            uid: b.uid,
+            termination_log_path: b.termination_log.clone(),
+            pod: b.pod.clone(),
+            admission_command: b.admission_command.clone(),
         };
         self.call(self.timeout, |mut c| async move {
             c.bind_container(req).await.map(|_| ())

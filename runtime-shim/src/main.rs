@@ -3,7 +3,9 @@
 use tessera_runtime::app::{self, Outcome};
 
 fn main() {
-    match app::run(std::env::args_os().skip(1).collect()) {
+    let mut args = std::env::args_os();
+    let argv0 = args.next().map(std::path::PathBuf::from);
+    match app::run_as(argv0, args.collect()) {
         Outcome::Exit(code) => std::process::exit(code),
         Outcome::Exec(plan) => {
             let err = app::exec_plan(&plan);

@@ -34,6 +34,7 @@ impl Host {
             "kubelet/pods/other-pod-uid/volumes".to_string(),
             "storage/overlay/abc/merged/bin".to_string(),
             "run-storage/overlay-containers/podctr/userdata".to_string(),
+            "run-storage/vfs-containers/podctr/userdata".to_string(),
             "tessera-run".to_string(),
             "shared-ro/models".to_string(),
             "etc-cron.d".to_string(),
@@ -59,11 +60,15 @@ impl Host {
             "",
         )
         .unwrap();
-        std::fs::write(
-            d.join("run-storage/overlay-containers/podctr/userdata/hosts"),
-            "",
-        )
-        .unwrap();
+        for driver in ["overlay", "vfs"] {
+            std::fs::write(
+                d.join(format!(
+                    "run-storage/{driver}-containers/podctr/userdata/hosts"
+                )),
+                "",
+            )
+            .unwrap();
+        }
         std::fs::write(d.join("tessera-run/tesserad.sock"), "").unwrap();
         // runc's record of the pod sandbox: its init process.
         std::fs::create_dir_all(d.join("runc-root").join(SANDBOX)).unwrap();
@@ -509,6 +514,14 @@ fn hostile() -> Vec<(&'static str, &'static str, Mutation)> {
                     json!({"type": "network", "path": "/run/netns/cni-other-pod"})
             },
         ),
+        case(
+            "ns-cni-var-run-netns-from-a-container",
+            "for the pod sandbox only",
+            |s, _| {
+                s["linux"]["namespaces"][4] =
+                    json!({"type": "network", "path": "/var/run/netns/cni-other-pod"})
+            },
+        ),
         case("ns-pid-init", "is not a namespace file", |s, _| {
             s["linux"]["namespaces"][0] = json!({"type": "pid", "path": "/proc/1/ns/pid"})
         }),
@@ -708,6 +721,44 @@ fn a_symlinked_bind_source_is_judged_by_its_target() {
     );
 }
 
+/// kubelet creates each container's termination-log file 0666 (so a non-root process
+/// can write its message) and bind-mounts it at /dev/termination-log: admitted, as a
+/// file's content cannot swap a path component. Its directory must still be safe.
+#[test]
+fn kubelets_world_writable_termination_log_file_is_admitted() {
+    use std::os::unix::fs::PermissionsExt;
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("SKIPPED: needs root to own the directories the check requires");
+        return;
+    }
+    let h = Host::new();
+    let dir = h.path(&format!("kubelet/pods/{POD_UID}/containers/cuda"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = format!("{dir}/3f2a1b0c");
+    std::fs::write(&file, "").unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let mut spec = pod_container(&h);
+    bind(
+        &mut spec,
+        &file,
+        "/dev/termination-log",
+        &["rbind", "rprivate", "rw"],
+    );
+    let (code, out) = h.check("termlog", &spec);
+    assert_eq!(code, 0, "{:?}", reasons(&out));
+    // The same file in a directory others may write to is refused.
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let (code, out) = h.check("termlog-open-dir", &spec);
+    assert_eq!(code, 1);
+    assert!(
+        reasons(&out)
+            .iter()
+            .any(|r| r.contains("writable by others")),
+        "{:?}",
+        reasons(&out)
+    );
+}
+
 /// A directory on the way to a bind source that others may write to (no sticky bit)
 /// lets a tenant swap a component: refused.
 #[test]
@@ -780,6 +831,25 @@ fn what_real_callers_send_is_admitted() {
     );
     let (code, out) = h.check_id("podman", &pod, "podctr");
     assert_eq!(code, 0, "podman: {:?}", reasons(&out));
+    // podman with the vfs driver (where overlayfs cannot stack): vfs-containers.
+    bind(
+        &mut pod,
+        &h.path("run-storage/vfs-containers/podctr/userdata/hosts"),
+        "/etc/hosts2",
+        &["bind", "rprivate"],
+    );
+    let (code, out) = h.check_id("podman-vfs", &pod, "podctr");
+    assert_eq!(code, 0, "podman vfs: {:?}", reasons(&out));
+    // Another container's userdata stays refused.
+    let (code, out) = h.check_id("podman-other", &pod, "otherctr");
+    assert_eq!(code, 1);
+    assert!(
+        reasons(&out)
+            .iter()
+            .any(|r| r.contains("vfs-containers/podctr/userdata/hosts is not under")),
+        "{:?}",
+        reasons(&out)
+    );
 }
 
 /// A CRI container joins its pod sandbox's network, IPC and UTS namespaces by

@@ -226,6 +226,30 @@ fn containerd_runs_tenant_containers_through_tessera_runtime() {
     assert!(t.contains("unknown lease token"), "{t}");
     let _ = ctrd.ctr(&["container", "delete", "c-bad"]);
 
+    // --privileged: refused, and containerd shows the one clear line, once.
+    let out = ctrd.ctr(&[
+        "run",
+        "--rm",
+        "--snapshotter",
+        "native",
+        "--runc-binary",
+        bin,
+        "--privileged",
+        "--annotation",
+        "tessera.io/lease-token=tok-good",
+        IMAGE,
+        "c-priv",
+        "true",
+    ]);
+    let t = text(&out);
+    assert!(!out.status.success(), "ctr run --privileged succeeded: {t}");
+    assert_eq!(
+        t.matches("privileged containers are not allowed").count(),
+        1,
+        "{t}"
+    );
+    let _ = ctrd.ctr(&["container", "delete", "c-priv"]);
+
     // ctr task exec into a running container goes through the hardened exec path.
     let out = ctrd.ctr(&[
         "run",

@@ -32,6 +32,8 @@ impl Fixture {
         )
         .unwrap();
         cfg.nvidia_proc_root = proc_root.clone();
+        // The host's own NVIDIA CDI spec (if any) must not change the answers.
+        cfg.nvidia_cdi_specs = Some(Vec::new());
         let lease = if with_lease {
             if !nix::unistd::geteuid().is_root() {
                 // Written past the test harness's capture, so CI logs show the skip.
@@ -71,13 +73,18 @@ impl Fixture {
     }
 
     fn harden(&self, spec: Value) -> Decision {
+        self.harden_with(spec, false)
+    }
+
+    /// Harden as `runc --systemd-cgroup` (or not) would be asked to.
+    fn harden_with(&self, spec: Value, systemd_cgroup: bool) -> Decision {
         let ctx = Context {
             config: &self.cfg,
             seccomp: &self.profile,
             host: &self.host,
             lease: self.lease.as_ref(),
             container_id: "c1",
-            systemd_cgroup: false,
+            systemd_cgroup,
             bundle: &self.bundle,
             runc_root: &self.bundle,
         };
@@ -613,4 +620,116 @@ fn lease_refusals() {
         .find(|m| m["source"].as_str().unwrap().ends_with("config-lib.so"))
         .unwrap();
     assert_eq!(lib["options"], json!(["bind", "ro", "nosuid", "nodev"]));
+}
+
+#[test]
+fn the_driver_files_come_from_the_nvidia_cdi_spec_when_there_is_one() {
+    let Some(mut fx) = Fixture::new(true) else {
+        return;
+    };
+    let lib = fx.bundle.join("libcuda.so.550.54.15");
+    std::fs::write(&lib, b"").unwrap();
+    fx.cfg.driver_libraries = vec![tessera_runtime::config::DriverLibrary {
+        source: "/nonexistent/from-config.so".into(),
+        destination: None,
+        optional: false,
+    }];
+    let spec_path = fx.bundle.join("nvidia.yaml");
+    std::fs::write(
+        &spec_path,
+        format!(
+            "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n- name: all\n  containerEdits:\n    deviceNodes:\n    - path: /dev/nvidia0\ncontainerEdits:\n  mounts:\n  - hostPath: {}\n    containerPath: /usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15\n    options: [ro, nosuid, nodev, bind]\n  hooks:\n  - hookName: createContainer\n    path: /usr/bin/nvidia-ctk\n",
+            lib.display()
+        ),
+    )
+    .unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&spec_path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    fx.cfg.nvidia_cdi_specs = Some(vec![fx.bundle.join("absent.yaml"), spec_path.clone()]);
+    let d = fx.harden(common::base_spec(&["sh"]));
+    assert!(d.admitted, "{:?}", d.reasons);
+    let mounts = d.spec["mounts"].as_array().unwrap();
+    let m = mounts
+        .iter()
+        .find(|m| m["destination"] == "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15")
+        .expect("the spec's library is mounted");
+    assert_eq!(m["source"], json!(lib.to_string_lossy()));
+    assert_eq!(m["options"], json!(["bind", "ro", "nosuid", "nodev"]));
+    // The configured list is not used, and the spec's hook never runs.
+    assert!(
+        !mounts
+            .iter()
+            .any(|m| m["source"] == "/nonexistent/from-config.so")
+    );
+    assert!(d.spec.pointer("/hooks/createContainer").is_none());
+    // A spec others may write refuses the container (fail closed).
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&spec_path, std::fs::Permissions::from_mode(0o666)).unwrap();
+    }
+    let d = fx.harden(common::base_spec(&["sh"]));
+    assert!(
+        d.reasons.iter().any(|r| r.contains("not trusted")),
+        "{:?}",
+        d.reasons
+    );
+}
+
+/// A GPU container stays in the cgroup its caller gave (kubelet's pod cgroup, with
+/// the cgroupfs or the systemd driver), so pod limits, QoS, eviction and CRI stats
+/// see it; only a spec without one goes to the lease's tree.
+#[test]
+fn a_lease_container_stays_in_its_callers_cgroup() {
+    let Some(fx) = Fixture::new(true) else { return };
+    let with_path = |p: &str| {
+        let mut s = common::base_spec(&["sh"]);
+        s["linux"]["cgroupsPath"] = json!(p);
+        s
+    };
+    // cgroupfs driver: inside the pod's cgroup, kept as given.
+    let d = fx.harden(with_path("/kubepods/burstable/pod0f1e/c1"));
+    assert!(d.admitted, "{:?}", d.reasons);
+    assert_eq!(
+        d.spec["linux"]["cgroupsPath"],
+        "/kubepods/burstable/pod0f1e/c1"
+    );
+    // systemd driver (kubeadm's default), with runc --systemd-cgroup: kept as given.
+    let sd = "kubepods-burstable-pod0f1e.slice:cri-containerd:c1";
+    let d = fx.harden_with(with_path(sd), true);
+    assert!(d.admitted, "{:?}", d.reasons);
+    assert_eq!(d.spec["linux"]["cgroupsPath"], sd);
+    // No cgroup named: the lease's tree, or its slice under systemd.
+    let d = fx.harden_with(common::base_spec(&["sh"]), true);
+    assert!(d.admitted, "{:?}", d.reasons);
+    assert_eq!(d.spec["linux"]["cgroupsPath"], "tessera.slice:tessera:c1");
+    let d = fx.harden(common::base_spec(&["sh"]));
+    assert_eq!(d.spec["linux"]["cgroupsPath"], "/tessera/lease-1/c1");
+    // The driver and the path's form must agree, and the cgroup must be this
+    // container's own.
+    for (path, systemd, want) in [
+        (sd, false, "not given --systemd-cgroup"),
+        ("/kubepods/burstable/pod0f1e/c1", true, "slice:prefix:name"),
+        (
+            "/kubepods/burstable/pod0f1e/victim",
+            false,
+            "must end in this container's id",
+        ),
+        ("/system.slice/c1", false, "host's slices"),
+        (
+            "system.slice:cri-containerd:c1",
+            true,
+            "outside the host's slices",
+        ),
+        ("/tessera/l-other/c1", false, "lease tree"),
+    ] {
+        let d = fx.harden_with(with_path(path), systemd);
+        assert!(!d.admitted, "{path} admitted");
+        assert!(
+            d.reasons.iter().any(|r| r.contains(want)),
+            "{path}: want {want:?} in {:?}",
+            d.reasons
+        );
+    }
 }

@@ -298,3 +298,116 @@ fn pod_sandbox_gets_baseline_even_with_the_pods_token() {
             .is_none()
     );
 }
+
+/// conmon and containerd's shims pass no TESSERA_RUNTIME_CONFIG: the runtime finds its
+/// config next to the name it was started by, or next to its binary.
+#[test]
+fn the_config_is_found_next_to_the_binary_without_the_environment() {
+    let (d, cfg) = setup();
+    let bin = d.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let copy = bin.join("tessera-runtime");
+    std::fs::copy(common::runtime_bin(), &copy).unwrap();
+    std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    let beside = bin.join("tessera-runtime.toml");
+    std::fs::write(&beside, &text).unwrap();
+    std::fs::set_permissions(&beside, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let run_bare = |program: &Path| {
+        Command::new(program)
+            .env_clear()
+            .args(["--root", "/r", "state", "x"])
+            .output()
+            .unwrap()
+    };
+    let out = run_bare(&copy);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        lines(&out, "argv: "),
+        ["--root /r state x"],
+        "the fake runc ran"
+    );
+    // A second name (a symlink) with a config of its own: that one wins.
+    let other = bin.join("tessera-gpu");
+    std::os::unix::fs::symlink(&copy, &other).unwrap();
+    std::fs::write(
+        bin.join("tessera-gpu.toml"),
+        "runc_path = \"/nonexistent/runc\"\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        bin.join("tessera-gpu.toml"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
+    let out = run_bare(&other);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("/nonexistent/runc"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // A config others may write is refused, not used (exit 64).
+    std::fs::set_permissions(&beside, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let out = run_bare(&copy);
+    assert_eq!(out.status.code(), Some(64));
+    assert!(lines(&out, "argv: ").is_empty(), "runc must not run");
+}
+
+/// `--privileged` is refused in one clear line: once on stderr, and as the last
+/// error of runc's JSON log, which containerd and conmon show.
+#[test]
+fn a_privileged_container_is_refused_in_one_line() {
+    let (d, cfg) = setup();
+    let b = d.path().join("b");
+    std::fs::create_dir_all(b.join("rootfs")).unwrap();
+    let mut spec = common::base_spec(&["true"]);
+    // What podman --privileged writes.
+    spec["process"]["capabilities"]["bounding"] =
+        serde_json::json!(["CAP_SYS_ADMIN", "CAP_SYS_MODULE"]);
+    spec["linux"]["resources"]["devices"] = serde_json::json!([{"allow": true, "access": "rwm"}]);
+    spec["process"]["apparmorProfile"] = serde_json::json!("unconfined");
+    common::write_spec(&b, &spec);
+    let log = d.path().join("oci-log");
+    let out = run(
+        &cfg,
+        &[
+            "--log",
+            log.to_str().unwrap(),
+            "--log-format",
+            "json",
+            "create",
+            "--bundle",
+            b.to_str().unwrap(),
+            "c1",
+        ],
+        false,
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(lines(&out, "argv: ").is_empty(), "runc must not run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // (The harness's LD_PRELOAD makes ld.so complain once; that line is not ours.)
+    let stderr_lines: Vec<&str> = stderr
+        .lines()
+        .filter(|l| !l.starts_with("ERROR: ld.so"))
+        .collect();
+    assert_eq!(stderr_lines.len(), 1, "{stderr}");
+    assert!(
+        stderr_lines[0].starts_with(
+            "tessera-runtime: create c1 refused: privileged containers are not allowed"
+        ),
+        "{stderr}"
+    );
+    let text = std::fs::read_to_string(&log).unwrap();
+    let errors: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v["level"] == "error")
+        .collect();
+    assert_eq!(errors.len(), 1, "{text}");
+    assert_eq!(errors[0]["msg"], stderr_lines[0], "the same line in both");
+}

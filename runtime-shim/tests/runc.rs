@@ -430,6 +430,31 @@ fn exec_update_delete_on_a_running_container() {
         "{stdout}"
     );
 
+    // Without --process (runc builds the process from config.json plus each --env),
+    // the lease's variables still win over the caller's.
+    let out = env.runtime(
+        &[
+            "exec",
+            "-e",
+            "TESSERA_LEASE_ID=forged",
+            "-e=CUDA_VISIBLE_DEVICES=all",
+            &id,
+            "sh",
+            "-c",
+            "echo lease=$TESSERA_LEASE_ID; echo cuda=$CUDA_VISIBLE_DEVICES",
+        ],
+        None,
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "exec --env: {stdout} {stderr}");
+    assert!(stdout.lines().any(|l| l == "lease=lease-1"), "{stdout}");
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("cuda=") && l.len() > 5 && l != "cuda=all"),
+        "{stdout}"
+    );
+
     // --cap is refused.
     let out = env.runtime(&["exec", "--cap", "CAP_SYS_ADMIN", &id, "true"], None);
     assert_eq!(out.status.code(), Some(1));
@@ -518,6 +543,53 @@ fn exec_update_delete_on_a_running_container() {
         Some(r#"{"devices":[{"allow":false,"access":"rwm"}],"cpu":{"shares":512},"memory":{"limit":268435456}}"#),
     );
     assert!(out.status.success(), "CRI-style update: {:?}", text(&out));
+    // With the device plugin's rule for the lease's own device too (what containerd
+    // sends for a GPU pod): accepted; a device beyond the lease's is refused by index.
+    let out = env.runtime(
+        &["update", "--resources=-", &id],
+        Some(r#"{"devices":[{"allow":false,"access":"rwm"},{"allow":true,"type":"c","major":195,"minor":0,"access":"rw"}],"cpu":{"shares":256,"cpus":"0"},"memory":{"limit":134217728}}"#),
+    );
+    assert!(out.status.success(), "CRI GPU update: {:?}", text(&out));
+    let cg = |ctl: &str, file: &str| {
+        std::fs::read_to_string(
+            Path::new("/sys/fs/cgroup")
+                .join(ctl)
+                .join(&env.cgroup_prefix)
+                .join("lease-1")
+                .join(&id)
+                .join(file),
+        )
+        .ok()
+    };
+    if let Some(limit) = cg("memory", "memory.limit_in_bytes") {
+        assert_eq!(limit.trim(), "134217728", "memory changed");
+    }
+    if let Some(list) = cg("devices", "devices.list") {
+        assert!(list.lines().any(|l| l == "c 195:0 rw"), "{list}");
+        assert!(
+            list.lines().any(|l| l == "c 195:255 rw"),
+            "the lease's rules stay: {list}"
+        );
+        assert!(!list.contains("a *:* rwm"), "{list}");
+    }
+    let out = env.runtime(
+        &["update", "--resources", "-", &id],
+        Some(r#"{"devices":[{"allow":false,"access":"rwm"},{"allow":true,"type":"c","major":195,"minor":1,"access":"rw"}]}"#),
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out).1.contains("/devices/1"), "{:?}", text(&out));
+    let out = env.runtime(
+        &["update", "--resources", "-", &id],
+        Some(r#"{"blockIO":{"weight":10}}"#),
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out)
+            .1
+            .contains("/blockIO: update may change CPU, memory, pids, hugepages and cpuset only"),
+        "{:?}",
+        text(&out)
+    );
     let out = env.runtime(&["update", "--pids-limit", "0", &id], None);
     assert_eq!(out.status.code(), Some(1));
     let out = env.runtime(

@@ -198,6 +198,8 @@ pub fn lease_to_pb(l: &Lease, p: Option<&Partition>) -> pb::Lease {
                 cgroup_path: c.cgroup_path.clone(),
                 runtime_root: c.runtime_root.clone(),
                 bound_at_ms: c.bound_at_ms,
+                termination_log_path: c.termination_log.clone(),
+                pod: c.pod.clone(),
             })
             .collect(),
         priority_class: l.priority_class.clone(),
@@ -205,6 +207,7 @@ pub fn lease_to_pb(l: &Lease, p: Option<&Partition>) -> pb::Lease {
         end_reason: l.end_reason().unwrap_or_default().to_string(),
         ended_at_ms: l.ended_at_ms().unwrap_or_default(),
         unhealthy: l.unhealthy.clone().unwrap_or_default(),
+        pod: l.pod.clone().unwrap_or_default(),
     }
 }
 
@@ -222,6 +225,7 @@ pub fn event_to_pb(e: &LeaseEvent) -> pb::LeaseEvent {
         EventKind::MpsRestarted => pb::LeaseEventKind::MpsRestarted,
         EventKind::Unhealthy => pb::LeaseEventKind::Unhealthy,
         EventKind::Healthy => pb::LeaseEventKind::Healthy,
+        EventKind::Moved => pb::LeaseEventKind::Moved,
     };
     pb::LeaseEvent {
         kind: kind as i32,

@@ -11,7 +11,8 @@ pub mod errors;
 mod service;
 
 pub use service::{
-    BoundTls, ServeError, TesseraService, TlsMaterial, bind_unix, serve_tls, serve_unix,
+    BoundTls, ReloadHook, ServeError, TesseraService, TlsMaterial, bind_unix, serve_tls,
+    serve_unix, uds_authority,
 };
 
 /// The canonical gRPC name of a status code ("OK", "PERMISSION_DENIED", ...).

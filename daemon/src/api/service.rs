@@ -20,7 +20,7 @@ use crate::lease::{CreateRequest, HealthSource, LeaseManager};
 use crate::model::ContainerBinding;
 use tessera_common::clock::now_ms;
 
-mod uds_authority;
+pub mod uds_authority;
 
 /// Largest request the daemon decodes (a lease request is a few hundred bytes).
 pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
@@ -31,6 +31,20 @@ pub struct TesseraService {
     auth: Arc<Authenticator>,
     audit: Option<Arc<AuditLog>>,
     metrics: Option<Arc<crate::metrics::Metrics>>,
+    reload_hooks: ReloadHooks,
+}
+
+/// What else applies a reloaded config (the device plugin's mix): each gets the new
+/// config and answers a few words for the reload message.
+pub type ReloadHook = Arc<dyn Fn(&Config) -> String + Send + Sync>;
+
+#[derive(Clone, Default)]
+struct ReloadHooks(Arc<std::sync::Mutex<Vec<ReloadHook>>>);
+
+impl std::fmt::Debug for ReloadHooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReloadHooks").finish_non_exhaustive()
+    }
 }
 
 fn code_name(code: tonic::Code) -> String {
@@ -49,7 +63,17 @@ impl TesseraService {
             auth,
             audit,
             metrics,
+            reload_hooks: ReloadHooks::default(),
         }
+    }
+
+    /// Run `hook` with every config a reload (SIGHUP, ReloadConfig) accepts.
+    pub fn on_reload(&self, hook: ReloadHook) {
+        self.reload_hooks
+            .0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(hook);
     }
 
     fn count(&self, rpc: Rpc, code: tonic::Code) {
@@ -67,10 +91,17 @@ impl TesseraService {
         })?;
         let tenants = cfg.tenancy.tenants.len();
         let principals = cfg.auth.principals.len();
+        let hooks: Vec<ReloadHook> = self
+            .reload_hooks
+            .0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let more: String = hooks.iter().map(|h| format!(", {}", h(&cfg))).collect();
         self.mgr.set_tenancy(cfg.tenancy);
         self.auth.set_rules(cfg.auth.principals);
         let msg = format!(
-            "reloaded {}: {tenants} tenant quotas, {principals} principals (other sections apply at the next start)",
+            "reloaded {}: {tenants} tenant quotas, {principals} principals{more} (other sections apply at the next start)",
             path.display()
         );
         info!("{msg}");
@@ -630,6 +661,8 @@ impl Tessera for TesseraService {
                         cgroup_path: r.cgroup_path,
                         runtime_root: r.runtime_root,
                         bound_at_ms: now_ms(),
+                        termination_log: r.termination_log_path,
+                        pod: r.pod,
                     },
                     r.uid,
                 )

@@ -747,7 +747,7 @@ fn curve(args: &Args, rt: &tokio::runtime::Runtime, results: &mut Results) -> an
     Ok(())
 }
 
-/// The goals of issue 16, checked against the figures of `--results` files.
+/// The goals of issues 16 and 17, checked against the figures of `--results` files.
 fn report(files: &[String]) -> anyhow::Result<()> {
     if files.is_empty() {
         bail!("report needs the results file(s) the benches wrote (--results)");
@@ -820,6 +820,20 @@ fn report(files: &[String]) -> anyhow::Result<()> {
         "<= 1.10",
         rt.map(|r| format!("{r:.3}")),
         rt.is_some_and(|r| r <= 1.10),
+    ));
+    let placement = get("placement.default.min_ratio");
+    rows.push((
+        "MIG placement (default: best fit + idle moves) vs repacking",
+        ">= 0.97",
+        placement.map(|r| format!("{r:.3}")),
+        placement.is_some_and(|r| r >= 0.97),
+    ));
+    let least = get("placement.default.least_profile");
+    rows.push((
+        "least-served MIG profile (default) vs repacking reference",
+        ">= 0.80 (none starved)",
+        least.map(|r| format!("{r:.3}")),
+        least.is_some_and(|r| r >= 0.8),
     ));
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!();

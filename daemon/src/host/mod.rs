@@ -1,6 +1,7 @@
 //! The host's side effects behind one trait, so the lease core can be tested and
 //! replaced: stopping a container through its cgroup, the private directories of an
-//! MPS lease (create, hand to a uid, remove), and reading `/proc/devices`.
+//! MPS lease (create, hand to a uid, remove), reading `/proc/devices`, and writing a
+//! container's termination message.
 //!
 //! [`RealHost`] does them; [`RecordingHost`] records the calls and does nothing
 //! (tests). Owns: the mechanics. May not touch: leases or policy (which cgroup may be
@@ -70,6 +71,88 @@ pub trait HostOps: Send + Sync + std::fmt::Debug {
     fn remove_dir_all(&self, dir: &Path) -> Result<(), HostError>;
     /// The text of `/proc/devices`.
     fn proc_devices(&self) -> Result<String, HostError>;
+    /// Replace the contents of a container's termination-message file (a host
+    /// path: the source of kubelet's bind mount) with `message`. The file must
+    /// exist and be a regular file; no component of the path may be a symlink.
+    fn write_termination_message(&self, path: &Path, message: &str) -> Result<(), HostError>;
+    /// Whether the runtime still keeps state for container `id` under `root` (runc's
+    /// `<root>/<id>`, from create to delete). Unsure (a bad name, an error other than
+    /// "not there") answers true: a binding is dropped only when its container is
+    /// certainly gone.
+    fn runtime_state_exists(&self, root: &Path, id: &str) -> bool;
+}
+
+/// kubelet reads at most this much of a termination message.
+pub const TERMINATION_MESSAGE_MAX: usize = 4096;
+
+/// Open an existing regular file for writing without following any symlink on the
+/// way (openat2 RESOLVE_NO_SYMLINKS; O_NOFOLLOW on the last component where the
+/// kernel lacks openat2), without blocking on a FIFO.
+fn open_no_symlinks(path: &Path) -> std::io::Result<std::fs::File> {
+    use nix::fcntl::{OFlag, OpenHow, ResolveFlag};
+    use std::os::fd::FromRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    if !path.is_absolute() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not an absolute path",
+        ));
+    }
+    let flags = OFlag::O_WRONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK;
+    let how = OpenHow::new()
+        .flags(flags)
+        .resolve(ResolveFlag::RESOLVE_NO_SYMLINKS | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+    match nix::fcntl::openat2(libc::AT_FDCWD, path, how) {
+        // SAFETY: openat2 returned a new descriptor that nothing else owns.
+        Ok(fd) => Ok(unsafe { std::fs::File::from_raw_fd(fd) }),
+        Err(nix::errno::Errno::ENOSYS) => std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(path),
+        Err(e) => Err(std::io::Error::from(e)),
+    }
+}
+
+fn write_termination_message(path: &Path, message: &str) -> Result<(), HostError> {
+    use std::io::Write;
+    let f = open_no_symlinks(path).map_err(io(path))?;
+    let meta = f.metadata().map_err(io(path))?;
+    if !meta.is_file() {
+        return Err(io(path)(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file",
+        )));
+    }
+    // A kernel file (/proc/sys, sysfs, a cgroup) is a regular file too: never one.
+    use nix::sys::statfs as fs;
+    let kind = fs::fstatfs(&f)
+        .map_err(|e| io(path)(e.into()))?
+        .filesystem_type();
+    let kernel = [
+        fs::PROC_SUPER_MAGIC,
+        fs::SYSFS_MAGIC,
+        fs::CGROUP_SUPER_MAGIC,
+        fs::CGROUP2_SUPER_MAGIC,
+        fs::DEBUGFS_MAGIC,
+        fs::TRACEFS_MAGIC,
+        fs::SECURITYFS_MAGIC,
+        fs::SELINUX_MAGIC,
+        fs::BPF_FS_MAGIC,
+        fs::DEVPTS_SUPER_MAGIC,
+        fs::NSFS_MAGIC,
+    ];
+    if kernel.contains(&kind) {
+        return Err(io(path)(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "a kernel filesystem's file, not a termination message",
+        )));
+    }
+    let mut end = message.len().min(TERMINATION_MESSAGE_MAX);
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    f.set_len(0).map_err(io(path))?;
+    (&f).write_all(&message.as_bytes()[..end]).map_err(io(path))
 }
 
 /// The real host.
@@ -111,6 +194,20 @@ impl HostOps for RealHost {
         let path = Path::new("/proc/devices");
         std::fs::read_to_string(path).map_err(io(path))
     }
+
+    fn write_termination_message(&self, path: &Path, message: &str) -> Result<(), HostError> {
+        write_termination_message(path, message)
+    }
+
+    fn runtime_state_exists(&self, root: &Path, id: &str) -> bool {
+        if !root.is_absolute() || id.is_empty() || id.contains('/') || id == "." || id == ".." {
+            return true;
+        }
+        match std::fs::symlink_metadata(root.join(id)) {
+            Err(e) => e.kind() != std::io::ErrorKind::NotFound,
+            Ok(_) => true,
+        }
+    }
 }
 
 /// One call a [`RecordingHost`] saw.
@@ -121,6 +218,7 @@ pub enum HostCall {
     Chown { path: PathBuf, uid: u32 },
     RemoveDirAll(PathBuf),
     ProcDevices,
+    TerminationMessage { path: PathBuf, message: String },
 }
 
 /// Tests: records every call, touches nothing, and answers `/proc/devices` with the
@@ -129,6 +227,8 @@ pub enum HostCall {
 pub struct RecordingHost {
     calls: Mutex<Vec<HostCall>>,
     proc_devices: String,
+    /// Containers whose runtime state is gone (every other one exists).
+    gone: Mutex<Vec<String>>,
 }
 
 impl RecordingHost {
@@ -136,7 +236,16 @@ impl RecordingHost {
         RecordingHost {
             calls: Mutex::default(),
             proc_devices: text.to_string(),
+            gone: Mutex::default(),
         }
+    }
+
+    /// From now on, container `id`'s runtime state is gone.
+    pub fn container_gone(&self, id: &str) {
+        self.gone
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(id.to_string());
     }
 
     /// The calls so far, oldest first.
@@ -180,6 +289,21 @@ impl HostOps for RecordingHost {
         self.record(HostCall::ProcDevices);
         Ok(self.proc_devices.clone())
     }
+    fn runtime_state_exists(&self, _: &Path, id: &str) -> bool {
+        !self
+            .gone
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .any(|g| g == id)
+    }
+    fn write_termination_message(&self, path: &Path, message: &str) -> Result<(), HostError> {
+        self.record(HostCall::TerminationMessage {
+            path: path.into(),
+            message: message.into(),
+        });
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -203,5 +327,57 @@ mod tests {
             e.to_string().contains("a/b"),
             "the error names its path: {e}"
         );
+    }
+
+    #[test]
+    fn a_termination_message_replaces_the_file_and_never_follows_a_link() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("termination-log");
+        std::fs::write(&file, "an older and longer message").unwrap();
+        RealHost
+            .write_termination_message(&file, "tessera: lease l-1 revoked: admin")
+            .unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&file).unwrap(),
+            "tessera: lease l-1 revoked: admin"
+        );
+        let long = "x".repeat(10_000);
+        RealHost.write_termination_message(&file, &long).unwrap();
+        assert_eq!(std::fs::read(&file).unwrap().len(), TERMINATION_MESSAGE_MAX);
+        // A symlink, as the last component or on the way, is not followed.
+        let target = dir.path().join("elsewhere");
+        std::fs::write(&target, "keep").unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        assert!(RealHost.write_termination_message(&link, "no").is_err());
+        let sub = dir.path().join("sub");
+        std::fs::create_dir(&sub).unwrap();
+        std::fs::write(sub.join("elsewhere"), "keep").unwrap();
+        let dirlink = dir.path().join("dirlink");
+        std::os::unix::fs::symlink(&sub, &dirlink).unwrap();
+        assert!(
+            RealHost
+                .write_termination_message(&dirlink.join("elsewhere"), "no")
+                .is_err()
+        );
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep");
+        assert_eq!(
+            std::fs::read_to_string(sub.join("elsewhere")).unwrap(),
+            "keep"
+        );
+        // Nothing is created, and a directory is not a message file.
+        assert!(
+            RealHost
+                .write_termination_message(&dir.path().join("absent"), "no")
+                .is_err()
+        );
+        assert!(!dir.path().join("absent").exists());
+        assert!(RealHost.write_termination_message(&sub, "no").is_err());
+        // A kernel file is a regular file too (this process's own name: harmless).
+        let comm = std::path::PathBuf::from(format!("/proc/{}/comm", std::process::id()));
+        let before = std::fs::read_to_string(&comm).unwrap();
+        let e = RealHost.write_termination_message(&comm, "no").unwrap_err();
+        assert!(e.to_string().contains("kernel filesystem"), "{e}");
+        assert_eq!(std::fs::read_to_string(&comm).unwrap(), before);
     }
 }

@@ -32,6 +32,9 @@ pub(super) enum Again {
     WaitTeardowns,
     /// A call with the same request id reserved first (and may still be creating).
     SameRequest(String, Option<tokio::sync::futures::OwnedNotified>),
+    /// Move these idle MIG leases, then plan again; the message is the refusal to
+    /// give if a move fails.
+    Move(Vec<partition::Move>, String),
 }
 
 impl LeaseManager {
@@ -70,31 +73,44 @@ impl LeaseManager {
                 m.describe()
             )));
         }
-        let decision = match partition::plan(&ask.shape, &Self::placeable_views(&st), &opts) {
+        let views = Self::placeable_views(&st);
+        let decision = match partition::plan(&ask.shape, &views, &opts) {
             Ok(d) => d,
             Err(PlanError::NoCapacity(msg))
-                if admission == quota::Admission::Guaranteed
-                    && tenancy.preemption
-                    && !tenancy.tenants.is_empty()
-                    && rounds < 3 =>
+                if self.config.partition.move_idle
+                    && rounds < 3
+                    && matches!(ask.shape, Shape::Mig { .. }) =>
             {
-                let victims = Self::pick_victims(&st, tenancy, &req.tenant, &ask.shape, &opts);
-                if victims.is_empty() && st.tearing_down.is_empty() {
-                    return Err(LeaseError::ResourceExhausted(msg));
+                let movable = Self::movable(&st);
+                match partition::plan_with_moves(&ask.shape, &views, &opts, &movable) {
+                    Ok(p) if !p.moves.is_empty() => return Ok(Err(Again::Move(p.moves, msg))),
+                    Ok(p) => p.decision,
+                    Err(_) => {
+                        return Self::refused_or_preempt(
+                            &mut st,
+                            tenancy,
+                            ask,
+                            admission,
+                            rounds,
+                            (&opts, msg),
+                        );
+                    }
                 }
-                st.preempting += 1;
-                // Without victims, capacity held by leases being torn down right
-                // now comes back in a moment: wait for that, then retry.
-                return Ok(Err(if victims.is_empty() {
-                    Again::WaitTeardowns
-                } else {
-                    Again::Preempt(victims)
-                }));
+            }
+            Err(PlanError::NoCapacity(msg)) => {
+                return Self::refused_or_preempt(
+                    &mut st,
+                    tenancy,
+                    ask,
+                    admission,
+                    rounds,
+                    (&opts, msg),
+                );
             }
             Err(e) => return Err(e.into()),
         };
         let (partition, hw) = self.partition_for(&st, decision, ask)?;
-        let lease = Lease::reserved(
+        let mut lease = Lease::reserved(
             NewLease {
                 id: ask.lease_id.clone(),
                 tenant: req.tenant.clone(),
@@ -110,6 +126,7 @@ impl LeaseManager {
             },
             hw.is_some(),
         );
+        lease.pinned_gpu = req.gpu_index.is_some();
         Self::hold(&mut st, &lease, &partition, notify);
         Ok(Ok(Reserved {
             lease,
@@ -118,9 +135,41 @@ impl LeaseManager {
         }))
     }
 
+    /// No room: a guaranteed request may preempt burst leases of other tenants (or
+    /// wait for teardowns in progress) and plan again; anything else is refused.
+    fn refused_or_preempt(
+        st: &mut State,
+        tenancy: &TenancyConfig,
+        ask: &Ask<'_>,
+        admission: quota::Admission,
+        rounds: u32,
+        (opts, msg): (&PlanOptions, String),
+    ) -> Result<Result<Reserved, Again>, LeaseError> {
+        if !(admission == quota::Admission::Guaranteed
+            && tenancy.preemption
+            && !tenancy.tenants.is_empty()
+            && rounds < 3)
+        {
+            return Err(PlanError::NoCapacity(msg).into());
+        }
+        let req = ask.req;
+        let victims = Self::pick_victims(st, tenancy, &req.tenant, &ask.shape, opts);
+        if victims.is_empty() && st.tearing_down.is_empty() {
+            return Err(LeaseError::ResourceExhausted(msg));
+        }
+        st.preempting += 1;
+        // Without victims, capacity held by leases being torn down right
+        // now comes back in a moment: wait for that, then retry.
+        Ok(Err(if victims.is_empty() {
+            Again::WaitTeardowns
+        } else {
+            Again::Preempt(victims)
+        }))
+    }
+
     /// Quota admission: guaranteed, burst, or refused. A burst request waits while
     /// capacity is being freed for another tenant's guaranteed request.
-    fn admit(
+    pub(super) fn admit(
         st: &State,
         tenancy: &TenancyConfig,
         tenant: &str,

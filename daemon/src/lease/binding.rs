@@ -29,9 +29,15 @@ impl LeaseManager {
         }
         let h = token::hash(tok);
         let (lease, partition, gpu) = {
-            let st = self.lock();
+            let mut st = self.lock();
             let lid = st.tokens.get(&h).ok_or_else(not_found)?;
             let lease = st.leases.get(lid).cloned().ok_or_else(not_found)?;
+            if st.moving.contains(&lease.id) {
+                return Err(LeaseError::FailedPrecondition(format!(
+                    "lease {} is being moved to another MIG placement; retry in a moment",
+                    lease.id
+                )));
+            }
             if lease.state() != LeaseState::Active {
                 return Err(LeaseError::FailedPrecondition(format!(
                     "lease {} is {}",
@@ -57,6 +63,8 @@ impl LeaseManager {
                         gpu: partition.gpu,
                     })
                 })?;
+            // A runtime now holds these devices: the lease never moves again.
+            st.resolved.insert(lease.id.clone());
             (lease, partition, gpu)
         };
         let minors = match partition.kind {
@@ -95,7 +103,19 @@ impl LeaseManager {
                 "cgroup_path and runtime_root are at most 4096 bytes",
             ));
         }
+        // A revocation stops the container through this cgroup: it must be the
+        // container's own, checked now rather than when it is needed.
+        if !binding.cgroup_path.is_empty()
+            && let Err(e) = super::enforce::cgroup_of(&binding)
+        {
+            return Err(invalid("cgroup_path", e.to_string()));
+        }
+        check_termination_log(&binding.termination_log)?;
+        if binding.pod.len() > 256 || binding.pod.chars().any(char::is_control) {
+            return Err(invalid("pod", "at most 256 printable characters"));
+        }
         let resolved = self.resolve_token(tok)?;
+        let mut pod_claimed = false;
         let (lease, handed) = {
             let mut st = self.lock();
             let n = st
@@ -131,6 +151,23 @@ impl LeaseManager {
                 .leases
                 .get_mut(&resolved.lease.id)
                 .ok_or_else(|| LeaseError::NotFound("lease ended".into()))?;
+            // The token belongs to the first pod that uses it; another pod
+            // presenting it (copied from an annotation, say) is refused.
+            if !binding.pod.is_empty() {
+                match &l.pod {
+                    Some(owner) if *owner != binding.pod => {
+                        return Err(LeaseError::PermissionDenied(format!(
+                            "the token of lease {} is bound to pod {owner}; pod {} may not use it",
+                            l.id, binding.pod
+                        )));
+                    }
+                    Some(_) => {}
+                    None => {
+                        l.pod = Some(binding.pod.clone());
+                        pod_claimed = true;
+                    }
+                }
+            }
             let previous = l.containers.iter().position(|c| c.id == binding.id);
             let previous = previous.map(|i| l.containers.remove(i));
             l.containers.push(binding.clone());
@@ -158,7 +195,13 @@ impl LeaseManager {
             .await;
         if let Err(e) = written {
             // Refused: the binding did not happen, in memory either.
-            self.undo_bind(&lease.id, &binding.id, previous, handed.map(|h| h.0));
+            self.undo_bind(
+                &lease.id,
+                &binding.id,
+                previous,
+                handed.map(|h| h.0),
+                pod_claimed,
+            );
             return Err(e.into());
         }
         self.emit(EventKind::ContainerBound, &lease, None, binding.id);
@@ -173,11 +216,15 @@ impl LeaseManager {
         container_id: &str,
         previous: Option<ContainerBinding>,
         handed: Option<crate::model::Partition>,
+        pod_claimed: bool,
     ) {
         let mut st = self.lock();
         if let Some(mut l) = st.leases.get_mut(lease_id) {
             l.containers.retain(|c| c.id != container_id);
             l.containers.extend(previous);
+            if pod_claimed {
+                l.pod = None;
+            }
         }
         let dirs = handed.and_then(|p| {
             let mut p = st.partitions.get_mut(&p.id)?;
@@ -235,5 +282,31 @@ impl LeaseManager {
             container_id.to_string(),
         );
         Ok(())
+    }
+}
+
+/// A termination-message path is a clean absolute host path (the daemon writes a
+/// revocation's reason there, never following a symlink), or empty.
+fn check_termination_log(path: &str) -> Result<(), LeaseError> {
+    if path.is_empty() {
+        return Ok(());
+    }
+    let kernel = ["/proc/", "/sys/", "/dev/"]
+        .iter()
+        .any(|p| path.starts_with(p));
+    let clean = path.len() <= 4096
+        && !kernel
+        && path.starts_with('/')
+        && !path.contains('\0')
+        && path[1..]
+            .split('/')
+            .all(|c| !c.is_empty() && c != "." && c != "..");
+    if clean {
+        Ok(())
+    } else {
+        Err(invalid(
+            "termination_log_path",
+            "must be a clean absolute host path outside /proc, /sys and /dev",
+        ))
     }
 }

@@ -263,6 +263,17 @@ impl LeaseManager {
                     holding_capacity = true;
                     self.preempt(&victims, &ask.req.tenant).await;
                 }
+                Err(Again::Move(moves, refusal)) => {
+                    rounds += 1;
+                    for m in &moves {
+                        if let Err(e) = self.move_idle(m).await {
+                            warn!(error = %e, "moving an idle lease to make room failed");
+                            return Err(LeaseError::ResourceExhausted(format!(
+                                "{refusal}; moving an idle lease to make room failed: {e}"
+                            )));
+                        }
+                    }
+                }
                 Err(Again::WaitTeardowns) => {
                     rounds += 1;
                     holding_capacity = true;

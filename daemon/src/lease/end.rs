@@ -32,8 +32,14 @@ impl LeaseManager {
         ending_as: LeaseState,
         reason: &str,
     ) -> Result<Lease, LeaseError> {
+        self.wait_while_moving(id).await;
         let (lease, partition, teardown) = {
             let mut st = self.lock();
+            if st.moving.contains(id) {
+                return Err(LeaseError::FailedPrecondition(format!(
+                    "lease {id} is being moved to another MIG placement; retry in a moment"
+                )));
+            }
             let Some(lease) = st.leases.get(id).cloned() else {
                 // Already ended: releasing twice is not an error.
                 return match self.store.get_lease(id)? {
@@ -240,11 +246,20 @@ impl LeaseManager {
                 grace.as_secs()
             ),
         );
+        let note = termination_note(lease);
         let (lid, host) = (lease.id.clone(), self.host.clone());
         let res = tokio::task::spawn_blocking(move || {
+            // The reason first, where kubelet reads it once the container is gone
+            // (its termination-message file): a pod shows why, not only "Error 137".
+            for c in containers.iter().filter(|c| !c.termination_log.is_empty()) {
+                let path = std::path::Path::new(&c.termination_log);
+                if let Err(e) = host.write_termination_message(path, &note) {
+                    warn!(lease = %lid, container = %c.id, error = %e, "could not write the termination message");
+                }
+            }
             containers
                 .iter()
-                .map(|c| enforce::stop_container(host.as_ref(), &lid, c, grace))
+                .map(|c| enforce::stop_container(host.as_ref(), c, grace))
                 .collect::<Result<Vec<_>, _>>()
         })
         .await
@@ -382,4 +397,18 @@ impl LeaseManager {
             }
         }
     }
+}
+
+/// What a stopped container's termination message says: the lease, how it ends and
+/// why (kubelet shows it as the container's last state message).
+pub(super) fn termination_note(lease: &Lease) -> String {
+    format!(
+        "tessera: lease {} {}: {}",
+        lease.id,
+        lease.ending_as().unwrap_or(LeaseState::Released).as_str(),
+        lease
+            .end_reason()
+            .filter(|r| !r.is_empty())
+            .unwrap_or("no reason given")
+    )
 }

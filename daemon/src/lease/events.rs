@@ -24,6 +24,8 @@ pub enum EventKind {
     Unhealthy,
     /// It is back in service.
     Healthy,
+    /// Its (idle) MIG instance was moved to make room; same lease, same token.
+    Moved,
 }
 
 #[derive(Debug, Clone)]

@@ -11,6 +11,10 @@ use crate::model::{Lease, LeaseState, Partition, PartitionState};
 
 use super::{EventKind, LeaseError, LeaseManager, mps_dirs};
 
+/// How long after its bind a container's runtime state must exist (the runtime binds
+/// before runc creates the container).
+pub(super) const STALE_BINDING_GRACE_MS: i64 = 60_000;
+
 /// First wait before a failed teardown is tried again; it doubles per failure.
 pub(super) const TEARDOWN_RETRY_MS: i64 = 250;
 
@@ -87,7 +91,47 @@ impl LeaseManager {
             }
         }
         self.supervise_mps(now).await;
+        self.prune_gone_containers(now).await;
         ended
+    }
+
+    /// Forget bindings whose container is gone: its runtime's state directory
+    /// (`<runtime_root>/<id>`) no longer exists a while after the bind (the runtime
+    /// binds before runc creates it). A `delete` that never reached the daemon (the
+    /// runtime killed, another config) leaves no stale binding behind.
+    pub(super) async fn prune_gone_containers(&self, now: i64) {
+        let candidates: Vec<(String, String, String)> = {
+            let st = self.lock();
+            st.leases
+                .values()
+                .filter(|l| l.state() == LeaseState::Active)
+                .flat_map(|l| {
+                    l.containers
+                        .iter()
+                        .filter(|c| {
+                            !c.runtime_root.is_empty()
+                                && c.bound_at_ms.saturating_add(STALE_BINDING_GRACE_MS) <= now
+                        })
+                        .map(|c| (l.id.clone(), c.id.clone(), c.runtime_root.clone()))
+                })
+                .collect()
+        };
+        for (lease, id, root) in candidates {
+            if self
+                .host
+                .runtime_state_exists(std::path::Path::new(&root), &id)
+            {
+                continue;
+            }
+            match self.unbind_container(&id).await {
+                Ok(()) => {
+                    tracing::info!(lease = %lease, container = %id, runtime_root = %root, "container gone: binding dropped")
+                }
+                Err(e) => {
+                    warn!(lease = %lease, container = %id, error = %e, "could not drop the binding of a container that is gone")
+                }
+            }
+        }
     }
 
     /// Restart the MPS control daemon of any active MPS lease whose daemon died,

@@ -11,6 +11,8 @@
 //! | `renew.rs`, `end.rs` | a new expiry; release, expiry and revocation with write-ahead teardown |
 //! | `binding.rs` | the runtime's side: token -> devices, container bindings |
 //! | `housekeeping.rs` | the background loop |
+//! | `owner.rs` | a live lease handed to another tenant (the device plugin: reserved -> the pod's tenant) |
+//! | `moves.rs` | idle MIG leases moved (write-ahead) to make room for a request |
 //! | `need.rs` | ask by need: memory and isolation to the smallest shape that fits now |
 //! | `health.rs` | GPUs and instances out of service: marks, their leases, no new placements |
 //! | `reconcile.rs`, `static_layout.rs` | start: store vs hardware, the operator's static layout |
@@ -54,7 +56,9 @@ mod grants;
 mod health;
 mod housekeeping;
 mod index;
+mod moves;
 mod need;
+mod owner;
 mod queries;
 pub mod quota;
 mod reconcile;

@@ -294,6 +294,10 @@ impl LeaseManager {
                     report.rolled_back += 1;
                 }
             }
+            IntentOp::MoveMig => {
+                self.reconcile_move(st, instances, &p, iid, now)?;
+                report.adopted += 1;
+            }
             IntentOp::DestroyMig | IntentOp::StopMps => {
                 if self.finish_teardown_hw(instances, &p, intent.op) {
                     let mut l2 = lease.clone();

@@ -12,8 +12,14 @@ use super::{EventKind, LeaseError, LeaseManager};
 
 impl LeaseManager {
     pub async fn renew(&self, id: &str, ttl: Option<Duration>) -> Result<Lease, LeaseError> {
+        self.wait_while_moving(id).await;
         let lease = {
             let mut st = self.lock();
+            if st.moving.contains(id) {
+                return Err(LeaseError::FailedPrecondition(format!(
+                    "lease {id} is being moved to another MIG placement; retry in a moment"
+                )));
+            }
             let mut lease = st.leases.get_mut(id).ok_or_else(|| {
                 LeaseError::NotFound(format!("no live lease {:?}", truncate(id, 80)))
             })?;

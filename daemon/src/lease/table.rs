@@ -42,6 +42,10 @@ pub(super) struct State {
     pub(super) teardown_backoff: HashMap<String, (u32, i64)>,
     /// When the MPS daemons were last checked.
     pub(super) mps_checked_ms: i64,
+    /// Leases whose MIG instance is being moved right now.
+    pub(super) moving: HashSet<String>,
+    /// Leases a runtime has asked the devices of (since start): never moved.
+    pub(super) resolved: HashSet<String>,
     /// GPUs (gi None) and MIG instances out of service: (gpu, gi) -> mark.
     pub(super) health: HashMap<(u32, Option<u32>), crate::model::HealthMark>,
 }

@@ -259,8 +259,7 @@ async fn an_mps_lease_drives_the_host_through_host_ops() {
     let binding = crate::model::ContainerBinding {
         id: "c1".into(),
         cgroup_path: format!("/tessera/{}/c1", lease.id),
-        runtime_root: String::new(),
-        bound_at_ms: 0,
+        ..Default::default()
     };
     mgr.bind_container(created.token.as_deref().unwrap(), binding, Some(1000))
         .await
@@ -293,4 +292,469 @@ async fn an_mps_lease_drives_the_host_through_host_ops() {
         "containers stop before the directories go"
     );
     assert!(!pipe.exists(), "the recording host touched nothing");
+}
+
+// ------------------------------------------------------------------ moves of idle leases
+
+fn two_h100(
+    dir: &std::path::Path,
+    move_idle: bool,
+) -> (Arc<LeaseManager>, Arc<crate::gpu::SimBackend>) {
+    let text = format!(
+        "[daemon]\nstate_dir = {d:?}\nrun_dir = {d:?}\n[gpu]\nbackend = \"sim\"\n\
+         [partition]\nmove_idle = {move_idle}\n\
+         [sim]\nstate_file = {s:?}\n[[sim.gpus]]\nmodel = \"h100-80gb\"\nmig = true\n\
+         [[sim.gpus]]\nmodel = \"h100-80gb\"\nmig = true\n",
+        d = dir.display().to_string(),
+        s = dir.join("sim.json").display().to_string(),
+    );
+    let config = Config::parse(std::path::Path::new("test.toml"), &text).unwrap();
+    let sim = Arc::new(crate::gpu::open_sim(&config.sim).unwrap());
+    let store = Arc::new(Store::open(dir).unwrap());
+    (
+        LeaseManager::start(config, sim.clone(), store).unwrap(),
+        sim,
+    )
+}
+
+/// gpu0 holds a pinned 4g (slices 0-3, never moved) with room left beside it; gpu1
+/// holds one idle 1g (`a`, not pinned). A 7g fits only once `a` moves to gpu0.
+/// Returns (a, the pinned 4g).
+async fn idle_lease_in_the_way(mgr: &LeaseManager, pin_a: bool) -> (Created, Created) {
+    idle_lease_in_the_way_labelled(mgr, pin_a, BTreeMap::new()).await
+}
+
+async fn idle_lease_in_the_way_labelled(
+    mgr: &LeaseManager,
+    pin_a: bool,
+    labels: BTreeMap<String, String>,
+) -> (Created, Created) {
+    let pinned = |id: &str, profile: &str| CreateRequest {
+        shape: Some(Shape::Mig {
+            profile: profile.into(),
+            compute_profile: None,
+        }),
+        gpu_index: Some(0),
+        ..mig_request(id)
+    };
+    let four = mgr.create(pinned("pin-4g", "4g.40gb")).await.unwrap();
+    let three = mgr.create(pinned("pin-3g", "3g.40gb")).await.unwrap();
+    let mut small = mig_request("small-a");
+    small.gpu_index = pin_a.then_some(1);
+    small.labels = labels;
+    let a = mgr.create(small).await.unwrap();
+    assert_eq!(a.lease.gpu, 1, "gpu0 is full");
+    mgr.end(&three.lease.id, LeaseState::Released, "test")
+        .await
+        .unwrap();
+    (a, four)
+}
+
+fn seven_g(request_id: &str) -> CreateRequest {
+    CreateRequest {
+        shape: Some(Shape::Mig {
+            profile: "7g.80gb".into(),
+            compute_profile: None,
+        }),
+        ..mig_request(request_id)
+    }
+}
+
+fn instance_count(sim: &crate::gpu::SimBackend) -> usize {
+    (0..2).map(|g| sim.instances(g).unwrap().len()).sum()
+}
+
+#[tokio::test]
+async fn an_idle_lease_moves_to_make_room_keeping_its_id_and_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mgr, sim) = two_h100(dir.path(), true);
+    let mut events = mgr.subscribe();
+    let (a, _) = idle_lease_in_the_way(&mgr, false).await;
+    let big = mgr.create(seven_g("big")).await.unwrap();
+    assert_eq!(big.lease.gpu, 1);
+    let (la, _) = mgr.get(&a.lease.id).unwrap();
+    assert_eq!(la.gpu, 0, "the idle lease went next to the pinned 4g");
+    assert_eq!(instance_count(&sim), 3);
+    // Same id, same token, and the token names the instance where it is now.
+    let r = mgr.resolve_token(a.token.as_ref().unwrap()).unwrap();
+    assert_eq!(r.lease.id, a.lease.id);
+    assert_eq!(r.partition.gpu, 0);
+    assert_ne!(
+        r.partition.mig().unwrap().uuid,
+        a.partition.as_ref().unwrap().mig().unwrap().uuid,
+        "a re-created MIG instance has a new UUID"
+    );
+    let mut saw = false;
+    while let Ok(ev) = events.try_recv() {
+        if ev.kind == EventKind::Moved {
+            assert_eq!(ev.lease.id, a.lease.id);
+            assert!(ev.message.contains("moved to make room"), "{}", ev.message);
+            saw = true;
+        }
+    }
+    assert!(saw, "watchers hear of the move");
+    // The move is durable: a restart finds the lease where it went.
+    drop(mgr);
+    let (mgr, sim) = two_h100(dir.path(), true);
+    let (l, p) = mgr.get(&a.lease.id).unwrap();
+    assert_eq!(l.state(), LeaseState::Active);
+    assert_eq!((l.gpu, p.unwrap().gpu), (0, 0));
+    assert_eq!(instance_count(&sim), 3);
+    assert!(mgr.store.snapshot().unwrap().intents.is_empty());
+}
+
+#[tokio::test]
+async fn leases_in_use_or_pinned_never_move_and_moves_can_be_turned_off() {
+    let refused = |err: LeaseError| {
+        assert!(matches!(err, LeaseError::ResourceExhausted(_)), "{err}");
+    };
+    // A runtime asked for its devices.
+    let dir = tempfile::tempdir().unwrap();
+    let (mgr, sim) = two_h100(dir.path(), true);
+    let (a, _) = idle_lease_in_the_way(&mgr, false).await;
+    mgr.resolve_token(a.token.as_ref().unwrap()).unwrap();
+    refused(mgr.create(seven_g("big")).await.unwrap_err());
+    assert_eq!(mgr.get(&a.lease.id).unwrap().0.gpu, 1);
+    assert_eq!(instance_count(&sim), 2);
+    // Pinned to its GPU by its request.
+    let dir = tempfile::tempdir().unwrap();
+    let (mgr, _) = two_h100(dir.path(), true);
+    let (a, _) = idle_lease_in_the_way(&mgr, true).await;
+    refused(mgr.create(seven_g("big")).await.unwrap_err());
+    assert_eq!(mgr.get(&a.lease.id).unwrap().0.gpu, 1);
+    // Reserved by the device plugin: its CDI spec names the instance's nodes.
+    let dir = tempfile::tempdir().unwrap();
+    let (mgr, _) = two_h100(dir.path(), true);
+    let k8s = BTreeMap::from([(
+        crate::names::LABEL_K8S_CLASS.to_string(),
+        "mig-1g.10gb".to_string(),
+    )]);
+    let (a, _) = idle_lease_in_the_way_labelled(&mgr, false, k8s).await;
+    refused(mgr.create(seven_g("big")).await.unwrap_err());
+    assert_eq!(mgr.get(&a.lease.id).unwrap().0.gpu, 1);
+    // move_idle = false.
+    let dir = tempfile::tempdir().unwrap();
+    let (mgr, _) = two_h100(dir.path(), false);
+    idle_lease_in_the_way(&mgr, false).await;
+    refused(mgr.create(seven_g("big")).await.unwrap_err());
+}
+
+#[tokio::test]
+async fn a_move_whose_destroy_fails_leaves_the_lease_where_it_was() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mgr, sim) = two_h100(dir.path(), true);
+    let (a, _) = idle_lease_in_the_way(&mgr, false).await;
+    sim.fail_next_destroy(1).unwrap();
+    let err = mgr.create(seven_g("big")).await.unwrap_err();
+    assert!(matches!(err, LeaseError::ResourceExhausted(_)), "{err}");
+    assert!(err.to_string().contains("moving an idle lease"), "{err}");
+    let (l, p) = mgr.get(&a.lease.id).unwrap();
+    assert_eq!(l.state(), LeaseState::Active);
+    assert_eq!(p.unwrap(), a.partition.clone().unwrap());
+    assert_eq!(instance_count(&sim), 2);
+    assert!(mgr.store.snapshot().unwrap().intents.is_empty());
+}
+
+/// A crash right after the move's intent was written (nothing done on the hardware
+/// yet): the next start destroys the old instance and creates the new one; or, when
+/// the old one cannot be destroyed, drops the move and keeps the lease where it was.
+#[tokio::test]
+async fn a_move_interrupted_by_a_crash_is_finished_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mgr, sim) = two_h100(dir.path(), true);
+    let (a, four) = idle_lease_in_the_way(&mgr, false).await;
+    crash_mid_move(&mgr, &a, &four).await;
+    drop(mgr);
+    let (mgr, sim2) = two_h100(dir.path(), true);
+    drop(sim);
+    let (l, p) = mgr.get(&a.lease.id).unwrap();
+    assert_eq!(l.state(), LeaseState::Active);
+    assert_eq!(l.partition_id, "p-moved");
+    let p = p.unwrap();
+    assert_eq!(p.gpu, 0);
+    assert_eq!(p.state, crate::model::PartitionState::Ready);
+    assert!(
+        sim2.instances(1).unwrap().is_empty(),
+        "the old instance is gone"
+    );
+    assert_eq!(sim2.instances(0).unwrap().len(), 2);
+    assert!(mgr.store.snapshot().unwrap().intents.is_empty());
+    let r = mgr.resolve_token(a.token.as_ref().unwrap()).unwrap();
+    assert_eq!(r.partition.id, "p-moved");
+
+    let dir = tempfile::tempdir().unwrap();
+    let (mgr, sim) = two_h100(dir.path(), true);
+    let (a, four) = idle_lease_in_the_way(&mgr, false).await;
+    crash_mid_move(&mgr, &a, &four).await;
+    drop(mgr);
+    sim.fail_next_destroy(1).unwrap();
+    let (mgr, sim2) = two_h100(dir.path(), true);
+    let (l, p) = mgr.get(&a.lease.id).unwrap();
+    assert_eq!(l.state(), LeaseState::Active);
+    assert_eq!(
+        p.unwrap(),
+        a.partition.clone().unwrap(),
+        "still where it was"
+    );
+    assert_eq!(instance_count(&sim2), 2);
+    assert!(mgr.store.snapshot().unwrap().intents.is_empty());
+}
+
+/// The records a crash leaves right after a move's intent: `a` (gpu1) was going to
+/// slice 4 of gpu0, beside the pinned 4g.
+async fn crash_mid_move(mgr: &LeaseManager, a: &Created, four: &Created) {
+    let old = a.partition.clone().unwrap();
+    let mut new = old.clone();
+    new.id = "p-moved".into();
+    new.gpu = 0;
+    new.gpu_uuid = four.partition.as_ref().unwrap().gpu_uuid.clone();
+    new.state = crate::model::PartitionState::Creating;
+    if let crate::model::PartKind::Mig(m) = &mut new.kind {
+        m.placement.start = 4;
+        m.gi_id = None;
+        m.ci_id = None;
+        m.uuid = None;
+    }
+    let (n2, lid) = (new.clone(), a.lease.id.clone());
+    mgr.store
+        .write(move |w| {
+            w.put_partition(&n2)?;
+            w.begin_intent(crate::model::IntentOp::MoveMig, &n2.id, Some(&lid), 1)
+        })
+        .await
+        .unwrap();
+}
+
+/// A GPU container stays in its pod's cgroup: the binding records where, a revocation
+/// writes its reason to the container's termination-message file (where kubelet reads
+/// it) before stopping it through that cgroup, and keeps the reason in the events.
+#[tokio::test]
+async fn a_revocation_writes_its_reason_then_stops_the_pod_cgroup() {
+    use crate::host::{HostCall, RecordingHost};
+    let dir = tempfile::tempdir().unwrap();
+    let config = test_config(dir.path());
+    let sim = Arc::new(crate::gpu::open_sim(&config.sim).unwrap());
+    let store = Arc::new(Store::open(dir.path()).unwrap());
+    let host = Arc::new(RecordingHost::with_proc_devices(""));
+    let mgr = LeaseManager::start_with_host(config, sim, store, host.clone()).unwrap();
+    let created = mgr.create(mig_request("r-term")).await.unwrap();
+    let token = created.token.clone().unwrap();
+    let lease = created.lease.clone();
+    let term = "/var/lib/kubelet/pods/uid-1/containers/app/1a2b";
+    let binding = crate::model::ContainerBinding {
+        id: "abc123".into(),
+        cgroup_path: "kubepods-burstable-poduid_1.slice:cri-containerd:abc123".into(),
+        termination_log: term.into(),
+        pod: "uid-1".into(),
+        ..Default::default()
+    };
+    mgr.bind_container(&token, binding, None).await.unwrap();
+    // A cgroup that is not the container's own is refused at bind time.
+    for bad in ["/system.slice", "/kubepods/burstable/poduid-1"] {
+        let e = mgr
+            .bind_container(
+                &token,
+                crate::model::ContainerBinding {
+                    id: "abc124".into(),
+                    cgroup_path: bad.into(),
+                    ..Default::default()
+                },
+                None,
+            )
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("cgroup_path"), "{bad}: {e}");
+    }
+    for bad in [
+        "/var/lib/kubelet/../../etc/shadow",
+        "/proc/sys/kernel/core_pattern",
+        "/sys/kernel/uevent_helper",
+        "relative/termination-log",
+    ] {
+        let e = mgr
+            .bind_container(
+                &token,
+                crate::model::ContainerBinding {
+                    id: "abc125".into(),
+                    termination_log: bad.into(),
+                    ..Default::default()
+                },
+                None,
+            )
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("termination_log_path"), "{bad}: {e}");
+    }
+    let mut events = mgr.subscribe();
+    let ended = mgr
+        .end(&lease.id, LeaseState::Revoked, "preempted by team-b")
+        .await
+        .unwrap();
+    assert_eq!(ended.state(), LeaseState::Revoked);
+    assert!(ended.containers.is_empty(), "an ended lease lists none");
+    let calls = host.calls();
+    let note = HostCall::TerminationMessage {
+        path: term.into(),
+        message: format!("tessera: lease {} revoked: preempted by team-b", lease.id),
+    };
+    let stop = HostCall::StopCgroup {
+        container: "abc123".into(),
+        rel: "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-poduid_1.slice/cri-containerd-abc123.scope".into(),
+    };
+    let pos = |c: &HostCall| calls.iter().position(|x| x == c);
+    assert!(
+        pos(&note).unwrap() < pos(&stop).unwrap(),
+        "the reason is written before the container stops: {calls:?}"
+    );
+    let mut said = Vec::new();
+    while let Ok(ev) = events.try_recv() {
+        said.push(ev.message.clone());
+    }
+    assert!(
+        said.iter().any(|m| m.contains("preempted by team-b")),
+        "the reason is in the lease's events: {said:?}"
+    );
+}
+
+/// A lease's token belongs to the first pod that uses it: another pod presenting it
+/// is refused, the same pod (a restarted container) and non-Kubernetes callers are not.
+#[tokio::test]
+async fn a_token_is_bound_to_the_first_pod_that_uses_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mgr = manager(dir.path());
+    let created = mgr.create(mig_request("r-pod")).await.unwrap();
+    let token = created.token.clone().unwrap();
+    let bind = |id: &str, pod: &str| crate::model::ContainerBinding {
+        id: id.into(),
+        cgroup_path: format!("/kubepods/pod{pod}/{id}"),
+        pod: pod.into(),
+        ..Default::default()
+    };
+    let l = mgr
+        .bind_container(&token, bind("c1", "uid-a"), None)
+        .await
+        .unwrap();
+    assert_eq!(l.pod.as_deref(), Some("uid-a"));
+    mgr.bind_container(&token, bind("c2", "uid-a"), None)
+        .await
+        .unwrap();
+    let e = mgr
+        .bind_container(&token, bind("c3", "uid-b"), None)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, LeaseError::PermissionDenied(_)), "{e:?}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("bound to pod uid-a") && msg.contains("pod uid-b may not use it"),
+        "{msg}"
+    );
+    let (l, _) = mgr.get(&created.lease.id).unwrap();
+    assert_eq!(
+        l.containers
+            .iter()
+            .map(|c| c.id.as_str())
+            .collect::<Vec<_>>(),
+        ["c1", "c2"],
+        "the refused container is not bound"
+    );
+    // Kept across a restart of the daemon.
+    drop(mgr);
+    let mgr = manager(dir.path());
+    assert!(
+        mgr.bind_container(&token, bind("c4", "uid-b"), None)
+            .await
+            .is_err()
+    );
+}
+
+/// A binding whose container is gone from its runtime's state (a delete that never
+/// reached the daemon) is dropped by housekeeping; a live one, or one just made, stays.
+#[tokio::test]
+async fn bindings_of_containers_that_are_gone_are_dropped() {
+    use crate::host::RecordingHost;
+    let dir = tempfile::tempdir().unwrap();
+    let config = test_config(dir.path());
+    let sim = Arc::new(crate::gpu::open_sim(&config.sim).unwrap());
+    let store = Arc::new(Store::open(dir.path()).unwrap());
+    let host = Arc::new(RecordingHost::with_proc_devices(""));
+    let mgr = LeaseManager::start_with_host(config, sim, store, host.clone()).unwrap();
+    let created = mgr.create(mig_request("r-gone")).await.unwrap();
+    let token = created.token.clone().unwrap();
+    let now = tessera_common::clock::now_ms();
+    for (id, bound_at_ms) in [("old-live", 0), ("old-gone", 0), ("new-gone", now)] {
+        let b = crate::model::ContainerBinding {
+            id: id.into(),
+            cgroup_path: format!("/kubepods/pod1/{id}"),
+            runtime_root: "/run/containerd/runc/k8s.io".into(),
+            bound_at_ms,
+            ..Default::default()
+        };
+        mgr.bind_container(&token, b, None).await.unwrap();
+    }
+    host.container_gone("old-gone");
+    host.container_gone("new-gone");
+    mgr.tick().await;
+    let (l, _) = mgr.get(&created.lease.id).unwrap();
+    let ids: Vec<&str> = l.containers.iter().map(|c| c.id.as_str()).collect();
+    assert_eq!(ids, ["old-live", "new-gone"]);
+}
+
+/// If the moved lease's new instance (on gpu0) cannot be created, the old one is
+/// created again where it was (gpu1); if even that fails, the lease is lost with its
+/// reason.
+#[tokio::test]
+async fn a_move_whose_create_fails_puts_the_instance_back_or_loses_the_lease() {
+    use crate::gpu::sim::CreateStage;
+    let dir = tempfile::tempdir().unwrap();
+    let (mgr, sim) = two_h100(dir.path(), true);
+    let (a, _) = idle_lease_in_the_way(&mgr, false).await;
+    sim.fail_next_create(0, CreateStage::Gi).unwrap();
+    let err = mgr.create(seven_g("big")).await.unwrap_err();
+    assert!(err.to_string().contains("moving an idle lease"), "{err}");
+    let (l, p) = mgr.get(&a.lease.id).unwrap();
+    assert_eq!(l.state(), LeaseState::Active);
+    let (before, after) = (a.partition.clone().unwrap(), p.unwrap());
+    assert_eq!((after.gpu, after.id.as_str()), (1, before.id.as_str()));
+    assert_eq!(
+        after.mig().unwrap().placement,
+        before.mig().unwrap().placement
+    );
+    assert_ne!(
+        after.mig().unwrap().uuid,
+        before.mig().unwrap().uuid,
+        "created again"
+    );
+    assert_eq!(instance_count(&sim), 2);
+    assert!(mgr.store.snapshot().unwrap().intents.is_empty());
+    assert_eq!(
+        mgr.resolve_token(a.token.as_ref().unwrap())
+            .unwrap()
+            .partition
+            .id,
+        before.id
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let (mgr, sim) = two_h100(dir.path(), true);
+    let mut events = mgr.subscribe();
+    let (a, _) = idle_lease_in_the_way(&mgr, false).await;
+    sim.fail_next_create(0, CreateStage::Gi).unwrap();
+    sim.fail_next_create(1, CreateStage::Gi).unwrap();
+    assert!(mgr.create(seven_g("big")).await.is_err());
+    let (l, p) = mgr.get(&a.lease.id).unwrap();
+    assert!(!l.state().is_live(), "{:?}", l.state());
+    assert!(
+        l.end_reason().unwrap().contains("being moved"),
+        "{:?}",
+        l.end_reason()
+    );
+    assert!(p.is_none());
+    assert_eq!(instance_count(&sim), 1, "the pinned 4g");
+    assert!(mgr.resolve_token(a.token.as_ref().unwrap()).is_err());
+    assert!(mgr.store.snapshot().unwrap().intents.is_empty());
+    let mut revoked = false;
+    while let Ok(ev) = events.try_recv() {
+        revoked |= ev.kind == EventKind::Revoked && ev.lease.id == a.lease.id;
+    }
+    assert!(revoked, "watchers hear the lease is gone");
 }

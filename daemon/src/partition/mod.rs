@@ -13,9 +13,12 @@ pub mod planner;
 mod planner_props;
 #[cfg(test)]
 pub(crate) mod test_fixtures;
+pub mod trace;
 
 pub use fragmentation::{free_capacity, free_static_counts, used_memory_slices};
-pub use planner::{PlanDecision, PlanError, PlanOptions, Strategy, plan};
+pub use planner::{
+    Movable, Move, MovePlan, PlanDecision, PlanError, PlanOptions, Strategy, plan, plan_with_moves,
+};
 
 use serde::{Deserialize, Serialize};
 

@@ -152,7 +152,7 @@ pub fn plan(
         Shape::Mig {
             profile,
             compute_profile,
-        } => plan_mig(profile, compute_profile.as_deref(), &considered, opts),
+        } => plan_mig(profile, compute_profile.as_deref(), &considered, opts, true),
         Shape::Mps {
             sm_percent,
             memory_bytes,
@@ -204,6 +204,7 @@ fn plan_mig(
     compute_profile: Option<&str>,
     gpus: &[&GpuView],
     opts: &PlanOptions,
+    allow_static: bool,
 ) -> Result<PlanDecision, PlanError> {
     // Why each considered GPU cannot take the instance, for the NoCapacity message.
     let mut reasons: Vec<String> = Vec::new();
@@ -299,7 +300,7 @@ fn plan_mig(
     }
 
     // The static pool first (whole-GI requests only).
-    if compute_profile.is_none() {
+    if compute_profile.is_none() && allow_static {
         let taken = targets
             .iter()
             .flat_map(|t| {
@@ -421,6 +422,230 @@ fn describe_starts(placements: &[Placement]) -> String {
         1 => starts.join(""),
         n => format!("{} or {}", starts[..n - 1].join(", "), starts[n - 1]),
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// Moves of idle instances
+
+/// A MIG instance the planner may move: one whose lease has no container bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Movable {
+    pub gpu: u32,
+    pub placement: Placement,
+}
+
+/// Move one instance: destroy it at `from` on `from_gpu`, create it again (same GI
+/// profile, same CI profile) at `to` on `to_gpu`. `to` overlaps no instance present
+/// before the plan (the old places of the other moved instances included), so the
+/// moves of a plan can be done one after the other, each destroy-then-create, in any
+/// order; the new instance comes last.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Move {
+    pub from_gpu: u32,
+    pub from: Placement,
+    pub gi_profile_id: u32,
+    pub to_gpu: u32,
+    pub to: Placement,
+}
+
+/// Where a shape goes once the moves are done.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MovePlan {
+    pub moves: Vec<Move>,
+    pub decision: PlanDecision,
+}
+
+/// Like [`plan`]; when that refuses a MIG shape for lack of room (and dynamic MIG is on),
+/// looks for a placement whose overlapping instances are all `movable` and can all be
+/// created again elsewhere (on any considered GPU, at a placement free of every present
+/// instance and of the new one). Among those, the fewest moves win, then the fewest
+/// memory slices moved, then the placement [`plan`]'s strategy would prefer (its best-fit
+/// loss), then the lower GPU and start. Each moved instance is placed by the node's
+/// strategy. Free static-pool instances never move. Errors are [`plan`]'s.
+pub fn plan_with_moves(
+    shape: &Shape,
+    gpus: &[GpuView],
+    opts: &PlanOptions,
+    movable: &[Movable],
+) -> Result<MovePlan, PlanError> {
+    let refusal = match plan(shape, gpus, opts) {
+        Ok(decision) => {
+            return Ok(MovePlan {
+                moves: Vec::new(),
+                decision,
+            });
+        }
+        Err(e @ PlanError::NoCapacity(_)) => e,
+        Err(e) => return Err(e),
+    };
+    let Shape::Mig {
+        profile,
+        compute_profile,
+    } = shape
+    else {
+        return Err(refusal);
+    };
+    if !opts.dynamic_mig || movable.is_empty() {
+        return Err(refusal);
+    }
+    let considered = considered_gpus(gpus, opts.gpu_index)?;
+    // (moves, slices moved, loss, gpu, start) and the plan.
+    let mut best: Option<(MoveKey, MovePlan)> = None;
+    for g in &considered {
+        if !g.info.mig_current || g.whole_leased {
+            continue;
+        }
+        let Some(gp) = g
+            .profiles
+            .iter()
+            .find(|p| p.name.eq_ignore_ascii_case(profile))
+        else {
+            continue;
+        };
+        let ci_profile_id = match compute_profile {
+            None => None,
+            Some(c) => match gp
+                .ci_profiles
+                .iter()
+                .find(|ci| ci.name.eq_ignore_ascii_case(c))
+            {
+                Some(ci) => Some(ci.id),
+                None => continue,
+            },
+        };
+        for placement in &gp.placements {
+            let blockers: Vec<&OccupiedMig> = g
+                .mig
+                .iter()
+                .filter(|m| m.placement.overlaps(placement))
+                .collect();
+            if blockers.is_empty() {
+                continue; // plan() saw this one: max_count stops it.
+            }
+            let all_movable = blockers.iter().all(|b| {
+                b.free_static.is_none()
+                    && movable
+                        .iter()
+                        .any(|m| m.gpu == g.info.index && m.placement == b.placement)
+            });
+            if !all_movable {
+                continue;
+            }
+            let staying = instance_count(&g.mig, gp.id)
+                - u32::try_from(blockers.iter().filter(|b| b.gi_profile_id == gp.id).count())
+                    .unwrap_or(0);
+            if staying >= gp.max_count {
+                continue;
+            }
+            if let Some((key, plan)) =
+                relocate(g, gp, *placement, ci_profile_id, &blockers, gpus, opts)
+                && best.as_ref().is_none_or(|(k, _)| key < *k)
+            {
+                best = Some((key, plan));
+            }
+        }
+    }
+    best.map(|(_, p)| p).ok_or(refusal)
+}
+
+/// How a move plan ranks: (moves, memory slices moved, best-fit loss, GPU, start).
+type MoveKey = (usize, u32, u64, u32, u32);
+
+/// The new instance at `placement` on `g`, and each blocker placed again by the
+/// strategy, largest first, with every present instance (the blockers' old places
+/// included) and the new one held. None when a blocker fits nowhere.
+fn relocate(
+    g: &GpuView,
+    gp: &GiProfile,
+    placement: Placement,
+    ci_profile_id: Option<u32>,
+    blockers: &[&OccupiedMig],
+    gpus: &[GpuView],
+    opts: &PlanOptions,
+) -> Option<(MoveKey, MovePlan)> {
+    let mut views: Vec<GpuView> = gpus.to_vec();
+    let target = views.iter_mut().find(|v| v.info.index == g.info.index)?;
+    let before = capacity_value(&target.profiles, &target.mig);
+    let mut without: Vec<OccupiedMig> = target
+        .mig
+        .iter()
+        .filter(|m| !blockers.iter().any(|b| b.placement == m.placement))
+        .cloned()
+        .collect();
+    without.push(OccupiedMig {
+        gi_profile_id: gp.id,
+        placement,
+        free_static: None,
+    });
+    let loss = before.saturating_sub(capacity_value(&target.profiles, &without));
+    target.mig.push(OccupiedMig {
+        gi_profile_id: gp.id,
+        placement,
+        free_static: None,
+    });
+    let mut order: Vec<&OccupiedMig> = blockers.to_vec();
+    order.sort_by_key(|b| (std::cmp::Reverse(b.placement.size), b.placement.start));
+    let relocate_opts = PlanOptions {
+        gpu_index: None,
+        ..opts.clone()
+    };
+    let mut moves = Vec::with_capacity(order.len());
+    let mut moved_slices = 0u32;
+    for b in order {
+        let name = g
+            .profiles
+            .iter()
+            .find(|p| p.id == b.gi_profile_id)?
+            .name
+            .clone();
+        let considered = considered_gpus(&views, None).ok()?;
+        let d = plan_mig(&name, None, &considered, &relocate_opts, false).ok()?;
+        let PlanDecision::NewMig {
+            gpu,
+            gi_profile_id,
+            placement: to,
+            ..
+        } = d
+        else {
+            return None;
+        };
+        views
+            .iter_mut()
+            .find(|v| v.info.index == gpu)?
+            .mig
+            .push(OccupiedMig {
+                gi_profile_id,
+                placement: to,
+                free_static: None,
+            });
+        moved_slices += b.placement.size;
+        moves.push(Move {
+            from_gpu: g.info.index,
+            from: b.placement,
+            gi_profile_id: b.gi_profile_id,
+            to_gpu: gpu,
+            to,
+        });
+    }
+    let key = (
+        moves.len(),
+        moved_slices,
+        loss,
+        g.info.index,
+        placement.start,
+    );
+    Some((
+        key,
+        MovePlan {
+            moves,
+            decision: PlanDecision::NewMig {
+                gpu: g.info.index,
+                gi_profile_id: gp.id,
+                placement,
+                ci_profile_id,
+            },
+        },
+    ))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -964,6 +1189,83 @@ mod tests {
         let r = run(&mut gpus, &["1g.10gb"; 7], &best_fit());
         assert!(r.iter().all(Result::is_ok), "{r:?}");
         assert!(free_capacity(&gpus[0]).iter().all(|(_, n)| *n == 0));
+    }
+
+    // ------------------------------------------------------------------ MIG: moves
+
+    #[test]
+    fn an_idle_instance_moves_to_make_room_for_a_7g() {
+        // One 1g on each GPU: no 7g fits until one of them moves next to the other.
+        let mut g0 = h100_mig(0);
+        g0.mig.push(occ(&g0, "1g.10gb", 6));
+        let mut g1 = h100_mig(1);
+        g1.mig.push(occ(&g1, "1g.10gb", 6));
+        let gpus = [g0, g1];
+        let seven = mig_shape("7g.80gb");
+        assert!(no_capacity(plan(&seven, &gpus, &best_fit())).contains("gpu1"));
+        let idle = |gpu| Movable {
+            gpu,
+            placement: Placement { start: 6, size: 1 },
+        };
+        let p = plan_with_moves(&seven, &gpus, &best_fit(), &[idle(0), idle(1)]).unwrap();
+        assert_eq!(p.moves.len(), 1, "{p:?}");
+        let m = p.moves[0];
+        assert_eq!(m.from, Placement { start: 6, size: 1 });
+        assert_ne!(m.from_gpu, m.to_gpu);
+        assert_eq!(m.gi_profile_id, 0);
+        // The 1g lands in a free slot of the other GPU, and the 7g where it was.
+        assert_ne!(m.to, Placement { start: 6, size: 1 });
+        assert_eq!(new_mig(&p.decision), (m.from_gpu, 4, 0));
+        // Only gpu1's instance is idle: it is the one that moves.
+        let p = plan_with_moves(&seven, &gpus, &best_fit(), &[idle(1)]).unwrap();
+        assert_eq!((p.moves[0].from_gpu, p.moves[0].to_gpu), (1, 0));
+        assert_eq!(new_mig(&p.decision), (1, 4, 0));
+    }
+
+    #[test]
+    fn bound_instances_never_move() {
+        let mut g0 = h100_mig(0);
+        g0.mig.push(occ(&g0, "1g.10gb", 6));
+        g0.mig.push(occ(&g0, "2g.20gb", 0));
+        let mut g1 = h100_mig(1);
+        g1.mig.push(occ(&g1, "1g.10gb", 6));
+        let gpus = [g0, g1];
+        let seven = mig_shape("7g.80gb");
+        // gpu0's 1g is idle but its 2g is bound; gpu1's 1g is bound.
+        let idle = [Movable {
+            gpu: 0,
+            placement: Placement { start: 6, size: 1 },
+        }];
+        let msg =
+            no_capacity(plan_with_moves(&seven, &gpus, &best_fit(), &idle).map(|p| p.decision));
+        assert!(msg.starts_with("no free placement for 7g.80gb"), "{msg}");
+        // Nothing movable: plan()'s refusal as it is.
+        assert_eq!(
+            plan_with_moves(&seven, &gpus, &best_fit(), &[]).map(|p| p.decision),
+            plan(&seven, &gpus, &best_fit())
+        );
+    }
+
+    #[test]
+    fn moves_are_only_made_when_needed_and_only_for_mig() {
+        let mut g0 = h100_mig(0);
+        g0.mig.push(occ(&g0, "1g.10gb", 6));
+        let gpus = [g0, h100_plain(1)];
+        let idle = [Movable {
+            gpu: 0,
+            placement: Placement { start: 6, size: 1 },
+        }];
+        let p = plan_with_moves(&mig_shape("3g.40gb"), &gpus, &best_fit(), &idle).unwrap();
+        assert!(p.moves.is_empty());
+        assert_eq!(new_mig(&p.decision), (0, 2, 0));
+        let p = plan_with_moves(&Shape::WholeGpu, &gpus, &best_fit(), &idle).unwrap();
+        assert_eq!(p.decision, PlanDecision::WholeGpu { gpu: 1 });
+        // Without dynamic MIG nothing is created, so nothing moves.
+        let static_only = PlanOptions {
+            dynamic_mig: false,
+            ..best_fit()
+        };
+        assert!(plan_with_moves(&mig_shape("7g.80gb"), &gpus, &static_only, &idle).is_err());
     }
 
     // ------------------------------------------------------------------ MPS

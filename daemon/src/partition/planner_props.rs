@@ -9,7 +9,11 @@ use rand::{Rng, SeedableRng};
 
 use super::fragmentation::{total_memory_slices, used_memory_slices};
 use super::test_fixtures::*;
-use super::{GpuView, PlanDecision, PlanError, PlanOptions, Shape, Strategy as PlanStrategy, plan};
+use super::trace::Repacker;
+use super::{
+    GpuView, Movable, MovePlan, PlanDecision, PlanError, PlanOptions, Shape,
+    Strategy as PlanStrategy, plan, plan_with_moves,
+};
 use crate::gpu::Placement;
 
 // ------------------------------------------------------------------ strategy comparison
@@ -519,6 +523,164 @@ proptest! {
                         && p.placements.iter().any(|pl| g.mig.iter().all(|m| !m.placement.overlaps(pl)));
                     prop_assert_eq!(n > 0, creatable, "gpu{} {}", g.info.index, p.name);
                 }
+            }
+        }
+    }
+}
+
+// ------------------------------------------------------------------ moves of idle leases
+
+#[derive(Debug, Clone)]
+enum MoveOp {
+    /// Ask for an H100 profile (index into NAMES' first seven), moves allowed.
+    Create {
+        name: usize,
+        best_fit: bool,
+    },
+    /// A container binds to the (k mod n)-th live lease: it may not move any more.
+    Bind(usize),
+    Release(usize),
+}
+
+fn move_op() -> impl Strategy<Value = MoveOp> {
+    prop_oneof![
+        5 => (0usize..7, any::<bool>()).prop_map(|(name, best_fit)| MoveOp::Create { name, best_fit }),
+        2 => any::<usize>().prop_map(MoveOp::Bind),
+        3 => any::<usize>().prop_map(MoveOp::Release),
+    ]
+}
+
+/// A live lease of the move test: its id never changes, its place may.
+#[derive(Debug, Clone)]
+struct Placed {
+    id: u32,
+    gpu: u32,
+    placement: Placement,
+    gi_profile_id: u32,
+    bound: bool,
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// plan_with_moves only moves idle leases, keeps every lease (same id, same
+    /// profile), never creates an overlap (each move's target is free of everything
+    /// present before it, so moves can run one by one), never moves when plan() alone
+    /// fits, and refuses only what plan() refuses too.
+    #[test]
+    fn moves_keep_leases_and_never_overlap(ops in prop::collection::vec(move_op(), 1..150)) {
+        let mut gpus = vec![h100_mig(0), h100_mig(1), h100_mig(2)];
+        let mut live: Vec<Placed> = Vec::new();
+        let mut next_id = 0u32;
+        let no_oversubscription = [false; 3];
+        for op in ops {
+            match op {
+                MoveOp::Create { name, best_fit } => {
+                    let shape = mig_shape(NAMES[name]);
+                    let opts = options(best_fit);
+                    let movable: Vec<Movable> = live
+                        .iter()
+                        .filter(|l| !l.bound)
+                        .map(|l| Movable { gpu: l.gpu, placement: l.placement })
+                        .collect();
+                    let direct = plan(&shape, &gpus, &opts);
+                    match plan_with_moves(&shape, &gpus, &opts, &movable) {
+                        Ok(MovePlan { moves, decision }) => {
+                            if let Ok(d) = &direct {
+                                prop_assert!(moves.is_empty(), "moved although plan() fit");
+                                prop_assert_eq!(d, &decision);
+                            }
+                            let before: Vec<GpuView> = gpus.clone();
+                            let ids_before: Vec<u32> = live.iter().map(|l| l.id).collect();
+                            let PlanDecision::NewMig { gpu, gi_profile_id, placement, .. } = decision else {
+                                return Err(TestCaseError::fail(format!("{decision:?}")));
+                            };
+                            for m in &moves {
+                                let l = live.iter_mut().find(|l| l.gpu == m.from_gpu && l.placement == m.from);
+                                prop_assert!(l.is_some(), "move of no lease: {m:?}");
+                                let l = l.unwrap();
+                                prop_assert!(!l.bound, "moved a bound lease: {m:?}");
+                                prop_assert_eq!(l.gi_profile_id, m.gi_profile_id);
+                                // The target is free of everything present before the plan.
+                                let target = before.iter().find(|g| g.info.index == m.to_gpu).unwrap();
+                                prop_assert!(target.mig.iter().all(|i| !i.placement.overlaps(&m.to)),
+                                    "move target {m:?} was occupied");
+                                let src = view_mut(&mut gpus, m.from_gpu);
+                                let i = src.mig.iter().position(|i| i.placement == m.from).unwrap();
+                                src.mig.remove(i);
+                                view_mut(&mut gpus, m.to_gpu).mig.push(OccupiedMig {
+                                    gi_profile_id: m.gi_profile_id,
+                                    placement: m.to,
+                                    free_static: None,
+                                });
+                                l.gpu = m.to_gpu;
+                                l.placement = m.to;
+                                check_invariants(&gpus, &no_oversubscription)?;
+                            }
+                            let g = view_mut(&mut gpus, gpu);
+                            prop_assert!(g.mig.iter().all(|i| !i.placement.overlaps(&placement)));
+                            prop_assert!(profile(&g.profiles, gi_profile_id).name == NAMES[name]);
+                            g.mig.push(OccupiedMig { gi_profile_id, placement, free_static: None });
+                            let ids_after: Vec<u32> = live.iter().map(|l| l.id).collect();
+                            prop_assert_eq!(ids_before, ids_after);
+                            live.push(Placed { id: next_id, gpu, placement, gi_profile_id, bound: false });
+                            next_id += 1;
+                        }
+                        Err(PlanError::NoCapacity(msg)) => {
+                            prop_assert!(direct.is_err(), "{msg}");
+                            // With nothing movable, exactly plan()'s refusal.
+                            if movable.is_empty() {
+                                prop_assert_eq!(direct, Err(PlanError::NoCapacity(msg)));
+                            }
+                        }
+                        Err(e) => prop_assert!(false, "{e}"),
+                    }
+                }
+                MoveOp::Bind(k) => {
+                    if !live.is_empty() {
+                        let n = live.len();
+                        live[k % n].bound = true;
+                    }
+                }
+                MoveOp::Release(k) => {
+                    if !live.is_empty() {
+                        let l = live.remove(k % live.len());
+                        let g = view_mut(&mut gpus, l.gpu);
+                        let i = g.mig.iter().position(|m| m.placement == l.placement).unwrap();
+                        g.mig.remove(i);
+                    }
+                }
+            }
+            check_invariants(&gpus, &no_oversubscription)?;
+            // Every live lease is on the node where the test thinks it is.
+            for l in &live {
+                let g = gpus.iter().find(|g| g.info.index == l.gpu).unwrap();
+                prop_assert!(g.mig.iter().any(|m| m.placement == l.placement && m.gi_profile_id == l.gi_profile_id));
+            }
+            let instances: usize = gpus.iter().map(|g| g.mig.len()).sum();
+            prop_assert_eq!(instances, live.len());
+        }
+    }
+
+    /// The trace bench's reference accepts every set of instances the planner could lay
+    /// out (it is a true upper bound), on 1 to 3 GPUs.
+    #[test]
+    fn the_repacking_reference_fits_whatever_the_planner_placed(
+        names in prop::collection::vec(0usize..7, 1..40),
+        best_fit in any::<bool>(),
+        n_gpus in 1u32..=3,
+    ) {
+        let mut gpus: Vec<GpuView> = (0..n_gpus).map(h100_mig).collect();
+        let profiles = h100_profiles();
+        let mut counts = vec![0u8; profiles.len()];
+        let mut repacker = Repacker::new(&profiles, n_gpus);
+        for n in names {
+            let shape = mig_shape(NAMES[n]);
+            if let Ok(d) = plan(&shape, &gpus, &options(best_fit)) {
+                apply(&mut gpus, &shape, &d);
+                let i = profiles.iter().position(|p| p.name == NAMES[n]).unwrap();
+                counts[i] += 1;
+                prop_assert!(repacker.fits(&counts, n_gpus), "{counts:?} on {n_gpus} GPUs");
             }
         }
     }

@@ -14,7 +14,10 @@
 //! core (it stores what it is given) or the hardware.
 
 pub mod faults;
+mod k8s;
 mod schema;
+
+pub use k8s::K8sDevice;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -555,7 +558,7 @@ impl Writer<'_> {
         self.exec(
             "INSERT INTO leases (id, tenant, state, request_id, created_at_ms, expires_at_ms, ended_at_ms, body) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) \
-             ON CONFLICT(id) DO UPDATE SET state = excluded.state, request_id = excluded.request_id, \
+             ON CONFLICT(id) DO UPDATE SET tenant = excluded.tenant, state = excluded.state, request_id = excluded.request_id, \
              expires_at_ms = excluded.expires_at_ms, ended_at_ms = excluded.ended_at_ms, body = excluded.body",
             params![
                 lease.id,

@@ -72,6 +72,13 @@ const MIGRATIONS: &[&str] = &[
         key TEXT PRIMARY KEY,
         body TEXT NOT NULL
     );",
+    // 6: the kubelet device plugin's devices: device id <-> lease, so that a restart
+    // advertises the same ids for the same leases (kubelet's checkpoint names them)
+    "CREATE TABLE k8s_devices (
+        device_id TEXT PRIMARY KEY,
+        lease_id TEXT NOT NULL,
+        body TEXT NOT NULL
+    );",
 ];
 
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;

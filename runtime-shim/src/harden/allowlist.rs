@@ -743,9 +743,13 @@ fn namespace_path(spec: &Value, ns: &Value, i: usize, ctx: &Context, f: &mut Fin
         .then(|| parts[1].parse::<u32>().ok())
         .flatten()
         .filter(|pid| *pid > 1);
+    // containerd 1.6/1.7 name it /var/run/netns/<name> (a symlink to /run on most
+    // hosts), newer ones /run/netns/<name>: exactly one component below either.
     let netns_form = ty == "network"
-        && (is_under(&n, "/var/run/netns") || is_under(&n, "/run/netns"))
-        && parts.len() == 3;
+        && Path::new(&n)
+            .parent()
+            .is_some_and(|d| d == Path::new("/run/netns") || d == Path::new("/var/run/netns"))
+        && Path::new(&n).file_name().is_some();
     if netns_form {
         if !super::is_cri_sandbox(spec, ctx.container_id, ctx.policy()) {
             f.refuse(format!(
@@ -792,18 +796,28 @@ fn sandbox_init_pid(runc_root: &Path, id: &str) -> Result<u32, String> {
         .ok_or_else(|| format!("{}: no init_process_pid", path.display()))
 }
 
-/// `linux.cgroupsPath` when the runtime does not set it itself (no lease): the
+/// `linux.cgroupsPath` as the caller gave it (kept, with a lease or without: pod
+/// limits, QoS, eviction and CRI stats see the container where kubelet put it): the
 /// container's own cgroup, ending in its id, never under a host slice or the
-/// runtime's tree of another container.
+/// runtime's tree of another container. The systemd form goes with
+/// `--systemd-cgroup` and only with it. A spec without one gets the lease's tree
+/// (cgroups.rs).
 fn cgroups_path(spec: &Value, ctx: &Context, f: &mut Findings) {
-    if ctx.lease.is_some() {
-        return; // replaced by the lease's tree (cgroups.rs)
-    }
-    let Some(path) = spec.pointer("/linux/cgroupsPath").and_then(Value::as_str) else {
+    let Some(path) = spec
+        .pointer("/linux/cgroupsPath")
+        .and_then(Value::as_str)
+        .filter(|p| !p.is_empty())
+    else {
         return;
     };
     let at = "/linux/cgroupsPath";
     let id = ctx.container_id;
+    if path.contains(':') && !ctx.systemd_cgroup {
+        f.refuse(format!(
+            "{at}: {path:?} is systemd's slice:prefix:name form, but the runtime was not given --systemd-cgroup (set SystemdCgroup = true in containerd's runtime options, or use a cgroupfs path)"
+        ));
+        return;
+    }
     let host_slices = [
         "system.slice",
         "user.slice",
@@ -820,7 +834,7 @@ fn cgroups_path(spec: &Value, ctx: &Context, f: &mut Findings) {
             && parts[2] == id;
         if !ok {
             f.refuse(format!(
-                "{at}: {path:?} must be <pod slice>:<prefix>:{id} outside the host's slices"
+                "{at}: {path:?} must be <pod slice>:<prefix>:{id} outside the host's slices (--systemd-cgroup takes systemd's slice:prefix:name form)"
             ));
         }
         return;
@@ -868,6 +882,25 @@ pub fn root_owned_chain(path: &Path) -> Result<(), String> {
         cur = p.parent();
     }
     Ok(())
+}
+
+/// A bind source: root-owned, below directories as [`root_owned_chain`] wants them. A
+/// regular file may itself be writable by others: kubelet makes every container's
+/// termination-log file 0666 so that a non-root process can write its message, and
+/// writing a file's content cannot swap a component of its path.
+fn bind_source_chain(path: &Path) -> Result<(), String> {
+    let m = std::fs::symlink_metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if !m.is_file() {
+        return root_owned_chain(path);
+    }
+    if m.uid() != 0 {
+        return Err(format!(
+            "{} is owned by uid {}, not root",
+            path.display(),
+            m.uid()
+        ));
+    }
+    path.parent().map_or(Ok(()), root_owned_chain)
 }
 
 /// `root.path`: inside the bundle or under a configured container-storage root,
@@ -974,6 +1007,9 @@ fn component(s: Option<&str>) -> Option<&str> {
     })
 }
 
+/// containers/storage's drivers: a container's files live in `<driver>-containers`.
+const STORAGE_DRIVERS: &[&str] = &["overlay", "vfs", "btrfs", "zfs", "aufs", "devmapper"];
+
 /// The prefixes this container's bind sources may come from, with whether a writable
 /// bind is allowed.
 pub fn bind_prefixes(spec: &Value, ctx: &Context) -> Vec<(String, bool)> {
@@ -991,15 +1027,21 @@ pub fn bind_prefixes(spec: &Value, ctx: &Context) -> Vec<(String, bool)> {
         let dir = p.kubelet_root.join("pods").join(uid);
         out.push((normalize(&dir.to_string_lossy()), true));
     }
-    // podman: the container's own run directory beside its bundle.
+    // podman: the container's own run directory beside its bundle,
+    // `<driver>-containers/<id>/userdata` for containers/storage's drivers.
     if let Some(id) = component(Some(ctx.container_id)) {
-        for root in &p.container_storage_roots {
-            let dir = root.join("overlay-containers").join(id).join("userdata");
-            out.push((normalize(&dir.to_string_lossy()), true));
-        }
-        for root in &p.container_run_roots {
-            let dir = root.join("overlay-containers").join(id).join("userdata");
-            out.push((normalize(&dir.to_string_lossy()), true));
+        for root in p
+            .container_storage_roots
+            .iter()
+            .chain(&p.container_run_roots)
+        {
+            for driver in STORAGE_DRIVERS {
+                let dir = root
+                    .join(format!("{driver}-containers"))
+                    .join(id)
+                    .join("userdata");
+                out.push((normalize(&dir.to_string_lossy()), true));
+            }
         }
     }
     for b in &p.bind_sources {
@@ -1095,7 +1137,7 @@ fn bind_sources(spec: &mut Value, ctx: &Context, f: &mut Findings) {
             }
             Some(_) => {}
         }
-        if let Err(e) = root_owned_chain(&canon) {
+        if let Err(e) = bind_source_chain(&canon) {
             f.refuse(format!("{at}: {e}"));
             continue;
         }

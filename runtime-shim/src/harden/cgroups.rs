@@ -1,6 +1,7 @@
-//! cgroups: the container goes under the lease's cgroup parent, a pids limit is always
-//! set, and the tenant may not write device, pids or cgroup-core files through
-//! `resources.unified`.
+//! cgroups: a container stays in the cgroup its caller gave (kubelet's pod cgroup,
+//! podman's; checked in allowlist.rs to be the container's own); a spec that names
+//! none goes under the lease's parent. A pids limit is always set, and the tenant may
+//! not write device, pids or cgroup-core files through `resources.unified`.
 
 use super::{Context, Findings};
 use serde_json::{Value, json};
@@ -8,27 +9,27 @@ use serde_json::{Value, json};
 /// Unified (cgroup v2) key prefixes a tenant spec may not set.
 pub const UNIFIED_FORBIDDEN: &[&str] = &["devices.", "pids.", "cgroup.", "rdma."];
 
-/// The cgroupsPath for a container under `parent`.
+/// The slice a lease's container goes under with `--systemd-cgroup` when its spec
+/// names no cgroup.
+pub const SYSTEMD_SLICE: &str = "tessera.slice";
+
+/// The cgroupsPath for a container whose spec names none: under the lease's `parent`
+/// (cgroupfs), or `tessera.slice:tessera:<id>` (systemd: the lease's containers
+/// are found through their bindings, not through a tree).
 pub fn cgroups_path(parent: &str, id: &str, systemd: bool) -> Result<String, String> {
+    if systemd {
+        return Ok(format!("{SYSTEMD_SLICE}:tessera:{id}"));
+    }
     if parent.split('/').any(|c| c == ".." || c == ".") || parent.contains('\0') {
         return Err(format!(
             "the lease's cgroup parent {parent:?} is not a clean path"
         ));
     }
-    if systemd {
-        if !parent.ends_with(".slice") || parent.contains('/') || parent.contains(':') {
-            return Err(format!(
-                "with --systemd-cgroup the lease's cgroup parent must be a slice name, got {parent:?}"
-            ));
-        }
-        Ok(format!("{parent}:tessera:{id}"))
-    } else {
-        let p = super::mounts::normalize(parent);
-        if p == "/" {
-            return Err("the lease's cgroup parent is the root cgroup".to_string());
-        }
-        Ok(format!("{p}/{id}"))
+    let p = super::mounts::normalize(parent);
+    if p == "/" {
+        return Err("the lease's cgroup parent is the root cgroup".to_string());
     }
+    Ok(format!("{p}/{id}"))
 }
 
 pub fn apply(spec: &mut Value, ctx: &Context, f: &mut Findings) {
@@ -67,7 +68,15 @@ pub fn apply(spec: &mut Value, ctx: &Context, f: &mut Findings) {
         {
             limit = limit.min(l);
         }
-        if lease.cgroup_parent.is_empty() {
+        let given = spec
+            .pointer("/linux/cgroupsPath")
+            .and_then(Value::as_str)
+            .is_some_and(|p| !p.is_empty());
+        if given {
+            // Kept where the caller put it (allowlist.rs checked it is the
+            // container's own); the daemon finds it through the binding.
+            f.note("the container stays in the cgroup its caller gave");
+        } else if lease.cgroup_parent.is_empty() {
             f.refuse("the lease has no cgroup parent");
         } else {
             match cgroups_path(&lease.cgroup_parent, id, ctx.systemd_cgroup) {

@@ -22,6 +22,9 @@ pub struct ContainerState {
     /// The lease's variables the container was started with (`KEY=value`), given to
     /// every exec'd process too.
     pub lease_env: Vec<String>,
+    /// The device cgroup rules the container was started with (its hardened
+    /// config.json's `linux.resources.devices`), when they could be read.
+    pub device_rules: Option<Vec<Value>>,
 }
 
 /// The environment variables the runtime sets from a lease.
@@ -47,6 +50,10 @@ impl ContainerState {
             bundle::load_json(&b.join("config.json"), max.max(16 * 1024 * 1024)).ok()
         });
         if let Some(spec) = spec {
+            s.device_rules = spec
+                .pointer("/linux/resources/devices")
+                .and_then(Value::as_array)
+                .cloned();
             s.user = spec
                 .pointer("/process/user/uid")
                 .and_then(Value::as_u64)
@@ -97,6 +104,7 @@ impl ContainerState {
             process_label: opt("process_label"),
             user: None,
             lease_env: Vec::new(),
+            device_rules: None,
         })
     }
 }
@@ -110,6 +118,37 @@ fn bundle_of(state: &Value) -> Option<std::path::PathBuf> {
         .filter_map(Value::as_str)
         .find_map(|l| l.strip_prefix("bundle="))
         .map(std::path::PathBuf::from)
+}
+
+/// The argv of an `exec` without `--process` (runc builds the process from the
+/// container's config.json and appends each `--env`, the last of a name winning):
+/// the lease's variables go last among the flags, right before the container id,
+/// so that a `--env CUDA_VISIBLE_DEVICES=...` of the caller does not hide them.
+/// They are spelt with the name the caller used (`-e` or `--env`): runc refuses
+/// "two forms of the same flag".
+pub fn argv_with_lease_env(argv: &[String], sub: &SubArgs, lease_env: &[String]) -> Vec<String> {
+    let mut out = argv.to_vec();
+    let Some(&(mut at, _)) = sub.positionals.first() else {
+        return out;
+    };
+    if lease_env.is_empty() {
+        return out;
+    }
+    // `exec [flags] -- ID ...`: flags go before the terminator.
+    if at > 0 && argv.get(at - 1).is_some_and(|t| t == "--") {
+        at -= 1;
+    }
+    let short = sub
+        .flags
+        .iter()
+        .filter(|f| f.name == "env")
+        .filter_map(|f| argv.get(f.index))
+        .any(|tok| tok.trim_start_matches('-').split('=').next() == Some("e"));
+    let flag = if short { "-e" } else { "--env" };
+    for (n, e) in lease_env.iter().enumerate() {
+        out.insert(at + n, format!("{flag}={e}"));
+    }
+    out
 }
 
 /// `uid[:gid]` as exec's `--user` writes it.
@@ -261,29 +300,101 @@ pub fn harden_process(
     process
 }
 
-/// `update --resources`: CPU, memory, pids (up to the policy's limit), hugepages and
-/// block I/O may change; what runc gets is returned. Device rules that only deny
-/// (containerd sends a deny-all rule with every CRI update) are dropped, so the
-/// container keeps its lease's rules (runc's update never widens devices on its
-/// own); a rule that allows a device is refused. Unified cgroup files, network
-/// classes and RDMA are isolation, not tuning: refused. Unknown keys are refused.
-pub fn check_update_resources(r: &Value, policy: &Policy, f: &mut Findings) -> Value {
+/// What `update` may change: CPU (with cpuset), memory, pids (up to the policy's
+/// limit) and hugepages. Everything else is isolation, not tuning, and refused with
+/// the field named.
+pub const UPDATE_MAY_CHANGE: &str = "CPU, memory, pids, hugepages and cpuset";
+
+/// cgroup v2 files (`unified`) an update may write: the same resources.
+const UNIFIED_TUNABLE: &[&str] = &["cpu.", "cpuset.", "memory.", "hugetlb."];
+
+/// Whether the device rule `r` allows nothing more than one of the `lease` rules
+/// allows (a deny rule always: it only narrows).
+pub fn device_rule_within(r: &Value, lease: &[Value]) -> bool {
+    if r.get("allow") == Some(&json!(false)) {
+        return true;
+    }
+    if r.get("allow") != Some(&json!(true)) {
+        return false;
+    }
+    let ty = |v: &Value| {
+        v.get("type")
+            .and_then(Value::as_str)
+            .filter(|t| !t.is_empty())
+            .unwrap_or("a")
+            .to_string()
+    };
+    let num = |v: &Value, k: &str| v.get(k).and_then(Value::as_i64).filter(|n| *n >= 0);
+    let access = |v: &Value| {
+        v.get("access")
+            .and_then(Value::as_str)
+            .unwrap_or("rwm")
+            .to_string()
+    };
+    lease
+        .iter()
+        .filter(|l| l.get("allow") == Some(&json!(true)))
+        .any(|l| {
+            let (lt, rt) = (ty(l), ty(r));
+            let type_ok = lt == "a" || lt == rt;
+            let num_ok = |k: &str| match (num(l, k), num(r, k)) {
+                (None, _) => true,
+                (Some(a), Some(b)) => a == b,
+                (Some(_), None) => false,
+            };
+            let la = access(l);
+            type_ok
+                && num_ok("major")
+                && num_ok("minor")
+                && access(r).chars().all(|c| la.contains(c))
+        })
+}
+
+/// `update --resources`: only [`UPDATE_MAY_CHANGE`] may change; what runc gets is
+/// returned. Device rules are accepted when they allow nothing beyond the lease's
+/// (containerd's CRI sends a deny-all rule, and the device plugin's allows, with
+/// every update) and are replaced by the container's own rules from its hardened
+/// config.json (`lease_rules`): the lease's devices are re-applied with every update.
+/// Without those rules only deny rules pass, and runc keeps the container's own.
+pub fn check_update_resources(
+    r: &Value,
+    policy: &Policy,
+    lease_rules: Option<&[Value]>,
+    f: &mut Findings,
+) -> Value {
     let Some(obj) = r.as_object() else {
         f.refuse("update: the resources JSON is not an object");
         return r.clone();
     };
+    let empty = |v: &Value| v.is_null() || v.as_object().is_some_and(|m| m.is_empty());
     let mut out = obj.clone();
     for (k, v) in obj {
         match k.as_str() {
-            "cpu" | "memory" | "blockIO" | "hugepageLimits" => {}
+            "cpu" | "memory" | "hugepageLimits" => {}
             "devices" => {
-                let grants = v
-                    .as_array()
-                    .is_some_and(|a| a.iter().any(|r| r.get("allow") != Some(&json!(false))));
-                if grants {
-                    f.refuse("/devices: update may not allow a device (the lease's rules stay)");
+                let Some(rules) = v.as_array() else {
+                    if !v.is_null() {
+                        f.refuse("/devices: not a list of device rules");
+                    }
+                    out.remove(k);
+                    continue;
+                };
+                let lease = lease_rules.unwrap_or_default();
+                for (i, rule) in rules.iter().enumerate() {
+                    if !device_rule_within(rule, lease) {
+                        f.refuse(format!(
+                            "/devices/{i}: update may not allow a device beyond the lease's rules ({rule})"
+                        ));
+                    }
                 }
-                out.remove(k);
+                match lease_rules {
+                    Some(l) => {
+                        out.insert(k.clone(), json!(l));
+                    }
+                    None => {
+                        out.remove(k);
+                    }
+                }
             }
             "pids" => {
                 let limit = v.get("limit").and_then(Value::as_i64);
@@ -296,12 +407,26 @@ pub fn check_update_resources(r: &Value, policy: &Policy, f: &mut Findings) -> V
                     )),
                 }
             }
-            "unified" | "network" | "rdma" => {
-                if !v.is_null() {
-                    f.refuse(format!("/{k}: update may not change {k}"));
+            "unified" => {
+                for key in v.as_object().into_iter().flatten().map(|(k, _)| k) {
+                    if !UNIFIED_TUNABLE.iter().any(|p| key.starts_with(p)) {
+                        f.refuse(format!(
+                            "/unified/{key}: update may change {UPDATE_MAY_CHANGE} only"
+                        ));
+                    }
+                }
+                if !v.is_null() && !v.is_object() {
+                    f.refuse("/unified: not a map of cgroup files");
                 }
             }
-            other => f.refuse(format!("/{other}: unknown resources key (refused)")),
+            "blockIO" | "network" | "rdma" => {
+                if !empty(v) {
+                    f.refuse(format!("/{k}: update may change {UPDATE_MAY_CHANGE} only"));
+                }
+            }
+            other => f.refuse(format!(
+                "/{other}: unknown resources key (update may change {UPDATE_MAY_CHANGE} only)"
+            )),
         }
     }
     Value::Object(out)
@@ -326,6 +451,13 @@ pub fn check_update_flags(sub: &SubArgs, policy: &Policy, f: &mut Findings) {
             ));
         }
     }
+    for flag in ["blkio-weight", "kernel-memory", "kernel-memory-tcp"] {
+        if let Some(v) = sub.value(flag) {
+            f.refuse(format!(
+                "update --{flag} {v} is refused: update may change {UPDATE_MAY_CHANGE} only"
+            ));
+        }
+    }
 }
 
 #[cfg(test)]
@@ -340,6 +472,7 @@ mod tests {
             process_label: None,
             user: Some((1000, 1000)),
             lease_env: vec!["TESSERA_LEASE_ID=l-1".into()],
+            device_rules: None,
         }
     }
 
@@ -451,29 +584,131 @@ mod tests {
     #[test]
     fn update_rules() {
         let p = crate::policy::Policy::default();
+        let lease = vec![
+            json!({"allow": false, "access": "rwm"}),
+            json!({"allow": true, "type": "c", "major": 195, "minor": 0, "access": "rwm"}),
+            json!({"allow": true, "type": "c", "major": 1, "minor": 3, "access": "rwm"}),
+        ];
         let mut f = Findings::default();
-        // What containerd's CRI sends: CPU and memory with a deny-all device rule.
-        let cri = json!({"memory": {"limit": 1}, "cpu": {"shares": 2}, "pids": {"limit": 100},
-            "devices": [{"allow": false, "access": "rwm"}]});
-        let out = check_update_resources(&cri, &p, &mut f);
+        // What containerd's CRI sends: CPU, cpuset and memory with a deny-all
+        // device rule (and the device plugin's allow, the lease's own device).
+        let cri = json!({"memory": {"limit": 1}, "cpu": {"shares": 2, "cpus": "0-1"},
+            "pids": {"limit": 100}, "hugepageLimits": [{"pageSize": "2MB", "limit": 0}],
+            "unified": {"memory.high": "max"},
+            "devices": [{"allow": false, "access": "rwm"},
+                        {"allow": true, "type": "c", "major": 195, "minor": 0, "access": "rw"}]});
+        let out = check_update_resources(&cri, &p, Some(&lease), &mut f);
         assert!(f.reasons.is_empty(), "{:?}", f.reasons);
-        assert!(
-            out.get("devices").is_none(),
-            "the deny-only rule is dropped: {out}"
+        assert_eq!(
+            out["devices"],
+            json!(lease),
+            "the lease's rules are re-applied"
         );
         assert_eq!(out["memory"]["limit"], 1);
-        for r in [
-            json!({"devices": [{"allow": false, "access": "rwm"}, {"allow": true, "type": "c", "major": 195, "access": "rwm"}]}),
-            json!({"devices": [{"access": "rwm"}]}),
-            json!({"pids": {"limit": 0}}),
-            json!({"pids": {"limit": 1_000_000}}),
-            json!({"unified": {"devices.allow": "a"}}),
-            json!({"network": {"classID": 1}}),
-            json!({"bogus": 1}),
+        assert_eq!(out["cpu"]["cpus"], "0-1");
+        // Without the container's rules only deny rules pass, and none is sent.
+        let mut f = Findings::default();
+        let deny = json!({"cpu": {"shares": 2}, "devices": [{"allow": false, "access": "rwm"}]});
+        let out = check_update_resources(&deny, &p, None, &mut f);
+        assert!(f.reasons.is_empty(), "{:?}", f.reasons);
+        assert!(out.get("devices").is_none(), "{out}");
+        for (r, field) in [
+            (
+                json!({"devices": [{"allow": false, "access": "rwm"}, {"allow": true, "type": "c", "major": 195, "access": "rwm"}]}),
+                "/devices/1",
+            ),
+            (
+                json!({"devices": [{"allow": true, "type": "c", "major": 195, "minor": 1, "access": "rw"}]}),
+                "/devices/0",
+            ),
+            (
+                json!({"devices": [{"allow": true, "type": "c", "major": 195, "minor": 0, "access": "rwm"}, {"allow": true, "access": "rwm"}]}),
+                "/devices/1",
+            ),
+            (json!({"devices": [{"access": "rwm"}]}), "/devices/0"),
+            (json!({"pids": {"limit": 0}}), "/pids/limit"),
+            (json!({"pids": {"limit": 1_000_000}}), "/pids/limit"),
+            (
+                json!({"unified": {"devices.allow": "a"}}),
+                "/unified/devices.allow",
+            ),
+            (
+                json!({"unified": {"io.max": "8:0 rbps=1"}}),
+                "/unified/io.max",
+            ),
+            (json!({"blockIO": {"weight": 10}}), "/blockIO"),
+            (json!({"network": {"classID": 1}}), "/network"),
+            (json!({"rdma": {"mlx5_0": {"hcaHandles": 1}}}), "/rdma"),
+            (json!({"bogus": 1}), "/bogus"),
         ] {
             let mut f = Findings::default();
-            check_update_resources(&r, &p, &mut f);
-            assert!(!f.reasons.is_empty(), "{r}");
+            check_update_resources(&r, &p, Some(&lease), &mut f);
+            assert!(
+                f.reasons.iter().any(|x| x.contains(field)),
+                "{r}: want {field} in {:?}",
+                f.reasons
+            );
+        }
+        // An empty blockIO (what a marshalled struct may carry) changes nothing.
+        let mut f = Findings::default();
+        check_update_resources(&json!({"blockIO": {}}), &p, Some(&lease), &mut f);
+        assert!(f.reasons.is_empty(), "{:?}", f.reasons);
+    }
+
+    #[test]
+    fn exec_without_a_process_file_gets_the_lease_env_last() {
+        let lease = vec![
+            "CUDA_VISIBLE_DEVICES=MIG-1".to_string(),
+            "TESSERA_LEASE_ID=l-1".to_string(),
+        ];
+        for line in [
+            "exec c1 sh",
+            "exec -t c1 sh -c env",
+            "exec --env CUDA_VISIBLE_DEVICES=all c1 sh",
+            "exec -e=CUDA_VISIBLE_DEVICES=all -e A=1 c1 sh",
+            "-root /r exec -d -e CUDA_VISIBLE_DEVICES=all c1 sh",
+            "--root=/r exec -u 1000 -- c1 sh --env X=1",
+        ] {
+            let inv =
+                crate::cli::parse_strings(line.split_whitespace().map(String::from).collect())
+                    .unwrap();
+            let (_, sub) = inv.command.clone().unwrap();
+            let argv = argv_with_lease_env(&inv.argv, &sub, &lease);
+            let again = crate::cli::parse_strings(argv).unwrap();
+            let (_, sub2) = again.command.unwrap();
+            let envs = sub2.values("env");
+            // runc keeps the last value of a name: the lease's.
+            assert_eq!(
+                envs[envs.len() - 2..],
+                ["CUDA_VISIBLE_DEVICES=MIG-1", "TESSERA_LEASE_ID=l-1"],
+                "{line}"
+            );
+            let pos = |s: &SubArgs| {
+                s.positionals
+                    .iter()
+                    .map(|(_, p)| p.clone())
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(
+                pos(&sub2),
+                pos(&sub),
+                "{line}: the process's own argv is untouched"
+            );
+            assert_eq!(again.global, inv.global, "{line}");
+            // One spelling of the flag, as the caller's (runc refuses two).
+            let names: std::collections::BTreeSet<&str> = sub2
+                .flags
+                .iter()
+                .filter(|f| f.name == "env")
+                .map(|f| {
+                    again.argv[f.index]
+                        .trim_start_matches('-')
+                        .split('=')
+                        .next()
+                        .unwrap()
+                })
+                .collect();
+            assert_eq!(names.len(), 1, "{line}: {:?}", again.argv);
         }
     }
 

@@ -28,6 +28,18 @@ pub const LEASE_ID_ANNOTATION: &str = "tessera.io/lease-id";
 /// The CRI annotation with the pod's namespace.
 pub const SANDBOX_NAMESPACE_ANNOTATION: &str = "io.kubernetes.cri.sandbox-namespace";
 
+/// kubelet's annotation naming the container's termination-message path.
+pub const TERMINATION_PATH_ANNOTATION: &str = "io.kubernetes.container.terminationMessagePath";
+/// Where kubelet mounts the termination-message file unless the pod says otherwise.
+pub const DEFAULT_TERMINATION_PATH: &str = "/dev/termination-log";
+/// The annotations that name a container's pod, most stable first: the pod's uid
+/// (containerd's CRI, then kubelet's own), then the CRI sandbox id.
+pub const POD_ANNOTATIONS: &[&str] = &[
+    "io.kubernetes.cri.sandbox-uid",
+    "io.kubernetes.pod.uid",
+    "io.kubernetes.cri.sandbox-id",
+];
+
 /// Docker's default masked paths (kept even if the tenant spec dropped them).
 pub const DEFAULT_MASKED: &[&str] = &[
     "/proc/acpi",
@@ -224,6 +236,110 @@ pub fn find_token(spec: &Value) -> Result<Option<String>, String> {
         (Some(t), _) | (None, Some(t)) => Ok(Some(t)),
         (None, None) => Ok(None),
     }
+}
+
+/// How a refusal of a privileged container begins.
+pub const PRIVILEGED_REFUSAL: &str = "privileged containers are not allowed";
+
+/// The one reason to show for a privileged container (`podman --privileged`,
+/// Kubernetes `securityContext.privileged`): its spec allows every device in the
+/// devices cgroup, which only privileged mode asks for. `None` for any other spec.
+pub fn privileged(spec: &Value) -> Option<String> {
+    let allow_all = spec
+        .pointer("/linux/resources/devices")
+        .and_then(Value::as_array)
+        .is_some_and(|rules| {
+            rules.iter().any(|r| {
+                r.get("allow") == Some(&Value::Bool(true))
+                    && r.get("type")
+                        .and_then(Value::as_str)
+                        .is_none_or(|t| t == "a" || t.is_empty())
+                    && r.get("major").and_then(Value::as_i64).is_none_or(|m| m < 0)
+            })
+        });
+    if !allow_all {
+        return None;
+    }
+    let sys_admin = spec
+        .pointer("/process/capabilities/bounding")
+        .and_then(strings)
+        .is_some_and(|c| {
+            c.iter()
+                .any(|c| crate::policy::cap_name(c) == "CAP_SYS_ADMIN")
+        });
+    let asks = if sys_admin {
+        "every host device and CAP_SYS_ADMIN"
+    } else {
+        "every host device"
+    };
+    Some(format!(
+        "{PRIVILEGED_REFUSAL} (the spec asks for {asks}: podman/docker --privileged or Kubernetes securityContext.privileged); run it unprivileged, the lease's GPU is given without privileges"
+    ))
+}
+
+/// The one line a refusal is shown as (stderr and runc's log, which containerd and
+/// conmon read): a privileged container's single reason, or every reason joined,
+/// without line breaks. `true` when reasons were left out of the line.
+pub fn refusal_line(what: &str, reasons: &[String]) -> (String, bool) {
+    let flat = |r: &str| r.replace(['\n', '\r'], " ");
+    if let Some(p) = reasons.iter().find(|r| r.starts_with(PRIVILEGED_REFUSAL)) {
+        let more = reasons.len() - 1;
+        let tail = if more > 0 {
+            format!(" [{more} more reason(s): tessera-runtime check lists them]")
+        } else {
+            String::new()
+        };
+        return (
+            format!("tessera-runtime: {what} refused: {}{tail}", flat(p)),
+            more > 0,
+        );
+    }
+    let all: Vec<String> = reasons.iter().map(|r| flat(r)).collect();
+    (
+        format!("tessera-runtime: {what} refused: {}", all.join("; ")),
+        false,
+    )
+}
+
+fn annotation<'v>(spec: &'v Value, key: &str) -> Option<&'v str> {
+    spec.get("annotations")
+        .and_then(|a| a.get(key))
+        .and_then(Value::as_str)
+        .filter(|v| !v.is_empty())
+}
+
+/// The pod a container belongs to, from the annotations containerd's CRI sets (the
+/// pod uid, else the sandbox id); `None` outside Kubernetes.
+pub fn pod_of(spec: &Value) -> Option<String> {
+    POD_ANNOTATIONS
+        .iter()
+        .find_map(|k| annotation(spec, k))
+        .map(str::to_string)
+}
+
+/// The host path of the container's termination-message file: the source of the
+/// bind mount whose destination is the termination path (kubelet's annotation, else
+/// `/dev/termination-log`). Read from the hardened spec, whose bind sources are
+/// canonical host paths checked outside the rootfs; nothing is resolved here.
+pub fn termination_log_source(spec: &Value) -> Option<String> {
+    let want = annotation(spec, TERMINATION_PATH_ANNOTATION).unwrap_or(DEFAULT_TERMINATION_PATH);
+    let want = mounts::normalize(want);
+    spec.get("mounts")?
+        .as_array()?
+        .iter()
+        .filter(|m| {
+            m.get("destination")
+                .and_then(Value::as_str)
+                .is_some_and(|d| mounts::normalize(d) == want)
+        })
+        .filter(|m| {
+            let options = m.get("options").and_then(strings).unwrap_or_default();
+            m.get("type").and_then(Value::as_str) == Some("bind")
+                || options.iter().any(|o| o == "bind" || o == "rbind")
+        })
+        .filter_map(|m| m.get("source").and_then(Value::as_str))
+        .rfind(|s| s.starts_with('/'))
+        .map(str::to_string)
 }
 
 /// Whether the spec really is containerd's pod sandbox (pause) container, which runs
@@ -463,5 +579,90 @@ pub fn harden(mut spec: Value, ctx: &Context) -> Decision {
         reasons: f.reasons,
         notes: f.notes,
         spec,
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_privileged_spec_is_refused_in_one_line() {
+        // What podman --privileged and containerd's privileged pods write.
+        let spec = json!({"linux": {"resources": {"devices": [{"allow": true, "access": "rwm"}]}},
+            "process": {"capabilities": {"bounding": ["CAP_SYS_ADMIN", "CAP_KILL"]}}});
+        let p = privileged(&spec).unwrap();
+        assert!(p.contains("every host device and CAP_SYS_ADMIN"), "{p}");
+        let reasons = vec![
+            "capability CAP_SYS_ADMIN is forbidden".to_string(),
+            p.clone(),
+            "device /dev/sda\nis not the lease's".to_string(),
+        ];
+        let (line, cut) = refusal_line("create c1", &reasons);
+        assert!(cut);
+        assert!(
+            line.starts_with(
+                "tessera-runtime: create c1 refused: privileged containers are not allowed"
+            ),
+            "{line}"
+        );
+        assert!(
+            line.contains("2 more reason(s)") && !line.contains('\n'),
+            "{line}"
+        );
+        // A narrower rule, or a deny-all, is not privileged mode.
+        // podman writes the rule with an empty type.
+        let podman = json!({"linux": {"resources": {"devices": [{"allow": true, "type": "", "access": "rwm"}]}}});
+        assert!(privileged(&podman).unwrap().contains("every host device"));
+        for rules in [
+            json!([{"allow": false, "access": "rwm"}]),
+            json!([{"allow": true, "type": "c", "major": 195, "access": "rw"}]),
+        ] {
+            assert!(privileged(&json!({"linux": {"resources": {"devices": rules}}})).is_none());
+        }
+        let (line, cut) = refusal_line("exec c1", &["a\nb".to_string(), "c".to_string()]);
+        assert_eq!(line, "tessera-runtime: exec c1 refused: a b; c");
+        assert!(!cut);
+    }
+
+    #[test]
+    fn the_pod_is_named_by_its_uid_before_its_sandbox() {
+        let spec = json!({"annotations": {
+            "io.kubernetes.cri.sandbox-id": "sb-1",
+            "io.kubernetes.cri.sandbox-uid": "uid-1"}});
+        assert_eq!(pod_of(&spec).as_deref(), Some("uid-1"));
+        let spec = json!({"annotations": {"io.kubernetes.cri.sandbox-id": "sb-1",
+            "io.kubernetes.cri.sandbox-uid": ""}});
+        assert_eq!(pod_of(&spec).as_deref(), Some("sb-1"));
+        assert_eq!(pod_of(&json!({"annotations": {}})), None);
+    }
+
+    #[test]
+    fn the_termination_log_is_the_bind_source_at_the_termination_path() {
+        let kubelet = |dest: &str| {
+            json!({"destination": dest, "type": "bind",
+                   "source": "/var/lib/kubelet/pods/u/containers/app/1a2b",
+                   "options": ["rbind", "rprivate", "rw"]})
+        };
+        let spec = json!({"mounts": [
+            {"destination": "/proc", "type": "proc", "source": "proc"},
+            kubelet("/dev/termination-log")]});
+        assert_eq!(
+            termination_log_source(&spec).as_deref(),
+            Some("/var/lib/kubelet/pods/u/containers/app/1a2b")
+        );
+        // The pod's own terminationMessagePath, which kubelet passes as an annotation.
+        let mut spec = json!({"mounts": [kubelet("/tmp/why")]});
+        assert_eq!(termination_log_source(&spec), None);
+        spec["annotations"] = json!({TERMINATION_PATH_ANNOTATION: "/tmp/why"});
+        assert!(termination_log_source(&spec).is_some());
+        // Not a bind mount, or a relative source: none.
+        let spec = json!({"mounts": [
+            {"destination": "/dev/termination-log", "type": "tmpfs", "source": "tmpfs"}]});
+        assert_eq!(termination_log_source(&spec), None);
+        let spec = json!({"mounts": [
+            {"destination": "/dev/termination-log", "type": "bind", "source": "rel/x"}]});
+        assert_eq!(termination_log_source(&spec), None);
     }
 }

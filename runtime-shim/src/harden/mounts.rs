@@ -4,6 +4,7 @@
 //! runtime config, never from the image). runc performs every mount.
 
 use super::{Context, Findings, strings};
+use crate::config::DriverLibrary;
 use crate::policy::Policy;
 use serde_json::{Value, json};
 
@@ -93,6 +94,38 @@ fn lease_mount_problem(source: &str, policy: &Policy) -> Option<String> {
 
 fn is_bind(ty: &str, options: &[String]) -> bool {
     ty == "bind" || options.iter().any(|o| o == "bind" || o == "rbind")
+}
+
+/// The driver's files for a GPU container: from the NVIDIA Container Toolkit's CDI
+/// spec when the host has one (its mounts only: never its hooks, device nodes or
+/// env; the lease gives the devices), else the configured `driver_libraries`. A spec
+/// that exists but cannot be read, parsed or trusted refuses the container.
+fn driver_files(config: &crate::config::RuntimeConfig, f: &mut Findings) -> Vec<DriverLibrary> {
+    let candidates = match &config.nvidia_cdi_specs {
+        Some(list) => list.clone(),
+        None => tessera_common::cdi::nvidia_spec_paths(),
+    };
+    match tessera_common::cdi::NvidiaCdi::find(&candidates) {
+        Ok(Some(n)) => {
+            f.note(format!(
+                "driver files from the CDI spec {}",
+                n.path.display()
+            ));
+            n.mounts
+                .into_iter()
+                .map(|m| DriverLibrary {
+                    source: m.host_path.into(),
+                    destination: Some(m.container_path.into()),
+                    optional: true,
+                })
+                .collect()
+        }
+        Ok(None) => config.driver_libraries.clone(),
+        Err(e) => {
+            f.refuse(format!("the driver's CDI spec: {e}"));
+            Vec::new()
+        }
+    }
 }
 
 pub fn apply(spec: &mut Value, ctx: &Context, f: &mut Findings) {
@@ -193,7 +226,7 @@ pub fn apply(spec: &mut Value, ctx: &Context, f: &mut Findings) {
                 "destination": m.destination, "type": "bind", "source": src, "options": options,
             }));
         }
-        for lib in &ctx.config.driver_libraries {
+        for lib in &driver_files(ctx.config, f) {
             let src = lib.source.to_string_lossy().into_owned();
             let dest = lib
                 .destination

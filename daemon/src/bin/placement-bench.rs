@@ -1,0 +1,293 @@
+//! MIG placement quality on seeded request traces, against a free-repacking reference.
+//!
+//! Each trace (a profile mix, an offered load, a duration law and a seed; 8 H100s by
+//! default) is replayed under the reference (accept whenever all live instances plus
+//! the new one could be laid out again from scratch), first fit, best fit, a static
+//! layout made for the mix, and best fit that moves idle leases when a request would
+//! be refused ("moves": the planner's `plan_with_moves`, what the daemon does by
+//! default). Every policy but the reference runs the daemon's own planner
+//! (`tesserad::partition`). See `tesserad::partition::trace` for the model.
+//!
+//! Printed per trace: each policy's accepted slice-time over the reference's (the
+//! ratio), the share of requests it accepted, and the share accepted per profile.
+//! The summary gives each policy's lowest and mean ratio over all traces and its
+//! least-served profile relative to the reference; `--results FILE` appends those as
+//! `key value` lines for `tessera-bench report`.
+
+use std::io::Write as _;
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+use clap::Parser;
+use tesserad::gpu::profiles::GpuModel;
+use tesserad::partition::trace::{self, Durations, Outcome, Policy, TraceSpec};
+use tesserad::partition::{PlanOptions, Strategy};
+
+#[derive(Parser, Debug)]
+#[command(about = "MIG placement strategies against a free-repacking reference")]
+struct Args {
+    /// Seeds of the traces (each mix x load x duration law runs once per seed).
+    #[arg(long, value_delimiter = ',', default_value = "1,2,3")]
+    seeds: Vec<u64>,
+    /// Offered loads: slices asked for at once over the node's slices.
+    #[arg(long, value_delimiter = ',', default_value = "0.8,1.0,1.2")]
+    loads: Vec<f64>,
+    /// Profile mixes: balanced, small, large (or all).
+    #[arg(long, value_delimiter = ',', default_value = "all")]
+    mixes: Vec<String>,
+    /// Duration laws: exp (exponential), pareto (shape 1.5, heavy-tailed).
+    #[arg(long, value_delimiter = ',', default_value = "exp,pareto")]
+    durations: Vec<String>,
+    /// Requests per trace (the first tenth warms the node up).
+    #[arg(long, default_value_t = 4000)]
+    requests: usize,
+    /// GPUs on the node.
+    #[arg(long, default_value_t = 8)]
+    gpus: u32,
+    /// GPU model: a100-40gb, a100-80gb, h100-80gb, h200-141gb.
+    #[arg(long, default_value = "h100-80gb")]
+    model: String,
+    /// Mean idle period at the start of a lease (before a container binds), as a
+    /// fraction of the mean lease duration: only idle leases may be moved.
+    #[arg(long, default_value_t = 0.05)]
+    startup: f64,
+    /// Print only the summary, not every trace.
+    #[arg(long)]
+    quiet: bool,
+    /// Append the summary figures to FILE as `key value` lines.
+    #[arg(long)]
+    results: Option<PathBuf>,
+}
+
+/// The profile mixes, by name: (profile, weight). The 1g and 2g profiles are asked for
+/// most often in "small", the 3g to 7g ones in "large".
+fn mix(model: GpuModel, name: &str) -> anyhow::Result<Vec<(String, f64)>> {
+    // Profile names by size on this model: 1g, 1g with 2 memory slices, 2g, 3g, 4g, 7g.
+    let profiles = model.gi_profiles();
+    let by = |slices: u32, memory: u32| -> anyhow::Result<String> {
+        profiles
+            .iter()
+            .find(|p| p.slices == slices && p.memory_slices == memory && !p.media_extensions)
+            .map(|p| p.name.clone())
+            .with_context(|| format!("{model} has no {slices}g profile of {memory} slices"))
+    };
+    let weights: [f64; 6] = match name {
+        "balanced" => [20.0, 10.0, 20.0, 20.0, 15.0, 15.0],
+        "small" => [45.0, 15.0, 20.0, 10.0, 5.0, 5.0],
+        "large" => [10.0, 5.0, 10.0, 30.0, 20.0, 25.0],
+        other => bail!("unknown mix {other:?}: balanced, small, large or all"),
+    };
+    let names = [
+        by(1, 1)?,
+        by(1, 2)?,
+        by(2, 2)?,
+        by(3, 4)?,
+        by(4, 4)?,
+        by(7, 8)?,
+    ];
+    Ok(names.into_iter().zip(weights).collect())
+}
+
+fn policies() -> Vec<(&'static str, Policy)> {
+    let with = |strategy| PlanOptions {
+        strategy,
+        ..PlanOptions::default()
+    };
+    vec![
+        ("reference", Policy::Reference),
+        ("first-fit", Policy::Planner(with(Strategy::FirstFit))),
+        ("best-fit", Policy::Planner(with(Strategy::BestFit))),
+        ("static", Policy::Static(with(Strategy::BestFit))),
+        ("moves", Policy::PlannerWithMoves(with(Strategy::BestFit))),
+    ]
+}
+
+/// Per policy: the ratios of every trace and the lowest per-profile acceptance
+/// relative to the reference's.
+#[derive(Default)]
+struct Summary {
+    ratios: Vec<f64>,
+    /// Per profile of the mixes (by name): requests accepted and offered, all traces.
+    per_profile: std::collections::BTreeMap<String, (u64, u64)>,
+    least_profile: Option<(f64, String)>,
+    moves: u64,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let model = GpuModel::from_name(&args.model)
+        .with_context(|| format!("unknown GPU model {:?}", args.model))?;
+    let mixes: Vec<String> = if args.mixes.iter().any(|m| m == "all") {
+        vec!["balanced".into(), "small".into(), "large".into()]
+    } else {
+        args.mixes.clone()
+    };
+    let laws: Vec<(String, Durations)> = args
+        .durations
+        .iter()
+        .map(|d| match d.as_str() {
+            "exp" => Ok((d.clone(), Durations::Exponential)),
+            "pareto" => Ok((d.clone(), Durations::Pareto { alpha: 1.5 })),
+            other => bail!("unknown duration law {other:?}: exp or pareto"),
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let policies = policies();
+    let mut summary: Vec<Summary> = policies.iter().map(|_| Summary::default()).collect();
+    println!(
+        "placement-bench: {} {model}, {} requests per trace, idle start-up {} of the mean \
+         duration; ratio = accepted slice-time / the free-repacking reference's",
+        args.gpus, args.requests, args.startup
+    );
+    for mix_name in &mixes {
+        let mix = mix(model, mix_name)?;
+        for &load in &args.loads {
+            for (law_name, law) in &laws {
+                for &seed in &args.seeds {
+                    let spec = TraceSpec {
+                        model,
+                        gpus: args.gpus,
+                        mix: mix.clone(),
+                        load,
+                        durations: *law,
+                        requests: args.requests,
+                        seed,
+                        startup: args.startup,
+                    };
+                    let requests = trace::generate(&spec)?;
+                    let outcomes: Vec<Outcome> = policies
+                        .iter()
+                        .map(|(_, p)| trace::run(&spec, &requests, p))
+                        .collect::<Result<_, _>>()?;
+                    let reference = &outcomes[0];
+                    if !args.quiet {
+                        println!();
+                        println!("mix {mix_name}, load {load}, {law_name} durations, seed {seed}");
+                        print!("  {:<12} {:>6} {:>9}", "policy", "ratio", "accepted");
+                        for p in &reference.profiles {
+                            print!(" {:>10}", p.name);
+                        }
+                        println!(" {:>6}", "moves");
+                    }
+                    for (i, o) in outcomes.iter().enumerate() {
+                        let ratio = o.accepted_slice_time() / reference.accepted_slice_time();
+                        let s = &mut summary[i];
+                        s.ratios.push(ratio);
+                        s.moves += o.moves;
+                        for p in &o.profiles {
+                            let e = s.per_profile.entry(p.name.clone()).or_default();
+                            e.0 += p.accepted;
+                            e.1 += p.offered;
+                        }
+                        for (p, r) in o.profiles.iter().zip(&reference.profiles) {
+                            if r.accepted == 0 {
+                                continue;
+                            }
+                            // Accepted share relative to the reference's for this profile.
+                            #[allow(clippy::cast_precision_loss)]
+                            let rel = p.accepted as f64 / r.accepted as f64;
+                            if s.least_profile.as_ref().is_none_or(|(v, _)| rel < *v) {
+                                s.least_profile = Some((
+                                    rel,
+                                    format!(
+                                        "{} ({mix_name}, load {load}, {law_name}, seed {seed})",
+                                        p.name
+                                    ),
+                                ));
+                            }
+                        }
+                        if !args.quiet {
+                            print!(
+                                "  {:<12} {:>6.3} {:>9.3}",
+                                policies[i].0,
+                                ratio,
+                                share(
+                                    o.profiles.iter().map(|p| p.accepted).sum(),
+                                    o.profiles.iter().map(|p| p.offered).sum()
+                                )
+                            );
+                            for p in &o.profiles {
+                                print!(" {:>10.3}", share(p.accepted, p.offered));
+                            }
+                            println!(" {:>6}", o.moves);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    println!();
+    println!("share of requests accepted per profile, all traces:");
+    print!("  {:<12}", "policy");
+    let names: Vec<String> = summary
+        .first()
+        .map(|s| s.per_profile.keys().cloned().collect())
+        .unwrap_or_default();
+    for n in &names {
+        print!(" {n:>10}");
+    }
+    println!();
+    for ((name, _), s) in policies.iter().zip(&summary) {
+        print!("  {name:<12}");
+        for (a, o) in s.per_profile.values() {
+            print!(" {:>10.3}", share(*a, *o));
+        }
+        println!();
+    }
+    println!();
+    println!(
+        "summary over {} traces (ratio to the reference; least-served profile: its accepted \
+         requests over the reference's):",
+        summary.first().map_or(0, |s| s.ratios.len())
+    );
+    println!(
+        "  {:<12} {:>9} {:>9} {:>8}  least-served profile",
+        "policy", "min ratio", "mean", "moves"
+    );
+    let mut results = match &args.results {
+        Some(p) => Some(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)
+                .with_context(|| format!("{}", p.display()))?,
+        ),
+        None => None,
+    };
+    // The daemon's default: its default strategy, moving idle leases when a request
+    // would be refused (`[partition] move_idle = true`).
+    let default = match PlanOptions::default().strategy {
+        Strategy::BestFit => "moves",
+        Strategy::FirstFit => "first-fit",
+    };
+    for ((name, _), s) in policies.iter().zip(&summary) {
+        let min = s.ratios.iter().copied().fold(f64::INFINITY, f64::min);
+        #[allow(clippy::cast_precision_loss)]
+        let mean = s.ratios.iter().sum::<f64>() / s.ratios.len().max(1) as f64;
+        let (least, which) = s.least_profile.clone().unwrap_or((1.0, "-".to_string()));
+        println!(
+            "  {name:<12} {min:>9.3} {mean:>9.3} {:>8}  {least:.3} {which}",
+            s.moves
+        );
+        if let Some(f) = results.as_mut() {
+            writeln!(f, "placement.{name}.min_ratio {min}")
+                .and_then(|()| writeln!(f, "placement.{name}.mean_ratio {mean}"))
+                .and_then(|()| writeln!(f, "placement.{name}.least_profile {least}"))
+                .context("writing --results")?;
+            if *name == default {
+                writeln!(f, "placement.default.min_ratio {min}")
+                    .and_then(|()| writeln!(f, "placement.default.least_profile {least}"))
+                    .context("writing --results")?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn share(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        return 1.0;
+    }
+    #[allow(clippy::cast_precision_loss)]
+    let r = part as f64 / whole as f64;
+    r
+}

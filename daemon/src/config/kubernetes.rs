@@ -1,0 +1,402 @@
+//! `[kubernetes]`: the kubelet device plugin (off by default), its reserved mix of
+//! partition classes, the namespace-to-tenant map and the CDI spec directory.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+use tessera_common::size::parse_size;
+
+use crate::names::validate_tenant;
+use crate::partition::Shape;
+
+use super::{ConfigError, LeaseConfig, TenancyConfig, Validator};
+
+/// The domain of every extended resource the plugin advertises.
+pub const RESOURCE_DOMAIN: &str = "tessera.io";
+/// Most devices one class may advertise (kubelet keeps them all in memory and in
+/// its checkpoint; a node has at most a few dozen partitions).
+pub const MAX_PER_CLASS: u32 = 256;
+
+/// One advertised class: its shape and how many devices of it are kept reserved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClassSpec {
+    pub shape: Shape,
+    pub count: u32,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct KubernetesConfig {
+    /// Serve kubelet's device plugin API (`device_plugin = true`).
+    pub device_plugin: bool,
+    /// Where kubelet.sock is and where the plugin's sockets go.
+    pub device_plugin_dir: PathBuf,
+    /// kubelet's PodResources socket (which pod holds which device).
+    pub pod_resources_socket: PathBuf,
+    /// The tenant of reserved devices and of leases whose pod (or its namespace's
+    /// tenant) is not known yet.
+    pub default_tenant: String,
+    /// Kubernetes namespace -> tenant.
+    pub namespaces: BTreeMap<String, String>,
+    /// How long a device no pod holds any more keeps its lease.
+    pub release_grace: Duration,
+    /// How often PodResources is read (and the leases renewed).
+    pub poll_interval: Duration,
+    /// TTL of the plugin's leases; they are renewed at half of it while advertised
+    /// or held by a pod.
+    pub lease_ttl: Duration,
+    /// The reserved mix: class name (`mig-1g.10gb`, `gpu`, `mps-small`) -> shape and
+    /// count. The resource is `tessera.io/<class>`.
+    pub mix: BTreeMap<String, ClassSpec>,
+    /// Publish a CDI spec per lease (kind `tessera.io/lease`) and name it in
+    /// Allocate's answer.
+    pub cdi: bool,
+    /// Where the per-lease CDI specs are written.
+    pub cdi_dir: PathBuf,
+}
+
+impl Default for KubernetesConfig {
+    fn default() -> Self {
+        KubernetesConfig {
+            device_plugin: false,
+            device_plugin_dir: PathBuf::from("/var/lib/kubelet/device-plugins"),
+            pod_resources_socket: PathBuf::from("/var/lib/kubelet/pod-resources/kubelet.sock"),
+            default_tenant: "kubernetes".into(),
+            namespaces: BTreeMap::new(),
+            release_grace: Duration::from_secs(30),
+            poll_interval: Duration::from_secs(2),
+            lease_ttl: Duration::from_secs(24 * 3600),
+            mix: BTreeMap::new(),
+            cdi: true,
+            cdi_dir: PathBuf::from("/var/run/cdi"),
+        }
+    }
+}
+
+impl KubernetesConfig {
+    /// The tenant a pod of `namespace` gets.
+    pub fn tenant_of(&self, namespace: &str) -> &str {
+        self.namespaces
+            .get(namespace)
+            .map_or(self.default_tenant.as_str(), String::as_str)
+    }
+}
+
+/// The extended resource name of a class.
+pub fn resource_name(class: &str) -> String {
+    format!("{RESOURCE_DOMAIN}/{class}")
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawKubernetes {
+    device_plugin: Option<bool>,
+    device_plugin_dir: Option<PathBuf>,
+    pod_resources_socket: Option<PathBuf>,
+    default_tenant: Option<String>,
+    #[serde(default)]
+    namespaces: BTreeMap<String, String>,
+    release_grace: Option<String>,
+    poll_interval: Option<String>,
+    lease_ttl: Option<String>,
+    #[serde(default)]
+    mix: BTreeMap<String, u32>,
+    #[serde(default)]
+    mps_classes: Vec<RawMpsClass>,
+    cdi: Option<bool>,
+    cdi_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMpsClass {
+    name: String,
+    sm_percent: u32,
+    memory: String,
+}
+
+/// A DNS-label-like name: 1-63 of [a-z0-9-.], starting and ending alphanumeric.
+fn label_ok(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && s.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+        && s.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric())
+}
+
+/// A MIG GI profile name as NVML spells it: `<n>g.<m>gb` (the `+me` variants have a
+/// `+`, which no resource name may carry).
+fn mig_profile_ok(p: &str) -> bool {
+    let Some((g, mem)) = p.split_once("g.") else {
+        return false;
+    };
+    let Some(gb) = mem.strip_suffix("gb") else {
+        return false;
+    };
+    !g.is_empty()
+        && g.bytes().all(|b| b.is_ascii_digit())
+        && !gb.is_empty()
+        && gb.bytes().all(|b| b.is_ascii_digit())
+}
+
+pub(super) fn validate_kubernetes(
+    v: &Validator<'_>,
+    raw: RawKubernetes,
+    tenancy: &TenancyConfig,
+    lease: &LeaseConfig,
+) -> Result<KubernetesConfig, ConfigError> {
+    let d = KubernetesConfig::default();
+    let device_plugin = raw.device_plugin.unwrap_or(false);
+    let known_tenant = |field: &str, t: &str| -> Result<(), ConfigError> {
+        validate_tenant(t).map_err(|e| v.err(field, e.to_string()))?;
+        // Quotas on: the plugin's tenants need theirs (only when it runs).
+        if device_plugin && !tenancy.tenants.is_empty() && !tenancy.tenants.contains_key(t) {
+            return Err(v.err(field, format!("tenant {t:?} has no [tenants.{t}] section")));
+        }
+        Ok(())
+    };
+    let default_tenant = raw.default_tenant.unwrap_or(d.default_tenant);
+    known_tenant("kubernetes.default_tenant", &default_tenant)?;
+    for (ns, t) in &raw.namespaces {
+        if !label_ok(ns) {
+            return Err(v.err(
+                &format!("kubernetes.namespaces.{ns}"),
+                "a namespace is 1-63 characters of a-z, 0-9, '-' or '.'".into(),
+            ));
+        }
+        known_tenant(&format!("kubernetes.namespaces.{ns}"), t)?;
+    }
+    let mut mps = BTreeMap::new();
+    for (i, c) in raw.mps_classes.into_iter().enumerate() {
+        let field = |k: &str| format!("kubernetes.mps_classes[{i}].{k}");
+        if !label_ok(&c.name) || c.name.len() > 40 {
+            return Err(v.err(
+                &field("name"),
+                format!(
+                    "{:?} must be 1-40 characters of a-z, 0-9, '-' or '.' (the resource is tessera.io/mps-<name>)",
+                    c.name
+                ),
+            ));
+        }
+        if c.sm_percent == 0 || c.sm_percent > 100 {
+            return Err(v.err(
+                &field("sm_percent"),
+                format!("{} is not in 1..=100", c.sm_percent),
+            ));
+        }
+        let memory_bytes =
+            parse_size(&c.memory).map_err(|e| v.err(&field("memory"), e.to_string()))?;
+        if memory_bytes == 0 {
+            return Err(v.err(&field("memory"), "must be more than 0".into()));
+        }
+        if mps
+            .insert(
+                c.name.clone(),
+                Shape::Mps {
+                    sm_percent: c.sm_percent,
+                    memory_bytes,
+                },
+            )
+            .is_some()
+        {
+            return Err(v.err(&field("name"), format!("{:?} is defined twice", c.name)));
+        }
+    }
+    let mut mix = BTreeMap::new();
+    for (class, count) in raw.mix {
+        let field = format!("kubernetes.mix.{class}");
+        let shape = if class == "gpu" {
+            Shape::WholeGpu
+        } else if let Some(p) = class.strip_prefix("mig-") {
+            if !mig_profile_ok(p) {
+                return Err(v.err(
+                    &field,
+                    format!(
+                        "{p:?} is not a MIG profile name like \"1g.10gb\" (profiles with '+' cannot be resource names)"
+                    ),
+                ));
+            }
+            Shape::Mig {
+                profile: p.to_string(),
+                compute_profile: None,
+            }
+        } else if let Some(n) = class.strip_prefix("mps-") {
+            mps.get(n).cloned().ok_or_else(|| {
+                v.err(
+                    &field,
+                    format!("no [[kubernetes.mps_classes]] entry is named {n:?}"),
+                )
+            })?
+        } else {
+            return Err(v.err(
+                &field,
+                "a class is \"gpu\", \"mig-<profile>\" (e.g. mig-1g.10gb) or \"mps-<name>\" of [[kubernetes.mps_classes]]".into(),
+            ));
+        };
+        if !label_ok(&class) {
+            return Err(v.err(
+                &field,
+                "a class name must be 1-63 characters of a-z, 0-9, '-' or '.'".into(),
+            ));
+        }
+        if count > MAX_PER_CLASS {
+            return Err(v.err(
+                &field,
+                format!("{count} devices; at most {MAX_PER_CLASS} per class"),
+            ));
+        }
+        mix.insert(class, ClassSpec { shape, count });
+    }
+    let release_grace = v.duration("kubernetes.release_grace", raw.release_grace, "30s")?;
+    let poll_interval = v.duration("kubernetes.poll_interval", raw.poll_interval, "2s")?;
+    if poll_interval < Duration::from_millis(100) {
+        return Err(v.err("kubernetes.poll_interval", "must be at least 100ms".into()));
+    }
+    let lease_ttl = match raw.lease_ttl {
+        Some(s) => v.duration("kubernetes.lease_ttl", Some(s), "24h")?,
+        None => d.lease_ttl.min(lease.max_ttl),
+    };
+    if lease_ttl < lease.min_ttl || lease_ttl > lease.max_ttl {
+        return Err(v.err(
+            "kubernetes.lease_ttl",
+            "must lie between lease.min_ttl and lease.max_ttl".into(),
+        ));
+    }
+    if lease_ttl < poll_interval * 4 {
+        return Err(v.err(
+            "kubernetes.lease_ttl",
+            "must be at least 4 poll intervals (leases are renewed by the poll)".into(),
+        ));
+    }
+    let k = KubernetesConfig {
+        device_plugin,
+        device_plugin_dir: raw.device_plugin_dir.unwrap_or(d.device_plugin_dir),
+        pod_resources_socket: raw.pod_resources_socket.unwrap_or(d.pod_resources_socket),
+        default_tenant,
+        namespaces: raw.namespaces,
+        release_grace,
+        poll_interval,
+        lease_ttl,
+        mix,
+        cdi: raw.cdi.unwrap_or(true),
+        cdi_dir: raw.cdi_dir.unwrap_or(d.cdi_dir),
+    };
+    for (field, p) in [
+        ("kubernetes.device_plugin_dir", &k.device_plugin_dir),
+        ("kubernetes.pod_resources_socket", &k.pod_resources_socket),
+        ("kubernetes.cdi_dir", &k.cdi_dir),
+    ] {
+        if !p.is_absolute() {
+            return Err(v.err(field, format!("{} is not an absolute path", p.display())));
+        }
+    }
+    if k.device_plugin && k.mix.values().all(|c| c.count == 0) {
+        return Err(v.err(
+            "kubernetes.mix",
+            "device_plugin = true needs at least one class with a count, e.g. \"mig-1g.10gb\" = 2"
+                .into(),
+        ));
+    }
+    Ok(k)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::super::Config;
+    use std::path::Path;
+
+    const GPU: &str = "[[sim.gpus]]\nmodel = \"h100-80gb\"\nmig = true\n";
+
+    fn parse(extra: &str) -> Result<Config, String> {
+        Config::parse(Path::new("t.toml"), &format!("{GPU}{extra}")).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn off_by_default_with_kubelet_paths() {
+        let c = parse("").unwrap();
+        assert!(!c.kubernetes.device_plugin);
+        assert_eq!(
+            c.kubernetes.device_plugin_dir,
+            Path::new("/var/lib/kubelet/device-plugins")
+        );
+        assert_eq!(
+            c.kubernetes.pod_resources_socket,
+            Path::new("/var/lib/kubelet/pod-resources/kubelet.sock")
+        );
+    }
+
+    #[test]
+    fn a_mix_names_mig_profiles_whole_gpus_and_mps_classes() {
+        let c = parse(
+            "[kubernetes]\ndevice_plugin = true\n[kubernetes.mix]\n\"mig-1g.10gb\" = 2\ngpu = 1\nmps-small = 3\n[[kubernetes.mps_classes]]\nname = \"small\"\nsm_percent = 25\nmemory = \"20GiB\"\n",
+        )
+        .unwrap();
+        let mix = &c.kubernetes.mix;
+        assert_eq!(mix.len(), 3);
+        assert_eq!(mix["mps-small"].count, 3);
+        assert_eq!(
+            mix["mps-small"].shape,
+            crate::partition::Shape::Mps {
+                sm_percent: 25,
+                memory_bytes: 20 << 30
+            }
+        );
+        assert_eq!(mix["gpu"].shape, crate::partition::Shape::WholeGpu);
+    }
+
+    #[test]
+    fn bad_settings_name_their_field() {
+        for (text, field) in [
+            (
+                "[kubernetes.mix]\n\"mig-1g.10gb+me\" = 1\n",
+                "kubernetes.mix.mig-1g.10gb+me",
+            ),
+            ("[kubernetes.mix]\nfoo = 1\n", "kubernetes.mix.foo"),
+            ("[kubernetes.mix]\nmps-big = 1\n", "kubernetes.mix.mps-big"),
+            ("[kubernetes.mix]\ngpu = 100000\n", "kubernetes.mix.gpu"),
+            (
+                "[[kubernetes.mps_classes]]\nname = \"x\"\nsm_percent = 0\nmemory = \"1GiB\"\n",
+                "kubernetes.mps_classes[0].sm_percent",
+            ),
+            ("[kubernetes]\ndevice_plugin = true\n", "kubernetes.mix"),
+            (
+                "[kubernetes]\nrelease_grace = \"soon\"\n",
+                "kubernetes.release_grace",
+            ),
+            ("[kubernetes]\ncdi_dir = \"cdi\"\n", "kubernetes.cdi_dir"),
+            (
+                "[kubernetes.namespaces]\n\"Team_A\" = \"acme\"\n",
+                "kubernetes.namespaces.Team_A",
+            ),
+            (
+                "[tenants.acme]\n[kubernetes]\ndevice_plugin = true\ndefault_tenant = \"acme\"\n[kubernetes.namespaces]\nteam-b = \"other\"\n[kubernetes.mix]\ngpu = 1\n",
+                "kubernetes.namespaces.team-b",
+            ),
+            (
+                "[tenants.acme]\n[kubernetes]\ndevice_plugin = true\n[kubernetes.mix]\ngpu = 1\n",
+                "kubernetes.default_tenant",
+            ),
+        ] {
+            let e = parse(text).unwrap_err();
+            assert!(e.contains(&format!("`{field}`")), "{text}: {e}");
+        }
+    }
+
+    #[test]
+    fn quotas_without_the_plugin_need_no_kubernetes_tenant() {
+        assert!(parse("[tenants.acme]\n").is_ok());
+    }
+
+    #[test]
+    fn unmapped_namespaces_get_the_default_tenant() {
+        let c = parse(
+            "[kubernetes]\ndefault_tenant = \"k8s\"\n[kubernetes.namespaces]\nteam-a = \"acme\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.kubernetes.tenant_of("team-a"), "acme");
+        assert_eq!(c.kubernetes.tenant_of("team-b"), "k8s");
+    }
+}

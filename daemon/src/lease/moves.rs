@@ -1,0 +1,521 @@
+//! Moving idle MIG leases to make room: when a MIG request would be refused and
+//! `partition.move_idle` is on, the planner (`partition::plan_with_moves`) may name
+//! idle leases whose instance, created again elsewhere, frees a placement for it.
+//!
+//! A lease is *idle* while it is active, on a dynamic MIG partition that is ready and in
+//! service, it was not pinned to its GPU (`gpu_index`), no container (and no pod) is
+//! bound to it, and no runtime has asked for its devices
+//! (ResolveToken) since the daemon started: a runtime that resolved the old devices
+//! never binds to a moved instance. While a lease moves, ResolveToken and
+//! BindContainer refuse it (FAILED_PRECONDITION, retry).
+//!
+//! One move, write-ahead:
+//! 1. under the lock: the lease is checked idle and marked moving; its new partition
+//!    (same GI and CI profile, new place, `creating`) is reserved in memory;
+//! 2. one commit: the new partition and a `move_mig` intent naming it and the lease;
+//! 3. the old instance is destroyed; 4. the new one is created;
+//! 5. one commit: the old partition deleted, the new one ready, the lease pointing at
+//!    it (same id, same token), the intent finished; then the `moved` event.
+//!
+//! If the destroy fails nothing changed: the new partition is dropped. If the create
+//! fails, the instance is created again where it was; if even that fails the lease is
+//! lost (revoked, its reason saying why). A crash between the steps leaves the
+//! intent open, and the next start finishes or undoes the move
+//! ([`LeaseManager::reconcile_move`]).
+
+use std::collections::HashMap;
+
+use tessera_common::clock::now_ms;
+use tracing::{info, warn};
+
+use crate::gpu::{GpuError, MigInstance};
+use crate::model::{IntentOp, Lease, LeaseState, Origin, PartKind, Partition, PartitionState};
+use crate::names::new_id;
+use crate::partition::{Movable, Move};
+
+use super::table::State;
+use super::{EventKind, LeaseError, LeaseManager};
+
+impl LeaseManager {
+    /// The MIG instances the planner may move now (see the module doc).
+    pub(super) fn movable(st: &State) -> Vec<Movable> {
+        st.leases
+            .values()
+            .filter(|l| {
+                l.state() == LeaseState::Active
+                    && l.containers.is_empty()
+                    && l.pod.is_none()
+                    && !l.pinned_gpu
+                    // The device plugin's leases are published as CDI specs naming
+                    // their instance's device nodes, read by the container runtime at
+                    // any time: they stay where they are.
+                    && !l.labels.contains_key(crate::names::LABEL_K8S_CLASS)
+                    && !st.resolved.contains(&l.id)
+                    && !st.moving.contains(&l.id)
+                    && !st.tearing_down.contains(&l.id)
+            })
+            .filter_map(|l| {
+                let p = st.partitions.get(&l.partition_id)?;
+                let m = p.mig()?;
+                let idle = p.origin == Origin::Dynamic
+                    && p.state == PartitionState::Ready
+                    && st.unhealthy(p.gpu, None).is_none()
+                    && st.unhealthy(p.gpu, m.gi_id).is_none();
+                idle.then_some(Movable {
+                    gpu: p.gpu,
+                    placement: m.placement,
+                })
+            })
+            .collect()
+    }
+
+    /// Do one move the planner chose. Errors leave the lease where it was, except a
+    /// lease whose instance could be created neither at its new nor at its old place
+    /// (then it is lost, and its watchers are told).
+    pub(super) async fn move_idle(&self, mv: &Move) -> Result<(), LeaseError> {
+        let now = now_ms();
+        let (lease, old, new) = {
+            let mut st = self.lock();
+            let movable = Self::movable(&st);
+            if !movable
+                .iter()
+                .any(|m| m.gpu == mv.from_gpu && m.placement == mv.from)
+            {
+                return Err(LeaseError::FailedPrecondition(format!(
+                    "the instance at gpu{} slice {} is no longer idle",
+                    mv.from_gpu, mv.from.start
+                )));
+            }
+            let Some(old) = st
+                .partitions
+                .values()
+                .find(|p| {
+                    p.gpu == mv.from_gpu
+                        && p.mig().is_some_and(|m| m.placement == mv.from)
+                        && p.lease_id.is_some()
+                })
+                .cloned()
+            else {
+                return Err(LeaseError::FailedPrecondition(
+                    "the instance to move is gone".into(),
+                ));
+            };
+            let lease_id = old.lease_id.clone().unwrap_or_default();
+            let Some(lease) = st.leases.get(&lease_id).cloned() else {
+                return Err(LeaseError::FailedPrecondition(
+                    "the lease to move is gone".into(),
+                ));
+            };
+            let Some(gpu_uuid) = st
+                .gpus
+                .iter()
+                .find(|g| g.info.index == mv.to_gpu)
+                .map(|g| g.info.uuid.clone())
+            else {
+                return Err(LeaseError::Inconsistent(
+                    super::error::Inconsistency::UnknownGpu(mv.to_gpu),
+                ));
+            };
+            let mut kind = old.kind.clone();
+            if let PartKind::Mig(m) = &mut kind {
+                m.placement = mv.to;
+                m.gi_id = None;
+                m.ci_id = None;
+                m.uuid = None;
+            }
+            let new = Partition {
+                id: new_id("p-"),
+                gpu: mv.to_gpu,
+                gpu_uuid,
+                origin: Origin::Dynamic,
+                state: PartitionState::Creating,
+                lease_id: Some(lease_id.clone()),
+                kind,
+            };
+            st.partitions.insert(new.id.clone(), new.clone());
+            st.moving.insert(lease_id);
+            (lease, old, new)
+        };
+        let result = self.move_steps(&lease, &old, new, now).await;
+        self.lock().moving.remove(&lease.id);
+        result
+    }
+
+    async fn move_steps(
+        &self,
+        lease: &Lease,
+        old: &Partition,
+        mut new: Partition,
+        now: i64,
+    ) -> Result<(), LeaseError> {
+        let (p2, lid) = (new.clone(), lease.id.clone());
+        let intent = match self
+            .store
+            .write(move |w| {
+                w.put_partition(&p2)?;
+                w.begin_intent(IntentOp::MoveMig, &p2.id, Some(&lid), now)
+            })
+            .await
+        {
+            Ok(i) => i,
+            Err(e) => {
+                self.lock().partitions.remove(&new.id);
+                return Err(e.into());
+            }
+        };
+        let (Some(old_mig), Some(new_mig)) = (old.mig().cloned(), new.mig().cloned()) else {
+            return Err(LeaseError::Inconsistent(
+                super::error::Inconsistency::ShapeMismatch {
+                    decision: "a MIG move",
+                    shape: "non-MIG",
+                },
+            ));
+        };
+        // Step 3: the old instance goes.
+        let destroyed = match old_mig.gi_id {
+            Some(gi) => {
+                let og = old.gpu;
+                self.blocking(move |b| b.destroy_instance(og, gi)).await
+            }
+            None => Ok(()),
+        };
+        if let Err(e) = destroyed {
+            let (pid, now) = (new.id.clone(), now_ms());
+            let undo = self
+                .store
+                .write(move |w| {
+                    w.delete_partition(&pid)?;
+                    w.finish_intent(intent, now, "failed")
+                })
+                .await;
+            if undo.is_ok() {
+                self.lock().partitions.remove(&new.id);
+            }
+            return Err(LeaseError::Hardware(e));
+        }
+        // Step 4: the new one, else the old one again.
+        let (gpu, profile, to, ci) = (
+            new.gpu,
+            new_mig.gi_profile_id,
+            new_mig.placement,
+            new_mig.ci_profile_id,
+        );
+        let created = self
+            .blocking(move |b| b.create_instance(gpu, profile, to, ci))
+            .await;
+        let inst = match created {
+            Ok(inst) => inst,
+            Err(e) => return Err(self.move_back(lease, old, &new, intent, e).await),
+        };
+        new.state = PartitionState::Ready;
+        if let PartKind::Mig(m) = &mut new.kind {
+            m.gi_id = Some(inst.gi_id);
+            m.ci_id = inst.ci_id;
+            m.uuid = Some(inst.uuid);
+        }
+        // The lease as it is now (renewals and ends wait for the move, but one that
+        // began just before it may have changed it), pointing at the new partition:
+        // in memory first, then durably.
+        let moved = {
+            let mut st = self.lock();
+            st.partitions.remove(&old.id);
+            st.partitions.insert(new.id.clone(), new.clone());
+            let l = st.leases.get_mut(&lease.id);
+            let mut moved = l.as_ref().map_or_else(|| lease.clone(), |l| (*l).clone());
+            moved.partition_id = new.id.clone();
+            moved.gpu = new.gpu;
+            if let Some(mut l) = l {
+                *l = moved.clone();
+            }
+            moved
+        };
+        let (p2, l2, old_id, done) = (new.clone(), moved.clone(), old.id.clone(), now_ms());
+        let written = self
+            .store
+            .write(move |w| {
+                w.delete_partition(&old_id)?;
+                w.put_partition(&p2)?;
+                w.put_lease(&l2)?;
+                w.finish_intent(intent, done, "moved")
+            })
+            .await;
+        // If the commit failed, memory still follows the hardware and the open
+        // intent finishes the move at the next start.
+        written?;
+        let msg = format!(
+            "moved to make room: gpu{} slice {} -> gpu{} slice {} (new MIG device UUID)",
+            old.gpu, old_mig.placement.start, new.gpu, new_mig.placement.start
+        );
+        info!(lease = %moved.id, from_gpu = old.gpu, to_gpu = new.gpu, "idle lease moved");
+        self.emit(EventKind::Moved, &moved, Some(&new), msg);
+        Ok(())
+    }
+
+    /// The new instance could not be created: create the old one again. If that fails
+    /// too, the lease is lost.
+    async fn move_back(
+        &self,
+        lease: &Lease,
+        old: &Partition,
+        new: &Partition,
+        intent: i64,
+        cause: GpuError,
+    ) -> LeaseError {
+        let Some(m) = old.mig().cloned() else {
+            return LeaseError::Hardware(cause);
+        };
+        let gpu = old.gpu;
+        let again = self
+            .blocking(move |b| {
+                b.create_instance(gpu, m.gi_profile_id, m.placement, m.ci_profile_id)
+            })
+            .await;
+        let now = now_ms();
+        match again {
+            Ok(inst) => {
+                let mut back = old.clone();
+                if let PartKind::Mig(mm) = &mut back.kind {
+                    mm.gi_id = Some(inst.gi_id);
+                    mm.ci_id = inst.ci_id;
+                    mm.uuid = Some(inst.uuid);
+                }
+                let (p2, nid) = (back.clone(), new.id.clone());
+                let res = self
+                    .store
+                    .write(move |w| {
+                        w.put_partition(&p2)?;
+                        w.delete_partition(&nid)?;
+                        w.finish_intent(intent, now, "failed")
+                    })
+                    .await;
+                let mut st = self.lock();
+                st.partitions.insert(back.id.clone(), back);
+                st.partitions.remove(&new.id);
+                drop(st);
+                match res {
+                    Ok(()) => LeaseError::Hardware(cause),
+                    Err(e) => e.into(),
+                }
+            }
+            Err(e2) => {
+                warn!(lease = %lease.id, error = %e2, "a moved lease's instance could be created neither at its new nor at its old place; the lease is lost");
+                let current = self.lock().leases.get(&lease.id).cloned();
+                let mut lost = current.unwrap_or_else(|| lease.clone());
+                if let Err(t) = lost.lose(
+                    format!("its MIG instance was being moved and could not be created again: {cause}; {e2}"),
+                    now,
+                ) {
+                    return t.into();
+                }
+                let (l2, oid, nid) = (lost.clone(), old.id.clone(), new.id.clone());
+                let res = self
+                    .store
+                    .write(move |w| {
+                        w.put_lease(&l2)?;
+                        w.delete_tokens(&l2.id)?;
+                        w.delete_partition(&oid)?;
+                        w.delete_partition(&nid)?;
+                        w.finish_intent(intent, now, "failed")
+                    })
+                    .await;
+                {
+                    let mut st = self.lock();
+                    st.partitions.remove(&old.id);
+                    st.partitions.remove(&new.id);
+                    st.leases.remove(&lost.id);
+                    st.tokens.remove_lease(&lost.id);
+                    if let Some(rid) = &lost.request_id {
+                        st.requests.remove(&(lost.tenant.clone(), rid.clone()));
+                    }
+                }
+                self.emit(EventKind::Revoked, &lost, None, lost_reason(&lost));
+                match res {
+                    Ok(()) => LeaseError::Hardware(cause),
+                    Err(e) => e.into(),
+                }
+            }
+        }
+    }
+
+    /// Ending or renewing a lease waits while it moves (a move takes two hardware
+    /// calls), so the move's final record and theirs never cross.
+    pub(super) async fn wait_while_moving(&self, id: &str) {
+        for _ in 0..12_000 {
+            if !self.lock().moving.contains(id) {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    }
+
+    /// A backend call on the blocking pool (unless the backend's MIG calls are quick).
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&dyn crate::gpu::GpuBackend) -> Result<T, GpuError> + Send + 'static,
+    ) -> Result<T, GpuError> {
+        let backend = self.backend.clone();
+        if backend.instance_calls_are_quick() {
+            return f(backend.as_ref());
+        }
+        tokio::task::spawn_blocking(move || f(backend.as_ref()))
+            .await
+            .map_err(|e| GpuError::Task(e.to_string()))?
+    }
+
+    /// At start, an open `move_mig` intent (`new` is the partition it names): the old
+    /// instance is destroyed if still there, then the new one adopted or created; the
+    /// lease ends up on the new partition. If the old one cannot be destroyed, the move
+    /// is undone instead (the lease stays where it was). If the new one cannot be
+    /// created, the lease is lost.
+    pub(super) fn reconcile_move(
+        &self,
+        st: &mut State,
+        instances: &mut HashMap<u32, Vec<MigInstance>>,
+        new: &Partition,
+        iid: i64,
+        now: i64,
+    ) -> Result<(), LeaseError> {
+        let lease = new
+            .lease_id
+            .as_ref()
+            .and_then(|l| st.leases.get(l).cloned());
+        let Some(mut lease) = lease else {
+            let pid = new.id.clone();
+            self.store.write_blocking(move |w| {
+                w.delete_partition(&pid)?;
+                w.finish_intent(iid, now, "orphan")
+            })?;
+            st.partitions.remove(&new.id);
+            return Ok(());
+        };
+        let Some(nm) = new.mig().cloned() else {
+            return Ok(());
+        };
+        let old = st
+            .partitions
+            .get(&lease.partition_id)
+            .filter(|p| p.id != new.id)
+            .cloned();
+        // The old instance first: while it exists the lease stays on it.
+        if let Some(old) = &old
+            && let Some(om) = old.mig()
+        {
+            let list = instances.entry(old.gpu).or_default();
+            let present = list
+                .iter()
+                .any(|i| Some(i.gi_id) == om.gi_id && Some(&i.uuid) == om.uuid.as_ref());
+            if present {
+                let gi = om.gi_id.unwrap_or_default();
+                if let Err(e) = self.backend.destroy_instance(old.gpu, gi) {
+                    warn!(lease = %lease.id, error = %e, "an interrupted move cannot destroy the old instance; the lease stays where it was");
+                    let found = instances
+                        .entry(new.gpu)
+                        .or_default()
+                        .iter()
+                        .find(|i| {
+                            i.placement == nm.placement && i.gi_profile_id == nm.gi_profile_id
+                        })
+                        .cloned();
+                    if let Some(inst) = found
+                        && self.backend.destroy_instance(inst.gpu, inst.gi_id).is_ok()
+                    {
+                        instances
+                            .entry(new.gpu)
+                            .or_default()
+                            .retain(|i| i.gi_id != inst.gi_id);
+                    }
+                    let pid = new.id.clone();
+                    self.store.write_blocking(move |w| {
+                        w.delete_partition(&pid)?;
+                        w.finish_intent(iid, now, "rolled back")
+                    })?;
+                    st.partitions.remove(&new.id);
+                    return Ok(());
+                }
+                list.retain(|i| i.gi_id != gi);
+            }
+        }
+        // Then the new one: adopt it, or create it.
+        let list = instances.entry(new.gpu).or_default();
+        let found = list
+            .iter()
+            .find(|i| i.placement == nm.placement && i.gi_profile_id == nm.gi_profile_id)
+            .cloned();
+        let inst = match found {
+            Some(i) if i.ci_id.is_some() => Ok(i),
+            half => {
+                if let Some(h) = half
+                    && self.backend.destroy_instance(h.gpu, h.gi_id).is_ok()
+                {
+                    list.retain(|i| i.gi_id != h.gi_id);
+                }
+                let created = self.backend.create_instance(
+                    new.gpu,
+                    nm.gi_profile_id,
+                    nm.placement,
+                    nm.ci_profile_id,
+                );
+                if let Ok(i) = &created {
+                    list.push(i.clone());
+                }
+                created
+            }
+        };
+        let old_id = old.as_ref().map(|p| p.id.clone());
+        match inst {
+            Ok(inst) => {
+                let mut p = new.clone();
+                p.state = PartitionState::Ready;
+                if let PartKind::Mig(m) = &mut p.kind {
+                    m.gi_id = Some(inst.gi_id);
+                    m.ci_id = inst.ci_id;
+                    m.uuid = Some(inst.uuid);
+                }
+                lease.partition_id = p.id.clone();
+                lease.gpu = p.gpu;
+                let (pp, ll, oid) = (p.clone(), lease.clone(), old_id.clone());
+                self.store.write_blocking(move |w| {
+                    if let Some(o) = &oid {
+                        w.delete_partition(o)?;
+                    }
+                    w.put_partition(&pp)?;
+                    w.put_lease(&ll)?;
+                    w.finish_intent(iid, now, "moved")
+                })?;
+                if let Some(o) = &old_id {
+                    st.partitions.remove(o);
+                }
+                st.partitions.insert(p.id.clone(), p);
+                st.leases.insert(lease.id.clone(), lease);
+            }
+            Err(e) => {
+                warn!(lease = %lease.id, error = %e, "an interrupted move cannot create the new instance; the lease is lost");
+                lease.lose(
+                    format!("its MIG instance was being moved when the daemon stopped and could not be created again: {e}"),
+                    now,
+                )?;
+                let (ll, nid, oid) = (lease.clone(), new.id.clone(), old_id.clone());
+                self.store.write_blocking(move |w| {
+                    if let Some(o) = &oid {
+                        w.delete_partition(o)?;
+                    }
+                    w.delete_partition(&nid)?;
+                    w.put_lease(&ll)?;
+                    w.delete_tokens(&ll.id)?;
+                    w.finish_intent(iid, now, "failed")
+                })?;
+                if let Some(o) = &old_id {
+                    st.partitions.remove(o);
+                }
+                st.partitions.remove(&new.id);
+                st.leases.remove(&lease.id);
+                st.tokens.remove_lease(&lease.id);
+            }
+        }
+        Ok(())
+    }
+}
+
+fn lost_reason(l: &Lease) -> String {
+    l.end_reason().unwrap_or_default().to_string()
+}

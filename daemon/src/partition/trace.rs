@@ -1,0 +1,906 @@
+//! Trace-driven comparison of MIG placement strategies against a free-repacking
+//! reference (the `placement-bench` binary prints it; `make bench` checks the goal).
+//!
+//! A [`TraceSpec`] describes a seeded workload on a node of identical MIG GPUs: Poisson
+//! arrivals, exponential or heavy-tailed (Pareto) durations, and a weighted mix of GI
+//! profiles. [`generate`] turns it into requests; [`run`] replays them under one
+//! [`Policy`] and tallies, per profile, what was offered and accepted.
+//!
+//! The measure is *slice-time*: memory slices of the instance (its placement size, 8 on
+//! a whole A100/H100/H200) times its duration. A policy's score is its accepted
+//! slice-time divided by the reference's on the same requests.
+//!
+//! * [`Policy::Reference`]: free repacking. At each arrival the request is accepted when
+//!   *some* assignment of every live instance plus the new one to the GPUs, with valid,
+//!   non-overlapping placements within each profile's `max_count`, exists: an exact
+//!   search (bin packing over the per-GPU layouts that exist, see [`Repacker`]). No real
+//!   node can do this, since it would move instances that run work.
+//! * [`Policy::Planner`]: the real [`plan`] with the given options; instances stay where
+//!   they were created.
+//! * [`Policy::PlannerWithMoves`]: the same, and when [`plan`] refuses, the real
+//!   [`plan_with_moves`] may move *idle* instances (leases whose container has not bound
+//!   yet: each lease is idle for a random start-up period, [`TraceSpec::startup`]).
+//! * [`Policy::Static`]: a static layout made for the mix (profiles in proportion to
+//!   the slice-time the mix asks for, laid out by the planner), then the planner with
+//!   dynamic MIG off: a request takes a free static instance of its profile.
+//!
+//! The first tenth of the requests warms the node up and is not tallied.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::planner::{Movable, plan_with_moves};
+use super::{GpuView, OccupiedMig, PlanDecision, PlanError, PlanOptions, Shape, plan};
+use crate::gpu::profiles::GpuModel;
+use crate::gpu::{GiProfile, GpuInfo, Placement};
+
+/// Durations, each with mean 1 (the time unit of a trace).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Durations {
+    Exponential,
+    /// Pareto with this shape (> 1): most leases short, a few very long.
+    Pareto {
+        alpha: f64,
+    },
+}
+
+/// A seeded workload.
+#[derive(Debug, Clone)]
+pub struct TraceSpec {
+    pub model: GpuModel,
+    pub gpus: u32,
+    /// (GI profile name, weight): the chance that a request asks for that profile.
+    pub mix: Vec<(String, f64)>,
+    /// Offered load: the memory slices asked for at once on average, over the node's
+    /// memory slices (1.0 = the node would be exactly full with perfect packing).
+    pub load: f64,
+    pub durations: Durations,
+    pub requests: usize,
+    pub seed: u64,
+    /// Mean idle period at the start of a lease (before its container binds), as a
+    /// fraction of the mean duration; exponential, never longer than the lease.
+    pub startup: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum TraceError {
+    #[error("the {model} has no MIG profile {profile:?}")]
+    UnknownProfile { model: String, profile: String },
+    #[error("invalid trace: {0}")]
+    Invalid(String),
+    #[error("planner: {0}")]
+    Planner(#[from] PlanError),
+}
+
+/// One request of a trace.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Request {
+    pub at: f64,
+    pub duration: f64,
+    /// Index into the spec's mix.
+    pub profile: usize,
+    /// How long the lease stays idle (movable) after it is granted.
+    pub idle_for: f64,
+}
+
+/// How a trace is served.
+#[derive(Debug, Clone)]
+pub enum Policy {
+    Reference,
+    Planner(PlanOptions),
+    PlannerWithMoves(PlanOptions),
+    Static(PlanOptions),
+}
+
+/// What one profile of the mix was offered and got (warm-up excluded).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ProfileTally {
+    pub name: String,
+    pub offered: u64,
+    pub accepted: u64,
+    pub offered_slice_time: f64,
+    pub accepted_slice_time: f64,
+}
+
+/// The result of one policy on one trace.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Outcome {
+    pub profiles: Vec<ProfileTally>,
+    /// Instances moved (PlannerWithMoves only).
+    pub moves: u64,
+}
+
+impl Outcome {
+    pub fn accepted_slice_time(&self) -> f64 {
+        self.profiles.iter().map(|p| p.accepted_slice_time).sum()
+    }
+    pub fn offered_slice_time(&self) -> f64 {
+        self.profiles.iter().map(|p| p.offered_slice_time).sum()
+    }
+}
+
+/// The GI profiles of the mix, in mix order.
+fn mix_profiles(spec: &TraceSpec) -> Result<Vec<GiProfile>, TraceError> {
+    let all = spec.model.gi_profiles();
+    spec.mix
+        .iter()
+        .map(|(name, _)| {
+            all.iter()
+                .find(|p| p.name.eq_ignore_ascii_case(name))
+                .cloned()
+                .ok_or_else(|| TraceError::UnknownProfile {
+                    model: spec.model.to_string(),
+                    profile: name.clone(),
+                })
+        })
+        .collect()
+}
+
+fn validate(spec: &TraceSpec) -> Result<(), TraceError> {
+    let bad = |m: &str| Err(TraceError::Invalid(m.to_string()));
+    if spec.gpus == 0 || spec.gpus > 64 {
+        return bad("gpus must be 1..=64");
+    }
+    if spec.mix.is_empty() || spec.mix.iter().any(|(_, w)| !(*w >= 0.0 && w.is_finite())) {
+        return bad("the mix needs at least one profile and finite weights >= 0");
+    }
+    let mut names: Vec<String> = spec
+        .mix
+        .iter()
+        .map(|(n, _)| n.to_ascii_lowercase())
+        .collect();
+    names.sort();
+    names.dedup();
+    if names.len() != spec.mix.len() {
+        return bad("a profile appears twice in the mix");
+    }
+    if spec.mix.iter().map(|(_, w)| w).sum::<f64>() <= 0.0 {
+        return bad("the mix's weights sum to 0");
+    }
+    if !(spec.load > 0.0 && spec.load.is_finite()) {
+        return bad("load must be > 0");
+    }
+    if let Durations::Pareto { alpha } = spec.durations
+        && !(alpha > 1.0 && alpha.is_finite())
+    {
+        return bad("a Pareto shape must be > 1 (else the mean is infinite)");
+    }
+    if !(spec.startup >= 0.0 && spec.startup.is_finite()) {
+        return bad("startup must be >= 0");
+    }
+    Ok(())
+}
+
+/// The requests of a trace: the same spec (seed included) gives the same requests.
+pub fn generate(spec: &TraceSpec) -> Result<Vec<Request>, TraceError> {
+    validate(spec)?;
+    let profiles = mix_profiles(spec)?;
+    let total_w: f64 = spec.mix.iter().map(|(_, w)| w).sum();
+    let mean_slices: f64 = spec
+        .mix
+        .iter()
+        .zip(&profiles)
+        .map(|((_, w), p)| w / total_w * f64::from(p.memory_slices))
+        .sum();
+    let node_slices = f64::from(spec.gpus) * f64::from(slices_per_gpu(&profiles));
+    // Little's law: slices in use = rate * mean duration (1) * mean slices.
+    let rate = spec.load * node_slices / mean_slices;
+    let mut rng = StdRng::seed_from_u64(spec.seed);
+    // Uniform in (0, 1]: never 0, so logarithms and powers stay finite.
+    let mut unit = move || 1.0 - rng.r#gen::<f64>();
+    let mut at = 0.0;
+    let mut out = Vec::with_capacity(spec.requests);
+    for _ in 0..spec.requests {
+        at += -unit().ln() / rate;
+        let mut x = (1.0 - unit()) * total_w;
+        let profile = spec
+            .mix
+            .iter()
+            .position(|(_, w)| {
+                if x < *w {
+                    true
+                } else {
+                    x -= w;
+                    false
+                }
+            })
+            .unwrap_or(spec.mix.len() - 1);
+        let duration = match spec.durations {
+            Durations::Exponential => -unit().ln(),
+            Durations::Pareto { alpha } => (alpha - 1.0) / alpha / unit().powf(1.0 / alpha),
+        };
+        let idle_for = (-unit().ln() * spec.startup).min(duration);
+        out.push(Request {
+            at,
+            duration,
+            profile,
+            idle_for,
+        });
+    }
+    Ok(out)
+}
+
+fn slices_per_gpu(profiles: &[GiProfile]) -> u32 {
+    profiles
+        .iter()
+        .flat_map(|p| p.placements.iter().map(Placement::end))
+        .max()
+        .unwrap_or(8)
+        .max(1)
+}
+
+/// Trace time in integer ticks (1e-9 of the mean duration), so events order exactly.
+fn ticks(t: f64) -> u64 {
+    // Times are finite and >= 0 by construction; saturating float-to-int is fine.
+    (t * 1e9) as u64
+}
+
+/// Replay `requests` of `spec` under `policy`.
+pub fn run(spec: &TraceSpec, requests: &[Request], policy: &Policy) -> Result<Outcome, TraceError> {
+    validate(spec)?;
+    let profiles = mix_profiles(spec)?;
+    let mut out = Outcome {
+        profiles: spec
+            .mix
+            .iter()
+            .map(|(name, _)| ProfileTally {
+                name: name.clone(),
+                ..ProfileTally::default()
+            })
+            .collect(),
+        moves: 0,
+    };
+    let warmup = requests.len() / 10;
+    let mut server: Box<dyn Server> = match policy {
+        Policy::Reference => Box::new(Repacker::new(&profiles, spec.gpus)),
+        Policy::Planner(o) => Box::new(PlannerServer::new(spec, o.clone(), false)),
+        Policy::PlannerWithMoves(o) => Box::new(PlannerServer::new(spec, o.clone(), true)),
+        Policy::Static(o) => Box::new(PlannerServer::with_static_layout(spec, &profiles, o)?),
+    };
+    // (end tick, lease number)
+    let mut ends: BinaryHeap<Reverse<(u64, usize)>> = BinaryHeap::new();
+    for (n, r) in requests.iter().enumerate() {
+        let now = ticks(r.at);
+        while let Some(Reverse((end, id))) = ends.peek().copied() {
+            if end > now {
+                break;
+            }
+            ends.pop();
+            server.release(id);
+        }
+        let p = &profiles[r.profile];
+        let accepted = server.offer(n, p, now, ticks(r.at + r.idle_for))?;
+        if accepted {
+            ends.push(Reverse((ticks(r.at + r.duration), n)));
+        }
+        if n >= warmup {
+            let slice_time = f64::from(p.memory_slices) * r.duration;
+            let t = &mut out.profiles[r.profile];
+            t.offered += 1;
+            t.offered_slice_time += slice_time;
+            if accepted {
+                t.accepted += 1;
+                t.accepted_slice_time += slice_time;
+            }
+        }
+    }
+    out.moves = server.moves();
+    Ok(out)
+}
+
+trait Server {
+    /// Try to grant lease `id` of `profile` at tick `now`; idle (movable) until
+    /// `idle_until`.
+    fn offer(
+        &mut self,
+        id: usize,
+        profile: &GiProfile,
+        now: u64,
+        idle_until: u64,
+    ) -> Result<bool, TraceError>;
+    fn release(&mut self, id: usize);
+    fn moves(&self) -> u64 {
+        0
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The planner, with or without moves, dynamic or static
+
+struct Live {
+    gpu: u32,
+    placement: Placement,
+    idle_until: u64,
+}
+
+struct PlannerServer {
+    gpus: Vec<GpuView>,
+    opts: PlanOptions,
+    with_moves: bool,
+    live: HashMap<usize, Live>,
+    moves: u64,
+}
+
+fn node(spec: &TraceSpec) -> Vec<GpuView> {
+    (0..spec.gpus)
+        .map(|i| GpuView {
+            info: GpuInfo {
+                index: i,
+                uuid: format!("GPU-trace-{i}"),
+                name: spec.model.marketing_name().to_string(),
+                memory_bytes: spec.model.memory_bytes(),
+                minor: i,
+                pci_bus_id: format!("00000000:{:02X}:00.0", 0x10 + i),
+                mig_current: true,
+                mig_pending: true,
+                sm_count: spec.model.sm_count(),
+            },
+            profiles: spec.model.gi_profiles(),
+            mig: Vec::new(),
+            mps: Default::default(),
+            whole_leased: false,
+        })
+        .collect()
+}
+
+fn view(gpus: &mut [GpuView], gpu: u32) -> Option<&mut GpuView> {
+    gpus.iter_mut().find(|g| g.info.index == gpu)
+}
+
+fn shape_of(profile: &GiProfile) -> Shape {
+    Shape::Mig {
+        profile: profile.name.clone(),
+        compute_profile: None,
+    }
+}
+
+impl PlannerServer {
+    fn new(spec: &TraceSpec, opts: PlanOptions, with_moves: bool) -> PlannerServer {
+        PlannerServer {
+            gpus: node(spec),
+            opts: PlanOptions {
+                dynamic_mig: true,
+                ..opts
+            },
+            with_moves,
+            live: HashMap::new(),
+            moves: 0,
+        }
+    }
+
+    /// A node whose every GPU is laid out once, for the mix: the profile whose share of
+    /// the laid-out slices lags its share of the mix's slice-time most goes next, where
+    /// the planner puts it, until no profile fits anywhere.
+    fn with_static_layout(
+        spec: &TraceSpec,
+        profiles: &[GiProfile],
+        opts: &PlanOptions,
+    ) -> Result<PlannerServer, TraceError> {
+        let mut gpus = node(spec);
+        let total_w: f64 = spec
+            .mix
+            .iter()
+            .zip(profiles)
+            .map(|((_, w), p)| w * f64::from(p.memory_slices))
+            .sum();
+        let target: Vec<f64> = spec
+            .mix
+            .iter()
+            .zip(profiles)
+            .map(|((_, w), p)| w * f64::from(p.memory_slices) / total_w)
+            .collect();
+        let mut laid = vec![0u32; profiles.len()];
+        let layout_opts = PlanOptions {
+            dynamic_mig: true,
+            gpu_index: None,
+            ..opts.clone()
+        };
+        let mut next_id = 0usize;
+        loop {
+            let total: u32 = laid.iter().sum();
+            let mut order: Vec<usize> = (0..profiles.len()).filter(|&i| target[i] > 0.0).collect();
+            let lag = |i: usize| {
+                let have = if total == 0 {
+                    0.0
+                } else {
+                    f64::from(laid[i]) / f64::from(total)
+                };
+                target[i] - have
+            };
+            order.sort_by(|&a, &b| lag(b).total_cmp(&lag(a)));
+            let mut placed = false;
+            for i in order {
+                match plan(&shape_of(&profiles[i]), &gpus, &layout_opts) {
+                    Ok(PlanDecision::NewMig {
+                        gpu,
+                        gi_profile_id,
+                        placement,
+                        ..
+                    }) => {
+                        // Held as leased while laying out (else the planner would
+                        // offer it as a static instance); freed below.
+                        if let Some(v) = view(&mut gpus, gpu) {
+                            v.mig.push(OccupiedMig {
+                                gi_profile_id,
+                                placement,
+                                free_static: None,
+                            });
+                        }
+                        next_id += 1;
+                        laid[i] += profiles[i].memory_slices;
+                        placed = true;
+                        break;
+                    }
+                    Ok(_) | Err(PlanError::NoCapacity(_)) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            if !placed {
+                break;
+            }
+        }
+        for m in gpus.iter_mut().flat_map(|g| g.mig.iter_mut()) {
+            m.free_static = Some(format!("static-{next_id}"));
+            next_id += 1;
+        }
+        Ok(PlannerServer {
+            gpus,
+            opts: PlanOptions {
+                dynamic_mig: false,
+                ..opts.clone()
+            },
+            with_moves: false,
+            live: HashMap::new(),
+            moves: 0,
+        })
+    }
+
+    fn grant(&mut self, id: usize, d: &PlanDecision, idle_until: u64) {
+        match d {
+            PlanDecision::NewMig {
+                gpu,
+                gi_profile_id,
+                placement,
+                ..
+            } => {
+                if let Some(v) = view(&mut self.gpus, *gpu) {
+                    v.mig.push(OccupiedMig {
+                        gi_profile_id: *gi_profile_id,
+                        placement: *placement,
+                        free_static: None,
+                    });
+                }
+                self.live.insert(
+                    id,
+                    Live {
+                        gpu: *gpu,
+                        placement: *placement,
+                        idle_until,
+                    },
+                );
+            }
+            PlanDecision::Static { gpu, partition_id } => {
+                if let Some(v) = view(&mut self.gpus, *gpu)
+                    && let Some(m) = v
+                        .mig
+                        .iter_mut()
+                        .find(|m| m.free_static.as_deref() == Some(partition_id.as_str()))
+                {
+                    m.free_static = None;
+                    let placement = m.placement;
+                    self.live.insert(
+                        id,
+                        Live {
+                            gpu: *gpu,
+                            placement,
+                            idle_until,
+                        },
+                    );
+                }
+            }
+            PlanDecision::Mps { .. } | PlanDecision::WholeGpu { .. } => {}
+        }
+    }
+}
+
+impl Server for PlannerServer {
+    fn offer(
+        &mut self,
+        id: usize,
+        profile: &GiProfile,
+        now: u64,
+        idle_until: u64,
+    ) -> Result<bool, TraceError> {
+        let shape = shape_of(profile);
+        let decision = if self.with_moves {
+            let movable: Vec<Movable> = self
+                .live
+                .values()
+                .filter(|l| l.idle_until > now)
+                .map(|l| Movable {
+                    gpu: l.gpu,
+                    placement: l.placement,
+                })
+                .collect();
+            match plan_with_moves(&shape, &self.gpus, &self.opts, &movable) {
+                Ok(p) => {
+                    for m in &p.moves {
+                        if let Some(v) = view(&mut self.gpus, m.from_gpu) {
+                            v.mig.retain(|i| i.placement != m.from);
+                        }
+                        if let Some(v) = view(&mut self.gpus, m.to_gpu) {
+                            v.mig.push(OccupiedMig {
+                                gi_profile_id: m.gi_profile_id,
+                                placement: m.to,
+                                free_static: None,
+                            });
+                        }
+                        if let Some(l) = self
+                            .live
+                            .values_mut()
+                            .find(|l| l.gpu == m.from_gpu && l.placement == m.from)
+                        {
+                            l.gpu = m.to_gpu;
+                            l.placement = m.to;
+                        }
+                        self.moves += 1;
+                    }
+                    Ok(p.decision)
+                }
+                Err(e) => Err(e),
+            }
+        } else {
+            plan(&shape, &self.gpus, &self.opts)
+        };
+        match decision {
+            Ok(d) => {
+                self.grant(id, &d, idle_until);
+                Ok(true)
+            }
+            Err(PlanError::NoCapacity(_)) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn release(&mut self, id: usize) {
+        let Some(l) = self.live.remove(&id) else {
+            return;
+        };
+        if let Some(v) = view(&mut self.gpus, l.gpu)
+            && let Some(i) = v.mig.iter().position(|m| m.placement == l.placement)
+        {
+            if self.opts.dynamic_mig {
+                v.mig.remove(i);
+            } else {
+                v.mig[i].free_static = Some(format!("static-back-{id}"));
+            }
+        }
+    }
+
+    fn moves(&self) -> u64 {
+        self.moves
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The free-repacking reference
+
+/// Exact feasibility of a multiset of instances on `gpus` identical GPUs, each instance
+/// free to go anywhere.
+///
+/// The per-GPU layouts are enumerated once: every set of non-overlapping placements of
+/// the mix's profiles within their `max_count`, kept as a count vector (how many of each
+/// profile). A multiset fits on `k` GPUs when it is empty, or when some layout that
+/// holds one of its largest instances, takes as much of the multiset as a layout can
+/// (a maximal one: moving instances onto a GPU that can still hold them never hurts),
+/// and leaves a rest that fits on `k - 1` GPUs. Answers are memoised.
+pub struct Repacker {
+    /// GI profile id of each index.
+    ids: Vec<u32>,
+    sizes: Vec<u32>,
+    /// Profile indices, largest first.
+    order: Vec<usize>,
+    layouts: Vec<Vec<u8>>,
+    feasible: HashSet<Vec<u8>>,
+    memo: HashMap<(Vec<u8>, u32), bool>,
+    gpus: u32,
+    slices_per_gpu: u32,
+    counts: Vec<u8>,
+    live: HashMap<usize, usize>,
+}
+
+impl Repacker {
+    pub fn new(profiles: &[GiProfile], gpus: u32) -> Repacker {
+        // Every (profile, placement) pair, then every non-overlapping subset.
+        let pairs: Vec<(usize, u32)> = profiles
+            .iter()
+            .enumerate()
+            .flat_map(|(i, p)| {
+                p.placements
+                    .iter()
+                    .map(move |pl| (i, ((1u32 << pl.size) - 1) << pl.start))
+            })
+            .collect();
+        let mut feasible = HashSet::new();
+        let mut counts = vec![0u8; profiles.len()];
+        enumerate(&pairs, profiles, 0, 0, &mut counts, &mut feasible);
+        let mut layouts: Vec<Vec<u8>> = feasible.iter().cloned().collect();
+        let sizes: Vec<u32> = profiles.iter().map(|p| p.memory_slices).collect();
+        let used =
+            |c: &Vec<u8>| -> u32 { c.iter().zip(&sizes).map(|(n, s)| u32::from(*n) * s).sum() };
+        // Fullest first: a fitting packing is found sooner.
+        layouts.sort_by_key(|c| (Reverse(used(c)), c.clone()));
+        let mut order: Vec<usize> = (0..profiles.len()).collect();
+        order.sort_by_key(|&i| Reverse(sizes[i]));
+        Repacker {
+            ids: profiles.iter().map(|p| p.id).collect(),
+            sizes,
+            order,
+            layouts,
+            feasible,
+            memo: HashMap::new(),
+            gpus,
+            slices_per_gpu: slices_per_gpu(profiles),
+            counts: vec![0; profiles.len()],
+            live: HashMap::new(),
+        }
+    }
+
+    /// Whether `counts` instances fit on `k` GPUs.
+    pub fn fits(&mut self, counts: &[u8], k: u32) -> bool {
+        let Some(&first) = self.order.iter().find(|&&i| counts[i] > 0) else {
+            return true;
+        };
+        if k == 0 {
+            return false;
+        }
+        let need: u32 = counts
+            .iter()
+            .zip(&self.sizes)
+            .map(|(n, s)| u32::from(*n) * s)
+            .sum();
+        if need > k * self.slices_per_gpu {
+            return false;
+        }
+        let key = (counts.to_vec(), k);
+        if let Some(&r) = self.memo.get(&key) {
+            return r;
+        }
+        let candidates: Vec<Vec<u8>> = self
+            .layouts
+            .iter()
+            .filter(|c| c[first] > 0 && c.iter().zip(counts).all(|(a, b)| a <= b))
+            .filter(|c| self.maximal(c, counts))
+            .cloned()
+            .collect();
+        let mut ok = false;
+        for c in candidates {
+            let rest: Vec<u8> = counts.iter().zip(&c).map(|(a, b)| a - b).collect();
+            if self.fits(&rest, k - 1) {
+                ok = true;
+                break;
+            }
+        }
+        if self.memo.len() > 4_000_000 {
+            self.memo.clear();
+        }
+        self.memo.insert(key, ok);
+        ok
+    }
+
+    /// No instance of `counts` left over could join layout `c` on the same GPU.
+    fn maximal(&self, c: &[u8], counts: &[u8]) -> bool {
+        let mut more = c.to_vec();
+        for j in 0..c.len() {
+            if c[j] < counts[j] {
+                more[j] += 1;
+                let grows = self.feasible.contains(&more);
+                more[j] -= 1;
+                if grows {
+                    return false;
+                }
+            }
+        }
+        true
+    }
+}
+
+fn enumerate(
+    pairs: &[(usize, u32)],
+    profiles: &[GiProfile],
+    from: usize,
+    mask: u32,
+    counts: &mut Vec<u8>,
+    out: &mut HashSet<Vec<u8>>,
+) {
+    out.insert(counts.clone());
+    for (k, &(i, bits)) in pairs.iter().enumerate().skip(from) {
+        if mask & bits == 0 && u32::from(counts[i]) < profiles[i].max_count {
+            counts[i] += 1;
+            enumerate(pairs, profiles, k + 1, mask | bits, counts, out);
+            counts[i] -= 1;
+        }
+    }
+}
+
+impl Server for Repacker {
+    fn offer(
+        &mut self,
+        id: usize,
+        profile: &GiProfile,
+        _now: u64,
+        _idle_until: u64,
+    ) -> Result<bool, TraceError> {
+        // The mix's profiles are distinct (validated), so the id names one index.
+        let Some(i) = self.ids.iter().position(|&p| p == profile.id) else {
+            return Ok(false);
+        };
+        let mut next = self.counts.clone();
+        next[i] = next[i].saturating_add(1);
+        if self.fits(&next, self.gpus) {
+            self.counts = next;
+            self.live.insert(id, i);
+            Ok(true)
+        } else {
+            Ok(false)
+        }
+    }
+
+    fn release(&mut self, id: usize) {
+        if let Some(i) = self.live.remove(&id) {
+            self.counts[i] = self.counts[i].saturating_sub(1);
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use crate::partition::Strategy;
+
+    fn spec(mix: &[(&str, f64)], load: f64, seed: u64) -> TraceSpec {
+        TraceSpec {
+            model: GpuModel::H100Hbm3_80Gb,
+            gpus: 4,
+            mix: mix.iter().map(|(n, w)| ((*n).to_string(), *w)).collect(),
+            load,
+            durations: Durations::Exponential,
+            requests: 1500,
+            seed,
+            startup: 0.05,
+        }
+    }
+
+    const SMALL: &[(&str, f64)] = &[
+        ("1g.10gb", 45.0),
+        ("1g.20gb", 15.0),
+        ("2g.20gb", 20.0),
+        ("3g.40gb", 10.0),
+        ("4g.40gb", 5.0),
+        ("7g.80gb", 5.0),
+    ];
+
+    fn index(name: &str) -> usize {
+        SMALL.iter().position(|(n, _)| *n == name).unwrap()
+    }
+
+    #[test]
+    fn a_trace_is_its_seed() {
+        let a = generate(&spec(SMALL, 1.0, 7)).unwrap();
+        assert_eq!(a, generate(&spec(SMALL, 1.0, 7)).unwrap());
+        assert_ne!(a, generate(&spec(SMALL, 1.0, 8)).unwrap());
+        assert_eq!(a.len(), 1500);
+        assert!(a.windows(2).all(|w| w[0].at <= w[1].at));
+        assert!(
+            a.iter()
+                .all(|r| r.duration > 0.0 && r.idle_for <= r.duration)
+        );
+        // Every profile of the mix is asked for.
+        for (i, (name, _)) in SMALL.iter().enumerate() {
+            assert!(a.iter().any(|r| r.profile == i), "{name}");
+        }
+    }
+
+    #[test]
+    fn bad_specs_are_refused() {
+        let mut s = spec(SMALL, 1.0, 1);
+        s.mix.push(("1G.10GB".into(), 1.0));
+        assert!(matches!(generate(&s), Err(TraceError::Invalid(_))));
+        let s = spec(&[("5g.50gb", 1.0)], 1.0, 1);
+        assert!(matches!(
+            generate(&s),
+            Err(TraceError::UnknownProfile { .. })
+        ));
+        let mut s = spec(SMALL, 1.0, 1);
+        s.durations = Durations::Pareto { alpha: 1.0 };
+        assert!(matches!(generate(&s), Err(TraceError::Invalid(_))));
+        assert!(generate(&spec(SMALL, 0.0, 1)).is_err());
+    }
+
+    #[test]
+    fn the_reference_packs_exactly() {
+        let profiles = mix_profiles(&spec(SMALL, 1.0, 1)).unwrap();
+        let mut r = Repacker::new(&profiles, 2);
+        let mut c = vec![0u8; SMALL.len()];
+        // A 7g and seven 1g fill two GPUs.
+        c[index("7g.80gb")] = 1;
+        c[index("1g.10gb")] = 7;
+        assert!(r.fits(&c, 2));
+        c[index("1g.10gb")] = 8;
+        assert!(
+            !r.fits(&c, 2),
+            "an eighth 1g.10gb: at most 7 per GPU besides a 7g"
+        );
+        // One 4g per GPU (max_count 1), though three would fit in 16 slices.
+        let mut c = vec![0u8; SMALL.len()];
+        c[index("4g.40gb")] = 2;
+        assert!(r.fits(&c, 2));
+        c[index("4g.40gb")] = 3;
+        assert!(!r.fits(&c, 2));
+        // A 3g and a 4g share a GPU (4g at 0, 3g at 4); three 2g (their max_count)
+        // fill the other, and a fourth fits nowhere although two slices stay free.
+        let mut c = vec![0u8; SMALL.len()];
+        c[index("3g.40gb")] = 1;
+        c[index("4g.40gb")] = 1;
+        assert!(r.fits(&c, 1));
+        c[index("2g.20gb")] = 3;
+        assert!(r.fits(&c, 2));
+        c[index("2g.20gb")] = 4;
+        assert!(!r.fits(&c, 2));
+    }
+
+    #[test]
+    fn placement_strands_capacity_that_repacking_or_moves_recover() {
+        let s = spec(SMALL, 1.2, 3);
+        let reqs = generate(&s).unwrap();
+        let reference = run(&s, &reqs, &Policy::Reference).unwrap();
+        let best = PlanOptions {
+            strategy: Strategy::BestFit,
+            ..PlanOptions::default()
+        };
+        let best_fit = run(&s, &reqs, &Policy::Planner(best.clone())).unwrap();
+        let r_best = best_fit.accepted_slice_time() / reference.accepted_slice_time();
+        assert!(r_best < 0.99, "best fit {r_best}");
+        assert_eq!(best_fit.moves, 0);
+        // 7g requests suffer most: they need a whole GPU.
+        let seven = index("7g.80gb");
+        assert!(best_fit.profiles[seven].accepted < reference.profiles[seven].accepted);
+        // When every lease stays idle (movable), moves get most of it back.
+        let all_idle = TraceSpec {
+            startup: 1e9,
+            ..s.clone()
+        };
+        let reqs_idle = generate(&all_idle).unwrap();
+        let moved = run(&all_idle, &reqs_idle, &Policy::PlannerWithMoves(best)).unwrap();
+        let reference_idle = run(&all_idle, &reqs_idle, &Policy::Reference).unwrap();
+        let r_moved = moved.accepted_slice_time() / reference_idle.accepted_slice_time();
+        assert!(moved.moves > 0);
+        assert!(r_moved > r_best, "moves {r_moved} vs best fit {r_best}");
+    }
+
+    #[test]
+    fn a_static_layout_serves_only_its_own_instances() {
+        let s = spec(&[("3g.40gb", 1.0), ("4g.40gb", 1.0)], 1.0, 1);
+        let reqs = generate(&s).unwrap();
+        let profiles = mix_profiles(&s).unwrap();
+        let server =
+            PlannerServer::with_static_layout(&s, &profiles, &PlanOptions::default()).unwrap();
+        // Each GPU gets one 4g (max 1) and one 3g: the mix in equal slice shares.
+        for g in &server.gpus {
+            let mut ids: Vec<u32> = g.mig.iter().map(|m| m.gi_profile_id).collect();
+            ids.sort_unstable();
+            assert_eq!(ids, [2, 3], "gpu{}: {:?}", g.info.index, g.mig);
+            assert!(g.mig.iter().all(|m| m.free_static.is_some()));
+        }
+        let o = run(&s, &reqs, &Policy::Static(PlanOptions::default())).unwrap();
+        assert!(
+            o.profiles
+                .iter()
+                .all(|p| p.accepted > 0 && p.accepted < p.offered)
+        );
+    }
+}

@@ -1,0 +1,131 @@
+//! The Kubernetes manifests in deploy/kubernetes/ say what docs/kubernetes.md says:
+//! the DaemonSet mounts kubelet's sockets, the run and state directories from the
+//! host and is privileged only in the container that must be; its ConfigMap is a
+//! tesserad config that validates with the device plugin on; the sample pod asks
+//! for a MIG partition with the tessera runtime class; the quota is on requests.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+
+use serde_yaml_ng::Value;
+
+fn manifest(name: &str) -> Value {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../deploy/kubernetes")
+        .join(name);
+    let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    serde_yaml_ng::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+fn s<'a>(v: &'a Value, path: &[&str]) -> &'a Value {
+    path.iter().fold(v, |v, k| match k.parse::<usize>() {
+        Ok(i) => &v[i],
+        Err(_) => &v[*k],
+    })
+}
+
+#[test]
+fn the_daemonset_mounts_kubelet_and_tessera_host_paths_and_is_privileged_only_where_it_must() {
+    let ds = manifest("daemonset.yaml");
+    assert_eq!(ds["kind"], "DaemonSet");
+    let spec = s(&ds, &["spec", "template", "spec"]);
+    let host_paths: Vec<(String, String)> = spec["volumes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .filter_map(|v| {
+            Some((
+                v["name"].as_str()?.to_string(),
+                v["hostPath"]["path"].as_str()?.to_string(),
+            ))
+        })
+        .collect();
+    let daemon = spec["containers"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "tesserad")
+        .unwrap();
+    for want in [
+        "/var/lib/kubelet/device-plugins",
+        "/var/lib/kubelet/pod-resources",
+        "/run/tessera",
+        "/var/lib/tessera",
+    ] {
+        let (vol, _) = host_paths
+            .iter()
+            .find(|(_, p)| p == want)
+            .unwrap_or_else(|| panic!("no hostPath volume for {want}"));
+        let mounted = daemon["volumeMounts"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .any(|m| m["name"] == vol.as_str() && m["mountPath"] == want);
+        assert!(
+            mounted,
+            "{want} is not mounted at the same path in tesserad"
+        );
+    }
+    assert_eq!(daemon["securityContext"]["privileged"], true);
+    for c in spec["initContainers"].as_sequence().unwrap() {
+        assert_ne!(c["securityContext"]["privileged"], true, "{:?}", c["name"]);
+        assert_eq!(c["securityContext"]["allowPrivilegeEscalation"], false);
+    }
+    assert_eq!(spec["automountServiceAccountToken"], false);
+    assert_eq!(
+        spec["nodeSelector"]["tessera.io/node"],
+        manifest("runtimeclass.yaml")["scheduling"]["nodeSelector"]["tessera.io/node"]
+    );
+}
+
+#[test]
+fn the_configmap_is_a_valid_tesserad_config_with_the_device_plugin_on() {
+    let cm = manifest("configmap.yaml");
+    let toml = cm["data"]["tesserad.toml"].as_str().unwrap();
+    let cfg = tesserad::config::Config::parse(&PathBuf::from("configmap.yaml"), toml)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(cfg.kubernetes.device_plugin);
+    assert!(cfg.kubernetes.mix.contains_key("mig-1g.10gb"));
+    // The DaemonSet mounts the ConfigMap where tesserad reads it.
+    let ds = manifest("daemonset.yaml");
+    let cmd = s(
+        &ds,
+        &["spec", "template", "spec", "containers", "0", "command"],
+    );
+    assert!(
+        cmd.as_sequence()
+            .unwrap()
+            .iter()
+            .any(|a| a == "/etc/tessera/tesserad.toml")
+    );
+}
+
+#[test]
+fn the_sample_pod_asks_for_a_mig_partition_with_the_tessera_runtime_class() {
+    let pod = manifest("sample-pod.yaml");
+    assert_eq!(pod["spec"]["runtimeClassName"], "tessera");
+    assert_eq!(manifest("runtimeclass.yaml")["handler"], "tessera");
+    let limits = s(&pod, &["spec", "containers", "0", "resources", "limits"]);
+    assert_eq!(limits["tessera.io/mig-1g.10gb"], 1);
+    assert!(pod["metadata"]["annotations"]["tessera.io/lease-token"].is_null());
+    let q = manifest("resourcequota.yaml");
+    assert_eq!(q["spec"]["hard"]["requests.tessera.io/mig-1g.10gb"], "4");
+}
+
+#[test]
+fn pods_asking_for_tessera_resources_must_use_the_runtime_class() {
+    let p =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/kubernetes/admission-policy.yaml");
+    let text = std::fs::read_to_string(&p).unwrap();
+    let docs: Vec<Value> = serde_yaml_ng::Deserializer::from_str(&text)
+        .map(|d| serde::Deserialize::deserialize(d).unwrap())
+        .collect();
+    assert_eq!(docs[0]["kind"], "ValidatingAdmissionPolicy");
+    let rule = docs[0]["spec"]["validations"][0]["expression"]
+        .as_str()
+        .unwrap();
+    assert!(rule.contains("runtimeClassName == 'tessera'"), "{rule}");
+    assert_eq!(docs[1]["spec"]["policyName"], docs[0]["metadata"]["name"]);
+    assert_eq!(docs[1]["spec"]["validationActions"][0], "Deny");
+}

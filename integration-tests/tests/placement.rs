@@ -1,0 +1,131 @@
+//! Room for large MIG instances, end to end on the real binaries: with a pinned 4g on
+//! one H100 and one small idle lease on the other, a 7g request over the CLI succeeds
+//! because tesserad moves the small lease next to the 4g; it keeps its id and token,
+//! watchers get a `moved` event, and `tessera lease show` names its new GPU. A lease
+//! whose devices a runtime asked for stays where it is.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use tessera_integration_tests::{TestDaemon, create_req, rt, shape};
+use tessera_proto::v1 as pb;
+
+const TWO_H100: &str = r#"
+[[sim.gpus]]
+model = "h100-80gb"
+mig = true
+
+[[sim.gpus]]
+model = "h100-80gb"
+mig = true
+"#;
+
+/// gpu0: a 4g pinned there (never moved) with room beside it; gpu1: one idle 1g, not
+/// pinned. Returns the 1g's CreateLease answer.
+async fn idle_lease_in_the_way(
+    c: &mut pb::tessera_client::TesseraClient<tonic::transport::Channel>,
+) -> pb::CreateLeaseResponse {
+    let mut ids = Vec::new();
+    for profile in ["4g.40gb", "3g.40gb"] {
+        let mut req = create_req("team-a", shape::mig(profile));
+        req.gpu_index = Some(0);
+        ids.push(
+            c.create_lease(req)
+                .await
+                .unwrap()
+                .into_inner()
+                .lease
+                .unwrap()
+                .id,
+        );
+    }
+    let a = c
+        .create_lease(create_req("team-a", shape::mig("1g.10gb")))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        a.lease
+            .as_ref()
+            .unwrap()
+            .partition
+            .as_ref()
+            .unwrap()
+            .gpu_index,
+        1
+    );
+    c.release_lease(pb::ReleaseLeaseRequest {
+        lease_id: ids[1].clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    a
+}
+
+#[test]
+fn an_idle_lease_moves_for_a_7g_over_grpc_and_the_cli() {
+    let d = TestDaemon::start_with(TWO_H100, "").unwrap();
+    rt().block_on(async {
+        let mut c = d.client().await.unwrap();
+        let mut watch = c
+            .watch_leases(pb::WatchLeasesRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+        let a = idle_lease_in_the_way(&mut c).await;
+        let id = a.lease.as_ref().unwrap().id.clone();
+
+        let (ok, out) = d.cli(&["lease", "create", "--tenant", "team-b", "--mig", "7g.80gb"]);
+        assert!(ok && out.contains("on gpu 1"), "{out}");
+
+        let moved = loop {
+            let ev = tokio::time::timeout(Duration::from_secs(15), watch.message())
+                .await
+                .expect("a moved event")
+                .unwrap()
+                .unwrap();
+            if ev.kind == pb::LeaseEventKind::Moved as i32 {
+                break ev;
+            }
+        };
+        let lease = moved.lease.unwrap();
+        assert_eq!(lease.id, id);
+        assert!(
+            moved.message.contains("moved to make room"),
+            "{}",
+            moved.message
+        );
+        assert_eq!(lease.partition.unwrap().gpu_index, 0);
+
+        // Same token, new place.
+        let r = c
+            .resolve_token(pb::ResolveTokenRequest {
+                token: a.token.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.lease.unwrap().id, id);
+        let (ok, out) = d.cli(&["lease", "show", &id]);
+        assert!(ok && out.contains("on gpu 0 "), "{out}");
+    });
+}
+
+#[test]
+fn leases_in_use_are_not_moved() {
+    let d = TestDaemon::start_with(TWO_H100, "").unwrap();
+    rt().block_on(async {
+        let mut c = d.client().await.unwrap();
+        let a = idle_lease_in_the_way(&mut c).await;
+        c.resolve_token(pb::ResolveTokenRequest { token: a.token })
+            .await
+            .unwrap();
+    });
+    let (ok, out) = d.cli(&["lease", "create", "--tenant", "team-b", "--mig", "7g.80gb"]);
+    assert!(
+        !ok && out.contains("no free placement for 7g.80gb"),
+        "{out}"
+    );
+}

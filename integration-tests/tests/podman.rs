@@ -1,0 +1,395 @@
+//! podman drives tessera-runtime (`podman --runtime`): podman 4 with conmon, its
+//! storage, run root, configuration and events in a temp dir (vfs storage, cgroupfs,
+//! no network: nothing of the host's podman setup is touched), an image imported from
+//! a busybox-static rootfs, `tesserad` on the simulator. Covers run, exec (the lease's
+//! environment), the `--privileged` refusal as one clear line, and cleanup (no binding
+//! left once podman removed the container).
+//!
+//! Needs root, podman, conmon, runc, busybox-static and a C compiler; says SKIPPED
+//! otherwise.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "../../runtime-shim/tests/common/mod.rs"]
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use tessera_integration_tests::{DEV_GPUS, TestDaemon, create_req, rt, shape};
+use tessera_proto::v1 as tpb;
+
+const IMAGE: &str = "localhost/tessera-e2e/busybox:1";
+
+struct World {
+    daemon: TestDaemon,
+    dev: PathBuf,
+    runtime: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+impl World {
+    fn new() -> Option<World> {
+        if !common::can_run_as_root(
+            "podman end-to-end",
+            &["podman", "conmon", "runc", "busybox", "cc"],
+        ) {
+            return None;
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("tpod")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let d = dir.path();
+        let dev = d.join("dev");
+        std::fs::create_dir_all(&dev).unwrap();
+        let daemon = TestDaemon::start_with(
+            DEV_GPUS,
+            &format!(
+                "[devices]\ndev_root = {dev:?}\n[lease]\nmin_ttl = \"1s\"\nrevocation_grace = \"1s\"\n"
+            ),
+        )
+        .unwrap();
+        let rootfs = common::busybox_rootfs(d);
+        let proc_root = common::fake_nvidia_proc(d);
+        for sub in ["graph", "run", "tmp", "volumes", "net"] {
+            std::fs::create_dir_all(d.join(sub)).unwrap();
+        }
+        // podman's own configuration, all of it here (the env names the files).
+        std::fs::write(
+            d.join("storage.conf"),
+            format!(
+                "[storage]\ndriver = \"vfs\"\ngraphroot = {:?}\nrunroot = {:?}\n",
+                d.join("graph"),
+                d.join("run")
+            ),
+        )
+        .unwrap();
+        // No default ulimits: podman's nofile 1048576 may exceed the host's hard limit.
+        std::fs::write(
+            d.join("containers.conf"),
+            format!(
+                "[containers]\ndefault_ulimits = []\n\n[engine]\ncgroup_manager = \"cgroupfs\"\nevents_logger = \"file\"\nevents_logfile_path = {:?}\ntmp_dir = {:?}\nvolume_path = {:?}\n\n[network]\nnetwork_config_dir = {:?}\n",
+                d.join("events.log"),
+                d.join("tmp"),
+                d.join("volumes"),
+                d.join("net"),
+            ),
+        )
+        .unwrap();
+        std::fs::write(d.join("registries.conf"), "").unwrap();
+        // The runtime under another name, its config beside it: conmon passes it no
+        // environment of ours.
+        let bin = d.join("bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        let runtime = bin.join("tessera-gpu");
+        std::os::unix::fs::symlink(common::runtime_bin(), &runtime).unwrap();
+        let runc = common::which("runc").unwrap();
+        std::fs::write(
+            bin.join("tessera-gpu.toml"),
+            format!(
+                "runc_path = {runc:?}\ndaemon_socket = {sock:?}\ndaemon_timeout_ms = 3000\nnvidia_proc_root = {proc_root:?}\n\
+                 runc_cve_acknowledged = [\"CVE-2025-31133\", \"CVE-2025-52565\", \"CVE-2025-52881\"]\n\
+                 [policy]\napparmor = \"if-available\"\ncontainer_storage_roots = [{graph:?}]\ncontainer_run_roots = [{run:?}]\n",
+                sock = daemon.socket,
+                graph = d.join("graph"),
+                run = d.join("run"),
+            ),
+        )
+        .unwrap();
+        let w = World {
+            daemon,
+            dev,
+            runtime,
+            dir,
+        };
+        let layer = w.dir.path().join("rootfs.tar");
+        let st = Command::new("tar")
+            .args(["--numeric-owner", "--owner=0", "--group=0", "-C"])
+            .arg(&rootfs)
+            .arg("-cf")
+            .arg(&layer)
+            .arg(".")
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let out = w.podman(&["import", layer.to_str().unwrap(), IMAGE]);
+        assert!(out.status.success(), "podman import: {}", text(&out));
+        Some(w)
+    }
+
+    /// `podman ARGS` isolated in this world's dir, with tessera-runtime as its runtime.
+    fn podman(&self, args: &[&str]) -> Output {
+        let d = self.dir.path();
+        Command::new("podman")
+            .env("CONTAINERS_CONF", d.join("containers.conf"))
+            .env("CONTAINERS_STORAGE_CONF", d.join("storage.conf"))
+            .env("CONTAINERS_REGISTRIES_CONF", d.join("registries.conf"))
+            .env_remove("TESSERA_RUNTIME_CONFIG")
+            .arg("--root")
+            .arg(d.join("graph"))
+            .arg("--runroot")
+            .arg(d.join("run"))
+            .args([
+                "--storage-driver",
+                "vfs",
+                "--cgroup-manager",
+                "cgroupfs",
+                "--events-backend",
+                "file",
+            ])
+            .arg("--tmpdir")
+            .arg(d.join("tmp"))
+            .arg("--runtime")
+            .arg(&self.runtime)
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    }
+
+    /// A lease of `shape`, its device nodes made as the driver would have.
+    fn lease(&self, shape: tpb::Shape) -> (tpb::Lease, String) {
+        rt().block_on(async {
+            let mut c = self.daemon.client().await.unwrap();
+            let created = c
+                .create_lease(create_req("team-a", shape))
+                .await
+                .unwrap()
+                .into_inner();
+            let resolved = c
+                .resolve_token(tpb::ResolveTokenRequest {
+                    token: created.token.clone(),
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            for d in &resolved.devices {
+                mknod(
+                    Path::new(&d.host_path),
+                    &self.dev,
+                    d.major as u64,
+                    d.minor as u64,
+                );
+            }
+            (created.lease.unwrap(), created.token)
+        })
+    }
+
+    fn lease_now(&self, id: &str) -> tpb::Lease {
+        rt().block_on(async {
+            let mut c = self.daemon.client().await.unwrap();
+            c.get_lease(tpb::GetLeaseRequest {
+                lease_id: id.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .lease
+            .unwrap()
+        })
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        let out = self.podman(&["rm", "--all", "--force", "--time", "0"]);
+        if !out.status.success() {
+            eprintln!("cleanup: podman rm: {}", text(&out));
+        }
+        // conmon runs `podman container cleanup` when a container exits: let those
+        // finish before the dir goes, or they re-create parts of it.
+        let me = self.dir.path().to_string_lossy().into_owned();
+        for _ in 0..100 {
+            if !processes_mentioning(&me) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+}
+
+/// Whether a process's command line mentions `s`.
+fn processes_mentioning(s: &str) -> bool {
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    rd.flatten()
+        .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .any(|c| String::from_utf8_lossy(&c).contains(s))
+}
+
+fn mknod(p: &Path, dev_root: &Path, major: u64, minor: u64) {
+    assert!(p.starts_with(dev_root), "{p:?} outside the dev root");
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    if p.exists() {
+        return;
+    }
+    nix::sys::stat::mknod(
+        p,
+        nix::sys::stat::SFlag::S_IFCHR,
+        nix::sys::stat::Mode::from_bits_truncate(0o666),
+        nix::sys::stat::makedev(major, minor),
+    )
+    .unwrap();
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn has_line(out: &str, want: &str) -> bool {
+    out.lines().any(|l| l.trim() == want.trim())
+}
+
+#[test]
+fn podman_runs_and_execs_a_gpu_container_with_the_lease_env_and_leaves_no_binding() {
+    let Some(w) = World::new() else { return };
+    let (lease, token) = w.lease(shape::mig("1g.10gb"));
+    let part = lease.partition.clone().unwrap();
+    let gpu = part.gpu_index;
+    let mig_uuid = part.mig.unwrap().mig_uuid;
+    let ann = format!("tessera.io/lease-token={token}");
+
+    // podman run: the container sees its GPU only, with the lease's environment.
+    let out = w.podman(&[
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        "--annotation",
+        &ann,
+        IMAGE,
+        "sh",
+        "-c",
+        &format!(
+            "probe open /dev/nvidia{gpu}; probe open /dev/nvidia{}; echo CVD=$CUDA_VISIBLE_DEVICES; echo TOKEN=${{TESSERA_LEASE_TOKEN:-none}}",
+            1 - gpu
+        ),
+    ]);
+    let t = text(&out);
+    assert!(out.status.success(), "podman run: {t}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    for want in [
+        format!("open /dev/nvidia{gpu} errno=6"),
+        format!("open /dev/nvidia{} errno=2", 1 - gpu),
+        format!("CVD={mig_uuid}"),
+        "TOKEN=none".to_string(),
+    ] {
+        assert!(has_line(&stdout, &want), "missing {want:?}: {t}");
+    }
+    assert!(
+        w.lease_now(&lease.id).containers.is_empty(),
+        "podman run --rm left a binding"
+    );
+
+    // podman exec into a running container: the lease's environment is there too.
+    let out = w.podman(&[
+        "run",
+        "-d",
+        "--name",
+        "gpu-exec",
+        "--network",
+        "none",
+        "--annotation",
+        &ann,
+        IMAGE,
+        "sleep",
+        "600",
+    ]);
+    assert!(out.status.success(), "podman run -d: {}", text(&out));
+    let cid = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let bound = w.lease_now(&lease.id).containers;
+    assert_eq!(bound.len(), 1, "{bound:?}");
+    assert_eq!(bound[0].id, cid);
+    let out = w.podman(&["exec", "gpu-exec", "sh", "-c", "env"]);
+    let t = text(&out);
+    assert!(out.status.success(), "podman exec: {t}");
+    let env = String::from_utf8_lossy(&out.stdout);
+    for want in [
+        format!("CUDA_VISIBLE_DEVICES={mig_uuid}"),
+        format!("TESSERA_LEASE_ID={}", lease.id),
+    ] {
+        assert!(has_line(&env, &want), "exec lacks {want:?}: {t}");
+    }
+    assert!(
+        !env.contains(&token),
+        "the token reached the exec'd process"
+    );
+
+    // podman rm -f: the daemon's binding goes with the container.
+    let out = w.podman(&["rm", "--force", "--time", "0", "gpu-exec"]);
+    assert!(out.status.success(), "podman rm: {}", text(&out));
+    let left = w.lease_now(&lease.id).containers;
+    assert!(left.is_empty(), "stale binding after podman rm: {left:?}");
+}
+
+#[test]
+fn podman_privileged_and_unknown_tokens_are_refused_in_one_clear_line_and_leave_nothing() {
+    let Some(w) = World::new() else { return };
+    let (lease, token) = w.lease(shape::mig("1g.10gb"));
+    let ann = format!("tessera.io/lease-token={token}");
+    let out = w.podman(&[
+        "run",
+        "--rm",
+        "--privileged",
+        "--network",
+        "none",
+        "--annotation",
+        &ann,
+        IMAGE,
+        "true",
+    ]);
+    let t = text(&out);
+    assert!(!out.status.success(), "podman run --privileged ran: {t}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("privileged containers are not allowed"))
+        .collect();
+    assert_eq!(lines.len(), 1, "one line says why: {t}");
+    assert!(
+        lines[0].contains("refused: privileged containers are not allowed")
+            && !lines[0].contains("{\"")
+            && !lines[0].contains("\\n")
+            && lines[0].matches("refused:").count() == 1,
+        "garbled: {:?}",
+        lines[0]
+    );
+    assert!(
+        w.lease_now(&lease.id).containers.is_empty(),
+        "a refused container left a binding"
+    );
+    // An unknown token: one line too, and nothing kept.
+    let out = w.podman(&[
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        "--annotation",
+        "tessera.io/lease-token=tsr1_not-a-token",
+        IMAGE,
+        "true",
+    ]);
+    let t = text(&out);
+    assert!(!out.status.success(), "podman ran an unknown token: {t}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("unknown, expired or revoked lease token"))
+        .collect();
+    assert_eq!(lines.len(), 1, "one line says why: {t}");
+    let out = w.podman(&["ps", "--all", "--quiet"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "",
+        "podman kept a container"
+    );
+}
