@@ -112,7 +112,23 @@ enum SimCommand {
     Show,
 }
 
+/// glibc malloc arenas for the whole process. glibc gives each thread that
+/// allocates under contention an arena of its own, up to 8 per core; the daemon's
+/// threads (tokio workers, the blocking pool that runs every hardware call, the
+/// store writer) each keep the memory they freed in theirs. Two arenas hold the
+/// same 10,000 leases in ~10 MiB less (tessera-bench --prefill), and the daemon
+/// spends its time in SQLite commits and hardware calls, not in malloc contention.
+#[cfg(target_env = "gnu")]
+const MALLOC_ARENAS: libc::c_int = 2;
+
 fn main() -> ExitCode {
+    // SAFETY: mallopt only sets a tunable of the C allocator; it is called before
+    // any other thread exists, and a value it does not accept is ignored (it
+    // returns 0, which is harmless here: glibc's default stays).
+    #[cfg(target_env = "gnu")]
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, MALLOC_ARENAS);
+    }
     let args = Args::parse();
     let cfg = match Config::load(&args.config) {
         Ok(c) => c,

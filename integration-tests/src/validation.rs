@@ -82,7 +82,7 @@ pub fn test_node() -> Vec<GpuView> {
         },
         profiles: if mig { model.gi_profiles() } else { Vec::new() },
         mig: Vec::new(),
-        mps: Vec::new(),
+        mps: Default::default(),
         whole_leased: false,
     })
     .collect()

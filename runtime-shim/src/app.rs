@@ -374,11 +374,9 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
         );
         env.refuse(&what, &reasons)
     };
-    match crate::runc_cves::check(&env.cfg.runc_path, &env.cfg.runc_cve_acknowledged) {
-        Err(reason) => return refuse_reported(vec![reason], ""),
-        Ok(Some(warning)) => env.log.warn(&warning),
-        Ok(None) => {}
-    }
+    // runc's version is asked now and judged once the spec is decided, before
+    // anything is bound, written or run.
+    let runc_version = crate::runc_cves::start(&env.cfg.runc_path);
     let adm = match admit(env, client.as_ref(), &bundle, &id) {
         Ok(a) => a,
         Err((reasons, lease_id)) => return refuse_reported(reasons, &lease_id),
@@ -388,6 +386,11 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
         .as_ref()
         .map(|l| l.lease_id.clone())
         .unwrap_or_default();
+    match runc_version.judge(&env.cfg.runc_cve_acknowledged) {
+        Err(reason) => return refuse_reported(vec![reason], &lease_id),
+        Ok(Some(warning)) => env.log.warn(&warning),
+        Ok(None) => {}
+    }
     if !adm.tokens.is_empty() {
         // admit() resolved the token, so there is a client; stay closed regardless.
         let Some(c) = client.as_ref() else {
@@ -415,6 +418,9 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
             uid,
             termination_log: harden::termination_log_source(&adm.decision.spec).unwrap_or_default(),
             pod: harden::pod_of(&adm.decision.spec).unwrap_or_default(),
+            // The bind carries the admission report; a failure after it (saving
+            // config.json) unbinds and reports the refusal.
+            admission_command: cmd.name().to_string(),
         };
         // Bound to every lease, or to none: a failed bind unbinds the container
         // from those already bound (UnbindContainer forgets it on every lease).
@@ -456,7 +462,9 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
             env.log.info(&format!("tessera-runtime: {n}"));
         }
     }
-    report(env, client.as_ref(), &id, &lease_id, true, &[], cmd.name());
+    if adm.tokens.is_empty() {
+        report(env, client.as_ref(), &id, &lease_id, true, &[], cmd.name());
+    }
     drop(client);
     env.plan(keep, None)
 }

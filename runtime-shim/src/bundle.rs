@@ -1,12 +1,12 @@
 //! Load and save an OCI bundle's config.json safely: no symlinks (O_NOFOLLOW), a size
 //! cap, duplicate JSON keys refused, and an atomic rewrite (temp file in the bundle,
-//! fsync, rename, fsync of the directory). The spec is kept as a `serde_json::Value`, so
+//! rename over the old file). The spec is kept as a `serde_json::Value`, so
 //! fields this runtime does not know survive the rewrite.
 
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 use std::fmt;
-use std::fs::{File, OpenOptions};
+use std::fs::OpenOptions;
 use std::io::{Read, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -174,9 +174,17 @@ pub fn load(bundle: &Path, max: u64) -> Result<Value, BundleError> {
     load_json(&bundle.join(CONFIG_JSON), max)
 }
 
-/// Write `bytes` to `path` atomically: a temp file beside it (O_EXCL|O_NOFOLLOW), fsync,
-/// rename over `path` (which replaces a symlink rather than following it), fsync of the
-/// directory. The file keeps `mode`.
+/// Write `bytes` to `path` atomically: a temp file beside it (O_EXCL|O_NOFOLLOW), then a
+/// rename over `path` (which replaces a symlink rather than following it). The file
+/// keeps `mode`.
+///
+/// No fsync of the file or of the directory. The rename alone makes every reader (runc,
+/// a moment later, in this boot) see the whole old or the whole new file, never a torn
+/// one. A fsync would only make the file outlive a power loss or kernel crash, and
+/// nothing needs it then: the container it describes dies with the host, containerd
+/// deletes the bundles of dead tasks at its next start and creates new ones through
+/// this runtime again. Skipping it saves a journal commit per start (about 10 ms on
+/// ext4 on a virtual disk).
 pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), BundleError> {
     let werr = |source| BundleError::Write {
         path: path.to_path_buf(),
@@ -196,9 +204,8 @@ pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), BundleEr
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(&tmp)?;
         f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        File::open(dir)?.sync_all()
+        drop(f);
+        std::fs::rename(&tmp, path)
     })();
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);

@@ -383,13 +383,19 @@ pub struct Binding {
     pub termination_log: String,
     /// The pod (CRI sandbox id, else pod uid), or empty outside Kubernetes.
     pub pod: String,
+    /// The runtime's command (create, run): the bind is then also the
+    /// container's admission report (one call instead of two). Empty: none.
+    pub admission_command: String,
 }
 
-/// A client of the daemon's unix socket.
+/// A client of the daemon's unix socket. It connects on its first call and keeps
+/// the connection for the next ones (a start makes two or three calls: one
+/// connection and HTTP/2 handshake instead of one each).
 pub struct DaemonClient {
     socket: PathBuf,
     timeout: Duration,
     rt: tokio::runtime::Runtime,
+    channel: std::cell::RefCell<Option<Channel>>,
 }
 
 impl std::fmt::Debug for DaemonClient {
@@ -411,6 +417,7 @@ impl DaemonClient {
             socket: socket.to_path_buf(),
             timeout,
             rt,
+            channel: std::cell::RefCell::new(None),
         })
     }
 
@@ -425,15 +432,24 @@ impl DaemonClient {
         Fut: Future<Output = Result<T, tonic::Status>>,
     {
         let socket = self.socket.clone();
+        let cached = self.channel.borrow().clone();
+        let slot = &self.channel;
         self.rt.block_on(async move {
             let work = async {
-                let channel = tessera_common::unix::channel(&socket).await.map_err(|e| {
-                    LeaseError::Unavailable {
-                        socket: socket.clone(),
-                        message: std::error::Error::source(&e.source)
-                            .map_or_else(|| e.source.to_string(), |s| s.to_string()),
+                let channel = match cached {
+                    Some(c) => c,
+                    None => {
+                        let c = tessera_common::unix::channel(&socket).await.map_err(|e| {
+                            LeaseError::Unavailable {
+                                socket: socket.clone(),
+                                message: std::error::Error::source(&e.source)
+                                    .map_or_else(|| e.source.to_string(), |s| s.to_string()),
+                            }
+                        })?;
+                        *slot.borrow_mut() = Some(c.clone());
+                        c
                     }
-                })?;
+                };
                 f(TesseraClient::new(channel))
                     .await
                     .map_err(|s| map_status(s, &socket))
@@ -465,6 +481,7 @@ impl DaemonClient {
             uid: b.uid,
             termination_log_path: b.termination_log.clone(),
             pod: b.pod.clone(),
+            admission_command: b.admission_command.clone(),
         };
         self.call(self.timeout, |mut c| async move {
             c.bind_container(req).await.map(|_| ())

@@ -3,20 +3,49 @@
 //! (`runc_cve_acknowledged`, for a distribution build with backports).
 
 use std::path::Path;
-use std::process::Command;
+use std::process::{Child, Command, Stdio};
 
 /// The CVEs `runc` lacks fixes for and nobody acknowledged: `Err` refuses the
 /// container naming them; `Ok(Some)` is a warning to log each time an
 /// acknowledgement is relied on.
 pub fn check(runc: &Path, acknowledged: &[String]) -> Result<Option<String>, String> {
-    let out = Command::new(runc)
+    start(runc).judge(acknowledged)
+}
+
+/// `runc --version`, started: [`Pending::judge`] waits for its answer. runc is a
+/// Go program that takes a few milliseconds to start; a container start does its
+/// other work (the token's resolve, the hardening) meanwhile, and judges before
+/// anything is bound, written or run.
+pub fn start(runc: &Path) -> Pending {
+    let child = Command::new(runc)
         .arg("--version")
         .env_clear()
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .unwrap_or_default();
-    let version = tessera_common::runc::parse_version(&out);
-    judge(version, acknowledged)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok();
+    Pending { child }
+}
+
+/// A `runc --version` running.
+#[derive(Debug)]
+pub struct Pending {
+    child: Option<Child>,
+}
+
+impl Pending {
+    /// Wait for the version and judge it ([`judge`]); a runc that could not be
+    /// run is of unknown version, and refused.
+    pub fn judge(self, acknowledged: &[String]) -> Result<Option<String>, String> {
+        let out = self
+            .child
+            .and_then(|c| c.wait_with_output().ok())
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        let version = tessera_common::runc::parse_version(&out);
+        judge(version, acknowledged)
+    }
 }
 
 /// [`check`] for a known (or unknown) version.

@@ -108,6 +108,50 @@ impl TesseraService {
         Ok(msg)
     }
 
+    /// A container admitted or refused by the runtime: metrics, log and audit.
+    #[allow(clippy::too_many_arguments)]
+    fn record_admission(
+        &self,
+        who: &Principal,
+        tenant: String,
+        lease: String,
+        container: String,
+        command: String,
+        admitted: bool,
+        reasons: Vec<String>,
+    ) {
+        if let Some(m) = &self.metrics {
+            m.record_admission(admitted, &reasons);
+        }
+        info!(
+            container = %container,
+            lease = %lease,
+            admitted,
+            command = %command,
+            reasons = ?reasons,
+            "runtime admission"
+        );
+        self.write_audit(Record {
+            at_ms: now_ms(),
+            source: "runtime".into(),
+            principal: who.name().to_string(),
+            tenant,
+            action: if command.is_empty() {
+                "admission".into()
+            } else {
+                command
+            },
+            lease,
+            container,
+            result: if admitted {
+                "admitted".into()
+            } else {
+                "refused".into()
+            },
+            reasons,
+        });
+    }
+
     fn write_audit(&self, rec: Record) {
         if let Some(a) = &self.audit
             && let Err(e) = a.record(rec)
@@ -592,11 +636,23 @@ impl Tessera for TesseraService {
         req: Request<pb::BindContainerRequest>,
     ) -> Result<Response<pb::BindContainerResponse>, Status> {
         let who = self.begin(Rpc::BindContainer, &req)?;
+        if req.get_ref().admission_command.len() > 64 {
+            return self.done(
+                Rpc::BindContainer,
+                &who,
+                "",
+                "",
+                Err(Status::invalid_argument(
+                    "admission_command: at most 64 bytes",
+                )),
+            );
+        }
         // Runs to the end even if the client goes away: a lease operation cut off
         // between its steps would stay half done.
         let this = self.clone();
         detached(async move {
             let r = req.into_inner();
+            let container_id = r.container_id.clone();
             let result = this
                 .mgr
                 .bind_container(
@@ -617,6 +673,17 @@ impl Tessera for TesseraService {
                 .as_ref()
                 .map(|l| (l.tenant.clone(), l.id.clone()))
                 .unwrap_or_default();
+            if result.is_ok() && !r.admission_command.is_empty() {
+                this.record_admission(
+                    &who,
+                    tenant.clone(),
+                    lease.clone(),
+                    container_id,
+                    r.admission_command.clone(),
+                    true,
+                    Vec::new(),
+                );
+            }
             let r = result.map(|l| {
                 Response::new(pb::BindContainerResponse {
                     lease: Some(convert::lease_to_pb(&l, None)),
@@ -671,37 +738,16 @@ impl Tessera for TesseraService {
             .get(first)
             .map(|(l, _)| l.tenant)
             .unwrap_or_default();
-        if let Some(m) = &self.metrics {
-            m.record_admission(r.admitted, &r.reasons);
-        }
         self.count(Rpc::ReportAdmission, tonic::Code::Ok);
-        info!(
-            container = %r.container_id,
-            lease = %r.lease_id,
-            admitted = r.admitted,
-            command = %r.command,
-            reasons = ?r.reasons,
-            "runtime admission"
-        );
-        self.write_audit(Record {
-            at_ms: now_ms(),
-            source: "runtime".into(),
-            principal: who.name().to_string(),
+        self.record_admission(
+            &who,
             tenant,
-            action: if r.command.is_empty() {
-                "admission".into()
-            } else {
-                r.command.clone()
-            },
-            lease: r.lease_id,
-            container: r.container_id,
-            result: if r.admitted {
-                "admitted".into()
-            } else {
-                "refused".into()
-            },
-            reasons: r.reasons,
-        });
+            r.lease_id,
+            r.container_id,
+            r.command,
+            r.admitted,
+            r.reasons,
+        );
         Ok(Response::new(pb::ReportAdmissionResponse {}))
     }
 

@@ -11,7 +11,8 @@
 //! up to N) one client measures CreateLease (each followed by a release, so the live
 //! count holds), the daemon's RSS is read from /proc right after the leases were
 //! created, and at `--restart-at` the daemon is stopped and started again: the time
-//! from its start to its first answered RPC is "restart to serving".
+//! from its start to its first answered RPC is "restart to serving" (GetNode, which
+//! lists every partition, is timed after it on its own).
 //!
 //! `--results FILE` appends every figure as a `key value` line; `tessera-bench report
 //! FILE` prints them against the goals (what `make bench` shows).
@@ -354,9 +355,23 @@ impl Daemon {
             .build()?;
         let deadline = start + Duration::from_secs(60);
         loop {
+            // The daemon binds its socket only once the store is loaded and
+            // reconciled with the hardware: its first answer, of any RPC, is
+            // "serving". The probe is the cheapest read (a lease that cannot
+            // exist: NOT_FOUND), so the time is the daemon's start, not the
+            // size of one answer (GetNode's is timed on its own).
             let answered = rt.block_on(async {
                 let mut c = connect(&self.socket).await.ok()?;
-                c.get_node(pb::GetNodeRequest {}).await.ok()
+                match c
+                    .get_lease(pb::GetLeaseRequest {
+                        lease_id: "tessera-bench-probe".into(),
+                    })
+                    .await
+                {
+                    Ok(_) => Some(()),
+                    Err(s) if s.code() == tonic::Code::NotFound => Some(()),
+                    Err(_) => None,
+                }
             });
             if answered.is_some() {
                 return Ok(start.elapsed());
@@ -374,6 +389,19 @@ impl Daemon {
             }
             std::thread::sleep(Duration::from_millis(2));
         }
+    }
+
+    /// How long one GetNode takes (it lists every partition).
+    fn time_get_node(&self) -> anyhow::Result<Duration> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        rt.block_on(async {
+            let mut c = connect(&self.socket).await?;
+            let start = Instant::now();
+            c.get_node(pb::GetNodeRequest {}).await?;
+            Ok(start.elapsed())
+        })
     }
 
     fn pid(&self) -> Option<u32> {
@@ -608,6 +636,7 @@ fn curve(args: &Args, rt: &tokio::runtime::Runtime, results: &mut Results) -> an
     let dir = tempfile::Builder::new()
         .prefix("tessera-bench-curve")
         .tempdir()?;
+    let mut notes: Vec<String> = Vec::new();
     let mut daemon = Daemon::start(
         &default_tesserad(args)?,
         dir.path(),
@@ -680,6 +709,13 @@ fn curve(args: &Args, rt: &tokio::runtime::Runtime, results: &mut Results) -> an
             let took = daemon.restart()?;
             let rss_after = rss_bytes(daemon.pid().context("the daemon is not running")?)?;
             results.put(&format!("curve.{point}.restart_ms"), ms(took))?;
+            let node = daemon.time_get_node()?;
+            results.put(&format!("curve.{point}.get_node_ms"), ms(node))?;
+            notes.push(format!(
+                "restart with {point} live leases: {:.1} ms to serving; then GetNode (every partition) answered in {:.1} ms",
+                ms(took),
+                ms(node)
+            ));
             results.put(
                 &format!("curve.{point}.rss_after_restart_bytes"),
                 rss_after as f64,
@@ -706,6 +742,9 @@ fn curve(args: &Args, rt: &tokio::runtime::Runtime, results: &mut Results) -> an
     }
     if let Some(r) = args.restart_at.iter().find(|&&r| r < live) {
         println!("(points after {r} ran on the daemon restarted there)");
+    }
+    for n in notes {
+        println!("{n}");
     }
     Ok(())
 }
@@ -756,10 +795,14 @@ fn report(files: &[String]) -> anyhow::Result<()> {
         rss.is_some_and(|m| m <= 64.0),
     ));
     let restart = get("curve.10000.restart_ms");
+    let node = get("curve.10000.get_node_ms");
     rows.push((
         "restart to serving, 10,000 leases",
         "<= 250 ms",
-        restart.map(|m| format!("{m:.0} ms")),
+        restart.map(|m| match node {
+            Some(n) => format!("{m:.0} ms (GetNode then {n:.0} ms)"),
+            None => format!("{m:.0} ms"),
+        }),
         restart.is_some_and(|m| m <= 250.0),
     ));
     let (rate, p99) = (

@@ -1,12 +1,17 @@
 //! Simulated GPUs: a faithful model of NVML for A100/H100/H200.
 //!
 //! The simulated hardware state (GIs, CIs, MIG UUIDs, MPS daemons, injected faults,
-//! fake processes) lives in a JSON *state file*, not in memory: like real MIG
+//! fake processes) lives in a *state file*, not only in memory: like real MIG
 //! instances it outlives the daemon process, so a restarted daemon finds what the
-//! last one created. Every call loads the file, and every mutating call writes it
-//! back before returning, under an in-process mutex plus an advisory `flock` on a
-//! sibling lock file, so a test harness in another process can inject faults or add
-//! processes through its own `SimBackend` on the same file.
+//! last one created. The file is a log of JSON lines: a snapshot of the whole state,
+//! then one line per change holding only what the change touched (the GPUs it
+//! modified, the MPS daemons it started or stopped). A change costs one appended
+//! line however many daemons run; once the changes outweigh the snapshot, a new
+//! snapshot replaces the file (compaction, by rename). Every call runs under an
+//! in-process mutex plus an advisory `flock` on a sibling lock file, and checks the
+//! file's identity (a `stat`): when another process changed it (a test harness
+//! injecting faults or adding processes through its own `SimBackend` on the same
+//! file), the state is loaded again.
 //!
 //! Deleting the state file models a reboot: MIG instances and MPS daemons are gone,
 //! MIG mode comes back from the config.
@@ -22,9 +27,9 @@
 //!   what `/proc/driver/nvidia-caps/mig-minors` lists; [`SimBackend::mig_minors_text`]
 //!   renders it in that file's format.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::{self, File, OpenOptions};
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
@@ -43,8 +48,15 @@ use super::{
 
 /// Driver version the simulator reports.
 pub const SIM_DRIVER_VERSION: &str = "sim-580.65.06";
-/// Version of the state-file layout.
-const STATE_VERSION: u32 = 1;
+/// Version of the state-file layout: 2 is a snapshot line followed by change lines;
+/// version 1 (a snapshot alone, in the same shape) is read too.
+const STATE_VERSION: u32 = 2;
+/// The oldest layout this simulator reads.
+const OLDEST_STATE_VERSION: u32 = 1;
+/// Change lines may grow to the snapshot's size plus this before the file is
+/// compacted: compaction costs O(state) once per O(state) bytes of changes, and a
+/// start reads at most twice the snapshot (plus this).
+const COMPACT_SLACK_BYTES: u64 = 512 << 10;
 /// First fake pid handed to simulated MPS daemons.
 const FIRST_FAKE_PID: u32 = 40_000;
 /// GI ids available per GPU (the nvidia-caps minor space holds 15).
@@ -231,12 +243,111 @@ struct SimGpu {
     faults: Faults,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 struct SimState {
     version: u32,
     gpus: Vec<SimGpu>,
-    mps: Vec<MpsDaemon>,
+    mps: MpsTable,
     next_pid: u32,
+    /// What the running mutation changed: the next change line.
+    #[serde(skip)]
+    touched: Touched,
+}
+
+/// GPUs and MPS daemons (by lease) a mutation touched.
+#[derive(Debug, Clone, Default)]
+struct Touched {
+    gpus: BTreeSet<u32>,
+    mps: BTreeSet<String>,
+}
+
+/// The MPS control daemons by lease, and which lease holds each pipe directory
+/// (one daemon per pipe directory, as with the real control daemon). Stored as a
+/// list of daemons.
+#[derive(Debug, Clone, Default)]
+struct MpsTable {
+    by_lease: BTreeMap<String, MpsDaemon>,
+    by_pipe: HashMap<PathBuf, String>,
+}
+
+impl MpsTable {
+    fn get(&self, lease_id: &str) -> Option<&MpsDaemon> {
+        self.by_lease.get(lease_id)
+    }
+
+    /// The lease whose daemon uses `pipe_dir`.
+    fn pipe_holder(&self, pipe_dir: &Path) -> Option<&str> {
+        self.by_pipe.get(pipe_dir).map(String::as_str)
+    }
+
+    fn put(&mut self, d: MpsDaemon) {
+        if let Some(old) = self.by_lease.get(&d.spec.lease_id) {
+            self.by_pipe.remove(&old.spec.pipe_dir);
+        }
+        self.by_pipe
+            .insert(d.spec.pipe_dir.clone(), d.spec.lease_id.clone());
+        self.by_lease.insert(d.spec.lease_id.clone(), d);
+    }
+
+    fn remove(&mut self, lease_id: &str) {
+        if let Some(old) = self.by_lease.remove(lease_id) {
+            self.by_pipe.remove(&old.spec.pipe_dir);
+        }
+    }
+}
+
+impl Serialize for MpsTable {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.by_lease.values())
+    }
+}
+
+impl<'de> Deserialize<'de> for MpsTable {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let list = Vec::<MpsDaemon>::deserialize(deserializer)?;
+        let mut table = MpsTable::default();
+        for d in list {
+            if table.by_lease.contains_key(&d.spec.lease_id) {
+                return Err(serde::de::Error::custom(format!(
+                    "two MPS daemons for lease {}",
+                    d.spec.lease_id
+                )));
+            }
+            if let Some(other) = table.pipe_holder(&d.spec.pipe_dir) {
+                return Err(serde::de::Error::custom(format!(
+                    "leases {other} and {} share the MPS pipe directory {}",
+                    d.spec.lease_id,
+                    d.spec.pipe_dir.display()
+                )));
+            }
+            table.put(d);
+        }
+        Ok(table)
+    }
+}
+
+/// One change line: the GPUs a mutation touched (whole), the MPS daemons it started
+/// or changed (whole) and those it stopped, and the next fake pid.
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Change {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    gpus: Vec<SimGpu>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    mps_put: Vec<MpsDaemon>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    mps_del: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    next_pid: Option<u32>,
+}
+
+impl Change {
+    fn is_empty(&self) -> bool {
+        self.gpus.is_empty()
+            && self.mps_put.is_empty()
+            && self.mps_del.is_empty()
+            && self.next_pid.is_none()
+    }
 }
 
 impl SimState {
@@ -258,8 +369,9 @@ impl SimState {
                     faults: Faults::default(),
                 })
                 .collect(),
-            mps: Vec::new(),
+            mps: MpsTable::default(),
             next_pid: FIRST_FAKE_PID,
+            touched: Touched::default(),
         }
     }
 
@@ -268,10 +380,89 @@ impl SimState {
     }
 
     fn gpu_mut(&mut self, gpu: u32) -> Result<&mut SimGpu, GpuError> {
-        self.gpus
+        let g = self
+            .gpus
             .get_mut(gpu as usize)
-            .ok_or(GpuError::NoSuchGpu(gpu))
+            .ok_or(GpuError::NoSuchGpu(gpu))?;
+        self.touched.gpus.insert(gpu);
+        Ok(g)
     }
+
+    fn mps_put(&mut self, d: MpsDaemon) {
+        self.touched.mps.insert(d.spec.lease_id.clone());
+        self.mps.put(d);
+    }
+
+    fn mps_remove(&mut self, lease_id: &str) {
+        if self.mps.get(lease_id).is_some() {
+            self.touched.mps.insert(lease_id.to_owned());
+            self.mps.remove(lease_id);
+        }
+    }
+
+    /// What the mutation that began at `pid_before` changed; clears the record.
+    fn take_change(&mut self, pid_before: u32) -> Change {
+        let touched = std::mem::take(&mut self.touched);
+        let mut change = Change {
+            gpus: touched
+                .gpus
+                .iter()
+                .filter_map(|&i| self.gpus.get(i as usize).cloned())
+                .collect(),
+            next_pid: (self.next_pid != pid_before).then_some(self.next_pid),
+            ..Change::default()
+        };
+        for lease in touched.mps {
+            match self.mps.get(&lease) {
+                Some(d) => change.mps_put.push(d.clone()),
+                None => change.mps_del.push(lease),
+            }
+        }
+        change
+    }
+
+    /// Replays one change line.
+    fn apply(&mut self, change: Change) -> Result<(), String> {
+        for g in change.gpus {
+            let slot = self
+                .gpus
+                .get_mut(g.index as usize)
+                .ok_or_else(|| format!("a change names GPU {}, which is not here", g.index))?;
+            if (slot.model, &slot.uuid) != (g.model, &g.uuid) {
+                return Err(format!(
+                    "a change describes GPU {} as {} {}, not {} {}",
+                    g.index, g.model, g.uuid, slot.model, slot.uuid
+                ));
+            }
+            *slot = g;
+        }
+        for lease in &change.mps_del {
+            self.mps.remove(lease);
+        }
+        for d in change.mps_put {
+            if let Some(other) = self
+                .mps
+                .pipe_holder(&d.spec.pipe_dir)
+                .filter(|l| *l != d.spec.lease_id)
+            {
+                return Err(format!(
+                    "leases {other} and {} share the MPS pipe directory {}",
+                    d.spec.lease_id,
+                    d.spec.pipe_dir.display()
+                ));
+            }
+            self.mps.put(d);
+        }
+        if let Some(pid) = change.next_pid {
+            self.next_pid = pid;
+        }
+        Ok(())
+    }
+}
+
+/// Where the first newline of `bytes` is.
+fn newline(bytes: &[u8]) -> Option<usize> {
+    bytes.iter().position(|&b| b == b'\n')
 }
 
 fn nvml_err(call: &'static str, code: NvmlCode, detail: impl Into<String>) -> GpuError {
@@ -442,15 +633,24 @@ pub struct SimBackend {
     uuids: Vec<String>,
     path: PathBuf,
     lock_path: PathBuf,
-    /// Serialises operations in this process; holds the last state this process
-    /// read or wrote, with the identity of the file it came from.
-    mutex: Mutex<Option<(FileId, SimState)>>,
+    /// Serialises operations in this process; holds the state as of the version of
+    /// the file this process last read or wrote.
+    mutex: Mutex<Option<Cached>>,
     /// Injected faults and hardware health, beside the state file.
     control: SimControl,
 }
 
-/// Identity of one version of the state file. Every save renames a new file into
-/// place, so another process's write changes the inode (and mtime); while the
+/// The state and the version of the file it is the content of.
+struct Cached {
+    id: FileId,
+    state: SimState,
+    /// Length of the file's snapshot line (compaction is due when the change lines
+    /// outweigh it).
+    snapshot_len: u64,
+}
+
+/// Identity of one version of the state file. A compaction renames a new file into
+/// place (a new inode) and a change appends (a new length and mtime), so while the
 /// identity is unchanged the cached state is the file's content.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct FileId {
@@ -461,15 +661,14 @@ struct FileId {
 }
 
 impl FileId {
-    fn of(path: &Path) -> Option<FileId> {
+    fn from_meta(m: &fs::Metadata) -> FileId {
         use std::os::unix::fs::MetadataExt;
-        let m = fs::metadata(path).ok()?;
-        Some(FileId {
+        FileId {
             dev: m.dev(),
             ino: m.ino(),
             len: m.len(),
             mtime_ns: i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
-        })
+        }
     }
 }
 
@@ -484,7 +683,7 @@ impl std::fmt::Debug for SimBackend {
 
 /// Holds the in-process mutex and the cross-process flock for one operation.
 struct Locked<'a> {
-    guard: MutexGuard<'a, Option<(FileId, SimState)>>,
+    guard: MutexGuard<'a, Option<Cached>>,
     _flock: Flock<File>,
 }
 
@@ -535,9 +734,15 @@ impl SimBackend {
     }
 
     fn lock(&self) -> Result<Locked<'_>, GpuError> {
-        // A panic in another thread leaves no half-written state behind (writes go
-        // through rename), so a poisoned mutex is safe to take over.
-        let guard = self.mutex.lock().unwrap_or_else(|e| e.into_inner());
+        // A panic in another thread leaves no half-written state behind (a change
+        // line is applied in memory only after it is built, and a torn line is
+        // discarded on load), so a poisoned mutex is safe to take over; its cache
+        // is dropped, and the state read from the file again.
+        let guard = self.mutex.lock().unwrap_or_else(|e| {
+            let mut g = e.into_inner();
+            *g = None;
+            g
+        });
         if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
             fs::create_dir_all(dir).map_err(|e| Self::io_err(dir, e))?;
         }
@@ -562,25 +767,93 @@ impl SimBackend {
         }
     }
 
-    /// Load the state; a missing file is a freshly booted host.
-    fn load(&self) -> Result<(SimState, bool), GpuError> {
-        let text = match fs::read_to_string(&self.path) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Ok((SimState::fresh(&self.config, &self.uuids), true));
-            }
-            Err(e) => return Err(Self::io_err(&self.path, e)),
-        };
-        let state: SimState =
-            serde_json::from_str(&text).map_err(|e| self.corrupt(e.to_string()))?;
-        if state.version != STATE_VERSION {
+    /// The state file's identity now; None when there is none (a fresh host).
+    fn file_id(&self) -> Result<Option<FileId>, GpuError> {
+        match fs::metadata(&self.path) {
+            Ok(m) => Ok(Some(FileId::from_meta(&m))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(Self::io_err(&self.path, e)),
+        }
+    }
+
+    /// The state as the file holds it now: the cache while the file is the version
+    /// it came from, else the file loaded again (or a fresh host written).
+    fn current<'c>(&self, slot: &'c mut Option<Cached>) -> Result<&'c mut Cached, GpuError> {
+        let now = self.file_id()?;
+        let valid = matches!((slot.as_ref(), now), (Some(c), Some(id)) if c.id == id);
+        if !valid {
+            *slot = None;
+            let cached = match now {
+                None => {
+                    let state = SimState::fresh(&self.config, &self.uuids);
+                    let (id, snapshot_len) = self.write_snapshot(&state)?;
+                    Cached {
+                        id,
+                        state,
+                        snapshot_len,
+                    }
+                }
+                Some(_) => self.load()?,
+            };
+            return Ok(slot.insert(cached));
+        }
+        slot.as_mut()
+            .ok_or_else(|| self.corrupt("the cached state vanished"))
+    }
+
+    /// Load the state: the snapshot line, then every complete change line. A last
+    /// line without its newline is a change whose writer died mid-write (the call
+    /// never returned): it is cut off, as if it had never been made.
+    fn load(&self) -> Result<Cached, GpuError> {
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&self.path)
+            .map_err(|e| Self::io_err(&self.path, e))?;
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes)
+            .map_err(|e| Self::io_err(&self.path, e))?;
+        let first_end = newline(&bytes).unwrap_or(bytes.len());
+        let mut state: SimState =
+            serde_json::from_slice(&bytes[..first_end]).map_err(|e| self.corrupt(e.to_string()))?;
+        if !(OLDEST_STATE_VERSION..=STATE_VERSION).contains(&state.version) {
             return Err(self.corrupt(format!(
-                "state version {} (this daemon reads version {STATE_VERSION})",
+                "state version {} (this daemon reads versions {OLDEST_STATE_VERSION} to \
+                 {STATE_VERSION})",
                 state.version
             )));
         }
         self.check_matches_config(&state)?;
-        Ok((state, false))
+        let mut pos = first_end + 1;
+        while let Some(len) = bytes.get(pos..).and_then(newline) {
+            let change: Change = serde_json::from_slice(&bytes[pos..pos + len])
+                .map_err(|e| self.corrupt(format!("change at byte {pos}: {e}")))?;
+            state
+                .apply(change)
+                .map_err(|e| self.corrupt(format!("change at byte {pos}: {e}")))?;
+            pos += len + 1;
+        }
+        if first_end == bytes.len() || state.version != STATE_VERSION {
+            // A snapshot without its newline (written by hand) or of an older
+            // layout: rewrite it, so that change lines can follow.
+            state.version = STATE_VERSION;
+            let (id, snapshot_len) = self.write_snapshot(&state)?;
+            return Ok(Cached {
+                id,
+                state,
+                snapshot_len,
+            });
+        }
+        if pos < bytes.len() {
+            file.set_len(pos as u64)
+                .map_err(|e| Self::io_err(&self.path, e))?;
+        }
+        let meta = file.metadata().map_err(|e| Self::io_err(&self.path, e))?;
+        Ok(Cached {
+            id: FileId::from_meta(&meta),
+            state,
+            snapshot_len: first_end as u64 + 1,
+        })
     }
 
     fn check_matches_config(&self, state: &SimState) -> Result<(), GpuError> {
@@ -619,13 +892,18 @@ impl SimBackend {
         Ok(())
     }
 
-    /// Write atomically: a temp file in the same directory, then rename over the old
-    /// file. The rename makes a reader see either the old or the new state, never a
-    /// torn one, which is what a daemon crash needs (real MIG instances survive a
-    /// daemon crash). No fsync: real MIG instances do not survive a reboot or power
-    /// loss either, so losing the last write on power loss models the hardware.
-    fn save(&self, state: &SimState) -> Result<(), GpuError> {
-        let json = serde_json::to_vec(state).map_err(|e| self.corrupt(e.to_string()))?;
+    /// Replace the file with a snapshot of `state`: a temp file in the same
+    /// directory, then a rename over the old file, so a reader sees the old or the
+    /// new file, never a torn one. Returns the new file's identity and length.
+    ///
+    /// No fsync, here or for change lines: what a crash of the daemon must not lose
+    /// is in the page cache the moment write(2) returns (real MIG instances survive
+    /// a daemon crash, and so does this file). Real MIG instances and MPS daemons do
+    /// not survive a reboot or power loss either, so losing the last writes then
+    /// models the hardware.
+    fn write_snapshot(&self, state: &SimState) -> Result<(FileId, u64), GpuError> {
+        let mut json = serde_json::to_vec(state).map_err(|e| self.corrupt(e.to_string()))?;
+        json.push(b'\n');
         let mut tmp_name = std::ffi::OsString::from(".");
         tmp_name.push(self.path.file_name().unwrap_or_default());
         tmp_name.push(format!(".tmp.{}", std::process::id()));
@@ -633,59 +911,78 @@ impl SimBackend {
         let result = (|| {
             let mut f = File::create(&tmp)?;
             f.write_all(&json)?;
-            f.write_all(b"\n")?;
+            let meta = f.metadata()?;
             drop(f);
-            fs::rename(&tmp, &self.path)
+            fs::rename(&tmp, &self.path)?;
+            Ok(meta)
         })();
-        if let Err(e) = result {
-            let _ = fs::remove_file(&tmp);
-            return Err(Self::io_err(&self.path, e));
+        match result {
+            Ok(meta) => Ok((FileId::from_meta(&meta), json.len() as u64)),
+            Err(e) => {
+                let _ = fs::remove_file(&tmp);
+                Err(Self::io_err(&self.path, e))
+            }
         }
+    }
+
+    /// Record one change: a line appended (a single write), or, once the change
+    /// lines would outweigh the snapshot (plus the slack), a new snapshot.
+    fn record(&self, cached: &mut Cached, change: &Change) -> Result<(), GpuError> {
+        let mut line = serde_json::to_vec(change).map_err(|e| self.corrupt(e.to_string()))?;
+        line.push(b'\n');
+        let grown = cached.id.len + line.len() as u64;
+        if grown > 2 * cached.snapshot_len + COMPACT_SLACK_BYTES {
+            let (id, snapshot_len) = self.write_snapshot(&cached.state)?;
+            cached.id = id;
+            cached.snapshot_len = snapshot_len;
+            return Ok(());
+        }
+        let mut f = OpenOptions::new()
+            .append(true)
+            .open(&self.path)
+            .map_err(|e| Self::io_err(&self.path, e))?;
+        let before = f.metadata().map_err(|e| Self::io_err(&self.path, e))?;
+        if FileId::from_meta(&before) != cached.id {
+            // Replaced or deleted (a simulated reboot) since this call read it.
+            return Err(Self::io_err(
+                &self.path,
+                std::io::Error::other("the state file changed during the call"),
+            ));
+        }
+        f.write_all(&line)
+            .map_err(|e| Self::io_err(&self.path, e))?;
+        let after = f.metadata().map_err(|e| Self::io_err(&self.path, e))?;
+        cached.id = FileId::from_meta(&after);
         Ok(())
     }
 
-    /// Run a mutation. The state is saved even when `f` fails, because NVML can fail
-    /// after changing hardware (the crash-midway fault), and a consumed fault must
-    /// stay consumed.
+    /// Run a mutation. Its change is recorded even when `f` fails, because NVML can
+    /// fail after changing hardware (the crash-midway fault), and a consumed fault
+    /// must stay consumed. When the change cannot be recorded, the state in memory
+    /// is dropped (the next call reads the file) and the call fails.
     fn mutate<T>(
         &self,
         f: impl FnOnce(&mut SimState) -> Result<T, GpuError>,
     ) -> Result<T, GpuError> {
         let mut locked = self.lock()?;
-        let mut state = match Self::cached(&locked.guard, &self.path) {
-            Some(s) => s.clone(),
-            None => self.load()?.0,
-        };
-        let before = state.clone();
-        let out = f(&mut state);
-        if state != before
-            && let Err(e) = self.save(&state)
+        let cached = self.current(&mut locked.guard)?;
+        let pid_before = cached.state.next_pid;
+        cached.state.touched = Touched::default();
+        let out = f(&mut cached.state);
+        let change = cached.state.take_change(pid_before);
+        if !change.is_empty()
+            && let Err(e) = self.record(cached, &change)
         {
             *locked.guard = None;
             return Err(e);
         }
-        *locked.guard = FileId::of(&self.path).map(|id| (id, state));
         out
     }
 
     fn read<T>(&self, f: impl FnOnce(&SimState) -> Result<T, GpuError>) -> Result<T, GpuError> {
         let mut locked = self.lock()?;
-        if let Some(state) = Self::cached(&locked.guard, &self.path) {
-            return f(state);
-        }
-        let (state, fresh) = self.load()?;
-        if fresh {
-            self.save(&state)?;
-        }
-        let out = f(&state);
-        *locked.guard = FileId::of(&self.path).map(|id| (id, state));
-        out
-    }
-
-    /// The cached state, if the file is still the version this process last saw.
-    fn cached<'s>(cache: &'s Option<(FileId, SimState)>, path: &Path) -> Option<&'s SimState> {
-        let (id, state) = cache.as_ref()?;
-        (FileId::of(path)? == *id).then_some(state)
+        let cached = self.current(&mut locked.guard)?;
+        f(&cached.state)
     }
 
     // ---- fault injection and fake load (tests, demos) ----
@@ -804,16 +1101,13 @@ impl SimBackend {
     /// the lease has no daemon.
     pub fn kill_mps(&self, lease_id: &str) -> Result<(), GpuError> {
         self.mutate(|s| {
-            let d = s
-                .mps
-                .iter_mut()
-                .find(|d| d.spec.lease_id == lease_id)
-                .ok_or_else(|| GpuError::Mps {
-                    lease: lease_id.to_owned(),
-                    detail: "no MPS control daemon for this lease".to_owned(),
-                })?;
+            let mut d = s.mps.get(lease_id).cloned().ok_or_else(|| GpuError::Mps {
+                lease: lease_id.to_owned(),
+                detail: "no MPS control daemon for this lease".to_owned(),
+            })?;
             d.running = false;
             d.pid = None;
+            s.mps_put(d);
             Ok(())
         })
     }
@@ -1042,48 +1336,41 @@ impl GpuBackend for SimBackend {
             }
             if let Some(other) = s
                 .mps
-                .iter()
-                .find(|d| d.spec.lease_id != spec.lease_id && d.spec.pipe_dir == spec.pipe_dir)
+                .pipe_holder(&spec.pipe_dir)
+                .filter(|l| *l != spec.lease_id)
             {
                 return Err(mps_err(format!(
-                    "pipe directory {} is in use by lease {}",
+                    "pipe directory {} is in use by lease {other}",
                     spec.pipe_dir.display(),
-                    other.spec.lease_id
                 )));
             }
-            let pid = s.next_pid;
-            match s.mps.iter_mut().find(|d| d.spec.lease_id == spec.lease_id) {
-                Some(d) if d.spec != *spec => Err(mps_err(
-                    "an MPS control daemon with different limits runs for this lease".to_owned(),
-                )),
-                Some(d) if d.running => Ok(d.clone()),
-                Some(d) => {
-                    // Restart a daemon that died.
-                    d.running = true;
-                    d.pid = Some(pid);
-                    let d = d.clone();
-                    s.next_pid += 1;
-                    Ok(d)
+            match s.mps.get(&spec.lease_id) {
+                Some(d) if d.spec != *spec => {
+                    return Err(mps_err(
+                        "an MPS control daemon with different limits runs for this lease"
+                            .to_owned(),
+                    ));
                 }
-                None => {
-                    let d = MpsDaemon {
-                        spec: spec.clone(),
-                        pid: Some(pid),
-                        running: true,
-                        time_slice_percent: 0,
-                    };
-                    s.mps.push(d.clone());
-                    s.next_pid += 1;
-                    Ok(d)
-                }
+                Some(d) if d.running => return Ok(d.clone()),
+                // Start it, or restart a daemon that died.
+                _ => {}
             }
+            let d = MpsDaemon {
+                spec: spec.clone(),
+                pid: Some(s.next_pid),
+                running: true,
+                time_slice_percent: 0,
+            };
+            s.mps_put(d.clone());
+            s.next_pid += 1;
+            Ok(d)
         })
     }
 
     fn mps_stop(&self, lease_id: &str) -> Result<(), GpuError> {
         self.control.before("mps_stop", None)?;
         self.mutate(|s| {
-            s.mps.retain(|d| d.spec.lease_id != lease_id);
+            s.mps_remove(lease_id);
             Ok(())
         })
     }
@@ -1107,7 +1394,8 @@ impl GpuBackend for SimBackend {
         self.control.before("mps_daemons", None)?;
         // The accounting NVML would show: separate servers on one device time-slice,
         // the clients of one server run concurrently within its slice.
-        let mut all = self.read(|s| Ok(s.mps.clone()))?;
+        let mut all: Vec<MpsDaemon> =
+            self.read(|s| Ok(s.mps.by_lease.values().cloned().collect()))?;
         crate::mps::assign_time_slices(&mut all);
         Ok(all)
     }
@@ -1561,6 +1849,134 @@ mod tests {
             .collect();
         names.sort();
         assert_eq!(names, vec!["sim-state.json", "sim-state.json.lock"]);
+    }
+
+    #[test]
+    fn a_change_appends_one_line_not_the_whole_state() {
+        let (d, b) = sim(&[(GpuModel::A100Sxm80Gb, false)]);
+        let path = d.path().join("sim-state.json");
+        for i in 0..200 {
+            b.mps_start(&mps_spec(&b, &format!("lease-{i:03}")))
+                .unwrap();
+        }
+        let before = fs::metadata(&path).unwrap().len();
+        b.mps_start(&mps_spec(&b, "lease-new")).unwrap();
+        let grown = fs::metadata(&path).unwrap().len() - before;
+        let one_daemon = serde_json::to_vec(&b.mps_daemons().unwrap()[0])
+            .unwrap()
+            .len() as u64;
+        assert!(
+            grown < 2 * one_daemon,
+            "a start appended {grown} bytes; one daemon is {one_daemon}"
+        );
+        b.mps_stop("lease-007").unwrap();
+        b.kill_mps("lease-008").unwrap();
+        drop(b);
+
+        // A restart replays the snapshot and every change.
+        let again = SimBackend::open(&config(&[(GpuModel::A100Sxm80Gb, false)]), &path).unwrap();
+        let daemons = again.mps_daemons().unwrap();
+        assert_eq!(daemons.len(), 200);
+        assert!(!daemons.iter().any(|d| d.spec.lease_id == "lease-007"));
+        let dead = daemons
+            .iter()
+            .find(|d| d.spec.lease_id == "lease-008")
+            .unwrap();
+        assert_eq!((dead.running, dead.pid), (false, None));
+        let fresh = again.mps_start(&mps_spec(&again, "lease-more")).unwrap();
+        assert!(
+            daemons.iter().all(|d| d.pid < fresh.pid),
+            "pids are not reused after a restart"
+        );
+    }
+
+    #[test]
+    fn a_torn_last_change_is_discarded_and_the_log_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sim.json");
+        let cfg = config(&[(GpuModel::H100Hbm3_80Gb, true)]);
+        let b = SimBackend::open(&cfg, &path).unwrap();
+        let kept = b
+            .create_instance(0, GI_PROFILE_1_SLICE, at(0, 1), None)
+            .unwrap();
+        drop(b);
+        // A writer killed mid-write leaves a line without its newline.
+        let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+        f.write_all(b"{\"gpus\":[{\"index\":0,").unwrap();
+        drop(f);
+
+        let b = SimBackend::open(&cfg, &path).unwrap();
+        assert_eq!(b.instances(0).unwrap(), vec![kept.clone()]);
+        let next = b
+            .create_instance(0, GI_PROFILE_1_SLICE, at(1, 1), None)
+            .unwrap();
+        drop(b);
+        let b = SimBackend::open(&cfg, &path).unwrap();
+        assert_eq!(b.instances(0).unwrap(), vec![kept, next]);
+
+        // A complete line that does not parse is corruption, not a torn write.
+        let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+        f.write_all(b"{\"gpus\":7}\n").unwrap();
+        drop(f);
+        let e = SimBackend::open(&cfg, &path).unwrap_err();
+        assert!(matches!(e, GpuError::CorruptState { .. }), "{e}");
+    }
+
+    #[test]
+    fn compaction_keeps_the_state_and_bounds_the_file() {
+        let (d, b) = sim(&[(GpuModel::A100Sxm80Gb, false)]);
+        let path = d.path().join("sim-state.json");
+        let mut peak = 0;
+        for round in 0..60 {
+            for i in 0..100 {
+                b.mps_start(&mps_spec(&b, &format!("lease-{round}-{i}")))
+                    .unwrap();
+            }
+            for i in 0..100 {
+                b.mps_stop(&format!("lease-{round}-{i}")).unwrap();
+            }
+            peak = peak.max(fs::metadata(&path).unwrap().len());
+        }
+        b.mps_start(&mps_spec(&b, "lease-last")).unwrap();
+        // 12,000 changes (half of them ~300 bytes) make ~2 MB without compaction.
+        assert!(
+            peak <= COMPACT_SLACK_BYTES + 256 * 1024,
+            "the file grew to {peak}"
+        );
+        let again = SimBackend::open(&config(&[(GpuModel::A100Sxm80Gb, false)]), &path).unwrap();
+        let ids: Vec<String> = again
+            .mps_daemons()
+            .unwrap()
+            .into_iter()
+            .map(|d| d.spec.lease_id)
+            .collect();
+        assert_eq!(ids, vec!["lease-last".to_owned()]);
+    }
+
+    #[test]
+    fn a_version_1_state_file_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sim.json");
+        let cfg = config(&[(GpuModel::H100Hbm3_80Gb, false)]);
+        let uuid = cfg.gpu_uuids().unwrap().remove(0);
+        let v1 = serde_json::json!({
+            "version": 1,
+            "gpus": [{"index": 0, "model": GpuModel::H100Hbm3_80Gb, "uuid": uuid, "mig": false,
+                      "instances": [], "processes": [],
+                      "faults": {"next_create": null, "fail_next_destroy": false}}],
+            "mps": [{"spec": {"lease_id": "lease-old", "gpu": 0, "gpu_uuid": uuid,
+                              "sm_percent": 10, "memory_bytes": GIB,
+                              "pipe_dir": "/run/p", "log_dir": "/run/l", "owner_uid": null},
+                     "pid": 40000, "running": true}],
+            "next_pid": 40001
+        });
+        fs::write(&path, format!("{v1}\n")).unwrap();
+        let b = SimBackend::open(&cfg, &path).unwrap();
+        assert_eq!(b.mps_daemons().unwrap()[0].spec.lease_id, "lease-old");
+        b.mps_stop("lease-old").unwrap();
+        drop(b);
+        let b = SimBackend::open(&cfg, &path).unwrap();
+        assert!(b.mps_daemons().unwrap().is_empty());
     }
 
     #[test]

@@ -19,7 +19,7 @@ use crate::gpu::MpsMode;
 use crate::model::{
     MigPart, MpsPart, NewLease, Partition, PartitionState, mig_mps_key, shared_mps_key,
 };
-use crate::partition::{MigMpsDecision, PlanDecision, PlanError};
+use crate::partition::{MigMpsDecision, MpsShare, PlanDecision, PlanError};
 
 use super::create::{Ask, Reserved};
 use super::error::Inconsistency;
@@ -224,13 +224,7 @@ impl LeaseManager {
         shape: &Shape,
         extra: Amounts,
     ) -> Result<quota::Admission, LeaseError> {
-        let used = st
-            .leases
-            .values()
-            .filter(|l| l.tenant == tenant && l.state().is_live())
-            .fold(Amounts::default(), |acc, l| {
-                quota::add(acc, quota::amounts_of(&l.shape))
-            });
+        let used = st.leases.live_usage(tenant);
         let admission = quota::admit(tenancy, tenant, used, quota::amounts_of(shape), extra)
             .map_err(LeaseError::QuotaExceeded)?;
         if admission == quota::Admission::Burst && st.preempting > 0 {
@@ -491,15 +485,13 @@ impl LeaseManager {
                         }
                     }
                 }
-                PartKind::Mps(m) => {
-                    if let Some(i) = view.mps.iter().position(|s| {
-                        s.sm_percent == m.sm_percent
-                            && s.memory_bytes == m.memory_bytes
-                            && s.mode == m.mode
-                    }) {
-                        view.mps.remove(i);
-                    }
-                }
+                // Shares inside a MIG instance are the instance's, not the GPU's.
+                PartKind::Mps(m) if m.host.is_some() => {}
+                PartKind::Mps(m) => view.mps.remove(MpsShare {
+                    sm_percent: m.sm_percent,
+                    memory_bytes: m.memory_bytes,
+                    mode: m.mode,
+                }),
                 PartKind::WholeGpu => view.whole_leased = false,
             }
             chosen.push(v.id.clone());

@@ -147,7 +147,7 @@ impl LeaseManager {
             // other uids wait): the uid of the first container bound to any of its
             // leases.
             let server_owner = shared_server_owner(&st, &resolved.partition);
-            if let (Some(uid), Some(p)) = (uid, st.partitions.get_mut(&resolved.partition.id))
+            if let (Some(uid), Some(mut p)) = (uid, st.partitions.get_mut(&resolved.partition.id))
                 && let PartKind::Mps(m) = &mut p.kind
             {
                 match m.owner_uid.or(server_owner) {
@@ -170,7 +170,7 @@ impl LeaseManager {
                     }
                 }
             }
-            let l = st
+            let mut l = st
                 .leases
                 .get_mut(&resolved.lease.id)
                 .ok_or_else(|| LeaseError::NotFound("lease ended".into()))?;
@@ -242,32 +242,37 @@ impl LeaseManager {
         pod_claimed: bool,
     ) {
         let mut st = self.lock();
-        if let Some(l) = st.leases.get_mut(lease_id) {
+        if let Some(mut l) = st.leases.get_mut(lease_id) {
             l.containers.retain(|c| c.id != container_id);
             l.containers.extend(previous);
             if pod_claimed {
                 l.pod = None;
             }
         }
-        if let Some(p) = handed
-            && let Some(p) = st.partitions.get_mut(&p.id)
-            && let PartKind::Mps(m) = &mut p.kind
-        {
+        let cleared = handed.and_then(|p| {
+            let mut p = st.partitions.get_mut(&p.id)?;
+            let PartKind::Mps(m) = &mut p.kind else {
+                return None;
+            };
             m.owner_uid = None;
-            let p = p.clone();
+            Some((*p).clone())
+        });
+        let dirs = cleared.and_then(|p| {
             // A shared server's directories stay with the uid its other leases use.
             if shared_server_owner(&st, &p).is_some() {
-                return;
+                return None;
             }
             let PartKind::Mps(m) = &p.kind else {
-                return;
+                return None;
             };
-            let dirs = [
+            Some([
                 m.pipe_dir.parent().map(Path::to_path_buf),
                 Some(m.pipe_dir.clone()),
                 Some(m.log_dir.clone()),
-            ];
-            drop(st);
+            ])
+        });
+        drop(st);
+        if let Some(dirs) = dirs {
             for dir in dirs.into_iter().flatten() {
                 if let Err(e) = self.host.chown(&dir, 0) {
                     tracing::warn!(dir = %dir.display(), error = %e, "could not hand an MPS directory back to root");
@@ -281,20 +286,27 @@ impl LeaseManager {
     pub async fn unbind_container(&self, container_id: &str) -> Result<(), LeaseError> {
         let unbound: Vec<(Lease, Vec<ContainerBinding>)> = {
             let mut st = self.lock();
-            st.leases
-                .values_mut()
+            let ids: Vec<String> = st
+                .leases
+                .values()
                 .filter(|l| l.containers.iter().any(|c| c.id == container_id))
-                .map(|l| {
-                    let gone: Vec<ContainerBinding> = l
-                        .containers
-                        .iter()
-                        .filter(|c| c.id == container_id)
-                        .cloned()
-                        .collect();
-                    l.containers.retain(|c| c.id != container_id);
-                    (l.clone(), gone)
-                })
-                .collect()
+                .map(|l| l.id.clone())
+                .collect();
+            let mut unbound = Vec::with_capacity(ids.len());
+            for id in ids {
+                let Some(mut l) = st.leases.get_mut(&id) else {
+                    continue;
+                };
+                let gone: Vec<ContainerBinding> = l
+                    .containers
+                    .iter()
+                    .filter(|c| c.id == container_id)
+                    .cloned()
+                    .collect();
+                l.containers.retain(|c| c.id != container_id);
+                unbound.push((l.clone(), gone));
+            }
+            unbound
         };
         if unbound.is_empty() {
             return Ok(());
@@ -308,7 +320,7 @@ impl LeaseManager {
             // Refused: still bound, in memory too.
             let mut st = self.lock();
             for (lease, gone) in unbound {
-                if let Some(l) = st.leases.get_mut(&lease.id) {
+                if let Some(mut l) = st.leases.get_mut(&lease.id) {
                     l.containers.extend(gone);
                 }
             }

@@ -471,7 +471,7 @@ impl LeaseManager {
             st.requests.remove(&(lease.tenant.clone(), rid.clone()));
         }
         if partition.origin == Origin::Static && undo_static {
-            if let Some(p) = st.partitions.get_mut(&partition.id) {
+            if let Some(mut p) = st.partitions.get_mut(&partition.id) {
                 p.lease_id = None;
             }
         } else {

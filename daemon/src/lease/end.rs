@@ -70,11 +70,12 @@ impl LeaseManager {
                     LeaseError::Inconsistent(Inconsistency::LeaseWithoutPartition(id.to_string()))
                 })?;
             let teardown = self.teardown_for(&st, &partition);
-            let l = st.leases.get_mut(id).ok_or_else(|| {
+            let mut l = st.leases.get_mut(id).ok_or_else(|| {
                 LeaseError::Inconsistent(Inconsistency::LeaseVanished(id.to_string()))
             })?;
             l.begin_end(ending_as, reason)?;
             let ending = l.clone();
+            drop(l);
             st.tearing_down.insert(id.to_string());
             (ending, partition, (teardown, lease))
         };
@@ -129,7 +130,7 @@ impl LeaseManager {
         let intent = match self.record_teardown_intent(&lease, &partition, &hw).await {
             Ok(i) => i,
             Err(e) => {
-                if let Some(l) = self.lock().leases.get_mut(&lease.id) {
+                if let Some(mut l) = self.lock().leases.get_mut(&lease.id) {
                     *l = before;
                 }
                 return Err(e);
@@ -158,10 +159,10 @@ impl LeaseManager {
         {
             warn!(lease = %lease.id, error = %e, "teardown failed; will retry");
             let mut st = self.lock();
-            if let Some(p) = st.partitions.get_mut(&partition.id) {
+            if let Some(mut p) = st.partitions.get_mut(&partition.id) {
                 p.state = PartitionState::Destroying;
             }
-            if let Some(l) = st.leases.get_mut(&lease.id) {
+            if let Some(mut l) = st.leases.get_mut(&lease.id) {
                 *l = lease.clone();
             }
             drop(st);
@@ -288,7 +289,7 @@ impl LeaseManager {
             }
             Err(e) => {
                 warn!(lease = %lease.id, error = %e, "stopping containers failed; will retry");
-                if let Some(l) = self.lock().leases.get_mut(&lease.id) {
+                if let Some(mut l) = self.lock().leases.get_mut(&lease.id) {
                     *l = lease.clone();
                 }
                 format!("stopping containers failed, retrying: {e}")
@@ -394,7 +395,7 @@ impl LeaseManager {
     fn forget_ended(&self, lease: &Lease, partition: &Partition, freed: Option<Partition>) {
         let mut st = self.lock();
         st.leases.remove(&lease.id);
-        st.tokens.retain(|_, l| *l != lease.id);
+        st.tokens.remove_lease(&lease.id);
         st.expiring_notified.remove(&lease.id);
         st.teardown_backoff.remove(&lease.id);
         if let Some(rid) = &lease.request_id {

@@ -89,14 +89,7 @@ impl LeaseManager {
     /// its active temporary grants.
     pub fn quota_of(&self, tenant: &str) -> (Option<TenantQuota>, Amounts, Amounts, String) {
         let t = self.tenancy();
-        let used = self
-            .lock()
-            .leases
-            .values()
-            .filter(|l| l.tenant == tenant && l.state().is_live())
-            .fold(Amounts::default(), |acc, l| {
-                quota::add(acc, quota::amounts_of(&l.shape))
-            });
+        let used = self.lock().leases.live_usage(tenant);
         let q = t.tenants.get(tenant).cloned();
         let class = q
             .as_ref()

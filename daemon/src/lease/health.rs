@@ -53,7 +53,7 @@ impl State {
             health,
             ..
         } = self;
-        for l in leases.values_mut() {
+        leases.for_each_mut(|l| {
             let gi = partitions
                 .get(&l.partition_id)
                 .and_then(|p| p.mig())
@@ -62,7 +62,7 @@ impl State {
                 .get(&(l.gpu, None))
                 .or_else(|| gi.and_then(|gi| health.get(&(l.gpu, Some(gi)))));
             l.unhealthy = mark.map(HealthMark::describe);
-        }
+        });
     }
 }
 

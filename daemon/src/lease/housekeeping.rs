@@ -29,16 +29,16 @@ impl LeaseManager {
             let mut expired = Vec::new();
             let mut expiring = Vec::new();
             let mut stuck = Vec::new();
-            for l in st.leases.values() {
-                if l.state() == LeaseState::Active && l.expires_at_ms <= now {
+            // Through the indexes: only the leases due now, not every lease.
+            for l in st.leases.active_expiring_by(now.saturating_add(notice)) {
+                if l.expires_at_ms <= now {
                     expired.push(l.id.clone());
-                } else if l.state() == LeaseState::Active
-                    && l.expires_at_ms - notice <= now
-                    && !st.expiring_notified.contains(&l.id)
-                {
+                } else if !st.expiring_notified.contains(&l.id) {
                     expiring.push(l.clone());
-                } else if l.state() == LeaseState::Revoking
-                    && !st.tearing_down.contains(&l.id)
+                }
+            }
+            for l in st.leases.revoking() {
+                if !st.tearing_down.contains(&l.id)
                     && st
                         .teardown_backoff
                         .get(&l.id)
@@ -138,29 +138,18 @@ impl LeaseManager {
     /// Restart the MPS control daemon of any active MPS lease whose daemon died,
     /// with the lease's limits, backing off exponentially (1 s .. 60 s) per lease.
     pub(super) async fn supervise_mps(&self, now: i64) {
-        let due: Vec<(Lease, Partition, u32)> = {
+        {
             let mut st = self.lock();
             if now - st.mps_checked_ms < 1000 {
                 return;
             }
             st.mps_checked_ms = now;
-            st.partitions
-                .values()
-                .filter(|p| p.state == PartitionState::Ready && p.mps().is_some())
-                .filter_map(|p| {
-                    let l = st.leases.get(p.lease_id.as_deref()?)?;
-                    (l.state() == LeaseState::Active && !st.tearing_down.contains(&l.id))
-                        .then(|| (l.clone(), p.clone()))
-                })
-                .filter_map(|(l, p)| {
-                    let (n, next) = st.mps_backoff.get(&l.id).copied().unwrap_or((0, 0));
-                    (next <= now).then_some((l, p, n))
-                })
-                .collect()
-        };
-        if due.is_empty() {
-            return;
+            if !st.partitions.values().any(|p| p.mps().is_some()) {
+                return;
+            }
         }
+        // Which daemons run, first: then only the leases whose daemon does not are
+        // looked at (and copied), not every MPS lease every second.
         let backend = self.backend.clone();
         let running: HashSet<String> =
             match tokio::task::spawn_blocking(move || backend.mps_daemons()).await {
@@ -175,15 +164,46 @@ impl LeaseManager {
                 }
                 Err(_) => return,
             };
-        for (lease, p, attempts) in due {
-            let Some(key) = p.mps_daemon_key(&lease.id) else {
-                continue;
-            };
-            if running.contains(&key) {
-                // Healthy again for a whole check: forget old failures.
-                self.lock().mps_backoff.remove(&lease.id);
-                continue;
+        let due: Vec<(Lease, Partition, u32)> = {
+            let mut st = self.lock();
+            // Healthy again for a whole check: forget old failures. A daemon runs
+            // under its key: the lease's id (isolated) or the shared server's.
+            let healthy: Vec<String> = st
+                .mps_backoff
+                .keys()
+                .filter(|id| {
+                    st.leases
+                        .get(id.as_str())
+                        .and_then(|l| st.partitions.get(&l.partition_id))
+                        .and_then(|p| p.mps_daemon_key(id))
+                        .is_none_or(|key| running.contains(&key))
+                })
+                .cloned()
+                .collect();
+            for id in healthy {
+                st.mps_backoff.remove(&id);
             }
+            st.partitions
+                .values()
+                .filter(|p| p.state == PartitionState::Ready && p.mps().is_some())
+                .filter(|p| {
+                    p.lease_id
+                        .as_deref()
+                        .and_then(|l| p.mps_daemon_key(l))
+                        .is_some_and(|key| !running.contains(&key))
+                })
+                .filter_map(|p| {
+                    let l = st.leases.get(p.lease_id.as_deref()?)?;
+                    (l.state() == LeaseState::Active && !st.tearing_down.contains(&l.id))
+                        .then(|| (l.clone(), p.clone()))
+                })
+                .filter_map(|(l, p)| {
+                    let (n, next) = st.mps_backoff.get(&l.id).copied().unwrap_or((0, 0));
+                    (next <= now).then_some((l, p, n))
+                })
+                .collect()
+        };
+        for (lease, p, attempts) in due {
             let Some(spec) = p.mps_spec(&lease.id) else {
                 continue;
             };

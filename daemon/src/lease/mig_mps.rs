@@ -86,7 +86,7 @@ impl LeaseManager {
                 MigMpsDecision::Join { host, .. } => (host, None),
                 MigMpsDecision::NewHost(PlanDecision::Static { partition_id, .. }) => {
                     // A free pool instance becomes the host: no hardware change.
-                    let p = st.partitions.get_mut(&partition_id).ok_or_else(|| {
+                    let mut p = st.partitions.get_mut(&partition_id).ok_or_else(|| {
                         LeaseError::Inconsistent(Inconsistency::UnknownPartition(
                             partition_id.clone(),
                         ))
@@ -221,7 +221,7 @@ impl LeaseManager {
     }
 
     fn give_back_host(&self, partition_id: &str) {
-        if let Some(p) = self.lock().partitions.get_mut(partition_id)
+        if let Some(mut p) = self.lock().partitions.get_mut(partition_id)
             && let PartKind::Mig(m) = &mut p.kind
         {
             m.mps_host = None;
@@ -254,7 +254,7 @@ impl LeaseManager {
             let keep = self.config.partition.on_release == OnRelease::Keep;
             ids.into_iter()
                 .filter_map(|id| {
-                    let p = st.partitions.get_mut(&id)?;
+                    let mut p = st.partitions.get_mut(&id)?;
                     let before = p.clone();
                     if p.origin == Origin::Static || keep {
                         if let PartKind::Mig(m) = &mut p.kind {

@@ -55,6 +55,7 @@ mod events;
 mod grants;
 mod health;
 mod housekeeping;
+mod index;
 mod mig_mps;
 mod moves;
 mod need;

@@ -224,7 +224,7 @@ impl LeaseManager {
             let mut moved = l.as_ref().map_or_else(|| lease.clone(), |l| (*l).clone());
             moved.partition_id = new.id.clone();
             moved.gpu = new.gpu;
-            if let Some(l) = l {
+            if let Some(mut l) = l {
                 *l = moved.clone();
             }
             moved
@@ -323,7 +323,7 @@ impl LeaseManager {
                     st.partitions.remove(&old.id);
                     st.partitions.remove(&new.id);
                     st.leases.remove(&lost.id);
-                    st.tokens.retain(|_, v| *v != lost.id);
+                    st.tokens.remove_lease(&lost.id);
                     if let Some(rid) = &lost.request_id {
                         st.requests.remove(&(lost.tenant.clone(), rid.clone()));
                     }
@@ -509,7 +509,7 @@ impl LeaseManager {
                 }
                 st.partitions.remove(&new.id);
                 st.leases.remove(&lease.id);
-                st.tokens.retain(|_, v| *v != lease.id);
+                st.tokens.remove_lease(&lease.id);
             }
         }
         Ok(())

@@ -45,7 +45,7 @@ impl LeaseManager {
             if lease.tenant != tenant {
                 Self::admit(&st, &tenancy, tenant, &lease.shape, extra)?;
             }
-            let l = st.leases.get_mut(id).ok_or_else(|| {
+            let mut l = st.leases.get_mut(id).ok_or_else(|| {
                 LeaseError::NotFound(format!("no live lease {:?}", truncate(id, 80)))
             })?;
             let before = (l.tenant.clone(), l.labels.clone());
@@ -56,7 +56,7 @@ impl LeaseManager {
         let stored = after.clone();
         if let Err(e) = self.store.write(move |w| w.put_lease(&stored)).await {
             let mut st = self.lock();
-            if let Some(l) = st.leases.get_mut(id)
+            if let Some(mut l) = st.leases.get_mut(id)
                 && l.tenant == after.tenant
                 && l.labels == after.labels
             {

@@ -1,5 +1,7 @@
 //! Read-only questions: a node's GPUs and free capacity, one lease, a listing.
 
+use std::collections::HashMap;
+
 use crate::gpu::{GiProfile, GpuInfo};
 use crate::model::{Lease, LeaseState, Partition};
 use crate::names::truncate;
@@ -44,6 +46,10 @@ impl LeaseManager {
         };
         let st = self.lock();
         let views = Self::views(&st);
+        let mut by_gpu: HashMap<u32, Vec<Partition>> = HashMap::new();
+        for p in st.partitions.values() {
+            by_gpu.entry(p.gpu).or_default().push(p.clone());
+        }
         views
             .iter()
             .map(|v| {
@@ -60,12 +66,7 @@ impl LeaseManager {
                         (p.clone(), n)
                     })
                     .collect();
-                let mut partitions: Vec<Partition> = st
-                    .partitions
-                    .values()
-                    .filter(|p| p.gpu == v.info.index)
-                    .cloned()
-                    .collect();
+                let mut partitions = by_gpu.remove(&v.info.index).unwrap_or_default();
                 partitions.sort_by(|a, b| a.id.cmp(&b.id));
                 let used = partition::used_memory_slices(v);
                 let on_gpu: Vec<_> = daemons
@@ -76,8 +77,8 @@ impl LeaseManager {
                     info: v.info.clone(),
                     profiles,
                     partitions,
-                    mps_sm_percent_used: v.mps.iter().map(|m| m.sm_percent).sum(),
-                    mps_memory_used: v.mps.iter().map(|m| m.memory_bytes).sum(),
+                    mps_sm_percent_used: u32::try_from(v.mps.sm_percent).unwrap_or(u32::MAX),
+                    mps_memory_used: u64::try_from(v.mps.memory_bytes).unwrap_or(u64::MAX),
                     whole_leased: v.whole_leased,
                     free_slices: if v.info.mig_current {
                         8u32.saturating_sub(used)
@@ -91,7 +92,7 @@ impl LeaseManager {
                         .filter(|((g, gi), _)| *g == v.info.index && gi.is_some())
                         .map(|(_, m)| m.clone())
                         .collect(),
-                    mps_mode: v.mps.first().map(|m| m.mode),
+                    mps_mode: v.mps.mode(),
                     mps_servers: u32::try_from(on_gpu.len()).unwrap_or(u32::MAX),
                     mps_time_slice_percent: on_gpu.first().map_or(0, |d| d.time_slice_percent),
                     links: st

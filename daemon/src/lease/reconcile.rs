@@ -492,7 +492,7 @@ impl LeaseManager {
         st.partitions.remove(partition_id);
         if let Some(l) = lease {
             st.leases.remove(&l.id);
-            st.tokens.retain(|_, v| *v != l.id);
+            st.tokens.remove_lease(&l.id);
             if let Some(rid) = &l.request_id {
                 st.requests.remove(&(l.tenant.clone(), rid.clone()));
             }
@@ -554,7 +554,7 @@ impl LeaseManager {
                 st.partitions.remove(&p.id);
                 if let Some(l) = l2 {
                     st.leases.remove(&l.id);
-                    st.tokens.retain(|_, v| *v != l.id);
+                    st.tokens.remove_lease(&l.id);
                 }
             }
         }

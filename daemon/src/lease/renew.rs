@@ -20,7 +20,7 @@ impl LeaseManager {
                     "lease {id} is being moved to another MIG placement; retry in a moment"
                 )));
             }
-            let lease = st.leases.get_mut(id).ok_or_else(|| {
+            let mut lease = st.leases.get_mut(id).ok_or_else(|| {
                 LeaseError::NotFound(format!("no live lease {:?}", truncate(id, 80)))
             })?;
             if lease.state() != LeaseState::Active {
@@ -45,6 +45,7 @@ impl LeaseManager {
             lease.expires_at_ms = now_ms() + ttl.as_millis() as i64;
             lease.ttl_secs = ttl.as_secs();
             let l = lease.clone();
+            drop(lease);
             let notified = st.expiring_notified.remove(id);
             (l, before, notified)
         };
@@ -54,13 +55,15 @@ impl LeaseManager {
             // Refused: the renewal did not happen, in memory either (unless another
             // renewal has replaced this one meanwhile).
             let mut st = self.lock();
-            if let Some(l) = st.leases.get_mut(id)
-                && l.expires_at_ms == lease.expires_at_ms
-            {
-                (l.expires_at_ms, l.ttl_secs) = before;
-                if notified {
-                    st.expiring_notified.insert(id.to_string());
+            let undone = match st.leases.get_mut(id) {
+                Some(mut l) if l.expires_at_ms == lease.expires_at_ms => {
+                    (l.expires_at_ms, l.ttl_secs) = before;
+                    true
                 }
+                _ => false,
+            };
+            if undone && notified {
+                st.expiring_notified.insert(id.to_string());
             }
             return Err(e.into());
         }

@@ -6,10 +6,11 @@ use std::sync::Arc;
 use tokio::sync::Notify;
 
 use crate::gpu::{GiProfile, GpuInfo, MigInstance};
-use crate::model::{Lease, PartKind, Partition, PartitionState};
+use crate::model::{PartKind, PartitionState};
 use crate::partition::{GpuView, MigMpsHost, MpsShare, OccupiedMig, PlanOptions};
 
 use super::LeaseManager;
+use super::index::{Leases, Partitions, Tokens};
 
 /// One GPU as the manager knows it.
 #[derive(Debug, Clone)]
@@ -24,9 +25,9 @@ pub struct GpuState {
 #[derive(Default)]
 pub(super) struct State {
     pub(super) gpus: Vec<GpuState>,
-    pub(super) leases: HashMap<String, Lease>,
-    pub(super) partitions: HashMap<String, Partition>,
-    pub(super) tokens: HashMap<String, String>,
+    pub(super) leases: Leases,
+    pub(super) partitions: Partitions,
+    pub(super) tokens: Tokens,
     pub(super) requests: HashMap<(String, String), String>,
     pub(super) pending: HashMap<String, Arc<Notify>>,
     /// Leases whose teardown is running right now.
@@ -129,9 +130,9 @@ impl LeaseManager {
             .map(|g| {
                 let idx = g.info.index;
                 let mut mig = Vec::new();
-                let mut mps = Vec::new();
                 let mut whole = false;
-                for p in st.partitions.values().filter(|p| p.gpu == idx) {
+                let (placed, mps) = st.partitions.on_gpu(idx);
+                for p in placed {
                     match &p.kind {
                         PartKind::Mig(m) => mig.push(OccupiedMig {
                             gi_profile_id: m.gi_profile_id,
@@ -142,14 +143,9 @@ impl LeaseManager {
                                 && p.state == PartitionState::Ready)
                                 .then(|| p.id.clone()),
                         }),
-                        // Shares inside a MIG instance are the instance's.
-                        PartKind::Mps(m) if m.host.is_some() => {}
-                        PartKind::Mps(m) => mps.push(MpsShare {
-                            sm_percent: m.sm_percent,
-                            memory_bytes: m.memory_bytes,
-                            mode: m.mode,
-                        }),
                         PartKind::WholeGpu => whole = true,
+                        // Summed in `mps` by the index.
+                        PartKind::Mps(_) => {}
                     }
                 }
                 for f in st.foreign.iter().filter(|f| f.gpu == idx) {

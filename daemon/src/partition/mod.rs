@@ -75,6 +75,79 @@ pub struct MpsShare {
     pub mode: MpsMode,
 }
 
+/// The MPS shares admitted on one GPU, summed: all MPS admission needs, at a cost
+/// that does not grow with the number of shares.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MpsLoad {
+    /// How many shares.
+    pub shares: u32,
+    /// How many of them are in the shared MPS mode (the rest are isolated).
+    pub shared: u32,
+    /// Their SM percentages, summed.
+    pub sm_percent: u64,
+    /// Their memory limits, summed.
+    pub memory_bytes: u128,
+}
+
+impl MpsLoad {
+    pub fn push(&mut self, s: MpsShare) {
+        self.shares = self.shares.saturating_add(1);
+        if s.mode == MpsMode::Shared {
+            self.shared = self.shared.saturating_add(1);
+        }
+        self.sm_percent += u64::from(s.sm_percent);
+        self.memory_bytes += u128::from(s.memory_bytes);
+    }
+
+    /// Takes one share of this size out again.
+    pub fn remove(&mut self, s: MpsShare) {
+        self.shares = self.shares.saturating_sub(1);
+        if s.mode == MpsMode::Shared {
+            self.shared = self.shared.saturating_sub(1);
+        }
+        self.sm_percent = self.sm_percent.saturating_sub(u64::from(s.sm_percent));
+        self.memory_bytes = self.memory_bytes.saturating_sub(u128::from(s.memory_bytes));
+    }
+
+    pub fn len(&self) -> usize {
+        self.shares as usize
+    }
+
+    /// The mode the GPU's shares are in (none without shares).
+    pub fn mode(&self) -> Option<MpsMode> {
+        match (self.shares, self.shared) {
+            (0, _) => None,
+            (_, 0) => Some(MpsMode::Isolated),
+            _ => Some(MpsMode::Shared),
+        }
+    }
+
+    /// The mode the GPU's shares are in when it is not `mode` (a GPU serves one MPS
+    /// mode at a time).
+    pub fn other_mode(&self, mode: MpsMode) -> Option<MpsMode> {
+        let isolated = self.shares.saturating_sub(self.shared);
+        match mode {
+            MpsMode::Isolated if self.shared > 0 => Some(MpsMode::Shared),
+            MpsMode::Shared if isolated > 0 => Some(MpsMode::Isolated),
+            _ => None,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.shares == 0
+    }
+}
+
+impl FromIterator<MpsShare> for MpsLoad {
+    fn from_iter<I: IntoIterator<Item = MpsShare>>(iter: I) -> Self {
+        let mut load = MpsLoad::default();
+        for s in iter {
+            load.push(s);
+        }
+        load
+    }
+}
+
 /// Everything the planner needs to know about one GPU.
 #[derive(Debug, Clone)]
 pub struct GpuView {
@@ -83,7 +156,8 @@ pub struct GpuView {
     pub profiles: Vec<GiProfile>,
     /// MIG instances present (leased, pending, or free static ones).
     pub mig: Vec<OccupiedMig>,
-    pub mps: Vec<MpsShare>,
+    /// The MPS shares admitted here.
+    pub mps: MpsLoad,
     /// A whole-GPU lease holds this GPU.
     pub whole_leased: bool,
 }

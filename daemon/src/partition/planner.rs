@@ -692,14 +692,14 @@ fn plan_mps(
         // server, limits it cannot loosen) holds next to other isolated servers,
         // but a shared server beside them would time-slice against them too and
         // the shared leases would lose the concurrency they asked for.
-        if let Some(other) = g.mps.iter().map(|s| s.mode).find(|m| *m != mode) {
+        if let Some(other) = g.mps.other_mode(mode) {
             reasons.push(format!(
                 "MPS on {name}: serves {other} shares, {mode} asked"
             ));
             continue;
         }
-        let used_sm: u64 = g.mps.iter().map(|s| u64::from(s.sm_percent)).sum();
-        let used_mem: u128 = g.mps.iter().map(|s| u128::from(s.memory_bytes)).sum();
+        let used_sm = g.mps.sm_percent;
+        let used_mem = g.mps.memory_bytes;
         let total_mem = u128::from(g.info.memory_bytes);
         let sm_ok = opts.mps_oversubscribe || used_sm + asked_sm <= 100;
         let mem_ok = used_mem + asked_mem <= total_mem;
@@ -846,12 +846,14 @@ mod tests {
             mode: MpsMode::Shared,
         };
         let mut g1 = h100_plain(1);
-        g1.mps = vec![share(10, gib(1))];
+        g1.mps = [share(10, gib(1))].into_iter().collect();
         let mut g2 = h100_plain(2);
-        g2.mps = vec![MpsShare {
+        g2.mps = [MpsShare {
             mode: MpsMode::Shared,
             ..share(60, gib(1))
-        }];
+        }]
+        .into_iter()
+        .collect();
         let gpus = [g1.clone(), g2];
         // Shared goes beside shared (even where an isolated GPU has more room) ...
         assert_eq!(
@@ -1348,7 +1350,7 @@ mod tests {
     #[test]
     fn mps_sm_admission_sums_to_at_most_100() {
         let mut g = h100_plain(2);
-        g.mps = vec![share(50, gib(1)), share(30, gib(1))];
+        g.mps = [share(50, gib(1)), share(30, gib(1))].into_iter().collect();
         let gpus = [g];
         let msg = no_capacity(plan(&mps(30, gib(1)), &gpus, &best_fit()));
         assert!(
@@ -1372,7 +1374,7 @@ mod tests {
     #[test]
     fn mps_memory_admission_holds_even_when_oversubscribing() {
         let mut g = h100_plain(0);
-        g.mps = vec![share(10, gib(70))];
+        g.mps = [share(10, gib(70))].into_iter().collect();
         let gpus = [g];
         let over = PlanOptions {
             mps_oversubscribe: true,
@@ -1397,9 +1399,9 @@ mod tests {
     #[test]
     fn mps_best_fit_packs_first_fit_takes_lowest_index() {
         let mut g1 = h100_plain(1);
-        g1.mps = vec![share(50, gib(10))];
+        g1.mps = [share(50, gib(10))].into_iter().collect();
         let mut g2 = h100_plain(2);
-        g2.mps = vec![share(70, gib(10))];
+        g2.mps = [share(70, gib(10))].into_iter().collect();
         let gpus = [h100_plain(0), g1, g2];
         assert_eq!(
             plan(&mps(30, gib(1)), &gpus, &best_fit()).unwrap(),
@@ -1419,7 +1421,7 @@ mod tests {
     #[test]
     fn gpu_index_pins_mps_and_whole_gpu_requests() {
         let mut g1 = h100_plain(1);
-        g1.mps = vec![share(50, gib(10))];
+        g1.mps = [share(50, gib(10))].into_iter().collect();
         let gpus = [h100_plain(0), g1];
         let on0 = PlanOptions {
             gpu_index: Some(0),
@@ -1443,7 +1445,7 @@ mod tests {
     #[test]
     fn whole_gpu_needs_an_idle_mig_disabled_gpu() {
         let mut with_mps = h100_plain(1);
-        with_mps.mps = vec![share(10, gib(1))];
+        with_mps.mps = [share(10, gib(1))].into_iter().collect();
         let mut leased = h100_plain(2);
         leased.whole_leased = true;
         let gpus = [h100_plain(3), leased, with_mps, h100_mig(0)];

@@ -247,6 +247,7 @@ enum Lease {
     },
     Mps {
         gpu: u32,
+        mode: MpsMode,
         sm: u32,
         mem: u64,
     },
@@ -311,9 +312,12 @@ fn check_invariants(gpus: &[GpuView], oversubscribed: &[bool]) -> Result<(), Tes
             prop_assert!(!g.info.mig_current, "gpu{i}: MPS share on a MIG GPU");
             prop_assert!(!g.whole_leased, "gpu{i}: MPS share on a whole-leased GPU");
         }
-        let sm: u32 = g.mps.iter().map(|s| s.sm_percent).sum();
-        let mem: u64 = g.mps.iter().map(|s| s.memory_bytes).sum();
-        prop_assert!(mem <= g.info.memory_bytes, "gpu{i}: MPS memory {mem}");
+        let sm = g.mps.sm_percent;
+        let mem = g.mps.memory_bytes;
+        prop_assert!(
+            mem <= u128::from(g.info.memory_bytes),
+            "gpu{i}: MPS memory {mem}"
+        );
         if !oversubscribed[i as usize] {
             prop_assert!(sm <= 100, "gpu{i}: MPS SMs {sm}%");
         }
@@ -455,11 +459,11 @@ proptest! {
                             }
                             // One MPS mode per GPU at a time.
                             prop_assert!(
-                                view_mut(&mut gpus, gpu).mps.iter().all(|s| s.mode == mode),
+                                view_mut(&mut gpus, gpu).mps.other_mode(mode).is_none(),
                                 "{mode} share placed on GPU {gpu} beside another mode"
                             );
                             apply(&mut gpus, &shape, &d);
-                            leases.push(Lease::Mps { gpu, sm, mem: gib(mem_gib) });
+                            leases.push(Lease::Mps { gpu, mode, sm, mem: gib(mem_gib) });
                         }
                         Err(PlanError::InvalidShape(_)) => {
                             prop_assert!(sm == 0 || sm > 100 || mem_gib == 0);
@@ -467,10 +471,10 @@ proptest! {
                         Err(PlanError::NoCapacity(msg)) => {
                             let fits = gpus.iter().any(|g| {
                                 !g.info.mig_current && !g.whole_leased
-                                    && g.mps.iter().all(|s| s.mode == mode) && {
-                                    let s: u32 = g.mps.iter().map(|s| s.sm_percent).sum();
-                                    let m: u64 = g.mps.iter().map(|s| s.memory_bytes).sum();
-                                    (oversubscribe || s + sm <= 100) && m + gib(mem_gib) <= g.info.memory_bytes
+                                    && g.mps.other_mode(mode).is_none() && {
+                                    let s = g.mps.sm_percent;
+                                    let m = g.mps.memory_bytes;
+                                    (oversubscribe || s + u64::from(sm) <= 100) && m + u128::from(gib(mem_gib)) <= u128::from(g.info.memory_bytes)
                                 }
                             });
                             prop_assert!(!fits, "{msg}");
@@ -511,10 +515,10 @@ proptest! {
                                 None => { g.mig.remove(i); }
                             }
                         }
-                        Lease::Mps { gpu, sm, mem } => {
+                        Lease::Mps { gpu, mode, sm, mem } => {
                             let g = view_mut(&mut gpus, gpu);
-                            let i = g.mps.iter().position(|s| s.sm_percent == sm && s.memory_bytes == mem).unwrap();
-                            g.mps.remove(i);
+                            prop_assert!(!g.mps.is_empty());
+                            g.mps.remove(crate::partition::MpsShare { sm_percent: sm, memory_bytes: mem, mode });
                         }
                         Lease::Whole { gpu } => view_mut(&mut gpus, gpu).whole_leased = false,
                     }

@@ -5,7 +5,7 @@
 
 use crate::gpu::{CiProfile, GiProfile, GpuInfo, Placement};
 
-use super::{GpuView, MpsShare, OccupiedMig, PlanDecision, Shape};
+use super::{GpuView, MpsLoad, MpsShare, OccupiedMig, PlanDecision, Shape};
 
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
@@ -128,7 +128,7 @@ pub fn h100_mig(index: u32) -> GpuView {
         info: gpu_info(index, "NVIDIA H100 80GB HBM3", 80 * GIB, true, 132),
         profiles: h100_profiles(),
         mig: vec![],
-        mps: vec![],
+        mps: MpsLoad::default(),
         whole_leased: false,
     }
 }
@@ -139,7 +139,7 @@ pub fn a100_mig(index: u32) -> GpuView {
         info: gpu_info(index, "NVIDIA A100-SXM4-40GB", 40 * GIB, true, 108),
         profiles: a100_40gb_profiles(),
         mig: vec![],
-        mps: vec![],
+        mps: MpsLoad::default(),
         whole_leased: false,
     }
 }
@@ -150,7 +150,7 @@ pub fn h100_plain(index: u32) -> GpuView {
         info: gpu_info(index, "NVIDIA H100 80GB HBM3", 80 * GIB, false, 132),
         profiles: vec![],
         mig: vec![],
-        mps: vec![],
+        mps: MpsLoad::default(),
         whole_leased: false,
     }
 }

@@ -340,7 +340,7 @@ fn node(spec: &TraceSpec) -> Vec<GpuView> {
             },
             profiles: spec.model.gi_profiles(),
             mig: Vec::new(),
-            mps: Vec::new(),
+            mps: Default::default(),
             whole_leased: false,
         })
         .collect()

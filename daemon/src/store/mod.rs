@@ -225,6 +225,10 @@ impl Store {
             OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
         )?;
         reader.busy_timeout(std::time::Duration::from_secs(5))?;
+        // Sorts in memory: loading the live leases at start sorts every row (with its
+        // body) by creation, which spilled to a temp file under /var/tmp with
+        // thousands of leases.
+        reader.pragma_update(None, "temp_store", "MEMORY")?;
 
         let (tx, rx) = mpsc::channel::<Job>();
         let writer = std::thread::Builder::new()

@@ -1,0 +1,577 @@
+//! The lease table's maps with the indexes the hot paths need, so that no request
+//! scans every live lease: leases with each tenant's live usage (quota admission),
+//! and partitions by GPU with each GPU's MPS load (placement).
+//!
+//! A change goes through `get_mut`, whose guard takes the entry out of the indexes
+//! and puts it back when dropped: an index cannot miss a change.
+
+use std::collections::{BTreeSet, HashMap};
+use std::ops::{Deref, DerefMut};
+
+use crate::config::Amounts;
+use crate::model::{Lease, LeaseState, PartKind, Partition};
+use crate::partition::{MpsLoad, MpsShare};
+
+use super::quota;
+
+/// What a tenant's live leases hold, summed without overflow.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Usage {
+    leases: u64,
+    mig_slices: u64,
+    mps_sm_percent: u64,
+    memory_bytes: u128,
+    whole_gpus: u64,
+}
+
+impl Usage {
+    fn add(&mut self, a: Amounts) {
+        self.leases += 1;
+        self.mig_slices += u64::from(a.mig_slices);
+        self.mps_sm_percent += u64::from(a.mps_sm_percent);
+        self.memory_bytes += u128::from(a.memory_bytes);
+        self.whole_gpus += u64::from(a.whole_gpus);
+    }
+
+    fn remove(&mut self, a: Amounts) {
+        self.leases = self.leases.saturating_sub(1);
+        self.mig_slices = self.mig_slices.saturating_sub(u64::from(a.mig_slices));
+        self.mps_sm_percent = self
+            .mps_sm_percent
+            .saturating_sub(u64::from(a.mps_sm_percent));
+        self.memory_bytes = self.memory_bytes.saturating_sub(u128::from(a.memory_bytes));
+        self.whole_gpus = self.whole_gpus.saturating_sub(u64::from(a.whole_gpus));
+    }
+
+    /// As quota amounts (each saturating, as `quota::add` does).
+    fn amounts(&self) -> Amounts {
+        Amounts {
+            mig_slices: u32::try_from(self.mig_slices).unwrap_or(u32::MAX),
+            mps_sm_percent: u32::try_from(self.mps_sm_percent).unwrap_or(u32::MAX),
+            memory_bytes: u64::try_from(self.memory_bytes).unwrap_or(u64::MAX),
+            whole_gpus: u32::try_from(self.whole_gpus).unwrap_or(u32::MAX),
+        }
+    }
+}
+
+/// Leases by id, with what each tenant's live leases use, the active leases by
+/// expiry and the revoking ones (what housekeeping looks at four times a second).
+#[derive(Debug, Default)]
+pub(crate) struct Leases {
+    by_id: HashMap<String, Lease>,
+    used: Indexes,
+}
+
+#[derive(Debug, Default)]
+struct Indexes {
+    usage: HashMap<String, Usage>,
+    active_by_expiry: BTreeSet<(i64, String)>,
+    revoking: BTreeSet<String>,
+}
+
+fn count_in(ix: &mut Indexes, l: &Lease) {
+    if l.state().is_live() {
+        ix.usage
+            .entry(l.tenant.clone())
+            .or_default()
+            .add(quota::amounts_of(&l.shape));
+    }
+    match l.state() {
+        LeaseState::Active => {
+            ix.active_by_expiry.insert((l.expires_at_ms, l.id.clone()));
+        }
+        LeaseState::Revoking => {
+            ix.revoking.insert(l.id.clone());
+        }
+        _ => {}
+    }
+}
+
+fn count_out(ix: &mut Indexes, l: &Lease) {
+    if l.state().is_live()
+        && let Some(u) = ix.usage.get_mut(&l.tenant)
+    {
+        u.remove(quota::amounts_of(&l.shape));
+        if u.leases == 0 {
+            ix.usage.remove(&l.tenant);
+        }
+    }
+    match l.state() {
+        LeaseState::Active => {
+            ix.active_by_expiry.remove(&(l.expires_at_ms, l.id.clone()));
+        }
+        LeaseState::Revoking => {
+            ix.revoking.remove(&l.id);
+        }
+        _ => {}
+    }
+}
+
+impl Leases {
+    pub(crate) fn get(&self, id: &str) -> Option<&Lease> {
+        self.by_id.get(id)
+    }
+
+    pub(crate) fn get_mut(&mut self, id: &str) -> Option<LeaseMut<'_>> {
+        let lease = self.by_id.get_mut(id)?;
+        count_out(&mut self.used, lease);
+        Some(LeaseMut {
+            lease,
+            used: &mut self.used,
+        })
+    }
+
+    pub(crate) fn insert(&mut self, id: String, lease: Lease) -> Option<Lease> {
+        let old = self.by_id.remove(&id);
+        if let Some(o) = &old {
+            count_out(&mut self.used, o);
+        }
+        count_in(&mut self.used, &lease);
+        self.by_id.insert(id, lease);
+        old
+    }
+
+    pub(crate) fn remove(&mut self, id: &str) -> Option<Lease> {
+        let old = self.by_id.remove(id)?;
+        count_out(&mut self.used, &old);
+        Some(old)
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.by_id.len()
+    }
+
+    pub(crate) fn values(&self) -> impl Iterator<Item = &Lease> {
+        self.by_id.values()
+    }
+
+    /// Change every lease (a rare, whole-table update such as health marks).
+    pub(crate) fn for_each_mut(&mut self, mut f: impl FnMut(&mut Lease)) {
+        for l in self.by_id.values_mut() {
+            count_out(&mut self.used, l);
+            f(l);
+            count_in(&mut self.used, l);
+        }
+    }
+
+    /// What `tenant`'s live (pending, active, revoking) leases use.
+    pub(crate) fn live_usage(&self, tenant: &str) -> Amounts {
+        self.used
+            .usage
+            .get(tenant)
+            .map(Usage::amounts)
+            .unwrap_or_default()
+    }
+
+    /// The active leases that expire at `at_ms` or before, soonest first.
+    pub(crate) fn active_expiring_by(&self, at_ms: i64) -> impl Iterator<Item = &Lease> {
+        self.used
+            .active_by_expiry
+            .range(..(at_ms.saturating_add(1), String::new()))
+            .filter_map(|(_, id)| self.by_id.get(id))
+    }
+
+    /// The revoking leases.
+    pub(crate) fn revoking(&self) -> impl Iterator<Item = &Lease> {
+        self.used
+            .revoking
+            .iter()
+            .filter_map(|id| self.by_id.get(id))
+    }
+}
+
+/// A lease being changed; the indexes follow when it is dropped.
+pub(crate) struct LeaseMut<'a> {
+    lease: &'a mut Lease,
+    used: &'a mut Indexes,
+}
+
+impl Deref for LeaseMut<'_> {
+    type Target = Lease;
+    fn deref(&self) -> &Lease {
+        self.lease
+    }
+}
+
+impl DerefMut for LeaseMut<'_> {
+    fn deref_mut(&mut self) -> &mut Lease {
+        self.lease
+    }
+}
+
+impl Drop for LeaseMut<'_> {
+    fn drop(&mut self) {
+        count_in(self.used, self.lease);
+    }
+}
+
+/// Token hashes and the leases they name, both ways (a lease's tokens are dropped
+/// with it without scanning every token).
+#[derive(Debug, Default)]
+pub(crate) struct Tokens {
+    by_hash: HashMap<String, String>,
+    by_lease: HashMap<String, Vec<String>>,
+}
+
+impl Tokens {
+    /// The lease `hash` names.
+    pub(crate) fn get(&self, hash: &str) -> Option<&String> {
+        self.by_hash.get(hash)
+    }
+
+    pub(crate) fn insert(&mut self, hash: String, lease_id: String) {
+        if let Some(old) = self.by_hash.insert(hash.clone(), lease_id.clone()) {
+            self.unlink(&old, &hash);
+        }
+        self.by_lease.entry(lease_id).or_default().push(hash);
+    }
+
+    pub(crate) fn extend(&mut self, pairs: impl IntoIterator<Item = (String, String)>) {
+        for (hash, lease_id) in pairs {
+            self.insert(hash, lease_id);
+        }
+    }
+
+    /// Forget every token of `lease_id`.
+    pub(crate) fn remove_lease(&mut self, lease_id: &str) {
+        for hash in self.by_lease.remove(lease_id).unwrap_or_default() {
+            self.by_hash.remove(&hash);
+        }
+    }
+
+    fn unlink(&mut self, lease_id: &str, hash: &str) {
+        if let Some(v) = self.by_lease.get_mut(lease_id) {
+            v.retain(|h| h != hash);
+            if v.is_empty() {
+                self.by_lease.remove(lease_id);
+            }
+        }
+    }
+}
+
+/// The partitions of one GPU: MIG and whole-GPU ones by id, MPS shares summed.
+#[derive(Debug, Default)]
+pub(crate) struct GpuParts {
+    pub(crate) placed: BTreeSet<String>,
+    pub(crate) mps: MpsLoad,
+}
+
+/// Partitions by id, indexed by GPU.
+#[derive(Debug, Default)]
+pub(crate) struct Partitions {
+    by_id: HashMap<String, Partition>,
+    by_gpu: HashMap<u32, GpuParts>,
+}
+
+fn share_of(p: &Partition) -> Option<MpsShare> {
+    match &p.kind {
+        // Shares inside a MIG instance are the instance's, not the GPU's (the
+        // table skips them among the placed partitions).
+        PartKind::Mps(m) if m.host.is_none() => Some(MpsShare {
+            sm_percent: m.sm_percent,
+            memory_bytes: m.memory_bytes,
+            mode: m.mode,
+        }),
+        _ => None,
+    }
+}
+
+fn place(by_gpu: &mut HashMap<u32, GpuParts>, p: &Partition) {
+    let g = by_gpu.entry(p.gpu).or_default();
+    match share_of(p) {
+        Some(s) => g.mps.push(s),
+        None => {
+            g.placed.insert(p.id.clone());
+        }
+    }
+}
+
+fn unplace(by_gpu: &mut HashMap<u32, GpuParts>, p: &Partition) {
+    let Some(g) = by_gpu.get_mut(&p.gpu) else {
+        return;
+    };
+    match share_of(p) {
+        Some(s) => g.mps.remove(s),
+        None => {
+            g.placed.remove(&p.id);
+        }
+    }
+    if g.placed.is_empty() && g.mps.is_empty() {
+        by_gpu.remove(&p.gpu);
+    }
+}
+
+impl Partitions {
+    pub(crate) fn get(&self, id: &str) -> Option<&Partition> {
+        self.by_id.get(id)
+    }
+
+    pub(crate) fn get_mut(&mut self, id: &str) -> Option<PartitionMut<'_>> {
+        let part = self.by_id.get_mut(id)?;
+        unplace(&mut self.by_gpu, part);
+        Some(PartitionMut {
+            part,
+            by_gpu: &mut self.by_gpu,
+        })
+    }
+
+    pub(crate) fn insert(&mut self, id: String, p: Partition) -> Option<Partition> {
+        let old = self.by_id.remove(&id);
+        if let Some(o) = &old {
+            unplace(&mut self.by_gpu, o);
+        }
+        place(&mut self.by_gpu, &p);
+        self.by_id.insert(id, p);
+        old
+    }
+
+    pub(crate) fn remove(&mut self, id: &str) -> Option<Partition> {
+        let old = self.by_id.remove(id)?;
+        unplace(&mut self.by_gpu, &old);
+        Some(old)
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.by_id.len()
+    }
+
+    pub(crate) fn keys(&self) -> impl Iterator<Item = &String> {
+        self.by_id.keys()
+    }
+
+    pub(crate) fn values(&self) -> impl Iterator<Item = &Partition> {
+        self.by_id.values()
+    }
+
+    /// The MIG and whole-GPU partitions on `gpu`, and the sum of its MPS shares.
+    pub(crate) fn on_gpu(&self, gpu: u32) -> (impl Iterator<Item = &Partition>, MpsLoad) {
+        let parts = self.by_gpu.get(&gpu);
+        let placed = parts
+            .into_iter()
+            .flat_map(|g| g.placed.iter())
+            .filter_map(|id| self.by_id.get(id));
+        (placed, parts.map(|g| g.mps).unwrap_or_default())
+    }
+}
+
+/// A partition being changed; the GPU index follows when it is dropped.
+pub(crate) struct PartitionMut<'a> {
+    part: &'a mut Partition,
+    by_gpu: &'a mut HashMap<u32, GpuParts>,
+}
+
+impl Deref for PartitionMut<'_> {
+    type Target = Partition;
+    fn deref(&self) -> &Partition {
+        self.part
+    }
+}
+
+impl DerefMut for PartitionMut<'_> {
+    fn deref_mut(&mut self) -> &mut Partition {
+        self.part
+    }
+}
+
+impl Drop for PartitionMut<'_> {
+    fn drop(&mut self) {
+        place(self.by_gpu, self.part);
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::path::PathBuf;
+
+    use super::*;
+    use crate::model::{MpsPart, NewLease, Origin, PartitionState};
+    use crate::partition::Shape;
+
+    const GIB: u64 = 1 << 30;
+
+    fn mps_lease(id: &str, tenant: &str, sm: u32) -> Lease {
+        Lease::reserved(
+            NewLease {
+                id: id.into(),
+                tenant: tenant.into(),
+                shape: Shape::Mps {
+                    sm_percent: sm,
+                    memory_bytes: GIB,
+                    mode: crate::gpu::MpsMode::Isolated,
+                },
+                partition_id: format!("p-{id}"),
+                gpu: 0,
+                created_at_ms: 1,
+                ttl_secs: 60,
+                request_id: None,
+                labels: BTreeMap::new(),
+                priority_class: String::new(),
+                burst: false,
+            },
+            true,
+        )
+    }
+
+    /// What the tenant's live leases use, summed the slow way.
+    fn scanned(leases: &Leases, tenant: &str) -> Amounts {
+        leases
+            .values()
+            .filter(|l| l.tenant == tenant && l.state().is_live())
+            .fold(Amounts::default(), |acc, l| {
+                quota::add(acc, quota::amounts_of(&l.shape))
+            })
+    }
+
+    #[test]
+    fn tenant_usage_follows_every_change_of_a_lease() {
+        let mut leases = Leases::default();
+        for (i, tenant) in ["a", "a", "b", "a"].iter().enumerate() {
+            let l = mps_lease(&format!("l{i}"), tenant, 10 + i as u32);
+            leases.insert(l.id.clone(), l);
+        }
+        let check = |leases: &Leases| {
+            for t in ["a", "b", "c"] {
+                assert_eq!(leases.live_usage(t), scanned(leases, t), "tenant {t}");
+            }
+        };
+        check(&leases);
+        assert_eq!(leases.live_usage("a").mps_sm_percent, 10 + 11 + 13);
+
+        // Through the guard: pending -> active -> revoking -> released.
+        leases.get_mut("l0").unwrap().activate().unwrap();
+        check(&leases);
+        leases
+            .get_mut("l0")
+            .unwrap()
+            .begin_end(LeaseState::Released, "done")
+            .unwrap();
+        check(&leases);
+        assert_eq!(leases.live_usage("a").mps_sm_percent, 10 + 11 + 13);
+        leases.get_mut("l0").unwrap().finish_end(5).unwrap();
+        check(&leases);
+        assert_eq!(leases.live_usage("a").mps_sm_percent, 11 + 13);
+
+        // A failed creation, a replaced record, a removal, a whole-table update.
+        leases.get_mut("l1").unwrap().fail("no".into(), 3).unwrap();
+        check(&leases);
+        let mut other = mps_lease("l3", "b", 40);
+        other.activate().unwrap();
+        leases.insert("l3".into(), other);
+        check(&leases);
+        leases.remove("l2");
+        leases.for_each_mut(|l| l.unhealthy = Some("xid".into()));
+        check(&leases);
+        assert_eq!(leases.live_usage("a"), Amounts::default());
+        assert_eq!(leases.live_usage("b").mps_sm_percent, 40);
+    }
+
+    #[test]
+    fn active_leases_by_expiry_and_revoking_ones_follow_changes() {
+        let mut leases = Leases::default();
+        for (i, expires) in [300, 100, 200].iter().enumerate() {
+            let mut l = mps_lease(&format!("l{i}"), "a", 1);
+            l.expires_at_ms = *expires;
+            leases.insert(l.id.clone(), l);
+        }
+        let ids = |it: Box<dyn Iterator<Item = &Lease> + '_>| -> Vec<String> {
+            it.map(|l| l.id.clone()).collect()
+        };
+        // Pending leases are not active yet.
+        assert!(ids(Box::new(leases.active_expiring_by(1000))).is_empty());
+        for id in ["l0", "l1", "l2"] {
+            leases.get_mut(id).unwrap().activate().unwrap();
+        }
+        assert_eq!(ids(Box::new(leases.active_expiring_by(200))), ["l1", "l2"]);
+        assert_eq!(
+            ids(Box::new(leases.active_expiring_by(99))),
+            Vec::<String>::new()
+        );
+        // A renewal moves it; a revocation takes it out and into the revoking set.
+        leases.get_mut("l1").unwrap().expires_at_ms = 400;
+        leases
+            .get_mut("l2")
+            .unwrap()
+            .begin_end(LeaseState::Revoked, "gone")
+            .unwrap();
+        assert_eq!(ids(Box::new(leases.active_expiring_by(350))), ["l0"]);
+        assert_eq!(ids(Box::new(leases.revoking())), ["l2"]);
+        leases.get_mut("l2").unwrap().finish_end(9).unwrap();
+        assert!(ids(Box::new(leases.revoking())).is_empty());
+        leases.remove("l1");
+        assert_eq!(ids(Box::new(leases.active_expiring_by(i64::MAX))), ["l0"]);
+    }
+
+    fn part(id: &str, gpu: u32, kind: PartKind) -> Partition {
+        Partition {
+            id: id.into(),
+            gpu,
+            gpu_uuid: format!("GPU-{gpu}"),
+            origin: Origin::Dynamic,
+            state: PartitionState::Ready,
+            lease_id: Some(format!("l-{id}")),
+            kind,
+        }
+    }
+
+    fn mps(sm: u32) -> PartKind {
+        PartKind::Mps(MpsPart {
+            sm_percent: sm,
+            memory_bytes: GIB,
+            pipe_dir: PathBuf::from("/run/p"),
+            log_dir: PathBuf::from("/run/l"),
+            owner_uid: None,
+            host: None,
+            mode: crate::gpu::MpsMode::Isolated,
+        })
+    }
+
+    #[test]
+    fn a_lease_s_tokens_go_with_it() {
+        let mut t = Tokens::default();
+        t.extend([
+            ("h1".to_string(), "a".to_string()),
+            ("h2".into(), "b".into()),
+        ]);
+        t.insert("h3".into(), "a".into());
+        // A hash named again moves to its new lease.
+        t.insert("h2".into(), "a".into());
+        t.remove_lease("a");
+        assert_eq!((t.get("h1"), t.get("h2"), t.get("h3")), (None, None, None));
+        t.insert("h4".into(), "b".into());
+        t.remove_lease("a");
+        assert_eq!(t.get("h4").map(String::as_str), Some("b"));
+        t.remove_lease("b");
+        assert!(t.by_hash.is_empty() && t.by_lease.is_empty());
+    }
+
+    #[test]
+    fn partitions_by_gpu_follow_inserts_changes_and_removals() {
+        let mut parts = Partitions::default();
+        parts.insert("a".into(), part("a", 0, mps(10)));
+        parts.insert("b".into(), part("b", 0, mps(20)));
+        parts.insert("c".into(), part("c", 1, PartKind::WholeGpu));
+        parts.insert("d".into(), part("d", 1, mps(5)));
+        let (placed, load) = parts.on_gpu(0);
+        assert_eq!(placed.count(), 0);
+        assert_eq!((load.len(), load.sm_percent), (2, 30));
+        let (placed, load) = parts.on_gpu(1);
+        assert_eq!(placed.map(|p| p.id.clone()).collect::<Vec<_>>(), ["c"]);
+        assert_eq!(load.sm_percent, 5);
+
+        // A change of size through the guard, a move to another GPU, a removal.
+        if let PartKind::Mps(m) = &mut parts.get_mut("a").unwrap().kind {
+            m.sm_percent = 15;
+        }
+        parts.get_mut("d").unwrap().gpu = 0;
+        parts.remove("c");
+        parts.insert("b".into(), part("b", 0, mps(1)));
+        let (placed, load) = parts.on_gpu(0);
+        assert_eq!(placed.count(), 0);
+        assert_eq!((load.len(), load.sm_percent), (3, 15 + 5 + 1));
+        let (placed, load) = parts.on_gpu(1);
+        assert_eq!((placed.count(), load), (0, MpsLoad::default()));
+        assert_eq!(parts.len(), 3);
+    }
+}
