@@ -216,10 +216,26 @@ impl pb::tessera_server::Tessera for FakeService {
             return Err(Status::failed_precondition("lease is being revoked"));
         }
         let req = req.into_inner();
-        if !self.answers.get(&req.token).is_some_and(Result::is_ok) {
+        let Some(Ok(answer)) = self.answers.get(&req.token) else {
             return Err(Status::not_found("unknown token"));
+        };
+        let mut rec = self.rec.lock().unwrap();
+        // A bind that names its command carries the admission report, as tesserad
+        // records it.
+        if !req.admission_command.is_empty() {
+            rec.reports.push(pb::ReportAdmissionRequest {
+                container_id: req.container_id.clone(),
+                lease_id: answer
+                    .lease
+                    .as_ref()
+                    .map(|l| l.id.clone())
+                    .unwrap_or_default(),
+                admitted: true,
+                reasons: Vec::new(),
+                command: req.admission_command.clone(),
+            });
         }
-        self.rec.lock().unwrap().binds.push(req);
+        rec.binds.push(req);
         Ok(Response::new(pb::BindContainerResponse::default()))
     }
     async fn unbind_container(
