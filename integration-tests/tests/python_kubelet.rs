@@ -10,69 +10,26 @@
 //! `TESSERA_REQUIRE_PYTHON=1`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tessera_integration_tests::TestDaemon;
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn say(line: &str) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "{line}");
-}
-
-fn python() -> Result<PathBuf, String> {
-    let py = std::env::var_os("TESSERA_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("python3"));
-    let out = Command::new(&py)
-        .args(["-c", "import grpc, grpc_tools, pytest"])
-        .output()
-        .map_err(|e| format!("{}: {e}", py.display()))?;
-    if !out.status.success() {
-        return Err(format!(
-            "{} lacks grpcio, grpcio-tools or pytest (`make pyvenv` installs them)",
-            py.display()
-        ));
-    }
-    Ok(py)
-}
+use tessera_integration_tests::python::{generate_stubs, pytest, python_or_skip, say};
 
 #[test]
 fn a_grpcio_kubelet_registers_lists_allocates_follows_pods_and_sees_reregistration() {
-    let py = match python() {
-        Ok(py) => py,
-        Err(why) => {
-            if std::env::var("TESSERA_REQUIRE_PYTHON").as_deref() == Ok("1") {
-                panic!("TESSERA_REQUIRE_PYTHON=1 but {why}");
-            }
-            say(&format!("SKIPPED: {why}"));
-            return;
-        }
+    let Some(py) = python_or_skip().unwrap() else {
+        return;
     };
     let gen_dir = tempfile::tempdir().unwrap();
-    for file in [
-        "k8s/deviceplugin/v1beta1/api.proto",
-        "k8s/podresources/v1/api.proto",
-    ] {
-        let out = Command::new(&py)
-            .args(["-m", "grpc_tools.protoc", "-I"])
-            .arg(repo().join("proto"))
-            .arg(format!("--python_out={}", gen_dir.path().display()))
-            .arg(format!("--grpc_python_out={}", gen_dir.path().display()))
-            .arg(file)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "grpc_tools.protoc {file}:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    generate_stubs(
+        &py,
+        gen_dir.path(),
+        &[
+            "k8s/deviceplugin/v1beta1/api.proto",
+            "k8s/podresources/v1/api.proto",
+        ],
+    )
+    .unwrap();
     // Short paths: unix socket names are limited to 108 bytes.
     let kubelet = tempfile::Builder::new()
         .prefix("pyk")
@@ -89,33 +46,16 @@ fn a_grpcio_kubelet_registers_lists_allocates_follows_pods_and_sees_reregistrati
         cdi = kubelet.path().join("cdi"),
     ))
     .unwrap();
-    let log = gen_dir.path().join("pytest.log");
-    let log_file = std::fs::File::create(&log).unwrap();
-    let mut child = Command::new(&py)
-        .args(["-m", "pytest", "-v", "-p", "no:cacheprovider"])
-        .arg(repo().join("integration-tests/python/test_kubelet_standin.py"))
-        .env("KUBELET_DIR", kubelet.path())
-        .env("PYTHONPATH", gen_dir.path())
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .stdin(Stdio::null())
-        .stdout(log_file.try_clone().unwrap())
-        .stderr(log_file)
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(180);
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break Some(s);
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let output = std::fs::read_to_string(&log).unwrap_or_default();
-    let Some(status) = status else {
+    let run = pytest(
+        &py,
+        "integration-tests/python/test_kubelet_standin.py",
+        gen_dir.path(),
+        &[("KUBELET_DIR", kubelet.path().as_os_str())],
+        Duration::from_secs(180),
+    )
+    .unwrap();
+    let output = &run.output;
+    let Some(status) = run.status else {
         panic!(
             "pytest ran past 180 s:\n{output}\n--- tesserad log:\n{}",
             daemon.log()
@@ -126,15 +66,10 @@ fn a_grpcio_kubelet_registers_lists_allocates_follows_pods_and_sees_reregistrati
         "the grpcio kubelet failed ({status}):\n{output}\n--- tesserad log:\n{}",
         daemon.log()
     );
-    let summary = output
-        .lines()
-        .rev()
-        .find(|l| l.contains(" passed"))
-        .unwrap_or("(no pytest summary)");
     say(&format!(
         "python grpcio kubelet ({}): {}",
         py.display(),
-        summary.trim_matches(|c: char| c == '=' || c.is_whitespace())
+        run.summary()
     ));
     assert!(
         !output.contains("skipped") && !output.contains("SKIPPED"),
