@@ -107,17 +107,14 @@ pub struct MpsDaemon {
 /// device uuid); 0 for one not running. The model: separate MPS servers get separate
 /// GPU contexts, which the driver time-slices (equal slices assumed).
 pub fn assign_time_slices(daemons: &mut [MpsDaemon]) {
-    let counts: Vec<u32> = daemons
-        .iter()
-        .map(|d| {
-            let n = daemons
-                .iter()
-                .filter(|o| o.running && o.spec.gpu_uuid == d.spec.gpu_uuid)
-                .count();
-            u32::try_from(n).unwrap_or(u32::MAX)
-        })
-        .collect();
-    for (d, n) in daemons.iter_mut().zip(counts) {
+    // Counted per device once: this runs on every listing, with one daemon per lease.
+    let mut running: std::collections::HashMap<String, u32> = std::collections::HashMap::new();
+    for d in daemons.iter().filter(|d| d.running) {
+        let n = running.entry(d.spec.gpu_uuid.clone()).or_default();
+        *n = n.saturating_add(1);
+    }
+    for d in daemons.iter_mut() {
+        let n = running.get(&d.spec.gpu_uuid).copied().unwrap_or(0);
         d.time_slice_percent = if d.running && n > 0 { 100 / n } else { 0 };
     }
 }
