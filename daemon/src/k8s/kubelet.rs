@@ -25,10 +25,16 @@ const KUBELET_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often the directory is looked at for a new kubelet.sock or a lost socket.
 const WATCH_INTERVAL: Duration = Duration::from_millis(500);
 
-/// A unix socket's identity (device, inode): a re-created file has another.
-fn socket_id(path: &Path) -> Option<(u64, u64)> {
+/// A unix socket's identity: device, inode and change time. A file deleted and
+/// created again between two looks may get the same inode number back (kubelet
+/// restarting quickly), never the same change time to the nanosecond.
+type SocketId = (u64, u64, i64, i64);
+
+fn socket_id(path: &Path) -> Option<SocketId> {
     let m = std::fs::metadata(path).ok()?;
-    m.file_type().is_socket().then(|| (m.dev(), m.ino()))
+    m.file_type()
+        .is_socket()
+        .then(|| (m.dev(), m.ino(), m.ctime(), m.ctime_nsec()))
 }
 
 /// The socket file of a class, relative to the device-plugins directory.
@@ -37,11 +43,11 @@ pub(super) fn endpoint_name(class: &str) -> String {
 }
 
 struct Endpoint {
-    socket: Option<(u64, u64)>,
-    registered_with: Option<(u64, u64)>,
+    socket: Option<SocketId>,
+    registered_with: Option<SocketId>,
     stop: watch::Sender<bool>,
     /// The kubelet.sock a registration failure was last logged for.
-    warned_for: Option<(u64, u64)>,
+    warned_for: Option<SocketId>,
 }
 
 fn bind(path: &Path) -> Result<tokio::net::UnixListener, K8sError> {
@@ -220,4 +226,33 @@ pub(super) async fn pod_holders(socket: &Path) -> Result<BTreeMap<String, Holder
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_socket_created_again_at_once_is_a_new_socket() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kubelet.sock");
+        let _first = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let before = socket_id(&path).unwrap();
+        assert_eq!(socket_id(&path), Some(before), "the same file, the same id");
+        // Deleted and created again at once: the inode number often comes back.
+        let mut same_inode = false;
+        let mut prev = before;
+        for _ in 0..20 {
+            std::fs::remove_file(&path).unwrap();
+            let _again = std::os::unix::net::UnixListener::bind(&path).unwrap();
+            let now = socket_id(&path).unwrap();
+            same_inode |= (now.0, now.1) == (prev.0, prev.1);
+            assert_ne!(now, prev, "a socket created again must be seen as new");
+            prev = now;
+        }
+        println!("inode number reused: {same_inode}");
+        std::fs::write(dir.path().join("plain"), b"").unwrap();
+        assert_eq!(socket_id(&dir.path().join("plain")), None, "not a socket");
+    }
 }
