@@ -54,6 +54,30 @@ impl World {
         })
     }
 
+    /// A lease of `shape` for team-a, and what its token resolves to.
+    fn lease(
+        &self,
+        r: &tokio::runtime::Runtime,
+        shape: pb::Shape,
+    ) -> (pb::Lease, String, pb::ResolveTokenResponse) {
+        r.block_on(async {
+            let mut c = self.daemon.client().await.unwrap();
+            let created = c
+                .create_lease(create_req("team-a", shape))
+                .await
+                .unwrap()
+                .into_inner();
+            let resolved = c
+                .resolve_token(pb::ResolveTokenRequest {
+                    token: created.token.clone(),
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            (created.lease.unwrap(), created.token, resolved)
+        })
+    }
+
     /// Make the lease's device nodes on the "host" (the driver would have), plus a
     /// node of another GPU that the container must not get.
     fn mknod_lease_nodes(&self, resolved: &pb::ResolveTokenResponse) {
@@ -137,22 +161,7 @@ fn text(o: &Output) -> String {
 fn a_container_on_a_mig_lease_sees_exactly_its_nodes_and_uuid() {
     let Some(w) = World::new("") else { return };
     let r = rt();
-    let (lease, token, resolved) = r.block_on(async {
-        let mut c = w.daemon.client().await.unwrap();
-        let created = c
-            .create_lease(create_req("team-a", shape::mig("1g.10gb")))
-            .await
-            .unwrap()
-            .into_inner();
-        let resolved = c
-            .resolve_token(pb::ResolveTokenRequest {
-                token: created.token.clone(),
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        (created.lease.unwrap(), created.token, resolved)
-    });
+    let (lease, token, resolved) = w.lease(&r, shape::mig("1g.10gb"));
     w.mknod_lease_nodes(&resolved);
     let gpu = lease.partition.as_ref().unwrap().gpu_index;
     let other = 1 - gpu;
@@ -410,22 +419,7 @@ fn the_runtime_fails_closed_while_the_daemon_is_down_and_works_after_a_restart()
 fn a_pod_container_stays_in_its_pod_cgroup_and_is_told_why_its_lease_ended() {
     let Some(w) = World::new("") else { return };
     let r = rt();
-    let (lease, token, resolved) = r.block_on(async {
-        let mut c = w.daemon.client().await.unwrap();
-        let created = c
-            .create_lease(create_req("team-a", shape::whole()))
-            .await
-            .unwrap()
-            .into_inner();
-        let resolved = c
-            .resolve_token(pb::ResolveTokenRequest {
-                token: created.token.clone(),
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        (created.lease.unwrap(), created.token, resolved)
-    });
+    let (lease, token, resolved) = w.lease(&r, shape::whole());
     w.mknod_lease_nodes(&resolved);
     let pod_cgroup = format!("kubepods-e2e-{}/pod-a", std::process::id());
     let pod_bundle = |name: &str, pod: &str, id: &str| {
@@ -557,22 +551,7 @@ fn a_gpu_container_runs_under_the_systemd_cgroup_driver() {
     }
     let Some(w) = World::new("") else { return };
     let r = rt();
-    let (lease, token, resolved) = r.block_on(async {
-        let mut c = w.daemon.client().await.unwrap();
-        let created = c
-            .create_lease(create_req("team-a", shape::whole()))
-            .await
-            .unwrap()
-            .into_inner();
-        let resolved = c
-            .resolve_token(pb::ResolveTokenRequest {
-                token: created.token.clone(),
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        (created.lease.unwrap(), created.token, resolved)
-    });
+    let (lease, token, resolved) = w.lease(&r, shape::whole());
     w.mknod_lease_nodes(&resolved);
     let id = format!("e2e-sd-{}", std::process::id());
     let b = w.bundle("systemd", &["sh", "-c", "sleep 600"], &token);
