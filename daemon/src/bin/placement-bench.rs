@@ -56,7 +56,7 @@ struct Args {
     #[arg(long, default_value_t = 0.05)]
     queue_wait: f64,
     /// Policies to run besides the reference (all by default): first-fit, best-fit,
-    /// static, moves, queue, queue-reserve.
+    /// static, moves, housekeeping, queue, queue-reserve.
     #[arg(long, value_delimiter = ',', default_value = "all")]
     policies: Vec<String>,
     /// Print only the summary, not every trace.
@@ -113,6 +113,10 @@ fn policies(args: &Args) -> Vec<(&'static str, Policy)> {
         ("best-fit", Policy::Planner(with(Strategy::BestFit))),
         ("static", Policy::Static(with(Strategy::BestFit))),
         ("moves", Policy::PlannerWithMoves(with(Strategy::BestFit))),
+        (
+            "housekeeping",
+            Policy::Housekeeping(with(Strategy::BestFit)),
+        ),
         (
             "reference-queue",
             Policy::ReferenceQueued {

@@ -552,6 +552,84 @@ pub fn plan_with_moves(
     best.map(|(_, p)| p).ok_or(refusal)
 }
 
+/// Housekeeping (`[partition] compact_idle`): the one move of an idle instance that
+/// most raises the node's free-space value (best fit's [`capacity_value`] summed over
+/// the considered GPUs), the instance going where [`plan`]'s strategy would create it
+/// now (never onto anything present, its own old place included; never into a free
+/// static-pool instance). Ties go to the lower GPU and start. None when no move raises
+/// the value, or dynamic MIG is off.
+pub fn compact(gpus: &[GpuView], opts: &PlanOptions, movable: &[Movable]) -> Option<Move> {
+    if !opts.dynamic_mig {
+        return None;
+    }
+    let value = |views: &[GpuView]| -> u64 {
+        views
+            .iter()
+            .filter(|g| g.info.mig_current && !g.whole_leased)
+            .map(|g| capacity_value(&g.profiles, &g.mig))
+            .sum()
+    };
+    let before = value(gpus);
+    let considered = considered_gpus(gpus, opts.gpu_index).ok()?;
+    let mut order: Vec<&Movable> = movable.iter().collect();
+    order.sort_by_key(|m| (m.gpu, m.placement.start));
+    let mut best: Option<(u64, Move)> = None;
+    for m in order {
+        let Some(g) = gpus.iter().find(|g| g.info.index == m.gpu) else {
+            continue;
+        };
+        let Some(inst) = g
+            .mig
+            .iter()
+            .find(|i| i.placement == m.placement && i.free_static.is_none())
+        else {
+            continue;
+        };
+        let Some(name) = g
+            .profiles
+            .iter()
+            .find(|p| p.id == inst.gi_profile_id)
+            .map(|p| p.name.as_str())
+        else {
+            continue;
+        };
+        let Ok(PlanDecision::NewMig {
+            gpu: to_gpu,
+            gi_profile_id,
+            placement: to,
+            ..
+        }) = plan_mig(name, None, &considered, opts, false)
+        else {
+            continue;
+        };
+        let mut after: Vec<GpuView> = gpus.to_vec();
+        if let Some(from) = after.iter_mut().find(|v| v.info.index == m.gpu) {
+            from.mig.retain(|i| i.placement != m.placement);
+        }
+        if let Some(t) = after.iter_mut().find(|v| v.info.index == to_gpu) {
+            t.mig.push(OccupiedMig {
+                gi_profile_id,
+                placement: to,
+                free_static: None,
+            });
+        }
+        let gain = value(&after).saturating_sub(before);
+        if gain > 0 && best.as_ref().is_none_or(|(b, _)| gain > *b) {
+            best = Some((
+                gain,
+                Move {
+                    from_gpu: m.gpu,
+                    from: m.placement,
+                    gi_profile_id: inst.gi_profile_id,
+                    to_gpu,
+                    to,
+                },
+            ));
+        }
+    }
+    best.map(|(_, mv)| mv)
+}
+
 /// How a move plan ranks: (moves, memory slices moved, best-fit loss, GPU, start).
 type MoveKey = (usize, u32, u64, u32, u32);
 
@@ -1245,6 +1323,40 @@ mod tests {
     }
 
     // ------------------------------------------------------------------ MIG: moves
+
+    #[test]
+    fn compaction_empties_a_gpu_for_a_7g_and_leaves_bound_leases() {
+        // gpu0: a lone 1g (left when its neighbours ended); gpu1: a 3g and a 2g.
+        let mut g0 = h100_mig(0);
+        let lone = occ(&g0, "1g.10gb", 6);
+        g0.mig.push(lone.clone());
+        let mut g1 = h100_mig(1);
+        g1.mig.push(occ(&g1, "3g.40gb", 0));
+        g1.mig.push(occ(&g1, "2g.20gb", 4));
+        let mut gpus = [g0, g1];
+        assert!(plan(&mig_shape("7g.80gb"), &gpus, &best_fit()).is_err());
+        let idle = [Movable {
+            gpu: 0,
+            placement: lone.placement,
+        }];
+        // Bound (not movable): nothing moves.
+        assert_eq!(compact(&gpus, &best_fit(), &[]), None);
+        let m = compact(&gpus, &best_fit(), &idle).unwrap();
+        assert_eq!((m.from_gpu, m.from, m.to_gpu), (0, lone.placement, 1));
+        gpus[0].mig.clear();
+        gpus[1].mig.push(OccupiedMig {
+            gi_profile_id: m.gi_profile_id,
+            placement: m.to,
+            free_static: None,
+        });
+        assert!(plan(&mig_shape("7g.80gb"), &gpus, &best_fit()).is_ok());
+        // Packed now: a second pass finds nothing better.
+        let idle = [Movable {
+            gpu: 1,
+            placement: m.to,
+        }];
+        assert_eq!(compact(&gpus, &best_fit(), &idle), None);
+    }
 
     #[test]
     fn an_idle_instance_moves_to_make_room_for_a_7g() {

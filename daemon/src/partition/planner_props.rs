@@ -7,12 +7,12 @@ use std::collections::BTreeMap;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::fragmentation::{total_memory_slices, used_memory_slices};
+use super::fragmentation::{capacity_value, total_memory_slices, used_memory_slices};
 use super::test_fixtures::*;
 use super::trace::Repacker;
 use super::{
     GpuView, Movable, MovePlan, MpsMode, PlanDecision, PlanError, PlanOptions, Shape,
-    Strategy as PlanStrategy, plan, plan_with_moves,
+    Strategy as PlanStrategy, compact, plan, plan_with_moves,
 };
 use crate::gpu::Placement;
 
@@ -666,6 +666,75 @@ proptest! {
             for l in &live {
                 let g = gpus.iter().find(|g| g.info.index == l.gpu).unwrap();
                 prop_assert!(g.mig.iter().any(|m| m.placement == l.placement && m.gi_profile_id == l.gi_profile_id));
+            }
+            let instances: usize = gpus.iter().map(|g| g.mig.len()).sum();
+            prop_assert_eq!(instances, live.len());
+        }
+    }
+
+    /// Housekeeping's `compact` moves only an idle lease, to a place free of every
+    /// instance present (its own old one included), keeps its profile, and strictly
+    /// raises the node's free-space value.
+    #[test]
+    fn compaction_moves_only_idle_leases_and_raises_free_space(
+        ops in prop::collection::vec(move_op(), 1..120),
+    ) {
+        let mut gpus = vec![h100_mig(0), h100_mig(1), h100_mig(2)];
+        let mut live: Vec<Placed> = Vec::new();
+        let no_oversubscription = [false; 3];
+        let value = |gpus: &[GpuView]| -> u64 {
+            gpus.iter().map(|g| capacity_value(&g.profiles, &g.mig)).sum()
+        };
+        for (id, op) in (0u32..).zip(ops) {
+            match op {
+                MoveOp::Create { name, best_fit } => {
+                    let shape = mig_shape(NAMES[name]);
+                    if let Ok(d @ PlanDecision::NewMig { gpu, placement, gi_profile_id, .. }) =
+                        plan(&shape, &gpus, &options(best_fit))
+                    {
+                        apply(&mut gpus, &shape, &d);
+                        live.push(Placed { id, gpu, placement, gi_profile_id, bound: false });
+                    }
+                }
+                MoveOp::Bind(k) => {
+                    if !live.is_empty() {
+                        let n = live.len();
+                        live[k % n].bound = true;
+                    }
+                }
+                MoveOp::Release(k) => {
+                    if !live.is_empty() {
+                        let l = live.remove(k % live.len());
+                        let g = view_mut(&mut gpus, l.gpu);
+                        g.mig.retain(|m| m.placement != l.placement);
+                    }
+                }
+            }
+            let movable: Vec<Movable> = live
+                .iter()
+                .filter(|l| !l.bound)
+                .map(|l| Movable { gpu: l.gpu, placement: l.placement })
+                .collect();
+            let before = value(&gpus);
+            if let Some(m) = compact(&gpus, &options(true), &movable) {
+                let l = live.iter_mut().find(|l| l.gpu == m.from_gpu && l.placement == m.from);
+                prop_assert!(l.is_some(), "move of no lease: {m:?}");
+                let l = l.unwrap();
+                prop_assert!(!l.bound, "moved a bound lease: {m:?}");
+                prop_assert_eq!(l.gi_profile_id, m.gi_profile_id);
+                let target = gpus.iter().find(|g| g.info.index == m.to_gpu).unwrap();
+                prop_assert!(target.mig.iter().all(|i| !i.placement.overlaps(&m.to)),
+                    "move target {m:?} was occupied");
+                view_mut(&mut gpus, m.from_gpu).mig.retain(|i| i.placement != m.from);
+                view_mut(&mut gpus, m.to_gpu).mig.push(OccupiedMig {
+                    gi_profile_id: m.gi_profile_id,
+                    placement: m.to,
+                    free_static: None,
+                });
+                l.gpu = m.to_gpu;
+                l.placement = m.to;
+                prop_assert!(value(&gpus) > before, "{m:?} did not raise the free-space value");
+                check_invariants(&gpus, &no_oversubscription)?;
             }
             let instances: usize = gpus.iter().map(|g| g.mig.len()).sum();
             prop_assert_eq!(instances, live.len());

@@ -32,7 +32,7 @@ use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::planner::{Movable, plan_with_moves};
+use super::planner::{Movable, Move, compact, plan_with_moves};
 use super::reserve::{Reservation, hold, reserve};
 use super::{GpuView, OccupiedMig, PlanDecision, PlanError, PlanOptions, Shape, plan};
 use crate::gpu::profiles::GpuModel;
@@ -99,6 +99,11 @@ pub enum Policy {
     Planner(PlanOptions),
     PlannerWithMoves(PlanOptions),
     Static(PlanOptions),
+    /// [`Policy::PlannerWithMoves`], and housekeeping: after each grant and each end,
+    /// up to [`HOUSEKEEPING_MOVES`] idle instances move where the planner would put them
+    /// now when that raises the node's free-space value (the best-fit measure summed
+    /// over the GPUs), best gain first.
+    Housekeeping(PlanOptions),
     /// The planner (moving idle leases when `moves`), and an admission queue: a
     /// request it refuses waits up to `max_wait` (in mean durations) for room, in
     /// arrival order per profile, then holds its instance for its whole duration from
@@ -317,6 +322,11 @@ pub fn run(spec: &TraceSpec, requests: &[Request], policy: &Policy) -> Result<Ou
         }
         Policy::Planner(o) => Box::new(PlannerServer::new(spec, o.clone(), false)),
         Policy::PlannerWithMoves(o) => Box::new(PlannerServer::new(spec, o.clone(), true)),
+        Policy::Housekeeping(o) => {
+            let mut s = PlannerServer::new(spec, o.clone(), true);
+            s.housekeeping = true;
+            Box::new(s)
+        }
         Policy::Static(o) => Box::new(PlannerServer::with_static_layout(spec, &profiles, o)?),
         Policy::Queued {
             opts,
@@ -436,7 +446,11 @@ struct PlannerServer {
     live: HashMap<usize, Live>,
     moves: u64,
     queue: Option<Queue>,
+    housekeeping: bool,
 }
+
+/// Housekeeping moves at most this many idle instances per grant or end.
+pub const HOUSEKEEPING_MOVES: usize = 2;
 
 /// Only requests of at least this many memory slices (3g.40gb, 4g.40gb and 7g.80gb on an
 /// H100) hold a region while they wait: a smaller request fits again as soon as almost
@@ -485,8 +499,12 @@ fn view(gpus: &mut [GpuView], gpu: u32) -> Option<&mut GpuView> {
 }
 
 fn shape_of(profile: &GiProfile) -> Shape {
+    shape_of_name(&profile.name)
+}
+
+fn shape_of_name(name: &str) -> Shape {
     Shape::Mig {
-        profile: profile.name.clone(),
+        profile: name.to_string(),
         compute_profile: None,
     }
 }
@@ -503,6 +521,7 @@ impl PlannerServer {
             live: HashMap::new(),
             moves: 0,
             queue: None,
+            housekeeping: false,
         }
     }
 
@@ -591,6 +610,7 @@ impl PlannerServer {
             live: HashMap::new(),
             moves: 0,
             queue: None,
+            housekeeping: false,
         })
     }
 
@@ -681,6 +701,39 @@ impl PlannerServer {
         held
     }
 
+    /// Housekeeping (see [`Policy::Housekeeping`]) at tick `now`: the daemon's own
+    /// [`compact`], up to [`HOUSEKEEPING_MOVES`] times.
+    fn compact(&mut self, now: u64) {
+        for _ in 0..HOUSEKEEPING_MOVES {
+            let Some(m) = compact(&self.gpus, &self.opts, &self.movable(now)) else {
+                return;
+            };
+            self.apply_move(&m);
+        }
+    }
+
+    fn apply_move(&mut self, m: &Move) {
+        if let Some(v) = view(&mut self.gpus, m.from_gpu) {
+            v.mig.retain(|i| i.placement != m.from);
+        }
+        if let Some(v) = view(&mut self.gpus, m.to_gpu) {
+            v.mig.push(OccupiedMig {
+                gi_profile_id: m.gi_profile_id,
+                placement: m.to,
+                free_static: None,
+            });
+        }
+        if let Some(l) = self
+            .live
+            .values_mut()
+            .find(|l| l.gpu == m.from_gpu && l.placement == m.from)
+        {
+            l.gpu = m.to_gpu;
+            l.placement = m.to;
+        }
+        self.moves += 1;
+    }
+
     /// Where `profile` goes now, `held` regions left alone; the moves it needs are done.
     fn place(
         &mut self,
@@ -701,25 +754,7 @@ impl PlannerServer {
             match plan_with_moves(&shape, gpus, &self.opts, &movable) {
                 Ok(p) => {
                     for m in &p.moves {
-                        if let Some(v) = view(&mut self.gpus, m.from_gpu) {
-                            v.mig.retain(|i| i.placement != m.from);
-                        }
-                        if let Some(v) = view(&mut self.gpus, m.to_gpu) {
-                            v.mig.push(OccupiedMig {
-                                gi_profile_id: m.gi_profile_id,
-                                placement: m.to,
-                                free_static: None,
-                            });
-                        }
-                        if let Some(l) = self
-                            .live
-                            .values_mut()
-                            .find(|l| l.gpu == m.from_gpu && l.placement == m.from)
-                        {
-                            l.gpu = m.to_gpu;
-                            l.placement = m.to;
-                        }
-                        self.moves += 1;
+                        self.apply_move(m);
                     }
                     Ok(p.decision)
                 }
@@ -748,6 +783,9 @@ impl Server for PlannerServer {
         match self.place(profile, now, &held)? {
             Some(d) => {
                 self.grant(id, &d, idle_until);
+                if self.housekeeping {
+                    self.compact(now);
+                }
                 Ok(true)
             }
             None => Ok(false),
@@ -777,6 +815,9 @@ impl Server for PlannerServer {
     }
 
     fn drain(&mut self, now: u64) -> Result<Vec<(usize, u64)>, TraceError> {
+        if self.housekeeping {
+            self.compact(now);
+        }
         let Some(q) = self.queue.as_mut() else {
             return Ok(Vec::new());
         };
