@@ -242,6 +242,9 @@ pub struct PartitionConfig {
     pub static_layouts: Vec<StaticLayout>,
     /// Move idle MIG leases to make room for a request that would be refused.
     pub move_idle: bool,
+    /// Housekeeping: move idle MIG leases where they leave the most room for large
+    /// profiles (a few per housekeeping pass).
+    pub compact_idle: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -445,6 +448,7 @@ struct RawPartition {
     mps_oversubscribe: Option<bool>,
     mps_mode: Option<crate::gpu::MpsMode>,
     move_idle: Option<bool>,
+    compact_idle: Option<bool>,
     #[serde(default, rename = "static")]
     static_layouts: Vec<RawStatic>,
 }
@@ -594,6 +598,7 @@ impl Config {
             mps_mode: p.mps_mode.unwrap_or_default(),
             static_layouts,
             move_idle: p.move_idle.unwrap_or(true),
+            compact_idle: p.compact_idle.unwrap_or(false),
         };
 
         let l = raw.lease;

@@ -269,7 +269,7 @@ impl LeaseManager {
                 Err(Again::Move(moves, refusal)) => {
                     rounds += 1;
                     for m in &moves {
-                        if let Err(e) = self.move_idle(m).await {
+                        if let Err(e) = self.move_idle(m, "to make room").await {
                             warn!(error = %e, "moving an idle lease to make room failed");
                             return Err(LeaseError::ResourceExhausted(format!(
                                 "{refusal}; moving an idle lease to make room failed: {e}"

@@ -93,6 +93,9 @@ impl LeaseManager {
         self.supervise_mps(now).await;
         self.reap_idle_mps_hosts().await;
         self.prune_gone_containers(now).await;
+        if self.config.partition.compact_idle {
+            self.compact_idle().await;
+        }
         ended
     }
 

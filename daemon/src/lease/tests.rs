@@ -397,9 +397,17 @@ fn two_h100(
     dir: &std::path::Path,
     move_idle: bool,
 ) -> (Arc<LeaseManager>, Arc<crate::gpu::SimBackend>) {
+    two_h100_compacting(dir, move_idle, false)
+}
+
+fn two_h100_compacting(
+    dir: &std::path::Path,
+    move_idle: bool,
+    compact_idle: bool,
+) -> (Arc<LeaseManager>, Arc<crate::gpu::SimBackend>) {
     let text = format!(
         "[daemon]\nstate_dir = {d:?}\nrun_dir = {d:?}\n[gpu]\nbackend = \"sim\"\n\
-         [partition]\nmove_idle = {move_idle}\n\
+         [partition]\nmove_idle = {move_idle}\ncompact_idle = {compact_idle}\n\
          [sim]\nstate_file = {s:?}\n[[sim.gpus]]\nmodel = \"h100-80gb\"\nmig = true\n\
          [[sim.gpus]]\nmodel = \"h100-80gb\"\nmig = true\n",
         d = dir.display().to_string(),
@@ -498,6 +506,50 @@ async fn an_idle_lease_moves_to_make_room_keeping_its_id_and_token() {
     assert_eq!((l.gpu, p.unwrap().gpu), (0, 0));
     assert_eq!(instance_count(&sim), 3);
     assert!(mgr.store.snapshot().unwrap().intents.is_empty());
+}
+
+#[tokio::test]
+async fn housekeeping_compacts_an_idle_lease_so_a_7g_fits_without_moves() {
+    // Moves at refusal off: only housekeeping can make room.
+    let dir = tempfile::tempdir().unwrap();
+    let (mgr, sim) = two_h100_compacting(dir.path(), false, true);
+    let mut events = mgr.subscribe();
+    let (a, _) = idle_lease_in_the_way(&mgr, false).await;
+    mgr.tick().await;
+    let (la, _) = mgr.get(&a.lease.id).unwrap();
+    assert_eq!(la.gpu, 0, "the idle 1g went next to the pinned 4g");
+    let r = mgr.resolve_token(a.token.as_ref().unwrap()).unwrap();
+    assert_eq!(
+        (r.lease.id.as_str(), r.partition.gpu),
+        (a.lease.id.as_str(), 0)
+    );
+    let moved: Vec<String> = std::iter::from_fn(|| events.try_recv().ok())
+        .filter(|ev| ev.kind == EventKind::Moved)
+        .map(|ev| ev.message)
+        .collect();
+    assert_eq!(moved.len(), 1, "{moved:?}");
+    assert!(moved[0].contains("to compact free space"), "{}", moved[0]);
+    // Nothing more to gain: the next pass moves nothing.
+    mgr.tick().await;
+    assert_eq!(mgr.get(&a.lease.id).unwrap().0.gpu, 0);
+    let big = mgr.create(seven_g("big")).await.unwrap();
+    assert_eq!(big.lease.gpu, 1);
+    assert_eq!(instance_count(&sim), 3);
+    assert!(mgr.store.snapshot().unwrap().intents.is_empty());
+
+    // Off (the default), or the lease in use: housekeeping leaves it, the 7g is refused.
+    for in_use in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let (mgr, _) = two_h100_compacting(dir.path(), false, in_use);
+        let (a, _) = idle_lease_in_the_way(&mgr, false).await;
+        if in_use {
+            mgr.resolve_token(a.token.as_ref().unwrap()).unwrap();
+        }
+        mgr.tick().await;
+        assert_eq!(mgr.get(&a.lease.id).unwrap().0.gpu, 1);
+        let err = mgr.create(seven_g("big")).await.unwrap_err();
+        assert!(matches!(err, LeaseError::ResourceExhausted(_)), "{err}");
+    }
 }
 
 #[tokio::test]

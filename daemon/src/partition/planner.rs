@@ -554,28 +554,25 @@ pub fn plan_with_moves(
 
 /// Housekeeping (`[partition] compact_idle`): the one move of an idle instance that
 /// most raises the node's free-space value (best fit's [`capacity_value`] summed over
-/// the considered GPUs), the instance going where [`plan`]'s strategy would create it
-/// now (never onto anything present, its own old place included; never into a free
-/// static-pool instance). Ties go to the lower GPU and start. None when no move raises
-/// the value, or dynamic MIG is off.
+/// the GPUs), to any free placement of its profile on a considered GPU of the same
+/// model (free of every
+/// instance present, its own old place included; within `max_count`). Ties go to the
+/// lower source GPU and start, then the lower target GPU and start. None when no move
+/// raises the value, or dynamic MIG is off.
 pub fn compact(gpus: &[GpuView], opts: &PlanOptions, movable: &[Movable]) -> Option<Move> {
     if !opts.dynamic_mig {
         return None;
     }
-    let value = |views: &[GpuView]| -> u64 {
-        views
-            .iter()
-            .filter(|g| g.info.mig_current && !g.whole_leased)
-            .map(|g| capacity_value(&g.profiles, &g.mig))
-            .sum()
-    };
-    let before = value(gpus);
-    let considered = considered_gpus(gpus, opts.gpu_index).ok()?;
+    let considered: Vec<&GpuView> = considered_gpus(gpus, opts.gpu_index)
+        .ok()?
+        .into_iter()
+        .filter(|g| g.info.mig_current && !g.whole_leased)
+        .collect();
     let mut order: Vec<&Movable> = movable.iter().collect();
     order.sort_by_key(|m| (m.gpu, m.placement.start));
     let mut best: Option<(u64, Move)> = None;
     for m in order {
-        let Some(g) = gpus.iter().find(|g| g.info.index == m.gpu) else {
+        let Some(g) = considered.iter().find(|g| g.info.index == m.gpu) else {
             continue;
         };
         let Some(inst) = g
@@ -593,38 +590,57 @@ pub fn compact(gpus: &[GpuView], opts: &PlanOptions, movable: &[Movable]) -> Opt
         else {
             continue;
         };
-        let Ok(PlanDecision::NewMig {
-            gpu: to_gpu,
-            gi_profile_id,
-            placement: to,
-            ..
-        }) = plan_mig(name, None, &considered, opts, false)
-        else {
-            continue;
-        };
-        let mut after: Vec<GpuView> = gpus.to_vec();
-        if let Some(from) = after.iter_mut().find(|v| v.info.index == m.gpu) {
-            from.mig.retain(|i| i.placement != m.placement);
-        }
-        if let Some(t) = after.iter_mut().find(|v| v.info.index == to_gpu) {
-            t.mig.push(OccupiedMig {
-                gi_profile_id,
-                placement: to,
-                free_static: None,
-            });
-        }
-        let gain = value(&after).saturating_sub(before);
-        if gain > 0 && best.as_ref().is_none_or(|(b, _)| gain > *b) {
-            best = Some((
-                gain,
-                Move {
-                    from_gpu: m.gpu,
-                    from: m.placement,
-                    gi_profile_id: inst.gi_profile_id,
-                    to_gpu,
-                    to,
-                },
-            ));
+        let from_before = capacity_value(&g.profiles, &g.mig);
+        let without: Vec<OccupiedMig> = g
+            .mig
+            .iter()
+            .filter(|i| i.placement != m.placement)
+            .cloned()
+            .collect();
+        // Only to a GPU of the same model: the lease keeps its GI and CI profiles.
+        for t in considered.iter().filter(|t| t.info.name == g.info.name) {
+            let Some(tp) = t
+                .profiles
+                .iter()
+                .find(|p| p.name.eq_ignore_ascii_case(name) && p.id == inst.gi_profile_id)
+            else {
+                continue;
+            };
+            let same = t.info.index == g.info.index;
+            // The target's instances once the move is done, but for the new one.
+            let base: &[OccupiedMig] = if same { &without } else { &t.mig };
+            if !below_max_count(base, tp) {
+                continue;
+            }
+            for to in free_placements(tp, &t.mig) {
+                let mut after = base.to_vec();
+                after.push(OccupiedMig {
+                    gi_profile_id: tp.id,
+                    placement: to,
+                    free_static: None,
+                });
+                let (before, after) = if same {
+                    (from_before, capacity_value(&t.profiles, &after))
+                } else {
+                    (
+                        from_before + capacity_value(&t.profiles, &t.mig),
+                        capacity_value(&g.profiles, &without) + capacity_value(&t.profiles, &after),
+                    )
+                };
+                let gain = after.saturating_sub(before);
+                if gain > 0 && best.as_ref().is_none_or(|(b, _)| gain > *b) {
+                    best = Some((
+                        gain,
+                        Move {
+                            from_gpu: m.gpu,
+                            from: m.placement,
+                            gi_profile_id: tp.id,
+                            to_gpu: t.info.index,
+                            to,
+                        },
+                    ));
+                }
+            }
         }
     }
     best.map(|(_, mv)| mv)
