@@ -8,6 +8,13 @@
 //! default). Every policy but the reference runs the daemon's own planner
 //! (`tesserad::partition`). See `tesserad::partition::trace` for the model.
 //!
+//! Also measured, not the daemon's default: "housekeeping" (moves, and the daemon's
+//! `[partition] compact_idle` after each grant and end), and an admission queue
+//! ("queue": a refused request waits up to `--queue-wait` mean durations; "queue-reserve":
+//! a waiting 3g/4g/7g also holds the region it will get). A queued policy is measured
+//! against "reference-queue", the reference with the same queue (its own row is against
+//! the plain reference), and its waits per profile are printed.
+//!
 //! Printed per trace: each policy's accepted slice-time over the reference's (the
 //! ratio), the share of requests it accepted, and the share accepted per profile.
 //! The summary gives each policy's lowest and mean ratio over all traces and its

@@ -24,6 +24,15 @@
 //!   the slice-time the mix asks for, laid out by the planner), then the planner with
 //!   dynamic MIG off: a request takes a free static instance of its profile.
 //!
+//! * [`Policy::Housekeeping`]: moves, and the daemon's housekeeping [`compact`] after
+//!   each grant and each end.
+//! * [`Policy::Queued`] and [`Policy::ReferenceQueued`]: the planner (or the reference)
+//!   with an admission queue. A refused request waits up to `max_wait` mean durations;
+//!   at each end the waiting requests are tried oldest first (a request never overtakes
+//!   an older one of its own profile), and one granted holds its instance for its whole
+//!   duration from the grant (its wait is tallied per profile). A request still
+//!   waiting at its deadline is refused.
+//!
 //! The first tenth of the requests warms the node up and is not tallied.
 
 use std::cmp::Reverse;
