@@ -833,10 +833,7 @@ impl Server for PlannerServer {
         q.waiting.retain(|w| w.deadline > now);
         let mut granted = Vec::new();
         let mut i = 0;
-        loop {
-            let Some(w) = self.queue.as_ref().and_then(|q| q.waiting.get(i)).cloned() else {
-                break;
-            };
+        while let Some(w) = self.queue.as_ref().and_then(|q| q.waiting.get(i)).cloned() {
             // First come, first served within a profile.
             let behind = self.queue.as_ref().is_some_and(|q| {
                 q.waiting
