@@ -88,6 +88,10 @@ pub struct CreateArgs {
     /// Pin the lease to this GPU (index).
     #[arg(long)]
     pub gpu_index: Option<u32>,
+    /// When there is no room now, wait up to this long (e.g. 30s, 5m) in the daemon's
+    /// admission queue for leases to end (at most its lease.max_queue_wait).
+    #[arg(long, value_parser = parse::parse_duration)]
+    pub wait: Option<Duration>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -155,6 +159,8 @@ pub enum LeaseArgError {
     DuplicateLabel(String),
     #[error("--mps-mode applies to --mps or to --memory with --isolation shared")]
     MpsModeWithoutMps,
+    #[error("--wait of {0} s is too long")]
+    WaitTooLong(u64),
 }
 
 impl CreateArgs {
@@ -203,6 +209,11 @@ impl CreateArgs {
             labels,
             priority_class: self.priority_class.clone().unwrap_or_default(),
             gpu_index: self.gpu_index,
+            queue_wait_ms: match self.wait {
+                None => 0,
+                Some(d) => u32::try_from(d.as_millis())
+                    .map_err(|_| LeaseArgError::WaitTooLong(d.as_secs()))?,
+            },
         })
     }
 }
@@ -350,6 +361,22 @@ mod tests {
             LeaseCmd::Create(c) => Ok(*c),
             other => panic!("parsed as {other:?}"),
         }
+    }
+
+    #[test]
+    fn create_waits_in_the_queue_only_when_asked() {
+        let args = ["--tenant", "t", "--mig", "7g.80gb"];
+        let req = create(&args).unwrap().to_request().unwrap();
+        assert_eq!(req.queue_wait_ms, 0, "no --wait: refused at once");
+        let mut with = args.to_vec();
+        with.extend(["--wait", "30s"]);
+        let req = create(&with).unwrap().to_request().unwrap();
+        assert_eq!(req.queue_wait_ms, 30_000);
+        with.extend(["--wait", "60d"]);
+        assert!(create(&with).is_err(), "--wait given twice");
+        let long = ["--tenant", "t", "--mig", "7g.80gb", "--wait", "60d"];
+        let err = create(&long).unwrap().to_request().unwrap_err();
+        assert!(err.to_string().contains("too long"), "{err}");
     }
 
     #[test]

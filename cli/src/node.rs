@@ -464,6 +464,7 @@ mod tests {
             version: "0.1.0".to_owned(),
             gpus: vec![sample_gpu()],
             driver_version: "550.54".to_owned(),
+            queued_requests: 0,
         });
         let text = node_text(&node);
         assert!(

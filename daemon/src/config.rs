@@ -259,6 +259,8 @@ pub struct LeaseConfig {
     /// Keep ended leases in the database this long (ListLeases --all shows them).
     pub retain_ended: Duration,
     pub pids_limit: u64,
+    /// The longest a CreateLease may wait in the admission queue (`queue_wait_ms`).
+    pub max_queue_wait: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -463,6 +465,7 @@ struct RawLease {
     revocation_grace: Option<String>,
     retain_ended: Option<String>,
     pids_limit: Option<u64>,
+    max_queue_wait: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -610,6 +613,7 @@ impl Config {
             revocation_grace: v.duration("lease.revocation_grace", l.revocation_grace, "10s")?,
             retain_ended: v.duration("lease.retain_ended", l.retain_ended, "30d")?,
             pids_limit: l.pids_limit.unwrap_or(4096),
+            max_queue_wait: v.duration("lease.max_queue_wait", l.max_queue_wait, "10m")?,
         };
         if lease.min_ttl > lease.max_ttl {
             return Err(v.err("lease.min_ttl", "is longer than lease.max_ttl".into()));

@@ -57,6 +57,7 @@ pub fn default_limits() -> LeaseConfig {
         revocation_grace: Duration::from_secs(10),
         retain_ended: Duration::from_secs(7 * 86_400),
         pids_limit: 4096,
+        max_queue_wait: Duration::from_secs(600),
     }
 }
 

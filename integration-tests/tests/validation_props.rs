@@ -95,6 +95,7 @@ fn request() -> impl Strategy<Value = pb::CreateLeaseRequest> {
                     labels: labels.into_iter().collect::<HashMap<_, _>>(),
                     priority_class,
                     gpu_index,
+                    queue_wait_ms: 0,
                 }
             },
         )

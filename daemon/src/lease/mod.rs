@@ -61,6 +61,7 @@ mod moves;
 mod need;
 mod owner;
 mod queries;
+mod queue;
 pub mod quota;
 mod reconcile;
 mod renew;
@@ -94,6 +95,8 @@ pub struct LeaseManager {
     tenancy: std::sync::RwLock<Arc<TenancyConfig>>,
     grants: Mutex<Vec<Grant>>,
     host: Arc<dyn HostOps>,
+    /// CreateLease calls waiting for room (`queue_wait_ms`).
+    queue: queue::AdmissionQueue,
 }
 
 impl std::fmt::Debug for LeaseManager {
@@ -141,6 +144,7 @@ impl LeaseManager {
             heartbeat: std::sync::atomic::AtomicI64::new(now_ms()),
             tenancy: std::sync::RwLock::new(Arc::new(config.tenancy.clone())),
             grants: Mutex::new(Vec::new()),
+            queue: queue::AdmissionQueue::default(),
             host,
         });
         *mgr.grants.lock().unwrap_or_else(|p| p.into_inner()) = grants;

@@ -949,3 +949,94 @@ async fn a_move_whose_create_fails_puts_the_instance_back_or_loses_the_lease() {
     }
     assert!(revoked, "watchers hear the lease is gone");
 }
+
+// ------------------------------------------------------------------ admission queue
+
+/// Until `n` CreateLease calls wait in the queue (each enters it within a moment).
+async fn queued(mgr: &LeaseManager, n: usize) {
+    for _ in 0..2000 {
+        if mgr.queued_requests() == n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("{} requests queued, not {n}", mgr.queued_requests());
+}
+
+#[tokio::test]
+async fn a_queued_7g_is_granted_when_a_lease_ends_first_come_first_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mgr, _) = two_h100(dir.path(), false);
+    let (a, _) = idle_lease_in_the_way(&mgr, false).await;
+    let refused = mgr.create(seven_g("now")).await.unwrap_err();
+    assert!(
+        matches!(refused, LeaseError::ResourceExhausted(_)),
+        "{refused}"
+    );
+    let wait = Duration::from_secs(60);
+    let m = mgr.clone();
+    let first = tokio::spawn(async move { m.create_queued(seven_g("first"), wait).await });
+    queued(&mgr, 1).await;
+    let m = mgr.clone();
+    let second = tokio::spawn(async move { m.create_queued(seven_g("second"), wait).await });
+    queued(&mgr, 2).await;
+    mgr.end(&a.lease.id, LeaseState::Released, "test")
+        .await
+        .unwrap();
+    let got = first.await.unwrap().unwrap();
+    assert_eq!(got.lease.gpu, 1);
+    assert_eq!(got.lease.request_id.as_deref(), Some("first"));
+    assert!(got.token.is_some());
+    // The second still waits (one 7g per GPU, gpu0 has the 4g); it leaves when its
+    // caller goes away.
+    queued(&mgr, 1).await;
+    second.abort();
+    assert!(second.await.unwrap_err().is_cancelled());
+    assert_eq!(
+        mgr.queued_requests(),
+        0,
+        "a caller that went away left the queue"
+    );
+}
+
+#[tokio::test]
+async fn a_queued_request_whose_wait_ends_is_refused_and_leaves_the_queue() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mgr, _) = two_h100(dir.path(), false);
+    idle_lease_in_the_way(&mgr, false).await;
+    let err = mgr
+        .create_queued(seven_g("big"), Duration::from_millis(200))
+        .await
+        .unwrap_err();
+    let LeaseError::ResourceExhausted(msg) = &err else {
+        panic!("{err}");
+    };
+    assert!(
+        msg.contains("no room within the queue wait of 200 ms"),
+        "{msg}"
+    );
+    assert!(msg.contains("7g.80gb"), "the planner's reason: {msg}");
+    assert_eq!(mgr.queued_requests(), 0);
+    // Longer than lease.max_queue_wait (10m by default): refused before queueing.
+    let err = mgr
+        .create_queued(seven_g("long"), Duration::from_secs(3600))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            LeaseError::InvalidArgument {
+                field: "queue_wait_ms",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // Room now: a queued request is served at once.
+    let small = mgr
+        .create_queued(mig_request("small"), Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(small.token.is_some());
+    assert_eq!(mgr.queued_requests(), 0);
+}
