@@ -392,6 +392,8 @@ impl Tessera for TesseraService {
             let result = async {
                 let default_mps = this.mgr.config().partition.mps_mode;
                 let need = convert::need_from_pb(r.shape.as_ref(), default_mps)?;
+                let count = convert::count_from_pb(r.shape.as_ref());
+                let topology = convert::topology_from_pb(r.topology)?;
                 let shape = convert::shape_from_pb(r.shape, default_mps)?;
                 let labels: BTreeMap<String, String> = r.labels.into_iter().collect();
                 this.mgr
@@ -404,6 +406,8 @@ impl Tessera for TesseraService {
                         priority_class: non_empty(r.priority_class),
                         gpu_index: r.gpu_index,
                         need,
+                        count,
+                        topology,
                     })
                     .await
                     .map_err(status)
@@ -415,7 +419,7 @@ impl Tessera for TesseraService {
                 .unwrap_or_default();
             let r = result.map(|created| {
                 Response::new(pb::CreateLeaseResponse {
-                    lease: Some(convert::lease_to_pb(
+                    lease: Some(lease_pb(&this.mgr, 
                         &created.lease,
                         created.partition.as_ref(),
                     )),
@@ -446,7 +450,7 @@ impl Tessera for TesseraService {
                 Ok((
                     tenant,
                     Response::new(pb::RenewLeaseResponse {
-                        lease: Some(convert::lease_to_pb(&l, p.as_ref())),
+                        lease: Some(lease_pb(&this.mgr, &l, p.as_ref())),
                     }),
                 ))
             }
@@ -523,7 +527,7 @@ impl Tessera for TesseraService {
             Ok((
                 tenant,
                 Response::new(pb::GetLeaseResponse {
-                    lease: Some(convert::lease_to_pb(&l, p.as_ref())),
+                    lease: Some(lease_pb(&self.mgr, &l, p.as_ref())),
                 }),
             ))
         })();
@@ -554,7 +558,7 @@ impl Tessera for TesseraService {
             Ok(Response::new(pb::ListLeasesResponse {
                 leases: leases
                     .iter()
-                    .map(|(l, p)| convert::lease_to_pb(l, p.as_ref()))
+                    .map(|(l, p)| lease_pb(&self.mgr, l, p.as_ref()))
                     .collect(),
             }))
         })();
@@ -1122,4 +1126,19 @@ fn usage_response(
         }
         Err(e) => Err(Status::internal(format!("usage: {e}"))),
     }
+}
+
+/// A lease on the wire with every partition it holds (and, for several, how their
+/// GPUs connect).
+fn lease_pb(
+    mgr: &LeaseManager,
+    l: &crate::model::Lease,
+    p: Option<&crate::model::Partition>,
+) -> pb::Lease {
+    let mut out = convert::lease_to_pb(l, p);
+    if l.partition_count() > 1 {
+        let (parts, links) = mgr.partitions_of(l);
+        convert::add_partitions(&mut out, &parts, links.as_ref());
+    }
+    out
 }

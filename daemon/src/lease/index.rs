@@ -74,7 +74,7 @@ fn count_in(ix: &mut Indexes, l: &Lease) {
         ix.usage
             .entry(l.tenant.clone())
             .or_default()
-            .add(quota::amounts_of(&l.shape));
+            .add(quota::amounts_of_lease(l));
     }
     match l.state() {
         LeaseState::Active => {
@@ -91,7 +91,7 @@ fn count_out(ix: &mut Indexes, l: &Lease) {
     if l.state().is_live()
         && let Some(u) = ix.usage.get_mut(&l.tenant)
     {
-        u.remove(quota::amounts_of(&l.shape));
+        u.remove(quota::amounts_of_lease(l));
         if u.leases == 0 {
             ix.usage.remove(&l.tenant);
         }

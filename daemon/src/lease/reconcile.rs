@@ -12,7 +12,7 @@ use crate::model::{IntentOp, Lease, MigPart, PartKind, Partition, PartitionState
 use super::{GpuState, LeaseError, LeaseManager, State, mps_dirs};
 
 /// The MIG instances of each GPU, as the backend listed them at start.
-type Instances = HashMap<u32, Vec<MigInstance>>;
+pub(super) type Instances = HashMap<u32, Vec<MigInstance>>;
 
 /// What reconciliation did, for the start-up log line.
 #[derive(Default)]
@@ -55,8 +55,10 @@ impl LeaseManager {
                 .get(pid)
                 .is_some_and(|p| lost.contains(&p.gpu))
         };
+        // A multi-partition lease a crash caught being created: all or nothing.
+        let several = self.reconcile_several_at_start(&mut st, &mut instances, &snap.intents, now)?;
         for intent in &snap.intents {
-            if on_lost(&st, &intent.partition_id) {
+            if on_lost(&st, &intent.partition_id) || several.contains(&intent.id) {
                 continue;
             }
             self.reconcile_intent(&mut st, &mut instances, intent, now, &mut report)?;

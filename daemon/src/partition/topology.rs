@@ -1,13 +1,78 @@
-//! Several whole GPUs for one job, placed by topology: the set of free GPUs whose
-//! worst-connected pair is best (NVLink before PCIe; then one PCIe switch, one host
-//! bridge, one NUMA node before crossing the CPUs' interconnect), ties broken by the
-//! sum over all pairs, then by the lowest indices.
+//! Several partitions for one job (a multi-GPU lease), placed by topology.
+//!
+//! N whole GPUs ([`plan_gpus`]): the set of free GPUs whose worst-connected pair is
+//! best (NVLink before PCIe; then one PCIe switch, one host bridge, one NUMA node
+//! before crossing the CPUs' interconnect), ties broken by the sum over all pairs,
+//! then by the lowest indices.
+//!
+//! N MIG instances of one profile ([`plan_migs`]): from each GPU as the anchor, the
+//! instances are placed (by the ordinary planner, one GPU at a time) on the anchor
+//! first, then on the GPUs nearest to it; the anchor whose GPUs are best connected
+//! (then fewest GPUs, then lowest index) wins.
+//!
+//! A [`TopologyConstraint`] (`nvlink`, `numa`) limits which pairs of GPUs may be in
+//! one lease; when room exists but not within it, the refusal says so
+//! ([`PlanError::TopologyUnmet`]).
 //!
 //! Pure: the links come from the caller (the backend's topology query).
 
-use super::GpuView;
-use super::planner::PlanError;
+use serde::{Deserialize, Serialize};
+
+use super::planner::{PlanDecision, PlanError, PlanOptions, plan};
+use super::{GpuView, OccupiedMig, Shape};
 use crate::gpu::{GpuLink, TopologyLevel};
+
+/// How closely the GPUs of a multi-partition lease must be connected. Partitions on
+/// one GPU always meet it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TopologyConstraint {
+    /// The best connected set there is, whatever its links.
+    #[default]
+    Any,
+    /// Every pair on one NUMA node (PCIe switch, host bridge or node level).
+    Numa,
+    /// Every pair joined by NVLink (NVSwitch or bridge).
+    Nvlink,
+}
+
+impl TopologyConstraint {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TopologyConstraint::Any => "any",
+            TopologyConstraint::Numa => "numa",
+            TopologyConstraint::Nvlink => "nvlink",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<TopologyConstraint> {
+        Some(match s {
+            "any" => TopologyConstraint::Any,
+            "numa" => TopologyConstraint::Numa,
+            "nvlink" => TopologyConstraint::Nvlink,
+            _ => return None,
+        })
+    }
+
+    /// Whether two GPUs joined by `l` may be in one lease.
+    pub fn admits(self, l: GpuLink) -> bool {
+        l.level == TopologyLevel::Internal
+            || match self {
+                TopologyConstraint::Any => true,
+                TopologyConstraint::Numa => l.level <= TopologyLevel::Node,
+                TopologyConstraint::Nvlink => l.nvlinks > 0,
+            }
+    }
+
+    /// What it demands, for refusals.
+    fn describe(self) -> &'static str {
+        match self {
+            TopologyConstraint::Any => "anywhere",
+            TopologyConstraint::Numa => "on one NUMA node",
+            TopologyConstraint::Nvlink => "joined pairwise by NVLink",
+        }
+    }
+}
 
 /// The cost of one pair: without NVLink first, then how far apart on PCIe.
 fn pair_cost(l: GpuLink) -> (u32, TopologyLevel) {
@@ -45,6 +110,16 @@ pub fn plan_gpus(
     gpus: &[GpuView],
     link: &dyn Fn(u32, u32) -> GpuLink,
 ) -> Result<Vec<u32>, PlanError> {
+    plan_gpus_within(count, gpus, link, TopologyConstraint::Any)
+}
+
+/// [`plan_gpus`] among the sets whose every pair meets `constraint`.
+pub fn plan_gpus_within(
+    count: u32,
+    gpus: &[GpuView],
+    link: &dyn Fn(u32, u32) -> GpuLink,
+    constraint: TopologyConstraint,
+) -> Result<Vec<u32>, PlanError> {
     let mut free: Vec<u32> = gpus
         .iter()
         .filter(|g| free_whole(g))
@@ -75,9 +150,11 @@ pub fn plan_gpus(
     let mut idx: Vec<usize> = (0..n).collect();
     loop {
         let set: Vec<u32> = idx.iter().map(|&i| free[i]).collect();
-        let cost = set_cost(&set, link);
-        if best.as_ref().is_none_or(|(c, _)| cost < *c) {
-            best = Some((cost, set));
+        if meets(&set, link, constraint) {
+            let cost = set_cost(&set, link);
+            if best.as_ref().is_none_or(|(c, _)| cost < *c) {
+                best = Some((cost, set));
+            }
         }
         // Next combination in lexicographic order.
         let Some(pos) = (0..n).rev().find(|&p| idx[p] < free.len() - n + p) else {
@@ -88,8 +165,179 @@ pub fn plan_gpus(
             idx[q] = idx[q - 1] + 1;
         }
     }
-    best.map(|(_, s)| s)
-        .ok_or_else(|| PlanError::NoCapacity(format!("{count} whole GPUs asked")))
+    best.map(|(_, s)| s).ok_or_else(|| {
+        PlanError::TopologyUnmet(format!(
+            "{count} whole GPUs asked {}: {} are free ({}) but no {count} of them are {}",
+            constraint.describe(),
+            free.len(),
+            free.iter()
+                .map(|i| format!("gpu {i}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            constraint.describe()
+        ))
+    })
+}
+
+/// Whether every pair of `set` meets `constraint`.
+pub fn meets(set: &[u32], link: &dyn Fn(u32, u32) -> GpuLink, c: TopologyConstraint) -> bool {
+    set.iter()
+        .enumerate()
+        .all(|(i, &a)| set[i + 1..].iter().all(|&b| c.admits(link(a, b))))
+}
+
+/// Choose places for `count` MIG instances of `shape` (a [`Shape::Mig`]) among
+/// `gpus`, by topology: the instances fill the anchor GPU first, then the GPUs
+/// nearest to it; the anchor with the best connected GPUs wins (then the fewest
+/// GPUs, then the lowest index). Each decision is what [`plan`] answers for one
+/// GPU, so profile placement rules, the static pool and the strategy hold as for
+/// one instance. Refuses when there is not room for all `count` (nothing is
+/// placed then), or not within `constraint`.
+pub fn plan_migs(
+    shape: &Shape,
+    count: u32,
+    gpus: &[GpuView],
+    opts: &PlanOptions,
+    link: &dyn Fn(u32, u32) -> GpuLink,
+    constraint: TopologyConstraint,
+) -> Result<Vec<PlanDecision>, PlanError> {
+    let Shape::Mig { profile, .. } = shape else {
+        return Err(PlanError::InvalidShape(
+            "several partitions in one lease are MIG instances or whole GPUs".into(),
+        ));
+    };
+    if count == 0 || count > 64 {
+        return Err(PlanError::InvalidShape(format!(
+            "a multi-instance lease takes 1..=64 MIG instances, got {count}"
+        )));
+    }
+    // The shape itself (its profile known here, some room for one): as `plan` says.
+    let one = plan(shape, gpus, opts)?;
+    if count == 1 {
+        return Ok(vec![one]);
+    }
+    let within = fill_from_anchors(shape, count, gpus, opts, link, constraint);
+    if let Some(d) = within {
+        return Ok(d);
+    }
+    let room = max_instances(shape, gpus, opts);
+    if constraint != TopologyConstraint::Any
+        && fill_from_anchors(shape, count, gpus, opts, link, TopologyConstraint::Any).is_some()
+    {
+        return Err(PlanError::TopologyUnmet(format!(
+            "{count} {profile} instances asked {}: the node has room for {room} now, \
+             but not for {count} {}",
+            constraint.describe(),
+            constraint.describe()
+        )));
+    }
+    Err(PlanError::NoCapacity(format!(
+        "{count} {profile} instances asked, room for {room} now"
+    )))
+}
+
+/// The best fill over every anchor (see [`plan_migs`]); None when no anchor fits
+/// all `count`.
+fn fill_from_anchors(
+    shape: &Shape,
+    count: u32,
+    gpus: &[GpuView],
+    opts: &PlanOptions,
+    link: &dyn Fn(u32, u32) -> GpuLink,
+    constraint: TopologyConstraint,
+) -> Option<Vec<PlanDecision>> {
+    let mut indices: Vec<u32> = gpus.iter().map(|g| g.info.index).collect();
+    indices.sort_unstable();
+    let mut best: Option<((SetCost, usize, u32), Vec<PlanDecision>)> = None;
+    for &anchor in &indices {
+        let mut order: Vec<u32> = indices.iter().copied().filter(|&o| o != anchor).collect();
+        order.sort_by_key(|&o| (pair_cost(link(anchor, o)), o));
+        order.insert(0, anchor);
+        let mut views = gpus.to_vec();
+        let mut used: Vec<u32> = Vec::new();
+        let mut decisions = Vec::new();
+        for g in order {
+            if decisions.len() as u32 == count {
+                break;
+            }
+            if !used.iter().all(|&u| constraint.admits(link(u, g))) {
+                continue;
+            }
+            let on_g = PlanOptions {
+                gpu_index: Some(g),
+                ..opts.clone()
+            };
+            while (decisions.len() as u32) < count {
+                let Ok(d) = plan(shape, &views, &on_g) else {
+                    break;
+                };
+                take(&mut views, &d);
+                decisions.push(d);
+                if !used.contains(&g) {
+                    used.push(g);
+                }
+            }
+        }
+        if decisions.len() as u32 != count {
+            continue;
+        }
+        used.sort_unstable();
+        let key = (set_cost(&used, link), used.len(), anchor);
+        if best.as_ref().is_none_or(|(k, _)| key < *k) {
+            best = Some((key, decisions));
+        }
+    }
+    best.map(|(_, d)| d)
+}
+
+/// How many instances of `shape` fit on the node now, one after another.
+fn max_instances(shape: &Shape, gpus: &[GpuView], opts: &PlanOptions) -> u32 {
+    let mut views = gpus.to_vec();
+    let mut n = 0;
+    while n < 64 {
+        let Ok(d) = plan(shape, &views, opts) else {
+            break;
+        };
+        take(&mut views, &d);
+        n += 1;
+    }
+    n
+}
+
+/// A decision applied to the views, as the lease manager's reservation would.
+fn take(views: &mut [GpuView], d: &PlanDecision) {
+    let gpu = match d {
+        PlanDecision::NewMig { gpu, .. }
+        | PlanDecision::Static { gpu, .. }
+        | PlanDecision::Mps { gpu }
+        | PlanDecision::WholeGpu { gpu } => *gpu,
+    };
+    let Some(v) = views.iter_mut().find(|v| v.info.index == gpu) else {
+        return;
+    };
+    match d {
+        PlanDecision::NewMig {
+            gi_profile_id,
+            placement,
+            ..
+        } => v.mig.push(OccupiedMig {
+            gi_profile_id: *gi_profile_id,
+            placement: *placement,
+            free_static: None,
+        }),
+        PlanDecision::Static { partition_id, .. } => {
+            for m in v
+                .mig
+                .iter_mut()
+                .filter(|m| m.free_static.as_deref() == Some(partition_id.as_str()))
+            {
+                m.free_static = None;
+            }
+        }
+        PlanDecision::WholeGpu { .. } => v.whole_leased = true,
+        // Not planned here (MIG instances and whole GPUs only).
+        PlanDecision::Mps { .. } => {}
+    }
 }
 
 #[cfg(test)]
