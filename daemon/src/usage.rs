@@ -551,6 +551,7 @@ mod tests {
                 shape,
                 partition_id: "p".into(),
                 gpu: 1,
+                more_partitions: vec![],
                 created_at_ms: 0,
                 ttl_secs: 3600,
                 request_id: None,

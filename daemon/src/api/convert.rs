@@ -416,8 +416,15 @@ pub fn gpu_to_pb(g: &GpuReport) -> pb::Gpu {
 }
 
 pub fn resolved_to_pb(r: &Resolved) -> pb::ResolveTokenResponse {
+    let mut lease = lease_to_pb(&r.lease, Some(&r.partition));
+    if !r.more_partitions.is_empty() {
+        let all: Vec<Partition> = std::iter::once(r.partition.clone())
+            .chain(r.more_partitions.iter().cloned())
+            .collect();
+        add_partitions(&mut lease, &all, None);
+    }
     pb::ResolveTokenResponse {
-        lease: Some(lease_to_pb(&r.lease, Some(&r.partition))),
+        lease: Some(lease),
         tenant: r.lease.tenant.clone(),
         devices: r
             .devices

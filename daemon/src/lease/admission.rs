@@ -564,11 +564,26 @@ impl LeaseManager {
         let mut views = Self::placeable_views(st);
         let mut chosen = Vec::new();
         for v in order {
-            let Some(p) = st.partitions.get(&v.partition_id) else {
-                continue;
-            };
+            // Every partition of the victim comes free.
+            for pid in v.partition_ids() {
+                let Some(p) = st.partitions.get(pid) else {
+                    continue;
+                };
+                Self::free_in_views(&mut views, p);
+            }
+            chosen.push(v.id.clone());
+            if partition::plan(shape, &views, opts).is_ok() {
+                return chosen;
+            }
+        }
+        Vec::new()
+    }
+
+    /// `p`'s place, free in the planner's views (a preemption victim's).
+    fn free_in_views(views: &mut [partition::GpuView], p: &Partition) {
+        {
             let Some(view) = views.iter_mut().find(|g| g.info.index == p.gpu) else {
-                continue;
+                return;
             };
             match &p.kind {
                 PartKind::Mig(m) => {
@@ -589,12 +604,7 @@ impl LeaseManager {
                 }),
                 PartKind::WholeGpu => view.whole_leased = false,
             }
-            chosen.push(v.id.clone());
-            if partition::plan(shape, &views, opts).is_ok() {
-                return chosen;
-            }
         }
-        Vec::new()
     }
 
     /// Wait (at most `limit`) until the teardowns running now have finished.

@@ -46,6 +46,17 @@ impl LeaseManager {
                     lease.state().as_str()
                 )));
             }
+            if lease.partition_count() > 1 {
+                let parts = Self::lease_partitions(&st, &lease)?;
+                let mut each = Vec::with_capacity(parts.len());
+                for p in parts {
+                    let gpu = gpu_of(&st, &p)?;
+                    each.push((p, gpu));
+                }
+                st.resolved.insert(lease.id.clone());
+                drop(st);
+                return self.resolve_several(&lease, each);
+            }
             let partition = st
                 .partitions
                 .get(&lease.partition_id)
@@ -95,6 +106,39 @@ impl LeaseManager {
             devices::add_mps_share(&mut resolved, &partition);
         }
         Ok(resolved)
+    }
+
+    /// The devices of a multi-partition lease (N whole GPUs or N MIG instances):
+    /// each partition's, in one answer.
+    fn resolve_several(
+        &self,
+        lease: &Lease,
+        parts: Vec<(Partition, crate::gpu::GpuInfo)>,
+    ) -> Result<Resolved, LeaseError> {
+        let minors = if parts.iter().any(|(p, _)| p.mig().is_some()) {
+            self.backend.mig_minors()?
+        } else {
+            Default::default()
+        };
+        let majors = self.device_majors()?;
+        let each = parts
+            .iter()
+            .map(|(p, gpu)| {
+                devices::resolve(
+                    lease,
+                    p,
+                    gpu.minor,
+                    &gpu.uuid,
+                    &minors,
+                    &self.config.devices,
+                    majors,
+                    self.config.lease.pids_limit,
+                )
+            })
+            .collect();
+        devices::merge_several(each).ok_or_else(|| {
+            LeaseError::Inconsistent(Inconsistency::LeaseWithoutPartition(lease.id.clone()))
+        })
     }
 
     /// Record a container on the lease its token names (the runtime calls this
@@ -374,4 +418,18 @@ fn shared_server_owner(st: &State, p: &Partition) -> Option<u32> {
         .filter_map(Partition::mps)
         .filter(|o| o.mode == MpsMode::Shared && o.pipe_dir == m.pipe_dir)
         .find_map(|o| o.owner_uid)
+}
+
+/// The GPU a partition is on, as the table knows it.
+fn gpu_of(st: &State, p: &Partition) -> Result<crate::gpu::GpuInfo, LeaseError> {
+    st.gpus
+        .iter()
+        .find(|g| g.info.index == p.gpu)
+        .map(|g| g.info.clone())
+        .ok_or_else(|| {
+            LeaseError::Inconsistent(Inconsistency::PartitionOnUnknownGpu {
+                partition: p.id.clone(),
+                gpu: p.gpu,
+            })
+        })
 }

@@ -54,13 +54,16 @@ impl State {
             ..
         } = self;
         leases.for_each_mut(|l| {
-            let gi = partitions
-                .get(&l.partition_id)
-                .and_then(|p| p.mig())
-                .and_then(|m| m.gi_id);
-            let mark = health
-                .get(&(l.gpu, None))
-                .or_else(|| gi.and_then(|gi| health.get(&(l.gpu, Some(gi)))));
+            // Any of its partitions out of service (a multi-partition lease has
+            // several GPUs or instances).
+            let mark = l.partition_ids().find_map(|id| {
+                let p = partitions.get(id);
+                let gpu = p.map_or(l.gpu, |p| p.gpu);
+                let gi = p.and_then(|p| p.mig()).and_then(|m| m.gi_id);
+                health
+                    .get(&(gpu, None))
+                    .or_else(|| gi.and_then(|gi| health.get(&(gpu, Some(gi)))))
+            });
             l.unhealthy = mark.map(HealthMark::describe);
         });
     }
@@ -241,15 +244,21 @@ impl LeaseManager {
     ) -> Vec<(crate::model::Lease, Option<crate::model::Partition>)> {
         st.leases
             .values()
-            .filter(|l| l.gpu == gpu && l.state().is_live())
+            .filter(|l| l.state().is_live())
             .filter_map(|l| {
-                let p = st.partitions.get(&l.partition_id);
-                let on_it = match (gi_id, p.map(|p| &p.kind)) {
-                    (None, _) => true,
-                    (Some(gi), Some(PartKind::Mig(m))) => m.gi_id == Some(gi),
-                    (Some(_), _) => false,
-                };
-                on_it.then(|| (l.clone(), p.cloned()))
+                // Any partition of the lease (several for a multi-partition lease).
+                l.partition_ids().find_map(|id| {
+                    let p = st.partitions.get(id);
+                    if p.map_or(l.gpu, |p| p.gpu) != gpu {
+                        return None;
+                    }
+                    let on_it = match (gi_id, p.map(|p| &p.kind)) {
+                        (None, _) => true,
+                        (Some(gi), Some(PartKind::Mig(m))) => m.gi_id == Some(gi),
+                        (Some(_), _) => false,
+                    };
+                    on_it.then(|| (l.clone(), p.cloned()))
+                })
             })
             .collect()
     }
@@ -385,6 +394,8 @@ mod tests {
             priority_class: None,
             gpu_index: gpu,
             need: None,
+            count: 0,
+            topology: Default::default(),
         }
     }
 

@@ -403,6 +403,7 @@ mod tests {
                 },
                 partition_id: format!("p-{id}"),
                 gpu: 0,
+                more_partitions: vec![],
                 created_at_ms: 1,
                 ttl_secs: 60,
                 request_id: None,

@@ -273,6 +273,7 @@ mod tests {
                 },
                 partition_id: String::new(),
                 gpu: 0,
+                more_partitions: vec![],
                 created_at_ms: created,
                 ttl_secs: 0,
                 request_id: None,

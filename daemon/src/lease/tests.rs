@@ -48,6 +48,8 @@ fn mig_request(request_id: &str) -> CreateRequest {
         priority_class: None,
         gpu_index: None,
         need: None,
+        count: 0,
+        topology: Default::default(),
     }
 }
 

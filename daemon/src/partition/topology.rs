@@ -383,6 +383,169 @@ mod tests {
         assert_eq!(plan_gpus(2, &gpus, &link).unwrap(), vec![2, 3]);
     }
 
+    fn one_gpu_link(t: SimTopology) -> impl Fn(u32, u32) -> GpuLink {
+        move |a, b| t.link(a, b, 8, 18)
+    }
+
+    fn gpus_of(d: &[PlanDecision]) -> Vec<u32> {
+        let mut g: Vec<u32> = d
+            .iter()
+            .map(|d| match d {
+                PlanDecision::NewMig { gpu, .. }
+                | PlanDecision::Static { gpu, .. }
+                | PlanDecision::Mps { gpu }
+                | PlanDecision::WholeGpu { gpu } => *gpu,
+            })
+            .collect();
+        g.sort_unstable();
+        g.dedup();
+        g
+    }
+
+    #[test]
+    fn mig_instances_fill_one_gpu_then_its_nvlink_partner() {
+        let opts = PlanOptions::default();
+        let link = one_gpu_link(SimTopology::PciePairs);
+        let mut gpus: Vec<GpuView> = (0..4).map(h100_mig).collect();
+        // gpu0 holds one 3g already: two more go together on one empty GPU, not
+        // split over gpu0 and its partner.
+        let occupied = occ(&gpus[0], "3g.40gb", 0);
+        view_mut(&mut gpus, 0).mig.push(occupied);
+        let d = plan_migs(&mig_shape("3g.40gb"), 2, &gpus, &opts, &link, TopologyConstraint::Any)
+            .unwrap();
+        assert_eq!(gpus_of(&d), vec![1], "two 3g fit on one empty GPU");
+        let d = plan_migs(&mig_shape("3g.40gb"), 4, &gpus, &opts, &link, TopologyConstraint::Nvlink)
+            .unwrap();
+        assert_eq!(gpus_of(&d), vec![2, 3], "the bridged pair with room for four");
+        // Five 3g: room for 7 on the node, but no NVLink-joined GPUs hold five.
+        let e = plan_migs(&mig_shape("3g.40gb"), 5, &gpus, &opts, &link, TopologyConstraint::Nvlink)
+            .unwrap_err();
+        assert!(
+            matches!(&e, PlanError::TopologyUnmet(m) if m.contains("room for 7")),
+            "{e:?}"
+        );
+        let d = plan_migs(&mig_shape("3g.40gb"), 5, &gpus, &opts, &link, TopologyConstraint::Any)
+            .unwrap();
+        assert_eq!(d.len(), 5);
+        let e = plan_migs(&mig_shape("3g.40gb"), 8, &gpus, &opts, &link, TopologyConstraint::Any)
+            .unwrap_err();
+        assert!(
+            matches!(&e, PlanError::NoCapacity(m) if m.contains("8 3g.40gb instances asked, room for 7")),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn whole_gpus_within_a_numa_node_or_refused_naming_why() {
+        let link = one_gpu_link(SimTopology::HgxNvswitch);
+        let mut gpus = node(8);
+        for i in [0, 1, 4] {
+            view_mut(&mut gpus, i).whole_leased = true;
+        }
+        // 2,3 on node 0 and 5,6,7 on node 1: four need both nodes.
+        let e = plan_gpus_within(4, &gpus, &link, TopologyConstraint::Numa).unwrap_err();
+        assert!(
+            matches!(&e, PlanError::TopologyUnmet(m) if m.contains("on one NUMA node")),
+            "{e:?}"
+        );
+        let set = plan_gpus_within(4, &gpus, &link, TopologyConstraint::Nvlink).unwrap();
+        assert_eq!(set.len(), 4, "every HGX pair has NVLink");
+        assert_eq!(
+            plan_gpus_within(3, &gpus, &link, TopologyConstraint::Numa).unwrap(),
+            vec![5, 6, 7]
+        );
+        let pcie = one_gpu_link(SimTopology::Pcie);
+        let e = plan_gpus_within(2, &gpus, &pcie, TopologyConstraint::Nvlink).unwrap_err();
+        assert!(matches!(e, PlanError::TopologyUnmet(_)), "{e:?}");
+    }
+
+    /// Random occupancy of 8 MIG GPUs: some instances of random profiles.
+    fn occupied_node(seed: &[(u32, usize)]) -> Vec<GpuView> {
+        let names = ["1g.10gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"];
+        let mut gpus: Vec<GpuView> = (0..8).map(h100_mig).collect();
+        for &(gpu, which) in seed {
+            let opts = PlanOptions {
+                gpu_index: Some(gpu % 8),
+                ..PlanOptions::default()
+            };
+            let shape = mig_shape(names[which % names.len()]);
+            if let Ok(d) = plan(&shape, &gpus, &opts) {
+                take(&mut gpus, &d);
+            }
+        }
+        gpus
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+
+        /// N MIG instances of one profile: all placed or none; no overlap and the
+        /// profile's placement rules and counts on every GPU; every pair of GPUs
+        /// used meets the constraint; as few GPUs as one when one can hold them
+        /// all; NVLink-joined whenever such a placement exists; a refusal names
+        /// the right reason.
+        #[test]
+        fn n_mig_instances_are_valid_constrained_and_compact(
+            seed in proptest::collection::vec((0u32..8, 0usize..5), 0..20),
+            count in 1u32..=8,
+            which in 0usize..4,
+            board in 0usize..3,
+            constraint in 0usize..3,
+        ) {
+            let t = [SimTopology::HgxNvswitch, SimTopology::PciePairs, SimTopology::Pcie][board];
+            let c = [TopologyConstraint::Any, TopologyConstraint::Numa, TopologyConstraint::Nvlink][constraint];
+            let link = one_gpu_link(t);
+            let gpus = occupied_node(&seed);
+            let shape = mig_shape(["1g.10gb", "2g.20gb", "3g.40gb", "4g.40gb"][which]);
+            let opts = PlanOptions::default();
+            match plan_migs(&shape, count, &gpus, &opts, &link, c) {
+                Ok(d) => {
+                    prop_assert_eq!(d.len(), count as usize);
+                    let mut after = gpus.clone();
+                    for x in &d {
+                        prop_assert!(matches!(x, PlanDecision::NewMig { .. }), "{x:?}");
+                        take(&mut after, x);
+                    }
+                    for g in &after {
+                        for (a, m) in g.mig.iter().enumerate() {
+                            let p = profile(&g.profiles, m.gi_profile_id);
+                            prop_assert!(p.placements.contains(&m.placement));
+                            for n in &g.mig[a + 1..] {
+                                prop_assert!(!m.placement.overlaps(&n.placement), "{m:?} {n:?}");
+                            }
+                        }
+                        for p in &g.profiles {
+                            let n = g.mig.iter().filter(|m| m.gi_profile_id == p.id).count();
+                            prop_assert!(n <= p.max_count as usize);
+                        }
+                    }
+                    let used = gpus_of(&d);
+                    prop_assert!(meets(&used, &link, c), "{used:?} breaks {c:?}");
+                    let one_holds_all = (0..8).any(|g| {
+                        let on = PlanOptions { gpu_index: Some(g), ..PlanOptions::default() };
+                        max_instances(&shape, &gpus, &on) >= count
+                    });
+                    if one_holds_all {
+                        prop_assert_eq!(used.len(), 1, "{:?} when one GPU holds all", used);
+                    }
+                    if c == TopologyConstraint::Any
+                        && plan_migs(&shape, count, &gpus, &opts, &link, TopologyConstraint::Nvlink).is_ok()
+                    {
+                        prop_assert!(meets(&used, &link, TopologyConstraint::Nvlink), "{used:?} without NVLink");
+                    }
+                }
+                Err(PlanError::NoCapacity(_)) => {
+                    prop_assert!(max_instances(&shape, &gpus, &opts) < count);
+                }
+                Err(PlanError::TopologyUnmet(_)) => {
+                    prop_assert!(c != TopologyConstraint::Any);
+                    prop_assert!(plan_migs(&shape, count, &gpus, &opts, &link, TopologyConstraint::Any).is_ok());
+                }
+                Err(e) => return Err(TestCaseError::fail(e.to_string())),
+            }
+        }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(300))]
 
@@ -426,6 +589,43 @@ mod tests {
                     if one_numa_exists {
                         prop_assert!(numa(&set), "{set:?} crosses NUMA nodes");
                     }
+                }
+                Err(PlanError::NoCapacity(_)) => prop_assert!(free.len() < count as usize),
+                Err(e) => return Err(TestCaseError::fail(e.to_string())),
+            }
+        }
+
+        /// N whole GPUs within a constraint: every pair meets it, or the refusal
+        /// says the constraint (not capacity) is why, and then no set meets it.
+        #[test]
+        fn whole_gpus_meet_the_constraint_or_none_can(
+            taken in proptest::collection::vec(any::<bool>(), 8),
+            count in 1u32..=8,
+            board in 0usize..3,
+            constraint in 1usize..3,
+        ) {
+            let t = [SimTopology::HgxNvswitch, SimTopology::PciePairs, SimTopology::Pcie][board];
+            let c = [TopologyConstraint::Any, TopologyConstraint::Numa, TopologyConstraint::Nvlink][constraint];
+            let link = |a, b| t.link(a, b, 8, 18);
+            let mut gpus = node(8);
+            for (i, &x) in taken.iter().enumerate() {
+                view_mut(&mut gpus, u32::try_from(i).unwrap()).whole_leased = x;
+            }
+            let free: Vec<u32> = (0..8).filter(|&i| !taken[i as usize]).collect();
+            let any_meets = |n: usize| (0u32..(1 << free.len())).any(|mask| {
+                mask.count_ones() as usize == n && {
+                    let s: Vec<u32> = (0..free.len()).filter(|b| mask & (1 << b) != 0).map(|b| free[b]).collect();
+                    meets(&s, &link, c)
+                }
+            });
+            match plan_gpus_within(count, &gpus, &link, c) {
+                Ok(set) => {
+                    prop_assert_eq!(set.len(), count as usize);
+                    prop_assert!(meets(&set, &link, c));
+                }
+                Err(PlanError::TopologyUnmet(_)) => {
+                    prop_assert!(free.len() >= count as usize);
+                    prop_assert!(!any_meets(count as usize));
                 }
                 Err(PlanError::NoCapacity(_)) => prop_assert!(free.len() < count as usize),
                 Err(e) => return Err(TestCaseError::fail(e.to_string())),
