@@ -55,6 +55,18 @@ pub struct CreateArgs {
     /// A whole GPU.
     #[arg(long, group = "shape")]
     pub gpu: bool,
+    /// N whole GPUs in one lease, the best connected free set (see --topology).
+    #[arg(long, group = "shape", value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub gpus: Option<u32>,
+    /// With --mig: N instances of the profile in one lease, placed together by
+    /// topology and created all or none.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub count: Option<u32>,
+    /// With --gpus or --count: how closely the GPUs must be connected: "nvlink"
+    /// (every pair by NVLink), "numa" (one NUMA node) or "any" (the best there
+    /// is). Refused, naming why, when room exists but not within it.
+    #[arg(long, value_enum, value_name = "LINK")]
+    pub topology: Option<TopologyArg>,
     /// Ask by need: this much device memory (e.g. 20GiB); the daemon picks the
     /// smallest partition that fits now (see --isolation).
     #[arg(long, group = "shape", value_parser = parse::parse_size, value_name = "SIZE")]
@@ -101,6 +113,23 @@ impl From<MpsModeArg> for pb::MpsMode {
         match m {
             MpsModeArg::Isolated => Self::Isolated,
             MpsModeArg::Shared => Self::Shared,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TopologyArg {
+    Any,
+    Numa,
+    Nvlink,
+}
+
+impl From<TopologyArg> for pb::TopologyConstraint {
+    fn from(t: TopologyArg) -> Self {
+        match t {
+            TopologyArg::Any => Self::Any,
+            TopologyArg::Numa => Self::Numa,
+            TopologyArg::Nvlink => Self::Nvlink,
         }
     }
 }
@@ -155,6 +184,10 @@ pub enum LeaseArgError {
     DuplicateLabel(String),
     #[error("--mps-mode applies to --mps or to --memory with --isolation shared")]
     MpsModeWithoutMps,
+    #[error("--topology applies to a lease of several partitions: --gpus N or --mig P --count N")]
+    TopologyWithoutCount,
+    #[error("--count applies to --mig (for whole GPUs: --gpus N)")]
+    CountWithoutMig,
 }
 
 impl CreateArgs {
@@ -168,8 +201,17 @@ impl CreateArgs {
         if self.mps_mode.is_some() && self.mps.is_none() && !shared_need {
             return Err(LeaseArgError::MpsModeWithoutMps);
         }
+        if self.count.is_some() && self.mig.is_none() {
+            return Err(LeaseArgError::CountWithoutMig);
+        }
+        if self.topology.is_some() && self.gpus.is_none() && self.count.is_none() {
+            return Err(LeaseArgError::TopologyWithoutCount);
+        }
         let kind = if let Some(m) = &self.mig {
-            Kind::Mig(m.clone())
+            Kind::Mig(pb::MigShape {
+                count: self.count.unwrap_or(0),
+                ..m.clone()
+            })
         } else if let Some(m) = &self.mps {
             Kind::Mps(pb::MpsShape {
                 mode: mps_mode,
@@ -186,8 +228,11 @@ impl CreateArgs {
                 mps_mode,
             })
         } else {
-            // clap's "shape" group guarantees exactly one of --mig, --mps, --gpu, --memory.
-            Kind::WholeGpu(pb::WholeGpuShape {})
+            // clap's "shape" group guarantees exactly one of --mig, --mps, --gpu,
+            // --gpus, --memory.
+            Kind::WholeGpu(pb::WholeGpuShape {
+                count: self.gpus.unwrap_or(0),
+            })
         };
         let mut labels = HashMap::new();
         for (k, v) in &self.labels {
@@ -203,6 +248,10 @@ impl CreateArgs {
             labels,
             priority_class: self.priority_class.clone().unwrap_or_default(),
             gpu_index: self.gpu_index,
+            topology: self
+                .topology
+                .map_or(pb::TopologyConstraint::Unspecified, pb::TopologyConstraint::from)
+                as i32,
         })
     }
 }
@@ -391,6 +440,48 @@ mod tests {
     }
 
     #[test]
+    fn several_gpus_or_instances_with_a_topology_constraint() {
+        let req = |args: &[&str]| {
+            let mut argv = vec!["--tenant", "t"];
+            argv.extend_from_slice(args);
+            create(&argv)
+        };
+        let r = req(&["--gpus", "4", "--topology", "nvlink"])
+            .unwrap()
+            .to_request()
+            .unwrap();
+        assert_eq!(
+            r.shape.unwrap().kind,
+            Some(pb::shape::Kind::WholeGpu(pb::WholeGpuShape { count: 4 }))
+        );
+        assert_eq!(r.topology, pb::TopologyConstraint::Nvlink as i32);
+        let r = req(&["--mig", "3g.40gb", "--count", "3", "--topology", "numa"])
+            .unwrap()
+            .to_request()
+            .unwrap();
+        match r.shape.unwrap().kind {
+            Some(pb::shape::Kind::Mig(m)) => assert_eq!((m.profile.as_str(), m.count), ("3g.40gb", 3)),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(r.topology, pb::TopologyConstraint::Numa as i32);
+        // No constraint: unspecified (the daemon's "any").
+        let r = req(&["--gpus", "2"]).unwrap().to_request().unwrap();
+        assert_eq!(r.topology, pb::TopologyConstraint::Unspecified as i32);
+        // What does not go together is refused before anything is sent.
+        assert_eq!(
+            req(&["--count", "2", "--gpu"]).unwrap().to_request(),
+            Err(LeaseArgError::CountWithoutMig),
+            "--count needs --mig"
+        );
+        assert!(req(&["--gpus", "2", "--gpu"]).is_err(), "one shape");
+        assert!(req(&["--gpus", "0"]).is_err());
+        assert_eq!(
+            req(&["--gpu", "--topology", "nvlink"]).unwrap().to_request(),
+            Err(LeaseArgError::TopologyWithoutCount)
+        );
+    }
+
+    #[test]
     fn mps_mode_goes_with_an_mps_share_only() {
         let shape = |args: &[&str]| {
             let mut argv = vec!["--tenant", "t"];
@@ -443,7 +534,7 @@ mod tests {
             .unwrap();
         assert_eq!(
             req.shape.unwrap().kind,
-            Some(pb::shape::Kind::WholeGpu(pb::WholeGpuShape {}))
+            Some(pb::shape::Kind::WholeGpu(pb::WholeGpuShape { count: 0 }))
         );
         assert_eq!(req.ttl_seconds, 0, "no --ttl means the daemon's default");
         assert_eq!(req.gpu_index, None);
