@@ -303,6 +303,7 @@ pub mod shape {
             kind: Some(pb::shape::Kind::Mig(pb::MigShape {
                 profile: profile.into(),
                 compute_profile: String::new(),
+                count: 0,
             })),
         }
     }
@@ -319,7 +320,7 @@ pub mod shape {
 
     pub fn whole() -> pb::Shape {
         pb::Shape {
-            kind: Some(pb::shape::Kind::WholeGpu(pb::WholeGpuShape {})),
+            kind: Some(pb::shape::Kind::WholeGpu(pb::WholeGpuShape { count: 0 })),
         }
     }
 }

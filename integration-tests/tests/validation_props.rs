@@ -52,7 +52,8 @@ fn shape() -> impl Strategy<Value = Option<pb::Shape>> {
             .prop_map(
                 |(profile, compute_profile)| pb::shape::Kind::Mig(pb::MigShape {
                     profile,
-                    compute_profile
+                    compute_profile,
+                    count: 0,
                 })
             ),
         (
@@ -66,7 +67,7 @@ fn shape() -> impl Strategy<Value = Option<pb::Shape>> {
                     ..Default::default()
                 })
             ),
-        Just(pb::shape::Kind::WholeGpu(pb::WholeGpuShape {})),
+        Just(pb::shape::Kind::WholeGpu(pb::WholeGpuShape { count: 0 })),
     ];
     prop_oneof![
         Just(None),
@@ -128,6 +129,7 @@ fn known_requests_give_known_outcomes() {
             kind: Some(pb::shape::Kind::Mig(pb::MigShape {
                 profile: "3g.40gb".into(),
                 compute_profile: String::new(),
+                count: 0,
             })),
         }),
         ..Default::default()
@@ -175,6 +177,7 @@ fn known_requests_give_known_outcomes() {
                     kind: Some(pb::shape::Kind::Mig(pb::MigShape {
                         profile: "5g.50gb".into(),
                         compute_profile: String::new(),
+                        count: 0,
                     })),
                 }),
                 ..ok.clone()
