@@ -248,10 +248,10 @@ impl CreateArgs {
             labels,
             priority_class: self.priority_class.clone().unwrap_or_default(),
             gpu_index: self.gpu_index,
-            topology: self
-                .topology
-                .map_or(pb::TopologyConstraint::Unspecified, pb::TopologyConstraint::from)
-                as i32,
+            topology: self.topology.map_or(
+                pb::TopologyConstraint::Unspecified,
+                pb::TopologyConstraint::from,
+            ) as i32,
         })
     }
 }
@@ -460,7 +460,9 @@ mod tests {
             .to_request()
             .unwrap();
         match r.shape.unwrap().kind {
-            Some(pb::shape::Kind::Mig(m)) => assert_eq!((m.profile.as_str(), m.count), ("3g.40gb", 3)),
+            Some(pb::shape::Kind::Mig(m)) => {
+                assert_eq!((m.profile.as_str(), m.count), ("3g.40gb", 3))
+            }
             other => panic!("{other:?}"),
         }
         assert_eq!(r.topology, pb::TopologyConstraint::Numa as i32);
@@ -476,7 +478,9 @@ mod tests {
         assert!(req(&["--gpus", "2", "--gpu"]).is_err(), "one shape");
         assert!(req(&["--gpus", "0"]).is_err());
         assert_eq!(
-            req(&["--gpu", "--topology", "nvlink"]).unwrap().to_request(),
+            req(&["--gpu", "--topology", "nvlink"])
+                .unwrap()
+                .to_request(),
             Err(LeaseArgError::TopologyWithoutCount)
         );
     }

@@ -37,10 +37,7 @@ fn migs(profile: &str, count: u32) -> pb::Shape {
     }
 }
 
-fn with_topology(
-    shape: pb::Shape,
-    topology: pb::TopologyConstraint,
-) -> pb::CreateLeaseRequest {
+fn with_topology(shape: pb::Shape, topology: pb::TopologyConstraint) -> pb::CreateLeaseRequest {
     pb::CreateLeaseRequest {
         topology: topology as i32,
         ..create_req("team-a", shape)
@@ -78,7 +75,11 @@ fn an_hgx_board_gives_whole_gpus_by_numa_node_and_keeps_them_across_a_restart() 
             .unwrap();
         // Every pair is NVLinked on this board; four stay on one NUMA node.
         assert_eq!(gpus_of(&l), vec![0, 1, 2, 3]);
-        assert_eq!(l.partition.as_ref().unwrap().id, l.partitions[0].id, "old field = first");
+        assert_eq!(
+            l.partition.as_ref().unwrap().id,
+            l.partitions[0].id,
+            "old field = first"
+        );
         let t = l.topology.clone().unwrap();
         assert_eq!((t.min_nvlinks, t.worst_level.as_str()), (18, "node"));
         match l.shape.as_ref().and_then(|s| s.kind.as_ref()) {
@@ -89,7 +90,14 @@ fn an_hgx_board_gives_whole_gpus_by_numa_node_and_keeps_them_across_a_restart() 
     });
     // The CLI: the other NUMA node's four, shown with every GPU and the link.
     let (ok, out) = d.cli(&[
-        "lease", "create", "--tenant", "team-a", "--gpus", "4", "--topology", "numa",
+        "lease",
+        "create",
+        "--tenant",
+        "team-a",
+        "--gpus",
+        "4",
+        "--topology",
+        "numa",
     ]);
     assert!(ok, "{out}");
     let second = lease_id(&out);
@@ -104,7 +112,10 @@ fn an_hgx_board_gives_whole_gpus_by_numa_node_and_keeps_them_across_a_restart() 
         "{out}"
     );
     let (ok, out) = d.cli(&["lease", "list"]);
-    assert!(ok && out.contains("0,1,2,3") && out.contains("4,5,6,7"), "{out}");
+    assert!(
+        ok && out.contains("0,1,2,3") && out.contains("4,5,6,7"),
+        "{out}"
+    );
     // Quota counts each GPU: 8 of 8 used, one more is over quota.
     let (ok, out) = d.cli(&["lease", "create", "--tenant", "team-a", "--gpu"]);
     assert!(!ok && out.contains("quota"), "{out}");
@@ -176,7 +187,10 @@ fn pcie_pairs_place_mig_instances_on_a_bridged_pair_or_refuse_by_topology() {
         assert_eq!(err.code(), Code::FailedPrecondition, "{err}");
         let info = err.get_details_error_info().expect("ErrorInfo");
         assert_eq!(info.reason, "TOPOLOGY_UNMET", "{err}");
-        assert!(err.message().contains("NVLink") && err.message().contains("room for 6"), "{err}");
+        assert!(
+            err.message().contains("NVLink") && err.message().contains("room for 6"),
+            "{err}"
+        );
         // Three fit on one bridged pair: the first GPU's room, then its partner's.
         let l = c
             .create_lease(with_topology(
@@ -212,10 +226,13 @@ fn pcie_pairs_place_mig_instances_on_a_bridged_pair_or_refuse_by_topology() {
             .unwrap_err();
         let info = err.get_details_error_info().expect("ErrorInfo");
         assert_eq!(info.reason, "NO_CAPACITY", "{err}");
-        let leased = |n: &pb::GetNodeResponse| -> usize {
-            n.gpus.iter().map(|g| g.partitions.len()).sum()
-        };
-        let node = c.get_node(pb::GetNodeRequest {}).await.unwrap().into_inner();
+        let leased =
+            |n: &pb::GetNodeResponse| -> usize { n.gpus.iter().map(|g| g.partitions.len()).sum() };
+        let node = c
+            .get_node(pb::GetNodeRequest {})
+            .await
+            .unwrap()
+            .into_inner();
         assert_eq!(leased(&node), 8, "2 x 4g + 3 + 3 instances");
         // Releasing ends every instance of each lease.
         for id in [&l.id, &other.id] {
@@ -231,21 +248,44 @@ fn pcie_pairs_place_mig_instances_on_a_bridged_pair_or_refuse_by_topology() {
                 .unwrap();
             assert_eq!(ended.state, pb::LeaseState::Released as i32);
         }
-        let node = c.get_node(pb::GetNodeRequest {}).await.unwrap().into_inner();
+        let node = c
+            .get_node(pb::GetNodeRequest {})
+            .await
+            .unwrap()
+            .into_inner();
         assert_eq!(leased(&node), 2);
     });
     // The CLI: --count with --mig; a refusal by topology names why.
     let (ok, out) = d.cli(&[
-        "lease", "create", "--tenant", "team-a", "--mig", "3g.40gb", "--count", "4",
-        "--topology", "nvlink",
+        "lease",
+        "create",
+        "--tenant",
+        "team-a",
+        "--mig",
+        "3g.40gb",
+        "--count",
+        "4",
+        "--topology",
+        "nvlink",
     ]);
     assert!(!ok, "{out}");
     assert!(out.contains("NVLink"), "{out}");
     let (ok, out) = d.cli(&[
-        "lease", "create", "--tenant", "team-a", "--mig", "3g.40gb", "--count", "3",
-        "--topology", "nvlink",
+        "lease",
+        "create",
+        "--tenant",
+        "team-a",
+        "--mig",
+        "3g.40gb",
+        "--count",
+        "3",
+        "--topology",
+        "nvlink",
     ]);
     assert!(ok, "{out}");
     assert!(out.contains("mig 3g.40gb x3"), "{out}");
-    assert!(out.contains("gpus 0,1: NVLink (12 links or more each pair)"), "{out}");
+    assert!(
+        out.contains("gpus 0,1: NVLink (12 links or more each pair)"),
+        "{out}"
+    );
 }

@@ -770,7 +770,11 @@ fn a_container_on_a_two_gpu_lease_sees_exactly_its_two_gpus() {
     let out = w.runtime(&["run", "--bundle", b.to_str().unwrap(), &id]);
     assert!(out.status.success(), "{}", text(&out));
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-    let uuids: Vec<String> = lease.partitions.iter().map(|p| p.gpu_uuid.clone()).collect();
+    let uuids: Vec<String> = lease
+        .partitions
+        .iter()
+        .map(|p| p.gpu_uuid.clone())
+        .collect();
     for want in [
         // Its two GPUs reach the (absent) driver: ENXIO; the third is not there.
         "open /dev/nvidia0 errno=6".to_string(),

@@ -5,8 +5,8 @@ use tonic::Status;
 
 use crate::lease::devices::Resolved;
 use crate::lease::{CreateRequest, EventKind, GpuReport, LeaseError, LeaseEvent, LeaseLinks};
-use crate::partition::topology::TopologyConstraint;
 use crate::model::{Lease, LeaseState, PartKind, Partition};
+use crate::partition::topology::TopologyConstraint;
 use crate::partition::{MpsMode, Shape};
 
 /// Map a domain error to a precise gRPC status with its rich details

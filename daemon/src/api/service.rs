@@ -419,7 +419,8 @@ impl Tessera for TesseraService {
                 .unwrap_or_default();
             let r = result.map(|created| {
                 Response::new(pb::CreateLeaseResponse {
-                    lease: Some(lease_pb(&this.mgr, 
+                    lease: Some(lease_pb(
+                        &this.mgr,
                         &created.lease,
                         created.partition.as_ref(),
                     )),

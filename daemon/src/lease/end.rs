@@ -326,7 +326,10 @@ impl LeaseManager {
 
     /// The hardware step of a teardown. Outer error: the task itself failed.
     /// Destroying what is already gone (NVML NotFound) counts as done.
-    pub(super) async fn destroy_hw(&self, hw: HwDestroy) -> Result<Result<(), GpuError>, LeaseError> {
+    pub(super) async fn destroy_hw(
+        &self,
+        hw: HwDestroy,
+    ) -> Result<Result<(), GpuError>, LeaseError> {
         let backend = self.backend.clone();
         let done = match hw {
             HwDestroy::Mig { gpu, gi_id } if backend.instance_calls_are_quick() => {
@@ -386,15 +389,17 @@ impl LeaseManager {
             .collect();
         let usage = {
             let st = self.lock();
-            parts.iter().fold(crate::usage::Weights::default(), |acc, p| {
-                let gpu_memory = st
-                    .gpus
-                    .iter()
-                    .find(|g| g.info.index == p.gpu)
-                    .map(|g| g.info.memory_bytes)
-                    .unwrap_or_default();
-                acc.plus(crate::usage::weights_of_partition(&lease, p, gpu_memory))
-            })
+            parts
+                .iter()
+                .fold(crate::usage::Weights::default(), |acc, p| {
+                    let gpu_memory = st
+                        .gpus
+                        .iter()
+                        .find(|g| g.info.index == p.gpu)
+                        .map(|g| g.info.memory_bytes)
+                        .unwrap_or_default();
+                    acc.plus(crate::usage::weights_of_partition(&lease, p, gpu_memory))
+                })
         };
         let (l2, o2) = (lease.clone(), outcome.clone());
         self.store

@@ -88,9 +88,7 @@ impl LeaseManager {
             std::iter::once((partition, hw)).chain(more).collect();
         let tok = token::generate();
         let tok_hash = token::hash(&tok);
-        let intents = self
-            .record_several(&lease, &steps, &tok_hash, now)
-            .await?;
+        let intents = self.record_several(&lease, &steps, &tok_hash, now).await?;
         let total = steps.len();
         let mut made: Vec<Partition> = Vec::with_capacity(total);
         let mut steps = steps.into_iter();
@@ -180,8 +178,7 @@ impl LeaseManager {
             match e {
                 crate::store::StoreError::DuplicateRequest { .. } => {
                     LeaseError::FailedPrecondition(
-                        "a lease with this request_id is being created concurrently; retry"
-                            .into(),
+                        "a lease with this request_id is being created concurrently; retry".into(),
                     )
                 }
                 e => e.into(),
@@ -372,9 +369,10 @@ impl LeaseManager {
                             Some(i.gi_id) == m.gi_id && Some(&i.uuid) == m.uuid.as_ref()
                         });
                     }
-                    instances.get(&p.gpu)?.iter().find(|i| {
-                        i.placement == m.placement && i.gi_profile_id == m.gi_profile_id
-                    })
+                    instances
+                        .get(&p.gpu)?
+                        .iter()
+                        .find(|i| i.placement == m.placement && i.gi_profile_id == m.gi_profile_id)
                 })
                 .map(|i| i.cloned())
                 .collect();

@@ -56,7 +56,8 @@ impl LeaseManager {
                 .is_some_and(|p| lost.contains(&p.gpu))
         };
         // A multi-partition lease a crash caught being created: all or nothing.
-        let several = self.reconcile_several_at_start(&mut st, &mut instances, &snap.intents, now)?;
+        let several =
+            self.reconcile_several_at_start(&mut st, &mut instances, &snap.intents, now)?;
         for intent in &snap.intents {
             if on_lost(&st, &intent.partition_id) || several.contains(&intent.id) {
                 continue;

@@ -929,7 +929,11 @@ async fn a_lease_of_three_instances_holds_sees_counts_and_ends_all_of_them() {
         vec![0, 0, 1],
         "the first GPU filled first"
     );
-    assert!(parts.iter().all(|p| p.lease_id.as_deref() == Some(lease.id.as_str())));
+    assert!(
+        parts
+            .iter()
+            .all(|p| p.lease_id.as_deref() == Some(lease.id.as_str()))
+    );
     assert_eq!(links.unwrap().gpus, vec![0, 1]);
     // Quota counts every partition: 3 x 3 slices.
     assert_eq!(mgr.lock().leases.live_usage("team-a").mig_slices, 9);
@@ -953,7 +957,9 @@ async fn a_lease_of_three_instances_holds_sees_counts_and_ends_all_of_them() {
     }
     assert_eq!(r.more_partitions.len(), 2);
     // Release ends them all: instances destroyed, records gone, usage of three.
-    mgr.end(&lease.id, LeaseState::Released, "done").await.unwrap();
+    mgr.end(&lease.id, LeaseState::Released, "done")
+        .await
+        .unwrap();
     assert_eq!(instance_count(&sim), 0);
     assert_eq!(mgr.counts(), (0, 0));
     assert!(mgr.store.snapshot().unwrap().intents.is_empty());
@@ -1090,12 +1096,13 @@ async fn whole_gpus_by_count_and_the_refusals() {
     let sim = Arc::new(crate::gpu::open_sim(&config.sim).unwrap());
     let store = Arc::new(Store::open(dir.path()).unwrap());
     let mgr = LeaseManager::start(config, sim, store).unwrap();
-    let whole = |id: &str, n: u32, t: crate::partition::topology::TopologyConstraint| CreateRequest {
-        shape: Some(Shape::WholeGpu),
-        count: n,
-        topology: t,
-        ..mig_request(id)
-    };
+    let whole =
+        |id: &str, n: u32, t: crate::partition::topology::TopologyConstraint| CreateRequest {
+            shape: Some(Shape::WholeGpu),
+            count: n,
+            topology: t,
+            ..mig_request(id)
+        };
     use crate::partition::topology::TopologyConstraint as T;
     let two = mgr.create(whole("two", 2, T::Nvlink)).await.unwrap();
     let (parts, links) = mgr.partitions_of(&two.lease);
@@ -1104,12 +1111,11 @@ async fn whole_gpus_by_count_and_the_refusals() {
     let r = mgr.resolve_token(two.token.as_deref().unwrap()).unwrap();
     assert_eq!(r.visible_gpu_indices, vec![0, 1]);
     // Two left (2 and 3): three is beyond the node now.
-    let e = mgr
-        .create(whole("three", 3, T::Any))
-        .await
-        .unwrap_err();
+    let e = mgr.create(whole("three", 3, T::Any)).await.unwrap_err();
     assert!(matches!(e, LeaseError::ResourceExhausted(_)), "{e:?}");
-    mgr.end(&two.lease.id, LeaseState::Released, "t").await.unwrap();
+    mgr.end(&two.lease.id, LeaseState::Released, "t")
+        .await
+        .unwrap();
     // Four free, but a NUMA node of this board has two (0-1 and 2-3).
     let e = mgr.create(whole("numa3", 3, T::Numa)).await.unwrap_err();
     assert!(matches!(e, LeaseError::TopologyUnmet(_)), "{e:?}");
@@ -1126,11 +1132,26 @@ async fn whole_gpus_by_count_and_the_refusals() {
     };
     let e = mgr.create(mps).await.unwrap_err();
     assert!(
-        matches!(e, LeaseError::InvalidArgument { field: "shape.count", .. }),
+        matches!(
+            e,
+            LeaseError::InvalidArgument {
+                field: "shape.count",
+                ..
+            }
+        ),
         "{e:?}"
     );
     let mut pinned = whole("pinned", 2, T::Any);
     pinned.gpu_index = Some(0);
     let e = mgr.create(pinned).await.unwrap_err();
-    assert!(matches!(e, LeaseError::InvalidArgument { field: "gpu_index", .. }), "{e:?}");
+    assert!(
+        matches!(
+            e,
+            LeaseError::InvalidArgument {
+                field: "gpu_index",
+                ..
+            }
+        ),
+        "{e:?}"
+    );
 }

@@ -411,24 +411,63 @@ mod tests {
         // split over gpu0 and its partner.
         let occupied = occ(&gpus[0], "3g.40gb", 0);
         view_mut(&mut gpus, 0).mig.push(occupied);
-        let d = plan_migs(&mig_shape("3g.40gb"), 2, &gpus, &opts, &link, TopologyConstraint::Any)
-            .unwrap();
+        let d = plan_migs(
+            &mig_shape("3g.40gb"),
+            2,
+            &gpus,
+            &opts,
+            &link,
+            TopologyConstraint::Any,
+        )
+        .unwrap();
         assert_eq!(gpus_of(&d), vec![1], "two 3g fit on one empty GPU");
-        let d = plan_migs(&mig_shape("3g.40gb"), 4, &gpus, &opts, &link, TopologyConstraint::Nvlink)
-            .unwrap();
-        assert_eq!(gpus_of(&d), vec![2, 3], "the bridged pair with room for four");
+        let d = plan_migs(
+            &mig_shape("3g.40gb"),
+            4,
+            &gpus,
+            &opts,
+            &link,
+            TopologyConstraint::Nvlink,
+        )
+        .unwrap();
+        assert_eq!(
+            gpus_of(&d),
+            vec![2, 3],
+            "the bridged pair with room for four"
+        );
         // Five 3g: room for 7 on the node, but no NVLink-joined GPUs hold five.
-        let e = plan_migs(&mig_shape("3g.40gb"), 5, &gpus, &opts, &link, TopologyConstraint::Nvlink)
-            .unwrap_err();
+        let e = plan_migs(
+            &mig_shape("3g.40gb"),
+            5,
+            &gpus,
+            &opts,
+            &link,
+            TopologyConstraint::Nvlink,
+        )
+        .unwrap_err();
         assert!(
             matches!(&e, PlanError::TopologyUnmet(m) if m.contains("room for 7")),
             "{e:?}"
         );
-        let d = plan_migs(&mig_shape("3g.40gb"), 5, &gpus, &opts, &link, TopologyConstraint::Any)
-            .unwrap();
+        let d = plan_migs(
+            &mig_shape("3g.40gb"),
+            5,
+            &gpus,
+            &opts,
+            &link,
+            TopologyConstraint::Any,
+        )
+        .unwrap();
         assert_eq!(d.len(), 5);
-        let e = plan_migs(&mig_shape("3g.40gb"), 8, &gpus, &opts, &link, TopologyConstraint::Any)
-            .unwrap_err();
+        let e = plan_migs(
+            &mig_shape("3g.40gb"),
+            8,
+            &gpus,
+            &opts,
+            &link,
+            TopologyConstraint::Any,
+        )
+        .unwrap_err();
         assert!(
             matches!(&e, PlanError::NoCapacity(m) if m.contains("8 3g.40gb instances asked, room for 7")),
             "{e:?}"
