@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use tessera_integration_tests::cri::{self, Containerd, ContainerdSetup, Pod, pb};
-use tessera_integration_tests::{DEV_GPUS, TestDaemon, create_req, rt, shape};
+use tessera_integration_tests::{DEV_GPUS, TestDaemon, create_req, devnodes, rt, shape};
 use tessera_proto::v1 as tpb;
 
 /// Worlds made by this process (each gets its own bridge and subnet).
@@ -169,14 +169,7 @@ impl World {
             .await
             .unwrap()
             .into_inner();
-        for d in &resolved.devices {
-            mknod(
-                Path::new(&d.host_path),
-                &self.dev,
-                d.major as u64,
-                d.minor as u64,
-            );
-        }
+        devnodes::lease_nodes(&resolved, &self.dev).unwrap();
         Lease {
             lease: created.lease.unwrap(),
             token: created.token,
@@ -355,21 +348,6 @@ fn skipped(why: &str) {
     let _ = std::io::Write::write_fmt(&mut std::io::stderr(), format_args!("SKIPPED: {why}\n"));
 }
 
-fn mknod(p: &Path, dev_root: &Path, major: u64, minor: u64) {
-    assert!(p.starts_with(dev_root), "{p:?} outside the dev root");
-    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-    if p.exists() {
-        return;
-    }
-    nix::sys::stat::mknod(
-        p,
-        nix::sys::stat::SFlag::S_IFCHR,
-        nix::sys::stat::Mode::from_bits_truncate(0o666),
-        nix::sys::stat::makedev(major, minor),
-    )
-    .unwrap();
-}
-
 fn tail(s: &str) -> String {
     let lines: Vec<&str> = s.lines().collect();
     lines[lines.len().saturating_sub(40)..].join("\n")
@@ -402,7 +380,8 @@ fn a_mig_pod_sees_exactly_its_instance_through_cri() {
         let part = l.lease.partition.clone().unwrap();
         let gpu = part.gpu_index;
         let other = 1 - gpu;
-        mknod(&w.dev.join(format!("nvidia{other}")), &w.dev, 195, u64::from(other));
+        let other_node = w.dev.join(format!("nvidia{other}"));
+        devnodes::mknod(&other_node, &w.dev, 195, u64::from(other)).unwrap();
         let pod = w.pod("mig-pod");
         let sandbox = w.run_pod(&pod).await.unwrap_or_else(|e| {
             panic!("RunPodSandbox: {e}\n{}", tail(&w.ctrd.log()))
@@ -1050,14 +1029,7 @@ fn a_device_plugin_allocation_runs_its_container_bound_to_the_lease_through_cri(
             .await
             .unwrap()
             .into_inner();
-        for d in &resolved.devices {
-            mknod(
-                Path::new(&d.host_path),
-                &w.dev,
-                d.major as u64,
-                d.minor as u64,
-            );
-        }
+        devnodes::lease_nodes(&resolved, &w.dev).unwrap();
         let part = resolved.lease.as_ref().unwrap().partition.clone().unwrap();
         let gpu = part.gpu_index;
         let pod = w.pod("plugin-pod");

@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tessera_integration_tests::{TestDaemon, rt};
+use tessera_integration_tests::{TestDaemon, devnodes, rt};
 use tessera_proto::k8s::deviceplugin::v1beta1 as dp;
 use tessera_proto::k8s::podresources::v1 as pr;
 use tessera_proto::v1 as pb;
@@ -808,19 +808,7 @@ fn an_allocate_answer_runs_a_container_bound_to_its_lease_until_its_pod_is_gone(
     assert_eq!(cdi_nodes, lease_nodes);
 
     // The driver's nodes on the "host".
-    for n in &resolved.devices {
-        let p = Path::new(&n.host_path);
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        if !p.exists() {
-            nix::sys::stat::mknod(
-                p,
-                nix::sys::stat::SFlag::S_IFCHR,
-                nix::sys::stat::Mode::from_bits_truncate(0o666),
-                nix::sys::stat::makedev(n.major as u64, n.minor as u64),
-            )
-            .unwrap();
-        }
-    }
+    devnodes::lease_nodes(&resolved, Path::new("/")).unwrap();
     // What containerd makes of kubelet's container config: the container annotations
     // it passes (container_annotations) and the envs, in the OCI spec.
     let rootfs = common::busybox_rootfs(work.path());
@@ -983,23 +971,6 @@ impl AllocatedContainer {
     }
 }
 
-/// The nodes a resolved lease names, made on the "host" as the driver would.
-fn mknod_lease_nodes(resolved: &pb::ResolveTokenResponse) {
-    for n in &resolved.devices {
-        let p = Path::new(&n.host_path);
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        if !p.exists() {
-            nix::sys::stat::mknod(
-                p,
-                nix::sys::stat::SFlag::S_IFCHR,
-                nix::sys::stat::Mode::from_bits_truncate(0o666),
-                nix::sys::stat::makedev(n.major as u64, n.minor as u64),
-            )
-            .unwrap();
-        }
-    }
-}
-
 /// A pod asking for `tessera.io/mig-1g.10gb: 2`: kubelet sends both device ids in
 /// one container request; the answer carries both leases, and the container runs
 /// through the real runtime and runc with both MIG instances (both capability
@@ -1053,7 +1024,7 @@ fn a_container_given_two_mig_devices_runs_on_both_leases_and_stops_when_one_ends
     for (r, id) in resolved.iter().zip(&ids) {
         let l = r.lease.as_ref().unwrap();
         assert_eq!(&l.id, id, "the tokens in the order of the devices");
-        mknod_lease_nodes(r);
+        devnodes::lease_nodes(r, Path::new("/")).unwrap();
         let ci = r
             .devices
             .iter()
