@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 
 pub mod cri;
+pub mod devnodes;
 pub mod invariants;
 pub mod python;
 use tessera_proto::v1::tessera_client::TesseraClient;

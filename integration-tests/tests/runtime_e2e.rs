@@ -13,7 +13,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use serde_json::json;
-use tessera_integration_tests::{DEV_GPUS, TestDaemon, create_req, shape};
+use tessera_integration_tests::{DEV_GPUS, TestDaemon, create_req, devnodes, shape};
 use tessera_proto::v1 as pb;
 
 use tessera_integration_tests::rt;
@@ -86,21 +86,7 @@ impl World {
     /// Make the lease's device nodes on the "host" (the driver would have), plus a
     /// node of another GPU that the container must not get.
     fn mknod_lease_nodes(&self, resolved: &pb::ResolveTokenResponse) {
-        for d in &resolved.devices {
-            let p = Path::new(&d.host_path);
-            assert!(p.starts_with(&self.dev), "{p:?} outside the dev root");
-            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-            if p.exists() {
-                continue;
-            }
-            nix::sys::stat::mknod(
-                p,
-                nix::sys::stat::SFlag::S_IFCHR,
-                nix::sys::stat::Mode::from_bits_truncate(0o666),
-                nix::sys::stat::makedev(d.major as u64, d.minor as u64),
-            )
-            .unwrap();
-        }
+        devnodes::lease_nodes(resolved, &self.dev).unwrap();
     }
 
     fn bundle(&self, name: &str, args: &[&str], token: &str) -> PathBuf {
@@ -170,11 +156,11 @@ fn a_container_on_a_mig_lease_sees_exactly_its_nodes_and_uuid() {
     w.mknod_lease_nodes(&resolved);
     let gpu = lease.partition.as_ref().unwrap().gpu_index;
     let other = 1 - gpu;
-    nix::sys::stat::mknod(
+    devnodes::mknod(
         &w.dev.join(format!("nvidia{other}")),
-        nix::sys::stat::SFlag::S_IFCHR,
-        nix::sys::stat::Mode::from_bits_truncate(0o666),
-        nix::sys::stat::makedev(195, u64::from(other)),
+        &w.dev,
+        195,
+        u64::from(other),
     )
     .unwrap();
     let caps: Vec<String> = resolved
@@ -755,13 +741,7 @@ fn a_container_on_a_two_gpu_lease_sees_exactly_its_two_gpus() {
     assert_eq!(resolved.visible_gpu_indices, vec![0, 1]);
     w.mknod_lease_nodes(&resolved);
     // Another GPU's node on the host: the container must not get it.
-    nix::sys::stat::mknod(
-        &w.dev.join("nvidia2"),
-        nix::sys::stat::SFlag::S_IFCHR,
-        nix::sys::stat::Mode::from_bits_truncate(0o666),
-        nix::sys::stat::makedev(195, 2),
-    )
-    .unwrap();
+    devnodes::mknod(&w.dev.join("nvidia2"), &w.dev, 195, 2).unwrap();
     let script = "probe open /dev/nvidia0; probe open /dev/nvidia1; probe open /dev/nvidia2; \
                   probe open /dev/nvidiactl; echo CVD=$CUDA_VISIBLE_DEVICES; \
                   ls /dev | grep -c '^nvidia[0-9]'";

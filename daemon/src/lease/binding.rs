@@ -190,7 +190,7 @@ impl LeaseManager {
             // A shared server serves one uid (MPS starts a server per uid and makes
             // other uids wait): the uid of the first container bound to any of its
             // leases.
-            let server_owner = shared_server_owner(&st, &resolved.partition);
+            let server_owner = st.partitions.shared_server_owner(&resolved.partition);
             if let (Some(uid), Some(mut p)) = (uid, st.partitions.get_mut(&resolved.partition.id))
                 && let PartKind::Mps(m) = &mut p.kind
             {
@@ -303,7 +303,7 @@ impl LeaseManager {
         });
         let dirs = cleared.and_then(|p| {
             // A shared server's directories stay with the uid its other leases use.
-            if shared_server_owner(&st, &p).is_some() {
+            if st.partitions.shared_server_owner(&p).is_some() {
                 return None;
             }
             let PartKind::Mps(m) = &p.kind else {
@@ -406,18 +406,6 @@ fn check_termination_log(path: &str) -> Result<(), LeaseError> {
             "must be a clean absolute host path outside /proc, /sys and /dev",
         ))
     }
-}
-
-/// The uid another lease of `p`'s shared MPS server already bound (None for an
-/// isolated partition, or while no lease of the server has a container).
-fn shared_server_owner(st: &State, p: &Partition) -> Option<u32> {
-    let m = p.mps().filter(|m| m.mode == MpsMode::Shared)?;
-    st.partitions
-        .values()
-        .filter(|o| o.id != p.id && o.gpu == p.gpu)
-        .filter_map(Partition::mps)
-        .filter(|o| o.mode == MpsMode::Shared && o.pipe_dir == m.pipe_dir)
-        .find_map(|o| o.owner_uid)
 }
 
 /// The GPU a partition is on, as the table knows it.
