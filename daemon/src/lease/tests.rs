@@ -1155,3 +1155,27 @@ async fn whole_gpus_by_count_and_the_refusals() {
         "{e:?}"
     );
 }
+
+/// An instance of a multi-partition lease vanished while the daemon was down (a GPU
+/// reset) and cannot be created again: the lease is lost whole, its other instances
+/// destroyed, no record left pointing at it.
+#[tokio::test]
+async fn a_multi_lease_whose_instance_cannot_come_back_is_lost_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mgr, sim) = two_h100(dir.path(), false);
+    let c = mgr.create(three_3g("reset")).await.unwrap();
+    let (parts, _) = mgr.partitions_of(&c.lease);
+    drop(mgr);
+    let third = &parts[2];
+    sim.destroy_instance(third.gpu, third.mig().unwrap().gi_id.unwrap())
+        .unwrap();
+    sim.fail_next_create(third.gpu, crate::gpu::sim::CreateStage::Gi)
+        .unwrap();
+    let (mgr, sim) = two_h100(dir.path(), false);
+    let (l, _) = mgr.get(&c.lease.id).unwrap();
+    assert_eq!(l.state(), LeaseState::Revoked);
+    assert!(l.end_reason().unwrap().contains("could not be re-created"));
+    assert_eq!(instance_count(&sim), 0, "the other two went with it");
+    assert!(mgr.store.snapshot().unwrap().partitions.is_empty());
+    assert_eq!(mgr.counts(), (0, 0));
+}
