@@ -66,6 +66,11 @@ fn an_hgx_board_gives_whole_gpus_by_numa_node_and_keeps_them_across_a_restart() 
     let r = rt();
     let first = r.block_on(async {
         let mut c = d.client().await.unwrap();
+        let mut events = c
+            .watch_leases(pb::WatchLeasesRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
         let l = c
             .create_lease(with_topology(whole(4), pb::TopologyConstraint::Nvlink))
             .await
@@ -86,6 +91,10 @@ fn an_hgx_board_gives_whole_gpus_by_numa_node_and_keeps_them_across_a_restart() 
             Some(pb::shape::Kind::WholeGpu(w)) => assert_eq!(w.count, 4),
             other => panic!("{other:?}"),
         }
+        // WatchLeases tells of it with every partition.
+        let ev = events.message().await.unwrap().unwrap();
+        assert_eq!(ev.kind, pb::LeaseEventKind::Created as i32);
+        assert_eq!(gpus_of(ev.lease.as_ref().unwrap()), vec![0, 1, 2, 3]);
         l
     });
     // The CLI: the other NUMA node's four, shown with every GPU and the link.

@@ -583,6 +583,7 @@ impl Tessera for TesseraService {
         // Forward matching events until the client goes away; a watcher that falls
         // behind gets DATA_LOSS once and the stream ends (it must re-list).
         let filter = tenant.clone();
+        let mgr = self.mgr.clone();
         tokio::spawn(async move {
             loop {
                 // A watcher whose client left ends now, not at the next event it
@@ -596,7 +597,15 @@ impl Tessera for TesseraService {
                         if filter.as_ref().is_some_and(|t| *t != ev.lease.tenant) {
                             continue;
                         }
-                        Ok(convert::event_to_pb(&ev))
+                        let mut out = convert::event_to_pb(&ev);
+                        // A multi-partition lease's every partition, while it holds them.
+                        if ev.lease.partition_count() > 1
+                            && let Some(l) = out.lease.as_mut()
+                        {
+                            let (parts, links) = mgr.partitions_of(&ev.lease);
+                            convert::add_partitions(l, &parts, links.as_ref());
+                        }
+                        Ok(out)
                     }
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
                         Err(Status::data_loss(format!(
