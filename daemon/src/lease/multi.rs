@@ -89,6 +89,12 @@ impl LeaseManager {
         let tok = token::generate();
         let tok_hash = token::hash(&tok);
         let intents = self.record_several(&lease, &steps, &tok_hash, now).await?;
+        if steps.iter().all(|(_, hw)| hw.is_none()) {
+            // Whole GPUs (or static pool instances): nothing to change on the
+            // hardware, the lease is active as recorded.
+            let parts = steps.into_iter().map(|(p, _)| p).collect();
+            return Ok(self.publish_several(lease, parts, tok_hash, tok));
+        }
         let total = steps.len();
         let mut made: Vec<Partition> = Vec::with_capacity(total);
         let mut steps = steps.into_iter();
@@ -238,20 +244,11 @@ impl LeaseManager {
         e: GpuError,
     ) -> LeaseError {
         let now = now_ms();
-        let undone_count = made
-            .iter()
-            .filter(|p| matches!(p.kind, PartKind::Mig(_)) && p.origin == Origin::Dynamic)
-            .count();
-        let reason = format!(
-            "hardware set-up failed on partition {k} of {total} (GPU {}): {e}; \
-             all or nothing: the {undone_count} instance(s) made before it were destroyed",
-            failed.gpu
-        );
-        if let Err(t) = lease.fail(reason.clone(), now) {
-            return t.into();
-        }
-        // What stays behind: partitions whose instance could not be destroyed.
-        let mut kept: HashSet<String> = HashSet::new();
+        // Undo what was made. What cannot be undone stays recorded without a lease:
+        // a complete instance under a `destroy_mig` intent, the failed call's GI
+        // under its `create_mig` intent; the next start finishes either.
+        let mut undone = 0usize;
+        let mut stuck: HashSet<String> = HashSet::new();
         for p in &made {
             let Some(m) = p.mig() else { continue };
             if p.origin != Origin::Dynamic {
@@ -263,63 +260,98 @@ impl LeaseManager {
                 .await
                 .map_err(|t| GpuError::Task(t.to_string()))
                 .and_then(|r| r);
-            if let Err(d) = gone {
-                warn!(lease = %lease.id, partition = %p.id, error = %d,
-                    "could not destroy an instance of a failed multi-partition lease; the next start undoes it");
-                kept.insert(p.id.clone());
+            match gone {
+                Ok(()) => undone += 1,
+                Err(d) => {
+                    warn!(lease = %lease.id, partition = %p.id, error = %d,
+                        "could not destroy an instance of a failed multi-partition lease; the next start does");
+                    stuck.insert(p.id.clone());
+                }
             }
         }
+        let mut half_kept = false;
         if let PartKind::Mig(m) = &failed.kind
             && let Err(d) = self.undo_half_create(failed.gpu, m).await
         {
             warn!(lease = %lease.id, gpu = failed.gpu, error = %d,
                 "could not destroy the GI of a failed create; the next start undoes it");
-            kept.insert(failed.id.clone());
+            half_kept = true;
         }
+        let reason = format!(
+            "hardware set-up failed on partition {k} of {total} (GPU {}): {e}; all or nothing: \
+             {undone} instance(s) made before it destroyed{}",
+            failed.gpu,
+            if stuck.is_empty() {
+                String::new()
+            } else {
+                format!(", {} left to the next start", stuck.len())
+            }
+        );
+        if let Err(t) = lease.fail(reason.clone(), now) {
+            return t.into();
+        }
+        let failed_id = failed.id.clone();
         let all: Vec<Partition> = made
             .into_iter()
             .chain(std::iter::once(failed))
             .chain(untouched)
             .collect();
-        let (l2, a2, k2, i2) = (lease.clone(), all.clone(), kept.clone(), intents);
-        let ids_by_partition: Vec<(String, Option<i64>)> = a2
+        // Each partition as it is recorded afterwards: None = gone (or back in the
+        // pool when static), Some = kept without a lease.
+        let kept: Vec<Option<Partition>> = all
             .iter()
-            .map(|p| p.id.clone())
-            .zip(i2.iter().copied())
+            .map(|p| {
+                let mut orphan = p.clone();
+                orphan.lease_id = None;
+                if stuck.contains(&p.id) {
+                    orphan.state = PartitionState::Destroying;
+                    Some(orphan)
+                } else if half_kept && p.id == failed_id {
+                    Some(orphan)
+                } else {
+                    None
+                }
+            })
             .collect();
+        let (l2, a2, k2) = (lease.clone(), all.clone(), kept.clone());
         let res = self
             .store
             .write(move |w| {
                 w.put_lease(&l2)?;
                 w.delete_tokens(&l2.id)?;
-                for (p, (_, intent)) in a2.iter().zip(&ids_by_partition) {
-                    if k2.contains(&p.id) {
-                        let mut orphan = p.clone();
-                        orphan.lease_id = None;
-                        w.put_partition(&orphan)?;
-                        continue;
-                    }
-                    if p.origin == Origin::Static {
-                        let mut back = p.clone();
-                        back.lease_id = None;
-                        back.state = PartitionState::Ready;
-                        w.put_partition(&back)?;
-                    } else {
-                        w.delete_partition(&p.id)?;
-                    }
-                    if let Some(i) = intent {
-                        w.finish_intent(*i, now, "failed")?;
+                for ((p, keep), intent) in a2.iter().zip(&k2).zip(&intents) {
+                    match keep {
+                        Some(orphan) if orphan.state == PartitionState::Destroying => {
+                            w.put_partition(orphan)?;
+                            if let Some(i) = intent {
+                                w.finish_intent(*i, now, "failed")?;
+                            }
+                            w.begin_intent(IntentOp::DestroyMig, &orphan.id, None, now)?;
+                        }
+                        // The failed call's GI: its create intent stays open.
+                        Some(orphan) => w.put_partition(orphan)?,
+                        None => {
+                            if p.origin == Origin::Static {
+                                let mut back = p.clone();
+                                back.lease_id = None;
+                                back.state = PartitionState::Ready;
+                                w.put_partition(&back)?;
+                            } else {
+                                w.delete_partition(&p.id)?;
+                            }
+                            if let Some(i) = intent {
+                                w.finish_intent(*i, now, "failed")?;
+                            }
+                        }
                     }
                 }
                 Ok(())
             })
             .await;
         if res.is_ok() {
-            for p in &all {
+            for (p, keep) in all.iter().zip(kept) {
                 self.forget_reservation(&lease, p, true);
-                if kept.contains(&p.id) {
-                    let mut orphan = p.clone();
-                    orphan.lease_id = None;
+                if let Some(orphan) = keep {
                     self.lock().partitions.insert(orphan.id.clone(), orphan);
                 }
             }

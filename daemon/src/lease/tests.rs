@@ -1179,3 +1179,36 @@ async fn a_multi_lease_whose_instance_cannot_come_back_is_lost_whole() {
     assert!(mgr.store.snapshot().unwrap().partitions.is_empty());
     assert_eq!(mgr.counts(), (0, 0));
 }
+
+/// All or nothing when the undo itself fails: the third instance fails and one of
+/// the two made cannot be destroyed now; the lease fails at once, and the next
+/// start destroys the instance left behind (its `destroy_mig` intent).
+#[tokio::test]
+async fn an_instance_the_undo_could_not_destroy_goes_at_the_next_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mgr, sim) = two_h100(dir.path(), false);
+    sim.crash_next_create_after_gi(1).unwrap();
+    sim.fail_next_destroy(0).unwrap();
+    let e = mgr.create(three_3g("stuck")).await.unwrap_err();
+    assert!(e.to_string().contains("GPU"), "{e}");
+    assert_eq!(instance_count(&sim), 1, "one could not be destroyed yet");
+    let all = mgr.store.list_leases(&LeaseQuery::default()).unwrap();
+    assert_eq!(all[0].state(), LeaseState::Failed);
+    assert!(
+        all[0]
+            .end_reason()
+            .unwrap()
+            .contains("1 left to the next start"),
+        "{:?}",
+        all[0].end_reason()
+    );
+    // The instance left is recorded (no lease), under its teardown intent.
+    let snap = mgr.store.snapshot().unwrap();
+    assert_eq!((snap.partitions.len(), snap.intents.len()), (1, 1));
+    drop(mgr);
+    let (mgr, sim) = two_h100(dir.path(), false);
+    assert_eq!(instance_count(&sim), 0);
+    let snap = mgr.store.snapshot().unwrap();
+    assert!(snap.partitions.is_empty() && snap.intents.is_empty());
+    assert_eq!(mgr.counts(), (0, 0));
+}
