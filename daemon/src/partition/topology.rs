@@ -146,6 +146,83 @@ pub fn plan_gpus_within(
             }
         )));
     }
+    let best = if combinations(free.len(), n) <= EXHAUSTIVE_SETS {
+        best_set_exhaustive(&free, n, link, constraint)
+    } else {
+        best_set_from_anchors(&free, n, link, constraint)
+    };
+    best.ok_or_else(|| {
+        PlanError::TopologyUnmet(format!(
+            "{count} whole GPUs asked {}: {} are free ({}) but no {count} of them are {}",
+            constraint.describe(),
+            free.len(),
+            free.iter()
+                .map(|i| format!("gpu {i}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            constraint.describe()
+        ))
+    })
+}
+
+/// Above this many candidate sets, whole GPUs are chosen from anchors (each free
+/// GPU with its nearest) rather than over every set: a request's cost stays small
+/// on any node (16 GPUs choose 8 is 12,870 sets; 64 choose 32 would never end).
+const EXHAUSTIVE_SETS: u64 = 20_000;
+
+/// `n` choose `k`, saturating.
+fn combinations(n: usize, k: usize) -> u64 {
+    let k = k.min(n.saturating_sub(k));
+    let mut c: u64 = 1;
+    for i in 0..k {
+        c = c.saturating_mul((n - i) as u64) / (i as u64 + 1);
+        if c > EXHAUSTIVE_SETS {
+            return u64::MAX;
+        }
+    }
+    c
+}
+
+/// Each free GPU as the anchor, with the free GPUs nearest to it (those meeting
+/// `constraint` with every one taken); the best set over the anchors.
+fn best_set_from_anchors(
+    free: &[u32],
+    n: usize,
+    link: &dyn Fn(u32, u32) -> GpuLink,
+    constraint: TopologyConstraint,
+) -> Option<Vec<u32>> {
+    let mut best: Option<(SetCost, Vec<u32>)> = None;
+    for &anchor in free {
+        let mut order: Vec<u32> = free.iter().copied().filter(|&o| o != anchor).collect();
+        order.sort_by_key(|&o| (pair_cost(link(anchor, o)), o));
+        let mut set = vec![anchor];
+        for o in order {
+            if set.len() == n {
+                break;
+            }
+            if set.iter().all(|&u| constraint.admits(link(u, o))) {
+                set.push(o);
+            }
+        }
+        if set.len() < n {
+            continue;
+        }
+        set.sort_unstable();
+        let cost = set_cost(&set, link);
+        if best.as_ref().is_none_or(|(c, _)| cost < *c) {
+            best = Some((cost, set));
+        }
+    }
+    best.map(|(_, s)| s)
+}
+
+/// Every set of `n` of the free GPUs; the best one meeting `constraint`.
+fn best_set_exhaustive(
+    free: &[u32],
+    n: usize,
+    link: &dyn Fn(u32, u32) -> GpuLink,
+    constraint: TopologyConstraint,
+) -> Option<Vec<u32>> {
     let mut best: Option<(SetCost, Vec<u32>)> = None;
     let mut idx: Vec<usize> = (0..n).collect();
     loop {
@@ -165,18 +242,7 @@ pub fn plan_gpus_within(
             idx[q] = idx[q - 1] + 1;
         }
     }
-    best.map(|(_, s)| s).ok_or_else(|| {
-        PlanError::TopologyUnmet(format!(
-            "{count} whole GPUs asked {}: {} are free ({}) but no {count} of them are {}",
-            constraint.describe(),
-            free.len(),
-            free.iter()
-                .map(|i| format!("gpu {i}"))
-                .collect::<Vec<_>>()
-                .join(", "),
-            constraint.describe()
-        ))
-    })
+    best.map(|(_, s)| s)
 }
 
 /// Whether every pair of `set` meets `constraint`.
@@ -496,6 +562,22 @@ mod tests {
         let pcie = one_gpu_link(SimTopology::Pcie);
         let e = plan_gpus_within(2, &gpus, &pcie, TopologyConstraint::Nvlink).unwrap_err();
         assert!(matches!(e, PlanError::TopologyUnmet(_)), "{e:?}");
+    }
+
+    #[test]
+    fn a_large_node_is_planned_from_anchors_and_still_meets_the_constraint() {
+        assert_eq!(combinations(8, 4), 70);
+        assert_eq!(combinations(64, 32), u64::MAX, "saturates past the limit");
+        let t = SimTopology::HgxNvswitch;
+        let link = |a, b| t.link(a, b, 64, 18);
+        let gpus = node(64);
+        let set = plan_gpus_within(32, &gpus, &link, TopologyConstraint::Any).unwrap();
+        assert_eq!(set.len(), 32);
+        // NUMA nodes of four on this board: 32 on one node cannot be.
+        let e = plan_gpus_within(32, &gpus, &link, TopologyConstraint::Numa).unwrap_err();
+        assert!(matches!(e, PlanError::TopologyUnmet(_)), "{e:?}");
+        let four = plan_gpus_within(4, &gpus, &link, TopologyConstraint::Numa).unwrap();
+        assert!(meets(&four, &link, TopologyConstraint::Numa), "{four:?}");
     }
 
     /// Random occupancy of 8 MIG GPUs: some instances of random profiles.
