@@ -1212,3 +1212,45 @@ async fn an_instance_the_undo_could_not_destroy_goes_at_the_next_start() {
     assert!(snap.partitions.is_empty() && snap.intents.is_empty());
     assert_eq!(mgr.counts(), (0, 0));
 }
+
+/// A crash in the middle of ending a three-instance lease (its intents written,
+/// one instance destroyed): the next start destroys the other two and ends it.
+#[tokio::test]
+async fn a_crash_mid_multi_teardown_is_finished_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mgr, sim) = two_h100(dir.path(), false);
+    let c = mgr.create(three_3g("ending")).await.unwrap();
+    let (parts, _) = mgr.partitions_of(&c.lease);
+    let mut lease = c.lease.clone();
+    lease.begin_end(LeaseState::Released, "done").unwrap();
+    let first = &parts[0];
+    sim.destroy_instance(first.gpu, first.mig().unwrap().gi_id.unwrap())
+        .unwrap();
+    let ps = parts.clone();
+    mgr.store
+        .write(move |w| {
+            w.put_lease(&lease)?;
+            for p in &ps {
+                let mut d = p.clone();
+                d.state = crate::model::PartitionState::Destroying;
+                w.put_partition(&d)?;
+                w.begin_intent(
+                    crate::model::IntentOp::DestroyMig,
+                    &d.id,
+                    Some(&lease.id),
+                    1,
+                )?;
+            }
+            Ok(())
+        })
+        .await
+        .unwrap();
+    drop(mgr);
+    let (mgr, sim) = two_h100(dir.path(), false);
+    assert_eq!(instance_count(&sim), 0);
+    let snap = mgr.store.snapshot().unwrap();
+    assert!(snap.partitions.is_empty() && snap.intents.is_empty());
+    let (l, _) = mgr.get(&c.lease.id).unwrap();
+    assert_eq!(l.state(), LeaseState::Released);
+    assert_eq!(mgr.counts(), (0, 0));
+}
