@@ -479,6 +479,41 @@ mod tests {
         assert_eq!(mgr.get(&on1.id).unwrap().0.state(), LeaseState::Active);
     }
 
+    /// A lease of instances on both GPUs hears of its second GPU's fault, and the
+    /// revoke policy ends it whole (all its instances destroyed).
+    #[tokio::test]
+    async fn a_multi_gpu_lease_follows_the_health_of_every_gpu_it_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mgr, sim) = start(dir.path(), "[health]\non_unhealthy = \"revoke\"\n");
+        let three = mgr
+            .create(CreateRequest {
+                count: 3,
+                ..ask("3g.40gb", None)
+            })
+            .await
+            .unwrap()
+            .lease;
+        assert_eq!(three.gpu, 0, "its first partition is on gpu 0");
+        let mut events = mgr.subscribe();
+        mgr.apply_health_event(HealthEvent {
+            gpu: 1,
+            gi_id: None,
+            cause: HealthCause::DoubleBitEcc,
+        })
+        .await;
+        let ev = events.recv().await.unwrap();
+        assert_eq!(
+            (ev.kind, ev.lease.id.as_str()),
+            (EventKind::Unhealthy, three.id.as_str())
+        );
+        let (l, _) = mgr.get(&three.id).unwrap();
+        assert_eq!(l.state(), LeaseState::Revoked);
+        assert!(l.end_reason().unwrap().contains("double-bit ECC"));
+        use crate::gpu::GpuBackend;
+        let left: usize = (0..2).map(|g| sim.instances(g).unwrap().len()).sum();
+        assert_eq!(left, 0, "every instance of the lease went");
+    }
+
     #[tokio::test]
     async fn a_contained_error_takes_out_its_instance_only() {
         let dir = tempfile::tempdir().unwrap();
