@@ -622,7 +622,13 @@ impl LeaseView {
         let width = kv.iter().map(|(k, _)| k.len()).max().unwrap_or(0) + 1;
         let mut out = String::new();
         for (k, v) in &kv {
-            out.push_str(&format!("{:<width$} {v}\n", format!("{k}:")));
+            // An empty key continues the line above (a lease's further partitions).
+            let key = if k.is_empty() {
+                String::new()
+            } else {
+                format!("{k}:")
+            };
+            out.push_str(&format!("{key:<width$} {v}\n"));
         }
         if self.containers.is_empty() {
             out.push_str("containers: none\n");
@@ -774,7 +780,10 @@ pub(crate) mod tests {
         let text = v.render_detail(NOW);
         assert!(text.contains("shape:          gpu x2"), "{text}");
         assert!(text.contains("p-a gpu on gpu 4 (GPU-4)"), "{text}");
-        assert!(text.contains("p-b gpu on gpu 5 (GPU-5)"), "{text}");
+        assert!(
+            text.contains("\n                p-b gpu on gpu 5 (GPU-5)\n"),
+            "{text}"
+        );
         assert!(
             text.contains("gpus 4,5: NVLink (18 links or more each pair); PCIe: one PCIe switch"),
             "{text}"
