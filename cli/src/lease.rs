@@ -71,10 +71,10 @@ pub struct CreateArgs {
     /// smallest partition that fits now (see --isolation).
     #[arg(long, group = "shape", value_parser = parse::parse_size, value_name = "SIZE")]
     pub memory: Option<u64>,
-    /// With --memory: "hardware" (its own MIG instance or GPU) or "shared" (an MPS
-    /// share with SMs in proportion to the memory).
-    #[arg(long, value_enum, requires = "memory", default_value = "hardware")]
-    pub isolation: IsolationArg,
+    /// With --memory: "hardware" (its own MIG instance or GPU; the default) or
+    /// "shared" (an MPS share with SMs in proportion to the memory).
+    #[arg(long, value_enum, value_name = "KIND")]
+    pub isolation: Option<IsolationArg>,
     /// With --mps (or --memory --isolation shared): "isolated" (its own MPS control
     /// daemon, limits enforced by it; servers on one GPU time-slice) or "shared" (the
     /// GPU's one server for the tenant, leases run concurrently, limits client-side).
@@ -83,7 +83,7 @@ pub struct CreateArgs {
     pub mps_mode: Option<MpsModeArg>,
     /// With --mps: MPS inside MIG, a share of a MIG instance of this profile (SM% of
     /// the instance, memory within it) on the instance's one MPS server.
-    #[arg(long, requires = "mps", value_name = "PROFILE")]
+    #[arg(long, value_name = "PROFILE")]
     pub in_mig: Option<String>,
     /// Time to live (e.g. 1h, 30m); default: the daemon's configured default.
     #[arg(long, value_parser = parse::parse_duration)]
@@ -188,6 +188,10 @@ pub enum LeaseArgError {
     TopologyWithoutCount,
     #[error("--count applies to --mig (for whole GPUs: --gpus N)")]
     CountWithoutMig,
+    #[error("--in-mig applies to --mps (an MPS share inside a MIG instance)")]
+    InMigWithoutMps,
+    #[error("--isolation applies to --memory (a lease asked for by need)")]
+    IsolationWithoutMemory,
 }
 
 impl CreateArgs {
@@ -197,7 +201,16 @@ impl CreateArgs {
         let mps_mode = self
             .mps_mode
             .map_or(pb::MpsMode::Unspecified, pb::MpsMode::from) as i32;
-        let shared_need = self.memory.is_some() && self.isolation == IsolationArg::Shared;
+        // What clap's `requires` would say: it is not enforced here, for arguments
+        // of a required group, so the pairs are checked by hand.
+        if self.isolation.is_some() && self.memory.is_none() {
+            return Err(LeaseArgError::IsolationWithoutMemory);
+        }
+        if self.in_mig.is_some() && self.mps.is_none() {
+            return Err(LeaseArgError::InMigWithoutMps);
+        }
+        let isolation = self.isolation.unwrap_or(IsolationArg::Hardware);
+        let shared_need = self.memory.is_some() && isolation == IsolationArg::Shared;
         if self.mps_mode.is_some() && self.mps.is_none() && !shared_need {
             return Err(LeaseArgError::MpsModeWithoutMps);
         }
@@ -221,7 +234,7 @@ impl CreateArgs {
         } else if let Some(memory_bytes) = self.memory {
             Kind::Need(pb::NeedShape {
                 memory_bytes,
-                isolation: match self.isolation {
+                isolation: match isolation {
                     IsolationArg::Hardware => pb::Isolation::Hardware,
                     IsolationArg::Shared => pb::Isolation::Shared,
                 } as i32,
@@ -482,6 +495,42 @@ mod tests {
                 .unwrap()
                 .to_request(),
             Err(LeaseArgError::TopologyWithoutCount)
+        );
+    }
+
+    #[test]
+    fn in_mig_and_isolation_go_with_their_shapes_only() {
+        let to_req = |args: &[&str]| {
+            let mut argv = vec!["--tenant", "t"];
+            argv.extend_from_slice(args);
+            create(&argv).unwrap().to_request()
+        };
+        assert_eq!(
+            to_req(&["--gpu", "--in-mig", "3g.40gb"]).unwrap_err(),
+            LeaseArgError::InMigWithoutMps
+        );
+        assert_eq!(
+            to_req(&["--mig", "1g.10gb", "--isolation", "shared"]).unwrap_err(),
+            LeaseArgError::IsolationWithoutMemory
+        );
+        let Some(pb::shape::Kind::Mps(m)) = to_req(&["--mps", "50%,4GiB", "--in-mig", "3g.40gb"])
+            .unwrap()
+            .shape
+            .unwrap()
+            .kind
+        else {
+            panic!("not an MPS share")
+        };
+        assert_eq!(m.mig_profile, "3g.40gb");
+        let Some(pb::shape::Kind::Need(n)) =
+            to_req(&["--memory", "8GiB"]).unwrap().shape.unwrap().kind
+        else {
+            panic!("not a need")
+        };
+        assert_eq!(
+            n.isolation,
+            pb::Isolation::Hardware as i32,
+            "hardware by default"
         );
     }
 
