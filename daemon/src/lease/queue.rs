@@ -92,11 +92,12 @@ impl Drop for Ticket<'_> {
 
 /// Requests with the same key are served in arrival order.
 fn queue_key(req: &CreateRequest) -> String {
-    match &req.shape {
+    let shape = match &req.shape {
         Some(Shape::Mig { profile, .. }) => format!("mig:{}", profile.to_ascii_lowercase()),
         Some(other) => format!("{other:?}"),
         None => format!("need:{:?}", req.need),
-    }
+    };
+    format!("{shape} x{}", req.count.max(1))
 }
 
 impl LeaseManager {
