@@ -213,6 +213,11 @@ fn a_7g_waits_in_the_admission_queue_until_a_lease_ends() {
         rt().block_on(async {
             let mut c = d.client().await.unwrap();
             queued(&mut c, 1).await;
+            let (ok, out) = d.cli(&["node"]);
+            assert!(
+                ok && out.contains("1 create request waiting for room"),
+                "{out}"
+            );
             let live = c
                 .list_leases(pb::ListLeasesRequest {
                     tenant: "team-b".into(),
