@@ -376,7 +376,8 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
     };
     // runc's version is asked now and judged once the spec is decided, before
     // anything is bound, written or run.
-    let runc_version = crate::runc_cves::start(&env.cfg.runc_path);
+    let cache = crate::runc_cves::VersionCache::new(&env.cfg.state_dir);
+    let runc_version = crate::runc_cves::start(&env.cfg.runc_path, Some(&cache));
     let adm = match admit(env, client.as_ref(), &bundle, &id) {
         Ok(a) => a,
         Err((reasons, lease_id)) => return refuse_reported(reasons, &lease_id),
@@ -386,7 +387,11 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
         .as_ref()
         .map(|l| l.lease_id.clone())
         .unwrap_or_default();
-    match runc_version.judge(&env.cfg.runc_cve_acknowledged) {
+    let verdict = runc_version.judge(&env.cfg.runc_cve_acknowledged);
+    for n in &verdict.cache_notes {
+        env.log.warn(n);
+    }
+    match verdict.result {
         Err(reason) => return refuse_reported(vec![reason], &lease_id),
         Ok(Some(warning)) => env.log.warn(&warning),
         Ok(None) => {}
