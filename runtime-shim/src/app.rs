@@ -470,7 +470,10 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
     if adm.tokens.is_empty() {
         report(env, client.as_ref(), &id, &lease_id, true, &[], cmd.name());
     }
-    drop(client);
+    // Not dropped: closing the connection and the RPC runtime gracefully is work
+    // that exec makes moot. exec replaces the process image; the socket is
+    // close-on-exec (see `exec_plan`), so the daemon sees it close.
+    std::mem::forget(client);
     env.plan(keep, None)
 }
 
@@ -680,6 +683,16 @@ pub fn exec_plan(plan: &ExecPlan) -> std::io::Error {
 }
 
 fn close_fds_above(keep: i32) {
+    // One call on Linux >= 5.11; older kernels (ENOSYS, EINVAL) walk /proc/self/fd.
+    if let Ok(first) = u32::try_from(keep.saturating_add(1)) {
+        // SAFETY: close_range with CLOSE_RANGE_CLOEXEC closes nothing: it only sets the
+        // close-on-exec flag of the open descriptors in [first, u32::MAX].
+        let rc =
+            unsafe { libc::close_range(first, u32::MAX, libc::CLOSE_RANGE_CLOEXEC as libc::c_int) };
+        if rc == 0 {
+            return;
+        }
+    }
     let Ok(rd) = std::fs::read_dir("/proc/self/fd") else {
         return;
     };
