@@ -213,9 +213,10 @@ impl VersionCache {
             path: path.clone(),
             message: e.to_string(),
         })?;
-        let tmp = self
-            .dir
-            .join(format!(".{CACHE_FILE}.{:016x}", rand::random::<u64>()));
+        let tmp = self.dir.join(format!(
+            ".{CACHE_FILE}.{:016x}",
+            crate::bundle::temp_suffix()
+        ));
         let result = (|| {
             let mut f = OpenOptions::new()
                 .write(true)
