@@ -337,11 +337,6 @@ pub struct Verdict {
 }
 
 impl Pending {
-    /// Whether the version came from the cache (no runc started).
-    pub fn cached(&self) -> bool {
-        matches!(self.how, How::Cached(_))
-    }
-
     /// Wait for the version and judge it ([`judge`]); a runc that could not be
     /// run is of unknown version, and refused. A version runc answered is cached
     /// when the binary did not change while it ran.
