@@ -392,6 +392,8 @@ impl Tessera for TesseraService {
             let result = async {
                 let default_mps = this.mgr.config().partition.mps_mode;
                 let need = convert::need_from_pb(r.shape.as_ref(), default_mps)?;
+                let count = convert::count_from_pb(r.shape.as_ref());
+                let topology = convert::topology_from_pb(r.topology)?;
                 let shape = convert::shape_from_pb(r.shape, default_mps)?;
                 let labels: BTreeMap<String, String> = r.labels.into_iter().collect();
                 this.mgr
@@ -404,6 +406,8 @@ impl Tessera for TesseraService {
                         priority_class: non_empty(r.priority_class),
                         gpu_index: r.gpu_index,
                         need,
+                        count,
+                        topology,
                     })
                     .await
                     .map_err(status)
@@ -415,7 +419,8 @@ impl Tessera for TesseraService {
                 .unwrap_or_default();
             let r = result.map(|created| {
                 Response::new(pb::CreateLeaseResponse {
-                    lease: Some(convert::lease_to_pb(
+                    lease: Some(lease_pb(
+                        &this.mgr,
                         &created.lease,
                         created.partition.as_ref(),
                     )),
@@ -446,7 +451,7 @@ impl Tessera for TesseraService {
                 Ok((
                     tenant,
                     Response::new(pb::RenewLeaseResponse {
-                        lease: Some(convert::lease_to_pb(&l, p.as_ref())),
+                        lease: Some(lease_pb(&this.mgr, &l, p.as_ref())),
                     }),
                 ))
             }
@@ -523,7 +528,7 @@ impl Tessera for TesseraService {
             Ok((
                 tenant,
                 Response::new(pb::GetLeaseResponse {
-                    lease: Some(convert::lease_to_pb(&l, p.as_ref())),
+                    lease: Some(lease_pb(&self.mgr, &l, p.as_ref())),
                 }),
             ))
         })();
@@ -554,7 +559,7 @@ impl Tessera for TesseraService {
             Ok(Response::new(pb::ListLeasesResponse {
                 leases: leases
                     .iter()
-                    .map(|(l, p)| convert::lease_to_pb(l, p.as_ref()))
+                    .map(|(l, p)| lease_pb(&self.mgr, l, p.as_ref()))
                     .collect(),
             }))
         })();
@@ -578,6 +583,7 @@ impl Tessera for TesseraService {
         // Forward matching events until the client goes away; a watcher that falls
         // behind gets DATA_LOSS once and the stream ends (it must re-list).
         let filter = tenant.clone();
+        let mgr = self.mgr.clone();
         tokio::spawn(async move {
             loop {
                 // A watcher whose client left ends now, not at the next event it
@@ -591,7 +597,15 @@ impl Tessera for TesseraService {
                         if filter.as_ref().is_some_and(|t| *t != ev.lease.tenant) {
                             continue;
                         }
-                        Ok(convert::event_to_pb(&ev))
+                        let mut out = convert::event_to_pb(&ev);
+                        // A multi-partition lease's every partition, while it holds them.
+                        if ev.lease.partition_count() > 1
+                            && let Some(l) = out.lease.as_mut()
+                        {
+                            let (parts, links) = mgr.partitions_of(&ev.lease);
+                            convert::add_partitions(l, &parts, links.as_ref());
+                        }
+                        Ok(out)
                     }
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
                         Err(Status::data_loss(format!(
@@ -1122,4 +1136,19 @@ fn usage_response(
         }
         Err(e) => Err(Status::internal(format!("usage: {e}"))),
     }
+}
+
+/// A lease on the wire with every partition it holds (and, for several, how their
+/// GPUs connect).
+fn lease_pb(
+    mgr: &LeaseManager,
+    l: &crate::model::Lease,
+    p: Option<&crate::model::Partition>,
+) -> pb::Lease {
+    let mut out = convert::lease_to_pb(l, p);
+    if l.partition_count() > 1 {
+        let (parts, links) = mgr.partitions_of(l);
+        convert::add_partitions(&mut out, &parts, links.as_ref());
+    }
+    out
 }

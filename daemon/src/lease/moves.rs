@@ -46,6 +46,8 @@ impl LeaseManager {
                     && l.containers.is_empty()
                     && l.pod.is_none()
                     && !l.pinned_gpu
+                    // A multi-partition lease was placed as a whole, by topology.
+                    && l.more_partitions.is_empty()
                     // The device plugin's leases are published as CDI specs naming
                     // their instance's device nodes, read by the container runtime at
                     // any time: they stay where they are.

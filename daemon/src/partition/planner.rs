@@ -139,6 +139,10 @@ pub enum PlanError {
     UnknownProfile { profile: String, known: String },
     #[error("no capacity: {0}")]
     NoCapacity(String),
+    /// Enough room, but not within the topology the request demands (multi-GPU
+    /// leases, `partition/topology.rs`).
+    #[error("topology constraint not met: {0}")]
+    TopologyUnmet(String),
 }
 
 /// Decide where `shape` goes among `gpus`. See the module doc for the rules.

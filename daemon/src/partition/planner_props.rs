@@ -443,6 +443,10 @@ proptest! {
                                 "{msg}"
                             );
                         }
+                        // Only multi-partition planning (topology.rs) answers this.
+                        Err(PlanError::TopologyUnmet(msg)) => {
+                            return Err(TestCaseError::fail(msg));
+                        }
                     }
                 }
                 Op::Mps { sm, mem_gib, oversubscribe, best_fit, shared } => {
