@@ -266,7 +266,7 @@ fn sim_command(cfg: &Config, cmd: SimCommand) -> anyhow::Result<()> {
         SimCommand::ClearFaults => control.update(|c| c.call_faults.clear())?,
         SimCommand::Show => {}
     }
-    println!("{}", serde_json::to_string_pretty(&control.current()?)?);
+    println!("{}", serde_json::to_string_pretty(&*control.current()?)?);
     Ok(())
 }
 

@@ -1377,17 +1377,19 @@ impl GpuBackend for SimBackend {
 
     fn topology(&self, a: u32, b: u32) -> Result<super::GpuLink, GpuError> {
         self.control.before("topology", Some(a))?;
-        self.read(|s| {
-            let ga = s.gpu(a)?;
-            s.gpu(b)?;
-            let count = u32::try_from(s.gpus.len()).unwrap_or(u32::MAX);
-            // NVLinks per pair through the NVSwitches: 12 on A100, 18 on Hopper.
-            let per_pair = match ga.model {
-                GpuModel::A100Sxm40Gb | GpuModel::A100Sxm80Gb => 12,
-                _ => 18,
-            };
-            Ok(self.config.topology.link(a, b, count, per_pair))
-        })
+        // The board's wiring is the config's (the state file holds the same GPUs,
+        // checked when it is loaded): no state lock or read per pair, which a start
+        // asks about for every pair of GPUs (4,032 calls on 64).
+        let gpus = &self.config.gpus;
+        let ga = gpus.get(a as usize).ok_or(GpuError::NoSuchGpu(a))?;
+        gpus.get(b as usize).ok_or(GpuError::NoSuchGpu(b))?;
+        let count = u32::try_from(gpus.len()).unwrap_or(u32::MAX);
+        // NVLinks per pair through the NVSwitches: 12 on A100, 18 on Hopper.
+        let per_pair = match ga.model {
+            GpuModel::A100Sxm40Gb | GpuModel::A100Sxm80Gb => 12,
+            _ => 18,
+        };
+        Ok(self.config.topology.link(a, b, count, per_pair))
     }
 
     fn mps_daemons(&self) -> Result<Vec<MpsDaemon>, GpuError> {
