@@ -195,6 +195,16 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // The store opens (its check, the start-up snapshot read ahead) beside the
+    // backend: neither touches the hardware, and each takes tens of milliseconds
+    // with thousands of leases.
+    let store = match open_store_beside(&cfg) {
+        Ok(s) => s,
+        Err(e) => {
+            error!("{e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
     let backend = match open_backend(&cfg) {
         Ok(b) => b,
         Err(e) => {
@@ -202,7 +212,7 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_UNAVAILABLE);
         }
     };
-    match rt.block_on(run(cfg, checked, backend)) {
+    match rt.block_on(run(cfg, checked, backend, store)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             error!("{e:#}");
@@ -296,6 +306,27 @@ fn open_backend(cfg: &Config) -> anyhow::Result<Arc<dyn GpuBackend>> {
     }
 }
 
+/// The store being opened on a thread of its own.
+type StoreOpening = std::thread::JoinHandle<anyhow::Result<Store>>;
+
+/// Open the store on a thread, and read the start-up snapshot ahead.
+fn open_store_beside(cfg: &Config) -> anyhow::Result<StoreOpening> {
+    let faults = cfg.daemon.fault_injection.then(|| {
+        let f = tesserad::store::faults::StoreFaults::in_run_dir(&cfg.daemon.run_dir);
+        warn!(file = %f.path().display(), "fault injection is on: store commits fail while this file says so (never on a production host)");
+        f
+    });
+    let dir = cfg.daemon.state_dir.clone();
+    std::thread::Builder::new()
+        .name("store-open".into())
+        .spawn(move || {
+            let store = Store::open_with_faults(&dir, faults)?;
+            store.prefetch_snapshot()?;
+            Ok(store)
+        })
+        .context("starting the thread that opens the store")
+}
+
 /// What the checks before any action found, for the steps that act.
 struct Checked {
     /// The gid of `daemon.socket_group`.
@@ -331,14 +362,23 @@ fn preflight(cfg: &Config) -> anyhow::Result<Checked> {
     Ok(Checked { socket_gid, tls })
 }
 
-async fn run(cfg: Config, checked: Checked, backend: Arc<dyn GpuBackend>) -> anyhow::Result<()> {
-    let faults = cfg.daemon.fault_injection.then(|| {
-        let f = tesserad::store::faults::StoreFaults::in_run_dir(&cfg.daemon.run_dir);
-        warn!(file = %f.path().display(), "fault injection is on: store commits fail while this file says so (never on a production host)");
-        f
-    });
-    let store = Arc::new(Store::open_with_faults(&cfg.daemon.state_dir, faults)?);
-    info!(db = %store.path().display(), backend = backend.name(), "store opened");
+async fn run(
+    cfg: Config,
+    checked: Checked,
+    backend: Arc<dyn GpuBackend>,
+    store: StoreOpening,
+) -> anyhow::Result<()> {
+    let store = Arc::new(
+        store
+            .join()
+            .map_err(|_| anyhow::anyhow!("the thread opening the store panicked"))??,
+    );
+    info!(
+        db = %store.path().display(),
+        checked = store.checked_at_open(),
+        backend = backend.name(),
+        "store opened"
+    );
     let socket = cfg.daemon.socket.clone();
     let grace = cfg.daemon.shutdown_grace;
     let mode = cfg.daemon.socket_mode;
