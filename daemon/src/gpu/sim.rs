@@ -1375,6 +1375,18 @@ impl GpuBackend for SimBackend {
         })
     }
 
+    fn mps_running(&self) -> Result<std::collections::HashSet<String>, GpuError> {
+        self.control.before("mps_daemons", None)?;
+        self.read(|s| {
+            Ok(s.mps
+                .by_lease
+                .iter()
+                .filter(|(_, d)| d.running)
+                .map(|(key, _)| key.clone())
+                .collect())
+        })
+    }
+
     fn topology(&self, a: u32, b: u32) -> Result<super::GpuLink, GpuError> {
         self.control.before("topology", Some(a))?;
         // The board's wiring is the config's (the state file holds the same GPUs,
@@ -2037,6 +2049,26 @@ mod tests {
         let now = slices(&b);
         assert!(now.contains(&("lease-c".to_owned(), 0)), "{now:?}");
         assert!(now.contains(&("lease-a".to_owned(), 50)), "{now:?}");
+    }
+
+    /// The running daemons' keys, as the full listing says, without the listing.
+    #[test]
+    fn mps_running_names_the_running_daemons_only() {
+        let (_d, b) = sim(&[(GpuModel::H100Hbm3_80Gb, false)]);
+        assert!(b.mps_running().unwrap().is_empty());
+        b.mps_start(&mps_spec(&b, "lease-a")).unwrap();
+        b.mps_start(&mps_spec(&b, "lease-b")).unwrap();
+        b.kill_mps("lease-b").unwrap();
+        let running = b.mps_running().unwrap();
+        assert_eq!(running, ["lease-a".to_owned()].into_iter().collect());
+        let listed: std::collections::HashSet<String> = b
+            .mps_daemons()
+            .unwrap()
+            .into_iter()
+            .filter(|d| d.running)
+            .map(|d| d.spec.lease_id)
+            .collect();
+        assert_eq!(running, listed);
     }
 
     #[test]
