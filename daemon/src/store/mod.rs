@@ -637,7 +637,7 @@ fn writer_loop(conn: &Connection, rx: mpsc::Receiver<Job>, faults: Option<faults
             // Each write in its own savepoint: one failing write (a duplicate
             // request id, say) is undone alone, the rest of the batch commits.
             let sp = run("SAVEPOINT w");
-            let (ok, done) = job(Some(&conn));
+            let (ok, done) = job(Some(conn));
             if sp.is_ok() {
                 if !ok {
                     let _ = run("ROLLBACK TO w");
