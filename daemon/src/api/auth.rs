@@ -451,6 +451,41 @@ mod tests {
         );
     }
 
+    /// The connection's peer is looked at once, when it is accepted, and that is
+    /// what every request on it gets.
+    #[tokio::test]
+    async fn a_connection_peer_is_looked_at_once_and_kept_for_its_requests() {
+        use tonic::transport::server::Connected;
+        let (ours, _theirs) = tokio::net::UnixStream::pair().unwrap();
+        let peer = UnixPeer::of(ours.connect_info());
+        let cred = peer.info.peer_cred.expect("a socket pair has credentials");
+        assert_eq!(cred.pid(), Some(std::process::id() as i32));
+        assert_eq!(peer.contained, Some(false), "this process is on the host");
+        let mut req = Request::new(());
+        req.extensions_mut().insert(peer.clone());
+        assert!(matches!(
+            caller_of(&req),
+            Caller::Unix {
+                contained: false,
+                ..
+            }
+        ));
+        // Found inside a container when it connected: every request says so,
+        // whatever its pid looks like later.
+        let mut req = Request::new(());
+        req.extensions_mut().insert(UnixPeer {
+            contained: Some(true),
+            ..peer
+        });
+        assert!(matches!(
+            caller_of(&req),
+            Caller::Unix {
+                contained: true,
+                ..
+            }
+        ));
+    }
+
     #[test]
     fn callers_map_to_principals_first_match_and_root_is_admin() {
         let a = Authenticator::new(rules());

@@ -299,6 +299,30 @@ mod tests {
         SimControl::beside(&dir.join("sim.json"), configured)
     }
 
+    /// No file is no fault, and that answer is kept only while there is no file:
+    /// one written by another process later is seen at the next call.
+    #[test]
+    fn a_file_written_after_calls_without_one_is_seen() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = control(dir.path(), vec![]);
+        c.before("destroy_instance", Some(0)).unwrap();
+        c.before("destroy_instance", Some(0)).unwrap();
+        let writer = control(dir.path(), vec![]);
+        writer
+            .update(|c| {
+                c.call_faults.push(CallFault {
+                    call: "destroy_instance".into(),
+                    fail_rate: 1.0,
+                    delay_ms: 0,
+                    code: NvmlCode::InUse,
+                })
+            })
+            .unwrap();
+        assert!(c.before("destroy_instance", Some(0)).is_err());
+        std::fs::remove_file(c.path()).unwrap();
+        c.before("destroy_instance", Some(0)).unwrap();
+    }
+
     #[test]
     fn a_certain_fault_fails_its_call_only_and_a_delay_slows_it() {
         let dir = tempfile::tempdir().unwrap();
