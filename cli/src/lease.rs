@@ -55,14 +55,26 @@ pub struct CreateArgs {
     /// A whole GPU.
     #[arg(long, group = "shape")]
     pub gpu: bool,
+    /// N whole GPUs in one lease, the best connected free set (see --topology).
+    #[arg(long, group = "shape", value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub gpus: Option<u32>,
+    /// With --mig: N instances of the profile in one lease, placed together by
+    /// topology and created all or none.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub count: Option<u32>,
+    /// With --gpus or --count: how closely the GPUs must be connected: "nvlink"
+    /// (every pair by NVLink), "numa" (one NUMA node) or "any" (the best there
+    /// is). Refused, naming why, when room exists but not within it.
+    #[arg(long, value_enum, value_name = "LINK")]
+    pub topology: Option<TopologyArg>,
     /// Ask by need: this much device memory (e.g. 20GiB); the daemon picks the
     /// smallest partition that fits now (see --isolation).
     #[arg(long, group = "shape", value_parser = parse::parse_size, value_name = "SIZE")]
     pub memory: Option<u64>,
-    /// With --memory: "hardware" (its own MIG instance or GPU) or "shared" (an MPS
-    /// share with SMs in proportion to the memory).
-    #[arg(long, value_enum, requires = "memory", default_value = "hardware")]
-    pub isolation: IsolationArg,
+    /// With --memory: "hardware" (its own MIG instance or GPU; the default) or
+    /// "shared" (an MPS share with SMs in proportion to the memory).
+    #[arg(long, value_enum, value_name = "KIND")]
+    pub isolation: Option<IsolationArg>,
     /// With --mps (or --memory --isolation shared): "isolated" (its own MPS control
     /// daemon, limits enforced by it; servers on one GPU time-slice) or "shared" (the
     /// GPU's one server for the tenant, leases run concurrently, limits client-side).
@@ -71,7 +83,7 @@ pub struct CreateArgs {
     pub mps_mode: Option<MpsModeArg>,
     /// With --mps: MPS inside MIG, a share of a MIG instance of this profile (SM% of
     /// the instance, memory within it) on the instance's one MPS server.
-    #[arg(long, requires = "mps", value_name = "PROFILE")]
+    #[arg(long, value_name = "PROFILE")]
     pub in_mig: Option<String>,
     /// Time to live (e.g. 1h, 30m); default: the daemon's configured default.
     #[arg(long, value_parser = parse::parse_duration)]
@@ -88,6 +100,10 @@ pub struct CreateArgs {
     /// Pin the lease to this GPU (index).
     #[arg(long)]
     pub gpu_index: Option<u32>,
+    /// When there is no room now, wait up to this long (e.g. 30s, 5m) in the daemon's
+    /// admission queue for leases to end (at most its lease.max_queue_wait).
+    #[arg(long, value_parser = parse::parse_duration)]
+    pub wait: Option<Duration>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -101,6 +117,23 @@ impl From<MpsModeArg> for pb::MpsMode {
         match m {
             MpsModeArg::Isolated => Self::Isolated,
             MpsModeArg::Shared => Self::Shared,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TopologyArg {
+    Any,
+    Numa,
+    Nvlink,
+}
+
+impl From<TopologyArg> for pb::TopologyConstraint {
+    fn from(t: TopologyArg) -> Self {
+        match t {
+            TopologyArg::Any => Self::Any,
+            TopologyArg::Numa => Self::Numa,
+            TopologyArg::Nvlink => Self::Nvlink,
         }
     }
 }
@@ -155,6 +188,16 @@ pub enum LeaseArgError {
     DuplicateLabel(String),
     #[error("--mps-mode applies to --mps or to --memory with --isolation shared")]
     MpsModeWithoutMps,
+    #[error("--topology applies to a lease of several partitions: --gpus N or --mig P --count N")]
+    TopologyWithoutCount,
+    #[error("--count applies to --mig (for whole GPUs: --gpus N)")]
+    CountWithoutMig,
+    #[error("--in-mig applies to --mps (an MPS share inside a MIG instance)")]
+    InMigWithoutMps,
+    #[error("--isolation applies to --memory (a lease asked for by need)")]
+    IsolationWithoutMemory,
+    #[error("--wait of {0} s is too long")]
+    WaitTooLong(u64),
 }
 
 impl CreateArgs {
@@ -164,12 +207,30 @@ impl CreateArgs {
         let mps_mode = self
             .mps_mode
             .map_or(pb::MpsMode::Unspecified, pb::MpsMode::from) as i32;
-        let shared_need = self.memory.is_some() && self.isolation == IsolationArg::Shared;
+        // What clap's `requires` would say: it is not enforced here, for arguments
+        // of a required group, so the pairs are checked by hand.
+        if self.isolation.is_some() && self.memory.is_none() {
+            return Err(LeaseArgError::IsolationWithoutMemory);
+        }
+        if self.in_mig.is_some() && self.mps.is_none() {
+            return Err(LeaseArgError::InMigWithoutMps);
+        }
+        let isolation = self.isolation.unwrap_or(IsolationArg::Hardware);
+        let shared_need = self.memory.is_some() && isolation == IsolationArg::Shared;
         if self.mps_mode.is_some() && self.mps.is_none() && !shared_need {
             return Err(LeaseArgError::MpsModeWithoutMps);
         }
+        if self.count.is_some() && self.mig.is_none() {
+            return Err(LeaseArgError::CountWithoutMig);
+        }
+        if self.topology.is_some() && self.gpus.is_none() && self.count.is_none() {
+            return Err(LeaseArgError::TopologyWithoutCount);
+        }
         let kind = if let Some(m) = &self.mig {
-            Kind::Mig(m.clone())
+            Kind::Mig(pb::MigShape {
+                count: self.count.unwrap_or(0),
+                ..m.clone()
+            })
         } else if let Some(m) = &self.mps {
             Kind::Mps(pb::MpsShape {
                 mode: mps_mode,
@@ -179,15 +240,18 @@ impl CreateArgs {
         } else if let Some(memory_bytes) = self.memory {
             Kind::Need(pb::NeedShape {
                 memory_bytes,
-                isolation: match self.isolation {
+                isolation: match isolation {
                     IsolationArg::Hardware => pb::Isolation::Hardware,
                     IsolationArg::Shared => pb::Isolation::Shared,
                 } as i32,
                 mps_mode,
             })
         } else {
-            // clap's "shape" group guarantees exactly one of --mig, --mps, --gpu, --memory.
-            Kind::WholeGpu(pb::WholeGpuShape {})
+            // clap's "shape" group guarantees exactly one of --mig, --mps, --gpu,
+            // --gpus, --memory.
+            Kind::WholeGpu(pb::WholeGpuShape {
+                count: self.gpus.unwrap_or(0),
+            })
         };
         let mut labels = HashMap::new();
         for (k, v) in &self.labels {
@@ -203,6 +267,15 @@ impl CreateArgs {
             labels,
             priority_class: self.priority_class.clone().unwrap_or_default(),
             gpu_index: self.gpu_index,
+            topology: self.topology.map_or(
+                pb::TopologyConstraint::Unspecified,
+                pb::TopologyConstraint::from,
+            ) as i32,
+            queue_wait_ms: match self.wait {
+                None => 0,
+                Some(d) => u32::try_from(d.as_millis())
+                    .map_err(|_| LeaseArgError::WaitTooLong(d.as_secs()))?,
+            },
         })
     }
 }
@@ -353,6 +426,22 @@ mod tests {
     }
 
     #[test]
+    fn create_waits_in_the_queue_only_when_asked() {
+        let args = ["--tenant", "t", "--mig", "7g.80gb"];
+        let req = create(&args).unwrap().to_request().unwrap();
+        assert_eq!(req.queue_wait_ms, 0, "no --wait: refused at once");
+        let mut with = args.to_vec();
+        with.extend(["--wait", "30s"]);
+        let req = create(&with).unwrap().to_request().unwrap();
+        assert_eq!(req.queue_wait_ms, 30_000);
+        with.extend(["--wait", "60d"]);
+        assert!(create(&with).is_err(), "--wait given twice");
+        let long = ["--tenant", "t", "--mig", "7g.80gb", "--wait", "60d"];
+        let err = create(&long).unwrap().to_request().unwrap_err();
+        assert!(err.to_string().contains("too long"), "{err}");
+    }
+
+    #[test]
     fn create_mps_request() {
         let req = create(&[
             "--tenant",
@@ -388,6 +477,88 @@ mod tests {
         assert_eq!(req.labels.len(), 2);
         assert_eq!(req.request_id, "r1");
         assert_eq!(req.gpu_index, Some(1));
+    }
+
+    #[test]
+    fn several_gpus_or_instances_with_a_topology_constraint() {
+        let req = |args: &[&str]| {
+            let mut argv = vec!["--tenant", "t"];
+            argv.extend_from_slice(args);
+            create(&argv)
+        };
+        let r = req(&["--gpus", "4", "--topology", "nvlink"])
+            .unwrap()
+            .to_request()
+            .unwrap();
+        assert_eq!(
+            r.shape.unwrap().kind,
+            Some(pb::shape::Kind::WholeGpu(pb::WholeGpuShape { count: 4 }))
+        );
+        assert_eq!(r.topology, pb::TopologyConstraint::Nvlink as i32);
+        let r = req(&["--mig", "3g.40gb", "--count", "3", "--topology", "numa"])
+            .unwrap()
+            .to_request()
+            .unwrap();
+        match r.shape.unwrap().kind {
+            Some(pb::shape::Kind::Mig(m)) => {
+                assert_eq!((m.profile.as_str(), m.count), ("3g.40gb", 3))
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(r.topology, pb::TopologyConstraint::Numa as i32);
+        // No constraint: unspecified (the daemon's "any").
+        let r = req(&["--gpus", "2"]).unwrap().to_request().unwrap();
+        assert_eq!(r.topology, pb::TopologyConstraint::Unspecified as i32);
+        // What does not go together is refused before anything is sent.
+        assert_eq!(
+            req(&["--count", "2", "--gpu"]).unwrap().to_request(),
+            Err(LeaseArgError::CountWithoutMig),
+            "--count needs --mig"
+        );
+        assert!(req(&["--gpus", "2", "--gpu"]).is_err(), "one shape");
+        assert!(req(&["--gpus", "0"]).is_err());
+        assert_eq!(
+            req(&["--gpu", "--topology", "nvlink"])
+                .unwrap()
+                .to_request(),
+            Err(LeaseArgError::TopologyWithoutCount)
+        );
+    }
+
+    #[test]
+    fn in_mig_and_isolation_go_with_their_shapes_only() {
+        let to_req = |args: &[&str]| {
+            let mut argv = vec!["--tenant", "t"];
+            argv.extend_from_slice(args);
+            create(&argv).unwrap().to_request()
+        };
+        assert_eq!(
+            to_req(&["--gpu", "--in-mig", "3g.40gb"]).unwrap_err(),
+            LeaseArgError::InMigWithoutMps
+        );
+        assert_eq!(
+            to_req(&["--mig", "1g.10gb", "--isolation", "shared"]).unwrap_err(),
+            LeaseArgError::IsolationWithoutMemory
+        );
+        let Some(pb::shape::Kind::Mps(m)) = to_req(&["--mps", "50%,4GiB", "--in-mig", "3g.40gb"])
+            .unwrap()
+            .shape
+            .unwrap()
+            .kind
+        else {
+            panic!("not an MPS share")
+        };
+        assert_eq!(m.mig_profile, "3g.40gb");
+        let Some(pb::shape::Kind::Need(n)) =
+            to_req(&["--memory", "8GiB"]).unwrap().shape.unwrap().kind
+        else {
+            panic!("not a need")
+        };
+        assert_eq!(
+            n.isolation,
+            pb::Isolation::Hardware as i32,
+            "hardware by default"
+        );
     }
 
     #[test]
@@ -443,7 +614,7 @@ mod tests {
             .unwrap();
         assert_eq!(
             req.shape.unwrap().kind,
-            Some(pb::shape::Kind::WholeGpu(pb::WholeGpuShape {}))
+            Some(pb::shape::Kind::WholeGpu(pb::WholeGpuShape { count: 0 }))
         );
         assert_eq!(req.ttl_seconds, 0, "no --ttl means the daemon's default");
         assert_eq!(req.gpu_index, None);

@@ -151,6 +151,8 @@ pub struct NodeView {
     pub backend: String,
     pub version: String,
     pub driver_version: String,
+    /// CreateLease calls waiting in the daemon's admission queue.
+    pub queued_requests: u32,
     pub gpus: Vec<GpuView>,
 }
 
@@ -161,6 +163,7 @@ impl From<&pb::GetNodeResponse> for NodeView {
             backend: n.backend.clone(),
             version: n.version.clone(),
             driver_version: n.driver_version.clone(),
+            queued_requests: n.queued_requests,
             gpus: n.gpus.iter().map(GpuView::from).collect(),
         }
     }
@@ -296,6 +299,13 @@ pub fn node_text(node: &NodeView) -> String {
         dash(&node.version),
         dash(&node.driver_version)
     );
+    if node.queued_requests > 0 {
+        out.push_str(&format!(
+            "{} create request{} waiting for room (admission queue)\n",
+            node.queued_requests,
+            if node.queued_requests == 1 { "" } else { "s" }
+        ));
+    }
     for g in &node.gpus {
         out.push('\n');
         out.push_str(&format!(
@@ -464,8 +474,23 @@ mod tests {
             version: "0.1.0".to_owned(),
             gpus: vec![sample_gpu()],
             driver_version: "550.54".to_owned(),
+            queued_requests: 0,
         });
         let text = node_text(&node);
+        assert!(!text.contains("waiting for room"), "{text}");
+        let queued = NodeView {
+            hostname: String::new(),
+            backend: String::new(),
+            version: String::new(),
+            driver_version: String::new(),
+            queued_requests: 2,
+            gpus: Vec::new(),
+        };
+        assert!(
+            node_text(&queued).contains("\n2 create requests waiting for room (admission queue)\n"),
+            "{}",
+            node_text(&queued)
+        );
         assert!(
             text.contains("    1g.10gb  19  1       9.75 GiB  14   6     7\n"),
             "{text}"

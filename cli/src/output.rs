@@ -418,6 +418,57 @@ pub struct LeaseView {
     /// The pod its token is bound to ("" until a pod used it).
     #[serde(skip_serializing_if = "String::is_empty")]
     pub pod: String,
+    /// A lease of several partitions (N whole GPUs or N MIG instances): how many,
+    /// each of them (`partition` is the first), and how their GPUs connect.
+    #[serde(skip_serializing_if = "is_one")]
+    pub count: u32,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub partitions: Vec<PartitionView>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub topology: Option<TopologyView>,
+}
+
+fn is_one(n: &u32) -> bool {
+    *n <= 1
+}
+
+/// How the GPUs of a multi-partition lease connect.
+#[derive(Debug, Serialize)]
+pub struct TopologyView {
+    pub gpu_indices: Vec<u32>,
+    /// The worst pair's closest common PCIe ancestor.
+    pub worst_level: String,
+    /// The fewest NVLinks between any two (0: some pair is PCIe only).
+    pub min_nvlinks: u32,
+}
+
+impl TopologyView {
+    /// "gpus 0,1: NVLink (18 links each pair), PCIe: one switch".
+    pub fn describe(&self) -> String {
+        let gpus = join_indices(&self.gpu_indices);
+        if self.gpu_indices.len() <= 1 {
+            return format!("gpu {gpus}: all on one GPU");
+        }
+        let nvlink = if self.min_nvlinks > 0 {
+            format!("NVLink ({} links or more each pair)", self.min_nvlinks)
+        } else {
+            "no NVLink between some pair".to_owned()
+        };
+        let pcie = match self.worst_level.as_str() {
+            "internal" => "one board",
+            "single" => "one PCIe switch",
+            "multiple" => "several PCIe switches",
+            "host_bridge" => "one host bridge",
+            "node" => "one NUMA node",
+            "system" => "across NUMA nodes",
+            other => other,
+        };
+        format!("gpus {gpus}: {nvlink}; PCIe: {pcie}")
+    }
+}
+
+fn join_indices(v: &[u32]) -> String {
+    v.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
 }
 
 impl From<&pb::Lease> for LeaseView {
@@ -454,6 +505,17 @@ impl From<&pb::Lease> for LeaseView {
             unhealthy: l.unhealthy.clone(),
             ended_at_ms: l.ended_at_ms,
             pod: l.pod.clone(),
+            count: u32::try_from(l.partitions.len()).unwrap_or(u32::MAX),
+            partitions: if l.partitions.len() > 1 {
+                l.partitions.iter().map(PartitionView::from).collect()
+            } else {
+                Vec::new()
+            },
+            topology: l.topology.as_ref().map(|t| TopologyView {
+                gpu_indices: t.gpu_indices.clone(),
+                worst_level: t.worst_level.clone(),
+                min_nvlinks: t.min_nvlinks,
+            }),
         }
     }
 }
@@ -471,9 +533,24 @@ impl LeaseView {
     }
 
     pub fn gpu_text(&self) -> String {
+        if self.partitions.len() > 1 {
+            let mut gpus: Vec<u32> = self.partitions.iter().map(|p| p.gpu_index).collect();
+            gpus.sort_unstable();
+            gpus.dedup();
+            return join_indices(&gpus);
+        }
         self.partition
             .as_ref()
             .map_or_else(|| "-".to_owned(), |p| p.gpu_index.to_string())
+    }
+
+    /// The shape, with "x N" for a lease of several partitions.
+    pub fn shape_text(&self) -> String {
+        if self.count > 1 {
+            format!("{} x{}", self.shape.describe(), self.count)
+        } else {
+            self.shape.describe()
+        }
     }
 
     /// The lease as "key: value" lines, containers as a table beneath.
@@ -482,9 +559,23 @@ impl LeaseView {
             ("lease", self.id.clone()),
             ("tenant", self.tenant.clone()),
             ("state", self.state.clone()),
-            ("shape", self.shape.describe()),
+            ("shape", self.shape_text()),
         ];
-        if let Some(p) = &self.partition {
+        if self.partitions.len() > 1 {
+            for (i, p) in self.partitions.iter().enumerate() {
+                let mut what = format!("{} on gpu {} ({})", p.describe(), p.gpu_index, p.gpu_uuid);
+                if let Some(m) = &p.mig
+                    && !m.mig_uuid.is_empty()
+                {
+                    what.push_str(&format!(", {}", m.mig_uuid));
+                }
+                let key = if i == 0 { "partitions" } else { "" };
+                kv.push((key, format!("{} {what}", p.id)));
+            }
+            if let Some(t) = &self.topology {
+                kv.push(("topology", t.describe()));
+            }
+        } else if let Some(p) = &self.partition {
             let mut what = format!("{} on gpu {} ({})", p.describe(), p.gpu_index, p.gpu_uuid);
             if let Some(mem) = p.memory_bytes() {
                 what.push_str(&format!(", {}", human_bytes(mem)));
@@ -531,7 +622,13 @@ impl LeaseView {
         let width = kv.iter().map(|(k, _)| k.len()).max().unwrap_or(0) + 1;
         let mut out = String::new();
         for (k, v) in &kv {
-            out.push_str(&format!("{:<width$} {v}\n", format!("{k}:")));
+            // An empty key continues the line above (a lease's further partitions).
+            let key = if k.is_empty() {
+                String::new()
+            } else {
+                format!("{k}:")
+            };
+            out.push_str(&format!("{key:<width$} {v}\n"));
         }
         if self.containers.is_empty() {
             out.push_str("containers: none\n");
@@ -582,7 +679,7 @@ pub fn lease_table(leases: &[LeaseView], now_ms: i64) -> String {
             l.id.clone(),
             l.tenant.clone(),
             l.state.clone(),
-            l.shape.describe(),
+            l.shape_text(),
             l.gpu_text(),
             expires,
             l.containers.len().to_string(),
@@ -608,6 +705,7 @@ pub(crate) mod tests {
                 kind: Some(pb::shape::Kind::Mig(pb::MigShape {
                     profile: "1g.10gb".to_owned(),
                     compute_profile: String::new(),
+                    count: 0,
                 })),
             }),
             partition: Some(pb::Partition {
@@ -650,7 +748,55 @@ pub(crate) mod tests {
             unhealthy: String::new(),
             ended_at_ms: 0,
             pod: String::new(),
+            partitions: vec![],
+            topology: None,
         }
+    }
+
+    /// A lease of two whole GPUs: both partitions, their GPUs and their link.
+    #[test]
+    fn a_multi_gpu_lease_shows_every_partition_and_the_link() {
+        let gpu = |id: &str, i: u32| pb::Partition {
+            id: id.to_owned(),
+            kind: pb::PartitionKind::WholeGpu as i32,
+            gpu_index: i,
+            gpu_uuid: format!("GPU-{i}"),
+            lease_id: "l-7f3a".to_owned(),
+            origin: "dynamic".to_owned(),
+            ..Default::default()
+        };
+        let mut l = sample_lease();
+        l.shape = Some(pb::Shape {
+            kind: Some(pb::shape::Kind::WholeGpu(pb::WholeGpuShape { count: 2 })),
+        });
+        l.partition = Some(gpu("p-a", 4));
+        l.partitions = vec![gpu("p-a", 4), gpu("p-b", 5)];
+        l.topology = Some(pb::LeaseTopology {
+            gpu_indices: vec![4, 5],
+            worst_level: "single".to_owned(),
+            min_nvlinks: 18,
+        });
+        let v = LeaseView::from(&l);
+        let text = v.render_detail(NOW);
+        assert!(text.contains("shape:          gpu x2"), "{text}");
+        assert!(text.contains("p-a gpu on gpu 4 (GPU-4)"), "{text}");
+        assert!(
+            text.contains("\n                p-b gpu on gpu 5 (GPU-5)\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("gpus 4,5: NVLink (18 links or more each pair); PCIe: one PCIe switch"),
+            "{text}"
+        );
+        let table = lease_table(&[v], NOW);
+        assert!(table.contains("gpu x2") && table.contains("4,5"), "{table}");
+        let json = serde_json::to_value(LeaseView::from(&l)).unwrap();
+        assert_eq!(json["count"], 2);
+        assert_eq!(json["partitions"].as_array().unwrap().len(), 2);
+        assert_eq!(json["topology"]["min_nvlinks"], 18);
+        // One partition: none of the multi fields in JSON.
+        let one = serde_json::to_value(LeaseView::from(&sample_lease())).unwrap();
+        assert!(one.get("partitions").is_none() && one.get("count").is_none());
     }
 
     #[test]
@@ -783,7 +929,7 @@ pub(crate) mod tests {
         }));
         assert_eq!(in_mig.describe(), "mps 25% 8 GiB shared in 3g.40gb");
         let gpu = ShapeView::from(Some(&pb::Shape {
-            kind: Some(pb::shape::Kind::WholeGpu(pb::WholeGpuShape {})),
+            kind: Some(pb::shape::Kind::WholeGpu(pb::WholeGpuShape { count: 0 })),
         }));
         assert_eq!(
             serde_json::to_value(&gpu).unwrap(),

@@ -82,6 +82,7 @@ pub fn parse_mig(input: &str) -> Result<MigShape, ParseError> {
     Ok(MigShape {
         profile: gi.to_owned(),
         compute_profile: ci.unwrap_or_default().to_owned(),
+        count: 0,
     })
 }
 

@@ -49,6 +49,7 @@ impl Tessera for Fake {
             backend: "sim".to_owned(),
             version: "0.1.0".to_owned(),
             driver_version: "550.54".to_owned(),
+            queued_requests: 0,
             gpus: vec![pb::Gpu {
                 index: 0,
                 uuid: "GPU-1111".to_owned(),

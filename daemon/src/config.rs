@@ -242,6 +242,9 @@ pub struct PartitionConfig {
     pub static_layouts: Vec<StaticLayout>,
     /// Move idle MIG leases to make room for a request that would be refused.
     pub move_idle: bool,
+    /// Housekeeping: move idle MIG leases where they leave the most room for large
+    /// profiles (a few per housekeeping pass).
+    pub compact_idle: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -256,6 +259,8 @@ pub struct LeaseConfig {
     /// Keep ended leases in the database this long (ListLeases --all shows them).
     pub retain_ended: Duration,
     pub pids_limit: u64,
+    /// The longest a CreateLease may wait in the admission queue (`queue_wait_ms`).
+    pub max_queue_wait: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -445,6 +450,7 @@ struct RawPartition {
     mps_oversubscribe: Option<bool>,
     mps_mode: Option<crate::gpu::MpsMode>,
     move_idle: Option<bool>,
+    compact_idle: Option<bool>,
     #[serde(default, rename = "static")]
     static_layouts: Vec<RawStatic>,
 }
@@ -459,6 +465,7 @@ struct RawLease {
     revocation_grace: Option<String>,
     retain_ended: Option<String>,
     pids_limit: Option<u64>,
+    max_queue_wait: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -594,6 +601,7 @@ impl Config {
             mps_mode: p.mps_mode.unwrap_or_default(),
             static_layouts,
             move_idle: p.move_idle.unwrap_or(true),
+            compact_idle: p.compact_idle.unwrap_or(false),
         };
 
         let l = raw.lease;
@@ -605,6 +613,7 @@ impl Config {
             revocation_grace: v.duration("lease.revocation_grace", l.revocation_grace, "10s")?,
             retain_ended: v.duration("lease.retain_ended", l.retain_ended, "30d")?,
             pids_limit: l.pids_limit.unwrap_or(4096),
+            max_queue_wait: v.duration("lease.max_queue_wait", l.max_queue_wait, "10m")?,
         };
         if lease.min_ttl > lease.max_ttl {
             return Err(v.err("lease.min_ttl", "is longer than lease.max_ttl".into()));

@@ -552,6 +552,15 @@ impl Collector for NodeCollector {
             "Per MIG instance: device memory used by its processes, from NVML",
             mig_mem,
         )?;
+        gauge_family(
+            &mut encoder,
+            "admission_queue_depth",
+            "CreateLease calls waiting in the admission queue for room (queue_wait_ms)",
+            BTreeMap::from([(
+                Vec::new(),
+                i64::try_from(self.mgr.queued_requests()).unwrap_or(i64::MAX),
+            )]),
+        )?;
         Ok(())
     }
 }

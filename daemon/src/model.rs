@@ -131,8 +131,14 @@ pub struct Lease {
     pub tenant: String,
     state: LeaseState,
     pub shape: Shape,
+    /// Its (first) partition; `gpu` is that partition's GPU.
     pub partition_id: String,
     pub gpu: u32,
+    /// A lease of several partitions (N whole GPUs or N MIG instances of one
+    /// profile, `shape` being the shape of each): the partitions after the first,
+    /// in order. Empty for a lease of one (and in records from before them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub more_partitions: Vec<String>,
     pub created_at_ms: i64,
     pub expires_at_ms: i64,
     pub ttl_secs: u64,
@@ -167,6 +173,8 @@ pub struct NewLease {
     pub shape: Shape,
     pub partition_id: String,
     pub gpu: u32,
+    /// The partitions after the first (a multi-partition lease).
+    pub more_partitions: Vec<String>,
     pub created_at_ms: i64,
     pub ttl_secs: u64,
     pub request_id: Option<String>,
@@ -198,6 +206,7 @@ impl Lease {
             shape: n.shape,
             partition_id: n.partition_id,
             gpu: n.gpu,
+            more_partitions: n.more_partitions,
             created_at_ms: n.created_at_ms,
             expires_at_ms: n
                 .created_at_ms
@@ -219,6 +228,16 @@ impl Lease {
 
     pub fn state(&self) -> LeaseState {
         self.state
+    }
+    /// Every partition of the lease, the first first.
+    pub fn partition_ids(&self) -> impl Iterator<Item = &String> {
+        std::iter::once(&self.partition_id).chain(self.more_partitions.iter())
+    }
+    /// How many partitions it holds (quota and usage count each).
+    pub fn partition_count(&self) -> u32 {
+        u32::try_from(self.more_partitions.len())
+            .unwrap_or(u32::MAX)
+            .saturating_add(1)
     }
     /// The state a revoking lease will end in.
     pub fn ending_as(&self) -> Option<LeaseState> {
@@ -549,6 +568,7 @@ mod lifecycle_tests {
                 shape: Shape::WholeGpu,
                 partition_id: "p-1".into(),
                 gpu: 0,
+                more_partitions: vec![],
                 created_at_ms: 1_000,
                 ttl_secs: 60,
                 request_id: None,

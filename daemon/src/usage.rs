@@ -57,6 +57,18 @@ pub struct Weights {
     pub whole_gpus: u32,
 }
 
+impl Weights {
+    /// Both together (a lease of several partitions weighs them all).
+    pub fn plus(self, o: Weights) -> Weights {
+        Weights {
+            mig_slices: self.mig_slices.saturating_add(o.mig_slices),
+            sm_percent: self.sm_percent.saturating_add(o.sm_percent),
+            memory_bytes: self.memory_bytes.saturating_add(o.memory_bytes),
+            whole_gpus: self.whole_gpus.saturating_add(o.whole_gpus),
+        }
+    }
+}
+
 /// Sums for one tenant over a window (what GetUsage reports).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct TenantUsage {
@@ -87,8 +99,20 @@ pub fn parse_profile_name(name: &str) -> Option<(u32, u64)> {
     Some((slices, gb << 30))
 }
 
-/// A lease's weights (failed leases weigh nothing).
+/// A lease's weights (failed leases weigh nothing): one partition's, times the
+/// partitions it holds.
 pub fn weights(lease: &Lease, catalog: &Catalog) -> Weights {
+    let one = weights_of_one(lease, catalog);
+    let n = lease.partition_count();
+    Weights {
+        mig_slices: one.mig_slices.saturating_mul(n),
+        sm_percent: one.sm_percent.saturating_mul(n),
+        memory_bytes: one.memory_bytes.saturating_mul(u64::from(n)),
+        whole_gpus: one.whole_gpus.saturating_mul(n),
+    }
+}
+
+fn weights_of_one(lease: &Lease, catalog: &Catalog) -> Weights {
     if lease.state() == LeaseState::Failed {
         return Weights::default();
     }
@@ -527,6 +551,7 @@ mod tests {
                 shape,
                 partition_id: "p".into(),
                 gpu: 1,
+                more_partitions: vec![],
                 created_at_ms: 0,
                 ttl_secs: 3600,
                 request_id: None,

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 
 pub mod cri;
+pub mod devnodes;
 pub mod invariants;
 pub mod python;
 use tessera_proto::v1::tessera_client::TesseraClient;
@@ -303,6 +304,7 @@ pub mod shape {
             kind: Some(pb::shape::Kind::Mig(pb::MigShape {
                 profile: profile.into(),
                 compute_profile: String::new(),
+                count: 0,
             })),
         }
     }
@@ -319,7 +321,7 @@ pub mod shape {
 
     pub fn whole() -> pb::Shape {
         pb::Shape {
-            kind: Some(pb::shape::Kind::WholeGpu(pb::WholeGpuShape {})),
+            kind: Some(pb::shape::Kind::WholeGpu(pb::WholeGpuShape { count: 0 })),
         }
     }
 }

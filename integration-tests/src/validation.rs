@@ -29,6 +29,9 @@ pub const FIELDS: &[&str] = &[
     "labels",
     "priority_class",
     "ttl_seconds",
+    "shape.count",
+    "gpu_index",
+    "topology",
 ];
 
 /// Longest refusal message accepted (inputs may be up to 1 MiB).
@@ -57,6 +60,7 @@ pub fn default_limits() -> LeaseConfig {
         revocation_grace: Duration::from_secs(10),
         retain_ended: Duration::from_secs(7 * 86_400),
         pids_limit: 4096,
+        max_queue_wait: Duration::from_secs(600),
     }
 }
 
@@ -150,6 +154,9 @@ pub fn check_create_request(req: pb::CreateLeaseRequest) -> Result<Outcome, Stri
         gpu_index,
         ..PlanOptions::default()
     };
+    if req.count > 1 {
+        return several(&shape, req.count, req.topology, &views, &opts);
+    }
     match plan(&shape, &views, &opts) {
         Ok(d) => {
             let gpu = match &d {
@@ -171,6 +178,34 @@ pub fn check_create_request(req: pb::CreateLeaseRequest) -> Result<Outcome, Stri
             }
             Ok(Outcome::NoCapacity)
         }
+        Err(e) => refused(LeaseError::from(e)),
+    }
+}
+
+/// A valid request for several partitions, planned by topology on the test node.
+fn several(
+    shape: &tesserad::partition::Shape,
+    count: u32,
+    constraint: tesserad::partition::topology::TopologyConstraint,
+    views: &[GpuView],
+    opts: &PlanOptions,
+) -> Result<Outcome, String> {
+    use tesserad::partition::Shape;
+    use tesserad::partition::topology::{plan_gpus_within, plan_migs};
+    let board = tesserad::gpu::SimTopology::Pcie;
+    let n = views.len() as u32;
+    let link = move |a, b| board.link(a, b, n, 0);
+    let placed = match shape {
+        Shape::WholeGpu => plan_gpus_within(count, views, &link, constraint).map(|s| s.len()),
+        Shape::Mig { .. } => {
+            plan_migs(shape, count, views, opts, &link, constraint).map(|d| d.len())
+        }
+        other => return Err(format!("{other:?} accepted with a count of {count}")),
+    };
+    match placed {
+        Ok(k) if k == count as usize => Ok(Outcome::Placed),
+        Ok(k) => Err(format!("{k} placed of {count} asked")),
+        Err(PlanError::NoCapacity(_) | PlanError::TopologyUnmet(_)) => Ok(Outcome::NoCapacity),
         Err(e) => refused(LeaseError::from(e)),
     }
 }

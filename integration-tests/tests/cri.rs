@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use tessera_integration_tests::cri::{self, Containerd, ContainerdSetup, Pod, pb};
-use tessera_integration_tests::{DEV_GPUS, TestDaemon, create_req, rt, shape};
+use tessera_integration_tests::{DEV_GPUS, TestDaemon, create_req, devnodes, rt, shape};
 use tessera_proto::v1 as tpb;
 
 /// Worlds made by this process (each gets its own bridge and subnet).
@@ -169,14 +169,7 @@ impl World {
             .await
             .unwrap()
             .into_inner();
-        for d in &resolved.devices {
-            mknod(
-                Path::new(&d.host_path),
-                &self.dev,
-                d.major as u64,
-                d.minor as u64,
-            );
-        }
+        devnodes::lease_nodes(&resolved, &self.dev).unwrap();
         Lease {
             lease: created.lease.unwrap(),
             token: created.token,
@@ -221,15 +214,7 @@ impl World {
 
     /// A long-running GPU container holding `token` in pod `pod`.
     async fn gpu_container(&self, sandbox: &str, pod: &Pod, name: &str, token: &str) -> String {
-        let cfg = pod
-            .container_config(
-                name,
-                0,
-                cri::TEST_IMAGE,
-                &["sh", "-c", "env > /tmp/init-env; exec sleep 3600"],
-                &[(cri::TOKEN_ANNOTATION, token)],
-            )
-            .unwrap();
+        let cfg = token_config(pod, name, 0, INIT_ENV_AND_SLEEP, token);
         match self.start_container(sandbox, pod, cfg).await {
             Ok(id) => id,
             Err(e) => panic!(
@@ -237,6 +222,23 @@ impl World {
                 tail(&self.ctrd.log())
             ),
         }
+    }
+
+    /// Starts a container that must be refused: its error is one clear line holding
+    /// `must` (kubelet shows the first line of it).
+    async fn refused(
+        &self,
+        sandbox: &str,
+        pod: &Pod,
+        cfg: pb::ContainerConfig,
+        what: &str,
+        must: &str,
+    ) {
+        let e = self
+            .start_container(sandbox, pod, cfg)
+            .await
+            .expect_err(what);
+        assert_one_clear_line(what, e.message(), must);
     }
 
     /// ExecSync as kubelet's exec probes do: (exit code, stdout, stderr).
@@ -319,23 +321,31 @@ impl Drop for World {
 }
 
 /// "SKIPPED: <why>", past the test harness's capture so CI logs show it.
-fn skipped(why: &str) {
-    let _ = std::io::Write::write_fmt(&mut std::io::stderr(), format_args!("SKIPPED: {why}\n"));
+/// The command of a long-running GPU container: its init environment is kept in
+/// /tmp/init-env for the test to read.
+const INIT_ENV_AND_SLEEP: &[&str] = &["sh", "-c", "env > /tmp/init-env; exec sleep 3600"];
+
+/// A container of `pod` carrying `token` in the device plugin's annotation, as kubelet
+/// creates it (attempt counts restarts).
+fn token_config(
+    pod: &Pod,
+    name: &str,
+    attempt: u32,
+    cmd: &[&str],
+    token: &str,
+) -> pb::ContainerConfig {
+    pod.container_config(
+        name,
+        attempt,
+        cri::TEST_IMAGE,
+        cmd,
+        &[(cri::TOKEN_ANNOTATION, token)],
+    )
+    .unwrap()
 }
 
-fn mknod(p: &Path, dev_root: &Path, major: u64, minor: u64) {
-    assert!(p.starts_with(dev_root), "{p:?} outside the dev root");
-    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-    if p.exists() {
-        return;
-    }
-    nix::sys::stat::mknod(
-        p,
-        nix::sys::stat::SFlag::S_IFCHR,
-        nix::sys::stat::Mode::from_bits_truncate(0o666),
-        nix::sys::stat::makedev(major, minor),
-    )
-    .unwrap();
+fn skipped(why: &str) {
+    let _ = std::io::Write::write_fmt(&mut std::io::stderr(), format_args!("SKIPPED: {why}\n"));
 }
 
 fn tail(s: &str) -> String {
@@ -370,7 +380,8 @@ fn a_mig_pod_sees_exactly_its_instance_through_cri() {
         let part = l.lease.partition.clone().unwrap();
         let gpu = part.gpu_index;
         let other = 1 - gpu;
-        mknod(&w.dev.join(format!("nvidia{other}")), &w.dev, 195, u64::from(other));
+        let other_node = w.dev.join(format!("nvidia{other}"));
+        devnodes::mknod(&other_node, &w.dev, 195, u64::from(other)).unwrap();
         let pod = w.pod("mig-pod");
         let sandbox = w.run_pod(&pod).await.unwrap_or_else(|e| {
             panic!("RunPodSandbox: {e}\n{}", tail(&w.ctrd.log()))
@@ -710,24 +721,15 @@ fn a_revoked_lease_says_why_where_kubelet_reads_it_and_its_container_cannot_rest
             ended.containers
         );
         // kubelet restarts the container (attempt 1, same device plugin annotation).
-        let cfg = pod
-            .container_config(
-                "cuda",
-                1,
-                cri::TEST_IMAGE,
-                &["sleep", "3600"],
-                &[(cri::TOKEN_ANNOTATION, &l.token)],
-            )
-            .unwrap();
-        let e = w
-            .start_container(&sandbox, &pod, cfg)
-            .await
-            .expect_err("a container restarted on a released lease");
-        assert_one_clear_line(
+        let cfg = token_config(&pod, "cuda", 1, &["sleep", "3600"], &l.token);
+        w.refused(
+            &sandbox,
+            &pod,
+            cfg,
             "restart after revocation",
-            e.message(),
             "unknown, expired or revoked lease token",
-        );
+        )
+        .await;
     });
 }
 
@@ -741,27 +743,13 @@ fn a_token_is_bound_to_the_first_pod_and_refused_to_another() {
         let _id = w.gpu_container(&sandbox_a, &pod_a, "cuda", &l.token).await;
         let pod_b = w.pod("pod-b");
         let sandbox_b = w.run_pod(&pod_b).await.unwrap();
-        let cfg = pod_b
-            .container_config(
-                "thief",
-                0,
-                cri::TEST_IMAGE,
-                &["sleep", "3600"],
-                &[(cri::TOKEN_ANNOTATION, &l.token)],
-            )
-            .unwrap();
-        let e = w
-            .start_container(&sandbox_b, &pod_b, cfg)
-            .await
-            .expect_err("a second pod used another pod's token");
-        assert_one_clear_line(
-            "token reuse",
-            e.message(),
-            &format!(
-                "is bound to pod {}; pod {} may not use it",
-                pod_a.uid, pod_b.uid
-            ),
+        let cfg = token_config(&pod_b, "thief", 0, &["sleep", "3600"], &l.token);
+        let must = format!(
+            "is bound to pod {}; pod {} may not use it",
+            pod_a.uid, pod_b.uid
         );
+        w.refused(&sandbox_b, &pod_b, cfg, "token reuse", &must)
+            .await;
         let got = w.lease_now(&l.lease.id).await;
         assert_eq!(
             got.containers.len(),
@@ -770,15 +758,7 @@ fn a_token_is_bound_to_the_first_pod_and_refused_to_another() {
             got.containers
         );
         // A second container of the same pod shares the lease.
-        let cfg = pod_a
-            .container_config(
-                "sidecar",
-                0,
-                cri::TEST_IMAGE,
-                &["sleep", "3600"],
-                &[(cri::TOKEN_ANNOTATION, &l.token)],
-            )
-            .unwrap();
+        let cfg = token_config(&pod_a, "sidecar", 0, &["sleep", "3600"], &l.token);
         w.start_container(&sandbox_a, &pod_a, cfg)
             .await
             .unwrap_or_else(|e| panic!("a second container of the same pod: {e}"));
@@ -796,20 +776,8 @@ fn with_the_daemon_down_a_gpu_container_fails_closed_and_starts_once_it_is_back(
         (l, pod, sandbox)
     });
     w.daemon.kill().unwrap();
-    let cfg = |attempt| {
-        pod.container_config(
-            "cuda",
-            attempt,
-            cri::TEST_IMAGE,
-            &["sleep", "3600"],
-            &[(cri::TOKEN_ANNOTATION, &l.token)],
-        )
-        .unwrap()
-    };
-    let e = r
-        .block_on(w.start_container(&sandbox, &pod, cfg(0)))
-        .expect_err("a GPU container started without the daemon");
-    assert_one_clear_line("daemon down", e.message(), "tessera daemon");
+    let cfg = |attempt| token_config(&pod, "cuda", attempt, &["sleep", "3600"], &l.token);
+    r.block_on(w.refused(&sandbox, &pod, cfg(0), "daemon down", "tessera daemon"));
     w.daemon.spawn().unwrap();
     r.block_on(w.start_container(&sandbox, &pod, cfg(1)))
         .unwrap_or_else(|e| panic!("after the daemon's restart: {e}"));
@@ -892,27 +860,11 @@ fn a_crashed_gpu_container_restarts_in_its_pod_with_the_same_token() {
         let l = w.lease(shape::mig("1g.10gb")).await;
         let pod = w.pod("crashy-pod");
         let sandbox = w.run_pod(&pod).await.unwrap();
-        let cfg = pod
-            .container_config(
-                "cuda",
-                0,
-                cri::TEST_IMAGE,
-                &["sh", "-c", "exit 3"],
-                &[(cri::TOKEN_ANNOTATION, &l.token)],
-            )
-            .unwrap();
+        let cfg = token_config(&pod, "cuda", 0, &["sh", "-c", "exit 3"], &l.token);
         let first = w.start_container(&sandbox, &pod, cfg).await.unwrap();
         let st = w.wait_exited(&first).await;
         assert_eq!(st.exit_code, 3, "{st:?}");
-        let cfg = pod
-            .container_config(
-                "cuda",
-                1,
-                cri::TEST_IMAGE,
-                &["sh", "-c", "env > /tmp/init-env; exec sleep 3600"],
-                &[(cri::TOKEN_ANNOTATION, &l.token)],
-            )
-            .unwrap();
+        let cfg = token_config(&pod, "cuda", 1, INIT_ENV_AND_SLEEP, &l.token);
         let second = w
             .start_container(&sandbox, &pod, cfg)
             .await
@@ -976,15 +928,7 @@ fn privileged_containers_and_unknown_tokens_are_refused_in_one_line() {
                 "the pause process is confined: {status}"
             );
         }
-        let mut cfg = pod
-            .container_config(
-                "cuda",
-                0,
-                cri::TEST_IMAGE,
-                &["sleep", "3600"],
-                &[(cri::TOKEN_ANNOTATION, &l.token)],
-            )
-            .unwrap();
+        let mut cfg = token_config(&pod, "cuda", 0, &["sleep", "3600"], &l.token);
         if let Some(sc) = cfg.linux.as_mut().and_then(|l| l.security_context.as_mut()) {
             sc.privileged = true;
             sc.seccomp = None;
@@ -1013,24 +957,15 @@ fn privileged_containers_and_unknown_tokens_are_refused_in_one_line() {
 
         let pod = w.pod("bad-token-pod");
         let sandbox = w.run_pod(&pod).await.unwrap();
-        let cfg = pod
-            .container_config(
-                "cuda",
-                0,
-                cri::TEST_IMAGE,
-                &["sleep", "3600"],
-                &[(cri::TOKEN_ANNOTATION, "tsr1_not-a-token")],
-            )
-            .unwrap();
-        let e = w
-            .start_container(&sandbox, &pod, cfg)
-            .await
-            .expect_err("a container with an unknown token started");
-        assert_one_clear_line(
+        let cfg = token_config(&pod, "cuda", 0, &["sleep", "3600"], "tsr1_not-a-token");
+        w.refused(
+            &sandbox,
+            &pod,
+            cfg,
             "unknown token",
-            e.message(),
             "unknown, expired or revoked lease token",
-        );
+        )
+        .await;
     });
 }
 
@@ -1094,14 +1029,7 @@ fn a_device_plugin_allocation_runs_its_container_bound_to_the_lease_through_cri(
             .await
             .unwrap()
             .into_inner();
-        for d in &resolved.devices {
-            mknod(
-                Path::new(&d.host_path),
-                &w.dev,
-                d.major as u64,
-                d.minor as u64,
-            );
-        }
+        devnodes::lease_nodes(&resolved, &w.dev).unwrap();
         let part = resolved.lease.as_ref().unwrap().partition.clone().unwrap();
         let gpu = part.gpu_index;
         let pod = w.pod("plugin-pod");

@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tessera_integration_tests::{TestDaemon, rt};
+use tessera_integration_tests::{TestDaemon, devnodes, rt};
 use tessera_proto::k8s::deviceplugin::v1beta1 as dp;
 use tessera_proto::k8s::podresources::v1 as pr;
 use tessera_proto::v1 as pb;
@@ -808,19 +808,7 @@ fn an_allocate_answer_runs_a_container_bound_to_its_lease_until_its_pod_is_gone(
     assert_eq!(cdi_nodes, lease_nodes);
 
     // The driver's nodes on the "host".
-    for n in &resolved.devices {
-        let p = Path::new(&n.host_path);
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        if !p.exists() {
-            nix::sys::stat::mknod(
-                p,
-                nix::sys::stat::SFlag::S_IFCHR,
-                nix::sys::stat::Mode::from_bits_truncate(0o666),
-                nix::sys::stat::makedev(n.major as u64, n.minor as u64),
-            )
-            .unwrap();
-        }
-    }
+    devnodes::lease_nodes(&resolved, Path::new("/")).unwrap();
     // What containerd makes of kubelet's container config: the container annotations
     // it passes (container_annotations) and the envs, in the OCI spec.
     let rootfs = common::busybox_rootfs(work.path());
@@ -836,39 +824,9 @@ fn an_allocate_answer_runs_a_container_bound_to_its_lease_until_its_pod_is_gone(
         "probe open /dev/nvidia{gpu}; echo LEASE=$TESSERA_LEASE_ID; echo CVD=$CUDA_VISIBLE_DEVICES; \
          trap '' TERM; while :; do sleep 1; done"
     );
-    let mut oci = common::base_spec(&["sh", "-c", &script]);
-    oci["root"]["path"] = serde_json::json!(rootfs);
-    oci["annotations"] = serde_json::json!(alloc.annotations);
-    let env = oci["process"]["env"].as_array_mut().unwrap();
-    for (k, v) in &alloc.envs {
-        env.push(serde_json::json!(format!("{k}={v}")));
-    }
-    let bundle = work.path().join("bundle");
-    common::write_spec(&bundle, &oci);
-    let proc_root = common::fake_nvidia_proc(work.path());
-    let runtime_config = common::runtime_config(work.path(), &d.socket, &proc_root, "");
-    let runc_root = work.path().join("runc-root");
-    let out_path = work.path().join("out");
-    let runtime = |args: &[&str]| {
-        std::process::Command::new(common::runtime_bin())
-            .env("TESSERA_RUNTIME_CONFIG", &runtime_config)
-            .arg("--root")
-            .arg(&runc_root)
-            .args(args)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::fs::File::create(&out_path).unwrap())
-            .stderr(std::fs::File::create(work.path().join("err")).unwrap())
-            .status()
-            .unwrap()
-    };
     let cid = format!("k8s-e2e-{}", std::process::id());
-    let st = runtime(&["create", "--bundle", bundle.to_str().unwrap(), &cid]);
-    assert!(
-        st.success(),
-        "create: {}",
-        std::fs::read_to_string(work.path().join("err")).unwrap()
-    );
-    assert!(runtime(&["start", &cid]).success());
+    let c = AllocatedContainer::create(work.path(), &d, &alloc, &rootfs, &script, &cid);
+    assert!(c.runtime(&["start", &cid]).success());
     let mig_uuid = resolved
         .lease
         .as_ref()
@@ -882,9 +840,9 @@ fn an_allocate_answer_runs_a_container_bound_to_its_lease_until_its_pod_is_gone(
         .mig_uuid
         .clone();
     wait("the container's output", &d, || {
-        std::fs::read_to_string(&out_path).is_ok_and(|o| o.contains("CVD="))
+        std::fs::read_to_string(&c.out).is_ok_and(|o| o.contains("CVD="))
     });
-    let out = std::fs::read_to_string(&out_path).unwrap();
+    let out = std::fs::read_to_string(&c.out).unwrap();
     for want in [
         format!("open /dev/nvidia{gpu} errno=6"),
         format!("LEASE={id}"),
@@ -930,34 +888,86 @@ fn an_allocate_answer_runs_a_container_bound_to_its_lease_until_its_pod_is_gone(
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     });
-    let state = std::process::Command::new("runc")
-        .arg("--root")
-        .arg(&runc_root)
-        .args(["state", &cid])
-        .output()
-        .unwrap();
-    let state: serde_json::Value = serde_json::from_slice(&state.stdout).unwrap_or_default();
-    assert_ne!(
-        state["status"], "running",
-        "the container outlived its lease"
-    );
-    let _ = runtime(&["delete", "--force", &cid]);
+    assert!(!c.running(&cid), "the container outlived its lease");
+    let _ = c.runtime(&["delete", "--force", &cid]);
 }
 
-/// The nodes a resolved lease names, made on the "host" as the driver would.
-fn mknod_lease_nodes(resolved: &pb::ResolveTokenResponse) {
-    for n in &resolved.devices {
-        let p = Path::new(&n.host_path);
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        if !p.exists() {
-            nix::sys::stat::mknod(
-                p,
-                nix::sys::stat::SFlag::S_IFCHR,
-                nix::sys::stat::Mode::from_bits_truncate(0o666),
-                nix::sys::stat::makedev(n.major as u64, n.minor as u64),
-            )
-            .unwrap();
+/// A container made from an Allocate answer as containerd makes it from kubelet's
+/// container config (the answer's annotations and envs in the OCI spec), created
+/// through tessera-runtime with its own runc root; stdout goes to `out`.
+struct AllocatedContainer {
+    bundle: PathBuf,
+    runtime_config: PathBuf,
+    runc_root: PathBuf,
+    out: PathBuf,
+    err: PathBuf,
+}
+
+impl AllocatedContainer {
+    fn create(
+        work: &Path,
+        d: &TestDaemon,
+        alloc: &dp::ContainerAllocateResponse,
+        rootfs: &Path,
+        script: &str,
+        cid: &str,
+    ) -> Self {
+        let mut oci = common::base_spec(&["sh", "-c", script]);
+        oci["root"]["path"] = serde_json::json!(rootfs);
+        oci["annotations"] = serde_json::json!(alloc.annotations);
+        let env = oci["process"]["env"].as_array_mut().unwrap();
+        for (k, v) in &alloc.envs {
+            env.push(serde_json::json!(format!("{k}={v}")));
         }
+        let bundle = work.join("bundle");
+        common::write_spec(&bundle, &oci);
+        let proc_root = common::fake_nvidia_proc(work);
+        let c = AllocatedContainer {
+            runtime_config: common::runtime_config(work, &d.socket, &proc_root, ""),
+            runc_root: work.join("runc-root"),
+            out: work.join("out"),
+            err: work.join("err"),
+            bundle,
+        };
+        let st = c.runtime(&["create", "--bundle", c.bundle.to_str().unwrap(), cid]);
+        assert!(
+            st.success(),
+            "create: {}",
+            std::fs::read_to_string(&c.err).unwrap()
+        );
+        c
+    }
+
+    /// tessera-runtime with this container's config and runc root.
+    fn command(&self) -> std::process::Command {
+        let mut cmd = std::process::Command::new(common::runtime_bin());
+        cmd.env("TESSERA_RUNTIME_CONFIG", &self.runtime_config)
+            .arg("--root")
+            .arg(&self.runc_root)
+            .stdin(std::process::Stdio::null());
+        cmd
+    }
+
+    /// Whether runc (asked directly, not through the runtime) says `cid` is running.
+    fn running(&self, cid: &str) -> bool {
+        let state = std::process::Command::new("runc")
+            .arg("--root")
+            .arg(&self.runc_root)
+            .args(["state", cid])
+            .output()
+            .unwrap();
+        let state: serde_json::Value = serde_json::from_slice(&state.stdout).unwrap_or_default();
+        state["status"] == "running"
+    }
+
+    /// Runs `args`, its stdout going to `out` (the container's, for create/start).
+    fn runtime(&self, args: &[&str]) -> std::process::ExitStatus {
+        self.command()
+            .args(args)
+            .stdout(std::fs::File::create(&self.out).unwrap())
+            .stderr(std::fs::File::create(&self.err).unwrap())
+            .status()
+            .unwrap()
     }
 }
 
@@ -1014,7 +1024,7 @@ fn a_container_given_two_mig_devices_runs_on_both_leases_and_stops_when_one_ends
     for (r, id) in resolved.iter().zip(&ids) {
         let l = r.lease.as_ref().unwrap();
         assert_eq!(&l.id, id, "the tokens in the order of the devices");
-        mknod_lease_nodes(r);
+        devnodes::lease_nodes(r, Path::new("/")).unwrap();
         let ci = r
             .devices
             .iter()
@@ -1041,48 +1051,18 @@ fn a_container_given_two_mig_devices_runs_on_both_leases_and_stops_when_one_ends
          echo CVD=$CUDA_VISIBLE_DEVICES; trap '' TERM; while :; do sleep 1; done",
         caps[0], caps[1]
     );
-    let mut oci = common::base_spec(&["sh", "-c", &script]);
-    oci["root"]["path"] = serde_json::json!(rootfs);
-    oci["annotations"] = serde_json::json!(alloc.annotations);
-    let env = oci["process"]["env"].as_array_mut().unwrap();
-    for (k, v) in &alloc.envs {
-        env.push(serde_json::json!(format!("{k}={v}")));
-    }
-    let bundle = work.path().join("bundle");
-    common::write_spec(&bundle, &oci);
-    let proc_root = common::fake_nvidia_proc(work.path());
-    let runtime_config = common::runtime_config(work.path(), &d.socket, &proc_root, "");
-    let runc_root = work.path().join("runc-root");
-    let out_path = work.path().join("out");
-    let runtime = |args: &[&str]| {
-        std::process::Command::new(common::runtime_bin())
-            .env("TESSERA_RUNTIME_CONFIG", &runtime_config)
-            .arg("--root")
-            .arg(&runc_root)
-            .args(args)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::fs::File::create(&out_path).unwrap())
-            .stderr(std::fs::File::create(work.path().join("err")).unwrap())
-            .status()
-            .unwrap()
-    };
     let cid = format!("k8s-multi-{}", std::process::id());
-    let st = runtime(&["create", "--bundle", bundle.to_str().unwrap(), &cid]);
-    assert!(
-        st.success(),
-        "create: {}",
-        std::fs::read_to_string(work.path().join("err")).unwrap()
-    );
+    let c = AllocatedContainer::create(work.path(), &d, &alloc, &rootfs, &script, &cid);
     // No token is left in the config runc reads.
-    let saved = std::fs::read_to_string(bundle.join("config.json")).unwrap();
+    let saved = std::fs::read_to_string(c.bundle.join("config.json")).unwrap();
     for t in alloc.annotations["tessera.io/lease-token"].split(',') {
         assert!(!saved.contains(t), "a token left in config.json");
     }
-    assert!(runtime(&["start", &cid]).success());
+    assert!(c.runtime(&["start", &cid]).success());
     wait("the container's output", &d, || {
-        std::fs::read_to_string(&out_path).is_ok_and(|o| o.contains("CVD="))
+        std::fs::read_to_string(&c.out).is_ok_and(|o| o.contains("CVD="))
     });
-    let out = std::fs::read_to_string(&out_path).unwrap();
+    let out = std::fs::read_to_string(&c.out).unwrap();
     for want in [
         format!("open_ro {} errno=6", caps[0]),
         format!("open_ro {} errno=6", caps[1]),
@@ -1095,10 +1075,8 @@ fn a_container_given_two_mig_devices_runs_on_both_leases_and_stops_when_one_ends
         );
     }
     // A process exec'd into the container gets the merged variables too.
-    let exec = std::process::Command::new(common::runtime_bin())
-        .env("TESSERA_RUNTIME_CONFIG", &runtime_config)
-        .arg("--root")
-        .arg(&runc_root)
+    let exec = c
+        .command()
         .args([
             "exec",
             &cid,
@@ -1106,7 +1084,6 @@ fn a_container_given_two_mig_devices_runs_on_both_leases_and_stops_when_one_ends
             "-c",
             "echo EXEC=$TESSERA_LEASE_ID/$CUDA_VISIBLE_DEVICES",
         ])
-        .stdin(std::process::Stdio::null())
         .output()
         .unwrap();
     assert!(exec.status.success(), "exec: {exec:?}");
@@ -1131,18 +1108,8 @@ fn a_container_given_two_mig_devices_runs_on_both_leases_and_stops_when_one_ends
             .await
             .unwrap();
     });
-    let running = || {
-        let state = std::process::Command::new("runc")
-            .arg("--root")
-            .arg(&runc_root)
-            .args(["state", &cid])
-            .output()
-            .unwrap();
-        let state: serde_json::Value = serde_json::from_slice(&state.stdout).unwrap_or_default();
-        state["status"] == "running"
-    };
     let deadline = Instant::now() + Duration::from_secs(60);
-    while running() {
+    while c.running(&cid) {
         assert!(
             Instant::now() < deadline,
             "the container outlived one of its leases\n{}",
@@ -1150,7 +1117,7 @@ fn a_container_given_two_mig_devices_runs_on_both_leases_and_stops_when_one_ends
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    assert!(runtime(&["delete", "--force", &cid]).success());
+    assert!(c.runtime(&["delete", "--force", &cid]).success());
     // Deleted: forgotten on the lease that is still live too.
     rt.block_on(async {
         let l = lease(&d, &ids[0]).await;

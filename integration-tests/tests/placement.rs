@@ -129,3 +129,113 @@ fn leases_in_use_are_not_moved() {
         "{out}"
     );
 }
+
+/// Until the daemon says `n` CreateLease calls wait in its admission queue.
+async fn queued(c: &mut pb::tessera_client::TesseraClient<tonic::transport::Channel>, n: u32) {
+    for _ in 0..1000 {
+        let node = c
+            .get_node(pb::GetNodeRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+        if node.queued_requests == n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the queue never held {n} requests");
+}
+
+/// The admission queue over gRPC and the CLI, with moves at refusal off (so only a
+/// lease ending makes room): a 7g that asks to wait is granted when the small lease in
+/// its way is released; one whose wait ends gets RESOURCE_EXHAUSTED with the reason;
+/// one whose caller's deadline passes gets DEADLINE_EXCEEDED; the queue is empty after
+/// each.
+#[test]
+fn a_7g_waits_in_the_admission_queue_until_a_lease_ends() {
+    let d = TestDaemon::start_with(TWO_H100, "[partition]\nmove_idle = false\n").unwrap();
+    rt().block_on(async {
+        let mut c = d.client().await.unwrap();
+        let a = idle_lease_in_the_way(&mut c).await;
+        let seven = |wait_ms: u32| {
+            let mut req = create_req("team-b", shape::mig("7g.80gb"));
+            req.queue_wait_ms = wait_ms;
+            req
+        };
+        // Its wait ends: refused with the planner's reason, and gone from the queue.
+        let st = c.create_lease(seven(300)).await.unwrap_err();
+        assert_eq!(st.code(), tonic::Code::ResourceExhausted, "{st:?}");
+        assert!(
+            st.message()
+                .contains("no room within the queue wait of 300 ms")
+                && st.message().contains("7g.80gb"),
+            "{}",
+            st.message()
+        );
+        queued(&mut c, 0).await;
+        // The caller's deadline passes first: the call ends, the request leaves.
+        let mut req = tonic::Request::new(seven(60_000));
+        req.set_timeout(Duration::from_millis(300));
+        let st = c.create_lease(req).await.unwrap_err();
+        // tonic's own timer answers CANCELLED, the daemon's DEADLINE_EXCEEDED.
+        assert!(
+            matches!(
+                st.code(),
+                tonic::Code::DeadlineExceeded | tonic::Code::Cancelled
+            ),
+            "{st:?}"
+        );
+        queued(&mut c, 0).await;
+        // Waits, and is granted once the 1g is released.
+        let mut c2 = d.client().await.unwrap();
+        let waiting = tokio::spawn(async move { c2.create_lease(seven(60_000)).await });
+        queued(&mut c, 1).await;
+        c.release_lease(pb::ReleaseLeaseRequest {
+            lease_id: a.lease.unwrap().id,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let got = waiting.await.unwrap().unwrap().into_inner();
+        assert_eq!(got.lease.unwrap().partition.unwrap().gpu_index, 1);
+        assert!(!got.token.is_empty());
+        queued(&mut c, 0).await;
+    });
+    // The CLI: refused at once without --wait; with it, it waits for the 7g to end.
+    let (ok, out) = d.cli(&["lease", "create", "--tenant", "team-c", "--mig", "7g.80gb"]);
+    assert!(!ok && out.contains("7g.80gb"), "{out}");
+    std::thread::scope(|s| {
+        let cli = s.spawn(|| {
+            d.cli(&[
+                "lease", "create", "--tenant", "team-c", "--mig", "7g.80gb", "--wait", "60s",
+            ])
+        });
+        rt().block_on(async {
+            let mut c = d.client().await.unwrap();
+            queued(&mut c, 1).await;
+            let (ok, out) = d.cli(&["node"]);
+            assert!(
+                ok && out.contains("1 create request waiting for room"),
+                "{out}"
+            );
+            let live = c
+                .list_leases(pb::ListLeasesRequest {
+                    tenant: "team-b".into(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            for l in live.leases {
+                c.release_lease(pb::ReleaseLeaseRequest {
+                    lease_id: l.id,
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+            }
+        });
+        let (ok, out) = cli.join().unwrap();
+        assert!(ok && out.contains("on gpu 1"), "{out}");
+    });
+}

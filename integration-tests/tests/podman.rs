@@ -13,10 +13,10 @@
 #[path = "../../runtime-shim/tests/common/mod.rs"]
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 
-use tessera_integration_tests::{DEV_GPUS, TestDaemon, create_req, rt, shape};
+use tessera_integration_tests::{DEV_GPUS, TestDaemon, create_req, devnodes, rt, shape};
 use tessera_proto::v1 as tpb;
 
 const IMAGE: &str = "localhost/tessera-e2e/busybox:1";
@@ -164,14 +164,7 @@ impl World {
                 .await
                 .unwrap()
                 .into_inner();
-            for d in &resolved.devices {
-                mknod(
-                    Path::new(&d.host_path),
-                    &self.dev,
-                    d.major as u64,
-                    d.minor as u64,
-                );
-            }
+            devnodes::lease_nodes(&resolved, &self.dev).unwrap();
             (created.lease.unwrap(), created.token)
         })
     }
@@ -218,21 +211,6 @@ fn processes_mentioning(s: &str) -> bool {
         .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
         .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
         .any(|c| String::from_utf8_lossy(&c).contains(s))
-}
-
-fn mknod(p: &Path, dev_root: &Path, major: u64, minor: u64) {
-    assert!(p.starts_with(dev_root), "{p:?} outside the dev root");
-    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-    if p.exists() {
-        return;
-    }
-    nix::sys::stat::mknod(
-        p,
-        nix::sys::stat::SFlag::S_IFCHR,
-        nix::sys::stat::Mode::from_bits_truncate(0o666),
-        nix::sys::stat::makedev(major, minor),
-    )
-    .unwrap();
 }
 
 fn text(o: &Output) -> String {

@@ -13,7 +13,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use serde_json::json;
-use tessera_integration_tests::{DEV_GPUS, TestDaemon, create_req, shape};
+use tessera_integration_tests::{DEV_GPUS, TestDaemon, create_req, devnodes, shape};
 use tessera_proto::v1 as pb;
 
 use tessera_integration_tests::rt;
@@ -28,6 +28,11 @@ struct World {
 
 impl World {
     fn new(extra: &str) -> Option<World> {
+        Self::with_gpus(DEV_GPUS, extra)
+    }
+
+    /// A world whose daemon simulates `gpus` (the `[sim]` section's tail).
+    fn with_gpus(gpus: &str, extra: &str) -> Option<World> {
         if !common::can_run_as_root("end-to-end runtime", &["runc", "busybox", "cc"]) {
             return None;
         }
@@ -35,7 +40,7 @@ impl World {
         let dev = dir.path().join("dev");
         std::fs::create_dir_all(&dev).unwrap();
         let daemon = TestDaemon::start_with(
-            DEV_GPUS,
+            gpus,
             &format!(
                 "[devices]\ndev_root = {dev:?}\n[lease]\nmin_ttl = \"1s\"\nrevocation_grace = \"1s\"\n{extra}"
             ),
@@ -81,21 +86,7 @@ impl World {
     /// Make the lease's device nodes on the "host" (the driver would have), plus a
     /// node of another GPU that the container must not get.
     fn mknod_lease_nodes(&self, resolved: &pb::ResolveTokenResponse) {
-        for d in &resolved.devices {
-            let p = Path::new(&d.host_path);
-            assert!(p.starts_with(&self.dev), "{p:?} outside the dev root");
-            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-            if p.exists() {
-                continue;
-            }
-            nix::sys::stat::mknod(
-                p,
-                nix::sys::stat::SFlag::S_IFCHR,
-                nix::sys::stat::Mode::from_bits_truncate(0o666),
-                nix::sys::stat::makedev(d.major as u64, d.minor as u64),
-            )
-            .unwrap();
-        }
+        devnodes::lease_nodes(resolved, &self.dev).unwrap();
     }
 
     fn bundle(&self, name: &str, args: &[&str], token: &str) -> PathBuf {
@@ -165,11 +156,11 @@ fn a_container_on_a_mig_lease_sees_exactly_its_nodes_and_uuid() {
     w.mknod_lease_nodes(&resolved);
     let gpu = lease.partition.as_ref().unwrap().gpu_index;
     let other = 1 - gpu;
-    nix::sys::stat::mknod(
+    devnodes::mknod(
         &w.dev.join(format!("nvidia{other}")),
-        nix::sys::stat::SFlag::S_IFCHR,
-        nix::sys::stat::Mode::from_bits_truncate(0o666),
-        nix::sys::stat::makedev(195, u64::from(other)),
+        &w.dev,
+        195,
+        u64::from(other),
     )
     .unwrap();
     let caps: Vec<String> = resolved
@@ -727,4 +718,57 @@ fn a_container_on_several_leases_is_bound_to_all_or_none() {
     refused(&out, "serves uid 4321");
     assert!(containers(&mig_a.0).0.is_empty(), "left half-bound");
     assert_eq!(containers(&mps_1.0).0, ["other-uid"]);
+}
+
+/// A container on a lease of two whole GPUs (a bridged pair of PCIe cards) sees
+/// both GPUs' device nodes and UUIDs, and not the other pair's GPU.
+#[test]
+fn a_container_on_a_two_gpu_lease_sees_exactly_its_two_gpus() {
+    let gpus = format!(
+        "topology = \"pcie-pairs\"\n{}",
+        "[[sim.gpus]]\nmodel = \"h100-80gb\"\nmig = false\n\n".repeat(4)
+    );
+    let Some(w) = World::with_gpus(&gpus, "") else {
+        return;
+    };
+    let r = rt();
+    let two = pb::Shape {
+        kind: Some(pb::shape::Kind::WholeGpu(pb::WholeGpuShape { count: 2 })),
+    };
+    let (lease, token, resolved) = w.lease(&r, two);
+    let mine: Vec<u32> = lease.partitions.iter().map(|p| p.gpu_index).collect();
+    assert_eq!(mine, vec![0, 1], "the bridged pair");
+    assert_eq!(resolved.visible_gpu_indices, vec![0, 1]);
+    w.mknod_lease_nodes(&resolved);
+    // Another GPU's node on the host: the container must not get it.
+    devnodes::mknod(&w.dev.join("nvidia2"), &w.dev, 195, 2).unwrap();
+    let script = "probe open /dev/nvidia0; probe open /dev/nvidia1; probe open /dev/nvidia2; \
+                  probe open /dev/nvidiactl; echo CVD=$CUDA_VISIBLE_DEVICES; \
+                  ls /dev | grep -c '^nvidia[0-9]'";
+    let b = w.bundle("two-gpus", &["sh", "-c", script], &token);
+    let id = format!("e2e-two-{}", std::process::id());
+    let out = w.runtime(&["run", "--bundle", b.to_str().unwrap(), &id]);
+    assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let uuids: Vec<String> = lease
+        .partitions
+        .iter()
+        .map(|p| p.gpu_uuid.clone())
+        .collect();
+    for want in [
+        // Its two GPUs reach the (absent) driver: ENXIO; the third is not there.
+        "open /dev/nvidia0 errno=6".to_string(),
+        "open /dev/nvidia1 errno=6".to_string(),
+        "open /dev/nvidia2 errno=2".to_string(),
+        "open /dev/nvidiactl errno=6".to_string(),
+        format!("CVD={}", uuids.join(",")),
+        // Exactly two GPU nodes in the container's /dev.
+        "2".to_string(),
+    ] {
+        assert!(
+            stdout.lines().any(|l| l.trim() == want.trim()),
+            "missing {want:?}:\n{}",
+            text(&out)
+        );
+    }
 }

@@ -43,6 +43,11 @@ fn profile() -> impl Strategy<Value = String> {
     ]
 }
 
+/// How many partitions a shape asks for: none given, a few, or absurd.
+fn count() -> impl Strategy<Value = u32> {
+    prop_oneof![Just(0u32), 1u32..10, 60u32..70, any::<u32>()]
+}
+
 fn shape() -> impl Strategy<Value = Option<pb::Shape>> {
     let kind = prop_oneof![
         (
@@ -52,9 +57,16 @@ fn shape() -> impl Strategy<Value = Option<pb::Shape>> {
             .prop_map(
                 |(profile, compute_profile)| pb::shape::Kind::Mig(pb::MigShape {
                     profile,
-                    compute_profile
+                    compute_profile,
+                    count: 0,
                 })
             ),
+        (profile(), count()).prop_map(|(profile, count)| pb::shape::Kind::Mig(pb::MigShape {
+            profile,
+            compute_profile: String::new(),
+            count,
+        })),
+        count().prop_map(|count| pb::shape::Kind::WholeGpu(pb::WholeGpuShape { count })),
         (
             prop_oneof![0u32..=101, any::<u32>()],
             prop_oneof![Just(0u64), 1u64..(100u64 << 30), any::<u64>()]
@@ -66,7 +78,7 @@ fn shape() -> impl Strategy<Value = Option<pb::Shape>> {
                     ..Default::default()
                 })
             ),
-        Just(pb::shape::Kind::WholeGpu(pb::WholeGpuShape {})),
+        Just(pb::shape::Kind::WholeGpu(pb::WholeGpuShape { count: 0 })),
     ];
     prop_oneof![
         Just(None),
@@ -84,9 +96,19 @@ fn request() -> impl Strategy<Value = pb::CreateLeaseRequest> {
         prop::collection::hash_map(text(), text(), 0..70),
         text(),
         prop::option::of(prop_oneof![0u32..4, any::<u32>()]),
+        prop_oneof![0i32..4, any::<i32>()],
     )
         .prop_map(
-            |(tenant, shape, ttl_seconds, request_id, labels, priority_class, gpu_index)| {
+            |(
+                tenant,
+                shape,
+                ttl_seconds,
+                request_id,
+                labels,
+                priority_class,
+                gpu_index,
+                topology,
+            )| {
                 pb::CreateLeaseRequest {
                     tenant,
                     shape,
@@ -95,6 +117,8 @@ fn request() -> impl Strategy<Value = pb::CreateLeaseRequest> {
                     labels: labels.into_iter().collect::<HashMap<_, _>>(),
                     priority_class,
                     gpu_index,
+                    topology,
+                    queue_wait_ms: 0,
                 }
             },
         )
@@ -128,6 +152,7 @@ fn known_requests_give_known_outcomes() {
             kind: Some(pb::shape::Kind::Mig(pb::MigShape {
                 profile: "3g.40gb".into(),
                 compute_profile: String::new(),
+                count: 0,
             })),
         }),
         ..Default::default()
@@ -175,6 +200,7 @@ fn known_requests_give_known_outcomes() {
                     kind: Some(pb::shape::Kind::Mig(pb::MigShape {
                         profile: "5g.50gb".into(),
                         compute_profile: String::new(),
+                        count: 0,
                     })),
                 }),
                 ..ok.clone()
@@ -194,9 +220,60 @@ fn known_requests_give_known_outcomes() {
             },
             "shape",
         ),
+        (
+            pb::CreateLeaseRequest {
+                shape: Some(pb::Shape {
+                    kind: Some(pb::shape::Kind::Mps(pb::MpsShape {
+                        sm_percent: 10,
+                        memory_bytes: 1 << 30,
+                        ..Default::default()
+                    })),
+                }),
+                topology: pb::TopologyConstraint::Numa as i32,
+                ..ok.clone()
+            },
+            "topology",
+        ),
+        (
+            pb::CreateLeaseRequest {
+                topology: 99,
+                ..ok.clone()
+            },
+            "topology",
+        ),
+        (
+            pb::CreateLeaseRequest {
+                shape: Some(mig_n("3g.40gb", 2)),
+                gpu_index: Some(0),
+                ..ok.clone()
+            },
+            "gpu_index",
+        ),
+        (
+            pb::CreateLeaseRequest {
+                shape: Some(mig_n("3g.40gb", 65)),
+                ..ok.clone()
+            },
+            "shape.count",
+        ),
     ] {
         assert_eq!(check_create_request(req), Ok(Outcome::Refused(field)));
     }
+    // Several partitions: two 3g fit the test node's H100; two whole GPUs do not
+    // (one GPU without MIG).
+    let two = pb::CreateLeaseRequest {
+        shape: Some(mig_n("3g.40gb", 2)),
+        topology: pb::TopologyConstraint::Nvlink as i32,
+        ..ok.clone()
+    };
+    assert_eq!(check_create_request(two), Ok(Outcome::Placed));
+    let whole2 = pb::CreateLeaseRequest {
+        shape: Some(pb::Shape {
+            kind: Some(pb::shape::Kind::WholeGpu(pb::WholeGpuShape { count: 2 })),
+        }),
+        ..ok.clone()
+    };
+    assert_eq!(check_create_request(whole2), Ok(Outcome::NoCapacity));
     assert_eq!(
         check_create_request_bytes(&[0xff, 0xff]),
         Ok(Outcome::Undecodable)
@@ -207,4 +284,14 @@ fn known_requests_give_known_outcomes() {
         ..ok
     };
     assert_eq!(check_create_request(pinned), Ok(Outcome::NoCapacity));
+}
+
+fn mig_n(profile: &str, count: u32) -> pb::Shape {
+    pb::Shape {
+        kind: Some(pb::shape::Kind::Mig(pb::MigShape {
+            profile: profile.into(),
+            compute_profile: String::new(),
+            count,
+        })),
+    }
 }

@@ -376,7 +376,8 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
     };
     // runc's version is asked now and judged once the spec is decided, before
     // anything is bound, written or run.
-    let runc_version = crate::runc_cves::start(&env.cfg.runc_path);
+    let cache = crate::runc_cves::VersionCache::new(&env.cfg.state_dir);
+    let runc_version = crate::runc_cves::start(&env.cfg.runc_path, Some(&cache));
     let adm = match admit(env, client.as_ref(), &bundle, &id) {
         Ok(a) => a,
         Err((reasons, lease_id)) => return refuse_reported(reasons, &lease_id),
@@ -386,7 +387,11 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
         .as_ref()
         .map(|l| l.lease_id.clone())
         .unwrap_or_default();
-    match runc_version.judge(&env.cfg.runc_cve_acknowledged) {
+    let verdict = runc_version.judge(&env.cfg.runc_cve_acknowledged);
+    for n in &verdict.cache_notes {
+        env.log.warn(n);
+    }
+    match verdict.result {
         Err(reason) => return refuse_reported(vec![reason], &lease_id),
         Ok(Some(warning)) => env.log.warn(&warning),
         Ok(None) => {}
@@ -465,7 +470,10 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
     if adm.tokens.is_empty() {
         report(env, client.as_ref(), &id, &lease_id, true, &[], cmd.name());
     }
-    drop(client);
+    // Not dropped: closing the connection and the RPC runtime gracefully is work
+    // that exec makes moot. exec replaces the process image; the socket is
+    // close-on-exec (see `exec_plan`), so the daemon sees it close.
+    std::mem::forget(client);
     env.plan(keep, None)
 }
 
@@ -675,6 +683,16 @@ pub fn exec_plan(plan: &ExecPlan) -> std::io::Error {
 }
 
 fn close_fds_above(keep: i32) {
+    // One call on Linux >= 5.11; older kernels (ENOSYS, EINVAL) walk /proc/self/fd.
+    if let Ok(first) = u32::try_from(keep.saturating_add(1)) {
+        // SAFETY: close_range with CLOSE_RANGE_CLOEXEC closes nothing: it only sets the
+        // close-on-exec flag of the open descriptors in [first, u32::MAX].
+        let rc =
+            unsafe { libc::close_range(first, u32::MAX, libc::CLOSE_RANGE_CLOEXEC as libc::c_int) };
+        if rc == 0 {
+            return;
+        }
+    }
     let Ok(rd) = std::fs::read_dir("/proc/self/fd") else {
         return;
     };

@@ -195,7 +195,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), BundleEr
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.tessera-{:016x}", rand::random::<u64>()));
+    let tmp = dir.join(format!(".{name}.tessera-{:016x}", temp_suffix()));
     let result = (|| {
         let mut f = OpenOptions::new()
             .write(true)
@@ -211,6 +211,15 @@ pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), BundleEr
         let _ = std::fs::remove_file(&tmp);
     }
     result.map_err(werr)
+}
+
+/// A number for a temp file's name that others cannot guess: std's per-thread random
+/// hash keys (one getrandom when the process starts), not a seeded CSPRNG, whose
+/// set-up took a tenth of a millisecond per container start. The name only has to
+/// differ from any other writer's: the file is made with O_EXCL|O_NOFOLLOW.
+pub fn temp_suffix() -> u64 {
+    use std::hash::BuildHasher;
+    std::hash::RandomState::new().hash_one(std::process::id())
 }
 
 /// Save a spec as `<bundle>/config.json` atomically, keeping the old file's mode.

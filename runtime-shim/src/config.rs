@@ -65,6 +65,9 @@ fn default_timeout() -> u64 {
 fn default_nvidia_proc() -> PathBuf {
     PathBuf::from("/proc/driver/nvidia")
 }
+fn default_state_dir() -> PathBuf {
+    PathBuf::from("/run/tessera-runtime")
+}
 fn default_passthrough() -> Vec<String> {
     vec!["NOTIFY_SOCKET".to_string()]
 }
@@ -104,6 +107,10 @@ pub struct RuntimeConfig {
     /// A container is refused while runc lacks a fix not named here.
     #[serde(default)]
     pub runc_cve_acknowledged: Vec<String>,
+    /// The runtime's own state: the cache of `runc --version` answers (root's, 0700;
+    /// one not root's alone is ignored).
+    #[serde(default = "default_state_dir")]
+    pub state_dir: PathBuf,
     #[serde(default)]
     pub policy: Policy,
 }
@@ -120,6 +127,7 @@ impl Default for RuntimeConfig {
             driver_libraries: Vec::new(),
             nvidia_cdi_specs: None,
             runc_cve_acknowledged: Vec::new(),
+            state_dir: default_state_dir(),
             policy: Policy::default(),
         }
     }
@@ -234,6 +242,9 @@ impl RuntimeConfig {
         }
         if !self.daemon_socket.is_absolute() {
             return Err(bad("daemon_socket must be absolute".to_string()));
+        }
+        if !self.state_dir.is_absolute() {
+            return Err(bad("state_dir must be absolute".to_string()));
         }
         if self.daemon_timeout_ms == 0 {
             return Err(bad("daemon_timeout_ms must be positive".to_string()));

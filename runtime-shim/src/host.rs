@@ -39,7 +39,7 @@ impl HostFacts {
         Self {
             apparmor: apparmor_host(),
             namespaces,
-            gpu_majors: std::fs::read_to_string("/proc/devices")
+            gpu_majors: read_proc("/proc/devices")
                 .map(|t| nvidia_majors(&t))
                 .unwrap_or_default(),
             nvidia_gpus: nvidia_gpus(&nvidia_proc_root.join("gpus")),
@@ -51,6 +51,15 @@ impl HostFacts {
     pub fn namespace_is_host(&self, ty: &str, dev: u64, ino: u64) -> bool {
         self.namespaces.get(ty) == Some(&(dev, ino))
     }
+}
+
+/// A /proc file (its size shows as 0) read with a page-sized buffer: the kernel makes
+/// the whole text again for each read, and `read_to_string` starts with 32 bytes.
+fn read_proc(path: &str) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut text = String::with_capacity(8192);
+    std::fs::File::open(path)?.read_to_string(&mut text)?;
+    Ok(text)
 }
 
 fn apparmor_host() -> AppArmorHost {

@@ -411,3 +411,90 @@ fn a_privileged_container_is_refused_in_one_line() {
     assert_eq!(errors.len(), 1, "{text}");
     assert_eq!(errors[0]["msg"], stderr_lines[0], "the same line in both");
 }
+
+/// A fake runc that answers `--version` with `version` (and counts the questions in
+/// `<dir>/asked`), and otherwise prints its argv. Put in place by rename, as a
+/// package upgrade does.
+fn versioned_runc(dir: &Path, version: &str) -> PathBuf {
+    let p = dir.join("versioned-runc");
+    let tmp = dir.join("versioned-runc.new");
+    std::fs::write(
+        &tmp,
+        format!(
+            "#!/bin/sh\nif [ \"$1\" = --version ]; then echo x >> {:?}; echo 'runc version {version}'; exit 0; fi\necho \"argv: $*\"\n",
+            dir.join("asked")
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::rename(&tmp, &p).unwrap();
+    p
+}
+
+fn times_asked(dir: &Path) -> usize {
+    std::fs::read_to_string(dir.join("asked"))
+        .map(|s| s.lines().count())
+        .unwrap_or(0)
+}
+
+#[test]
+fn runc_is_asked_its_version_once_and_again_after_it_changes() {
+    if !nix::unistd::geteuid().is_root() {
+        println!("SKIPPED: the runc version cache is written by root only");
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let runc = versioned_runc(d.path(), "1.2.8");
+    let state = d.path().join("state");
+    let cfg = d.path().join("cached.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "runc_path = {runc:?}\ndaemon_socket = {:?}\nstate_dir = {state:?}\n[policy]\napparmor = \"if-available\"\n",
+            d.path().join("none.sock")
+        ),
+    )
+    .unwrap();
+    let b = d.path().join("b");
+    std::fs::create_dir_all(b.join("rootfs")).unwrap();
+    let create = |id: &str| {
+        common::write_spec(&b, &common::base_spec(&["true"]));
+        run(
+            &cfg,
+            &["create", "--bundle", b.to_str().unwrap(), id],
+            false,
+        )
+    };
+    for id in ["c1", "c2", "c3"] {
+        let out = create(id);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(lines(&out, "argv: ").len(), 1, "runc ran for {id}");
+    }
+    assert_eq!(times_asked(d.path()), 1, "asked once for three starts");
+
+    // runc is replaced by one without the fixes: asked again, and refused.
+    versioned_runc(d.path(), "1.1.5");
+    let out = create("c4");
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("runc 1.1.5 lacks the fixes"), "{stderr}");
+    assert!(lines(&out, "argv: ").is_empty(), "runc must not run");
+    assert_eq!(times_asked(d.path()), 2);
+
+    // A cache file someone else may write, saying 1.2.8 for this binary, is not
+    // believed: runc is asked and the container refused.
+    let cache = state.join("runc-version.json");
+    let forged = std::fs::read_to_string(&cache)
+        .unwrap()
+        .replace("[1,1,5]", "[1,2,8]");
+    std::fs::write(&cache, &forged).unwrap();
+    std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let out = create("c5");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(lines(&out, "argv: ").is_empty(), "runc must not run");
+    assert_eq!(times_asked(d.path()), 3);
+}

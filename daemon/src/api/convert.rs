@@ -4,8 +4,9 @@ use tessera_proto::v1 as pb;
 use tonic::Status;
 
 use crate::lease::devices::Resolved;
-use crate::lease::{CreateRequest, EventKind, GpuReport, LeaseError, LeaseEvent};
+use crate::lease::{CreateRequest, EventKind, GpuReport, LeaseError, LeaseEvent, LeaseLinks};
 use crate::model::{Lease, LeaseState, PartKind, Partition};
+use crate::partition::topology::TopologyConstraint;
 use crate::partition::{MpsMode, Shape};
 
 /// Map a domain error to a precise gRPC status with its rich details
@@ -119,6 +120,8 @@ pub fn create_request_from_pb(
     default_mps: MpsMode,
 ) -> Result<CreateRequest, Status> {
     let need = need_from_pb(r.shape.as_ref(), default_mps)?;
+    let count = count_from_pb(r.shape.as_ref());
+    let topology = topology_from_pb(r.topology)?;
     let shape = shape_from_pb(r.shape, default_mps)?;
     let non_empty = |s: String| (!s.is_empty()).then_some(s);
     Ok(CreateRequest {
@@ -130,7 +133,48 @@ pub fn create_request_from_pb(
         priority_class: non_empty(r.priority_class),
         gpu_index: r.gpu_index,
         need,
+        count,
+        topology,
     })
+}
+
+/// How many partitions a shape asks for (`count` on the MIG or whole-GPU shape;
+/// 0 means 1). Its range is checked by the lease core.
+pub fn count_from_pb(s: Option<&pb::Shape>) -> u32 {
+    match s.and_then(|s| s.kind.as_ref()) {
+        Some(pb::shape::Kind::Mig(m)) => m.count,
+        Some(pb::shape::Kind::WholeGpu(w)) => w.count,
+        _ => 0,
+    }
+}
+
+/// A topology constraint on the wire; unspecified is `any`.
+pub fn topology_from_pb(v: i32) -> Result<TopologyConstraint, Status> {
+    match pb::TopologyConstraint::try_from(v) {
+        Ok(pb::TopologyConstraint::Unspecified | pb::TopologyConstraint::Any) => {
+            Ok(TopologyConstraint::Any)
+        }
+        Ok(pb::TopologyConstraint::Numa) => Ok(TopologyConstraint::Numa),
+        Ok(pb::TopologyConstraint::Nvlink) => Ok(TopologyConstraint::Nvlink),
+        Err(_) => Err(Status::invalid_argument(format!(
+            "invalid topology: unknown value {v}"
+        ))),
+    }
+}
+
+/// A multi-partition lease's every partition and how their GPUs connect.
+pub fn add_partitions(out: &mut pb::Lease, parts: &[Partition], links: Option<&LeaseLinks>) {
+    if !parts.is_empty() {
+        out.partitions = parts.iter().map(partition_to_pb).collect();
+        if out.partition.is_none() {
+            out.partition = out.partitions.first().cloned();
+        }
+    }
+    out.topology = links.map(|l| pb::LeaseTopology {
+        gpu_indices: l.gpus.clone(),
+        worst_level: l.worst_level.as_str().to_string(),
+        min_nvlinks: l.min_nvlinks,
+    });
 }
 
 pub fn shape_to_pb(s: &Shape) -> pb::Shape {
@@ -141,6 +185,7 @@ pub fn shape_to_pb(s: &Shape) -> pb::Shape {
         } => pb::shape::Kind::Mig(pb::MigShape {
             profile: profile.clone(),
             compute_profile: compute_profile.clone().unwrap_or_default(),
+            count: 0,
         }),
         Shape::Mps {
             sm_percent,
@@ -162,7 +207,7 @@ pub fn shape_to_pb(s: &Shape) -> pb::Shape {
             mode: pb::MpsMode::Shared as i32,
             mig_profile: profile.clone(),
         }),
-        Shape::WholeGpu => pb::shape::Kind::WholeGpu(pb::WholeGpuShape {}),
+        Shape::WholeGpu => pb::shape::Kind::WholeGpu(pb::WholeGpuShape { count: 0 }),
     };
     pb::Shape { kind: Some(kind) }
 }
@@ -240,12 +285,23 @@ pub fn partition_to_pb(p: &Partition) -> pb::Partition {
     out
 }
 
+/// A lease on the wire with its (first) partition; a multi-partition lease's
+/// others are added by [`add_partitions`]. The shape carries the lease's count.
 pub fn lease_to_pb(l: &Lease, p: Option<&Partition>) -> pb::Lease {
+    let mut shape = shape_to_pb(&l.shape);
+    let n = l.partition_count();
+    if n > 1 {
+        match &mut shape.kind {
+            Some(pb::shape::Kind::Mig(m)) => m.count = n,
+            Some(pb::shape::Kind::WholeGpu(w)) => w.count = n,
+            _ => {}
+        }
+    }
     pb::Lease {
         id: l.id.clone(),
         tenant: l.tenant.clone(),
         state: state_to_pb(l.state()) as i32,
-        shape: Some(shape_to_pb(&l.shape)),
+        shape: Some(shape),
         partition: p.map(partition_to_pb),
         created_at_ms: l.created_at_ms,
         expires_at_ms: l.expires_at_ms,
@@ -270,6 +326,8 @@ pub fn lease_to_pb(l: &Lease, p: Option<&Partition>) -> pb::Lease {
         ended_at_ms: l.ended_at_ms().unwrap_or_default(),
         unhealthy: l.unhealthy.clone().unwrap_or_default(),
         pod: l.pod.clone().unwrap_or_default(),
+        partitions: p.map(partition_to_pb).into_iter().collect(),
+        topology: None,
     }
 }
 
@@ -358,8 +416,15 @@ pub fn gpu_to_pb(g: &GpuReport) -> pb::Gpu {
 }
 
 pub fn resolved_to_pb(r: &Resolved) -> pb::ResolveTokenResponse {
+    let mut lease = lease_to_pb(&r.lease, Some(&r.partition));
+    if !r.more_partitions.is_empty() {
+        let all: Vec<Partition> = std::iter::once(r.partition.clone())
+            .chain(r.more_partitions.iter().cloned())
+            .collect();
+        add_partitions(&mut lease, &all, None);
+    }
     pb::ResolveTokenResponse {
-        lease: Some(lease_to_pb(&r.lease, Some(&r.partition))),
+        lease: Some(lease),
         tenant: r.lease.tenant.clone(),
         devices: r
             .devices

@@ -99,6 +99,12 @@ pub fn status_of(e: LeaseError) -> Status {
             ErrorDetails::with_retry_info(Some(Duration::from_secs(30))),
         ),
         LeaseError::Store(_) => rich(Code::Internal, msg, "STORE_FAILED", none()),
+        LeaseError::TopologyUnmet(_) => rich(
+            Code::FailedPrecondition,
+            msg.clone(),
+            "TOPOLOGY_UNMET",
+            ErrorDetails::with_precondition_failure_violation("TOPOLOGY", "topology", msg),
+        ),
         LeaseError::GpuUnhealthy(_) => rich(
             Code::FailedPrecondition,
             msg.clone(),

@@ -16,7 +16,7 @@ use super::convert::{self, status};
 use crate::audit::{AuditLog, Record};
 use crate::config::{Amounts, AuditOnFailure, Config};
 use crate::gpu::HealthCause;
-use crate::lease::{CreateRequest, HealthSource, LeaseManager};
+use crate::lease::{CreateRequest, HealthSource, LeaseError, LeaseManager};
 use crate::model::ContainerBinding;
 use tessera_common::clock::now_ms;
 
@@ -332,6 +332,24 @@ fn non_empty(s: String) -> Option<String> {
 /// drops a handler whose client reset the stream, and a lease operation cancelled
 /// between its steps would stay half done (a lease pending forever, a teardown
 /// never retried).
+/// The caller's deadline from its `grpc-timeout` header (digits and a unit: H, M, S,
+/// m, u, n), None when absent or malformed.
+fn grpc_timeout(meta: &tonic::metadata::MetadataMap) -> Option<Duration> {
+    let v = meta.get("grpc-timeout")?.to_str().ok()?;
+    let split = v.len().checked_sub(1)?;
+    let (digits, unit) = (v.get(..split)?, v.get(split..)?);
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.saturating_mul(3600)),
+        "M" => Duration::from_secs(n.saturating_mul(60)),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
 async fn detached<T: Send + 'static>(
     fut: impl std::future::Future<Output = Result<T, Status>> + Send + 'static,
 ) -> Result<T, Status> {
@@ -371,6 +389,7 @@ impl Tessera for TesseraService {
             version: env!("CARGO_PKG_VERSION").to_string(),
             gpus,
             driver_version: self.mgr.backend().driver_version().unwrap_or_default(),
+            queued_requests: u32::try_from(self.mgr.queued_requests()).unwrap_or(u32::MAX),
         }));
         self.done(Rpc::GetNode, &who, who.tenant().unwrap_or(""), "", r)
     }
@@ -380,10 +399,13 @@ impl Tessera for TesseraService {
         req: Request<pb::CreateLeaseRequest>,
     ) -> Result<Response<pb::CreateLeaseResponse>, Status> {
         let who = self.begin(Rpc::CreateLease, &req)?;
-        // Runs to the end even if the client goes away: a lease operation cut off
-        // between its steps would stay half done.
+        let asked_wait = Duration::from_millis(u64::from(req.get_ref().queue_wait_ms));
+        // A queued call never outlives its caller's deadline (grpc-timeout).
+        let deadline = grpc_timeout(req.metadata());
+        let queue_wait = deadline.map_or(asked_wait, |d| asked_wait.min(d));
+        let cut_by_deadline = queue_wait < asked_wait;
         let this = self.clone();
-        detached(async move {
+        let body = async move {
             let r = req.into_inner();
             let tenant = match this.scope(&who, &r.tenant) {
                 Ok(t) => t,
@@ -392,21 +414,32 @@ impl Tessera for TesseraService {
             let result = async {
                 let default_mps = this.mgr.config().partition.mps_mode;
                 let need = convert::need_from_pb(r.shape.as_ref(), default_mps)?;
+                let count = convert::count_from_pb(r.shape.as_ref());
+                let topology = convert::topology_from_pb(r.topology)?;
                 let shape = convert::shape_from_pb(r.shape, default_mps)?;
                 let labels: BTreeMap<String, String> = r.labels.into_iter().collect();
-                this.mgr
-                    .create(CreateRequest {
-                        tenant: tenant.clone(),
-                        shape,
-                        ttl: (r.ttl_seconds > 0).then(|| Duration::from_secs(r.ttl_seconds)),
-                        request_id: non_empty(r.request_id),
-                        labels,
-                        priority_class: non_empty(r.priority_class),
-                        gpu_index: r.gpu_index,
-                        need,
-                    })
-                    .await
-                    .map_err(status)
+                let req = CreateRequest {
+                    tenant: tenant.clone(),
+                    shape,
+                    ttl: (r.ttl_seconds > 0).then(|| Duration::from_secs(r.ttl_seconds)),
+                    request_id: non_empty(r.request_id),
+                    labels,
+                    priority_class: non_empty(r.priority_class),
+                    gpu_index: r.gpu_index,
+                    need,
+                    count,
+                    topology,
+                };
+                if asked_wait.is_zero() {
+                    this.mgr.create(req).await.map_err(status)
+                } else {
+                    match this.mgr.create_queued(req, queue_wait).await {
+                        Err(LeaseError::ResourceExhausted(m)) if cut_by_deadline => {
+                            Err(Status::deadline_exceeded(m))
+                        }
+                        other => other.map_err(status),
+                    }
+                }
             }
             .await;
             let lease_id = result
@@ -415,7 +448,8 @@ impl Tessera for TesseraService {
                 .unwrap_or_default();
             let r = result.map(|created| {
                 Response::new(pb::CreateLeaseResponse {
-                    lease: Some(convert::lease_to_pb(
+                    lease: Some(lease_pb(
+                        &this.mgr,
                         &created.lease,
                         created.partition.as_ref(),
                     )),
@@ -424,8 +458,16 @@ impl Tessera for TesseraService {
                 })
             });
             this.done(Rpc::CreateLease, &who, &tenant, &lease_id, r)
-        })
-        .await
+        };
+        if asked_wait.is_zero() {
+            // Runs to the end even if the client goes away: a lease operation cut off
+            // between its steps would stay half done.
+            detached(body).await
+        } else {
+            // A caller that goes away leaves the queue; each try to create runs to its
+            // end all the same (`create_queued`).
+            body.await
+        }
     }
 
     async fn renew_lease(
@@ -446,7 +488,7 @@ impl Tessera for TesseraService {
                 Ok((
                     tenant,
                     Response::new(pb::RenewLeaseResponse {
-                        lease: Some(convert::lease_to_pb(&l, p.as_ref())),
+                        lease: Some(lease_pb(&this.mgr, &l, p.as_ref())),
                     }),
                 ))
             }
@@ -523,7 +565,7 @@ impl Tessera for TesseraService {
             Ok((
                 tenant,
                 Response::new(pb::GetLeaseResponse {
-                    lease: Some(convert::lease_to_pb(&l, p.as_ref())),
+                    lease: Some(lease_pb(&self.mgr, &l, p.as_ref())),
                 }),
             ))
         })();
@@ -554,7 +596,7 @@ impl Tessera for TesseraService {
             Ok(Response::new(pb::ListLeasesResponse {
                 leases: leases
                     .iter()
-                    .map(|(l, p)| convert::lease_to_pb(l, p.as_ref()))
+                    .map(|(l, p)| lease_pb(&self.mgr, l, p.as_ref()))
                     .collect(),
             }))
         })();
@@ -578,6 +620,7 @@ impl Tessera for TesseraService {
         // Forward matching events until the client goes away; a watcher that falls
         // behind gets DATA_LOSS once and the stream ends (it must re-list).
         let filter = tenant.clone();
+        let mgr = self.mgr.clone();
         tokio::spawn(async move {
             loop {
                 // A watcher whose client left ends now, not at the next event it
@@ -591,7 +634,15 @@ impl Tessera for TesseraService {
                         if filter.as_ref().is_some_and(|t| *t != ev.lease.tenant) {
                             continue;
                         }
-                        Ok(convert::event_to_pb(&ev))
+                        let mut out = convert::event_to_pb(&ev);
+                        // A multi-partition lease's every partition, while it holds them.
+                        if ev.lease.partition_count() > 1
+                            && let Some(l) = out.lease.as_mut()
+                        {
+                            let (parts, links) = mgr.partitions_of(&ev.lease);
+                            convert::add_partitions(l, &parts, links.as_ref());
+                        }
+                        Ok(out)
                     }
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
                         Err(Status::data_loss(format!(
@@ -1121,5 +1172,42 @@ fn usage_response(
             Err(Status::invalid_argument(e.to_string()))
         }
         Err(e) => Err(Status::internal(format!("usage: {e}"))),
+    }
+}
+
+/// A lease on the wire with every partition it holds (and, for several, how their
+/// GPUs connect).
+fn lease_pb(
+    mgr: &LeaseManager,
+    l: &crate::model::Lease,
+    p: Option<&crate::model::Partition>,
+) -> pb::Lease {
+    let mut out = convert::lease_to_pb(l, p);
+    if l.partition_count() > 1 {
+        let (parts, links) = mgr.partitions_of(l);
+        convert::add_partitions(&mut out, &parts, links.as_ref());
+    }
+    out
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeout_headers_are_read_as_deadlines() {
+        let with = |v: &str| {
+            let mut m = tonic::metadata::MetadataMap::new();
+            m.insert("grpc-timeout", v.parse().unwrap());
+            grpc_timeout(&m)
+        };
+        assert_eq!(with("300m"), Some(Duration::from_millis(300)));
+        assert_eq!(with("2S"), Some(Duration::from_secs(2)));
+        assert_eq!(with("1H"), Some(Duration::from_secs(3600)));
+        assert_eq!(with("5u"), Some(Duration::from_micros(5)));
+        assert_eq!(with("12x"), None);
+        assert_eq!(with("S"), None);
+        assert_eq!(grpc_timeout(&tonic::metadata::MetadataMap::new()), None);
     }
 }

@@ -8,6 +8,13 @@
 //! default). Every policy but the reference runs the daemon's own planner
 //! (`tesserad::partition`). See `tesserad::partition::trace` for the model.
 //!
+//! Also measured, not the daemon's default: "housekeeping" (moves, and the daemon's
+//! `[partition] compact_idle` after each grant and end), and an admission queue
+//! ("queue": a refused request waits up to `--queue-wait` mean durations; "queue-reserve":
+//! a waiting 3g/4g/7g also holds the region it will get). A queued policy is measured
+//! against "reference-queue", the reference with the same queue (its own row is against
+//! the plain reference), and its waits per profile are printed.
+//!
 //! Printed per trace: each policy's accepted slice-time over the reference's (the
 //! ratio), the share of requests it accepted, and the share accepted per profile.
 //! The summary gives each policy's lowest and mean ratio over all traces and its
@@ -51,6 +58,14 @@ struct Args {
     /// fraction of the mean lease duration: only idle leases may be moved.
     #[arg(long, default_value_t = 0.05)]
     startup: f64,
+    /// How long a refused request may wait in the admission queue, in mean durations
+    /// (the "queue" policies).
+    #[arg(long, default_value_t = 0.05)]
+    queue_wait: f64,
+    /// Policies to run besides the reference (all by default): first-fit, best-fit,
+    /// static, moves, housekeeping, queue, queue-reserve.
+    #[arg(long, value_delimiter = ',', default_value = "all")]
+    policies: Vec<String>,
     /// Print only the summary, not every trace.
     #[arg(long)]
     quiet: bool,
@@ -88,18 +103,42 @@ fn mix(model: GpuModel, name: &str) -> anyhow::Result<Vec<(String, f64)>> {
     Ok(names.into_iter().zip(weights).collect())
 }
 
-fn policies() -> Vec<(&'static str, Policy)> {
+fn policies(args: &Args) -> Vec<(&'static str, Policy)> {
     let with = |strategy| PlanOptions {
         strategy,
         ..PlanOptions::default()
     };
-    vec![
+    let queued = |reserve| Policy::Queued {
+        opts: with(Strategy::BestFit),
+        moves: true,
+        max_wait: args.queue_wait,
+        reserve,
+    };
+    let all = vec![
         ("reference", Policy::Reference),
         ("first-fit", Policy::Planner(with(Strategy::FirstFit))),
         ("best-fit", Policy::Planner(with(Strategy::BestFit))),
         ("static", Policy::Static(with(Strategy::BestFit))),
         ("moves", Policy::PlannerWithMoves(with(Strategy::BestFit))),
-    ]
+        (
+            "housekeeping",
+            Policy::Housekeeping(with(Strategy::BestFit)),
+        ),
+        (
+            "reference-queue",
+            Policy::ReferenceQueued {
+                max_wait: args.queue_wait,
+            },
+        ),
+        ("queue", queued(false)),
+        ("queue-reserve", queued(true)),
+    ];
+    let every = args.policies.iter().any(|p| p == "all");
+    all.into_iter()
+        .filter(|(n, _)| {
+            n.starts_with("reference") || every || args.policies.iter().any(|p| p == n)
+        })
+        .collect()
 }
 
 /// Per policy: the ratios of every trace and the lowest per-profile acceptance
@@ -109,6 +148,8 @@ struct Summary {
     ratios: Vec<f64>,
     /// Per profile of the mixes (by name): requests accepted and offered, all traces.
     per_profile: std::collections::BTreeMap<String, (u64, u64)>,
+    /// Per profile: the wait of every accepted request, all traces.
+    waits: std::collections::BTreeMap<String, Vec<f64>>,
     least_profile: Option<(f64, String)>,
     moves: u64,
 }
@@ -131,7 +172,7 @@ fn main() -> anyhow::Result<()> {
             other => bail!("unknown duration law {other:?}: exp or pareto"),
         })
         .collect::<anyhow::Result<_>>()?;
-    let policies = policies();
+    let policies = policies(&args);
     let mut summary: Vec<Summary> = policies.iter().map(|_| Summary::default()).collect();
     println!(
         "placement-bench: {} {model}, {} requests per trace, idle start-up {} of the mean \
@@ -162,13 +203,22 @@ fn main() -> anyhow::Result<()> {
                     if !args.quiet {
                         println!();
                         println!("mix {mix_name}, load {load}, {law_name} durations, seed {seed}");
-                        print!("  {:<12} {:>6} {:>9}", "policy", "ratio", "accepted");
+                        print!("  {:<14} {:>6} {:>9}", "policy", "ratio", "accepted");
                         for p in &reference.profiles {
                             print!(" {:>10}", p.name);
                         }
                         println!(" {:>6}", "moves");
                     }
+                    // A queued policy is measured against the reference with the same
+                    // queue; every other policy (that reference too) against the plain one.
+                    let queued_reference = policies
+                        .iter()
+                        .position(|(_, p)| matches!(p, Policy::ReferenceQueued { .. }));
                     for (i, o) in outcomes.iter().enumerate() {
+                        let reference = match (&policies[i].1, queued_reference) {
+                            (Policy::Queued { .. }, Some(q)) => &outcomes[q],
+                            _ => reference,
+                        };
                         let ratio = o.accepted_slice_time() / reference.accepted_slice_time();
                         let s = &mut summary[i];
                         s.ratios.push(ratio);
@@ -177,6 +227,10 @@ fn main() -> anyhow::Result<()> {
                             let e = s.per_profile.entry(p.name.clone()).or_default();
                             e.0 += p.accepted;
                             e.1 += p.offered;
+                            s.waits
+                                .entry(p.name.clone())
+                                .or_default()
+                                .extend_from_slice(&p.waits);
                         }
                         for (p, r) in o.profiles.iter().zip(&reference.profiles) {
                             if r.accepted == 0 {
@@ -197,7 +251,7 @@ fn main() -> anyhow::Result<()> {
                         }
                         if !args.quiet {
                             print!(
-                                "  {:<12} {:>6.3} {:>9.3}",
+                                "  {:<14} {:>6.3} {:>9.3}",
                                 policies[i].0,
                                 ratio,
                                 share(
@@ -217,7 +271,7 @@ fn main() -> anyhow::Result<()> {
     }
     println!();
     println!("share of requests accepted per profile, all traces:");
-    print!("  {:<12}", "policy");
+    print!("  {:<14}", "policy");
     let names: Vec<String> = summary
         .first()
         .map(|s| s.per_profile.keys().cloned().collect())
@@ -227,11 +281,42 @@ fn main() -> anyhow::Result<()> {
     }
     println!();
     for ((name, _), s) in policies.iter().zip(&summary) {
-        print!("  {name:<12}");
+        print!("  {name:<14}");
         for (a, o) in s.per_profile.values() {
             print!(" {:>10.3}", share(*a, *o));
         }
         println!();
+    }
+    if policies
+        .iter()
+        .any(|(_, p)| matches!(p, Policy::Queued { .. }))
+    {
+        println!();
+        println!(
+            "wait of the accepted requests per profile, mean / p99, in mean durations \
+             (queue wait at most {}):",
+            args.queue_wait
+        );
+        print!("  {:<14}", "policy");
+        for n in &names {
+            print!(" {n:>15}");
+        }
+        println!();
+        for ((name, p), s) in policies.iter().zip(&summary) {
+            if !matches!(p, Policy::Queued { .. }) {
+                continue;
+            }
+            print!("  {name:<14}");
+            for w in s.waits.values() {
+                #[allow(clippy::cast_precision_loss)]
+                let mean = w.iter().sum::<f64>() / w.len().max(1) as f64;
+                print!(
+                    " {:>15}",
+                    format!("{mean:.4}/{:.4}", trace::percentile(w, 0.99))
+                );
+            }
+            println!();
+        }
     }
     println!();
     println!(
@@ -240,7 +325,7 @@ fn main() -> anyhow::Result<()> {
         summary.first().map_or(0, |s| s.ratios.len())
     );
     println!(
-        "  {:<12} {:>9} {:>9} {:>8}  least-served profile",
+        "  {:<14} {:>9} {:>9} {:>8}  least-served profile",
         "policy", "min ratio", "mean", "moves"
     );
     let mut results = match &args.results {
@@ -265,7 +350,7 @@ fn main() -> anyhow::Result<()> {
         let mean = s.ratios.iter().sum::<f64>() / s.ratios.len().max(1) as f64;
         let (least, which) = s.least_profile.clone().unwrap_or((1.0, "-".to_string()));
         println!(
-            "  {name:<12} {min:>9.3} {mean:>9.3} {:>8}  {least:.3} {which}",
+            "  {name:<14} {min:>9.3} {mean:>9.3} {:>8}  {least:.3} {which}",
             s.moves
         );
         if let Some(f) = results.as_mut() {

@@ -162,6 +162,7 @@ fn parse_args(args: impl Iterator<Item = String>) -> anyhow::Result<Args> {
 fn shape(kind: &str) -> pb::Shape {
     let kind = match kind {
         "mig" => pb::shape::Kind::Mig(pb::MigShape {
+            count: 0,
             profile: "1g.10gb".into(),
             compute_profile: String::new(),
         }),
@@ -170,7 +171,7 @@ fn shape(kind: &str) -> pb::Shape {
             memory_bytes: 1 << 30,
             ..Default::default()
         }),
-        _ => pb::shape::Kind::WholeGpu(pb::WholeGpuShape {}),
+        _ => pb::shape::Kind::WholeGpu(pb::WholeGpuShape { count: 0 }),
     };
     pb::Shape { kind: Some(kind) }
 }

@@ -65,7 +65,7 @@ impl LeaseManager {
             let pending = st.pending.get(&lid).map(|n| n.clone().notified_owned());
             return Ok(Err(Again::SameRequest(lid, pending)));
         }
-        let admission = Self::admit(&st, tenancy, &req.tenant, &ask.shape, extra)?;
+        let admission = Self::admit(&st, tenancy, &req.tenant, &ask.shape, ask.count, extra)?;
         let opts = self.plan_options(req.gpu_index);
         if let Some(g) = req.gpu_index
             && let Some(m) = st.unhealthy(g, None)
@@ -74,6 +74,10 @@ impl LeaseManager {
                 "{}; it takes no new leases until it is back in service",
                 m.describe()
             )));
+        }
+        if ask.count > 1 {
+            let parts = self.place_several(&st, ask, &opts)?;
+            return Ok(Ok(self.hold_several(&mut st, ask, admission, parts, notify)));
         }
         if let Shape::MigMps {
             profile,
@@ -141,7 +145,7 @@ impl LeaseManager {
             }
             Err(e) => return Err(e.into()),
         };
-        let (partition, hw) = self.partition_for(&st, decision, ask)?;
+        let (partition, hw) = self.partition_for(&st, decision, ask, &ask.partition_id)?;
         Ok(Ok(
             self.hold_new(&mut st, ask, admission, partition, hw, notify)
         ))
@@ -165,6 +169,7 @@ impl LeaseManager {
                 shape: ask.shape.clone(),
                 partition_id: partition.id.clone(),
                 gpu: partition.gpu,
+                more_partitions: Vec::new(),
                 created_at_ms: ask.now,
                 ttl_secs: ask.ttl.as_secs(),
                 request_id: req.request_id.clone(),
@@ -180,6 +185,93 @@ impl LeaseManager {
             lease,
             partition,
             hw,
+            more: Vec::new(),
+        }
+    }
+
+    /// A multi-partition lease's places: N whole GPUs (`plan_gpus_within`) or N
+    /// MIG instances of one profile (`plan_migs`), by the board's topology and
+    /// within the request's constraint. All or nothing: a refusal places none. It
+    /// neither preempts nor moves other leases to make room.
+    fn place_several(
+        &self,
+        st: &State,
+        ask: &Ask<'_>,
+        opts: &PlanOptions,
+    ) -> Result<Vec<(Partition, Option<HwCreate>)>, LeaseError> {
+        let views = Self::placeable_views(st);
+        let link = |a: u32, b: u32| st.link(a, b);
+        let constraint = ask.req.topology;
+        let decisions = match &ask.shape {
+            Shape::WholeGpu => {
+                partition::topology::plan_gpus_within(ask.count, &views, &link, constraint)?
+                    .into_iter()
+                    .map(|gpu| PlanDecision::WholeGpu { gpu })
+                    .collect()
+            }
+            Shape::Mig { .. } => partition::topology::plan_migs(
+                &ask.shape, ask.count, &views, opts, &link, constraint,
+            )?,
+            _ => {
+                return Err(LeaseError::InvalidArgument {
+                    field: "shape.count",
+                    message: "only MIG instances and whole GPUs come several to a lease".into(),
+                });
+            }
+        };
+        decisions
+            .into_iter()
+            .enumerate()
+            .map(|(i, d)| {
+                let id = if i == 0 {
+                    ask.partition_id.clone()
+                } else {
+                    crate::names::new_id("p-")
+                };
+                self.partition_for(st, d, ask, &id)
+            })
+            .collect()
+    }
+
+    /// The new multi-partition lease on `parts` (the first is its `partition_id`),
+    /// held in the table: pending while any partition needs the hardware changed.
+    fn hold_several(
+        &self,
+        st: &mut State,
+        ask: &Ask<'_>,
+        admission: quota::Admission,
+        mut parts: Vec<(Partition, Option<HwCreate>)>,
+        notify: &Arc<Notify>,
+    ) -> Reserved {
+        let (first, hw) = parts.remove(0);
+        let req = ask.req;
+        let pending = hw.is_some() || parts.iter().any(|(_, h)| h.is_some());
+        let lease = Lease::reserved(
+            NewLease {
+                id: ask.lease_id.clone(),
+                tenant: req.tenant.clone(),
+                shape: ask.shape.clone(),
+                partition_id: first.id.clone(),
+                gpu: first.gpu,
+                more_partitions: parts.iter().map(|(p, _)| p.id.clone()).collect(),
+                created_at_ms: ask.now,
+                ttl_secs: ask.ttl.as_secs(),
+                request_id: req.request_id.clone(),
+                labels: req.labels.clone(),
+                priority_class: ask.priority_class.clone(),
+                burst: admission == quota::Admission::Burst,
+            },
+            pending,
+        );
+        Self::hold(st, &lease, &first, notify);
+        for (p, _) in &parts {
+            st.partitions.insert(p.id.clone(), p.clone());
+        }
+        Reserved {
+            lease,
+            partition: first,
+            hw,
+            more: parts,
         }
     }
 
@@ -222,10 +314,12 @@ impl LeaseManager {
         tenancy: &TenancyConfig,
         tenant: &str,
         shape: &Shape,
+        count: u32,
         extra: Amounts,
     ) -> Result<quota::Admission, LeaseError> {
         let used = st.leases.live_usage(tenant);
-        let admission = quota::admit(tenancy, tenant, used, quota::amounts_of(shape), extra)
+        let wanted = quota::amounts_of_n(shape, count);
+        let admission = quota::admit(tenancy, tenant, used, wanted, extra)
             .map_err(LeaseError::QuotaExceeded)?;
         if admission == quota::Admission::Burst && st.preempting > 0 {
             // Capacity being freed by a preemption belongs to the guaranteed
@@ -256,6 +350,7 @@ impl LeaseManager {
         st: &State,
         decision: PlanDecision,
         ask: &Ask<'_>,
+        partition_id: &str,
     ) -> Result<(Partition, Option<HwCreate>), LeaseError> {
         let gpu_index = match &decision {
             PlanDecision::NewMig { gpu, .. }
@@ -271,7 +366,7 @@ impl LeaseManager {
                     gpu_index,
                 )))?;
         let dynamic = |state, kind| Partition {
-            id: ask.partition_id.clone(),
+            id: partition_id.to_string(),
             gpu: gpu_index,
             gpu_uuid: gpu.info.uuid.clone(),
             origin: Origin::Dynamic,
@@ -469,11 +564,26 @@ impl LeaseManager {
         let mut views = Self::placeable_views(st);
         let mut chosen = Vec::new();
         for v in order {
-            let Some(p) = st.partitions.get(&v.partition_id) else {
-                continue;
-            };
+            // Every partition of the victim comes free.
+            for pid in v.partition_ids() {
+                let Some(p) = st.partitions.get(pid) else {
+                    continue;
+                };
+                Self::free_in_views(&mut views, p);
+            }
+            chosen.push(v.id.clone());
+            if partition::plan(shape, &views, opts).is_ok() {
+                return chosen;
+            }
+        }
+        Vec::new()
+    }
+
+    /// `p`'s place, free in the planner's views (a preemption victim's).
+    fn free_in_views(views: &mut [partition::GpuView], p: &Partition) {
+        {
             let Some(view) = views.iter_mut().find(|g| g.info.index == p.gpu) else {
-                continue;
+                return;
             };
             match &p.kind {
                 PartKind::Mig(m) => {
@@ -494,12 +604,7 @@ impl LeaseManager {
                 }),
                 PartKind::WholeGpu => view.whole_leased = false,
             }
-            chosen.push(v.id.clone());
-            if partition::plan(shape, &views, opts).is_ok() {
-                return chosen;
-            }
         }
-        Vec::new()
     }
 
     /// Wait (at most `limit`) until the teardowns running now have finished.

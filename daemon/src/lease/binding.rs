@@ -46,6 +46,17 @@ impl LeaseManager {
                     lease.state().as_str()
                 )));
             }
+            if lease.partition_count() > 1 {
+                let parts = Self::lease_partitions(&st, &lease)?;
+                let mut each = Vec::with_capacity(parts.len());
+                for p in parts {
+                    let gpu = gpu_of(&st, &p)?;
+                    each.push((p, gpu));
+                }
+                st.resolved.insert(lease.id.clone());
+                drop(st);
+                return self.resolve_several(&lease, each);
+            }
             let partition = st
                 .partitions
                 .get(&lease.partition_id)
@@ -97,6 +108,39 @@ impl LeaseManager {
         Ok(resolved)
     }
 
+    /// The devices of a multi-partition lease (N whole GPUs or N MIG instances):
+    /// each partition's, in one answer.
+    fn resolve_several(
+        &self,
+        lease: &Lease,
+        parts: Vec<(Partition, crate::gpu::GpuInfo)>,
+    ) -> Result<Resolved, LeaseError> {
+        let minors = if parts.iter().any(|(p, _)| p.mig().is_some()) {
+            self.backend.mig_minors()?
+        } else {
+            Default::default()
+        };
+        let majors = self.device_majors()?;
+        let each = parts
+            .iter()
+            .map(|(p, gpu)| {
+                devices::resolve(
+                    lease,
+                    p,
+                    gpu.minor,
+                    &gpu.uuid,
+                    &minors,
+                    &self.config.devices,
+                    majors,
+                    self.config.lease.pids_limit,
+                )
+            })
+            .collect();
+        devices::merge_several(each).ok_or_else(|| {
+            LeaseError::Inconsistent(Inconsistency::LeaseWithoutPartition(lease.id.clone()))
+        })
+    }
+
     /// Record a container on the lease its token names (the runtime calls this
     /// before runc). `uid` is the container's uid: an MPS lease's pipe and log
     /// directories are handed to it (mode 0700); MPS serves one uid at a time, so a
@@ -146,7 +190,7 @@ impl LeaseManager {
             // A shared server serves one uid (MPS starts a server per uid and makes
             // other uids wait): the uid of the first container bound to any of its
             // leases.
-            let server_owner = shared_server_owner(&st, &resolved.partition);
+            let server_owner = st.partitions.shared_server_owner(&resolved.partition);
             if let (Some(uid), Some(mut p)) = (uid, st.partitions.get_mut(&resolved.partition.id))
                 && let PartKind::Mps(m) = &mut p.kind
             {
@@ -259,7 +303,7 @@ impl LeaseManager {
         });
         let dirs = cleared.and_then(|p| {
             // A shared server's directories stay with the uid its other leases use.
-            if shared_server_owner(&st, &p).is_some() {
+            if st.partitions.shared_server_owner(&p).is_some() {
                 return None;
             }
             let PartKind::Mps(m) = &p.kind else {
@@ -364,14 +408,16 @@ fn check_termination_log(path: &str) -> Result<(), LeaseError> {
     }
 }
 
-/// The uid another lease of `p`'s shared MPS server already bound (None for an
-/// isolated partition, or while no lease of the server has a container).
-fn shared_server_owner(st: &State, p: &Partition) -> Option<u32> {
-    let m = p.mps().filter(|m| m.mode == MpsMode::Shared)?;
-    st.partitions
-        .values()
-        .filter(|o| o.id != p.id && o.gpu == p.gpu)
-        .filter_map(Partition::mps)
-        .filter(|o| o.mode == MpsMode::Shared && o.pipe_dir == m.pipe_dir)
-        .find_map(|o| o.owner_uid)
+/// The GPU a partition is on, as the table knows it.
+fn gpu_of(st: &State, p: &Partition) -> Result<crate::gpu::GpuInfo, LeaseError> {
+    st.gpus
+        .iter()
+        .find(|g| g.info.index == p.gpu)
+        .map(|g| g.info.clone())
+        .ok_or_else(|| {
+            LeaseError::Inconsistent(Inconsistency::PartitionOnUnknownGpu {
+                partition: p.id.clone(),
+                gpu: p.gpu,
+            })
+        })
 }

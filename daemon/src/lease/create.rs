@@ -31,6 +31,11 @@ pub struct CreateRequest {
     /// Instead of a shape: memory and isolation; the smallest partition that fits
     /// now is chosen (see `need.rs`).
     pub need: Option<super::Need>,
+    /// How many partitions of `shape` (0 and 1: one): N whole GPUs or N MIG
+    /// instances of one profile, placed by topology and created all or none.
+    pub count: u32,
+    /// With `count` > 1: how closely the partitions' GPUs must be connected.
+    pub topology: crate::partition::topology::TopologyConstraint,
 }
 
 #[derive(Debug, Clone)]
@@ -59,6 +64,8 @@ pub(super) struct Reserved {
     pub(super) lease: Lease,
     pub(super) partition: Partition,
     pub(super) hw: Option<HwCreate>,
+    /// A multi-partition lease: its other partitions, each with its hardware step.
+    pub(super) more: Vec<(Partition, Option<HwCreate>)>,
 }
 
 /// What `reserve` needs to know of the request, checked and resolved.
@@ -70,6 +77,8 @@ pub(super) struct Ask<'r> {
     pub(super) lease_id: String,
     pub(super) partition_id: String,
     pub(super) now: i64,
+    /// How many partitions (1 for most leases).
+    pub(super) count: u32,
 }
 
 impl LeaseManager {
@@ -107,6 +116,7 @@ impl LeaseManager {
             lease_id: new_id("l-"),
             partition_id: new_id("p-"),
             now,
+            count: req.count.max(1),
         };
         // MPS inside MIG: its host instance first (held until the share is reserved).
         let host_claim = self.ensure_mig_mps_host(&ask, &tenancy).await?;
@@ -119,6 +129,9 @@ impl LeaseManager {
             Err(answer) => return answer,
         };
         drop(host_claim);
+        if !reserved.more.is_empty() {
+            return self.create_several(reserved, now).await;
+        }
         let tok = token::generate();
         let tok_hash = token::hash(&tok);
         let intent = self.record_reservation(&reserved, &tok_hash, now).await?;
@@ -126,6 +139,7 @@ impl LeaseManager {
             lease,
             partition,
             hw,
+            more: _,
         } = reserved;
         let Some(hw) = hw else {
             // Static-pool partition or whole GPU: nothing to change on the hardware.
@@ -269,7 +283,7 @@ impl LeaseManager {
                 Err(Again::Move(moves, refusal)) => {
                     rounds += 1;
                     for m in &moves {
-                        if let Err(e) = self.move_idle(m).await {
+                        if let Err(e) = self.move_idle(m, "to make room").await {
                             warn!(error = %e, "moving an idle lease to make room failed");
                             return Err(LeaseError::ResourceExhausted(format!(
                                 "{refusal}; moving an idle lease to make room failed: {e}"

@@ -39,6 +39,9 @@ pub struct MountSpec {
 pub struct Resolved {
     pub lease: Lease,
     pub partition: Partition,
+    /// A multi-partition lease: its partitions after the first (their devices are
+    /// in `devices` too).
+    pub more_partitions: Vec<Partition>,
     pub devices: Vec<DeviceNode>,
     pub env: BTreeMap<String, String>,
     pub mounts: Vec<MountSpec>,
@@ -143,6 +146,49 @@ pub fn add_mps_share(resolved: &mut Resolved, share: &Partition) {
     resolved.partition = share.clone();
 }
 
+/// A multi-partition lease: the devices, env and capabilities of each partition
+/// (`each`, in the lease's order, as [`resolve`] built them) in one answer. Device
+/// nodes shared by them (`nvidiactl`, `nvidia-uvm`, a GPU holding several of its
+/// instances) appear once; `CUDA_VISIBLE_DEVICES` lists every partition's UUID in
+/// order, so the container sees all of them and only them.
+pub fn merge_several(mut each: Vec<Resolved>) -> Option<Resolved> {
+    if each.is_empty() {
+        return None;
+    }
+    let mut out = each.remove(0);
+    let mut uuids: Vec<String> = out
+        .env
+        .get("CUDA_VISIBLE_DEVICES")
+        .cloned()
+        .into_iter()
+        .collect();
+    for r in each {
+        for d in r.devices {
+            if !out.devices.iter().any(|o| o.host_path == d.host_path) {
+                out.devices.push(d);
+            }
+        }
+        if let Some(u) = r.env.get("CUDA_VISIBLE_DEVICES") {
+            uuids.push(u.clone());
+        }
+        for i in r.visible_gpu_indices {
+            if !out.visible_gpu_indices.contains(&i) {
+                out.visible_gpu_indices.push(i);
+            }
+        }
+        for c in r.granted_capabilities {
+            if !out.granted_capabilities.contains(&c) {
+                out.granted_capabilities.push(c);
+            }
+        }
+        out.more_partitions.push(r.partition);
+    }
+    out.visible_gpu_indices.sort_unstable();
+    out.env
+        .insert("CUDA_VISIBLE_DEVICES".into(), uuids.join(","));
+    Some(out)
+}
+
 /// Build the devices, env and mounts of a lease.
 #[allow(clippy::too_many_arguments)]
 pub fn resolve(
@@ -211,6 +257,7 @@ pub fn resolve(
     Resolved {
         lease: lease.clone(),
         partition: partition.clone(),
+        more_partitions: Vec::new(),
         devices,
         env,
         mounts,

@@ -33,7 +33,7 @@ impl LeaseManager {
         reason: &str,
     ) -> Result<Lease, LeaseError> {
         self.wait_while_moving(id).await;
-        let (lease, partition, teardown) = {
+        let (lease, steps, before) = {
             let mut st = self.lock();
             if st.moving.contains(id) {
                 return Err(LeaseError::FailedPrecondition(format!(
@@ -62,14 +62,14 @@ impl LeaseManager {
             if st.tearing_down.contains(id) {
                 return Ok(lease);
             }
-            let partition = st
-                .partitions
-                .get(&lease.partition_id)
-                .cloned()
-                .ok_or_else(|| {
-                    LeaseError::Inconsistent(Inconsistency::LeaseWithoutPartition(id.to_string()))
-                })?;
-            let teardown = self.teardown_for(&st, &partition);
+            // Every partition it holds (several for a multi-partition lease).
+            let steps: Vec<(Partition, Option<HwDestroy>)> = Self::lease_partitions(&st, &lease)?
+                .into_iter()
+                .map(|p| {
+                    let hw = self.teardown_for(&st, &p);
+                    (p, hw)
+                })
+                .collect();
             let mut l = st.leases.get_mut(id).ok_or_else(|| {
                 LeaseError::Inconsistent(Inconsistency::LeaseVanished(id.to_string()))
             })?;
@@ -77,10 +77,9 @@ impl LeaseManager {
             let ending = l.clone();
             drop(l);
             st.tearing_down.insert(id.to_string());
-            (ending, partition, (teardown, lease))
+            (ending, steps, lease)
         };
-        let (teardown, before) = teardown;
-        let result = self.teardown(lease, partition, teardown, before).await;
+        let result = self.teardown(lease, steps, before).await;
         self.lock().tearing_down.remove(id);
         result
     }
@@ -123,11 +122,15 @@ impl LeaseManager {
     pub(super) async fn teardown(
         &self,
         lease: Lease,
-        partition: Partition,
-        hw: Option<HwDestroy>,
+        steps: Vec<(Partition, Option<HwDestroy>)>,
         before: Lease,
     ) -> Result<Lease, LeaseError> {
-        let intent = match self.record_teardown_intent(&lease, &partition, &hw).await {
+        let Some(partition) = steps.first().map(|(p, _)| p.clone()) else {
+            return Err(LeaseError::Inconsistent(
+                Inconsistency::LeaseWithoutPartition(lease.id.clone()),
+            ));
+        };
+        let intents = match self.record_teardown_intent(&lease, &steps).await {
             Ok(i) => i,
             Err(e) => {
                 if let Some(mut l) = self.lock().leases.get_mut(&lease.id) {
@@ -146,46 +149,56 @@ impl LeaseManager {
                 lease.end_reason().unwrap_or_default()
             ),
         );
-        // Containers first: the partition is torn down only when no process of the
-        // lease remains.
+        // Containers first: the partitions are torn down only when no process of
+        // the lease remains.
         if !self.stop_containers(&lease, &partition).await? {
             return Ok(lease);
         }
-        // The MPS directories go with the daemon (a shared server's stay while it
-        // serves other leases).
-        let stops_mps = matches!(hw, Some(HwDestroy::Mps { .. }));
-        if let Some(hw) = hw
-            && let Err(e) = self.destroy_hw(hw).await?
-        {
-            warn!(lease = %lease.id, error = %e, "teardown failed; will retry");
+        let mut parts = Vec::with_capacity(steps.len());
+        let mut failed = Vec::new();
+        for (p, hw) in steps {
+            // The MPS directories go with the daemon (a shared server's stay while
+            // it serves other leases).
+            let stops_mps = matches!(hw, Some(HwDestroy::Mps { .. }));
+            if let Some(hw) = hw
+                && let Err(e) = self.destroy_hw(hw).await?
+            {
+                warn!(lease = %lease.id, partition = %p.id, error = %e, "teardown failed; will retry");
+                failed.push((p.id.clone(), e));
+                parts.push(p);
+                continue;
+            }
+            if let PartKind::Mps(m) = &p.kind
+                && stops_mps
+                && let Some(base) = m.pipe_dir.parent()
+                && base.starts_with(self.config.daemon.run_dir.join("mps"))
+                && let Err(e) = self.host.remove_dir_all(base)
+            {
+                warn!(lease = %lease.id, dir = %base.display(), error = %e, "could not remove the MPS directories");
+            }
+            parts.push(p);
+        }
+        if !failed.is_empty() {
             let mut st = self.lock();
-            if let Some(mut p) = st.partitions.get_mut(&partition.id) {
-                p.state = PartitionState::Destroying;
+            for (pid, _) in &failed {
+                if let Some(mut p) = st.partitions.get_mut(pid) {
+                    p.state = PartitionState::Destroying;
+                }
             }
             if let Some(mut l) = st.leases.get_mut(&lease.id) {
                 *l = lease.clone();
             }
             drop(st);
+            let why: Vec<String> = failed.iter().map(|(_, e)| e.to_string()).collect();
             self.emit(
                 EventKind::Revoking,
                 &lease,
                 Some(&partition),
-                format!("teardown failed, retrying: {e}"),
+                format!("teardown failed, retrying: {}", why.join("; ")),
             );
             return Ok(lease);
         }
-        if let PartKind::Mps(m) = &partition.kind
-            && stops_mps
-            && let Some(base) = m.pipe_dir.parent()
-            && base.starts_with(self.config.daemon.run_dir.join("mps"))
-            && let Err(e) = self.host.remove_dir_all(base)
-        {
-            warn!(lease = %lease.id, dir = %base.display(), error = %e, "could not remove the MPS directories");
-        }
-        match self
-            .record_end(lease.clone(), partition.clone(), intent)
-            .await
-        {
+        match self.record_end(lease.clone(), parts, intents).await {
             Ok(ended) => Ok(ended),
             Err(e) => {
                 warn!(lease = %lease.id, error = %e, "the end could not be recorded; will retry");
@@ -200,36 +213,48 @@ impl LeaseManager {
         }
     }
 
-    /// The teardown's intent, written with the lease (revoking) and the partition
-    /// (destroying) before anything is touched. Without a hardware step only the
-    /// lease (revoking) is written, before its containers are stopped: None.
+    /// The teardown's intents (one per partition with a hardware step), written
+    /// with the lease (revoking) and those partitions (destroying) in one commit
+    /// before anything is touched. Without a hardware step only the lease
+    /// (revoking) is written, before its containers are stopped.
     async fn record_teardown_intent(
         &self,
         lease: &Lease,
-        partition: &Partition,
-        hw: &Option<HwDestroy>,
-    ) -> Result<Option<i64>, LeaseError> {
-        let op = match hw {
-            Some(HwDestroy::Mig { .. }) => IntentOp::DestroyMig,
-            Some(HwDestroy::Mps { .. }) => IntentOp::StopMps,
-            None => {
-                let l2 = lease.clone();
-                self.store.write(move |w| w.put_lease(&l2)).await?;
-                return Ok(None);
-            }
-        };
-        let mut destroying = partition.clone();
-        destroying.state = PartitionState::Destroying;
+        steps: &[(Partition, Option<HwDestroy>)],
+    ) -> Result<Vec<Option<i64>>, LeaseError> {
+        let ops: Vec<(Partition, Option<IntentOp>)> = steps
+            .iter()
+            .map(|(p, hw)| {
+                let op = match hw {
+                    Some(HwDestroy::Mig { .. }) => Some(IntentOp::DestroyMig),
+                    Some(HwDestroy::Mps { .. }) => Some(IntentOp::StopMps),
+                    None => None,
+                };
+                let mut destroying = p.clone();
+                if op.is_some() {
+                    destroying.state = PartitionState::Destroying;
+                }
+                (destroying, op)
+            })
+            .collect();
         let (l2, now) = (lease.clone(), now_ms());
-        let id = self
+        let ids = self
             .store
             .write(move |w| {
                 w.put_lease(&l2)?;
-                w.put_partition(&destroying)?;
-                w.begin_intent(op, &destroying.id, Some(&l2.id), now)
+                let mut ids = Vec::with_capacity(ops.len());
+                for (p, op) in &ops {
+                    let Some(op) = op else {
+                        ids.push(None);
+                        continue;
+                    };
+                    w.put_partition(p)?;
+                    ids.push(Some(w.begin_intent(*op, &p.id, Some(&l2.id), now)?));
+                }
+                Ok(ids)
             })
             .await?;
-        Ok(Some(id))
+        Ok(ids)
     }
 
     /// Stop every container bound to the lease: SIGTERM, then SIGKILL after the
@@ -301,7 +326,10 @@ impl LeaseManager {
 
     /// The hardware step of a teardown. Outer error: the task itself failed.
     /// Destroying what is already gone (NVML NotFound) counts as done.
-    async fn destroy_hw(&self, hw: HwDestroy) -> Result<Result<(), GpuError>, LeaseError> {
+    pub(super) async fn destroy_hw(
+        &self,
+        hw: HwDestroy,
+    ) -> Result<Result<(), GpuError>, LeaseError> {
         let backend = self.backend.clone();
         let done = match hw {
             HwDestroy::Mig { gpu, gi_id } if backend.instance_calls_are_quick() => {
@@ -334,47 +362,64 @@ impl LeaseManager {
         })
     }
 
-    /// The end, durably: the lease ended (with its usage record), the partition
-    /// back in the pool or gone, its tokens deleted, the intent finished. Then in
+    /// The end, durably: the lease ended (with its usage record), its partitions
+    /// back in the pool or gone, its tokens deleted, its intents finished. Then in
     /// memory and on the watch stream.
     async fn record_end(
         &self,
         mut lease: Lease,
-        partition: Partition,
-        intent: Option<i64>,
+        parts: Vec<Partition>,
+        intents: Vec<Option<i64>>,
     ) -> Result<Lease, LeaseError> {
         let now = now_ms();
         let final_state = lease.finish_end(now)?;
-        let back_to_pool = hw_keeps(&partition, self.config.partition.on_release);
-        let mut freed = partition.clone();
-        freed.lease_id = None;
-        freed.state = PartitionState::Ready;
-        let (l2, f2) = (lease.clone(), freed.clone());
-        let gpu_memory = self
-            .lock()
-            .gpus
+        let on_release = self.config.partition.on_release;
+        // (partition, back to the pool as this).
+        let outcome: Vec<(Partition, Option<Partition>)> = parts
             .iter()
-            .find(|g| g.info.index == partition.gpu)
-            .map(|g| g.info.memory_bytes)
-            .unwrap_or_default();
-        let usage = crate::usage::weights_of_partition(&lease, &partition, gpu_memory);
+            .map(|p| {
+                let freed = hw_keeps(p, on_release).then(|| {
+                    let mut f = p.clone();
+                    f.lease_id = None;
+                    f.state = PartitionState::Ready;
+                    f
+                });
+                (p.clone(), freed)
+            })
+            .collect();
+        let usage = {
+            let st = self.lock();
+            parts
+                .iter()
+                .fold(crate::usage::Weights::default(), |acc, p| {
+                    let gpu_memory = st
+                        .gpus
+                        .iter()
+                        .find(|g| g.info.index == p.gpu)
+                        .map(|g| g.info.memory_bytes)
+                        .unwrap_or_default();
+                    acc.plus(crate::usage::weights_of_partition(&lease, p, gpu_memory))
+                })
+        };
+        let (l2, o2) = (lease.clone(), outcome.clone());
         self.store
             .write(move |w| {
                 w.put_lease(&l2)?;
                 crate::usage::insert_record(w.conn(), &l2, &usage)?;
-                if back_to_pool {
-                    w.put_partition(&f2)?;
-                } else {
-                    w.delete_partition(&f2.id)?;
+                for (p, freed) in &o2 {
+                    match freed {
+                        Some(f) => w.put_partition(f)?,
+                        None => w.delete_partition(&p.id)?,
+                    }
                 }
                 w.delete_tokens(&l2.id)?;
-                if let Some(i) = intent {
-                    w.finish_intent(i, now, "done")?;
+                for i in intents.iter().flatten() {
+                    w.finish_intent(*i, now, "done")?;
                 }
                 Ok(())
             })
             .await?;
-        self.forget_ended(&lease, &partition, back_to_pool.then_some(freed));
+        self.forget_ended(&lease, outcome);
         let kind = if final_state == LeaseState::Released {
             EventKind::Released
         } else {
@@ -383,16 +428,16 @@ impl LeaseManager {
         self.emit(
             kind,
             &lease,
-            Some(&partition),
+            parts.first(),
             lease.end_reason().unwrap_or_default().to_string(),
         );
         info!(lease = %lease.id, state = final_state.as_str(), "lease ended");
         Ok(lease)
     }
 
-    /// An ended lease leaves the table; its partition returns to the pool (`freed`)
-    /// or goes.
-    fn forget_ended(&self, lease: &Lease, partition: &Partition, freed: Option<Partition>) {
+    /// An ended lease leaves the table; each partition returns to the pool (its
+    /// freed copy) or goes.
+    fn forget_ended(&self, lease: &Lease, parts: Vec<(Partition, Option<Partition>)>) {
         let mut st = self.lock();
         st.leases.remove(&lease.id);
         st.tokens.remove_lease(&lease.id);
@@ -401,12 +446,14 @@ impl LeaseManager {
         if let Some(rid) = &lease.request_id {
             st.requests.remove(&(lease.tenant.clone(), rid.clone()));
         }
-        match freed {
-            Some(f) => {
-                st.partitions.insert(f.id.clone(), f);
-            }
-            None => {
-                st.partitions.remove(&partition.id);
+        for (p, freed) in parts {
+            match freed {
+                Some(f) => {
+                    st.partitions.insert(f.id.clone(), f);
+                }
+                None => {
+                    st.partitions.remove(&p.id);
+                }
             }
         }
     }

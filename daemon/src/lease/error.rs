@@ -25,6 +25,10 @@ pub enum LeaseError {
     BurstWaits(String),
     #[error("{0}")]
     FailedPrecondition(String),
+    /// Room exists, but not within the topology the request demands (a
+    /// multi-partition lease with `nvlink` or `numa`).
+    #[error("{0}")]
+    TopologyUnmet(String),
     /// The GPU asked for is out of service.
     #[error("{0}")]
     GpuUnhealthy(String),
@@ -71,6 +75,7 @@ impl From<PlanError> for LeaseError {
                 message: e.to_string(),
             },
             PlanError::NoCapacity(m) => LeaseError::ResourceExhausted(m),
+            PlanError::TopologyUnmet(m) => LeaseError::TopologyUnmet(m),
         }
     }
 }

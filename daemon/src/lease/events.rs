@@ -49,6 +49,8 @@ impl LeaseManager {
         partition: Option<&Partition>,
         msg: String,
     ) {
+        // Any change to a lease may make room for a queued request.
+        self.queue.room_changed();
         let _ = self.events.send(LeaseEvent {
             kind,
             lease: lease.clone(),

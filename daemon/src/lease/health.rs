@@ -54,13 +54,16 @@ impl State {
             ..
         } = self;
         leases.for_each_mut(|l| {
-            let gi = partitions
-                .get(&l.partition_id)
-                .and_then(|p| p.mig())
-                .and_then(|m| m.gi_id);
-            let mark = health
-                .get(&(l.gpu, None))
-                .or_else(|| gi.and_then(|gi| health.get(&(l.gpu, Some(gi)))));
+            // Any of its partitions out of service (a multi-partition lease has
+            // several GPUs or instances).
+            let mark = l.partition_ids().find_map(|id| {
+                let p = partitions.get(id);
+                let gpu = p.map_or(l.gpu, |p| p.gpu);
+                let gi = p.and_then(|p| p.mig()).and_then(|m| m.gi_id);
+                health
+                    .get(&(gpu, None))
+                    .or_else(|| gi.and_then(|gi| health.get(&(gpu, Some(gi)))))
+            });
             l.unhealthy = mark.map(HealthMark::describe);
         });
     }
@@ -245,15 +248,21 @@ impl LeaseManager {
     ) -> Vec<(crate::model::Lease, Option<crate::model::Partition>)> {
         st.leases
             .values()
-            .filter(|l| l.gpu == gpu && l.state().is_live())
+            .filter(|l| l.state().is_live())
             .filter_map(|l| {
-                let p = st.partitions.get(&l.partition_id);
-                let on_it = match (gi_id, p.map(|p| &p.kind)) {
-                    (None, _) => true,
-                    (Some(gi), Some(PartKind::Mig(m))) => m.gi_id == Some(gi),
-                    (Some(_), _) => false,
-                };
-                on_it.then(|| (l.clone(), p.cloned()))
+                // Any partition of the lease (several for a multi-partition lease).
+                l.partition_ids().find_map(|id| {
+                    let p = st.partitions.get(id);
+                    if p.map_or(l.gpu, |p| p.gpu) != gpu {
+                        return None;
+                    }
+                    let on_it = match (gi_id, p.map(|p| &p.kind)) {
+                        (None, _) => true,
+                        (Some(gi), Some(PartKind::Mig(m))) => m.gi_id == Some(gi),
+                        (Some(_), _) => false,
+                    };
+                    on_it.then(|| (l.clone(), p.cloned()))
+                })
             })
             .collect()
     }
@@ -389,6 +398,8 @@ mod tests {
             priority_class: None,
             gpu_index: gpu,
             need: None,
+            count: 0,
+            topology: Default::default(),
         }
     }
 
@@ -470,6 +481,41 @@ mod tests {
         assert_eq!(l0.state(), LeaseState::Revoked);
         assert!(l0.end_reason().unwrap().contains("double-bit ECC"));
         assert_eq!(mgr.get(&on1.id).unwrap().0.state(), LeaseState::Active);
+    }
+
+    /// A lease of instances on both GPUs hears of its second GPU's fault, and the
+    /// revoke policy ends it whole (all its instances destroyed).
+    #[tokio::test]
+    async fn a_multi_gpu_lease_follows_the_health_of_every_gpu_it_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mgr, sim) = start(dir.path(), "[health]\non_unhealthy = \"revoke\"\n");
+        let three = mgr
+            .create(CreateRequest {
+                count: 3,
+                ..ask("3g.40gb", None)
+            })
+            .await
+            .unwrap()
+            .lease;
+        assert_eq!(three.gpu, 0, "its first partition is on gpu 0");
+        let mut events = mgr.subscribe();
+        mgr.apply_health_event(HealthEvent {
+            gpu: 1,
+            gi_id: None,
+            cause: HealthCause::DoubleBitEcc,
+        })
+        .await;
+        let ev = events.recv().await.unwrap();
+        assert_eq!(
+            (ev.kind, ev.lease.id.as_str()),
+            (EventKind::Unhealthy, three.id.as_str())
+        );
+        let (l, _) = mgr.get(&three.id).unwrap();
+        assert_eq!(l.state(), LeaseState::Revoked);
+        assert!(l.end_reason().unwrap().contains("double-bit ECC"));
+        use crate::gpu::GpuBackend;
+        let left: usize = (0..2).map(|g| sim.instances(g).unwrap().len()).sum();
+        assert_eq!(left, 0, "every instance of the lease went");
     }
 
     #[tokio::test]

@@ -93,6 +93,9 @@ impl LeaseManager {
         self.supervise_mps(now).await;
         self.reap_idle_mps_hosts().await;
         self.prune_gone_containers(now).await;
+        if self.config.partition.compact_idle {
+            self.compact_idle().await;
+        }
         ended
     }
 
@@ -238,7 +241,7 @@ impl LeaseManager {
     }
 
     pub(super) async fn retry_teardown(&self, id: &str) -> Result<(), LeaseError> {
-        let (lease, partition, hw) = {
+        let (lease, steps) = {
             let mut st = self.lock();
             if st.tearing_down.contains(id) {
                 return Ok(());
@@ -246,14 +249,20 @@ impl LeaseManager {
             let Some(lease) = st.leases.get(id).cloned() else {
                 return Ok(());
             };
-            let Some(p) = st.partitions.get(&lease.partition_id).cloned() else {
+            let Ok(parts) = Self::lease_partitions(&st, &lease) else {
                 return Ok(());
             };
             st.tearing_down.insert(id.to_string());
-            let hw = self.teardown_for(&st, &p);
-            (lease, p, hw)
+            let steps: Vec<_> = parts
+                .into_iter()
+                .map(|p| {
+                    let hw = self.teardown_for(&st, &p);
+                    (p, hw)
+                })
+                .collect();
+            (lease, steps)
         };
-        let r = self.teardown(lease.clone(), partition, hw, lease).await;
+        let r = self.teardown(lease.clone(), steps, lease).await;
         self.lock().tearing_down.remove(id);
         r.map(|_| ())
     }

@@ -1,15 +1,18 @@
 //! The lease table's maps with the indexes the hot paths need, so that no request
 //! scans every live lease: leases with each tenant's live usage (quota admission),
-//! and partitions by GPU with each GPU's MPS load (placement).
+//! and partitions by GPU with each GPU's MPS load (placement) and the uids its shared
+//! MPS servers serve (binding).
 //!
 //! A change goes through `get_mut`, whose guard takes the entry out of the indexes
 //! and puts it back when dropped: an index cannot miss a change.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::{Deref, DerefMut};
+use std::path::PathBuf;
 
 use crate::config::Amounts;
-use crate::model::{Lease, LeaseState, PartKind, Partition};
+use crate::gpu::MpsMode;
+use crate::model::{Lease, LeaseState, MpsPart, PartKind, Partition};
 use crate::partition::{MpsLoad, MpsShare};
 
 use super::quota;
@@ -74,7 +77,7 @@ fn count_in(ix: &mut Indexes, l: &Lease) {
         ix.usage
             .entry(l.tenant.clone())
             .or_default()
-            .add(quota::amounts_of(&l.shape));
+            .add(quota::amounts_of_lease(l));
     }
     match l.state() {
         LeaseState::Active => {
@@ -91,7 +94,7 @@ fn count_out(ix: &mut Indexes, l: &Lease) {
     if l.state().is_live()
         && let Some(u) = ix.usage.get_mut(&l.tenant)
     {
-        u.remove(quota::amounts_of(&l.shape));
+        u.remove(quota::amounts_of_lease(l));
         if u.leases == 0 {
             ix.usage.remove(&l.tenant);
         }
@@ -249,11 +252,20 @@ impl Tokens {
     }
 }
 
-/// The partitions of one GPU: MIG and whole-GPU ones by id, MPS shares summed.
+/// The partitions of one GPU: MIG and whole-GPU ones by id, MPS shares summed, and
+/// for each shared MPS server (by pipe directory) how many of its shares have a
+/// container running as each uid.
 #[derive(Debug, Default)]
 pub(crate) struct GpuParts {
     pub(crate) placed: BTreeSet<String>,
     pub(crate) mps: MpsLoad,
+    shared_owners: HashMap<PathBuf, BTreeMap<u32, usize>>,
+}
+
+/// A share of a shared MPS server with a container bound: its server and the uid.
+fn shared_owner(p: &Partition) -> Option<(&MpsPart, u32)> {
+    let m = p.mps().filter(|m| m.mode == MpsMode::Shared)?;
+    Some((m, m.owner_uid?))
 }
 
 /// Partitions by id, indexed by GPU.
@@ -284,6 +296,13 @@ fn place(by_gpu: &mut HashMap<u32, GpuParts>, p: &Partition) {
             g.placed.insert(p.id.clone());
         }
     }
+    if let Some((m, uid)) = shared_owner(p) {
+        *g.shared_owners
+            .entry(m.pipe_dir.clone())
+            .or_default()
+            .entry(uid)
+            .or_default() += 1;
+    }
 }
 
 fn unplace(by_gpu: &mut HashMap<u32, GpuParts>, p: &Partition) {
@@ -296,7 +315,20 @@ fn unplace(by_gpu: &mut HashMap<u32, GpuParts>, p: &Partition) {
             g.placed.remove(&p.id);
         }
     }
-    if g.placed.is_empty() && g.mps.is_empty() {
+    if let Some((m, uid)) = shared_owner(p)
+        && let Some(uids) = g.shared_owners.get_mut(&m.pipe_dir)
+    {
+        if let Some(n) = uids.get_mut(&uid) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                uids.remove(&uid);
+            }
+        }
+        if uids.is_empty() {
+            g.shared_owners.remove(&m.pipe_dir);
+        }
+    }
+    if g.placed.is_empty() && g.mps.is_empty() && g.shared_owners.is_empty() {
         by_gpu.remove(&p.gpu);
     }
 }
@@ -352,6 +384,24 @@ impl Partitions {
             .filter_map(|id| self.by_id.get(id));
         (placed, parts.map(|g| g.mps).unwrap_or_default())
     }
+
+    /// The uid that the shared MPS server of `p` serves for its other shares: the uid
+    /// of a container bound to another share of the same server. None when `p` is not
+    /// a shared-mode share or no other share of its server has a container.
+    pub(crate) fn shared_server_owner(&self, p: &Partition) -> Option<u32> {
+        let m = p.mps().filter(|m| m.mode == MpsMode::Shared)?;
+        let uids = self.by_gpu.get(&p.gpu)?.shared_owners.get(&m.pipe_dir)?;
+        // What the table holds for `p` itself is counted in the index: leave it out.
+        let own = self
+            .by_id
+            .get(&p.id)
+            .and_then(shared_owner)
+            .filter(|(o, _)| o.pipe_dir == m.pipe_dir)
+            .map(|(_, uid)| uid);
+        uids.iter()
+            .find(|&(uid, n)| *n > usize::from(own == Some(*uid)))
+            .map(|(uid, _)| *uid)
+    }
 }
 
 /// A partition being changed; the GPU index follows when it is dropped.
@@ -403,6 +453,7 @@ mod tests {
                 },
                 partition_id: format!("p-{id}"),
                 gpu: 0,
+                more_partitions: vec![],
                 created_at_ms: 1,
                 ttl_secs: 60,
                 request_id: None,
@@ -573,5 +624,63 @@ mod tests {
         let (placed, load) = parts.on_gpu(1);
         assert_eq!((placed.count(), load), (0, MpsLoad::default()));
         assert_eq!(parts.len(), 3);
+    }
+
+    fn shared(pipe: &str, owner: Option<u32>) -> PartKind {
+        let PartKind::Mps(mut m) = mps(10) else {
+            unreachable!()
+        };
+        m.mode = crate::gpu::MpsMode::Shared;
+        m.pipe_dir = PathBuf::from(pipe);
+        m.owner_uid = owner;
+        PartKind::Mps(m)
+    }
+
+    fn set_owner(parts: &mut Partitions, id: &str, uid: Option<u32>) {
+        if let PartKind::Mps(m) = &mut parts.get_mut(id).unwrap().kind {
+            m.owner_uid = uid;
+        }
+    }
+
+    #[test]
+    fn a_shared_server_s_uid_is_the_one_its_other_shares_run_as() {
+        let mut parts = Partitions::default();
+        parts.insert("a".into(), part("a", 0, shared("/run/s0", None)));
+        parts.insert("b".into(), part("b", 0, shared("/run/s0", None)));
+        parts.insert("c".into(), part("c", 1, shared("/run/s1", Some(7))));
+        parts.insert("i".into(), part("i", 0, mps(10)));
+        let owner = |parts: &Partitions, id: &str| {
+            let p = parts.get(id).unwrap().clone();
+            parts.shared_server_owner(&p)
+        };
+        assert_eq!(owner(&parts, "a"), None, "no container bound yet");
+        set_owner(&mut parts, "a", Some(1000));
+        assert_eq!(owner(&parts, "b"), Some(1000), "b shares a's server");
+        assert_eq!(owner(&parts, "a"), None, "a's own uid does not bind a");
+        assert_eq!(
+            owner(&parts, "i"),
+            None,
+            "an isolated share has no shared owner"
+        );
+        set_owner(&mut parts, "b", Some(1000));
+        assert_eq!(owner(&parts, "a"), Some(1000));
+        // Another GPU's server serves its own uid.
+        let mut on_1 = parts.get("b").unwrap().clone();
+        on_1.gpu = 1;
+        on_1.id = "x".into();
+        if let PartKind::Mps(m) = &mut on_1.kind {
+            m.pipe_dir = PathBuf::from("/run/s1");
+        }
+        assert_eq!(parts.shared_server_owner(&on_1), Some(7));
+        // The containers go: the server serves nobody.
+        set_owner(&mut parts, "a", None);
+        assert_eq!(owner(&parts, "a"), Some(1000), "b still runs as 1000");
+        parts.remove("b");
+        assert_eq!(owner(&parts, "a"), None);
+        parts.remove("a");
+        parts.remove("i");
+        parts.remove("c");
+        assert_eq!(parts.len(), 0);
+        assert!(parts.by_gpu.is_empty(), "{:?}", parts.by_gpu);
     }
 }

@@ -71,7 +71,7 @@ impl LeaseManager {
         let extra = self.grants_extra(&tenant, ask.now);
         let (host, hw) = {
             let mut st = self.lock();
-            Self::admit(&st, tenancy, &tenant, &ask.shape, extra)?;
+            Self::admit(&st, tenancy, &tenant, &ask.shape, 1, extra)?;
             let opts = self.plan_options(ask.req.gpu_index);
             let decision = partition::plan_mig_mps(
                 profile,

@@ -58,9 +58,11 @@ mod housekeeping;
 mod index;
 mod mig_mps;
 mod moves;
+mod multi;
 mod need;
 mod owner;
 mod queries;
+mod queue;
 pub mod quota;
 mod reconcile;
 mod renew;
@@ -73,6 +75,7 @@ pub use create::{CreateRequest, Created};
 pub use error::LeaseError;
 pub use events::{EventKind, LeaseEvent};
 pub use health::HealthSource;
+pub use multi::LeaseLinks;
 pub use need::{Isolation, Need};
 pub use queries::GpuReport;
 pub use table::GpuState;
@@ -94,6 +97,8 @@ pub struct LeaseManager {
     tenancy: std::sync::RwLock<Arc<TenancyConfig>>,
     grants: Mutex<Vec<Grant>>,
     host: Arc<dyn HostOps>,
+    /// CreateLease calls waiting for room (`queue_wait_ms`).
+    queue: queue::AdmissionQueue,
 }
 
 impl std::fmt::Debug for LeaseManager {
@@ -141,6 +146,7 @@ impl LeaseManager {
             heartbeat: std::sync::atomic::AtomicI64::new(now_ms()),
             tenancy: std::sync::RwLock::new(Arc::new(config.tenancy.clone())),
             grants: Mutex::new(Vec::new()),
+            queue: queue::AdmissionQueue::default(),
             host,
         });
         *mgr.grants.lock().unwrap_or_else(|p| p.into_inner()) = grants;

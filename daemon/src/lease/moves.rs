@@ -31,7 +31,11 @@ use tracing::{info, warn};
 use crate::gpu::{GpuError, MigInstance};
 use crate::model::{IntentOp, Lease, LeaseState, Origin, PartKind, Partition, PartitionState};
 use crate::names::new_id;
-use crate::partition::{Movable, Move};
+use crate::partition::{self, Movable, Move};
+
+/// Housekeeping moves at most this many idle leases per pass (the trace bench's
+/// housekeeping policy moves as many after each grant and each end).
+pub(super) const COMPACT_MOVES_PER_TICK: usize = crate::partition::trace::HOUSEKEEPING_MOVES;
 
 use super::table::State;
 use super::{EventKind, LeaseError, LeaseManager};
@@ -46,6 +50,8 @@ impl LeaseManager {
                     && l.containers.is_empty()
                     && l.pod.is_none()
                     && !l.pinned_gpu
+                    // A multi-partition lease was placed as a whole, by topology.
+                    && l.more_partitions.is_empty()
                     // The device plugin's leases are published as CDI specs naming
                     // their instance's device nodes, read by the container runtime at
                     // any time: they stay where they are.
@@ -69,10 +75,38 @@ impl LeaseManager {
             .collect()
     }
 
+    /// Housekeeping (`[partition] compact_idle`): up to [`COMPACT_MOVES_PER_TICK`]
+    /// moves of idle leases, each the one that most raises the node's free-space value
+    /// (`partition::compact`), so that large requests find room without waiting for a
+    /// refusal to move anything. Returns how many leases moved; a failed move ends the
+    /// pass (logged here).
+    pub(super) async fn compact_idle(&self) -> usize {
+        let opts = self.plan_options(None);
+        let mut moved = 0;
+        for _ in 0..COMPACT_MOVES_PER_TICK {
+            let mv = {
+                let st = self.lock();
+                let views = Self::placeable_views(&st);
+                partition::compact(&views, &opts, &Self::movable(&st))
+            };
+            let Some(mv) = mv else {
+                break;
+            };
+            match self.move_idle(&mv, "to compact free space").await {
+                Ok(()) => moved += 1,
+                Err(e) => {
+                    warn!(error = %e, from_gpu = mv.from_gpu, to_gpu = mv.to_gpu, "housekeeping move of an idle lease failed");
+                    break;
+                }
+            }
+        }
+        moved
+    }
+
     /// Do one move the planner chose. Errors leave the lease where it was, except a
     /// lease whose instance could be created neither at its new nor at its old place
     /// (then it is lost, and its watchers are told).
-    pub(super) async fn move_idle(&self, mv: &Move) -> Result<(), LeaseError> {
+    pub(super) async fn move_idle(&self, mv: &Move, why: &'static str) -> Result<(), LeaseError> {
         let now = now_ms();
         let (lease, old, new) = {
             let mut st = self.lock();
@@ -136,7 +170,7 @@ impl LeaseManager {
             st.moving.insert(lease_id);
             (lease, old, new)
         };
-        let result = self.move_steps(&lease, &old, new, now).await;
+        let result = self.move_steps(&lease, &old, new, now, why).await;
         self.lock().moving.remove(&lease.id);
         result
     }
@@ -147,6 +181,7 @@ impl LeaseManager {
         old: &Partition,
         mut new: Partition,
         now: i64,
+        why: &'static str,
     ) -> Result<(), LeaseError> {
         let (p2, lid) = (new.clone(), lease.id.clone());
         let intent = match self
@@ -243,7 +278,7 @@ impl LeaseManager {
         // intent finishes the move at the next start.
         written?;
         let msg = format!(
-            "moved to make room: gpu{} slice {} -> gpu{} slice {} (new MIG device UUID)",
+            "moved {why}: gpu{} slice {} -> gpu{} slice {} (new MIG device UUID)",
             old.gpu, old_mig.placement.start, new.gpu, new_mig.placement.start
         );
         info!(lease = %moved.id, from_gpu = old.gpu, to_gpu = new.gpu, "idle lease moved");

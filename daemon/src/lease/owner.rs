@@ -43,7 +43,14 @@ impl LeaseManager {
                 return Ok(lease);
             }
             if lease.tenant != tenant {
-                Self::admit(&st, &tenancy, tenant, &lease.shape, extra)?;
+                Self::admit(
+                    &st,
+                    &tenancy,
+                    tenant,
+                    &lease.shape,
+                    lease.partition_count(),
+                    extra,
+                )?;
             }
             let mut l = st.leases.get_mut(id).ok_or_else(|| {
                 LeaseError::NotFound(format!("no live lease {:?}", truncate(id, 80)))

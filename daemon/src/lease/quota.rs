@@ -14,6 +14,23 @@ use crate::partition::Shape;
 
 use crate::model::Lease;
 
+/// Quota amounts `n` partitions of one shape use (a multi-partition lease counts
+/// every partition).
+pub fn amounts_of_n(shape: &Shape, n: u32) -> Amounts {
+    let a = amounts_of(shape);
+    Amounts {
+        mig_slices: a.mig_slices.saturating_mul(n),
+        mps_sm_percent: a.mps_sm_percent.saturating_mul(n),
+        memory_bytes: a.memory_bytes.saturating_mul(u64::from(n)),
+        whole_gpus: a.whole_gpus.saturating_mul(n),
+    }
+}
+
+/// Quota amounts a lease uses: every partition it holds.
+pub fn amounts_of_lease(l: &Lease) -> Amounts {
+    amounts_of_n(&l.shape, l.partition_count())
+}
+
 /// Quota amounts a shape uses.
 pub fn amounts_of(shape: &Shape) -> Amounts {
     match shape {
@@ -182,7 +199,7 @@ pub fn burst_leases<'a>(cfg: &TenancyConfig, leases: &[&'a Lease]) -> Vec<&'a Le
         });
         let mut total = Amounts::default();
         for l in ls {
-            total = add(total, amounts_of(&l.shape));
+            total = add(total, amounts_of_lease(l));
             if !fits(total, guaranteed) {
                 out.push(l);
             }
@@ -256,6 +273,7 @@ mod tests {
                 },
                 partition_id: String::new(),
                 gpu: 0,
+                more_partitions: vec![],
                 created_at_ms: created,
                 ttl_secs: 0,
                 request_id: None,

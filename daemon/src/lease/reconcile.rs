@@ -12,7 +12,7 @@ use crate::model::{IntentOp, Lease, MigPart, PartKind, Partition, PartitionState
 use super::{GpuState, LeaseError, LeaseManager, State, mps_dirs};
 
 /// The MIG instances of each GPU, as the backend listed them at start.
-type Instances = HashMap<u32, Vec<MigInstance>>;
+pub(super) type Instances = HashMap<u32, Vec<MigInstance>>;
 
 /// What reconciliation did, for the start-up log line.
 #[derive(Default)]
@@ -55,8 +55,11 @@ impl LeaseManager {
                 .get(pid)
                 .is_some_and(|p| lost.contains(&p.gpu))
         };
+        // A multi-partition lease a crash caught being created: all or nothing.
+        let several =
+            self.reconcile_several_at_start(&mut st, &mut instances, &snap.intents, now)?;
         for intent in &snap.intents {
-            if on_lost(&st, &intent.partition_id) {
+            if on_lost(&st, &intent.partition_id) || several.contains(&intent.id) {
                 continue;
             }
             self.reconcile_intent(&mut st, &mut instances, intent, now, &mut report)?;
@@ -532,9 +535,43 @@ impl LeaseManager {
                         now,
                     )?;
                 }
-                let (pid, ll) = (p.id.clone(), l2.clone());
+                // A multi-partition lease is lost whole: its other instances go
+                // too (all or nothing; one that cannot be destroyed stays as foreign).
+                let others: Vec<String> = l2
+                    .iter()
+                    .flat_map(|l| l.partition_ids())
+                    .filter(|id| **id != p.id)
+                    .cloned()
+                    .collect();
+                for o in others.iter().filter_map(|id| st.partitions.get(id)) {
+                    if let (Some(m), crate::model::Origin::Dynamic) = (o.mig(), o.origin)
+                        && let Some(gi) = m.gi_id
+                        && let Err(e) = self.backend.destroy_instance(o.gpu, gi)
+                    {
+                        warn!(partition = %o.id, error = %e,
+                            "could not destroy an instance of a lost multi-partition lease; left alone as foreign");
+                    }
+                }
+                // Static pool instances go back to the pool; dynamic ones go.
+                let freed: Vec<Partition> = others
+                    .iter()
+                    .filter_map(|id| st.partitions.get(id))
+                    .filter(|o| o.origin == crate::model::Origin::Static)
+                    .map(|o| {
+                        let mut f = o.clone();
+                        f.lease_id = None;
+                        f
+                    })
+                    .collect();
+                let (pid, ll, o2, f2) = (p.id.clone(), l2.clone(), others.clone(), freed.clone());
                 self.store.write_blocking(move |w| {
                     w.delete_partition(&pid)?;
+                    for o in &o2 {
+                        w.delete_partition(o)?;
+                    }
+                    for f in &f2 {
+                        w.put_partition(f)?;
+                    }
                     if let Some(l) = &ll {
                         w.put_lease(l)?;
                         w.delete_tokens(&l.id)?;
@@ -542,6 +579,12 @@ impl LeaseManager {
                     w.finish_intent(iid, now, "failed")
                 })?;
                 st.partitions.remove(&p.id);
+                for o in &others {
+                    st.partitions.remove(o);
+                }
+                for f in freed {
+                    st.partitions.insert(f.id.clone(), f);
+                }
                 if let Some(l) = l2 {
                     st.leases.remove(&l.id);
                     st.tokens.remove_lease(&l.id);

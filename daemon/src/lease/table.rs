@@ -56,6 +56,29 @@ pub(super) struct State {
     pub(super) host_claims: HashMap<String, usize>,
 }
 
+impl State {
+    /// How GPUs `a` and `b` connect, as read at start. A pair the backend could not
+    /// tell counts as the farthest (across NUMA nodes, no NVLink).
+    pub(super) fn link(&self, a: u32, b: u32) -> crate::gpu::GpuLink {
+        use crate::gpu::{GpuLink, TopologyLevel};
+        if a == b {
+            return GpuLink {
+                level: TopologyLevel::Internal,
+                nvlinks: 0,
+            };
+        }
+        self.gpus
+            .iter()
+            .find(|g| g.info.index == a)
+            .and_then(|g| g.links.iter().find(|(o, _)| *o == b))
+            .map(|(_, l)| *l)
+            .unwrap_or(GpuLink {
+                level: TopologyLevel::System,
+                nvlinks: 0,
+            })
+    }
+}
+
 impl LeaseManager {
     pub(super) fn plan_options(&self, gpu_index: Option<u32>) -> PlanOptions {
         PlanOptions {

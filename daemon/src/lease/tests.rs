@@ -48,6 +48,8 @@ fn mig_request(request_id: &str) -> CreateRequest {
         priority_class: None,
         gpu_index: None,
         need: None,
+        count: 0,
+        topology: Default::default(),
     }
 }
 
@@ -397,9 +399,17 @@ fn two_h100(
     dir: &std::path::Path,
     move_idle: bool,
 ) -> (Arc<LeaseManager>, Arc<crate::gpu::SimBackend>) {
+    two_h100_compacting(dir, move_idle, false)
+}
+
+fn two_h100_compacting(
+    dir: &std::path::Path,
+    move_idle: bool,
+    compact_idle: bool,
+) -> (Arc<LeaseManager>, Arc<crate::gpu::SimBackend>) {
     let text = format!(
         "[daemon]\nstate_dir = {d:?}\nrun_dir = {d:?}\n[gpu]\nbackend = \"sim\"\n\
-         [partition]\nmove_idle = {move_idle}\n\
+         [partition]\nmove_idle = {move_idle}\ncompact_idle = {compact_idle}\n\
          [sim]\nstate_file = {s:?}\n[[sim.gpus]]\nmodel = \"h100-80gb\"\nmig = true\n\
          [[sim.gpus]]\nmodel = \"h100-80gb\"\nmig = true\n",
         d = dir.display().to_string(),
@@ -498,6 +508,50 @@ async fn an_idle_lease_moves_to_make_room_keeping_its_id_and_token() {
     assert_eq!((l.gpu, p.unwrap().gpu), (0, 0));
     assert_eq!(instance_count(&sim), 3);
     assert!(mgr.store.snapshot().unwrap().intents.is_empty());
+}
+
+#[tokio::test]
+async fn housekeeping_compacts_an_idle_lease_so_a_7g_fits_without_moves() {
+    // Moves at refusal off: only housekeeping can make room.
+    let dir = tempfile::tempdir().unwrap();
+    let (mgr, sim) = two_h100_compacting(dir.path(), false, true);
+    let mut events = mgr.subscribe();
+    let (a, _) = idle_lease_in_the_way(&mgr, false).await;
+    mgr.tick().await;
+    let (la, _) = mgr.get(&a.lease.id).unwrap();
+    assert_eq!(la.gpu, 0, "the idle 1g went next to the pinned 4g");
+    let r = mgr.resolve_token(a.token.as_ref().unwrap()).unwrap();
+    assert_eq!(
+        (r.lease.id.as_str(), r.partition.gpu),
+        (a.lease.id.as_str(), 0)
+    );
+    let moved: Vec<String> = std::iter::from_fn(|| events.try_recv().ok())
+        .filter(|ev| ev.kind == EventKind::Moved)
+        .map(|ev| ev.message)
+        .collect();
+    assert_eq!(moved.len(), 1, "{moved:?}");
+    assert!(moved[0].contains("to compact free space"), "{}", moved[0]);
+    // Nothing more to gain: the next pass moves nothing.
+    mgr.tick().await;
+    assert_eq!(mgr.get(&a.lease.id).unwrap().0.gpu, 0);
+    let big = mgr.create(seven_g("big")).await.unwrap();
+    assert_eq!(big.lease.gpu, 1);
+    assert_eq!(instance_count(&sim), 3);
+    assert!(mgr.store.snapshot().unwrap().intents.is_empty());
+
+    // Off (the default), or the lease in use: housekeeping leaves it, the 7g is refused.
+    for in_use in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let (mgr, _) = two_h100_compacting(dir.path(), false, in_use);
+        let (a, _) = idle_lease_in_the_way(&mgr, false).await;
+        if in_use {
+            mgr.resolve_token(a.token.as_ref().unwrap()).unwrap();
+        }
+        mgr.tick().await;
+        assert_eq!(mgr.get(&a.lease.id).unwrap().0.gpu, 1);
+        let err = mgr.create(seven_g("big")).await.unwrap_err();
+        assert!(matches!(err, LeaseError::ResourceExhausted(_)), "{err}");
+    }
 }
 
 #[tokio::test]
@@ -896,4 +950,450 @@ async fn a_move_whose_create_fails_puts_the_instance_back_or_loses_the_lease() {
         revoked |= ev.kind == EventKind::Revoked && ev.lease.id == a.lease.id;
     }
     assert!(revoked, "watchers hear the lease is gone");
+}
+
+// ---- multi-partition leases ----
+
+fn three_3g(request_id: &str) -> CreateRequest {
+    CreateRequest {
+        shape: Some(Shape::Mig {
+            profile: "3g.40gb".into(),
+            compute_profile: None,
+        }),
+        count: 3,
+        ..mig_request(request_id)
+    }
+}
+
+/// Three 3g instances on two H100s: two fill gpu0, the third goes to gpu1.
+#[tokio::test]
+async fn a_lease_of_three_instances_holds_sees_counts_and_ends_all_of_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mgr, sim) = two_h100(dir.path(), false);
+    let c = mgr.create(three_3g("three")).await.unwrap();
+    let lease = c.lease.clone();
+    assert_eq!(lease.state(), LeaseState::Active);
+    assert_eq!(lease.partition_count(), 3);
+    assert_eq!(instance_count(&sim), 3);
+    let (parts, links) = mgr.partitions_of(&lease);
+    assert_eq!(
+        parts.iter().map(|p| p.gpu).collect::<Vec<_>>(),
+        vec![0, 0, 1],
+        "the first GPU filled first"
+    );
+    assert!(
+        parts
+            .iter()
+            .all(|p| p.lease_id.as_deref() == Some(lease.id.as_str()))
+    );
+    assert_eq!(links.unwrap().gpus, vec![0, 1]);
+    // Quota counts every partition: 3 x 3 slices.
+    assert_eq!(mgr.lock().leases.live_usage("team-a").mig_slices, 9);
+    // The runtime's answer: every instance's devices and UUIDs, once each.
+    let r = mgr.resolve_token(c.token.as_deref().unwrap()).unwrap();
+    let uuids: Vec<String> = parts
+        .iter()
+        .map(|p| p.mig().unwrap().uuid.clone().unwrap())
+        .collect();
+    assert_eq!(r.env["CUDA_VISIBLE_DEVICES"], uuids.join(","));
+    assert_eq!(r.visible_gpu_indices, vec![0, 1]);
+    let caps = r
+        .devices
+        .iter()
+        .filter(|d| d.container_path.starts_with("/dev/nvidia-caps/"))
+        .count();
+    assert_eq!(caps, 6, "a GI and a CI access node per instance");
+    for gpu in ["/dev/nvidia0", "/dev/nvidia1"] {
+        let n = r.devices.iter().filter(|d| d.container_path == gpu).count();
+        assert_eq!(n, 1, "{gpu} once");
+    }
+    assert_eq!(r.more_partitions.len(), 2);
+    // Release ends them all: instances destroyed, records gone, usage of three.
+    mgr.end(&lease.id, LeaseState::Released, "done")
+        .await
+        .unwrap();
+    assert_eq!(instance_count(&sim), 0);
+    assert_eq!(mgr.counts(), (0, 0));
+    assert!(mgr.store.snapshot().unwrap().intents.is_empty());
+    assert_eq!(mgr.lock().leases.live_usage("team-a").mig_slices, 0);
+    let slices: i64 = mgr
+        .store
+        .read(|c| -> Result<i64, crate::store::StoreError> {
+            Ok(c.query_row(
+                "SELECT mig_slices FROM usage_records WHERE lease_id = ?1",
+                [&lease.id],
+                |r| r.get(0),
+            )?)
+        })
+        .unwrap();
+    assert_eq!(slices, 9);
+}
+
+/// All or nothing: the third instance fails (a GI left without its CI, as a crash
+/// between the NVML calls leaves it): the two made are destroyed, the GI too, and
+/// the lease is refused and failed.
+#[tokio::test]
+async fn when_the_third_instance_fails_the_first_two_are_destroyed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mgr, sim) = two_h100(dir.path(), false);
+    sim.crash_next_create_after_gi(1).unwrap();
+    let e = mgr.create(three_3g("three")).await.unwrap_err();
+    assert!(e.to_string().contains("GPU"), "{e}");
+    assert_eq!(instance_count(&sim), 0, "nothing left on the hardware");
+    assert_eq!(mgr.counts(), (0, 0));
+    let snap = mgr.store.snapshot().unwrap();
+    assert!(snap.intents.is_empty() && snap.partitions.is_empty());
+    let all = mgr.store.list_leases(&LeaseQuery::default()).unwrap();
+    assert_eq!(all.len(), 1);
+    assert_eq!(all[0].state(), LeaseState::Failed);
+    assert!(
+        all[0].end_reason().unwrap().contains("partition 3 of 3"),
+        "{:?}",
+        all[0].end_reason()
+    );
+    // The room is whole again: the same request now succeeds.
+    let c = mgr.create(three_3g("three-again")).await.unwrap();
+    assert_eq!(c.lease.partition_count(), 3);
+}
+
+/// The records a crash leaves in the middle of creating a three-instance lease:
+/// the lease pending, its intents open, the third instance not (yet) made.
+async fn crash_mid_multi_create(mgr: &LeaseManager, sim: &crate::gpu::SimBackend, c: &Created) {
+    let (parts, _) = mgr.partitions_of(&c.lease);
+    let mut lease = c.lease.clone().with_state(LeaseState::Pending, None);
+    lease.containers.clear();
+    let third = parts[2].clone();
+    let gi = third.mig().unwrap().gi_id.unwrap();
+    sim.destroy_instance(third.gpu, gi).unwrap();
+    let mut creating = third.clone();
+    creating.state = crate::model::PartitionState::Creating;
+    if let crate::model::PartKind::Mig(m) = &mut creating.kind {
+        (m.gi_id, m.ci_id, m.uuid) = (None, None, None);
+    }
+    let ps = parts.clone();
+    mgr.store
+        .write(move |w| {
+            w.put_lease(&lease)?;
+            w.put_partition(&creating)?;
+            for p in &ps {
+                w.begin_intent(crate::model::IntentOp::CreateMig, &p.id, Some(&lease.id), 1)?;
+            }
+            Ok(())
+        })
+        .await
+        .unwrap();
+}
+
+/// A crash between the instances of one lease: at the next start the instances
+/// made are destroyed and the lease fails (it was never acknowledged); one whose
+/// every instance exists is adopted whole.
+#[tokio::test]
+async fn a_crash_mid_multi_create_is_rolled_back_or_adopted_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mgr, sim) = two_h100(dir.path(), false);
+    let c = mgr.create(three_3g("crash")).await.unwrap();
+    crash_mid_multi_create(&mgr, &sim, &c).await;
+    assert_eq!(instance_count(&sim), 2, "two made before the crash");
+    drop(mgr);
+    let (mgr, sim) = two_h100(dir.path(), false);
+    assert_eq!(instance_count(&sim), 0, "all or nothing");
+    let (l, _) = mgr.get(&c.lease.id).unwrap();
+    assert_eq!(l.state(), LeaseState::Failed);
+    let snap = mgr.store.snapshot().unwrap();
+    assert!(snap.intents.is_empty() && snap.partitions.is_empty());
+    assert!(mgr.resolve_token(c.token.as_deref().unwrap()).is_err());
+
+    // Every instance made, the final commit lost: adopted, all three, active.
+    let c = mgr.create(three_3g("crash-2")).await.unwrap();
+    let (parts, _) = mgr.partitions_of(&c.lease);
+    let mut lease = c.lease.clone().with_state(LeaseState::Pending, None);
+    lease.containers.clear();
+    let ps = parts.clone();
+    mgr.store
+        .write(move |w| {
+            w.put_lease(&lease)?;
+            for p in &ps {
+                w.begin_intent(crate::model::IntentOp::CreateMig, &p.id, Some(&lease.id), 1)?;
+            }
+            Ok(())
+        })
+        .await
+        .unwrap();
+    drop(mgr);
+    let (mgr, sim) = two_h100(dir.path(), false);
+    assert_eq!(instance_count(&sim), 3);
+    let (l, _) = mgr.get(&c.lease.id).unwrap();
+    assert_eq!(l.state(), LeaseState::Active);
+    assert_eq!(mgr.partitions_of(&l).0.len(), 3);
+    assert!(mgr.store.snapshot().unwrap().intents.is_empty());
+    // It still resolves and ends whole after the restart.
+    assert!(mgr.resolve_token(c.token.as_deref().unwrap()).is_ok());
+    mgr.end(&l.id, LeaseState::Revoked, "test").await.unwrap();
+    assert_eq!(instance_count(&sim), 0);
+}
+
+/// Whole GPUs by count, with a NUMA constraint the board cannot meet refused by
+/// reason, and a count on a shape that cannot have one refused as invalid.
+#[tokio::test]
+async fn whole_gpus_by_count_and_the_refusals() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        "[daemon]\nstate_dir = {d:?}\nrun_dir = {d:?}\n[gpu]\nbackend = \"sim\"\n\
+         [sim]\nstate_file = {s:?}\ntopology = \"pcie-pairs\"\n{g}",
+        d = dir.path().display().to_string(),
+        s = dir.path().join("sim.json").display().to_string(),
+        g = "[[sim.gpus]]\nmodel = \"h100-80gb\"\nmig = false\n".repeat(4),
+    );
+    let config = Config::parse(std::path::Path::new("test.toml"), &text).unwrap();
+    let sim = Arc::new(crate::gpu::open_sim(&config.sim).unwrap());
+    let store = Arc::new(Store::open(dir.path()).unwrap());
+    let mgr = LeaseManager::start(config, sim, store).unwrap();
+    let whole =
+        |id: &str, n: u32, t: crate::partition::topology::TopologyConstraint| CreateRequest {
+            shape: Some(Shape::WholeGpu),
+            count: n,
+            topology: t,
+            ..mig_request(id)
+        };
+    use crate::partition::topology::TopologyConstraint as T;
+    let two = mgr.create(whole("two", 2, T::Nvlink)).await.unwrap();
+    let (parts, links) = mgr.partitions_of(&two.lease);
+    assert_eq!(parts.iter().map(|p| p.gpu).collect::<Vec<_>>(), vec![0, 1]);
+    assert_eq!(links.unwrap().min_nvlinks, 12, "a bridged pair");
+    let r = mgr.resolve_token(two.token.as_deref().unwrap()).unwrap();
+    assert_eq!(r.visible_gpu_indices, vec![0, 1]);
+    // Two left (2 and 3): three is beyond the node now.
+    let e = mgr.create(whole("three", 3, T::Any)).await.unwrap_err();
+    assert!(matches!(e, LeaseError::ResourceExhausted(_)), "{e:?}");
+    mgr.end(&two.lease.id, LeaseState::Released, "t")
+        .await
+        .unwrap();
+    // Four free, but a NUMA node of this board has two (0-1 and 2-3).
+    let e = mgr.create(whole("numa3", 3, T::Numa)).await.unwrap_err();
+    assert!(matches!(e, LeaseError::TopologyUnmet(_)), "{e:?}");
+    assert!(e.to_string().contains("NUMA"), "{e}");
+    assert_eq!(mgr.counts(), (0, 0), "a refusal holds nothing");
+    let mps = CreateRequest {
+        shape: Some(Shape::Mps {
+            sm_percent: 10,
+            memory_bytes: 1 << 30,
+            mode: crate::gpu::MpsMode::Isolated,
+        }),
+        count: 2,
+        ..mig_request("mps2")
+    };
+    let e = mgr.create(mps).await.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            LeaseError::InvalidArgument {
+                field: "shape.count",
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    let mut pinned = whole("pinned", 2, T::Any);
+    pinned.gpu_index = Some(0);
+    let e = mgr.create(pinned).await.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            LeaseError::InvalidArgument {
+                field: "gpu_index",
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+}
+
+/// An instance of a multi-partition lease vanished while the daemon was down (a GPU
+/// reset) and cannot be created again: the lease is lost whole, its other instances
+/// destroyed, no record left pointing at it.
+#[tokio::test]
+async fn a_multi_lease_whose_instance_cannot_come_back_is_lost_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mgr, sim) = two_h100(dir.path(), false);
+    let c = mgr.create(three_3g("reset")).await.unwrap();
+    let (parts, _) = mgr.partitions_of(&c.lease);
+    drop(mgr);
+    let third = &parts[2];
+    sim.destroy_instance(third.gpu, third.mig().unwrap().gi_id.unwrap())
+        .unwrap();
+    sim.fail_next_create(third.gpu, crate::gpu::sim::CreateStage::Gi)
+        .unwrap();
+    let (mgr, sim) = two_h100(dir.path(), false);
+    let (l, _) = mgr.get(&c.lease.id).unwrap();
+    assert_eq!(l.state(), LeaseState::Revoked);
+    assert!(l.end_reason().unwrap().contains("could not be re-created"));
+    assert_eq!(instance_count(&sim), 0, "the other two went with it");
+    assert!(mgr.store.snapshot().unwrap().partitions.is_empty());
+    assert_eq!(mgr.counts(), (0, 0));
+}
+
+/// All or nothing when the undo itself fails: the third instance fails and one of
+/// the two made cannot be destroyed now; the lease fails at once, and the next
+/// start destroys the instance left behind (its `destroy_mig` intent).
+#[tokio::test]
+async fn an_instance_the_undo_could_not_destroy_goes_at_the_next_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mgr, sim) = two_h100(dir.path(), false);
+    sim.crash_next_create_after_gi(1).unwrap();
+    sim.fail_next_destroy(0).unwrap();
+    let e = mgr.create(three_3g("stuck")).await.unwrap_err();
+    assert!(e.to_string().contains("GPU"), "{e}");
+    assert_eq!(instance_count(&sim), 1, "one could not be destroyed yet");
+    let all = mgr.store.list_leases(&LeaseQuery::default()).unwrap();
+    assert_eq!(all[0].state(), LeaseState::Failed);
+    assert!(
+        all[0]
+            .end_reason()
+            .unwrap()
+            .contains("1 left to the next start"),
+        "{:?}",
+        all[0].end_reason()
+    );
+    // The instance left is recorded (no lease), under its teardown intent.
+    let snap = mgr.store.snapshot().unwrap();
+    assert_eq!((snap.partitions.len(), snap.intents.len()), (1, 1));
+    drop(mgr);
+    let (mgr, sim) = two_h100(dir.path(), false);
+    assert_eq!(instance_count(&sim), 0);
+    let snap = mgr.store.snapshot().unwrap();
+    assert!(snap.partitions.is_empty() && snap.intents.is_empty());
+    assert_eq!(mgr.counts(), (0, 0));
+}
+
+/// A crash in the middle of ending a three-instance lease (its intents written,
+/// one instance destroyed): the next start destroys the other two and ends it.
+#[tokio::test]
+async fn a_crash_mid_multi_teardown_is_finished_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mgr, sim) = two_h100(dir.path(), false);
+    let c = mgr.create(three_3g("ending")).await.unwrap();
+    let (parts, _) = mgr.partitions_of(&c.lease);
+    let mut lease = c.lease.clone();
+    lease.begin_end(LeaseState::Released, "done").unwrap();
+    let first = &parts[0];
+    sim.destroy_instance(first.gpu, first.mig().unwrap().gi_id.unwrap())
+        .unwrap();
+    let ps = parts.clone();
+    mgr.store
+        .write(move |w| {
+            w.put_lease(&lease)?;
+            for p in &ps {
+                let mut d = p.clone();
+                d.state = crate::model::PartitionState::Destroying;
+                w.put_partition(&d)?;
+                w.begin_intent(
+                    crate::model::IntentOp::DestroyMig,
+                    &d.id,
+                    Some(&lease.id),
+                    1,
+                )?;
+            }
+            Ok(())
+        })
+        .await
+        .unwrap();
+    drop(mgr);
+    let (mgr, sim) = two_h100(dir.path(), false);
+    assert_eq!(instance_count(&sim), 0);
+    let snap = mgr.store.snapshot().unwrap();
+    assert!(snap.partitions.is_empty() && snap.intents.is_empty());
+    let (l, _) = mgr.get(&c.lease.id).unwrap();
+    assert_eq!(l.state(), LeaseState::Released);
+    assert_eq!(mgr.counts(), (0, 0));
+}
+
+// ------------------------------------------------------------------ admission queue
+
+/// Until `n` CreateLease calls wait in the queue (each enters it within a moment).
+async fn queued(mgr: &LeaseManager, n: usize) {
+    for _ in 0..2000 {
+        if mgr.queued_requests() == n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("{} requests queued, not {n}", mgr.queued_requests());
+}
+
+#[tokio::test]
+async fn a_queued_7g_is_granted_when_a_lease_ends_first_come_first_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mgr, _) = two_h100(dir.path(), false);
+    let (a, _) = idle_lease_in_the_way(&mgr, false).await;
+    let refused = mgr.create(seven_g("now")).await.unwrap_err();
+    assert!(
+        matches!(refused, LeaseError::ResourceExhausted(_)),
+        "{refused}"
+    );
+    let wait = Duration::from_secs(60);
+    let m = mgr.clone();
+    let first = tokio::spawn(async move { m.create_queued(seven_g("first"), wait).await });
+    queued(&mgr, 1).await;
+    let m = mgr.clone();
+    let second = tokio::spawn(async move { m.create_queued(seven_g("second"), wait).await });
+    queued(&mgr, 2).await;
+    mgr.end(&a.lease.id, LeaseState::Released, "test")
+        .await
+        .unwrap();
+    let got = first.await.unwrap().unwrap();
+    assert_eq!(got.lease.gpu, 1);
+    assert_eq!(got.lease.request_id.as_deref(), Some("first"));
+    assert!(got.token.is_some());
+    // The second still waits (one 7g per GPU, gpu0 has the 4g); it leaves when its
+    // caller goes away.
+    queued(&mgr, 1).await;
+    second.abort();
+    assert!(second.await.unwrap_err().is_cancelled());
+    assert_eq!(
+        mgr.queued_requests(),
+        0,
+        "a caller that went away left the queue"
+    );
+}
+
+#[tokio::test]
+async fn a_queued_request_whose_wait_ends_is_refused_and_leaves_the_queue() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mgr, _) = two_h100(dir.path(), false);
+    idle_lease_in_the_way(&mgr, false).await;
+    let err = mgr
+        .create_queued(seven_g("big"), Duration::from_millis(200))
+        .await
+        .unwrap_err();
+    let LeaseError::ResourceExhausted(msg) = &err else {
+        panic!("{err}");
+    };
+    assert!(
+        msg.contains("no room within the queue wait of 200 ms"),
+        "{msg}"
+    );
+    assert!(msg.contains("7g.80gb"), "the planner's reason: {msg}");
+    assert_eq!(mgr.queued_requests(), 0);
+    // Longer than lease.max_queue_wait (10m by default): refused before queueing.
+    let err = mgr
+        .create_queued(seven_g("long"), Duration::from_secs(3600))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            LeaseError::InvalidArgument {
+                field: "queue_wait_ms",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // Room now: a queued request is served at once.
+    let small = mgr
+        .create_queued(mig_request("small"), Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(small.token.is_some());
+    assert_eq!(mgr.queued_requests(), 0);
 }

@@ -93,6 +93,7 @@ pub fn validate_create(
         validate_request_id(rid)?;
     }
     validate_labels(&req.labels)?;
+    validate_count(req, &shape)?;
     if let Some(class) = &req.priority_class {
         validate_priority_class(class)?;
     }
@@ -109,6 +110,40 @@ pub fn validate_create(
         ));
     }
     Ok((shape, ttl))
+}
+
+/// A lease of several partitions: N whole GPUs or N MIG instances (1..=64), placed
+/// by topology (never pinned); a topology constraint only with several.
+fn validate_count(req: &CreateRequest, shape: &Shape) -> Result<(), LeaseError> {
+    use crate::partition::topology::TopologyConstraint;
+    if req.count <= 1 {
+        if req.topology != TopologyConstraint::Any {
+            return Err(invalid(
+                "topology",
+                "a topology constraint is for a lease of several partitions (a count above 1)",
+            ));
+        }
+        return Ok(());
+    }
+    if req.count > 64 {
+        return Err(invalid(
+            "shape.count",
+            format!("at most 64 partitions in one lease, got {}", req.count),
+        ));
+    }
+    if !matches!(shape, Shape::Mig { .. } | Shape::WholeGpu) {
+        return Err(invalid(
+            "shape.count",
+            "only MIG instances and whole GPUs come several to a lease",
+        ));
+    }
+    if req.gpu_index.is_some() {
+        return Err(invalid(
+            "gpu_index",
+            "a lease of several partitions is placed by topology and cannot be pinned to one GPU",
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

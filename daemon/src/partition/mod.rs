@@ -12,6 +12,7 @@ pub mod mig_mps;
 pub mod planner;
 #[cfg(test)]
 mod planner_props;
+pub mod reserve;
 #[cfg(test)]
 pub(crate) mod test_fixtures;
 pub mod topology;
@@ -20,7 +21,8 @@ pub mod trace;
 pub use fragmentation::{free_capacity, free_static_counts, used_memory_slices};
 pub use mig_mps::{MigMpsDecision, MigMpsHost, plan_mig_mps};
 pub use planner::{
-    Movable, Move, MovePlan, PlanDecision, PlanError, PlanOptions, Strategy, plan, plan_with_moves,
+    Movable, Move, MovePlan, PlanDecision, PlanError, PlanOptions, Strategy, compact, plan,
+    plan_with_moves,
 };
 
 use serde::{Deserialize, Serialize};

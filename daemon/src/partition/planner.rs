@@ -139,6 +139,10 @@ pub enum PlanError {
     UnknownProfile { profile: String, known: String },
     #[error("no capacity: {0}")]
     NoCapacity(String),
+    /// Enough room, but not within the topology the request demands (multi-GPU
+    /// leases, `partition/topology.rs`).
+    #[error("topology constraint not met: {0}")]
+    TopologyUnmet(String),
 }
 
 /// Decide where `shape` goes among `gpus`. See the module doc for the rules.
@@ -550,6 +554,100 @@ pub fn plan_with_moves(
         }
     }
     best.map(|(_, p)| p).ok_or(refusal)
+}
+
+/// Housekeeping (`[partition] compact_idle`): the one move of an idle instance that
+/// most raises the node's free-space value (best fit's [`capacity_value`] summed over
+/// the GPUs), to any free placement of its profile on a considered GPU of the same
+/// model (free of every
+/// instance present, its own old place included; within `max_count`). Ties go to the
+/// lower source GPU and start, then the lower target GPU and start. None when no move
+/// raises the value, or dynamic MIG is off.
+pub fn compact(gpus: &[GpuView], opts: &PlanOptions, movable: &[Movable]) -> Option<Move> {
+    if !opts.dynamic_mig {
+        return None;
+    }
+    let considered: Vec<&GpuView> = considered_gpus(gpus, opts.gpu_index)
+        .ok()?
+        .into_iter()
+        .filter(|g| g.info.mig_current && !g.whole_leased)
+        .collect();
+    let mut order: Vec<&Movable> = movable.iter().collect();
+    order.sort_by_key(|m| (m.gpu, m.placement.start));
+    let mut best: Option<(u64, Move)> = None;
+    for m in order {
+        let Some(g) = considered.iter().find(|g| g.info.index == m.gpu) else {
+            continue;
+        };
+        let Some(inst) = g
+            .mig
+            .iter()
+            .find(|i| i.placement == m.placement && i.free_static.is_none())
+        else {
+            continue;
+        };
+        let Some(name) = g
+            .profiles
+            .iter()
+            .find(|p| p.id == inst.gi_profile_id)
+            .map(|p| p.name.as_str())
+        else {
+            continue;
+        };
+        let from_before = capacity_value(&g.profiles, &g.mig);
+        let without: Vec<OccupiedMig> = g
+            .mig
+            .iter()
+            .filter(|i| i.placement != m.placement)
+            .cloned()
+            .collect();
+        // Only to a GPU of the same model: the lease keeps its GI and CI profiles.
+        for t in considered.iter().filter(|t| t.info.name == g.info.name) {
+            let Some(tp) = t
+                .profiles
+                .iter()
+                .find(|p| p.name.eq_ignore_ascii_case(name) && p.id == inst.gi_profile_id)
+            else {
+                continue;
+            };
+            let same = t.info.index == g.info.index;
+            // The target's instances once the move is done, but for the new one.
+            let base: &[OccupiedMig] = if same { &without } else { &t.mig };
+            if !below_max_count(base, tp) {
+                continue;
+            }
+            for to in free_placements(tp, &t.mig) {
+                let mut after = base.to_vec();
+                after.push(OccupiedMig {
+                    gi_profile_id: tp.id,
+                    placement: to,
+                    free_static: None,
+                });
+                let (before, after) = if same {
+                    (from_before, capacity_value(&t.profiles, &after))
+                } else {
+                    (
+                        from_before + capacity_value(&t.profiles, &t.mig),
+                        capacity_value(&g.profiles, &without) + capacity_value(&t.profiles, &after),
+                    )
+                };
+                let gain = after.saturating_sub(before);
+                if gain > 0 && best.as_ref().is_none_or(|(b, _)| gain > *b) {
+                    best = Some((
+                        gain,
+                        Move {
+                            from_gpu: m.gpu,
+                            from: m.placement,
+                            gi_profile_id: tp.id,
+                            to_gpu: t.info.index,
+                            to,
+                        },
+                    ));
+                }
+            }
+        }
+    }
+    best.map(|(_, mv)| mv)
 }
 
 /// How a move plan ranks: (moves, memory slices moved, best-fit loss, GPU, start).
@@ -1245,6 +1343,40 @@ mod tests {
     }
 
     // ------------------------------------------------------------------ MIG: moves
+
+    #[test]
+    fn compaction_empties_a_gpu_for_a_7g_and_leaves_bound_leases() {
+        // gpu0: a lone 1g (left when its neighbours ended); gpu1: a 3g and a 2g.
+        let mut g0 = h100_mig(0);
+        let lone = occ(&g0, "1g.10gb", 6);
+        g0.mig.push(lone.clone());
+        let mut g1 = h100_mig(1);
+        g1.mig.push(occ(&g1, "3g.40gb", 0));
+        g1.mig.push(occ(&g1, "2g.20gb", 4));
+        let mut gpus = [g0, g1];
+        assert!(plan(&mig_shape("7g.80gb"), &gpus, &best_fit()).is_err());
+        let idle = [Movable {
+            gpu: 0,
+            placement: lone.placement,
+        }];
+        // Bound (not movable): nothing moves.
+        assert_eq!(compact(&gpus, &best_fit(), &[]), None);
+        let m = compact(&gpus, &best_fit(), &idle).unwrap();
+        assert_eq!((m.from_gpu, m.from, m.to_gpu), (0, lone.placement, 1));
+        gpus[0].mig.clear();
+        gpus[1].mig.push(OccupiedMig {
+            gi_profile_id: m.gi_profile_id,
+            placement: m.to,
+            free_static: None,
+        });
+        assert!(plan(&mig_shape("7g.80gb"), &gpus, &best_fit()).is_ok());
+        // Packed now: a second pass finds nothing better.
+        let idle = [Movable {
+            gpu: 1,
+            placement: m.to,
+        }];
+        assert_eq!(compact(&gpus, &best_fit(), &idle), None);
+    }
 
     #[test]
     fn an_idle_instance_moves_to_make_room_for_a_7g() {

@@ -24,15 +24,25 @@
 //!   the slice-time the mix asks for, laid out by the planner), then the planner with
 //!   dynamic MIG off: a request takes a free static instance of its profile.
 //!
+//! * [`Policy::Housekeeping`]: moves, and the daemon's housekeeping [`compact`] after
+//!   each grant and each end.
+//! * [`Policy::Queued`] and [`Policy::ReferenceQueued`]: the planner (or the reference)
+//!   with an admission queue. A refused request waits up to `max_wait` mean durations;
+//!   at each end the waiting requests are tried oldest first (a request never overtakes
+//!   an older one of its own profile), and one granted holds its instance for its whole
+//!   duration from the grant (its wait is tallied per profile). A request still
+//!   waiting at its deadline is refused.
+//!
 //! The first tenth of the requests warms the node up and is not tallied.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::planner::{Movable, plan_with_moves};
+use super::planner::{Movable, Move, compact, plan_with_moves};
+use super::reserve::{Reservation, hold, reserve};
 use super::{GpuView, OccupiedMig, PlanDecision, PlanError, PlanOptions, Shape, plan};
 use crate::gpu::profiles::GpuModel;
 use crate::gpu::{GiProfile, GpuInfo, Placement};
@@ -90,9 +100,30 @@ pub struct Request {
 #[derive(Debug, Clone)]
 pub enum Policy {
     Reference,
+    /// The reference with the same admission queue as [`Policy::Queued`]: what a
+    /// queued policy is measured against (waiting lets any policy serve more).
+    ReferenceQueued {
+        max_wait: f64,
+    },
     Planner(PlanOptions),
     PlannerWithMoves(PlanOptions),
     Static(PlanOptions),
+    /// [`Policy::PlannerWithMoves`], and housekeeping: after each grant and each end,
+    /// up to [`HOUSEKEEPING_MOVES`] idle instances move where the planner would put them
+    /// now when that raises the node's free-space value (the best-fit measure summed
+    /// over the GPUs), best gain first.
+    Housekeeping(PlanOptions),
+    /// The planner (moving idle leases when `moves`), and an admission queue: a
+    /// request it refuses waits up to `max_wait` (in mean durations) for room, in
+    /// arrival order per profile, then holds its instance for its whole duration from
+    /// the grant. With `reserve`, each waiting request of 4 memory slices or more
+    /// holds a region that no newer request may take ([`super::reserve`]).
+    Queued {
+        opts: PlanOptions,
+        moves: bool,
+        max_wait: f64,
+        reserve: bool,
+    },
 }
 
 /// What one profile of the mix was offered and got (warm-up excluded).
@@ -103,6 +134,43 @@ pub struct ProfileTally {
     pub accepted: u64,
     pub offered_slice_time: f64,
     pub accepted_slice_time: f64,
+    /// Requests accepted after waiting in the queue.
+    pub waited: u64,
+    /// The wait of every accepted request (0 when granted at once), in mean durations.
+    pub waits: Vec<f64>,
+}
+
+impl ProfileTally {
+    /// Mean wait of the accepted requests, in mean durations.
+    pub fn mean_wait(&self) -> f64 {
+        if self.waits.is_empty() {
+            return 0.0;
+        }
+        #[allow(clippy::cast_precision_loss)]
+        let n = self.waits.len() as f64;
+        self.waits.iter().sum::<f64>() / n
+    }
+
+    /// The 99th percentile wait of the accepted requests (nearest rank).
+    pub fn p99_wait(&self) -> f64 {
+        percentile(&self.waits, 0.99)
+    }
+}
+
+/// Nearest-rank percentile `q` (0..=1) of `values`; 0 when empty.
+pub fn percentile(values: &[f64], q: f64) -> f64 {
+    if values.is_empty() {
+        return 0.0;
+    }
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    #[allow(
+        clippy::cast_precision_loss,
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss
+    )]
+    let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
+    v[rank - 1]
 }
 
 /// The result of one policy on one trace.
@@ -256,34 +324,84 @@ pub fn run(spec: &TraceSpec, requests: &[Request], policy: &Policy) -> Result<Ou
     let warmup = requests.len() / 10;
     let mut server: Box<dyn Server> = match policy {
         Policy::Reference => Box::new(Repacker::new(&profiles, spec.gpus)),
+        Policy::ReferenceQueued { .. } => {
+            let mut r = Repacker::new(&profiles, spec.gpus);
+            r.queue = Some(VecDeque::new());
+            Box::new(r)
+        }
         Policy::Planner(o) => Box::new(PlannerServer::new(spec, o.clone(), false)),
         Policy::PlannerWithMoves(o) => Box::new(PlannerServer::new(spec, o.clone(), true)),
+        Policy::Housekeeping(o) => {
+            let mut s = PlannerServer::new(spec, o.clone(), true);
+            s.housekeeping = true;
+            Box::new(s)
+        }
         Policy::Static(o) => Box::new(PlannerServer::with_static_layout(spec, &profiles, o)?),
+        Policy::Queued {
+            opts,
+            moves,
+            reserve,
+            ..
+        } => {
+            let mut s = PlannerServer::new(spec, opts.clone(), *moves);
+            s.queue = Some(Queue {
+                waiting: VecDeque::new(),
+                reserve: *reserve,
+            });
+            Box::new(s)
+        }
     };
-    // (end tick, lease number)
-    let mut ends: BinaryHeap<Reverse<(u64, usize)>> = BinaryHeap::new();
+    let max_wait = match policy {
+        Policy::Queued { max_wait, .. } | Policy::ReferenceQueued { max_wait } => Some(*max_wait),
+        _ => None,
+    };
+    // When each request was granted (tick).
+    let mut granted_at: Vec<Option<u64>> = vec![None; requests.len()];
+    // (tick, kind, request): kind 0 = its lease ends, 1 = its wait times out.
+    let mut events: BinaryHeap<Reverse<(u64, u8, usize)>> = BinaryHeap::new();
     for (n, r) in requests.iter().enumerate() {
         let now = ticks(r.at);
-        while let Some(Reverse((end, id))) = ends.peek().copied() {
-            if end > now {
+        while let Some(Reverse((t, kind, id))) = events.peek().copied() {
+            if t > now {
                 break;
             }
-            ends.pop();
-            server.release(id);
+            events.pop();
+            if kind == 0 {
+                server.release(id);
+            }
+            for (g, at) in server.drain(t)? {
+                granted_at[g] = Some(at);
+                let d = requests.get(g).map_or(0.0, |q| q.duration);
+                events.push(Reverse((at + ticks(d), 0, g)));
+            }
         }
         let p = &profiles[r.profile];
-        let accepted = server.offer(n, p, now, ticks(r.at + r.idle_for))?;
+        let accepted =
+            !server.waits_for(p.id, now) && server.offer(n, p, now, ticks(r.at + r.idle_for))?;
         if accepted {
-            ends.push(Reverse((ticks(r.at + r.duration), n)));
+            granted_at[n] = Some(now);
+            events.push(Reverse((ticks(r.at + r.duration), 0, n)));
+        } else if let Some(w) = max_wait {
+            let deadline = ticks(r.at + w);
+            if server.wait(n, p, deadline, ticks(r.idle_for)) {
+                events.push(Reverse((deadline, 1, n)));
+            }
         }
-        if n >= warmup {
-            let slice_time = f64::from(p.memory_slices) * r.duration;
-            let t = &mut out.profiles[r.profile];
-            t.offered += 1;
-            t.offered_slice_time += slice_time;
-            if accepted {
-                t.accepted += 1;
-                t.accepted_slice_time += slice_time;
+    }
+    for (n, r) in requests.iter().enumerate().skip(warmup) {
+        let p = &profiles[r.profile];
+        let slice_time = f64::from(p.memory_slices) * r.duration;
+        let t = &mut out.profiles[r.profile];
+        t.offered += 1;
+        t.offered_slice_time += slice_time;
+        if let Some(at) = granted_at[n] {
+            let now = ticks(r.at);
+            t.accepted += 1;
+            t.accepted_slice_time += slice_time;
+            #[allow(clippy::cast_precision_loss)]
+            t.waits.push(at.saturating_sub(now) as f64 / 1e9);
+            if at > now {
+                t.waited += 1;
             }
         }
     }
@@ -305,6 +423,20 @@ trait Server {
     fn moves(&self) -> u64 {
         0
     }
+    /// Queue refused request `id` until tick `deadline`; false when there is no queue.
+    fn wait(&mut self, _id: usize, _profile: &GiProfile, _deadline: u64, _idle_for: u64) -> bool {
+        false
+    }
+    /// Whether a request of GI profile `profile_id` still waits at tick `now` (a newer
+    /// one queues behind it).
+    fn waits_for(&self, _profile_id: u32, _now: u64) -> bool {
+        false
+    }
+    /// Drop the waits that timed out by tick `now`, then grant the waiting requests that
+    /// fit now, oldest first: (request, tick granted).
+    fn drain(&mut self, _now: u64) -> Result<Vec<(usize, u64)>, TraceError> {
+        Ok(Vec::new())
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -322,6 +454,31 @@ struct PlannerServer {
     with_moves: bool,
     live: HashMap<usize, Live>,
     moves: u64,
+    queue: Option<Queue>,
+    housekeeping: bool,
+}
+
+/// Housekeeping moves at most this many idle instances per grant or end.
+pub const HOUSEKEEPING_MOVES: usize = 2;
+
+/// Only requests of at least this many memory slices (3g.40gb, 4g.40gb and 7g.80gb on an
+/// H100) hold a region while they wait: a smaller request fits again as soon as almost
+/// anything ends. Reserving for every waiting request was measured too (no better).
+const RESERVE_MIN_SLICES: u32 = 4;
+
+/// The admission queue of [`Policy::Queued`].
+struct Queue {
+    waiting: VecDeque<Waiting>,
+    reserve: bool,
+}
+
+#[derive(Clone)]
+struct Waiting {
+    id: usize,
+    profile: GiProfile,
+    deadline: u64,
+    idle_for: u64,
+    held: Option<Reservation>,
 }
 
 fn node(spec: &TraceSpec) -> Vec<GpuView> {
@@ -351,8 +508,12 @@ fn view(gpus: &mut [GpuView], gpu: u32) -> Option<&mut GpuView> {
 }
 
 fn shape_of(profile: &GiProfile) -> Shape {
+    shape_of_name(&profile.name)
+}
+
+fn shape_of_name(name: &str) -> Shape {
     Shape::Mig {
-        profile: profile.name.clone(),
+        profile: name.to_string(),
         compute_profile: None,
     }
 }
@@ -368,6 +529,8 @@ impl PlannerServer {
             with_moves,
             live: HashMap::new(),
             moves: 0,
+            queue: None,
+            housekeeping: false,
         }
     }
 
@@ -455,6 +618,8 @@ impl PlannerServer {
             with_moves: false,
             live: HashMap::new(),
             moves: 0,
+            queue: None,
+            housekeeping: false,
         })
     }
 
@@ -506,6 +671,115 @@ impl PlannerServer {
     }
 }
 
+impl PlannerServer {
+    /// The instances idle at tick `now`.
+    fn movable(&self, now: u64) -> Vec<Movable> {
+        self.live
+            .values()
+            .filter(|l| l.idle_until > now)
+            .map(|l| Movable {
+                gpu: l.gpu,
+                placement: l.placement,
+            })
+            .collect()
+    }
+
+    /// The regions held for the first `upto` waiting requests. A request keeps the
+    /// region it was given while no older request's region overlaps it.
+    fn reservations(&mut self, now: u64, upto: usize) -> Vec<Reservation> {
+        let movable = self.movable(now);
+        let Some(q) = self.queue.as_mut() else {
+            return Vec::new();
+        };
+        if !q.reserve {
+            return Vec::new();
+        }
+        let mut held: Vec<Reservation> = Vec::new();
+        for w in q.waiting.iter_mut().take(upto) {
+            if w.profile.memory_slices < RESERVE_MIN_SLICES || w.deadline <= now {
+                continue;
+            }
+            let keep = w.held.filter(|r| {
+                !held
+                    .iter()
+                    .any(|h| h.gpu == r.gpu && h.placement.overlaps(&r.placement))
+            });
+            w.held = keep.or_else(|| reserve(&w.profile.name, &self.gpus, &movable, &held));
+            held.extend(w.held);
+        }
+        held
+    }
+
+    /// Housekeeping (see [`Policy::Housekeeping`]) at tick `now`: the daemon's own
+    /// [`compact`], up to [`HOUSEKEEPING_MOVES`] times.
+    fn compact(&mut self, now: u64) {
+        for _ in 0..HOUSEKEEPING_MOVES {
+            let Some(m) = compact(&self.gpus, &self.opts, &self.movable(now)) else {
+                return;
+            };
+            self.apply_move(&m);
+        }
+    }
+
+    fn apply_move(&mut self, m: &Move) {
+        if let Some(v) = view(&mut self.gpus, m.from_gpu) {
+            v.mig.retain(|i| i.placement != m.from);
+        }
+        if let Some(v) = view(&mut self.gpus, m.to_gpu) {
+            v.mig.push(OccupiedMig {
+                gi_profile_id: m.gi_profile_id,
+                placement: m.to,
+                free_static: None,
+            });
+        }
+        if let Some(l) = self
+            .live
+            .values_mut()
+            .find(|l| l.gpu == m.from_gpu && l.placement == m.from)
+        {
+            l.gpu = m.to_gpu;
+            l.placement = m.to;
+        }
+        self.moves += 1;
+    }
+
+    /// Where `profile` goes now, `held` regions left alone; the moves it needs are done.
+    fn place(
+        &mut self,
+        profile: &GiProfile,
+        now: u64,
+        held: &[Reservation],
+    ) -> Result<Option<PlanDecision>, TraceError> {
+        let shape = shape_of(profile);
+        let held_view;
+        let gpus = if held.is_empty() {
+            &self.gpus
+        } else {
+            held_view = hold(&self.gpus, held);
+            &held_view
+        };
+        let decision = if self.with_moves {
+            let movable = self.movable(now);
+            match plan_with_moves(&shape, gpus, &self.opts, &movable) {
+                Ok(p) => {
+                    for m in &p.moves {
+                        self.apply_move(m);
+                    }
+                    Ok(p.decision)
+                }
+                Err(e) => Err(e),
+            }
+        } else {
+            plan(&shape, gpus, &self.opts)
+        };
+        match decision {
+            Ok(d) => Ok(Some(d)),
+            Err(PlanError::NoCapacity(_)) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
 impl Server for PlannerServer {
     fn offer(
         &mut self,
@@ -514,55 +788,76 @@ impl Server for PlannerServer {
         now: u64,
         idle_until: u64,
     ) -> Result<bool, TraceError> {
-        let shape = shape_of(profile);
-        let decision = if self.with_moves {
-            let movable: Vec<Movable> = self
-                .live
-                .values()
-                .filter(|l| l.idle_until > now)
-                .map(|l| Movable {
-                    gpu: l.gpu,
-                    placement: l.placement,
-                })
-                .collect();
-            match plan_with_moves(&shape, &self.gpus, &self.opts, &movable) {
-                Ok(p) => {
-                    for m in &p.moves {
-                        if let Some(v) = view(&mut self.gpus, m.from_gpu) {
-                            v.mig.retain(|i| i.placement != m.from);
-                        }
-                        if let Some(v) = view(&mut self.gpus, m.to_gpu) {
-                            v.mig.push(OccupiedMig {
-                                gi_profile_id: m.gi_profile_id,
-                                placement: m.to,
-                                free_static: None,
-                            });
-                        }
-                        if let Some(l) = self
-                            .live
-                            .values_mut()
-                            .find(|l| l.gpu == m.from_gpu && l.placement == m.from)
-                        {
-                            l.gpu = m.to_gpu;
-                            l.placement = m.to;
-                        }
-                        self.moves += 1;
-                    }
-                    Ok(p.decision)
-                }
-                Err(e) => Err(e),
-            }
-        } else {
-            plan(&shape, &self.gpus, &self.opts)
-        };
-        match decision {
-            Ok(d) => {
+        let held = self.reservations(now, usize::MAX);
+        match self.place(profile, now, &held)? {
+            Some(d) => {
                 self.grant(id, &d, idle_until);
+                if self.housekeeping {
+                    self.compact(now);
+                }
                 Ok(true)
             }
-            Err(PlanError::NoCapacity(_)) => Ok(false),
-            Err(e) => Err(e.into()),
+            None => Ok(false),
         }
+    }
+
+    fn wait(&mut self, id: usize, profile: &GiProfile, deadline: u64, idle_for: u64) -> bool {
+        let Some(q) = self.queue.as_mut() else {
+            return false;
+        };
+        q.waiting.push_back(Waiting {
+            id,
+            profile: profile.clone(),
+            deadline,
+            idle_for,
+            held: None,
+        });
+        true
+    }
+
+    fn waits_for(&self, profile_id: u32, now: u64) -> bool {
+        self.queue.as_ref().is_some_and(|q| {
+            q.waiting
+                .iter()
+                .any(|w| w.profile.id == profile_id && w.deadline > now)
+        })
+    }
+
+    fn drain(&mut self, now: u64) -> Result<Vec<(usize, u64)>, TraceError> {
+        if self.housekeeping {
+            self.compact(now);
+        }
+        let Some(q) = self.queue.as_mut() else {
+            return Ok(Vec::new());
+        };
+        q.waiting.retain(|w| w.deadline > now);
+        let mut granted = Vec::new();
+        let mut i = 0;
+        while let Some(w) = self.queue.as_ref().and_then(|q| q.waiting.get(i)).cloned() {
+            // First come, first served within a profile.
+            let behind = self.queue.as_ref().is_some_and(|q| {
+                q.waiting
+                    .iter()
+                    .take(i)
+                    .any(|e| e.profile.id == w.profile.id)
+            });
+            if behind {
+                i += 1;
+                continue;
+            }
+            let held = self.reservations(now, i);
+            match self.place(&w.profile, now, &held)? {
+                Some(d) => {
+                    self.grant(w.id, &d, now.saturating_add(w.idle_for));
+                    if let Some(q) = self.queue.as_mut() {
+                        q.waiting.remove(i);
+                    }
+                    granted.push((w.id, now));
+                }
+                None => i += 1,
+            }
+        }
+        Ok(granted)
     }
 
     fn release(&mut self, id: usize) {
@@ -610,6 +905,8 @@ pub struct Repacker {
     slices_per_gpu: u32,
     counts: Vec<u8>,
     live: HashMap<usize, usize>,
+    /// Waiting requests (request, profile index, deadline tick), when queued.
+    queue: Option<VecDeque<(usize, usize, u64)>>,
 }
 
 impl Repacker {
@@ -646,6 +943,7 @@ impl Repacker {
             slices_per_gpu: slices_per_gpu(profiles),
             counts: vec![0; profiles.len()],
             live: HashMap::new(),
+            queue: None,
         }
     }
 
@@ -753,6 +1051,54 @@ impl Server for Repacker {
         if let Some(i) = self.live.remove(&id) {
             self.counts[i] = self.counts[i].saturating_sub(1);
         }
+    }
+
+    fn wait(&mut self, id: usize, profile: &GiProfile, deadline: u64, _idle_for: u64) -> bool {
+        let Some(i) = self.ids.iter().position(|&p| p == profile.id) else {
+            return false;
+        };
+        let Some(q) = self.queue.as_mut() else {
+            return false;
+        };
+        q.push_back((id, i, deadline));
+        true
+    }
+
+    fn waits_for(&self, profile_id: u32, now: u64) -> bool {
+        let Some(i) = self.ids.iter().position(|&p| p == profile_id) else {
+            return false;
+        };
+        self.queue
+            .as_ref()
+            .is_some_and(|q| q.iter().any(|(_, p, d)| *p == i && *d > now))
+    }
+
+    fn drain(&mut self, now: u64) -> Result<Vec<(usize, u64)>, TraceError> {
+        let Some(mut q) = self.queue.take() else {
+            return Ok(Vec::new());
+        };
+        q.retain(|(_, _, deadline)| *deadline > now);
+        let mut granted = Vec::new();
+        let mut blocked: Vec<usize> = Vec::new();
+        q.retain(|&(id, i, _)| {
+            // First come, first served within a profile.
+            if blocked.contains(&i) {
+                return true;
+            }
+            let mut next = self.counts.clone();
+            next[i] = next[i].saturating_add(1);
+            if self.fits(&next, self.gpus) {
+                self.counts = next;
+                self.live.insert(id, i);
+                granted.push((id, now));
+                false
+            } else {
+                blocked.push(i);
+                true
+            }
+        });
+        self.queue = Some(q);
+        Ok(granted)
     }
 }
 
@@ -880,6 +1226,71 @@ mod tests {
         let r_moved = moved.accepted_slice_time() / reference_idle.accepted_slice_time();
         assert!(moved.moves > 0);
         assert!(r_moved > r_best, "moves {r_moved} vs best fit {r_best}");
+    }
+
+    fn queued(max_wait: f64, reserve: bool) -> Policy {
+        Policy::Queued {
+            opts: PlanOptions::default(),
+            moves: true,
+            max_wait,
+            reserve,
+        }
+    }
+
+    #[test]
+    fn a_queue_without_wait_is_the_planner_with_moves() {
+        let s = spec(SMALL, 1.2, 2);
+        let reqs = generate(&s).unwrap();
+        let moves = run(&s, &reqs, &Policy::PlannerWithMoves(PlanOptions::default())).unwrap();
+        for reserve in [false, true] {
+            assert_eq!(run(&s, &reqs, &queued(0.0, reserve)).unwrap(), moves);
+        }
+        let reference = run(&s, &reqs, &Policy::Reference).unwrap();
+        let queued_reference = run(&s, &reqs, &Policy::ReferenceQueued { max_wait: 0.0 }).unwrap();
+        assert_eq!(queued_reference, reference);
+    }
+
+    #[test]
+    fn queued_requests_wait_at_most_max_wait_and_are_then_served() {
+        let s = spec(SMALL, 1.2, 2);
+        let reqs = generate(&s).unwrap();
+        let moves = run(&s, &reqs, &Policy::PlannerWithMoves(PlanOptions::default())).unwrap();
+        let reference = run(&s, &reqs, &Policy::Reference).unwrap();
+        for policy in [
+            queued(0.2, false),
+            queued(0.2, true),
+            Policy::ReferenceQueued { max_wait: 0.2 },
+        ] {
+            let o = run(&s, &reqs, &policy).unwrap();
+            let waited: u64 = o.profiles.iter().map(|p| p.waited).sum();
+            assert!(waited > 0, "{policy:?}: nobody waited");
+            for p in &o.profiles {
+                assert_eq!(p.waits.len() as u64, p.accepted, "{}", p.name);
+                assert!(
+                    p.waits.iter().all(|w| (0.0..=0.2).contains(w)),
+                    "{}",
+                    p.name
+                );
+                assert!(p.p99_wait() <= 0.2 && p.mean_wait() <= p.p99_wait() + 1e-12);
+            }
+            // Waiting serves more requests than refusing them at once.
+            let accepted = |o: &Outcome| o.profiles.iter().map(|p| p.accepted).sum::<u64>();
+            let without = if matches!(policy, Policy::ReferenceQueued { .. }) {
+                &reference
+            } else {
+                &moves
+            };
+            assert!(accepted(&o) > accepted(without), "{policy:?}");
+        }
+    }
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert!((percentile(&v, 0.99) - 99.0).abs() < 1e-12);
+        assert!((percentile(&v, 0.5) - 50.0).abs() < 1e-12);
+        assert!((percentile(&[3.0], 0.99) - 3.0).abs() < 1e-12);
+        assert!(percentile(&[], 0.99).abs() < 1e-12);
     }
 
     #[test]

@@ -12,6 +12,7 @@ fn lease(id: &str, tenant: &str, request_id: Option<&str>) -> Lease {
             shape: Shape::WholeGpu,
             partition_id: format!("p-{id}"),
             gpu: 0,
+            more_partitions: vec![],
             created_at_ms: 1,
             ttl_secs: 60,
             request_id: request_id.map(String::from),

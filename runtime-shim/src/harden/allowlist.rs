@@ -530,11 +530,29 @@ pub const TABLE: &[Field] = &[
     ),
 ];
 
-/// The row for a concrete path (`/mounts/3/source` matches `/mounts/*/source`).
+/// The row for a concrete path (`/mounts/3/source` matches `/mounts/*/source`): the
+/// first row of [`TABLE`] that matches.
 pub fn lookup(path: &str) -> Option<&'static Field> {
-    TABLE.iter().find(|row| matches(row.path, path))
+    // The walk looks up every node of the spec (hundreds in a CRI spec) against every
+    // row: the rows' segments are split once per process, and only rows as deep as the
+    // path are compared (same rows, same order, same answer as `matches`).
+    static SEGMENTS: std::sync::OnceLock<Vec<Vec<&'static str>>> = std::sync::OnceLock::new();
+    let rows = SEGMENTS.get_or_init(|| {
+        TABLE
+            .iter()
+            .map(|row| row.path.split('/').collect())
+            .collect()
+    });
+    let segs: Vec<&str> = path.split('/').collect();
+    rows.iter()
+        .position(|p| {
+            p.len() == segs.len() && p.iter().zip(&segs).all(|(a, b)| *a == "*" || a == b)
+        })
+        .and_then(|i| TABLE.get(i))
 }
 
+/// The plain form of [`lookup`]'s match, which tests check it against.
+#[cfg(test)]
 fn matches(pattern: &str, path: &str) -> bool {
     let mut p = pattern.split('/');
     let mut q = path.split('/');
@@ -1158,6 +1176,44 @@ mod tests {
         assert!(!matches("/mounts/*/source", "/mounts/12/source/x"));
         assert_eq!(lookup("/linux/intelRdt").unwrap().class, Refused);
         assert!(lookup("/linux/futureField").is_none());
+    }
+
+    proptest::proptest! {
+        /// The indexed lookup picks the same row as the first match in the table,
+        /// for paths made of the table's own segments, indices and other keys.
+        #[test]
+        fn lookup_is_the_first_matching_row(
+            picks in proptest::collection::vec((0usize..TABLE.len(), 0usize..8, 0u8..4), 1..7),
+        ) {
+            let mut path = String::new();
+            for (row, depth, kind) in picks {
+                let segs: Vec<&str> = TABLE[row].path.split('/').skip(1).collect();
+                let seg = match kind {
+                    0 => "7".to_string(),
+                    1 => "futureField".to_string(),
+                    2 => String::new(),
+                    _ => segs.get(depth % segs.len().max(1)).copied().unwrap_or("x").to_string(),
+                };
+                path.push('/');
+                path.push_str(&seg);
+            }
+            let linear = TABLE.iter().find(|r| matches(r.path, &path)).map(|r| r.path);
+            proptest::prop_assert_eq!(lookup(&path).map(|r| r.path), linear, "{}", path);
+        }
+    }
+
+    #[test]
+    fn every_row_is_found_by_its_own_path() {
+        for (i, row) in TABLE.iter().enumerate() {
+            let concrete = row.path.replace('*', "3");
+            let first = TABLE.iter().position(|r| matches(r.path, &concrete));
+            assert_eq!(
+                lookup(&concrete).map(|r| r.path),
+                first.map(|j| TABLE[j].path),
+                "{concrete}"
+            );
+            assert!(first.is_some_and(|j| j <= i), "{concrete}");
+        }
     }
 
     #[test]

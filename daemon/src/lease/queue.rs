@@ -1,0 +1,177 @@
+//! The admission queue: a CreateLease with `queue_wait_ms` that finds no room waits for
+//! leases to end instead of failing at once.
+//!
+//! A waiting call holds a ticket, keyed by its shape (a MIG profile, or the whole
+//! shape otherwise). Only the oldest ticket of a key tries again, so requests for the
+//! same shape are served in arrival order; each try is a whole [`LeaseManager::create`]
+//! (moves, preemption and quota included), run to its end even if the caller goes
+//! away. Any lease event (an end, a move, a new lease) and any ticket leaving wakes
+//! the waiting calls to look again. A call whose wait ends without room gets
+//! RESOURCE_EXHAUSTED with the last refusal; a caller that goes away (or whose
+//! deadline passes) drops its ticket, which leaves the queue at once.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+use tracing::info;
+
+use super::create::{CreateRequest, Created};
+use super::error::invalid;
+use super::{LeaseError, LeaseManager};
+use crate::partition::Shape;
+
+#[derive(Debug, Default)]
+pub(super) struct AdmissionQueue {
+    waiting: Mutex<Waiting>,
+    room: Notify,
+}
+
+#[derive(Debug, Default)]
+struct Waiting {
+    next: u64,
+    /// (ticket, key), oldest first.
+    tickets: VecDeque<(u64, String)>,
+}
+
+impl AdmissionQueue {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Waiting> {
+        self.waiting.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Wake every waiting call to look again.
+    pub(super) fn room_changed(&self) {
+        self.room.notify_waiters();
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.lock().tickets.len()
+    }
+
+    fn enter(&self, key: String) -> Ticket<'_> {
+        let mut w = self.lock();
+        let id = w.next;
+        w.next += 1;
+        w.tickets.push_back((id, key));
+        Ticket { queue: self, id }
+    }
+}
+
+/// A place in the queue; dropping it leaves the queue and wakes the others.
+struct Ticket<'q> {
+    queue: &'q AdmissionQueue,
+    id: u64,
+}
+
+impl Ticket<'_> {
+    /// No older ticket has the same key.
+    fn first_of_its_key(&self) -> bool {
+        let w = self.queue.lock();
+        let Some(key) = w
+            .tickets
+            .iter()
+            .find(|(id, _)| *id == self.id)
+            .map(|(_, k)| k)
+        else {
+            return false;
+        };
+        w.tickets
+            .iter()
+            .take_while(|(id, _)| *id != self.id)
+            .all(|(_, k)| k != key)
+    }
+}
+
+impl Drop for Ticket<'_> {
+    fn drop(&mut self) {
+        self.queue.lock().tickets.retain(|(id, _)| *id != self.id);
+        self.queue.room_changed();
+    }
+}
+
+/// Requests with the same key are served in arrival order.
+fn queue_key(req: &CreateRequest) -> String {
+    let shape = match &req.shape {
+        Some(Shape::Mig { profile, .. }) => format!("mig:{}", profile.to_ascii_lowercase()),
+        Some(other) => format!("{other:?}"),
+        None => format!("need:{:?}", req.need),
+    };
+    format!("{shape} x{}", req.count.max(1))
+}
+
+impl LeaseManager {
+    /// CreateLease calls waiting in the admission queue now.
+    pub fn queued_requests(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// [`LeaseManager::create`], waiting up to `wait` for room when it is refused for
+    /// lack of it (see the module doc). `wait` is at most `lease.max_queue_wait`.
+    pub async fn create_queued(
+        self: &Arc<Self>,
+        req: CreateRequest,
+        wait: Duration,
+    ) -> Result<Created, LeaseError> {
+        let max = self.config.lease.max_queue_wait;
+        if wait > max {
+            return Err(invalid(
+                "queue_wait_ms",
+                format!(
+                    "{} ms is longer than this node's lease.max_queue_wait ({} ms)",
+                    wait.as_millis(),
+                    max.as_millis()
+                ),
+            ));
+        }
+        let started = Instant::now();
+        let deadline = tokio::time::Instant::now() + wait;
+        let ticket = self.queue.enter(queue_key(&req));
+        let mut refusal = String::new();
+        let mut tries = 0u32;
+        loop {
+            // Registered before the try, so a lease ending during it is not missed.
+            let room = self.queue.room.notified();
+            tokio::pin!(room);
+            room.as_mut().enable();
+            if ticket.first_of_its_key() {
+                tries += 1;
+                // Runs to the end even if the caller goes away: a create cut off
+                // between its steps would stay half done.
+                let this = self.clone();
+                let r = req.clone();
+                let outcome = tokio::spawn(async move { this.create(r).await })
+                    .await
+                    .map_err(|e| {
+                        LeaseError::FailedPrecondition(format!(
+                            "the queued create did not finish: {e}"
+                        ))
+                    })?;
+                match outcome {
+                    Err(LeaseError::ResourceExhausted(m)) => refusal = m,
+                    other => {
+                        if tries > 1 {
+                            info!(
+                                tenant = %req.tenant,
+                                waited_ms = started.elapsed().as_millis() as u64,
+                                ok = other.is_ok(),
+                                "queued create request served"
+                            );
+                        }
+                        return other;
+                    }
+                }
+            }
+            if tokio::time::timeout_at(deadline, room).await.is_err() {
+                drop(ticket);
+                if refusal.is_empty() {
+                    refusal = "older requests for the same shape were still waiting".into();
+                }
+                return Err(LeaseError::ResourceExhausted(format!(
+                    "no room within the queue wait of {} ms: {refusal}",
+                    wait.as_millis()
+                )));
+            }
+        }
+    }
+}

@@ -1,0 +1,207 @@
+//! Reservations for MIG requests that wait in an admission queue.
+//!
+//! A request the planner refuses may wait for room (see the trace model and the
+//! daemon's admission queue). While it waits, one (GPU, placement) is *reserved* for
+//! it: the region whose present instances are the least to wait for (fewest memory
+//! slices held by instances that cannot move, then fewest slices in all, then the
+//! lower GPU and start). No new instance may overlap a reserved region, so leases
+//! ending there bring the waiting request closer to fitting instead of being taken by
+//! newer, smaller requests; those go elsewhere when they fit there (backfilling that
+//! does not delay the waiting request). [`hold`] makes the planner see reservations as
+//! present instances that never move.
+
+use super::fragmentation::instance_count;
+use super::planner::Movable;
+use super::{GpuView, OccupiedMig};
+use crate::gpu::Placement;
+
+/// A region held for a waiting request of GI profile `gi_profile_id`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reservation {
+    pub gpu: u32,
+    pub gi_profile_id: u32,
+    pub placement: Placement,
+}
+
+/// Where a waiting request of GI profile `profile` (a name, any case) should be served:
+/// see the module doc. `held` are the reservations of requests that wait longer (never
+/// overlapped); `movable` are the instances that could be moved away. None when no
+/// MIG-enabled GPU offers the profile or every region is taken by `held` or by
+/// `max_count`.
+pub fn reserve(
+    profile: &str,
+    gpus: &[GpuView],
+    movable: &[Movable],
+    held: &[Reservation],
+) -> Option<Reservation> {
+    // (slices that must end, slices in the region, gpu, start)
+    let mut best: Option<((u32, u32, u32, u32), Reservation)> = None;
+    for g in gpus {
+        if !g.info.mig_current || g.whole_leased {
+            continue;
+        }
+        let Some(gp) = g
+            .profiles
+            .iter()
+            .find(|p| p.name.eq_ignore_ascii_case(profile))
+        else {
+            continue;
+        };
+        let held_here: Vec<&Reservation> = held.iter().filter(|r| r.gpu == g.info.index).collect();
+        for placement in &gp.placements {
+            if held_here.iter().any(|r| r.placement.overlaps(placement)) {
+                continue;
+            }
+            // Instances of the profile that stay, plus regions already held for it.
+            let staying = instance_count(&g.mig, gp.id)
+                - u32::try_from(
+                    g.mig
+                        .iter()
+                        .filter(|m| m.gi_profile_id == gp.id && m.placement.overlaps(placement))
+                        .count(),
+                )
+                .unwrap_or(0);
+            let held_same = u32::try_from(
+                held_here
+                    .iter()
+                    .filter(|r| r.gi_profile_id == gp.id)
+                    .count(),
+            )
+            .unwrap_or(u32::MAX);
+            if staying.saturating_add(held_same) >= gp.max_count {
+                continue;
+            }
+            let mut busy = 0u32;
+            let mut all = 0u32;
+            for m in g.mig.iter().filter(|m| m.placement.overlaps(placement)) {
+                all += m.placement.size;
+                let moves = m.free_static.is_none()
+                    && movable
+                        .iter()
+                        .any(|v| v.gpu == g.info.index && v.placement == m.placement);
+                if !moves {
+                    busy += m.placement.size;
+                }
+            }
+            let key = (busy, all, g.info.index, placement.start);
+            if best.as_ref().is_none_or(|(k, _)| key < *k) {
+                best = Some((
+                    key,
+                    Reservation {
+                        gpu: g.info.index,
+                        gi_profile_id: gp.id,
+                        placement: *placement,
+                    },
+                ));
+            }
+        }
+    }
+    best.map(|(_, r)| r)
+}
+
+/// The reservations of the requests that wait, oldest first, each chosen with the
+/// older ones held (see [`reserve`]).
+pub fn reserve_all<'a>(
+    waiting: impl IntoIterator<Item = &'a str>,
+    gpus: &[GpuView],
+    movable: &[Movable],
+) -> Vec<Reservation> {
+    let mut held = Vec::new();
+    for profile in waiting {
+        if let Some(r) = reserve(profile, gpus, movable, &held) {
+            held.push(r);
+        }
+    }
+    held
+}
+
+/// `gpus` with every reservation present as an instance (never free, never movable):
+/// what the planner must see when it places anything but the waiting requests.
+pub fn hold(gpus: &[GpuView], held: &[Reservation]) -> Vec<GpuView> {
+    let mut out = gpus.to_vec();
+    for r in held {
+        if let Some(g) = out.iter_mut().find(|g| g.info.index == r.gpu) {
+            g.mig.push(OccupiedMig {
+                gi_profile_id: r.gi_profile_id,
+                placement: r.placement,
+                free_static: None,
+            });
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use crate::partition::test_fixtures::*;
+    use crate::partition::{PlanDecision, PlanOptions, plan};
+
+    #[test]
+    fn a_7g_waits_for_the_gpu_with_the_least_to_end() {
+        // gpu0: a busy 3g and a busy 1g; gpu1: one busy 1g and an idle 2g; gpu2: two busy 2g.
+        let mut gpus = vec![h100_mig(0), h100_mig(1), h100_mig(2)];
+        let a = occ(&gpus[0], "3g.40gb", 4);
+        let b = occ(&gpus[0], "1g.10gb", 0);
+        gpus[0].mig = vec![a, b];
+        let c = occ(&gpus[1], "1g.10gb", 6);
+        let d = occ(&gpus[1], "2g.20gb", 0);
+        gpus[1].mig = vec![c, d.clone()];
+        let e = occ(&gpus[2], "2g.20gb", 0);
+        let f = occ(&gpus[2], "2g.20gb", 2);
+        gpus[2].mig = vec![e, f];
+        let idle = [Movable {
+            gpu: 1,
+            placement: d.placement,
+        }];
+        let r = reserve("7g.80gb", &gpus, &idle, &[]).unwrap();
+        assert_eq!((r.gpu, r.placement.start, r.placement.size), (1, 0, 8));
+        // With nothing idle, busy slices are gpu0 5, gpu1 3, gpu2 4: still gpu1.
+        let r2 = reserve("7g.80gb", &gpus, &[], &[]).unwrap();
+        assert_eq!(r2.gpu, 1);
+        // A second waiting 7g takes another GPU: two 7g never share one.
+        let r3 = reserve("7g.80gb", &gpus, &idle, &[r]).unwrap();
+        assert_ne!(r3.gpu, 1);
+    }
+
+    #[test]
+    fn nothing_new_goes_into_a_held_region_but_it_may_go_beside_it() {
+        // gpu0 holds one busy 1g at slice 0 and is reserved for a 4g at 0..4; gpu1 is full
+        // but for slice 6.
+        let mut gpus = vec![h100_mig(0), h100_mig(1)];
+        let one = occ(&gpus[0], "1g.10gb", 0);
+        gpus[0].mig = vec![one];
+        let full: Vec<_> = [0, 2, 4]
+            .iter()
+            .map(|s| occ(&gpus[1], "2g.20gb", *s))
+            .collect();
+        gpus[1].mig = full;
+        let r = reserve("4g.40gb", &gpus, &[], &[]).unwrap();
+        assert_eq!((r.gpu, r.placement.start), (0, 0));
+        let mut held = hold(&gpus, &[r]);
+        // 1g instances go beside the region (gpu0 slices 4, 5, 6 and gpu1 slice 6), never
+        // into it; a fifth is refused although the region has three free slices.
+        let shape = mig_shape("1g.10gb");
+        for _ in 0..4 {
+            let d = plan(&shape, &held, &PlanOptions::default()).unwrap();
+            let PlanDecision::NewMig { gpu, placement, .. } = d else {
+                panic!("{d:?}");
+            };
+            assert!(
+                !(gpu == 0 && placement.overlaps(&r.placement)),
+                "{placement:?}"
+            );
+            apply(&mut held, &shape, &d);
+        }
+        assert!(plan(&shape, &held, &PlanOptions::default()).is_err());
+        // A 4g would only fit in the held region: refused while the request waits.
+        assert!(plan(&mig_shape("4g.40gb"), &held, &PlanOptions::default()).is_err());
+        // Once the 1g ends, the waiting 4g fits exactly there.
+        gpus[0].mig.clear();
+        let d = plan(&mig_shape("4g.40gb"), &gpus, &PlanOptions::default()).unwrap();
+        assert!(
+            matches!(d, PlanDecision::NewMig { gpu: 0, placement, .. } if placement == r.placement)
+        );
+    }
+}
