@@ -27,8 +27,8 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 use clap::Parser;
 use tesserad::gpu::profiles::GpuModel;
-use tesserad::partition::trace::{self, Durations, Outcome, Policy, TraceSpec};
-use tesserad::partition::{PlanOptions, Strategy};
+use tesserad::partition::trace::{self, Durations, Outcome, Policy, TraceSpec, TtlModel};
+use tesserad::partition::{PlanOptions, Strategy, Temporal};
 
 #[derive(Parser, Debug)]
 #[command(about = "MIG placement strategies against a free-repacking reference")]
@@ -66,6 +66,11 @@ struct Args {
     /// static, moves, housekeeping, queue, queue-reserve.
     #[arg(long, value_delimiter = ',', default_value = "all")]
     policies: Vec<String>,
+    /// What the planner is told of when leases end: none (no TTL), exact (TTL = the
+    /// lease's duration), upper (TTL = duration / u, u uniform in [0.5, 1] per request:
+    /// tenants release early).
+    #[arg(long, default_value = "upper")]
+    ttl: String,
     /// Print only the summary, not every trace.
     #[arg(long)]
     quiet: bool,
@@ -103,7 +108,37 @@ fn mix(model: GpuModel, name: &str) -> anyhow::Result<Vec<(String, f64)>> {
     Ok(names.into_iter().zip(weights).collect())
 }
 
-fn policies(args: &Args) -> Vec<(&'static str, Policy)> {
+/// A temporal-packing variant named in `--policies`: `moves-ttl-tie` (expiry as a
+/// tie-break), `moves-ttl-wN` (N loss units per full extension of a GPU's latest
+/// expiry), `moves-ttl-gN` (N units per TTL between the new lease's expiry and the
+/// GPU's latest); `best-fit-ttl-...` the same without moves.
+fn temporal_policy(name: &str) -> Option<Policy> {
+    let (moves, rest) = if let Some(r) = name.strip_prefix("moves-ttl-") {
+        (true, r)
+    } else {
+        (false, name.strip_prefix("best-fit-ttl-")?)
+    };
+    let temporal = if rest == "tie" {
+        Temporal::TieBreak
+    } else if let Some(w) = rest.strip_prefix('w') {
+        Temporal::Weighted(w.parse().ok()?)
+    } else if let Some(w) = rest.strip_prefix('g') {
+        Temporal::Group(w.parse().ok()?)
+    } else {
+        return None;
+    };
+    let opts = PlanOptions {
+        temporal,
+        ..PlanOptions::default()
+    };
+    Some(if moves {
+        Policy::PlannerWithMoves(opts)
+    } else {
+        Policy::Planner(opts)
+    })
+}
+
+fn policies(args: &Args) -> anyhow::Result<Vec<(String, Policy)>> {
     let with = |strategy| PlanOptions {
         strategy,
         ..PlanOptions::default()
@@ -134,11 +169,22 @@ fn policies(args: &Args) -> Vec<(&'static str, Policy)> {
         ("queue-reserve", queued(true)),
     ];
     let every = args.policies.iter().any(|p| p == "all");
-    all.into_iter()
+    let mut out: Vec<(String, Policy)> = all
+        .into_iter()
         .filter(|(n, _)| {
             n.starts_with("reference") || every || args.policies.iter().any(|p| p == n)
         })
-        .collect()
+        .map(|(n, p)| (n.to_string(), p))
+        .collect();
+    for name in &args.policies {
+        if name.contains("-ttl-") {
+            let p = temporal_policy(name).with_context(|| {
+                format!("unknown policy {name:?}: moves-ttl-tie, moves-ttl-wN, moves-ttl-gN")
+            })?;
+            out.push((name.clone(), p));
+        }
+    }
+    Ok(out)
 }
 
 /// Per policy: the ratios of every trace and the lowest per-profile acceptance
@@ -172,12 +218,18 @@ fn main() -> anyhow::Result<()> {
             other => bail!("unknown duration law {other:?}: exp or pareto"),
         })
         .collect::<anyhow::Result<_>>()?;
-    let policies = policies(&args);
+    let policies = policies(&args)?;
+    let ttl = match args.ttl.as_str() {
+        "none" => TtlModel::None,
+        "exact" => TtlModel::Exact,
+        "upper" => TtlModel::Upper,
+        other => bail!("unknown TTL model {other:?}: none, exact or upper"),
+    };
     let mut summary: Vec<Summary> = policies.iter().map(|_| Summary::default()).collect();
     println!(
         "placement-bench: {} {model}, {} requests per trace, idle start-up {} of the mean \
-         duration; ratio = accepted slice-time / the free-repacking reference's",
-        args.gpus, args.requests, args.startup
+         duration, TTL {}; ratio = accepted slice-time / the free-repacking reference's",
+        args.gpus, args.requests, args.startup, args.ttl
     );
     for mix_name in &mixes {
         let mix = mix(model, mix_name)?;
@@ -193,6 +245,7 @@ fn main() -> anyhow::Result<()> {
                         requests: args.requests,
                         seed,
                         startup: args.startup,
+                        ttl,
                     };
                     let requests = trace::generate(&spec)?;
                     let outcomes: Vec<Outcome> = policies
