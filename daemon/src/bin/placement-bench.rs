@@ -15,6 +15,11 @@
 //! against "reference-queue", the reference with the same queue (its own row is against
 //! the plain reference), and its waits per profile are printed.
 //!
+//! `--ttl` says what the planner is told of when leases end (none, exact, or an upper
+//! bound: TTL = duration / u, u uniform in [0.5, 1]); the daemon's default placement
+//! uses it (temporal packing, `[partition] expiry_weight`), and `moves-ttl-tie`,
+//! `moves-ttl-wN`, `moves-ttl-gN` are the variants measured against it.
+//!
 //! Printed per trace: each policy's accepted slice-time over the reference's (the
 //! ratio), the share of requests it accepted, and the share accepted per profile.
 //! The summary gives each policy's lowest and mean ratio over all traces and its

@@ -33,6 +33,11 @@
 //!   duration from the grant (its wait is tallied per profile). A request still
 //!   waiting at its deadline is refused.
 //!
+//! Each request carries a TTL per [`TtlModel`] (none, exact, or an upper bound of its
+//! duration); planner policies tell the planner each live lease's expiry and the new
+//! one's ([`super::Expiry`], temporal packing), as the daemon does. Leases still end at
+//! their duration; the reference ignores TTLs.
+//!
 //! The first tenth of the requests warms the node up and is not tallied.
 
 use std::cmp::Reverse;
