@@ -116,7 +116,8 @@ fn mix(model: GpuModel, name: &str) -> anyhow::Result<Vec<(String, f64)>> {
 /// A temporal-packing variant named in `--policies`: `moves-ttl-tie` (expiry as a
 /// tie-break), `moves-ttl-wN` (N loss units per full extension of a GPU's latest
 /// expiry), `moves-ttl-gN` (N units per TTL between the new lease's expiry and the
-/// GPU's latest); `best-fit-ttl-...` the same without moves.
+/// GPU's latest), `moves-ttl-eN` (N units times how soon the GPU empties, up to two
+/// TTLs ahead); `best-fit-ttl-...` the same without moves.
 fn temporal_policy(name: &str) -> Option<Policy> {
     let (moves, rest) = if let Some(r) = name.strip_prefix("moves-ttl-") {
         (true, r)
@@ -129,6 +130,8 @@ fn temporal_policy(name: &str) -> Option<Policy> {
         Temporal::Weighted(w.parse().ok()?)
     } else if let Some(w) = rest.strip_prefix('g') {
         Temporal::Group(w.parse().ok()?)
+    } else if let Some(w) = rest.strip_prefix('e') {
+        Temporal::Empties(w.parse().ok()?)
     } else {
         return None;
     };
@@ -184,7 +187,10 @@ fn policies(args: &Args) -> anyhow::Result<Vec<(String, Policy)>> {
     for name in &args.policies {
         if name.contains("-ttl-") {
             let p = temporal_policy(name).with_context(|| {
-                format!("unknown policy {name:?}: moves-ttl-tie, moves-ttl-wN, moves-ttl-gN")
+                format!(
+                    "unknown policy {name:?}: moves-ttl-tie, moves-ttl-wN, moves-ttl-gN, \
+                     moves-ttl-eN"
+                )
             })?;
             out.push((name.clone(), p));
         }

@@ -854,6 +854,7 @@ proptest! {
             Just(Temporal::TieBreak),
             (0u32..10_000).prop_map(Temporal::Weighted),
             (0u32..10_000).prop_map(Temporal::Group),
+            (0u32..10_000).prop_map(Temporal::Empties),
         ],
         n_gpus in 1u32..=3,
     ) {
