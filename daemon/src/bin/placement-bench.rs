@@ -73,7 +73,7 @@ struct Args {
     policies: Vec<String>,
     /// What the planner is told of when leases end: none (no TTL), exact (TTL = the
     /// lease's duration), upper (TTL = duration / u, u uniform in [0.5, 1] per request:
-    /// tenants release early).
+    /// tenants release early), loose (u uniform in [0.1, 1]).
     #[arg(long, default_value = "upper")]
     ttl: String,
     /// Print only the summary, not every trace.
@@ -234,7 +234,8 @@ fn main() -> anyhow::Result<()> {
         "none" => TtlModel::None,
         "exact" => TtlModel::Exact,
         "upper" => TtlModel::Upper,
-        other => bail!("unknown TTL model {other:?}: none, exact or upper"),
+        "loose" => TtlModel::Loose,
+        other => bail!("unknown TTL model {other:?}: none, exact, upper or loose"),
     };
     let mut summary: Vec<Summary> = policies.iter().map(|_| Summary::default()).collect();
     println!(

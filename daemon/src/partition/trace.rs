@@ -94,6 +94,9 @@ pub enum TtlModel {
     /// TTL = duration / u, u uniform in [0.5, 1] per request: an upper bound, tenants
     /// release early.
     Upper,
+    /// TTL = duration / u, u uniform in [0.1, 1]: a loose bound (tenants ask for up to
+    /// ten times what they use), to see how the gain fades.
+    Loose,
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -315,11 +318,13 @@ pub fn generate(spec: &TraceSpec) -> Result<Vec<Request>, TraceError> {
     // From a stream of its own, so the requests are the same under every TTL model.
     let mut ttl_rng = StdRng::seed_from_u64(spec.seed ^ 0x7474_6c5f_7365_6564);
     for r in &mut out {
-        let u: f64 = ttl_rng.gen_range(0.5..=1.0);
+        // One draw per request whatever the model, so each model sees the same stream.
+        let x: f64 = ttl_rng.gen_range(0.0..=1.0);
         r.ttl = match spec.ttl {
             TtlModel::None => None,
             TtlModel::Exact => Some(r.duration),
-            TtlModel::Upper => Some(r.duration / u),
+            TtlModel::Upper => Some(r.duration / (0.5 + 0.5 * x)),
+            TtlModel::Loose => Some(r.duration / (0.1 + 0.9 * x)),
         };
     }
     Ok(out)
@@ -1394,6 +1399,20 @@ mod tests {
                 .filter(|r| r.ttl.unwrap() > r.duration * 1.1)
                 .count()
                 > 1000
+        );
+        s.ttl = TtlModel::Loose;
+        let loose = generate(&s).unwrap();
+        assert_eq!(strip(&loose), none);
+        assert!(loose.iter().all(|r| {
+            let t = r.ttl.unwrap();
+            t >= r.duration && t <= 10.0 * r.duration + 1e-9
+        }));
+        assert!(
+            loose
+                .iter()
+                .filter(|r| r.ttl.unwrap() > r.duration * 2.5)
+                .count()
+                > 300
         );
     }
 
