@@ -264,6 +264,10 @@ pub struct LeaseConfig {
     pub pids_limit: u64,
     /// The longest a CreateLease may wait in the admission queue (`queue_wait_ms`).
     pub max_queue_wait: Duration,
+    /// The most CreateLease calls that may wait in the admission queue at once, of
+    /// one tenant and of all.
+    pub max_queued_per_tenant: usize,
+    pub max_queued: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -470,6 +474,8 @@ struct RawLease {
     retain_ended: Option<String>,
     pids_limit: Option<u64>,
     max_queue_wait: Option<String>,
+    max_queued_per_tenant: Option<usize>,
+    max_queued: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -619,6 +625,8 @@ impl Config {
             retain_ended: v.duration("lease.retain_ended", l.retain_ended, "30d")?,
             pids_limit: l.pids_limit.unwrap_or(4096),
             max_queue_wait: v.duration("lease.max_queue_wait", l.max_queue_wait, "10m")?,
+            max_queued_per_tenant: l.max_queued_per_tenant.unwrap_or(16),
+            max_queued: l.max_queued.unwrap_or(256),
         };
         if lease.min_ttl > lease.max_ttl {
             return Err(v.err("lease.min_ttl", "is longer than lease.max_ttl".into()));

@@ -195,6 +195,16 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // The store opens (its check, the start-up snapshot read ahead) beside the
+    // backend: neither touches the hardware, and each takes tens of milliseconds
+    // with thousands of leases.
+    let store = match open_store_beside(&cfg) {
+        Ok(s) => s,
+        Err(e) => {
+            error!("{e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
     let backend = match open_backend(&cfg) {
         Ok(b) => b,
         Err(e) => {
@@ -202,7 +212,7 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_UNAVAILABLE);
         }
     };
-    match rt.block_on(run(cfg, checked, backend)) {
+    match rt.block_on(run(cfg, checked, backend, store)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             error!("{e:#}");
@@ -266,7 +276,7 @@ fn sim_command(cfg: &Config, cmd: SimCommand) -> anyhow::Result<()> {
         SimCommand::ClearFaults => control.update(|c| c.call_faults.clear())?,
         SimCommand::Show => {}
     }
-    println!("{}", serde_json::to_string_pretty(&control.current()?)?);
+    println!("{}", serde_json::to_string_pretty(&*control.current()?)?);
     Ok(())
 }
 
@@ -294,6 +304,27 @@ fn open_backend(cfg: &Config) -> anyhow::Result<Arc<dyn GpuBackend>> {
             Ok(Arc::new(b))
         }
     }
+}
+
+/// The store being opened on a thread of its own.
+type StoreOpening = std::thread::JoinHandle<anyhow::Result<Store>>;
+
+/// Open the store on a thread, and read the start-up snapshot ahead.
+fn open_store_beside(cfg: &Config) -> anyhow::Result<StoreOpening> {
+    let faults = cfg.daemon.fault_injection.then(|| {
+        let f = tesserad::store::faults::StoreFaults::in_run_dir(&cfg.daemon.run_dir);
+        warn!(file = %f.path().display(), "fault injection is on: store commits fail while this file says so (never on a production host)");
+        f
+    });
+    let dir = cfg.daemon.state_dir.clone();
+    std::thread::Builder::new()
+        .name("store-open".into())
+        .spawn(move || {
+            let store = Store::open_with_faults(&dir, faults)?;
+            store.prefetch_snapshot()?;
+            Ok(store)
+        })
+        .context("starting the thread that opens the store")
 }
 
 /// What the checks before any action found, for the steps that act.
@@ -331,14 +362,23 @@ fn preflight(cfg: &Config) -> anyhow::Result<Checked> {
     Ok(Checked { socket_gid, tls })
 }
 
-async fn run(cfg: Config, checked: Checked, backend: Arc<dyn GpuBackend>) -> anyhow::Result<()> {
-    let faults = cfg.daemon.fault_injection.then(|| {
-        let f = tesserad::store::faults::StoreFaults::in_run_dir(&cfg.daemon.run_dir);
-        warn!(file = %f.path().display(), "fault injection is on: store commits fail while this file says so (never on a production host)");
-        f
-    });
-    let store = Arc::new(Store::open_with_faults(&cfg.daemon.state_dir, faults)?);
-    info!(db = %store.path().display(), backend = backend.name(), "store opened");
+async fn run(
+    cfg: Config,
+    checked: Checked,
+    backend: Arc<dyn GpuBackend>,
+    store: StoreOpening,
+) -> anyhow::Result<()> {
+    let store = Arc::new(
+        store
+            .join()
+            .map_err(|_| anyhow::anyhow!("the thread opening the store panicked"))??,
+    );
+    info!(
+        db = %store.path().display(),
+        checked = store.checked_at_open(),
+        backend = backend.name(),
+        "store opened"
+    );
     let socket = cfg.daemon.socket.clone();
     let grace = cfg.daemon.shutdown_grace;
     let mode = cfg.daemon.socket_mode;
@@ -389,6 +429,8 @@ async fn run(cfg: Config, checked: Checked, backend: Arc<dyn GpuBackend>) -> any
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let housekeeping = tokio::spawn(mgr.clone().run_housekeeping(stop_rx.clone()));
     let watchdog = tokio::spawn(feed_watchdog(mgr.clone(), stop_rx.clone()));
+    #[cfg(target_env = "gnu")]
+    let trim = tokio::spawn(trim_after_bulk_work(mgr.clone(), stop_rx.clone()));
     let health = tokio::spawn(mgr.clone().run_health_watch(stop_rx.clone()));
     // ops: usage records and the Prometheus endpoint ([metrics] listen).
     let catalog_of = mgr.clone();
@@ -461,6 +503,8 @@ async fn run(cfg: Config, checked: Checked, backend: Arc<dyn GpuBackend>) -> any
     let _ = stop_tx.send(true);
     let _ = housekeeping.await;
     let _ = watchdog.await;
+    #[cfg(target_env = "gnu")]
+    let _ = trim.await;
     let _ = health.await;
     let _ = usage.await;
     if let Some(t) = plugin_task {
@@ -482,6 +526,38 @@ fn notify(state: &[sd_notify::NotifyState]) {
 
 /// Feed the systemd watchdog at half its interval, but only while the lease manager's
 /// housekeeping loop keeps completing passes.
+/// How far the live lease count moves before freed memory is given back.
+#[cfg(target_env = "gnu")]
+const TRIM_AFTER_LEASES: usize = 1000;
+
+/// glibc keeps what the daemon frees in its arenas (the copies a bulk of creates or
+/// releases, or the start-up load, leave behind), and gives back only the top of a
+/// heap. `malloc_trim(0)` returns every whole free page to the kernel. Looked at
+/// four times a second; trimmed once after the start, then whenever the live lease
+/// count moved by [`TRIM_AFTER_LEASES`] since the last trim (a few milliseconds,
+/// off the async workers).
+#[cfg(target_env = "gnu")]
+async fn trim_after_bulk_work(
+    mgr: Arc<LeaseManager>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut trimmed_at: Option<usize> = None;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+            _ = stop.changed() => return,
+        }
+        let (live, _) = mgr.counts();
+        if trimmed_at.is_some_and(|at| at.abs_diff(live) < TRIM_AFTER_LEASES) {
+            continue;
+        }
+        trimmed_at = Some(live);
+        // SAFETY: malloc_trim only walks the allocator's own free lists under its
+        // locks and releases free pages; it has no preconditions.
+        let _ = tokio::task::spawn_blocking(|| unsafe { libc::malloc_trim(0) }).await;
+    }
+}
+
 async fn feed_watchdog(mgr: Arc<LeaseManager>, mut stop: tokio::sync::watch::Receiver<bool>) {
     let mut usec = 0u64;
     if !sd_notify::watchdog_enabled(false, &mut usec) || usec == 0 {

@@ -300,11 +300,16 @@ pub mod shape {
     use tessera_proto::v1 as pb;
 
     pub fn mig(profile: &str) -> pb::Shape {
+        migs(profile, 0)
+    }
+
+    /// `count` MIG instances of `profile` in one lease (0: one, as older clients).
+    pub fn migs(profile: &str, count: u32) -> pb::Shape {
         pb::Shape {
             kind: Some(pb::shape::Kind::Mig(pb::MigShape {
                 profile: profile.into(),
                 compute_profile: String::new(),
-                count: 0,
+                count,
             })),
         }
     }
@@ -320,8 +325,13 @@ pub mod shape {
     }
 
     pub fn whole() -> pb::Shape {
+        wholes(0)
+    }
+
+    /// `count` whole GPUs in one lease (0: one, as older clients).
+    pub fn wholes(count: u32) -> pb::Shape {
         pb::Shape {
-            kind: Some(pb::shape::Kind::WholeGpu(pb::WholeGpuShape { count: 0 })),
+            kind: Some(pb::shape::Kind::WholeGpu(pb::WholeGpuShape { count })),
         }
     }
 }

@@ -61,6 +61,8 @@ pub fn default_limits() -> LeaseConfig {
         retain_ended: Duration::from_secs(7 * 86_400),
         pids_limit: 4096,
         max_queue_wait: Duration::from_secs(600),
+        max_queued_per_tenant: 16,
+        max_queued: 256,
     }
 }
 

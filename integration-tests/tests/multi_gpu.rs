@@ -6,7 +6,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use tessera_integration_tests::{TestDaemon, create_req, rt};
+use tessera_integration_tests::{TestDaemon, create_req, rt, shape};
 use tessera_proto::v1 as pb;
 use tonic::Code;
 use tonic_types::StatusExt;
@@ -19,22 +19,6 @@ fn board(topology: &str, n: usize, mig: bool) -> String {
         ));
     }
     s
-}
-
-fn whole(count: u32) -> pb::Shape {
-    pb::Shape {
-        kind: Some(pb::shape::Kind::WholeGpu(pb::WholeGpuShape { count })),
-    }
-}
-
-fn migs(profile: &str, count: u32) -> pb::Shape {
-    pb::Shape {
-        kind: Some(pb::shape::Kind::Mig(pb::MigShape {
-            profile: profile.into(),
-            compute_profile: String::new(),
-            count,
-        })),
-    }
 }
 
 fn with_topology(shape: pb::Shape, topology: pb::TopologyConstraint) -> pb::CreateLeaseRequest {
@@ -72,7 +56,10 @@ fn an_hgx_board_gives_whole_gpus_by_numa_node_and_keeps_them_across_a_restart() 
             .unwrap()
             .into_inner();
         let l = c
-            .create_lease(with_topology(whole(4), pb::TopologyConstraint::Nvlink))
+            .create_lease(with_topology(
+                shape::wholes(4),
+                pb::TopologyConstraint::Nvlink,
+            ))
             .await
             .unwrap()
             .into_inner()
@@ -154,7 +141,7 @@ fn an_hgx_board_gives_whole_gpus_by_numa_node_and_keeps_them_across_a_restart() 
     r.block_on(async {
         let mut c = d.client().await.unwrap();
         let l = c
-            .create_lease(create_req("team-a", whole(8)))
+            .create_lease(create_req("team-a", shape::wholes(8)))
             .await
             .unwrap()
             .into_inner()
@@ -176,7 +163,7 @@ fn pcie_pairs_place_mig_instances_on_a_bridged_pair_or_refuse_by_topology() {
             let l = c
                 .create_lease(pb::CreateLeaseRequest {
                     gpu_index: Some(gpu),
-                    ..create_req("team-b", migs("4g.40gb", 0))
+                    ..create_req("team-b", shape::migs("4g.40gb", 0))
                 })
                 .await
                 .unwrap()
@@ -188,7 +175,7 @@ fn pcie_pairs_place_mig_instances_on_a_bridged_pair_or_refuse_by_topology() {
         }
         let err = c
             .create_lease(with_topology(
-                migs("3g.40gb", 4),
+                shape::migs("3g.40gb", 4),
                 pb::TopologyConstraint::Nvlink,
             ))
             .await
@@ -203,7 +190,7 @@ fn pcie_pairs_place_mig_instances_on_a_bridged_pair_or_refuse_by_topology() {
         // Three fit on one bridged pair: the first GPU's room, then its partner's.
         let l = c
             .create_lease(with_topology(
-                migs("3g.40gb", 3),
+                shape::migs("3g.40gb", 3),
                 pb::TopologyConstraint::Nvlink,
             ))
             .await
@@ -222,7 +209,7 @@ fn pcie_pairs_place_mig_instances_on_a_bridged_pair_or_refuse_by_topology() {
         );
         // The other pair's three, without a constraint; then the node is full.
         let other = c
-            .create_lease(create_req("team-a", migs("3g.40gb", 3)))
+            .create_lease(create_req("team-a", shape::migs("3g.40gb", 3)))
             .await
             .unwrap()
             .into_inner()
@@ -230,7 +217,7 @@ fn pcie_pairs_place_mig_instances_on_a_bridged_pair_or_refuse_by_topology() {
             .unwrap();
         assert_eq!(gpus_of(&other), vec![2, 3, 3]);
         let err = c
-            .create_lease(create_req("team-a", migs("1g.10gb", 2)))
+            .create_lease(create_req("team-a", shape::migs("1g.10gb", 2)))
             .await
             .unwrap_err();
         let info = err.get_details_error_info().expect("ErrorInfo");

@@ -267,3 +267,51 @@ fn a_new_lease_joins_the_gpu_whose_lease_outlasts_it() {
         assert!(ok && out.contains(want), "{config:?}: {out}");
     }
 }
+
+/// The admission queue is bounded per tenant: a tenant at its bound gets no place to
+/// wait (a request that fits is still granted at once; one that does not is refused
+/// saying why), while another tenant still queues.
+#[test]
+fn a_tenant_at_its_queue_bound_cannot_wait_but_others_can() {
+    let d = TestDaemon::start_with(
+        TWO_H100,
+        "[partition]\nmove_idle = false\n[lease]\nmax_queued_per_tenant = 1\n",
+    )
+    .unwrap();
+    rt().block_on(async {
+        let mut c = d.client().await.unwrap();
+        let _a = idle_lease_in_the_way(&mut c).await;
+        let waiting = |tenant: &str, profile: &str| {
+            let mut req = create_req(tenant, shape::mig(profile));
+            req.queue_wait_ms = 60_000;
+            req
+        };
+        let mut c2 = d.client().await.unwrap();
+        let first = waiting("team-b", "7g.80gb");
+        let first = tokio::spawn(async move { c2.create_lease(first).await });
+        queued(&mut c, 1).await;
+        let st = c
+            .create_lease(waiting("team-b", "7g.80gb"))
+            .await
+            .unwrap_err();
+        assert_eq!(st.code(), tonic::Code::ResourceExhausted, "{st:?}");
+        assert!(
+            st.message().contains("it cannot wait for room")
+                && st.message().contains("max_queued_per_tenant"),
+            "{}",
+            st.message()
+        );
+        // What fits is granted all the same.
+        c.create_lease(waiting("team-b", "1g.10gb"))
+            .await
+            .unwrap_or_else(|e| panic!("a 1g that fits: {e}"));
+        // Another tenant still has room to wait.
+        let mut c3 = d.client().await.unwrap();
+        let other = waiting("team-c", "7g.80gb");
+        let other = tokio::spawn(async move { c3.create_lease(other).await });
+        queued(&mut c, 2).await;
+        first.abort();
+        other.abort();
+        queued(&mut c, 0).await;
+    });
+}

@@ -575,6 +575,74 @@ fn a_guaranteed_request_preempts_burst_leases_youngest_first_but_never_a_guarant
     });
 }
 
+/// A guaranteed request for several instances in one lease preempts as many burst
+/// leases as all of them need, youngest first, and no more.
+#[test]
+fn a_guaranteed_multi_instance_request_preempts_the_burst_leases_it_needs() {
+    let d = TestDaemon::start_with(TWO_H100, &tenants(14, 14)).unwrap();
+    rt().block_on(async {
+        let mut c = d.client().await.unwrap();
+        let mut a_ids = Vec::new();
+        for _ in 0..14 {
+            let l = c
+                .create_lease(create_req("team-a", shape::mig("1g.10gb")))
+                .await
+                .unwrap()
+                .into_inner()
+                .lease
+                .unwrap();
+            a_ids.push(l.id);
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let l = c
+            .create_lease(create_req("team-b", shape::migs("1g.10gb", 3)))
+            .await
+            .unwrap_or_else(|e| panic!("team-b's three instances: {e}"))
+            .into_inner()
+            .lease
+            .unwrap();
+        assert_eq!(l.partitions.len(), 3, "{l:?}");
+        assert!(!l.burst);
+        let left: Vec<String> = ids_of(&mut c, "team-a")
+            .await
+            .into_iter()
+            .map(|x| x.1)
+            .collect();
+        assert_eq!(
+            left,
+            a_ids[..11].to_vec(),
+            "exactly the three youngest burst leases made room"
+        );
+        // Four more fill team-b's guarantee (7 slices): they take team-a's last four
+        // burst leases, never a guaranteed one.
+        let l = c
+            .create_lease(create_req("team-b", shape::migs("1g.10gb", 4)))
+            .await
+            .unwrap_or_else(|e| panic!("team-b's four instances: {e}"))
+            .into_inner()
+            .lease
+            .unwrap();
+        assert_eq!(l.partitions.len(), 4);
+        let left: Vec<String> = ids_of(&mut c, "team-a")
+            .await
+            .into_iter()
+            .map(|x| x.1)
+            .collect();
+        assert_eq!(left, a_ids[..7].to_vec(), "team-a keeps its guarantee");
+        // Beyond its guarantee team-b is burst: nothing is preempted for two more.
+        let e = c
+            .create_lease(create_req("team-b", shape::migs("1g.10gb", 2)))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::ResourceExhausted, "{e}");
+        assert_eq!(
+            live_count(&mut c, "team-a").await,
+            7,
+            "nothing preempted for it"
+        );
+    });
+}
+
 #[test]
 fn two_competing_tenants_each_always_get_their_guarantee() {
     let d = TestDaemon::start_with(TWO_H100, &tenants(14, 14)).unwrap();

@@ -3,8 +3,9 @@
 //! config's `[[auth.principals]]` rules (first match wins). An unmapped caller gets
 //! PermissionDenied. uid 0 and the daemon's own uid are always admin.
 
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 
+use tonic::transport::server::UdsConnectInfo;
 use tonic::{Request, Status};
 
 use crate::config::{PrincipalRule, Role};
@@ -70,11 +71,43 @@ impl Caller {
     }
 }
 
+/// A unix-socket connection's peer, looked at once, when the connection is
+/// accepted: its credentials (SO_PEERCRED, fixed at `connect`) and whether the
+/// process that connected runs in the daemon's mount and PID namespaces. Every
+/// request on the connection is that process's: looking at its namespaces per
+/// request cost four `stat`s of /proc each (8 % of the daemon's CPU under 32
+/// clients), and a later look can only be less true (the process gone, its pid
+/// reused).
+#[derive(Debug, Clone)]
+pub struct UnixPeer {
+    pub info: UdsConnectInfo,
+    /// None: no credentials (the caller is unknown).
+    pub contained: Option<bool>,
+}
+
+impl UnixPeer {
+    pub fn of(info: UdsConnectInfo) -> UnixPeer {
+        let contained = info
+            .peer_cred
+            .map(|cred| cred.pid().is_none_or(|pid| !in_host_namespaces(pid)));
+        UnixPeer { info, contained }
+    }
+}
+
 /// Read a request's caller from its connection.
 pub fn caller_of<T>(req: &Request<T>) -> Caller {
-    if let Some(info) = req
-        .extensions()
-        .get::<tonic::transport::server::UdsConnectInfo>()
+    if let Some(peer) = req.extensions().get::<UnixPeer>()
+        && let (Some(cred), Some(contained)) = (peer.info.peer_cred, peer.contained)
+    {
+        return Caller::Unix {
+            uid: cred.uid(),
+            gid: cred.gid(),
+            groups: Vec::new(),
+            pid: cred.pid(),
+            contained,
+        };
+    }
+    if let Some(info) = req.extensions().get::<UdsConnectInfo>()
         && let Some(cred) = info.peer_cred
     {
         return Caller::Unix {
@@ -98,16 +131,25 @@ pub fn caller_of<T>(req: &Request<T>) -> Caller {
 /// inside a container). False when it cannot be told (the process is gone).
 pub fn in_host_namespaces(pid: i32) -> bool {
     use std::os::unix::fs::MetadataExt;
-    ["mnt", "pid"].iter().all(|ns| {
-        let id = |p: String| std::fs::metadata(p).map(|m| (m.dev(), m.ino()));
-        match (
-            id(format!("/proc/{pid}/ns/{ns}")),
-            id(format!("/proc/self/ns/{ns}")),
-        ) {
-            (Ok(a), Ok(b)) => a == b,
-            _ => false,
+    const NAMESPACES: [&str; 2] = ["mnt", "pid"];
+    let id = |p: String| std::fs::metadata(p).map(|m| (m.dev(), m.ino()));
+    // The daemon's own namespaces do not change: read once (a failed read is not
+    // kept, and nothing is trusted while it fails).
+    static OWN: OnceLock<[(u64, u64); 2]> = OnceLock::new();
+    let own = match OWN.get() {
+        Some(own) => *own,
+        None => {
+            let read = |ns: &str| id(format!("/proc/self/ns/{ns}"));
+            match (read(NAMESPACES[0]), read(NAMESPACES[1])) {
+                (Ok(mnt), Ok(pid)) => *OWN.get_or_init(|| [mnt, pid]),
+                _ => return false,
+            }
         }
-    })
+    };
+    NAMESPACES
+        .iter()
+        .zip(own)
+        .all(|(ns, own)| id(format!("/proc/{pid}/ns/{ns}")).is_ok_and(|peer| peer == own))
 }
 
 /// The `Groups:` line of /proc/<pid>/status.
@@ -407,6 +449,41 @@ mod tests {
             !in_host_namespaces(i32::MAX),
             "a vanished peer is not trusted"
         );
+    }
+
+    /// The connection's peer is looked at once, when it is accepted, and that is
+    /// what every request on it gets.
+    #[tokio::test]
+    async fn a_connection_peer_is_looked_at_once_and_kept_for_its_requests() {
+        use tonic::transport::server::Connected;
+        let (ours, _theirs) = tokio::net::UnixStream::pair().unwrap();
+        let peer = UnixPeer::of(ours.connect_info());
+        let cred = peer.info.peer_cred.expect("a socket pair has credentials");
+        assert_eq!(cred.pid(), Some(std::process::id() as i32));
+        assert_eq!(peer.contained, Some(false), "this process is on the host");
+        let mut req = Request::new(());
+        req.extensions_mut().insert(peer.clone());
+        assert!(matches!(
+            caller_of(&req),
+            Caller::Unix {
+                contained: false,
+                ..
+            }
+        ));
+        // Found inside a container when it connected: every request says so,
+        // whatever its pid looks like later.
+        let mut req = Request::new(());
+        req.extensions_mut().insert(UnixPeer {
+            contained: Some(true),
+            ..peer
+        });
+        assert!(matches!(
+            caller_of(&req),
+            Caller::Unix {
+                contained: true,
+                ..
+            }
+        ));
     }
 
     #[test]

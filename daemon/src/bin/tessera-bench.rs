@@ -36,7 +36,7 @@ const USAGE: &str = "\
 tessera-bench [--seconds N] [--clients 1,8,32] [--shape mig|mps|whole]
               [--prefill N] [--points 0,1000,5000,10000,20000] [--restart-at 10000]
               [--curve-seconds S] [--curve-gpus 64] [--no-throughput]
-              [--tesserad PATH | --socket PATH] [--results FILE]
+              [--tesserad PATH | --socket PATH] [--results FILE] [--keep]
 tessera-bench report FILE     the goals table from the figures in FILE
 
   --seconds       length of each throughput run (default 5)
@@ -51,7 +51,9 @@ tessera-bench report FILE     the goals table from the figures in FILE
   --no-throughput only the scale curve
   --tesserad      the daemon binary (default: next to this one)
   --socket        measure an already running daemon (no curve, RSS or restart)
-  --results       append every figure to FILE as `key value` lines";
+  --results       append every figure to FILE as `key value` lines
+  --keep          keep the curve daemon's directories (state, config, log) and
+                  print where they are: to profile its start on the same state";
 
 struct Args {
     seconds: u64,
@@ -66,6 +68,7 @@ struct Args {
     tesserad: Option<PathBuf>,
     socket: Option<PathBuf>,
     results: Option<PathBuf>,
+    keep: bool,
 }
 
 fn list<T: std::str::FromStr>(s: &str, what: &str) -> anyhow::Result<Vec<T>>
@@ -92,6 +95,7 @@ fn parse_args(args: impl Iterator<Item = String>) -> anyhow::Result<Args> {
         tesserad: None,
         socket: None,
         results: None,
+        keep: false,
     };
     let mut restart_given = false;
     let mut it = args;
@@ -113,6 +117,7 @@ fn parse_args(args: impl Iterator<Item = String>) -> anyhow::Result<Args> {
             "--tesserad" => a.tesserad = Some(PathBuf::from(val()?)),
             "--socket" => a.socket = Some(PathBuf::from(val()?)),
             "--results" => a.results = Some(PathBuf::from(val()?)),
+            "--keep" => a.keep = true,
             "-h" | "--help" => {
                 println!("{USAGE}");
                 std::process::exit(0);
@@ -411,6 +416,12 @@ impl Daemon {
 
     /// SIGTERM, wait for the exit (not timed), start again: the restart-to-serving time.
     fn restart(&mut self) -> anyhow::Result<Duration> {
+        self.stop()?;
+        self.spawn()
+    }
+
+    /// SIGTERM and wait for the exit.
+    fn stop(&mut self) -> anyhow::Result<()> {
         if let Some(mut c) = self.child.take() {
             let pid = i32::try_from(c.id()).context("pid")?;
             nix::sys::signal::kill(
@@ -423,7 +434,14 @@ impl Daemon {
                 bail!("tesserad exited with {status} on SIGTERM");
             }
         }
-        self.spawn()
+        Ok(())
+    }
+
+    /// Stop the daemon and keep its run directory (which holds the simulator's
+    /// state); returns it.
+    fn stop_and_keep(&mut self) -> anyhow::Result<Option<PathBuf>> {
+        self.stop()?;
+        Ok(self._run.take().map(tempfile::TempDir::keep))
     }
 
     fn kill(&mut self) {
@@ -537,11 +555,21 @@ fn throughput(
     println!("raw durable commits (SQLite WAL, synchronous=FULL, 1 row each): {raw:.0}/s");
     results.put("raw_commits_per_s", raw)?;
     println!(
-        "{:>7} {:>8} {:>9} | {:>17} | {:>17} | {:>17}",
-        "clients", "cycles", "cycles/s", "cycle p50/p99 ms", "create p50/p99", "release p50/p99"
+        "{:>7} {:>8} {:>9} | {:>17} | {:>17} | {:>17} | {:>9}",
+        "clients",
+        "cycles",
+        "cycles/s",
+        "cycle p50/p99 ms",
+        "create p50/p99",
+        "release p50/p99",
+        "CPU ms/cy"
     );
+    let pid = daemon.as_ref().and_then(Daemon::pid);
     rt.block_on(async {
         for &n in &args.clients {
+            // The daemon's own CPU per cycle: what other work on a shared machine
+            // disturbs far less than rates and latencies.
+            let cpu0 = pid.map(cpu_time).transpose()?;
             let stop_at = Instant::now() + Duration::from_secs(args.seconds);
             let shape = Arc::new(shape(&args.shape));
             let mut tasks = Vec::new();
@@ -576,15 +604,28 @@ fn throughput(
                 )
             };
             let rate = all.len() as f64 / secs;
+            let cpu_per_cycle = match (pid, cpu0) {
+                (Some(pid), Some(cpu0)) => {
+                    Some(cpu_time(pid)?.saturating_sub(cpu0) / all.len().max(1) as u32)
+                }
+                _ => None,
+            };
             println!(
-                "{:>7} {:>8} {:>9.0} | {} | {} | {}",
+                "{:>7} {:>8} {:>9.0} | {} | {} | {} | {:>9}",
                 n,
                 all.len(),
                 rate,
                 pair(&cyc),
                 pair(&cre),
                 pair(&rel),
+                cpu_per_cycle.map_or("-".into(), |c| format!("{:.3}", ms(c))),
             );
+            if let Some(c) = cpu_per_cycle {
+                results.put(
+                    &format!("throughput.{n}.daemon_cpu_us_per_cycle"),
+                    c.as_secs_f64() * 1e6,
+                )?;
+            }
             results.put(&format!("throughput.{n}.cycles_per_s"), rate)?;
             results.put(
                 &format!("throughput.{n}.create_p99_ms"),
@@ -746,6 +787,19 @@ fn curve(args: &Args, rt: &tokio::runtime::Runtime, results: &mut Results) -> an
     }
     for n in notes {
         println!("{n}");
+    }
+    if args.keep {
+        let run = daemon.stop_and_keep()?;
+        let dir = dir.keep();
+        println!(
+            "kept: {} (config {}), run dir {}",
+            dir.display(),
+            daemon.config.display(),
+            run.map_or_else(
+                || dir.join("run").display().to_string(),
+                |r| r.display().to_string()
+            )
+        );
     }
     Ok(())
 }

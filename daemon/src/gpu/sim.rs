@@ -1375,19 +1375,33 @@ impl GpuBackend for SimBackend {
         })
     }
 
+    fn mps_running(&self) -> Result<std::collections::HashSet<String>, GpuError> {
+        self.control.before("mps_daemons", None)?;
+        self.read(|s| {
+            Ok(s.mps
+                .by_lease
+                .iter()
+                .filter(|(_, d)| d.running)
+                .map(|(key, _)| key.clone())
+                .collect())
+        })
+    }
+
     fn topology(&self, a: u32, b: u32) -> Result<super::GpuLink, GpuError> {
         self.control.before("topology", Some(a))?;
-        self.read(|s| {
-            let ga = s.gpu(a)?;
-            s.gpu(b)?;
-            let count = u32::try_from(s.gpus.len()).unwrap_or(u32::MAX);
-            // NVLinks per pair through the NVSwitches: 12 on A100, 18 on Hopper.
-            let per_pair = match ga.model {
-                GpuModel::A100Sxm40Gb | GpuModel::A100Sxm80Gb => 12,
-                _ => 18,
-            };
-            Ok(self.config.topology.link(a, b, count, per_pair))
-        })
+        // The board's wiring is the config's (the state file holds the same GPUs,
+        // checked when it is loaded): no state lock or read per pair, which a start
+        // asks about for every pair of GPUs (4,032 calls on 64).
+        let gpus = &self.config.gpus;
+        let ga = gpus.get(a as usize).ok_or(GpuError::NoSuchGpu(a))?;
+        gpus.get(b as usize).ok_or(GpuError::NoSuchGpu(b))?;
+        let count = u32::try_from(gpus.len()).unwrap_or(u32::MAX);
+        // NVLinks per pair through the NVSwitches: 12 on A100, 18 on Hopper.
+        let per_pair = match ga.model {
+            GpuModel::A100Sxm40Gb | GpuModel::A100Sxm80Gb => 12,
+            _ => 18,
+        };
+        Ok(self.config.topology.link(a, b, count, per_pair))
     }
 
     fn mps_daemons(&self) -> Result<Vec<MpsDaemon>, GpuError> {
@@ -2035,6 +2049,26 @@ mod tests {
         let now = slices(&b);
         assert!(now.contains(&("lease-c".to_owned(), 0)), "{now:?}");
         assert!(now.contains(&("lease-a".to_owned(), 50)), "{now:?}");
+    }
+
+    /// The running daemons' keys, as the full listing says, without the listing.
+    #[test]
+    fn mps_running_names_the_running_daemons_only() {
+        let (_d, b) = sim(&[(GpuModel::H100Hbm3_80Gb, false)]);
+        assert!(b.mps_running().unwrap().is_empty());
+        b.mps_start(&mps_spec(&b, "lease-a")).unwrap();
+        b.mps_start(&mps_spec(&b, "lease-b")).unwrap();
+        b.kill_mps("lease-b").unwrap();
+        let running = b.mps_running().unwrap();
+        assert_eq!(running, ["lease-a".to_owned()].into_iter().collect());
+        let listed: std::collections::HashSet<String> = b
+            .mps_daemons()
+            .unwrap()
+            .into_iter()
+            .filter(|d| d.running)
+            .map(|d| d.spec.lease_id)
+            .collect();
+        assert_eq!(running, listed);
     }
 
     #[test]

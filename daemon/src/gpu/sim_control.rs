@@ -13,7 +13,7 @@ use std::collections::BTreeSet;
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use nix::fcntl::{Flock, FlockArg};
@@ -109,10 +109,21 @@ pub struct Control {
 
 type Stamp = (u64, u64, i64, i64, u64);
 
-fn stamp(path: &Path) -> Option<Stamp> {
+/// The file's identity and change time: `Some(None)` when there is no file,
+/// `None` when it cannot be looked at (then it is read, and that read says why).
+fn stamp(path: &Path) -> Option<Option<Stamp>> {
     use std::os::unix::fs::MetadataExt;
-    let m = fs::metadata(path).ok()?;
-    Some((m.dev(), m.ino(), m.mtime(), m.mtime_nsec(), m.size()))
+    match fs::metadata(path) {
+        Ok(m) => Some(Some((
+            m.dev(),
+            m.ino(),
+            m.mtime(),
+            m.mtime_nsec(),
+            m.size(),
+        ))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some(None),
+        Err(_) => None,
+    }
 }
 
 /// The control file of one simulated host.
@@ -121,7 +132,9 @@ pub struct SimControl {
     path: PathBuf,
     lock_path: PathBuf,
     configured: Vec<CallFault>,
-    cache: Mutex<Option<(Stamp, Control)>>,
+    /// The file as last read, by its stamp (None: there was no file). Every
+    /// simulated call looks here: one `stat` when nothing changed.
+    cache: Mutex<Option<(Option<Stamp>, Arc<Control>)>>,
 }
 
 impl SimControl {
@@ -152,7 +165,7 @@ impl SimControl {
     }
 
     /// The file as it is now (a missing file is no fault at all).
-    pub fn current(&self) -> Result<Control, GpuError> {
+    pub fn current(&self) -> Result<Arc<Control>, GpuError> {
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         let now = stamp(&self.path);
         if let (Some(now), Some((seen, c))) = (now, cache.as_ref())
@@ -160,7 +173,8 @@ impl SimControl {
         {
             return Ok(c.clone());
         }
-        let control = self.load()?;
+        let control = Arc::new(self.load()?);
+        // A file that could not be looked at is read again next time.
         *cache = now.map(|s| (s, control.clone()));
         Ok(control)
     }
@@ -283,6 +297,30 @@ mod tests {
 
     fn control(dir: &Path, configured: Vec<CallFault>) -> SimControl {
         SimControl::beside(&dir.join("sim.json"), configured)
+    }
+
+    /// No file is no fault, and that answer is kept only while there is no file:
+    /// one written by another process later is seen at the next call.
+    #[test]
+    fn a_file_written_after_calls_without_one_is_seen() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = control(dir.path(), vec![]);
+        c.before("destroy_instance", Some(0)).unwrap();
+        c.before("destroy_instance", Some(0)).unwrap();
+        let writer = control(dir.path(), vec![]);
+        writer
+            .update(|c| {
+                c.call_faults.push(CallFault {
+                    call: "destroy_instance".into(),
+                    fail_rate: 1.0,
+                    delay_ms: 0,
+                    code: NvmlCode::InUse,
+                })
+            })
+            .unwrap();
+        assert!(c.before("destroy_instance", Some(0)).is_err());
+        std::fs::remove_file(c.path()).unwrap();
+        c.before("destroy_instance", Some(0)).unwrap();
     }
 
     #[test]

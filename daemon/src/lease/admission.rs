@@ -76,8 +76,23 @@ impl LeaseManager {
             )));
         }
         if ask.count > 1 {
-            let parts = self.place_several(&st, ask, &opts)?;
-            return Ok(Ok(self.hold_several(&mut st, ask, admission, parts, notify)));
+            let views = Self::placeable_views(&st);
+            return match Self::plan_several(&st, ask, &views, &opts) {
+                Ok(decisions) => {
+                    let parts = self.partitions_for_several(&st, ask, decisions)?;
+                    Ok(Ok(self.hold_several(&mut st, ask, admission, parts, notify)))
+                }
+                // Burst leases of other tenants may make room, or room within the
+                // topology asked for; idle leases are not moved for several.
+                Err(refusal @ (PlanError::NoCapacity(_) | PlanError::TopologyUnmet(_))) => {
+                    let fits =
+                        |v: &[partition::GpuView]| Self::plan_several(&st, ask, v, &opts).is_ok();
+                    let victims =
+                        Self::victims_if_allowed(&st, tenancy, ask, admission, rounds, &fits);
+                    Self::preempt_or_refuse(&mut st, victims, refusal)
+                }
+                Err(e) => Err(e.into()),
+            };
         }
         if let Shape::MigMps {
             profile,
@@ -195,36 +210,43 @@ impl LeaseManager {
         }
     }
 
-    /// A multi-partition lease's places: N whole GPUs (`plan_gpus_within`) or N
-    /// MIG instances of one profile (`plan_migs`), by the board's topology and
-    /// within the request's constraint. All or nothing: a refusal places none. It
-    /// neither preempts nor moves other leases to make room.
-    fn place_several(
+    /// A multi-partition lease's places on `views`: N whole GPUs
+    /// (`plan_gpus_within`) or N MIG instances of one profile (`plan_migs`), by the
+    /// board's topology and within the request's constraint. All or nothing: a
+    /// refusal places none. Idle leases are not moved to make room (a guaranteed
+    /// request may preempt burst leases, as a single partition's may).
+    fn plan_several(
+        st: &State,
+        ask: &Ask<'_>,
+        views: &[partition::GpuView],
+        opts: &PlanOptions,
+    ) -> Result<Vec<PlanDecision>, PlanError> {
+        let link = |a: u32, b: u32| st.link(a, b);
+        let constraint = ask.req.topology;
+        match &ask.shape {
+            Shape::WholeGpu => Ok(partition::topology::plan_gpus_within(
+                ask.count, views, &link, constraint,
+            )?
+            .into_iter()
+            .map(|gpu| PlanDecision::WholeGpu { gpu })
+            .collect()),
+            Shape::Mig { .. } => partition::topology::plan_migs(
+                &ask.shape, ask.count, views, opts, &link, constraint,
+            ),
+            _ => Err(PlanError::InvalidShape(
+                "shape.count: only MIG instances and whole GPUs come several to a lease".into(),
+            )),
+        }
+    }
+
+    /// The partitions of a multi-partition lease's `decisions` (the first is its
+    /// `partition_id`).
+    fn partitions_for_several(
         &self,
         st: &State,
         ask: &Ask<'_>,
-        opts: &PlanOptions,
+        decisions: Vec<PlanDecision>,
     ) -> Result<Vec<(Partition, Option<HwCreate>)>, LeaseError> {
-        let views = Self::placeable_views(st);
-        let link = |a: u32, b: u32| st.link(a, b);
-        let constraint = ask.req.topology;
-        let decisions = match &ask.shape {
-            Shape::WholeGpu => {
-                partition::topology::plan_gpus_within(ask.count, &views, &link, constraint)?
-                    .into_iter()
-                    .map(|gpu| PlanDecision::WholeGpu { gpu })
-                    .collect()
-            }
-            Shape::Mig { .. } => partition::topology::plan_migs(
-                &ask.shape, ask.count, &views, opts, &link, constraint,
-            )?,
-            _ => {
-                return Err(LeaseError::InvalidArgument {
-                    field: "shape.count",
-                    message: "only MIG instances and whole GPUs come several to a lease".into(),
-                });
-            }
-        };
         decisions
             .into_iter()
             .enumerate()
@@ -291,17 +313,41 @@ impl LeaseManager {
         rounds: u32,
         (opts, msg): (&PlanOptions, String),
     ) -> Result<Result<Reserved, Again>, LeaseError> {
-        if !(admission == quota::Admission::Guaranteed
+        let fits = |v: &[partition::GpuView]| partition::plan(&ask.shape, v, opts).is_ok();
+        let victims = Self::victims_if_allowed(st, tenancy, ask, admission, rounds, &fits);
+        Self::preempt_or_refuse(st, victims, PlanError::NoCapacity(msg))
+    }
+
+    /// The burst leases to preempt so that `fits`, if the request may preempt at
+    /// all (a guaranteed request, preemption on, tenants configured, fewer than 3
+    /// rounds): None when it may not.
+    fn victims_if_allowed(
+        st: &State,
+        tenancy: &TenancyConfig,
+        ask: &Ask<'_>,
+        admission: quota::Admission,
+        rounds: u32,
+        fits: &dyn Fn(&[partition::GpuView]) -> bool,
+    ) -> Option<Vec<String>> {
+        (admission == quota::Admission::Guaranteed
             && tenancy.preemption
             && !tenancy.tenants.is_empty()
             && rounds < 3)
-        {
-            return Err(PlanError::NoCapacity(msg).into());
-        }
-        let req = ask.req;
-        let victims = Self::pick_victims(st, tenancy, &req.tenant, &ask.shape, opts);
+            .then(|| Self::pick_victims(st, tenancy, &ask.req.tenant, fits))
+    }
+
+    /// Preempt `victims` (or wait for teardowns in progress, which give capacity
+    /// back in a moment), or refuse with `refusal` when there is neither.
+    fn preempt_or_refuse(
+        st: &mut State,
+        victims: Option<Vec<String>>,
+        refusal: PlanError,
+    ) -> Result<Result<Reserved, Again>, LeaseError> {
+        let Some(victims) = victims else {
+            return Err(refusal.into());
+        };
         if victims.is_empty() && st.tearing_down.is_empty() {
-            return Err(LeaseError::ResourceExhausted(msg));
+            return Err(refusal.into());
         }
         st.preempting += 1;
         // Without victims, capacity held by leases being torn down right
@@ -551,13 +597,12 @@ impl LeaseManager {
     }
 
     /// The smallest set of preemptible leases (in victim order) whose partitions,
-    /// once freed, let `shape` be placed. Empty when no such set exists.
+    /// once freed, make the request fit. Empty when no such set exists.
     pub(super) fn pick_victims(
         st: &State,
         tenancy: &TenancyConfig,
         tenant: &str,
-        shape: &Shape,
-        opts: &PlanOptions,
+        fits: &dyn Fn(&[partition::GpuView]) -> bool,
     ) -> Vec<String> {
         // Pending leases count too: a burst lease still being created holds
         // capacity; it is preempted once its creation finishes.
@@ -578,7 +623,7 @@ impl LeaseManager {
                 Self::free_in_views(&mut views, p);
             }
             chosen.push(v.id.clone());
-            if partition::plan(shape, &views, opts).is_ok() {
+            if fits(&views) {
                 return chosen;
             }
         }

@@ -89,7 +89,11 @@ impl LeaseManager {
             warn!(mark = %m.describe(), "out of service since before this start");
             st.health.insert((m.gpu, m.gi_id), m);
         }
-        st.refresh_lease_health();
+        // Leases are loaded healthy (it is not stored): without marks there is
+        // nothing to refresh (it visits every lease).
+        if !st.health.is_empty() {
+            st.refresh_lease_health();
+        }
         Ok(())
     }
 

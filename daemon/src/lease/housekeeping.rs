@@ -155,12 +155,8 @@ impl LeaseManager {
         // looked at (and copied), not every MPS lease every second.
         let backend = self.backend.clone();
         let running: HashSet<String> =
-            match tokio::task::spawn_blocking(move || backend.mps_daemons()).await {
-                Ok(Ok(d)) => d
-                    .into_iter()
-                    .filter(|d| d.running)
-                    .map(|d| d.spec.lease_id)
-                    .collect(),
+            match tokio::task::spawn_blocking(move || backend.mps_running()).await {
+                Ok(Ok(running)) => running,
                 Ok(Err(e)) => {
                     warn!(error = %e, "cannot list MPS daemons");
                     return;

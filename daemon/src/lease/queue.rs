@@ -8,7 +8,10 @@
 //! away. Any lease event (an end, a move, a new lease) and any ticket leaving wakes
 //! the waiting calls to look again. A call whose wait ends without room gets
 //! RESOURCE_EXHAUSTED with the last refusal; a caller that goes away (or whose
-//! deadline passes) drops its ticket, which leaves the queue at once.
+//! deadline passes) drops its ticket, which leaves the queue at once. The queue is
+//! bounded (`lease.max_queued_per_tenant`, `lease.max_queued`): a call beyond either
+//! bound is refused at once, so no tenant can fill it, nor make every lease event
+//! cost a try for thousands of waiting calls.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -31,8 +34,8 @@ pub(super) struct AdmissionQueue {
 #[derive(Debug, Default)]
 struct Waiting {
     next: u64,
-    /// (ticket, key), oldest first.
-    tickets: VecDeque<(u64, String)>,
+    /// (ticket, key, tenant), oldest first.
+    tickets: VecDeque<(u64, String, String)>,
 }
 
 impl AdmissionQueue {
@@ -49,12 +52,32 @@ impl AdmissionQueue {
         self.lock().tickets.len()
     }
 
-    fn enter(&self, key: String) -> Ticket<'_> {
+    /// A place in the queue, unless `tenant` already has `per_tenant` calls waiting
+    /// or the queue holds `total`: then the refusal.
+    fn enter(
+        &self,
+        key: String,
+        tenant: &str,
+        per_tenant: usize,
+        total: usize,
+    ) -> Result<Ticket<'_>, LeaseError> {
         let mut w = self.lock();
+        let mine = w.tickets.iter().filter(|(_, _, t)| t == tenant).count();
+        if mine >= per_tenant {
+            return Err(LeaseError::ResourceExhausted(format!(
+                "tenant {tenant} already has {mine} create requests waiting for room (lease.max_queued_per_tenant)"
+            )));
+        }
+        if w.tickets.len() >= total {
+            return Err(LeaseError::ResourceExhausted(format!(
+                "the admission queue is full: {} create requests wait for room (lease.max_queued)",
+                w.tickets.len()
+            )));
+        }
         let id = w.next;
         w.next += 1;
-        w.tickets.push_back((id, key));
-        Ticket { queue: self, id }
+        w.tickets.push_back((id, key, tenant.to_string()));
+        Ok(Ticket { queue: self, id })
     }
 }
 
@@ -71,21 +94,24 @@ impl Ticket<'_> {
         let Some(key) = w
             .tickets
             .iter()
-            .find(|(id, _)| *id == self.id)
-            .map(|(_, k)| k)
+            .find(|(id, _, _)| *id == self.id)
+            .map(|(_, k, _)| k)
         else {
             return false;
         };
         w.tickets
             .iter()
-            .take_while(|(id, _)| *id != self.id)
-            .all(|(_, k)| k != key)
+            .take_while(|(id, _, _)| *id != self.id)
+            .all(|(_, k, _)| k != key)
     }
 }
 
 impl Drop for Ticket<'_> {
     fn drop(&mut self) {
-        self.queue.lock().tickets.retain(|(id, _)| *id != self.id);
+        self.queue
+            .lock()
+            .tickets
+            .retain(|(id, _, _)| *id != self.id);
         self.queue.room_changed();
     }
 }
@@ -126,7 +152,31 @@ impl LeaseManager {
         }
         let started = Instant::now();
         let deadline = tokio::time::Instant::now() + wait;
-        let ticket = self.queue.enter(queue_key(&req));
+        let lease = &self.config.lease;
+        let ticket = match self.queue.enter(
+            queue_key(&req),
+            &req.tenant,
+            lease.max_queued_per_tenant,
+            lease.max_queued,
+        ) {
+            Ok(t) => t,
+            // No place to wait: one try, as without a wait.
+            Err(LeaseError::ResourceExhausted(full)) => {
+                let this = self.clone();
+                return match tokio::spawn(async move { this.create(req).await }).await {
+                    Ok(Err(LeaseError::ResourceExhausted(m))) => {
+                        Err(LeaseError::ResourceExhausted(format!(
+                            "{m}; it cannot wait for room: {full}"
+                        )))
+                    }
+                    Ok(other) => other,
+                    Err(e) => Err(LeaseError::FailedPrecondition(format!(
+                        "the create did not finish: {e}"
+                    ))),
+                };
+            }
+            Err(e) => return Err(e),
+        };
         let mut refusal = String::new();
         let mut tries = 0u32;
         loop {

@@ -182,13 +182,7 @@ impl LeaseManager {
         now: i64,
         report: &mut Reconciled,
     ) -> Result<(), LeaseError> {
-        let mut mps_running: HashSet<String> = self
-            .backend
-            .mps_daemons()?
-            .into_iter()
-            .filter(|d| d.running)
-            .map(|d| d.spec.lease_id)
-            .collect();
+        let mut mps_running: HashSet<String> = self.backend.mps_running()?;
         // In creation order: an MPS host instance before the shares on it.
         let mut ids: Vec<String> = st.partitions.keys().cloned().collect();
         ids.sort();
@@ -326,11 +320,7 @@ impl LeaseManager {
             IntentOp::StartMps => {
                 let lid = p.lease_id.clone().unwrap_or_default();
                 let key = p.mps_daemon_key(&lid).unwrap_or_else(|| lid.clone());
-                let running = self
-                    .backend
-                    .mps_daemons()?
-                    .iter()
-                    .any(|d| d.spec.lease_id == key && d.running);
+                let running = self.backend.mps_running()?.contains(&key);
                 if running {
                     self.adopt_at_start(st, p.clone(), lease, iid, now)?;
                     report.adopted += 1;

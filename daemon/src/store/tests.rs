@@ -78,6 +78,54 @@ fn damaged_database_is_refused_not_replaced() {
     assert_eq!(std::fs::read(&db).unwrap(), vec![0x42u8; 8192]);
 }
 
+/// quick_check is skipped only when the last daemon closed the database cleanly
+/// and nothing wrote it since; the marker is taken at open (a crash leaves none).
+#[test]
+fn quick_check_is_skipped_only_after_a_clean_close_of_an_untouched_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("tessera.db.clean");
+    {
+        let store = Store::open(dir.path()).unwrap();
+        assert!(store.checked_at_open(), "a new database is checked");
+        store
+            .write_blocking(|w| w.put_lease(&lease("l1", "a", None)))
+            .unwrap();
+    }
+    assert!(marker.exists(), "a clean close leaves its marker");
+    {
+        let store = Store::open(dir.path()).unwrap();
+        assert!(!store.checked_at_open(), "closed cleanly and untouched");
+        assert!(!marker.exists(), "the marker is taken at open");
+        assert_eq!(store.get_lease("l1").unwrap().unwrap().id, "l1");
+    }
+    // Damaged after a clean close: the write changed the file's times, so the
+    // check runs and refuses it.
+    let db = dir.path().join("tessera.db");
+    let mut bytes = std::fs::read(&db).unwrap();
+    assert!(bytes.len() >= 8192, "at least two pages");
+    bytes[4096..8192].fill(0x42);
+    std::fs::write(&db, &bytes).unwrap();
+    assert!(marker.exists());
+    let err = Store::open(dir.path()).unwrap_err();
+    assert!(matches!(err, StoreError::Damaged { .. }), "{err}");
+}
+
+/// A snapshot read ahead is what the start gets, unless something was written
+/// since.
+#[test]
+fn a_prefetched_snapshot_is_dropped_by_a_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    store.prefetch_snapshot().unwrap();
+    store
+        .write_blocking(|w| w.put_lease(&lease("l1", "a", None)))
+        .unwrap();
+    let snap = store.snapshot().unwrap();
+    assert_eq!(snap.leases.len(), 1, "the write is seen");
+    store.prefetch_snapshot().unwrap();
+    assert_eq!(store.snapshot().unwrap().leases.len(), 1);
+}
+
 #[test]
 fn a_failing_write_does_not_undo_its_batch_neighbours() {
     let dir = tempfile::tempdir().unwrap();

@@ -416,12 +416,15 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for NormalizeAuthority<T> {
     }
 }
 
-/// The caller's identity (peer credentials) comes from the socket underneath.
-impl<T: Connected> Connected for NormalizeAuthority<T> {
-    type ConnectInfo = T::ConnectInfo;
+/// The caller's identity (peer credentials) comes from the socket underneath, and
+/// whether it is inside a container is looked at here, once per connection.
+impl<T: Connected<ConnectInfo = tonic::transport::server::UdsConnectInfo>> Connected
+    for NormalizeAuthority<T>
+{
+    type ConnectInfo = crate::api::auth::UnixPeer;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        self.inner.connect_info()
+        crate::api::auth::UnixPeer::of(self.inner.connect_info())
     }
 }
 
