@@ -245,6 +245,9 @@ pub struct PartitionConfig {
     /// Housekeeping: move idle MIG leases where they leave the most room for large
     /// profiles (a few per housekeeping pass).
     pub compact_idle: bool,
+    /// Temporal packing: best fit's weight on how far a new lease's expiry extends a
+    /// GPU's latest (0 = expiries ignored).
+    pub expiry_weight: u32,
 }
 
 #[derive(Debug, Clone)]
@@ -455,6 +458,7 @@ struct RawPartition {
     mps_mode: Option<crate::gpu::MpsMode>,
     move_idle: Option<bool>,
     compact_idle: Option<bool>,
+    expiry_weight: Option<u32>,
     #[serde(default, rename = "static")]
     static_layouts: Vec<RawStatic>,
 }
@@ -608,6 +612,7 @@ impl Config {
             static_layouts,
             move_idle: p.move_idle.unwrap_or(true),
             compact_idle: p.compact_idle.unwrap_or(false),
+            expiry_weight: p.expiry_weight.unwrap_or(crate::partition::EXPIRY_WEIGHT),
         };
 
         let l = raw.lease;

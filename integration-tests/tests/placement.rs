@@ -2,7 +2,8 @@
 //! one H100 and one small idle lease on the other, a 7g request over the CLI succeeds
 //! because tesserad moves the small lease next to the 4g; it keeps its id and token,
 //! watchers get a `moved` event, and `tessera lease show` names its new GPU. A lease
-//! whose devices a runtime asked for stays where it is.
+//! whose devices a runtime asked for stays where it is. A new lease joins the GPU whose
+//! lease outlasts it (temporal packing).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -238,6 +239,33 @@ fn a_7g_waits_in_the_admission_queue_until_a_lease_ends() {
         let (ok, out) = cli.join().unwrap();
         assert!(ok && out.contains("on gpu 1"), "{out}");
     });
+}
+
+/// Temporal packing end to end: gpu0 holds a 1g lease of 10 minutes, gpu1 one of 2
+/// hours (both pinned over gRPC); a 1g lease of an hour asked for over the CLI goes to
+/// gpu1, where it delays nothing, so gpu0 can empty in 10 minutes. Without expiries
+/// best fit ties and takes gpu0 (`expiry_weight = 0`).
+#[test]
+fn a_new_lease_joins_the_gpu_whose_lease_outlasts_it() {
+    for (config, want) in [
+        ("", "on gpu 1"),
+        ("[partition]\nexpiry_weight = 0\n", "on gpu 0"),
+    ] {
+        let d = TestDaemon::start_with(TWO_H100, config).unwrap();
+        rt().block_on(async {
+            let mut c = d.client().await.unwrap();
+            for (gpu, ttl_seconds) in [(0, 600), (1, 7200)] {
+                let mut req = create_req("team-a", shape::mig("1g.10gb"));
+                req.gpu_index = Some(gpu);
+                req.ttl_seconds = ttl_seconds;
+                c.create_lease(req).await.unwrap();
+            }
+        });
+        let (ok, out) = d.cli(&[
+            "lease", "create", "--tenant", "team-a", "--mig", "1g.10gb", "--ttl", "1h",
+        ]);
+        assert!(ok && out.contains(want), "{config:?}: {out}");
+    }
 }
 
 /// The admission queue is bounded per tenant: a tenant at its bound gets no place to

@@ -15,6 +15,11 @@
 //! against "reference-queue", the reference with the same queue (its own row is against
 //! the plain reference), and its waits per profile are printed.
 //!
+//! `--ttl` says what the planner is told of when leases end (none, exact, or an upper
+//! bound: TTL = duration / u, u uniform in [0.5, 1]); the daemon's default placement
+//! uses it (temporal packing, `[partition] expiry_weight`), and `moves-ttl-tie`,
+//! `moves-ttl-wN`, `moves-ttl-gN` are the variants measured against it.
+//!
 //! Printed per trace: each policy's accepted slice-time over the reference's (the
 //! ratio), the share of requests it accepted, and the share accepted per profile.
 //! The summary gives each policy's lowest and mean ratio over all traces and its
@@ -27,8 +32,8 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 use clap::Parser;
 use tesserad::gpu::profiles::GpuModel;
-use tesserad::partition::trace::{self, Durations, Outcome, Policy, TraceSpec};
-use tesserad::partition::{PlanOptions, Strategy};
+use tesserad::partition::trace::{self, Durations, Outcome, Policy, TraceSpec, TtlModel};
+use tesserad::partition::{PlanOptions, Strategy, Temporal};
 
 #[derive(Parser, Debug)]
 #[command(about = "MIG placement strategies against a free-repacking reference")]
@@ -66,6 +71,11 @@ struct Args {
     /// static, moves, housekeeping, queue, queue-reserve.
     #[arg(long, value_delimiter = ',', default_value = "all")]
     policies: Vec<String>,
+    /// What the planner is told of when leases end: none (no TTL), exact (TTL = the
+    /// lease's duration), upper (TTL = duration / u, u uniform in [0.5, 1] per request:
+    /// tenants release early), loose (u uniform in [0.1, 1]).
+    #[arg(long, default_value = "upper")]
+    ttl: String,
     /// Print only the summary, not every trace.
     #[arg(long)]
     quiet: bool,
@@ -103,7 +113,40 @@ fn mix(model: GpuModel, name: &str) -> anyhow::Result<Vec<(String, f64)>> {
     Ok(names.into_iter().zip(weights).collect())
 }
 
-fn policies(args: &Args) -> Vec<(&'static str, Policy)> {
+/// A temporal-packing variant named in `--policies`: `moves-ttl-tie` (expiry as a
+/// tie-break), `moves-ttl-wN` (N loss units per full extension of a GPU's latest
+/// expiry), `moves-ttl-gN` (N units per TTL between the new lease's expiry and the
+/// GPU's latest), `moves-ttl-eN` (N units times how soon the GPU empties, up to two
+/// TTLs ahead); `best-fit-ttl-...` the same without moves.
+fn temporal_policy(name: &str) -> Option<Policy> {
+    let (moves, rest) = if let Some(r) = name.strip_prefix("moves-ttl-") {
+        (true, r)
+    } else {
+        (false, name.strip_prefix("best-fit-ttl-")?)
+    };
+    let temporal = if rest == "tie" {
+        Temporal::TieBreak
+    } else if let Some(w) = rest.strip_prefix('w') {
+        Temporal::Weighted(w.parse().ok()?)
+    } else if let Some(w) = rest.strip_prefix('g') {
+        Temporal::Group(w.parse().ok()?)
+    } else if let Some(w) = rest.strip_prefix('e') {
+        Temporal::Empties(w.parse().ok()?)
+    } else {
+        return None;
+    };
+    let opts = PlanOptions {
+        temporal,
+        ..PlanOptions::default()
+    };
+    Some(if moves {
+        Policy::PlannerWithMoves(opts)
+    } else {
+        Policy::Planner(opts)
+    })
+}
+
+fn policies(args: &Args) -> anyhow::Result<Vec<(String, Policy)>> {
     let with = |strategy| PlanOptions {
         strategy,
         ..PlanOptions::default()
@@ -134,11 +177,25 @@ fn policies(args: &Args) -> Vec<(&'static str, Policy)> {
         ("queue-reserve", queued(true)),
     ];
     let every = args.policies.iter().any(|p| p == "all");
-    all.into_iter()
+    let mut out: Vec<(String, Policy)> = all
+        .into_iter()
         .filter(|(n, _)| {
             n.starts_with("reference") || every || args.policies.iter().any(|p| p == n)
         })
-        .collect()
+        .map(|(n, p)| (n.to_string(), p))
+        .collect();
+    for name in &args.policies {
+        if name.contains("-ttl-") {
+            let p = temporal_policy(name).with_context(|| {
+                format!(
+                    "unknown policy {name:?}: moves-ttl-tie, moves-ttl-wN, moves-ttl-gN, \
+                     moves-ttl-eN"
+                )
+            })?;
+            out.push((name.clone(), p));
+        }
+    }
+    Ok(out)
 }
 
 /// Per policy: the ratios of every trace and the lowest per-profile acceptance
@@ -172,12 +229,19 @@ fn main() -> anyhow::Result<()> {
             other => bail!("unknown duration law {other:?}: exp or pareto"),
         })
         .collect::<anyhow::Result<_>>()?;
-    let policies = policies(&args);
+    let policies = policies(&args)?;
+    let ttl = match args.ttl.as_str() {
+        "none" => TtlModel::None,
+        "exact" => TtlModel::Exact,
+        "upper" => TtlModel::Upper,
+        "loose" => TtlModel::Loose,
+        other => bail!("unknown TTL model {other:?}: none, exact, upper or loose"),
+    };
     let mut summary: Vec<Summary> = policies.iter().map(|_| Summary::default()).collect();
     println!(
         "placement-bench: {} {model}, {} requests per trace, idle start-up {} of the mean \
-         duration; ratio = accepted slice-time / the free-repacking reference's",
-        args.gpus, args.requests, args.startup
+         duration, TTL {}; ratio = accepted slice-time / the free-repacking reference's",
+        args.gpus, args.requests, args.startup, args.ttl
     );
     for mix_name in &mixes {
         let mix = mix(model, mix_name)?;
@@ -193,6 +257,7 @@ fn main() -> anyhow::Result<()> {
                         requests: args.requests,
                         seed,
                         startup: args.startup,
+                        ttl,
                     };
                     let requests = trace::generate(&spec)?;
                     let outcomes: Vec<Outcome> = policies

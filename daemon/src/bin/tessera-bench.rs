@@ -880,7 +880,7 @@ fn report(files: &[String]) -> anyhow::Result<()> {
     ));
     let placement = get("placement.default.min_ratio");
     rows.push((
-        "MIG placement (default: best fit + idle moves) vs repacking",
+        "MIG placement (default, TTLs upper bounds) vs repacking",
         ">= 0.97",
         placement.map(|r| format!("{r:.3}")),
         placement.is_some_and(|r| r >= 0.97),

@@ -125,6 +125,12 @@ impl LeaseManager {
             ));
         }
         let views = Self::placeable_views(&st);
+        // Temporal packing: the planner weighs when the new lease and those present
+        // expire (MIG best fit only; other shapes ignore it).
+        let opts = PlanOptions {
+            expiry: Some(Self::expiry(&st, ask.now, ask.ttl)),
+            ..opts
+        };
         let decision = match partition::plan(&ask.shape, &views, &opts) {
             Ok(d) => d,
             Err(PlanError::NoCapacity(msg))

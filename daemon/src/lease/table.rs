@@ -2,12 +2,13 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::Notify;
 
 use crate::gpu::{GiProfile, GpuInfo, MigInstance};
 use crate::model::{PartKind, PartitionState};
-use crate::partition::{GpuView, MigMpsHost, MpsShare, OccupiedMig, PlanOptions};
+use crate::partition::{Expiry, GpuView, MigMpsHost, MpsShare, OccupiedMig, PlanOptions, Temporal};
 
 use super::LeaseManager;
 use super::index::{Leases, Partitions, Tokens};
@@ -86,6 +87,37 @@ impl LeaseManager {
             mps_oversubscribe: self.config.partition.mps_oversubscribe,
             dynamic_mig: self.config.partition.dynamic_mig,
             gpu_index,
+            temporal: match self.config.partition.expiry_weight {
+                0 => Temporal::Off,
+                w => Temporal::Weighted(w),
+            },
+            expiry: None,
+        }
+    }
+
+    /// When a new lease of `ttl` granted at `now_ms` would expire, and per GPU the
+    /// latest expiry of the leases holding its MIG instances (temporal packing; only
+    /// GPUs with leased instances are listed).
+    pub(super) fn expiry(st: &State, now_ms: i64, ttl: Duration) -> Expiry {
+        let now = u64::try_from(now_ms).unwrap_or(0);
+        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        let mut latest = Vec::new();
+        for g in &st.gpus {
+            let idx = g.info.index;
+            let (placed, _) = st.partitions.on_gpu(idx);
+            let last = placed
+                .filter(|p| matches!(p.kind, PartKind::Mig(_)))
+                .filter_map(|p| st.leases.get(p.lease_id.as_deref()?))
+                .map(|l| u64::try_from(l.expires_at_ms).unwrap_or(0))
+                .max();
+            if let Some(t) = last {
+                latest.push((idx, t));
+            }
+        }
+        Expiry {
+            now,
+            new_lease: now.saturating_add(ttl_ms),
+            latest,
         }
     }
 

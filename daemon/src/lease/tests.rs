@@ -1397,3 +1397,45 @@ async fn a_queued_request_whose_wait_ends_is_refused_and_leaves_the_queue() {
     assert!(small.token.is_some());
     assert_eq!(mgr.queued_requests(), 0);
 }
+
+// ------------------------------------------------------------------ temporal packing
+
+fn two_h100_expiry_weight(dir: &std::path::Path, weight: u32) -> Arc<LeaseManager> {
+    let text = format!(
+        "[daemon]\nstate_dir = {d:?}\nrun_dir = {d:?}\n[gpu]\nbackend = \"sim\"\n\
+         [partition]\nexpiry_weight = {weight}\n\
+         [sim]\nstate_file = {s:?}\n[[sim.gpus]]\nmodel = \"h100-80gb\"\nmig = true\n\
+         [[sim.gpus]]\nmodel = \"h100-80gb\"\nmig = true\n",
+        d = dir.display().to_string(),
+        s = dir.join("sim.json").display().to_string(),
+    );
+    let config = Config::parse(std::path::Path::new("test.toml"), &text).unwrap();
+    let sim = Arc::new(crate::gpu::open_sim(&config.sim).unwrap());
+    let store = Arc::new(Store::open(dir).unwrap());
+    LeaseManager::start(config, sim, store).unwrap()
+}
+
+/// gpu0 holds a 1g lease ending in 10 minutes, gpu1 one ending in 2 hours: a new 1g
+/// lease of an hour joins gpu1 (where it delays nothing), so gpu0 can empty for a 7g
+/// in 10 minutes. With `expiry_weight = 0` best fit ties and takes gpu0.
+#[tokio::test]
+async fn a_new_lease_joins_the_gpu_whose_leases_outlast_it() {
+    for (weight, want) in [(32, 1), (0, 0)] {
+        let dir = tempfile::tempdir().unwrap();
+        let mgr = two_h100_expiry_weight(dir.path(), weight);
+        for (id, gpu, mins) in [("short", 0, 10), ("long", 1, 120)] {
+            let req = CreateRequest {
+                gpu_index: Some(gpu),
+                ttl: Some(Duration::from_secs(mins * 60)),
+                ..mig_request(id)
+            };
+            mgr.create(req).await.unwrap();
+        }
+        let req = CreateRequest {
+            ttl: Some(Duration::from_secs(3600)),
+            ..mig_request("hour")
+        };
+        let hour = mgr.create(req).await.unwrap();
+        assert_eq!(hour.lease.gpu, want, "expiry_weight = {weight}");
+    }
+}

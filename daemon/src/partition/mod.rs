@@ -21,8 +21,8 @@ pub mod trace;
 pub use fragmentation::{free_capacity, free_static_counts, used_memory_slices};
 pub use mig_mps::{MigMpsDecision, MigMpsHost, plan_mig_mps};
 pub use planner::{
-    Movable, Move, MovePlan, PlanDecision, PlanError, PlanOptions, Strategy, compact, plan,
-    plan_with_moves,
+    EXPIRY_WEIGHT, Expiry, Movable, Move, MovePlan, PlanDecision, PlanError, PlanOptions, Strategy,
+    Temporal, compact, plan, plan_with_moves,
 };
 
 use serde::{Deserialize, Serialize};

@@ -12,8 +12,8 @@ use super::reserve::{hold, reserve_all};
 use super::test_fixtures::*;
 use super::trace::Repacker;
 use super::{
-    GpuView, Movable, MovePlan, MpsMode, PlanDecision, PlanError, PlanOptions, Shape,
-    Strategy as PlanStrategy, compact, plan, plan_with_moves,
+    Expiry, GpuView, Movable, MovePlan, MpsMode, PlanDecision, PlanError, PlanOptions, Shape,
+    Strategy as PlanStrategy, Temporal, compact, plan, plan_with_moves,
 };
 use crate::gpu::Placement;
 
@@ -832,6 +832,66 @@ proptest! {
                 let i = profiles.iter().position(|p| p.name == NAMES[n]).unwrap();
                 counts[i] += 1;
                 prop_assert!(repacker.fits(&counts, n_gpus), "{counts:?} on {n_gpus} GPUs");
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Temporal packing
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Expiry information only chooses among feasible placements: with it, the planner
+    /// accepts exactly the requests it accepts without it, and what it places keeps
+    /// the invariants (no overlap, valid placements, max_count), whatever the weight,
+    /// the expiries and the clock.
+    #[test]
+    fn expiry_never_makes_a_feasible_request_infeasible(
+        ops in prop::collection::vec((0usize..7, 0u64..1000, 1u64..1000, any::<bool>()), 1..120),
+        temporal in prop_oneof![
+            Just(Temporal::TieBreak),
+            (0u32..10_000).prop_map(Temporal::Weighted),
+            (0u32..10_000).prop_map(Temporal::Group),
+            (0u32..10_000).prop_map(Temporal::Empties),
+        ],
+        n_gpus in 1u32..=3,
+    ) {
+        let mut gpus: Vec<GpuView> = (0..n_gpus).map(h100_mig).collect();
+        // (gpu, placement, expiry) of each live instance.
+        let mut live: Vec<(u32, Placement, u64)> = Vec::new();
+        let mut now = 0u64;
+        for (n, step, ttl, release) in ops {
+            now += step;
+            if release && !live.is_empty() {
+                let (gpu, placement, _) = live.remove(usize::try_from(step).unwrap() % live.len());
+                view_mut(&mut gpus, gpu).mig.retain(|m| m.placement != placement);
+            }
+            let shape = mig_shape(NAMES[n]);
+            let mut latest: Vec<(u32, u64)> = Vec::new();
+            for (g, _, e) in &live {
+                match latest.iter_mut().find(|(x, _)| x == g) {
+                    Some((_, t)) => *t = (*t).max(*e),
+                    None => latest.push((*g, *e)),
+                }
+            }
+            let with = PlanOptions {
+                temporal,
+                expiry: Some(Expiry { now, new_lease: now + ttl, latest }),
+                ..options(true)
+            };
+            let without = PlanOptions { temporal: Temporal::Off, ..options(true) };
+            let a = plan(&shape, &gpus, &with);
+            let b = plan(&shape, &gpus, &without);
+            prop_assert_eq!(a.is_ok(), b.is_ok(), "{:?} vs {:?}", a, b);
+            if let Ok(d) = a {
+                let PlanDecision::NewMig { gpu, placement, .. } = d else {
+                    return Err(TestCaseError::fail(format!("{d:?}")));
+                };
+                apply(&mut gpus, &shape, &d);
+                live.push((gpu, placement, now + ttl));
+                check_invariants(&gpus, &vec![false; gpus.len()])?;
             }
         }
     }

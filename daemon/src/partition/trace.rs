@@ -33,6 +33,11 @@
 //!   duration from the grant (its wait is tallied per profile). A request still
 //!   waiting at its deadline is refused.
 //!
+//! Each request carries a TTL per [`TtlModel`] (none, exact, or an upper bound of its
+//! duration); planner policies tell the planner each live lease's expiry and the new
+//! one's ([`super::Expiry`], temporal packing), as the daemon does. Leases still end at
+//! their duration; the reference ignores TTLs.
+//!
 //! The first tenth of the requests warms the node up and is not tallied.
 
 use std::cmp::Reverse;
@@ -43,7 +48,7 @@ use rand::{Rng, SeedableRng};
 
 use super::planner::{Movable, Move, compact, plan_with_moves};
 use super::reserve::{Reservation, hold, reserve};
-use super::{GpuView, OccupiedMig, PlanDecision, PlanError, PlanOptions, Shape, plan};
+use super::{Expiry, GpuView, OccupiedMig, PlanDecision, PlanError, PlanOptions, Shape, plan};
 use crate::gpu::profiles::GpuModel;
 use crate::gpu::{GiProfile, GpuInfo, Placement};
 
@@ -73,6 +78,25 @@ pub struct TraceSpec {
     /// Mean idle period at the start of a lease (before its container binds), as a
     /// fraction of the mean duration; exponential, never longer than the lease.
     pub startup: f64,
+    /// What the planner is told of when each lease ends.
+    pub ttl: TtlModel,
+}
+
+/// What a lease's TTL says of its duration. The lease still ends at its duration; the
+/// TTL is what the planner is told ([`super::Expiry`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum TtlModel {
+    /// No TTL information (the planner as before).
+    #[default]
+    None,
+    /// TTL = duration: every tenant releases exactly at expiry (optimistic bound).
+    Exact,
+    /// TTL = duration / u, u uniform in [0.5, 1] per request: an upper bound, tenants
+    /// release early.
+    Upper,
+    /// TTL = duration / u, u uniform in [0.1, 1]: a loose bound (tenants ask for up to
+    /// ten times what they use), to see how the gain fades.
+    Loose,
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -94,6 +118,8 @@ pub struct Request {
     pub profile: usize,
     /// How long the lease stays idle (movable) after it is granted.
     pub idle_for: f64,
+    /// The lease's TTL (when it expires after the grant), per [`TtlModel`].
+    pub ttl: Option<f64>,
 }
 
 /// How a trace is served.
@@ -286,7 +312,20 @@ pub fn generate(spec: &TraceSpec) -> Result<Vec<Request>, TraceError> {
             duration,
             profile,
             idle_for,
+            ttl: None,
         });
+    }
+    // From a stream of its own, so the requests are the same under every TTL model.
+    let mut ttl_rng = StdRng::seed_from_u64(spec.seed ^ 0x7474_6c5f_7365_6564);
+    for r in &mut out {
+        // One draw per request whatever the model, so each model sees the same stream.
+        let x: f64 = ttl_rng.gen_range(0.0..=1.0);
+        r.ttl = match spec.ttl {
+            TtlModel::None => None,
+            TtlModel::Exact => Some(r.duration),
+            TtlModel::Upper => Some(r.duration / (0.5 + 0.5 * x)),
+            TtlModel::Loose => Some(r.duration / (0.1 + 0.9 * x)),
+        };
     }
     Ok(out)
 }
@@ -376,14 +415,15 @@ pub fn run(spec: &TraceSpec, requests: &[Request], policy: &Policy) -> Result<Ou
             }
         }
         let p = &profiles[r.profile];
-        let accepted =
-            !server.waits_for(p.id, now) && server.offer(n, p, now, ticks(r.at + r.idle_for))?;
+        let expires_at = r.ttl.map(|t| ticks(r.at + t));
+        let accepted = !server.waits_for(p.id, now)
+            && server.offer(n, p, now, ticks(r.at + r.idle_for), expires_at)?;
         if accepted {
             granted_at[n] = Some(now);
             events.push(Reverse((ticks(r.at + r.duration), 0, n)));
         } else if let Some(w) = max_wait {
             let deadline = ticks(r.at + w);
-            if server.wait(n, p, deadline, ticks(r.idle_for)) {
+            if server.wait(n, p, deadline, ticks(r.idle_for), r.ttl.map(ticks)) {
                 events.push(Reverse((deadline, 1, n)));
             }
         }
@@ -411,20 +451,28 @@ pub fn run(spec: &TraceSpec, requests: &[Request], policy: &Policy) -> Result<Ou
 
 trait Server {
     /// Try to grant lease `id` of `profile` at tick `now`; idle (movable) until
-    /// `idle_until`.
+    /// `idle_until`; expiring at `expires_at` when its TTL is known.
     fn offer(
         &mut self,
         id: usize,
         profile: &GiProfile,
         now: u64,
         idle_until: u64,
+        expires_at: Option<u64>,
     ) -> Result<bool, TraceError>;
     fn release(&mut self, id: usize);
     fn moves(&self) -> u64 {
         0
     }
     /// Queue refused request `id` until tick `deadline`; false when there is no queue.
-    fn wait(&mut self, _id: usize, _profile: &GiProfile, _deadline: u64, _idle_for: u64) -> bool {
+    fn wait(
+        &mut self,
+        _id: usize,
+        _profile: &GiProfile,
+        _deadline: u64,
+        _idle_for: u64,
+        _ttl: Option<u64>,
+    ) -> bool {
         false
     }
     /// Whether a request of GI profile `profile_id` still waits at tick `now` (a newer
@@ -446,6 +494,7 @@ struct Live {
     gpu: u32,
     placement: Placement,
     idle_until: u64,
+    expires_at: Option<u64>,
 }
 
 struct PlannerServer {
@@ -478,6 +527,7 @@ struct Waiting {
     profile: GiProfile,
     deadline: u64,
     idle_for: u64,
+    ttl: Option<u64>,
     held: Option<Reservation>,
 }
 
@@ -623,7 +673,7 @@ impl PlannerServer {
         })
     }
 
-    fn grant(&mut self, id: usize, d: &PlanDecision, idle_until: u64) {
+    fn grant(&mut self, id: usize, d: &PlanDecision, idle_until: u64, expires_at: Option<u64>) {
         match d {
             PlanDecision::NewMig {
                 gpu,
@@ -644,6 +694,7 @@ impl PlannerServer {
                         gpu: *gpu,
                         placement: *placement,
                         idle_until,
+                        expires_at,
                     },
                 );
             }
@@ -662,6 +713,7 @@ impl PlannerServer {
                             gpu: *gpu,
                             placement,
                             idle_until,
+                            expires_at,
                         },
                     );
                 }
@@ -748,9 +800,27 @@ impl PlannerServer {
         &mut self,
         profile: &GiProfile,
         now: u64,
+        expires_at: Option<u64>,
         held: &[Reservation],
     ) -> Result<Option<PlanDecision>, TraceError> {
         let shape = shape_of(profile);
+        // What the daemon tells the planner: the new lease's expiry and, per GPU, the
+        // latest expiry of the leases on it.
+        self.opts.expiry = expires_at.map(|new_lease| {
+            let mut latest: Vec<(u32, u64)> = Vec::new();
+            for l in self.live.values() {
+                let Some(e) = l.expires_at else { continue };
+                match latest.iter_mut().find(|(g, _)| *g == l.gpu) {
+                    Some((_, t)) => *t = (*t).max(e),
+                    None => latest.push((l.gpu, e)),
+                }
+            }
+            Expiry {
+                now,
+                new_lease,
+                latest,
+            }
+        });
         let held_view;
         let gpus = if held.is_empty() {
             &self.gpus
@@ -787,11 +857,12 @@ impl Server for PlannerServer {
         profile: &GiProfile,
         now: u64,
         idle_until: u64,
+        expires_at: Option<u64>,
     ) -> Result<bool, TraceError> {
         let held = self.reservations(now, usize::MAX);
-        match self.place(profile, now, &held)? {
+        match self.place(profile, now, expires_at, &held)? {
             Some(d) => {
-                self.grant(id, &d, idle_until);
+                self.grant(id, &d, idle_until, expires_at);
                 if self.housekeeping {
                     self.compact(now);
                 }
@@ -801,7 +872,14 @@ impl Server for PlannerServer {
         }
     }
 
-    fn wait(&mut self, id: usize, profile: &GiProfile, deadline: u64, idle_for: u64) -> bool {
+    fn wait(
+        &mut self,
+        id: usize,
+        profile: &GiProfile,
+        deadline: u64,
+        idle_for: u64,
+        ttl: Option<u64>,
+    ) -> bool {
         let Some(q) = self.queue.as_mut() else {
             return false;
         };
@@ -810,6 +888,7 @@ impl Server for PlannerServer {
             profile: profile.clone(),
             deadline,
             idle_for,
+            ttl,
             held: None,
         });
         true
@@ -846,9 +925,10 @@ impl Server for PlannerServer {
                 continue;
             }
             let held = self.reservations(now, i);
-            match self.place(&w.profile, now, &held)? {
+            let expires_at = w.ttl.map(|t| now.saturating_add(t));
+            match self.place(&w.profile, now, expires_at, &held)? {
                 Some(d) => {
-                    self.grant(w.id, &d, now.saturating_add(w.idle_for));
+                    self.grant(w.id, &d, now.saturating_add(w.idle_for), expires_at);
                     if let Some(q) = self.queue.as_mut() {
                         q.waiting.remove(i);
                     }
@@ -1031,6 +1111,7 @@ impl Server for Repacker {
         profile: &GiProfile,
         _now: u64,
         _idle_until: u64,
+        _expires_at: Option<u64>,
     ) -> Result<bool, TraceError> {
         // The mix's profiles are distinct (validated), so the id names one index.
         let Some(i) = self.ids.iter().position(|&p| p == profile.id) else {
@@ -1053,7 +1134,14 @@ impl Server for Repacker {
         }
     }
 
-    fn wait(&mut self, id: usize, profile: &GiProfile, deadline: u64, _idle_for: u64) -> bool {
+    fn wait(
+        &mut self,
+        id: usize,
+        profile: &GiProfile,
+        deadline: u64,
+        _idle_for: u64,
+        _ttl: Option<u64>,
+    ) -> bool {
         let Some(i) = self.ids.iter().position(|&p| p == profile.id) else {
             return false;
         };
@@ -1118,6 +1206,7 @@ mod tests {
             requests: 1500,
             seed,
             startup: 0.05,
+            ttl: TtlModel::None,
         }
     }
 
@@ -1282,6 +1371,73 @@ mod tests {
             };
             assert!(accepted(&o) > accepted(without), "{policy:?}");
         }
+    }
+
+    #[test]
+    fn ttl_models_tell_the_planner_more_or_less_of_the_same_requests() {
+        let mut s = spec(SMALL, 1.0, 4);
+        let none = generate(&s).unwrap();
+        s.ttl = TtlModel::Exact;
+        let exact = generate(&s).unwrap();
+        s.ttl = TtlModel::Upper;
+        let upper = generate(&s).unwrap();
+        let strip = |v: &[Request]| -> Vec<Request> {
+            v.iter().map(|r| Request { ttl: None, ..*r }).collect()
+        };
+        assert_eq!(strip(&exact), none);
+        assert_eq!(strip(&upper), none);
+        assert!(none.iter().all(|r| r.ttl.is_none()));
+        assert!(exact.iter().all(|r| r.ttl == Some(r.duration)));
+        // An upper bound: between the duration and twice it, and mostly above it.
+        assert!(upper.iter().all(|r| {
+            let t = r.ttl.unwrap();
+            t >= r.duration && t <= 2.0 * r.duration + 1e-12
+        }));
+        assert!(
+            upper
+                .iter()
+                .filter(|r| r.ttl.unwrap() > r.duration * 1.1)
+                .count()
+                > 1000
+        );
+        s.ttl = TtlModel::Loose;
+        let loose = generate(&s).unwrap();
+        assert_eq!(strip(&loose), none);
+        assert!(loose.iter().all(|r| {
+            let t = r.ttl.unwrap();
+            t >= r.duration && t <= 10.0 * r.duration + 1e-9
+        }));
+        assert!(
+            loose
+                .iter()
+                .filter(|r| r.ttl.unwrap() > r.duration * 2.5)
+                .count()
+                > 300
+        );
+    }
+
+    #[test]
+    fn knowing_when_leases_end_serves_more_7g() {
+        // The daemon's default (best fit with temporal packing, moves of idle leases),
+        // told each lease's TTL or not, on the same requests.
+        let mut served = Vec::new();
+        for ttl in [TtlModel::None, TtlModel::Upper] {
+            let (mut sevens, mut slice_time) = (0, 0.0);
+            for seed in 1..=3 {
+                let s = TraceSpec {
+                    ttl,
+                    ..spec(SMALL, 1.2, seed)
+                };
+                let reqs = generate(&s).unwrap();
+                let o = run(&s, &reqs, &Policy::PlannerWithMoves(PlanOptions::default())).unwrap();
+                sevens += o.profiles[index("7g.80gb")].accepted;
+                slice_time += o.accepted_slice_time();
+            }
+            served.push((sevens, slice_time));
+        }
+        let (without, with) = (served[0], served[1]);
+        assert!(with.0 > without.0, "7g accepted: {with:?} vs {without:?}");
+        assert!(with.1 > without.1, "slice-time: {with:?} vs {without:?}");
     }
 
     #[test]
