@@ -552,15 +552,16 @@ impl Collector for NodeCollector {
             "Per MIG instance: device memory used by its processes, from NVML",
             mig_mem,
         )?;
-        gauge_family(
-            &mut encoder,
+        // One value, no labels: a plain gauge (a family would print `name{} 0`).
+        let depth = Gauge::<i64>::default();
+        depth.set(i64::try_from(self.mgr.queued_requests()).unwrap_or(i64::MAX));
+        let e = encoder.encode_descriptor(
             "admission_queue_depth",
             "CreateLease calls waiting in the admission queue for room (queue_wait_ms)",
-            BTreeMap::from([(
-                Vec::new(),
-                i64::try_from(self.mgr.queued_requests()).unwrap_or(i64::MAX),
-            )]),
+            None,
+            depth.metric_type(),
         )?;
+        depth.encode(e)?;
         Ok(())
     }
 }
