@@ -490,6 +490,29 @@ async fn ids_of(c: &mut TesseraClient<Channel>, tenant: &str) -> Vec<(i64, Strin
     v
 }
 
+/// The ids of `tenant`'s active leases, oldest first.
+async fn active_ids(c: &mut TesseraClient<Channel>, tenant: &str) -> Vec<String> {
+    ids_of(c, tenant).await.into_iter().map(|x| x.1).collect()
+}
+
+/// `n` leases of one 1g.10gb instance for `tenant`, a moment apart (so that their
+/// creation times order them), in order.
+async fn fill_1g(c: &mut TesseraClient<Channel>, tenant: &str, n: usize) -> Vec<pb::Lease> {
+    let mut leases = Vec::new();
+    for _ in 0..n {
+        leases.push(
+            c.create_lease(create_req(tenant, shape::mig("1g.10gb")))
+                .await
+                .unwrap()
+                .into_inner()
+                .lease
+                .unwrap(),
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    leases
+}
+
 #[test]
 fn a_guaranteed_request_preempts_burst_leases_youngest_first_but_never_a_guarantee() {
     let d = TestDaemon::start_with(TWO_H100, &tenants(14, 14)).unwrap();
@@ -504,17 +527,9 @@ fn a_guaranteed_request_preempts_burst_leases_youngest_first_but_never_a_guarant
             .into_inner();
         // team-a fills both GPUs: 7 guaranteed + 7 burst.
         let mut a_ids = Vec::new();
-        for i in 0..14 {
-            let l = c
-                .create_lease(create_req("team-a", shape::mig("1g.10gb")))
-                .await
-                .unwrap()
-                .into_inner()
-                .lease
-                .unwrap();
+        for (i, l) in fill_1g(&mut c, "team-a", 14).await.into_iter().enumerate() {
             assert_eq!(l.burst, i >= 7, "lease {i} burst flag");
             a_ids.push(l.id);
-            tokio::time::sleep(Duration::from_millis(2)).await;
         }
         // Beyond burst: refused naming the quota.
         let e = c
@@ -533,11 +548,7 @@ fn a_guaranteed_request_preempts_burst_leases_youngest_first_but_never_a_guarant
                 .unwrap_or_else(|e| panic!("team-b lease {i}: {e}"));
             assert!(!r.into_inner().lease.unwrap().burst);
         }
-        let left: Vec<String> = ids_of(&mut c, "team-a")
-            .await
-            .into_iter()
-            .map(|x| x.1)
-            .collect();
+        let left = active_ids(&mut c, "team-a").await;
         assert_eq!(
             left,
             a_ids[..7].to_vec(),
@@ -582,18 +593,11 @@ fn a_guaranteed_multi_instance_request_preempts_the_burst_leases_it_needs() {
     let d = TestDaemon::start_with(TWO_H100, &tenants(14, 14)).unwrap();
     rt().block_on(async {
         let mut c = d.client().await.unwrap();
-        let mut a_ids = Vec::new();
-        for _ in 0..14 {
-            let l = c
-                .create_lease(create_req("team-a", shape::mig("1g.10gb")))
-                .await
-                .unwrap()
-                .into_inner()
-                .lease
-                .unwrap();
-            a_ids.push(l.id);
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
+        let a_ids: Vec<String> = fill_1g(&mut c, "team-a", 14)
+            .await
+            .into_iter()
+            .map(|l| l.id)
+            .collect();
         let l = c
             .create_lease(create_req("team-b", shape::migs("1g.10gb", 3)))
             .await
@@ -603,11 +607,7 @@ fn a_guaranteed_multi_instance_request_preempts_the_burst_leases_it_needs() {
             .unwrap();
         assert_eq!(l.partitions.len(), 3, "{l:?}");
         assert!(!l.burst);
-        let left: Vec<String> = ids_of(&mut c, "team-a")
-            .await
-            .into_iter()
-            .map(|x| x.1)
-            .collect();
+        let left = active_ids(&mut c, "team-a").await;
         assert_eq!(
             left,
             a_ids[..11].to_vec(),
@@ -623,11 +623,7 @@ fn a_guaranteed_multi_instance_request_preempts_the_burst_leases_it_needs() {
             .lease
             .unwrap();
         assert_eq!(l.partitions.len(), 4);
-        let left: Vec<String> = ids_of(&mut c, "team-a")
-            .await
-            .into_iter()
-            .map(|x| x.1)
-            .collect();
+        let left = active_ids(&mut c, "team-a").await;
         assert_eq!(left, a_ids[..7].to_vec(), "team-a keeps its guarantee");
         // Beyond its guarantee team-b is burst: nothing is preempted for two more.
         let e = c

@@ -331,14 +331,7 @@ impl LeaseManager {
                         // The failed call's GI: its create intent stays open.
                         Some(orphan) => w.put_partition(orphan)?,
                         None => {
-                            if p.origin == Origin::Static {
-                                let mut back = p.clone();
-                                back.lease_id = None;
-                                back.state = PartitionState::Ready;
-                                w.put_partition(&back)?;
-                            } else {
-                                w.delete_partition(&p.id)?;
-                            }
+                            w.give_back_partition(p)?;
                             if let Some(i) = intent {
                                 w.finish_intent(*i, now, "failed")?;
                             }
@@ -475,14 +468,7 @@ impl LeaseManager {
             let i2 = ids.clone();
             self.store.write_blocking(move |w| {
                 for p in &p2 {
-                    if p.origin == Origin::Static {
-                        let mut back = p.clone();
-                        back.lease_id = None;
-                        back.state = PartitionState::Ready;
-                        w.put_partition(&back)?;
-                    } else {
-                        w.delete_partition(&p.id)?;
-                    }
+                    w.give_back_partition(p)?;
                 }
                 w.put_lease(&l2)?;
                 w.delete_tokens(&l2.id)?;

@@ -728,6 +728,19 @@ impl Writer<'_> {
         Ok(())
     }
 
+    /// A partition its lease no longer holds: a static one is ready and unleased
+    /// again, a dynamic one is gone.
+    pub fn give_back_partition(&self, p: &Partition) -> Result<(), StoreError> {
+        if p.origin == crate::model::Origin::Static {
+            let mut back = p.clone();
+            back.lease_id = None;
+            back.state = crate::model::PartitionState::Ready;
+            self.put_partition(&back)
+        } else {
+            self.delete_partition(&p.id)
+        }
+    }
+
     pub fn add_token(&self, hash: &str, lease_id: &str, now_ms: i64) -> Result<(), StoreError> {
         self.exec(
             "INSERT INTO tokens (hash, lease_id, created_at_ms) VALUES (?1, ?2, ?3)",
