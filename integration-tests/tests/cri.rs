@@ -110,10 +110,11 @@ impl World {
         std::fs::write(
             bin_dir.join("tessera-gpu.toml"),
             format!(
-                "runc_path = {runc:?}\ndaemon_socket = {sock:?}\ndaemon_timeout_ms = 3000\nnvidia_proc_root = {proc_root:?}\n\
+                "runc_path = {runc:?}\nstate_dir = {rt_state:?}\ndaemon_socket = {sock:?}\ndaemon_timeout_ms = 3000\nnvidia_proc_root = {proc_root:?}\n\
                  runc_cve_acknowledged = [\"CVE-2025-31133\", \"CVE-2025-52565\", \"CVE-2025-52881\"]\n\
                  [policy]\napparmor = \"if-available\"\ncontainerd_root = {root:?}\ncontainerd_state = {state:?}\nkubelet_root = {kubelet:?}\n",
                 sock = daemon.socket,
+                rt_state = setup.dir.join("runtime-state"),
                 root = setup.root(),
                 state = setup.state(),
                 kubelet = dir.path().join("kubelet"),

@@ -88,10 +88,11 @@ impl World {
         std::fs::write(
             bin.join("tessera-gpu.toml"),
             format!(
-                "runc_path = {runc:?}\ndaemon_socket = {sock:?}\ndaemon_timeout_ms = 3000\nnvidia_proc_root = {proc_root:?}\n\
+                "runc_path = {runc:?}\nstate_dir = {rt_state:?}\ndaemon_socket = {sock:?}\ndaemon_timeout_ms = 3000\nnvidia_proc_root = {proc_root:?}\n\
                  runc_cve_acknowledged = [\"CVE-2025-31133\", \"CVE-2025-52565\", \"CVE-2025-52881\"]\n\
                  [policy]\napparmor = \"if-available\"\ncontainer_storage_roots = [{graph:?}]\ncontainer_run_roots = [{run:?}]\n",
                 sock = daemon.socket,
+                rt_state = d.join("runtime-state"),
                 graph = d.join("graph"),
                 run = d.join("run"),
             ),

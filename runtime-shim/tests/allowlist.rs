@@ -82,11 +82,12 @@ impl Host {
         std::fs::write(
             &config,
             format!(
-                "runc_path = {runc:?}\ndaemon_socket = {}\ndaemon_timeout_ms = 3000\nnvidia_proc_root = {proc_root:?}\nrunc_cve_acknowledged = [\"CVE-2025-31133\", \"CVE-2025-52565\", \"CVE-2025-52881\"]\n\
+                "runc_path = {runc:?}\nstate_dir = {}\ndaemon_socket = {}\ndaemon_timeout_ms = 3000\nnvidia_proc_root = {proc_root:?}\nrunc_cve_acknowledged = [\"CVE-2025-31133\", \"CVE-2025-52565\", \"CVE-2025-52881\"]\n\
                  [policy]\napparmor = \"if-available\"\n\
                  container_storage_roots = [{}]\ncontainer_run_roots = [{}]\n\
                  containerd_root = {}\ncontainerd_state = {}\nkubelet_root = {}\n\
                  bind_sources = [{{ path = {}, writable = false }}]\n",
+                q("runtime-state"),
                 q("tessera-run/tesserad.sock"),
                 q("storage"),
                 q("run-storage"),

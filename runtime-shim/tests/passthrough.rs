@@ -28,7 +28,8 @@ fn setup() -> (tempfile::TempDir, PathBuf) {
     std::fs::write(
         &cfg,
         format!(
-            "runc_path = {runc:?}\ndaemon_socket = {:?}\nrunc_cve_acknowledged = [\"CVE-2025-31133\", \"CVE-2025-52565\", \"CVE-2025-52881\"]\n[policy]\napparmor = \"if-available\"\n",
+            "runc_path = {runc:?}\nstate_dir = {:?}\ndaemon_socket = {:?}\nrunc_cve_acknowledged = [\"CVE-2025-31133\", \"CVE-2025-52565\", \"CVE-2025-52881\"]\n[policy]\napparmor = \"if-available\"\n",
+            dir.path().join("runtime-state"),
             dir.path().join("none.sock")
         ),
     )
@@ -229,8 +230,9 @@ fn no_token_policy_refuse() {
     std::fs::write(
         &cfg,
         format!(
-            "runc_path = {:?}\nrunc_cve_acknowledged = [\"CVE-2025-31133\", \"CVE-2025-52565\", \"CVE-2025-52881\"]\n[policy]\napparmor = \"if-available\"\nno_token = \"refuse\"\n",
-            d.path().join("fake-runc")
+            "runc_path = {:?}\nstate_dir = {:?}\nrunc_cve_acknowledged = [\"CVE-2025-31133\", \"CVE-2025-52565\", \"CVE-2025-52881\"]\n[policy]\napparmor = \"if-available\"\nno_token = \"refuse\"\n",
+            d.path().join("fake-runc"),
+            d.path().join("runtime-state")
         ),
     )
     .unwrap();
@@ -255,8 +257,9 @@ fn pod_sandbox_gets_baseline_even_with_the_pods_token() {
     std::fs::write(
         &cfg,
         format!(
-            "runc_path = {:?}\ndaemon_socket = {:?}\nrunc_cve_acknowledged = [\"CVE-2025-31133\", \"CVE-2025-52565\", \"CVE-2025-52881\"]\n[policy]\napparmor = \"if-available\"\nno_token = \"refuse\"\n",
+            "runc_path = {:?}\nstate_dir = {:?}\ndaemon_socket = {:?}\nrunc_cve_acknowledged = [\"CVE-2025-31133\", \"CVE-2025-52565\", \"CVE-2025-52881\"]\n[policy]\napparmor = \"if-available\"\nno_token = \"refuse\"\n",
             d.path().join("fake-runc"),
+            d.path().join("runtime-state"),
             d.path().join("no-daemon.sock")
         ),
     )

@@ -508,7 +508,8 @@ pub fn runtime_config(dir: &Path, socket: &Path, nvidia_proc: &Path, extra: &str
     std::fs::write(
         &p,
         format!(
-            "runc_path = {runc:?}\ndaemon_socket = {socket:?}\ndaemon_timeout_ms = 3000\nnvidia_proc_root = {nvidia_proc:?}\nrunc_cve_acknowledged = [\"CVE-2025-31133\", \"CVE-2025-52565\", \"CVE-2025-52881\"]\n{extra}\n[policy]\napparmor = \"if-available\"\ncontainer_storage_roots = [{dir:?}]\n"
+            "runc_path = {runc:?}\nstate_dir = {state:?}\ndaemon_socket = {socket:?}\ndaemon_timeout_ms = 3000\nnvidia_proc_root = {nvidia_proc:?}\nrunc_cve_acknowledged = [\"CVE-2025-31133\", \"CVE-2025-52565\", \"CVE-2025-52881\"]\n{extra}\n[policy]\napparmor = \"if-available\"\ncontainer_storage_roots = [{dir:?}]\n",
+            state = dir.join("runtime-state"),
         ),
     )
     .unwrap();
