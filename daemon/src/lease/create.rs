@@ -473,6 +473,34 @@ impl LeaseManager {
             .map_err(|e| GpuError::Task(e.to_string()))?
     }
 
+    /// `undo_half_create` where nothing records the placement afterwards: if the
+    /// driver refuses, the GI left is set aside as foreign (its slices occupied, no
+    /// lease placed over it) and the operator is told how to remove it.
+    pub(super) async fn undo_half_or_set_aside(&self, gpu: u32, m: &MigPart) {
+        let Err(e) = self.undo_half_create(gpu, m).await else {
+            return;
+        };
+        let left = self.backend.instances(gpu).ok().and_then(|all| {
+            all.into_iter().find(|i| {
+                i.placement == m.placement
+                    && i.gi_profile_id == m.gi_profile_id
+                    && i.ci_id.is_none()
+            })
+        });
+        match left {
+            Some(i) => {
+                warn!(gpu, gi = i.gi_id, error = %e,
+                    "could not undo a MIG instance a failed create left half made; \
+                     it is left alone as foreign: remove it with `nvidia-smi mig -i {gpu} -dgi -gi {}`",
+                    i.gi_id);
+                self.lock().foreign.push(i);
+            }
+            None => warn!(gpu, error = %e,
+                "could not check for a MIG instance a failed create may have left half made; \
+                 the next start sets any such instance aside"),
+        }
+    }
+
     pub(super) fn forget_reservation(
         &self,
         lease: &Lease,

@@ -240,7 +240,12 @@ impl LeaseManager {
             .await;
         let inst = match created {
             Ok(inst) => inst,
-            Err(e) => return Err(self.move_back(lease, old, &new, intent, e).await),
+            Err(e) => {
+                // A create can fail with its GI made and no CI (an error between
+                // the two NVML steps): that GI goes before the old place is used.
+                self.undo_half_or_set_aside(gpu, &new_mig).await;
+                return Err(self.move_back(lease, old, &new, intent, e).await);
+            }
         };
         new.state = PartitionState::Ready;
         if let PartKind::Mig(m) = &mut new.kind {
@@ -300,10 +305,9 @@ impl LeaseManager {
             return LeaseError::Hardware(cause);
         };
         let gpu = old.gpu;
+        let (profile, at, ci) = (m.gi_profile_id, m.placement, m.ci_profile_id);
         let again = self
-            .blocking(move |b| {
-                b.create_instance(gpu, m.gi_profile_id, m.placement, m.ci_profile_id)
-            })
+            .blocking(move |b| b.create_instance(gpu, profile, at, ci))
             .await;
         let now = now_ms();
         match again {
@@ -334,6 +338,7 @@ impl LeaseManager {
             }
             Err(e2) => {
                 warn!(lease = %lease.id, error = %e2, "a moved lease's instance could be created neither at its new nor at its old place; the lease is lost");
+                self.undo_half_or_set_aside(gpu, &m).await;
                 let current = self.lock().leases.get(&lease.id).cloned();
                 let mut lost = current.unwrap_or_else(|| lease.clone());
                 if let Err(t) = lost.lose(
@@ -435,12 +440,15 @@ impl LeaseManager {
         if let Some(old) = &old
             && let Some(om) = old.mig()
         {
+            // At its place: the instance itself, or one a move back made again (a
+            // new GI id and UUID, whole or half made) before the crash recorded it.
             let list = instances.entry(old.gpu).or_default();
             let present = list
                 .iter()
-                .any(|i| Some(i.gi_id) == om.gi_id && Some(&i.uuid) == om.uuid.as_ref());
-            if present {
-                let gi = om.gi_id.unwrap_or_default();
+                .find(|i| i.placement == om.placement && i.gi_profile_id == om.gi_profile_id)
+                .cloned();
+            if let Some(there) = present {
+                let gi = there.gi_id;
                 if let Err(e) = self.backend.destroy_instance(old.gpu, gi) {
                     warn!(lease = %lease.id, error = %e, "an interrupted move cannot destroy the old instance; the lease stays where it was");
                     let found = instances
@@ -459,12 +467,24 @@ impl LeaseManager {
                             .or_default()
                             .retain(|i| i.gi_id != inst.gi_id);
                     }
-                    let pid = new.id.clone();
+                    // The lease's record names the instance that stays (a move
+                    // back's has a new GI id and UUID).
+                    let mut kept = old.clone();
+                    if let PartKind::Mig(m) = &mut kept.kind
+                        && there.ci_id.is_some()
+                    {
+                        m.gi_id = Some(there.gi_id);
+                        m.ci_id = there.ci_id;
+                        m.uuid = Some(there.uuid.clone());
+                    }
+                    let (pid, k2) = (new.id.clone(), kept.clone());
                     self.store.write_blocking(move |w| {
                         w.delete_partition(&pid)?;
+                        w.put_partition(&k2)?;
                         w.finish_intent(iid, now, "rolled back")
                     })?;
                     st.partitions.remove(&new.id);
+                    st.partitions.insert(kept.id.clone(), kept);
                     return Ok(());
                 }
                 list.retain(|i| i.gi_id != gi);

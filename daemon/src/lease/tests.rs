@@ -606,6 +606,37 @@ async fn a_move_whose_destroy_fails_leaves_the_lease_where_it_was() {
     assert!(mgr.store.snapshot().unwrap().intents.is_empty());
 }
 
+/// A move whose new instance is left half made (its GI without a CI, as an error
+/// between the two NVML steps leaves it): that GI goes, the lease's instance is made
+/// again where it was, and no instance is left that no record explains, then or
+/// after a restart.
+#[tokio::test]
+async fn a_move_whose_create_is_half_done_leaves_no_gi_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mgr, sim) = two_h100(dir.path(), true);
+    let (a, _) = idle_lease_in_the_way(&mgr, false).await;
+    sim.crash_next_create_after_gi(0).unwrap();
+    let err = mgr.create(seven_g("big")).await.unwrap_err();
+    assert!(matches!(err, LeaseError::ResourceExhausted(_)), "{err}");
+    let check = |mgr: &LeaseManager, sim: &crate::gpu::SimBackend| {
+        let (l, p) = mgr.get(&a.lease.id).unwrap();
+        assert_eq!(l.state(), LeaseState::Active);
+        assert_eq!(p.unwrap().gpu, 1, "back where it was");
+        let all: Vec<_> = (0..2).flat_map(|g| sim.instances(g).unwrap()).collect();
+        assert_eq!(all.len(), 2, "the 4g and the lease's 1g: {all:?}");
+        assert!(
+            all.iter().all(|i| i.ci_id.is_some()),
+            "a GI without CI: {all:?}"
+        );
+        assert!(mgr.store.snapshot().unwrap().intents.is_empty());
+        assert!(mgr.lock().foreign.is_empty());
+    };
+    check(&mgr, &sim);
+    drop(mgr);
+    let (mgr, sim) = two_h100(dir.path(), true);
+    check(&mgr, &sim);
+}
+
 /// A crash right after the move's intent was written (nothing done on the hardware
 /// yet): the next start destroys the old instance and creates the new one; or, when
 /// the old one cannot be destroyed, drops the move and keeps the lease where it was.
