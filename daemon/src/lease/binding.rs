@@ -13,14 +13,34 @@ use super::{EventKind, LeaseError, LeaseManager, State};
 
 impl LeaseManager {
     /// The nvidia-uvm and nvidia-caps majors (config, else `/proc/devices`).
+    ///
+    /// `/proc/devices` is read at most once a second (the kernel formats every
+    /// driver's line on each read; every container start resolves a token). A
+    /// major changes only when its module is unloaded and loaded again, which
+    /// cannot happen while containers use the GPU, and the nvidia module stays
+    /// loaded while this daemon holds NVML.
     fn device_majors(&self) -> Result<(i64, i64), LeaseError> {
+        const FRESH: std::time::Duration = std::time::Duration::from_secs(1);
         let cfg = &self.config.devices;
-        let text = match (cfg.nvidia_uvm_major, cfg.nvidia_caps_major) {
-            (Some(_), Some(_)) => String::new(),
-            _ => self.host.proc_devices()?,
+        let from_proc = cfg.nvidia_uvm_major.is_none() || cfg.nvidia_caps_major.is_none();
+        let cached = self.majors.lock().ok().and_then(|m| *m);
+        if let Some((at, majors)) = cached
+            && from_proc
+            && at.elapsed() < FRESH
+        {
+            return Ok(majors);
+        }
+        let text = if from_proc {
+            self.host.proc_devices()?
+        } else {
+            String::new()
         };
         let simulated = self.backend.name() == "sim";
-        Ok(devices::dynamic_majors(cfg, &text, simulated)?)
+        let majors = devices::dynamic_majors(cfg, &text, simulated)?;
+        if from_proc && let Ok(mut m) = self.majors.lock() {
+            *m = Some((std::time::Instant::now(), majors));
+        }
+        Ok(majors)
     }
 
     pub fn resolve_token(&self, tok: &str) -> Result<Resolved, LeaseError> {
@@ -251,15 +271,21 @@ impl LeaseManager {
         }
         let l2 = lease.clone();
         let p2 = handed.as_ref().map(|(p, _, _)| p.clone());
-        let written = self
-            .store
-            .write(move |w| {
-                if let Some(p) = &p2 {
-                    w.put_partition(p)?;
-                }
-                w.put_lease(&l2)
-            })
-            .await;
+        let put = move |w: &crate::store::Writer<'_>| {
+            if let Some(p) = &p2 {
+                w.put_partition(p)?;
+            }
+            w.put_lease(&l2)
+        };
+        // A binding only says which containers run, and an OS crash that could lose
+        // an unsynced commit ends them all: relaxed (no fsync on the runtime's
+        // path). What outlives the containers is durable: a pod's claim on the
+        // token, and the uid an MPS server was handed.
+        let written = if handed.is_none() && !pod_claimed {
+            self.store.write_relaxed(put).await
+        } else {
+            self.store.write(put).await
+        };
         if let Err(e) = written {
             // Refused: the binding did not happen, in memory either.
             self.undo_bind(
@@ -356,9 +382,11 @@ impl LeaseManager {
             return Ok(());
         }
         let leases: Vec<Lease> = unbound.iter().map(|(l, _)| l.clone()).collect();
+        // Relaxed, as a bind is: a binding an OS crash brings back names a container
+        // that crash ended, and housekeeping drops it.
         if let Err(e) = self
             .store
-            .write(move |w| leases.iter().try_for_each(|l| w.put_lease(l)))
+            .write_relaxed(move |w| leases.iter().try_for_each(|l| w.put_lease(l)))
             .await
         {
             // Refused: still bound, in memory too.

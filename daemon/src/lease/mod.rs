@@ -99,6 +99,9 @@ pub struct LeaseManager {
     host: Arc<dyn HostOps>,
     /// CreateLease calls waiting for room (`queue_wait_ms`).
     queue: queue::AdmissionQueue,
+    /// The nvidia-uvm and nvidia-caps majors last read from `/proc/devices`, and
+    /// when (see `device_majors`).
+    majors: Mutex<Option<(std::time::Instant, (i64, i64))>>,
 }
 
 impl std::fmt::Debug for LeaseManager {
@@ -143,6 +146,7 @@ impl LeaseManager {
             state: Mutex::new(State::default()),
             events,
             shutting_down: std::sync::atomic::AtomicBool::new(false),
+            majors: Mutex::new(None),
             heartbeat: std::sync::atomic::AtomicI64::new(now_ms()),
             tenancy: std::sync::RwLock::new(Arc::new(config.tenancy.clone())),
             grants: Mutex::new(Vec::new()),

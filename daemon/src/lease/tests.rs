@@ -322,6 +322,43 @@ async fn an_idle_mps_host_is_kept_per_on_release_and_reused() {
     assert_eq!(instances(&sim).len(), 1);
 }
 
+/// Every container start resolves a token; `/proc/devices` (where the uvm and caps
+/// majors come from) is read once for starts that come close together, not once each.
+#[tokio::test]
+async fn close_resolves_read_proc_devices_once() {
+    use crate::host::{HostCall, RecordingHost};
+    let dir = tempfile::tempdir().unwrap();
+    let config = test_config(dir.path());
+    let sim = Arc::new(crate::gpu::open_sim(&config.sim).unwrap());
+    let store = Arc::new(Store::open(dir.path()).unwrap());
+    let host = Arc::new(RecordingHost::with_proc_devices(""));
+    let mgr = LeaseManager::start_with_host(config, sim, store, host.clone()).unwrap();
+    let created = mgr
+        .create(CreateRequest {
+            tenant: "team-a".into(),
+            shape: Some(Shape::Mps {
+                sm_percent: 25,
+                memory_bytes: 4 << 30,
+                mode: crate::gpu::MpsMode::Isolated,
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let token = created.token.unwrap();
+    let first = mgr.resolve_token(&token).unwrap();
+    for _ in 0..3 {
+        let again = mgr.resolve_token(&token).unwrap();
+        assert_eq!(again.devices, first.devices);
+    }
+    let reads = host
+        .calls()
+        .iter()
+        .filter(|c| matches!(c, HostCall::ProcDevices))
+        .count();
+    assert_eq!(reads, 1, "{:?}", host.calls());
+}
+
 /// The host's side effects of a lease's life go through `HostOps`: an MPS lease's
 /// private directories, their hand-over to the container's uid, the container
 /// stopped through its cgroup on release, and the directories removed after.

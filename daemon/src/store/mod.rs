@@ -1,6 +1,8 @@
 //! SQLite persistence: leases, partitions, token hashes, write-ahead intents.
 //!
-//! * WAL mode with `synchronous=FULL`: a commit that returned is on disk.
+//! * WAL mode with `synchronous=FULL`: a commit that returned is on disk. The one
+//!   exception is [`Store::write_relaxed`], for records that an OS crash makes moot
+//!   (see there): its commits skip the fsync when no durable write shares them.
 //! * One writer thread does *group commit*: writes queued while a commit is in flight
 //!   are applied together in the next transaction (each in its own savepoint, so one
 //!   failing write does not undo the others), then acknowledged after one fsync.
@@ -115,7 +117,12 @@ impl CommitFailed {
 type Completion = Box<dyn FnOnce(Result<(), CommitFailed>) + Send>;
 /// A queued write. Given no connection (the batch's transaction could not begin),
 /// it runs nothing and only hands back its completion.
-type Job = Box<dyn FnOnce(Option<&Connection>) -> (bool, Completion) + Send>;
+type JobFn = Box<dyn FnOnce(Option<&Connection>) -> (bool, Completion) + Send>;
+/// A queued write, and whether its commit must reach the disk before it is answered.
+struct Job {
+    durable: bool,
+    run: JobFn,
+}
 
 /// What the daemon reloads at start.
 #[derive(Debug, Default)]
@@ -294,6 +301,25 @@ impl Store {
         orx.await.map_err(|_| StoreError::WriterGone)?
     }
 
+    /// [`Store::write`] for a record that only describes what an OS crash ends anyway:
+    /// which containers run on a lease. The commit is atomic and survives the
+    /// daemon's own crash (it is in the write-ahead log, in the page cache), but is
+    /// not fsynced unless a durable write shares it: a power loss or kernel crash
+    /// may lose it, and that same crash has stopped every container it names. A
+    /// later durable commit makes it durable too (the log is synced in order).
+    /// Saves an fsync on the runtime's path (bind and unbind of each container).
+    pub async fn write_relaxed<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Writer<'_>) -> Result<T, StoreError> + Send + 'static,
+    {
+        let (otx, orx) = tokio::sync::oneshot::channel::<Result<T, StoreError>>();
+        self.submit_as(false, f, move |out| {
+            let _ = otx.send(out);
+        })?;
+        orx.await.map_err(|_| StoreError::WriterGone)?
+    }
+
     /// Blocking variant of [`Store::write`] for start-up and tests.
     pub fn write_blocking<T, F>(&self, f: F) -> Result<T, StoreError>
     where
@@ -315,7 +341,17 @@ impl Store {
         F: FnOnce(&Writer<'_>) -> Result<T, StoreError> + Send + 'static,
         D: FnOnce(Result<T, StoreError>) + Send + 'static,
     {
-        let job: Job = Box::new(move |conn: Option<&Connection>| {
+        self.submit_as(true, f, deliver)
+    }
+
+    /// [`Store::submit`], durable or relaxed (see [`Store::write_relaxed`]).
+    fn submit_as<T, F, D>(&self, durable: bool, f: F, deliver: D) -> Result<(), StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Writer<'_>) -> Result<T, StoreError> + Send + 'static,
+        D: FnOnce(Result<T, StoreError>) + Send + 'static,
+    {
+        let run: JobFn = Box::new(move |conn: Option<&Connection>| {
             let result = conn.map(|conn| f(&Writer { conn }));
             let ok = matches!(result, Some(Ok(_)));
             let completion: Completion = Box::new(move |commit: Result<(), CommitFailed>| {
@@ -334,7 +370,9 @@ impl Store {
         }
         let guard = self.jobs.lock().map_err(|_| StoreError::WriterGone)?;
         let sender = guard.as_ref().ok_or(StoreError::WriterGone)?;
-        sender.send(job).map_err(|_| StoreError::WriterGone)
+        sender
+            .send(Job { durable, run })
+            .map_err(|_| StoreError::WriterGone)
     }
 
     /// Run `f` on the store's read-only connection (WAL readers never block the
@@ -613,6 +651,8 @@ impl CleanClose {
 }
 
 fn writer_loop(conn: &Connection, rx: mpsc::Receiver<Job>, faults: Option<faults::StoreFaults>) {
+    // What the connection's `synchronous` is now (FULL from open).
+    let mut synced = true;
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
@@ -621,13 +661,36 @@ fn writer_loop(conn: &Connection, rx: mpsc::Receiver<Job>, faults: Option<faults
                 Err(_) => break,
             }
         }
+        // A batch with any durable write commits with an fsync; one made only of
+        // relaxed writes without (NORMAL: in WAL mode, no sync at commit). Set
+        // between transactions, as SQLite requires. Should the switch fail, the
+        // connection stays as it was: FULL is always safe, so a failed switch to
+        // NORMAL costs only speed, and a failed switch back is retried next batch.
+        let durable = batch.iter().any(|j| j.durable);
+        if durable != synced {
+            let mode = if durable { "FULL" } else { "NORMAL" };
+            if conn.pragma_update(None, "synchronous", mode).is_ok() {
+                synced = durable;
+            }
+        }
+        if durable && !synced {
+            let failed = CommitFailed(
+                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_IOERR),
+                "could not set synchronous=FULL for a durable commit".into(),
+            );
+            for job in batch {
+                let (_, done) = (job.run)(None);
+                done(Err(failed.clone()));
+            }
+            continue;
+        }
         let mut completions = Vec::with_capacity(batch.len());
         if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
             let failed = CommitFailed::of(&e);
             for job in batch {
                 // Run nothing (outside a transaction each statement would commit
                 // on its own): report the failure to every waiter.
-                let (_, done) = job(None);
+                let (_, done) = (job.run)(None);
                 done(Err(failed.clone()));
             }
             continue;
@@ -637,7 +700,7 @@ fn writer_loop(conn: &Connection, rx: mpsc::Receiver<Job>, faults: Option<faults
             // Each write in its own savepoint: one failing write (a duplicate
             // request id, say) is undone alone, the rest of the batch commits.
             let sp = run("SAVEPOINT w");
-            let (ok, done) = job(Some(conn));
+            let (ok, done) = (job.run)(Some(conn));
             if sp.is_ok() {
                 if !ok {
                     let _ = run("ROLLBACK TO w");

@@ -259,3 +259,38 @@ fn a_retried_step_keeps_its_open_intent_and_a_new_step_opens_one() {
         .unwrap();
     assert_ne!(begin(IntentOp::DestroyMig, "p-1", Some("l1"), 60), first);
 }
+
+/// The commit mode each kind of write gets: relaxed writes alone commit without a
+/// sync (`synchronous` NORMAL), any durable write (alone or after relaxed ones)
+/// with one (FULL); a relaxed write is committed all the same and is there after a
+/// reopen, as a daemon crash would find it.
+#[tokio::test]
+async fn relaxed_writes_skip_the_sync_and_durable_ones_never_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let mode = |w: &Writer<'_>| -> Result<i64, StoreError> {
+        Ok(w.conn.query_row("PRAGMA synchronous", [], |r| r.get(0))?)
+    };
+    const NORMAL: i64 = 1;
+    const FULL: i64 = 2;
+    let m = store
+        .write_relaxed(move |w| {
+            w.put_lease(&lease("l1", "a", None))?;
+            mode(w)
+        })
+        .await
+        .unwrap();
+    assert_eq!(m, NORMAL, "a relaxed write alone");
+    assert_eq!(store.write(mode).await.unwrap(), FULL, "a durable write");
+    assert_eq!(store.write_relaxed(mode).await.unwrap(), NORMAL);
+    assert_eq!(store.write(mode).await.unwrap(), FULL, "back to FULL");
+    // A relaxed and a durable write in one batch: the commit syncs.
+    let (r, d) = tokio::join!(store.write_relaxed(mode), store.write(mode));
+    let (r, d) = (r.unwrap(), d.unwrap());
+    assert_eq!(d, FULL);
+    assert!(r == FULL || r == NORMAL, "{r}");
+    drop(store);
+    let store = Store::open(dir.path()).unwrap();
+    let snap = store.snapshot().unwrap();
+    assert_eq!(snap.leases, vec![lease("l1", "a", None)]);
+}
