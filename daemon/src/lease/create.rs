@@ -9,7 +9,7 @@ use tokio::sync::Notify;
 use tracing::{info, warn};
 
 use crate::config::TenancyConfig;
-use crate::gpu::{GpuError, MigInstance, MpsSpec, NvmlCode};
+use crate::gpu::{GpuBackend, GpuError, MigInstance, MpsSpec, NvmlCode};
 use crate::model::{IntentOp, Lease, MigPart, Origin, PartKind, Partition, PartitionState};
 use crate::names::{new_id, truncate};
 use crate::partition::Shape;
@@ -458,17 +458,8 @@ impl LeaseManager {
 
     pub(super) async fn undo_half_create(&self, gpu: u32, m: &MigPart) -> Result<(), GpuError> {
         let backend = self.backend.clone();
-        let (placement, profile) = (m.placement, m.gi_profile_id);
-        let run = move || {
-            let half = backend.instances(gpu)?.into_iter().find(|i| {
-                i.placement == placement && i.gi_profile_id == profile && i.ci_id.is_none()
-            });
-            match half {
-                Some(i) => backend.destroy_instance(gpu, i.gi_id),
-                None => Ok(()),
-            }
-        };
-        tokio::task::spawn_blocking(run)
+        let m = m.clone();
+        tokio::task::spawn_blocking(move || undo_half(backend.as_ref(), gpu, &m))
             .await
             .map_err(|e| GpuError::Task(e.to_string()))?
     }
@@ -477,27 +468,15 @@ impl LeaseManager {
     /// driver refuses, the GI left is set aside as foreign (its slices occupied, no
     /// lease placed over it) and the operator is told how to remove it.
     pub(super) async fn undo_half_or_set_aside(&self, gpu: u32, m: &MigPart) {
-        let Err(e) = self.undo_half_create(gpu, m).await else {
-            return;
-        };
-        let left = self.backend.instances(gpu).ok().and_then(|all| {
-            all.into_iter().find(|i| {
-                i.placement == m.placement
-                    && i.gi_profile_id == m.gi_profile_id
-                    && i.ci_id.is_none()
-            })
-        });
-        match left {
-            Some(i) => {
-                warn!(gpu, gi = i.gi_id, error = %e,
-                    "could not undo a MIG instance a failed create left half made; \
-                     it is left alone as foreign: remove it with `nvidia-smi mig -i {gpu} -dgi -gi {}`",
-                    i.gi_id);
-                self.lock().foreign.push(i);
-            }
-            None => warn!(gpu, error = %e,
-                "could not check for a MIG instance a failed create may have left half made; \
-                 the next start sets any such instance aside"),
+        let backend = self.backend.clone();
+        let m = m.clone();
+        let left =
+            tokio::task::spawn_blocking(move || undo_half_or_left(backend.as_ref(), gpu, &m))
+                .await
+                .ok()
+                .flatten();
+        if let Some(i) = left {
+            self.lock().foreign.push(i);
         }
     }
 
@@ -574,4 +553,41 @@ impl LeaseManager {
             .await
             .map_err(|e| GpuError::Task(e.to_string()))?
     }
+}
+
+/// A GI a failed create left without its CI at `m`'s placement (an error between
+/// the GI and the CI step): destroyed. None there is success too.
+pub(super) fn undo_half(backend: &dyn GpuBackend, gpu: u32, m: &MigPart) -> Result<(), GpuError> {
+    let half = backend.instances(gpu)?.into_iter().find(|i| {
+        i.placement == m.placement && i.gi_profile_id == m.gi_profile_id && i.ci_id.is_none()
+    });
+    match half {
+        Some(i) => backend.destroy_instance(gpu, i.gi_id),
+        None => Ok(()),
+    }
+}
+
+/// [`undo_half`], answering the GI it could not destroy (told to the operator, for
+/// the caller to set aside as foreign).
+pub(super) fn undo_half_or_left(
+    backend: &dyn GpuBackend,
+    gpu: u32,
+    m: &MigPart,
+) -> Option<MigInstance> {
+    let e = undo_half(backend, gpu, m).err()?;
+    let left = backend.instances(gpu).ok().and_then(|all| {
+        all.into_iter().find(|i| {
+            i.placement == m.placement && i.gi_profile_id == m.gi_profile_id && i.ci_id.is_none()
+        })
+    });
+    match &left {
+        Some(i) => warn!(gpu, gi = i.gi_id, error = %e,
+            "could not undo a MIG instance a failed create left half made; \
+             it is left alone as foreign: remove it with `nvidia-smi mig -i {gpu} -dgi -gi {}`",
+            i.gi_id),
+        None => warn!(gpu, error = %e,
+            "could not check for a MIG instance a failed create may have left half made; \
+             the next start sets any such instance aside"),
+    }
+    left
 }

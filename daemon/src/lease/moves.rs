@@ -545,6 +545,12 @@ impl LeaseManager {
             }
             Err(e) => {
                 warn!(lease = %lease.id, error = %e, "an interrupted move cannot create the new instance; the lease is lost");
+                // A GI made without its CI goes, or is set aside as foreign.
+                if let Some(left) =
+                    super::create::undo_half_or_left(self.backend.as_ref(), new.gpu, &nm)
+                {
+                    instances.entry(new.gpu).or_default().push(left);
+                }
                 lease.lose(
                     format!("its MIG instance was being moved when the daemon stopped and could not be created again: {e}"),
                     now,

@@ -528,6 +528,9 @@ impl LeaseManager {
             }
             Err(e) => {
                 warn!(partition = %p.id, error = %e, "could not re-create the MIG instance; revoking its lease");
+                // A GI made without its CI goes; one that cannot is found by the
+                // caller's fresh listing and set aside as foreign.
+                super::create::undo_half_or_left(self.backend.as_ref(), p.gpu, m);
                 let mut l2 = p.lease_id.as_ref().and_then(|l| st.leases.get(l).cloned());
                 if let Some(l) = &mut l2 {
                     l.lose(

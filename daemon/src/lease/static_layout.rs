@@ -176,6 +176,13 @@ impl LeaseManager {
                 Ok(())
             }
             Err(e) => {
+                // A GI made without its CI goes (else it is set aside as foreign).
+                if let Some(mig) = p.mig()
+                    && let Some(left) =
+                        super::create::undo_half_or_left(self.backend.as_ref(), g, mig)
+                {
+                    self.lock().foreign.push(left);
+                }
                 let pid = p.id.clone();
                 self.store.write_blocking(move |w| {
                     w.delete_partition(&pid)?;

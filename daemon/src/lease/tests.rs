@@ -659,12 +659,8 @@ async fn a_move_whose_create_is_half_done_leaves_no_gi_behind() {
         let (l, p) = mgr.get(&a.lease.id).unwrap();
         assert_eq!(l.state(), LeaseState::Active);
         assert_eq!(p.unwrap().gpu, 1, "back where it was");
-        let all: Vec<_> = (0..2).flat_map(|g| sim.instances(g).unwrap()).collect();
-        assert_eq!(all.len(), 2, "the 4g and the lease's 1g: {all:?}");
-        assert!(
-            all.iter().all(|i| i.ci_id.is_some()),
-            "a GI without CI: {all:?}"
-        );
+        assert_eq!(instance_count(sim), 2, "the 4g and the lease's 1g");
+        no_half_made_gi(sim, 2);
         assert!(mgr.store.snapshot().unwrap().intents.is_empty());
         assert!(mgr.lock().foreign.is_empty());
     };
@@ -672,6 +668,61 @@ async fn a_move_whose_create_is_half_done_leaves_no_gi_behind() {
     drop(mgr);
     let (mgr, sim) = two_h100(dir.path(), true);
     check(&mgr, &sim);
+}
+
+/// Every instance on the simulated GPUs has its CI (no GI left half made).
+fn no_half_made_gi(sim: &crate::gpu::SimBackend, gpus: u32) {
+    let all: Vec<_> = (0..gpus).flat_map(|g| sim.instances(g).unwrap()).collect();
+    assert!(
+        all.iter().all(|i| i.ci_id.is_some()),
+        "a GI without CI: {all:?}"
+    );
+}
+
+/// A static layout whose instance is left half made at start (its GI, no CI): the
+/// start fails saying why, leaves no GI behind, and the next start makes the layout.
+#[test]
+fn a_static_instance_half_made_at_start_leaves_no_gi_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        "[daemon]\nstate_dir = {d:?}\nrun_dir = {d:?}\n[gpu]\nbackend = \"sim\"\n\
+         [[partition.static]]\ngpu = 0\ndevices = {{ \"1g.10gb\" = 2 }}\n\
+         [sim]\nstate_file = {s:?}\n[[sim.gpus]]\nmodel = \"h100-80gb\"\nmig = true\n",
+        d = dir.path().display().to_string(),
+        s = dir.path().join("sim.json").display().to_string(),
+    );
+    let config = Config::parse(std::path::Path::new("test.toml"), &text).unwrap();
+    let sim = Arc::new(crate::gpu::open_sim(&config.sim).unwrap());
+    sim.crash_next_create_after_gi(0).unwrap();
+    let store = Arc::new(Store::open(dir.path()).unwrap());
+    let err = LeaseManager::start(config.clone(), sim.clone(), store).unwrap_err();
+    assert!(err.to_string().contains("injected crash"), "{err}");
+    assert!(sim.instances(0).unwrap().is_empty(), "nothing left");
+    let store = Arc::new(Store::open(dir.path()).unwrap());
+    let mgr = LeaseManager::start(config, sim.clone(), store).unwrap();
+    assert_eq!(sim.instances(0).unwrap().len(), 2);
+    no_half_made_gi(&sim, 1);
+    assert!(mgr.lock().foreign.is_empty());
+    assert!(mgr.store.snapshot().unwrap().intents.is_empty());
+}
+
+/// An instance that vanished while the daemon was down and whose re-creation is
+/// left half made: the lease is revoked, and no GI is left behind.
+#[tokio::test]
+async fn a_vanished_instance_half_made_again_at_start_leaves_no_gi_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mgr, sim) = two_h100(dir.path(), false);
+    let c = mgr.create(mig_request("gone")).await.unwrap();
+    let p = c.partition.clone().unwrap();
+    drop(mgr);
+    sim.destroy_instance(p.gpu, p.mig().unwrap().gi_id.unwrap())
+        .unwrap();
+    sim.crash_next_create_after_gi(p.gpu).unwrap();
+    let (mgr, sim) = two_h100(dir.path(), false);
+    let (l, _) = mgr.get(&c.lease.id).unwrap();
+    assert_eq!(l.state(), LeaseState::Revoked, "{:?}", l.end_reason());
+    assert_eq!(instance_count(&sim), 0, "nothing left");
+    assert!(mgr.lock().foreign.is_empty());
 }
 
 /// A crash right after the move's intent was written (nothing done on the hardware
