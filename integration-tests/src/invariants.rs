@@ -51,8 +51,10 @@ pub async fn check_structure(c: &mut Client, sim: &SimBackend) -> (Vec<String>, 
     });
     let mps = sim.mps_daemons().unwrap();
 
-    // Leases and partitions: one each way, no partition leased twice.
-    let mut by_lease: HashMap<&str, &pb::Partition> = HashMap::new();
+    // Leases and partitions: each lease's partitions (one, or several for a
+    // multi-partition lease) are exactly those GetNode shows for it; no partition
+    // is leased twice.
+    let mut by_lease: HashMap<&str, Vec<&pb::Partition>> = HashMap::new();
     let mut partition_ids = HashSet::new();
     for g in &node.gpus {
         for p in &g.partitions {
@@ -65,37 +67,47 @@ pub async fn check_structure(c: &mut Client, sim: &SimBackend) -> (Vec<String>, 
                 }
                 continue;
             }
-            if by_lease.insert(&p.lease_id, p).is_some() {
-                v.push(format!("lease {} holds two partitions", p.lease_id));
-            }
+            by_lease.entry(&p.lease_id).or_default().push(p);
         }
     }
     let live_ids: HashSet<&str> = live.iter().map(|l| l.id.as_str()).collect();
-    for (lid, p) in &by_lease {
+    for (lid, ps) in &by_lease {
         if !live_ids.contains(lid) {
             v.push(format!(
-                "partition {} names lease {lid}, which is not live",
-                p.id
+                "partitions {:?} name lease {lid}, which is not live",
+                ps.iter().map(|p| &p.id).collect::<Vec<_>>()
             ));
         }
     }
     let mut seen_partitions = HashSet::new();
     for l in &live {
-        let Some(p) = &l.partition else {
+        // `partitions` lists them all; older answers only `partition`.
+        let mut held: Vec<&str> = l.partitions.iter().map(|p| p.id.as_str()).collect();
+        if held.is_empty()
+            && let Some(p) = &l.partition
+        {
+            held.push(&p.id);
+        }
+        if held.is_empty() {
             v.push(format!("live lease {} has no partition", l.id));
             continue;
-        };
-        if !seen_partitions.insert(p.id.clone()) {
-            v.push(format!("partition {} is leased twice", p.id));
         }
-        match by_lease.get(l.id.as_str()) {
-            Some(np) if np.id == p.id => {}
-            other => v.push(format!(
-                "lease {} points at partition {}, GetNode says {:?}",
-                l.id,
-                p.id,
-                other.map(|p| &p.id)
-            )),
+        for p in &held {
+            if !seen_partitions.insert(p.to_string()) {
+                v.push(format!("partition {p} is leased twice"));
+            }
+        }
+        let mut on_node: Vec<&str> = by_lease
+            .get(l.id.as_str())
+            .map(|ps| ps.iter().map(|p| p.id.as_str()).collect())
+            .unwrap_or_default();
+        held.sort_unstable();
+        on_node.sort_unstable();
+        if held != on_node {
+            v.push(format!(
+                "lease {} holds partitions {held:?}, GetNode says {on_node:?}",
+                l.id
+            ));
         }
     }
 

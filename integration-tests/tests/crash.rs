@@ -6,7 +6,8 @@
 //! * every acknowledged lease that was not released is active and its token resolves;
 //! * every acknowledged release ended its lease, and its token no longer resolves;
 //! * a retry with a request id returns the lease it named, never a second one;
-//! * no partition is leased twice, every live lease has its partition and vice versa;
+//! * no partition is leased twice, every live lease has its partitions (several for a
+//!   multi-partition lease: N MIG instances or N whole GPUs) and vice versa;
 //! * every MIG instance on the sim is explained by exactly one partition (gi id and
 //!   MIG UUID) and every MIG partition by exactly one instance; no GI without a CI;
 //! * MPS daemons on the sim are exactly the MPS partitions;
@@ -66,7 +67,11 @@ fn sim_of(d: &TestDaemon) -> SimBackend {
 }
 
 fn random_shape(rng: &mut StdRng) -> pb::Shape {
-    match rng.gen_range(0..12) {
+    match rng.gen_range(0..15) {
+        // Several partitions in one lease: created all or none, ended together.
+        12 => shape::migs("1g.10gb", 3),
+        13 => shape::migs("2g.20gb", 2),
+        14 => shape::wholes(2),
         0..=2 => shape::mig("1g.10gb"),
         3 => shape::mig("1g.20gb"),
         4 => shape::mig("2g.20gb"),
@@ -78,6 +83,15 @@ fn random_shape(rng: &mut StdRng) -> pb::Shape {
             [2, 4, 8][rng.gen_range(0..3)],
         ),
         _ => shape::whole(),
+    }
+}
+
+/// A shape of several partitions (N MIG instances or N whole GPUs).
+fn is_several(s: &pb::Shape) -> bool {
+    match &s.kind {
+        Some(pb::shape::Kind::Mig(m)) => m.count > 1,
+        Some(pb::shape::Kind::WholeGpu(w)) => w.count > 1,
+        _ => false,
     }
 }
 
@@ -641,8 +655,9 @@ fn leases_survive_random_sigkills_under_load() {
         }
     }
     let m = model.lock().unwrap();
+    let several = m.leases.values().filter(|t| is_several(&t.shape)).count();
     println!(
-        "crash harness: {kills} kill cycles, {} leases acknowledged, {checked} lease checks, {} ops, {faults} faults armed, {} violations, seed {seed}",
+        "crash harness: {kills} kill cycles, {} leases acknowledged ({several} of several partitions), {checked} lease checks, {} ops, {faults} faults armed, {} violations, seed {seed}",
         m.leases.len(),
         m.ops,
         m.violations.len()
