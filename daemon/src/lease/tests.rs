@@ -322,16 +322,15 @@ async fn an_idle_mps_host_is_kept_per_on_release_and_reused() {
     assert_eq!(instances(&sim).len(), 1);
 }
 
-/// Every container start resolves a token; `/proc/devices` (where the uvm and caps
-/// majors come from) is read once for starts that come close together, not once each.
-#[tokio::test]
-async fn close_resolves_read_proc_devices_once() {
-    use crate::host::{HostCall, RecordingHost};
-    let dir = tempfile::tempdir().unwrap();
-    let config = test_config(dir.path());
+/// A manager whose host side effects are only recorded, holding one isolated MPS
+/// lease of team-a.
+async fn isolated_mps_lease_on_recording_host(
+    dir: &std::path::Path,
+) -> (Arc<LeaseManager>, Arc<crate::host::RecordingHost>, Created) {
+    let config = test_config(dir);
     let sim = Arc::new(crate::gpu::open_sim(&config.sim).unwrap());
-    let store = Arc::new(Store::open(dir.path()).unwrap());
-    let host = Arc::new(RecordingHost::with_proc_devices(""));
+    let store = Arc::new(Store::open(dir).unwrap());
+    let host = Arc::new(crate::host::RecordingHost::with_proc_devices(""));
     let mgr = LeaseManager::start_with_host(config, sim, store, host.clone()).unwrap();
     let created = mgr
         .create(CreateRequest {
@@ -345,6 +344,16 @@ async fn close_resolves_read_proc_devices_once() {
         })
         .await
         .unwrap();
+    (mgr, host, created)
+}
+
+/// Every container start resolves a token; `/proc/devices` (where the uvm and caps
+/// majors come from) is read once for starts that come close together, not once each.
+#[tokio::test]
+async fn close_resolves_read_proc_devices_once() {
+    use crate::host::HostCall;
+    let dir = tempfile::tempdir().unwrap();
+    let (mgr, host, created) = isolated_mps_lease_on_recording_host(dir.path()).await;
     let token = created.token.unwrap();
     let first = mgr.resolve_token(&token).unwrap();
     for _ in 0..3 {
@@ -364,25 +373,9 @@ async fn close_resolves_read_proc_devices_once() {
 /// stopped through its cgroup on release, and the directories removed after.
 #[tokio::test]
 async fn an_mps_lease_drives_the_host_through_host_ops() {
-    use crate::host::{HostCall, RecordingHost};
+    use crate::host::HostCall;
     let dir = tempfile::tempdir().unwrap();
-    let config = test_config(dir.path());
-    let sim = Arc::new(crate::gpu::open_sim(&config.sim).unwrap());
-    let store = Arc::new(Store::open(dir.path()).unwrap());
-    let host = Arc::new(RecordingHost::with_proc_devices(""));
-    let mgr = LeaseManager::start_with_host(config, sim, store, host.clone()).unwrap();
-    let created = mgr
-        .create(CreateRequest {
-            tenant: "team-a".into(),
-            shape: Some(Shape::Mps {
-                sm_percent: 25,
-                memory_bytes: 4 << 30,
-                mode: crate::gpu::MpsMode::Isolated,
-            }),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let (mgr, host, created) = isolated_mps_lease_on_recording_host(dir.path()).await;
     let lease = created.lease.clone();
     let pipe = created
         .partition
