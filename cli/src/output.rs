@@ -325,6 +325,10 @@ pub struct PartitionView {
     pub mps: Option<MpsPartitionView>,
     pub lease_id: String,
     pub origin: String,
+    /// "ready", or "creating" / "destroying" while its hardware change is under way
+    /// (empty from a daemon older than this field).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub state: String,
 }
 
 impl From<&pb::Partition> for PartitionView {
@@ -357,13 +361,23 @@ impl From<&pb::Partition> for PartitionView {
             }),
             lease_id: p.lease_id.clone(),
             origin: p.origin.clone(),
+            state: p.state.clone(),
         }
     }
 }
 
 impl PartitionView {
-    /// What the partition is, for a table cell: "1g.10gb", "1g.10gb/1c", "25% 8 GiB", "gpu".
+    /// What the partition is, for a table cell: "1g.10gb", "1g.10gb/1c", "25% 8 GiB",
+    /// "gpu"; "1g.10gb (destroying)" while its hardware change is under way.
     pub fn describe(&self) -> String {
+        let what = self.what();
+        match self.state.as_str() {
+            "" | "ready" => what,
+            other => format!("{what} ({other})"),
+        }
+    }
+
+    fn what(&self) -> String {
         if let Some(m) = &self.mig {
             if m.compute_profile.is_empty() {
                 m.profile.clone()
@@ -729,6 +743,7 @@ pub(crate) mod tests {
                 mps: None,
                 lease_id: "l-7f3a".to_owned(),
                 origin: "dynamic".to_owned(),
+                state: "ready".to_owned(),
             }),
             created_at_ms: NOW - 60_000,
             expires_at_ms: NOW + 3_540_000,
@@ -751,6 +766,18 @@ pub(crate) mod tests {
             partitions: vec![],
             topology: None,
         }
+    }
+
+    /// A partition whose instance is being made or torn down says so; a ready one,
+    /// or one from a daemon that does not report its state, does not.
+    #[test]
+    fn a_partition_under_way_says_so() {
+        let mut p = sample_lease().partition.unwrap();
+        assert_eq!(PartitionView::from(&p).describe(), "1g.10gb");
+        p.state = "destroying".to_owned();
+        assert_eq!(PartitionView::from(&p).describe(), "1g.10gb (destroying)");
+        p.state = String::new();
+        assert_eq!(PartitionView::from(&p).describe(), "1g.10gb");
     }
 
     /// A lease of two whole GPUs: both partitions, their GPUs and their link.

@@ -46,9 +46,15 @@ pub async fn check_structure(c: &mut Client, sim: &SimBackend) -> (Vec<String>, 
         Ok(l) => l.into_inner().leases,
         Err(e) => return (vec![format!("ListLeases failed: {e}")], false),
     };
+    // A partition being made or torn down (an MPS host instance reaped with its
+    // last share, say) may name an instance not there yet, or no more.
     let in_progress = before.iter().chain(&live).any(|l| {
         l.state == pb::LeaseState::Pending as i32 || l.state == pb::LeaseState::Revoking as i32
-    });
+    }) || node
+        .gpus
+        .iter()
+        .flat_map(|g| &g.partitions)
+        .any(|p| p.state != "ready");
     let mps = sim.mps_daemons().unwrap();
 
     // Leases and partitions: each lease's partitions (one, or several for a
@@ -61,8 +67,14 @@ pub async fn check_structure(c: &mut Client, sim: &SimBackend) -> (Vec<String>, 
             if !partition_ids.insert(p.id.clone()) {
                 v.push(format!("partition {} reported twice", p.id));
             }
+            // A MIG instance hosting MPS shares (MPS inside MIG) is held by its
+            // shares, not by a lease of its own.
+            let hosts_shares = p
+                .mig
+                .as_ref()
+                .is_some_and(|m| !m.mps_host_tenant.is_empty());
             if p.lease_id.is_empty() {
-                if p.origin == "dynamic" {
+                if p.origin == "dynamic" && !hosts_shares {
                     v.push(format!("dynamic partition {} has no lease", p.id));
                 }
                 continue;
@@ -187,32 +199,60 @@ pub async fn check_structure(c: &mut Client, sim: &SimBackend) -> (Vec<String>, 
             ));
         }
 
-        // MPS: daemons == partitions, shares within the GPU.
+        // MPS: daemons == partitions, shares within the GPU. An isolated share has
+        // a daemon of its own with its limits; shared shares (whole GPU or inside a
+        // MIG instance) are clients of one server, named by their pipe directory.
         let daemons: Vec<_> = mps.iter().filter(|d| d.spec.gpu == gi).collect();
+        let shared_key = |p: &pb::Partition| -> Option<String> {
+            let m = p.mps.as_ref()?;
+            let shared = m.mode == pb::MpsMode::Shared as i32 || !m.mig_host.is_empty();
+            if !shared {
+                return None;
+            }
+            std::path::Path::new(&m.pipe_dir)
+                .parent()
+                .and_then(|d| d.file_name())
+                .map(|n| n.to_string_lossy().into_owned())
+        };
         for d in &daemons {
-            let n = mps_parts
+            let isolated = mps_parts
                 .iter()
                 .filter(|p| {
                     let m = p.mps.as_ref().unwrap();
-                    p.lease_id == d.spec.lease_id
+                    shared_key(p).is_none()
+                        && p.lease_id == d.spec.lease_id
                         && m.sm_percent == d.spec.sm_percent
                         && m.memory_bytes == d.spec.memory_bytes
                 })
                 .count();
-            if n != 1 || !d.running {
+            let clients = mps_parts
+                .iter()
+                .filter(|p| shared_key(p).as_deref() == Some(d.spec.lease_id.as_str()))
+                .count();
+            let explained = (isolated == 1 && clients == 0) || (isolated == 0 && clients > 0);
+            if !explained || !d.running {
                 v.push(format!(
-                    "GPU {gi}: MPS daemon of {} (running {}) matches {n} partitions",
+                    "GPU {gi}: MPS daemon {} (running {}) matches {isolated} isolated and {clients} shared partitions",
                     d.spec.lease_id, d.running
                 ));
             }
         }
         for p in &mps_parts {
-            if !daemons.iter().any(|d| d.spec.lease_id == p.lease_id) {
+            let key = shared_key(p).unwrap_or_else(|| p.lease_id.clone());
+            if !daemons.iter().any(|d| d.spec.lease_id == key) {
                 v.push(format!("GPU {gi}: MPS partition {} has no daemon", p.id));
             }
         }
-        let sm_pct: u32 = daemons.iter().map(|d| d.spec.sm_percent).sum();
-        let mps_mem: u64 = daemons.iter().map(|d| d.spec.memory_bytes).sum();
+        let isolated_daemons: Vec<_> = daemons
+            .iter()
+            .filter(|d| {
+                !mps_parts
+                    .iter()
+                    .any(|p| shared_key(p).as_deref() == Some(d.spec.lease_id.as_str()))
+            })
+            .collect();
+        let sm_pct: u32 = isolated_daemons.iter().map(|d| d.spec.sm_percent).sum();
+        let mps_mem: u64 = isolated_daemons.iter().map(|d| d.spec.memory_bytes).sum();
         if sm_pct > 100 || mps_mem > g.memory_bytes {
             v.push(format!(
                 "GPU {gi}: MPS uses {sm_pct}% and {mps_mem} of {} bytes",
@@ -221,6 +261,7 @@ pub async fn check_structure(c: &mut Client, sim: &SimBackend) -> (Vec<String>, 
         }
         let rep_pct: u32 = mps_parts
             .iter()
+            .filter(|p| p.mps.as_ref().unwrap().mig_host.is_empty())
             .map(|p| p.mps.as_ref().unwrap().sm_percent)
             .sum();
         if rep_pct != g.mps_sm_percent_used {

@@ -67,7 +67,25 @@ fn sim_of(d: &TestDaemon) -> SimBackend {
 }
 
 fn random_shape(rng: &mut StdRng) -> pb::Shape {
-    match rng.gen_range(0..15) {
+    match rng.gen_range(0..17) {
+        // MPS inside a MIG instance (one shared server per instance), and a
+        // shared MPS server on a whole GPU.
+        15 => pb::Shape {
+            kind: Some(pb::shape::Kind::Mps(pb::MpsShape {
+                sm_percent: [25, 50][rng.gen_range(0..2)],
+                memory_bytes: 4 << 30,
+                mode: pb::MpsMode::Shared as i32,
+                mig_profile: "3g.40gb".into(),
+            })),
+        },
+        16 => pb::Shape {
+            kind: Some(pb::shape::Kind::Mps(pb::MpsShape {
+                sm_percent: 20,
+                memory_bytes: 4 << 30,
+                mode: pb::MpsMode::Shared as i32,
+                mig_profile: String::new(),
+            })),
+        },
         // Several partitions in one lease: created all or none, ended together.
         12 => shape::migs("1g.10gb", 3),
         13 => shape::migs("2g.20gb", 2),
@@ -93,6 +111,11 @@ fn is_several(s: &pb::Shape) -> bool {
         Some(pb::shape::Kind::WholeGpu(w)) => w.count > 1,
         _ => false,
     }
+}
+
+/// A share of a shared MPS server (on a whole GPU or inside a MIG instance).
+fn is_shared_mps(s: &pb::Shape) -> bool {
+    matches!(&s.kind, Some(pb::shape::Kind::Mps(m)) if m.mode == pb::MpsMode::Shared as i32)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -656,8 +679,13 @@ fn leases_survive_random_sigkills_under_load() {
     }
     let m = model.lock().unwrap();
     let several = m.leases.values().filter(|t| is_several(&t.shape)).count();
+    let shared = m
+        .leases
+        .values()
+        .filter(|t| is_shared_mps(&t.shape))
+        .count();
     println!(
-        "crash harness: {kills} kill cycles, {} leases acknowledged ({several} of several partitions), {checked} lease checks, {} ops, {faults} faults armed, {} violations, seed {seed}",
+        "crash harness: {kills} kill cycles, {} leases acknowledged ({several} of several partitions, {shared} shared MPS or MPS in MIG), {checked} lease checks, {} ops, {faults} faults armed, {} violations, seed {seed}",
         m.leases.len(),
         m.ops,
         m.violations.len()

@@ -635,6 +635,7 @@ fn a_static_layout_is_created_once_served_first_and_returned_to_the_pool() {
             .unwrap();
         let p = l.partition.unwrap();
         assert_eq!(p.origin, "static");
+        assert_eq!(p.state, "ready", "made at start, whole");
         assert!(s.iter().any(|x| x.0 == p.id));
         c.release_lease(pb::ReleaseLeaseRequest {
             lease_id: l.id,

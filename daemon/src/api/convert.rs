@@ -250,6 +250,12 @@ pub fn partition_to_pb(p: &Partition) -> pb::Partition {
             crate::model::Origin::Static => "static".into(),
             crate::model::Origin::Dynamic => "dynamic".into(),
         },
+        state: match p.state {
+            crate::model::PartitionState::Creating => "creating",
+            crate::model::PartitionState::Ready => "ready",
+            crate::model::PartitionState::Destroying => "destroying",
+        }
+        .into(),
         ..Default::default()
     };
     match &p.kind {

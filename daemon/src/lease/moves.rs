@@ -134,6 +134,28 @@ impl LeaseManager {
                     "the instance to move is gone".into(),
                 ));
             };
+            // The target, planned before the lock was let go, may have been taken
+            // since by a lease created meanwhile: never two instances at one place.
+            let taken = st
+                .partitions
+                .on_gpu(mv.to_gpu)
+                .0
+                .filter(|p| p.id != old.id)
+                .filter_map(|p| p.mig())
+                .map(|m| m.placement)
+                .chain(
+                    st.foreign
+                        .iter()
+                        .filter(|f| f.gpu == mv.to_gpu)
+                        .map(|f| f.placement),
+                )
+                .any(|at| at.overlaps(&mv.to));
+            if taken {
+                return Err(LeaseError::FailedPrecondition(format!(
+                    "gpu{} slice {} was taken since the move was planned",
+                    mv.to_gpu, mv.to.start
+                )));
+            }
             let lease_id = old.lease_id.clone().unwrap_or_default();
             let Some(lease) = st.leases.get(&lease_id).cloned() else {
                 return Err(LeaseError::FailedPrecondition(
@@ -490,11 +512,13 @@ impl LeaseManager {
                 list.retain(|i| i.gi_id != gi);
             }
         }
-        // Then the new one: adopt it, or create it.
+        // Then the new one: adopt it, or create it (one another record names is
+        // that record's: then the place is taken, and creating there fails).
         let list = instances.entry(new.gpu).or_default();
         let found = list
             .iter()
             .find(|i| i.placement == nm.placement && i.gi_profile_id == nm.gi_profile_id)
+            .filter(|i| !super::reconcile::claimed_by_another(st, &new.id, i))
             .cloned();
         let inst = match found {
             Some(i) if i.ci_id.is_some() => Ok(i),

@@ -295,9 +295,12 @@ impl LeaseManager {
                     return Ok(());
                 };
                 let list = instances.entry(p.gpu).or_default();
+                // An instance another record names is that record's, never adopted
+                // here (a second record would claim one instance).
                 let found = list
                     .iter()
                     .find(|i| i.placement == m.placement && i.gi_profile_id == m.gi_profile_id)
+                    .filter(|i| !claimed_by_another(st, &p.id, i))
                     .cloned();
                 if let Some(inst) = found.as_ref().filter(|i| i.ci_id.is_some()) {
                     // Created completely: adopt it.
@@ -596,4 +599,15 @@ impl LeaseManager {
         }
         Ok(())
     }
+}
+
+/// Whether a partition record other than `except` names instance `inst` (its GPU,
+/// GI id and MIG UUID).
+pub(super) fn claimed_by_another(st: &State, except: &str, inst: &MigInstance) -> bool {
+    st.partitions.on_gpu(inst.gpu).0.any(|p| {
+        p.id != except
+            && p.mig().is_some_and(|m| {
+                m.gi_id == Some(inst.gi_id) && m.uuid.as_deref() == Some(inst.uuid.as_str())
+            })
+    })
 }

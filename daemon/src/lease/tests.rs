@@ -636,6 +636,36 @@ async fn a_move_whose_destroy_fails_leaves_the_lease_where_it_was() {
     assert!(mgr.store.snapshot().unwrap().intents.is_empty());
 }
 
+/// A move is planned under the lock and done after it: when the place it planned
+/// was taken meanwhile (a lease created there), the move is refused and changes
+/// nothing, never making a second instance over the first.
+#[tokio::test]
+async fn a_move_to_a_place_taken_since_it_was_planned_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mgr, sim) = two_h100(dir.path(), true);
+    let (a, four) = idle_lease_in_the_way(&mgr, false).await;
+    let from = a.partition.as_ref().unwrap().mig().unwrap().clone();
+    let taken = four.partition.as_ref().unwrap().mig().unwrap().placement;
+    let mv = crate::partition::Move {
+        from_gpu: 1,
+        from: from.placement,
+        gi_profile_id: from.gi_profile_id,
+        to_gpu: 0,
+        to: crate::gpu::Placement {
+            start: taken.start,
+            size: from.placement.size,
+        },
+    };
+    let err = mgr.move_idle(&mv, "test").await.unwrap_err();
+    assert!(matches!(err, LeaseError::FailedPrecondition(_)), "{err}");
+    assert!(err.to_string().contains("taken"), "{err}");
+    let (l, p) = mgr.get(&a.lease.id).unwrap();
+    assert_eq!((l.gpu, p.unwrap()), (1, a.partition.clone().unwrap()));
+    assert_eq!(instance_count(&sim), 2);
+    no_half_made_gi(&sim, 2);
+    assert!(mgr.store.snapshot().unwrap().intents.is_empty());
+}
+
 /// A move whose new instance is left half made (its GI without a CI, as an error
 /// between the two NVML steps leaves it): that GI goes, the lease's instance is made
 /// again where it was, and no instance is left that no record explains, then or
