@@ -268,6 +268,16 @@ impl<T> NormalizeAuthority<T> {
     /// it as HEADERS (+ CONTINUATION) frames; or, for a first block that needs no fix,
     /// queue it as received and pass the rest of the connection through.
     fn finish(&mut self, mut block: OpenBlock) -> io::Result<()> {
+        // A connection's first block decodes with an empty dynamic table, so the
+        // same bytes always give the same fields: a block seen to pass before
+        // passes again without decoding (each Huffman string costs the decoder a
+        // table of its own; every runtime start opens a connection).
+        if self.mode == Mode::Inspect && first_blocks_passed().contains(&block.fragment) {
+            let raw = block.raw.split();
+            self.output.unsplit(raw);
+            self.state = State::Raw;
+            return Ok(());
+        }
         let mut fields: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
         let mut size = 0usize;
         let mut fixed = false;
@@ -292,6 +302,7 @@ impl<T> NormalizeAuthority<T> {
         }
         if self.mode == Mode::Inspect {
             if !fixed {
+                first_blocks_passed().remember(&block.fragment);
                 let raw = block.raw.split();
                 self.output.unsplit(raw);
                 self.state = State::Raw;
@@ -341,6 +352,40 @@ impl<T> NormalizeAuthority<T> {
             self.output.put_slice(p);
         }
     }
+}
+
+/// First header blocks that passed inspection untouched, most recent last.
+struct PassedBlocks(std::sync::Mutex<std::collections::VecDeque<Vec<u8>>>);
+
+/// How many first blocks are remembered (one per client kind and first call, in
+/// practice), and the longest remembered.
+const PASSED_BLOCKS: usize = 32;
+const PASSED_BLOCK_MAX: usize = 2048;
+
+impl PassedBlocks {
+    fn contains(&self, block: &[u8]) -> bool {
+        let list = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        list.iter().any(|b| b.as_slice() == block)
+    }
+
+    fn remember(&self, block: &[u8]) {
+        if block.len() > PASSED_BLOCK_MAX {
+            return;
+        }
+        let mut list = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if list.iter().any(|b| b.as_slice() == block) {
+            return;
+        }
+        if list.len() == PASSED_BLOCKS {
+            list.pop_front();
+        }
+        list.push_back(block.to_vec());
+    }
+}
+
+fn first_blocks_passed() -> &'static PassedBlocks {
+    static PASSED: std::sync::OnceLock<PassedBlocks> = std::sync::OnceLock::new();
+    PASSED.get_or_init(|| PassedBlocks(std::sync::Mutex::new(std::collections::VecDeque::new())))
 }
 
 fn invalid(what: &str) -> io::Error {
@@ -728,6 +773,34 @@ mod tests {
                 "chunk {chunk}"
             );
         }
+    }
+
+    /// A first block that passed once is remembered and passes again without being
+    /// decoded; one that needed its authority fixed is never remembered, and is
+    /// fixed on every connection.
+    #[tokio::test]
+    async fn first_blocks_that_passed_are_remembered_and_fixed_ones_never() {
+        let mut enc = loona_hpack::Encoder::new();
+        let good = encode(&mut enc, &request("remembered.test:1"));
+        let input = [PREFACE, &frame(TYPE_HEADERS, FLAG_END_HEADERS, 1, &good)].concat();
+        assert_eq!(through(&input, input.len()).await.unwrap(), input);
+        assert!(first_blocks_passed().contains(&good));
+        assert_eq!(
+            through(&input, 7).await.unwrap(),
+            input,
+            "again, from memory"
+        );
+
+        let mut enc = loona_hpack::Encoder::new();
+        let bad = encode(&mut enc, &request("tmp%2Fremembered.sock"));
+        let input = [PREFACE, &frame(TYPE_HEADERS, FLAG_END_HEADERS, 1, &bad)].concat();
+        for _ in 0..2 {
+            let out = through(&input, input.len()).await.unwrap();
+            let seen = parse(&out);
+            assert_eq!(seen.len(), 1);
+            assert_eq!(authority(&seen[0].headers).as_deref(), Some("localhost"));
+        }
+        assert!(!first_blocks_passed().contains(&bad));
     }
 
     #[tokio::test]
