@@ -468,6 +468,7 @@ impl LeaseManager {
             let present = list
                 .iter()
                 .find(|i| i.placement == om.placement && i.gi_profile_id == om.gi_profile_id)
+                .filter(|i| !super::reconcile::claimed_by_another(st, &old.id, i))
                 .cloned();
             if let Some(there) = present {
                 let gi = there.gi_id;

@@ -665,7 +665,8 @@ fn writer_loop(conn: &Connection, rx: mpsc::Receiver<Job>, faults: Option<faults
         // relaxed writes without (NORMAL: in WAL mode, no sync at commit). Set
         // between transactions, as SQLite requires. Should the switch fail, the
         // connection stays as it was: FULL is always safe, so a failed switch to
-        // NORMAL costs only speed, and a failed switch back is retried next batch.
+        // NORMAL costs only speed; a failed switch back fails that batch's writes
+        // (as a failed BEGIN does) and is tried again with the next batch.
         let durable = batch.iter().any(|j| j.durable);
         if durable != synced {
             let mode = if durable { "FULL" } else { "NORMAL" };
