@@ -10,11 +10,19 @@
 //!   multi-partition lease: N MIG instances or N whole GPUs) and vice versa;
 //! * every MIG instance on the sim is explained by exactly one partition (gi id and
 //!   MIG UUID) and every MIG partition by exactly one instance; no GI without a CI;
-//! * MPS daemons on the sim are exactly the MPS partitions;
+//! * MPS daemons on the sim are exactly the MPS partitions: one of its own for each
+//!   isolated share, one server named by their pipe directory for shared shares (on a
+//!   whole GPU or inside a MIG instance, whose host instance no lease holds);
 //! * SM and memory accounting per GPU stays within the GPU.
 //!
-//! The seed is printed; `TESSERA_CRASH_SEED=<n>` replays a run, `TESSERA_CRASH_CYCLES`
-//! changes the number of kill cycles (default 60).
+//! Partitions being made or torn down (`Partition.state`), like pending and revoking
+//! leases, are work in progress: the check looks again before it reports.
+//!
+//! The load asks for every kind of lease: MIG profiles, isolated and shared MPS, MPS
+//! inside MIG, whole GPUs, and several MIG instances or whole GPUs in one lease. The
+//! seed is printed; `TESSERA_CRASH_SEED=<n>` replays the requests (not the timing of the
+//! kills against them), `TESSERA_CRASH_CYCLES` changes the number of kill cycles
+//! (default 60).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
