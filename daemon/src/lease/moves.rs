@@ -428,7 +428,8 @@ impl LeaseManager {
     /// instance is destroyed if still there, then the new one adopted or created; the
     /// lease ends up on the new partition. If the old one cannot be destroyed, the move
     /// is undone instead (the lease stays where it was). If the new one cannot be
-    /// created, the lease is lost.
+    /// created, the old one is made again at its place; if that fails too, the lease
+    /// is lost.
     pub(super) fn reconcile_move(
         &self,
         st: &mut State,
@@ -569,13 +570,19 @@ impl LeaseManager {
                 st.leases.insert(lease.id.clone(), lease);
             }
             Err(e) => {
-                warn!(lease = %lease.id, error = %e, "an interrupted move cannot create the new instance; the lease is lost");
                 // A GI made without its CI goes, or is set aside as foreign.
                 if let Some(left) =
                     super::create::undo_half_or_left(self.backend.as_ref(), new.gpu, &nm)
                 {
                     instances.entry(new.gpu).or_default().push(left);
                 }
+                // Back where it was, as a move that fails while the daemon runs.
+                if let Some(old) = &old
+                    && self.move_back_at_start(st, instances, old, new, iid, now)?
+                {
+                    return Ok(());
+                }
+                warn!(lease = %lease.id, error = %e, "an interrupted move can create the instance neither at its new nor at its old place; the lease is lost");
                 lease.lose(
                     format!("its MIG instance was being moved when the daemon stopped and could not be created again: {e}"),
                     now,
@@ -599,6 +606,60 @@ impl LeaseManager {
             }
         }
         Ok(())
+    }
+}
+
+impl LeaseManager {
+    /// At start, an interrupted move whose new instance cannot be made: the old one
+    /// is made again at its place (a new GI id and UUID) and the lease stays on it.
+    /// False when that fails too.
+    fn move_back_at_start(
+        &self,
+        st: &mut State,
+        instances: &mut HashMap<u32, Vec<MigInstance>>,
+        old: &Partition,
+        new: &Partition,
+        iid: i64,
+        now: i64,
+    ) -> Result<bool, LeaseError> {
+        let Some(om) = old.mig().cloned() else {
+            return Ok(false);
+        };
+        let inst = match self.backend.create_instance(
+            old.gpu,
+            om.gi_profile_id,
+            om.placement,
+            om.ci_profile_id,
+        ) {
+            Ok(i) => i,
+            Err(e) => {
+                warn!(partition = %old.id, error = %e, "an interrupted move cannot make the instance again at its old place either");
+                if let Some(left) =
+                    super::create::undo_half_or_left(self.backend.as_ref(), old.gpu, &om)
+                {
+                    instances.entry(old.gpu).or_default().push(left);
+                }
+                return Ok(false);
+            }
+        };
+        let mut back = old.clone();
+        back.state = PartitionState::Ready;
+        if let PartKind::Mig(m) = &mut back.kind {
+            m.gi_id = Some(inst.gi_id);
+            m.ci_id = inst.ci_id;
+            m.uuid = Some(inst.uuid.clone());
+        }
+        instances.entry(old.gpu).or_default().push(inst);
+        let (b2, nid) = (back.clone(), new.id.clone());
+        self.store.write_blocking(move |w| {
+            w.put_partition(&b2)?;
+            w.delete_partition(&nid)?;
+            w.finish_intent(iid, now, "moved back")
+        })?;
+        warn!(partition = %old.id, "an interrupted move could not finish: the lease's instance was made again at its old place (new MIG device UUID)");
+        st.partitions.remove(&new.id);
+        st.partitions.insert(back.id.clone(), back);
+        Ok(true)
     }
 }
 

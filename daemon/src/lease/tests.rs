@@ -793,6 +793,32 @@ async fn a_move_interrupted_by_a_crash_is_finished_at_start() {
     assert!(mgr.store.snapshot().unwrap().intents.is_empty());
 }
 
+/// An interrupted move whose new instance cannot be made at start: the old one is
+/// destroyed as the move goes, then made again at its place, and the lease stays
+/// there (a new MIG device UUID), not lost.
+#[tokio::test]
+async fn an_interrupted_move_that_cannot_finish_moves_back_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mgr, sim) = two_h100(dir.path(), true);
+    let (a, four) = idle_lease_in_the_way(&mgr, false).await;
+    crash_mid_move(&mgr, &a, &four).await;
+    drop(mgr);
+    sim.fail_next_create(0, crate::gpu::sim::CreateStage::Gi)
+        .unwrap();
+    let (mgr, sim) = two_h100(dir.path(), true);
+    let (l, p) = mgr.get(&a.lease.id).unwrap();
+    assert_eq!(l.state(), LeaseState::Active, "{:?}", l.end_reason());
+    let (p, was) = (p.unwrap(), a.partition.clone().unwrap());
+    assert_eq!((l.gpu, p.gpu, &p.id), (1, 1, &was.id), "back where it was");
+    assert_eq!(p.mig().unwrap().placement, was.mig().unwrap().placement);
+    assert_ne!(p.mig().unwrap().uuid, was.mig().unwrap().uuid, "made again");
+    assert_eq!(instance_count(&sim), 2);
+    no_half_made_gi(&sim, 2);
+    assert!(mgr.store.snapshot().unwrap().intents.is_empty());
+    let r = mgr.resolve_token(a.token.as_ref().unwrap()).unwrap();
+    assert_eq!(r.partition.mig().unwrap().uuid, p.mig().unwrap().uuid);
+}
+
 /// The records a crash leaves right after a move's intent: `a` (gpu1) was going to
 /// slice 4 of gpu0, beside the pinned 4g.
 async fn crash_mid_move(mgr: &LeaseManager, a: &Created, four: &Created) {
