@@ -394,10 +394,12 @@ impl LeaseManager {
                             Some(i.gi_id) == m.gi_id && Some(&i.uuid) == m.uuid.as_ref()
                         });
                     }
-                    instances
-                        .get(&p.gpu)?
-                        .iter()
-                        .find(|i| i.placement == m.placement && i.gi_profile_id == m.gi_profile_id)
+                    // One another record names is that record's, never this one's.
+                    instances.get(&p.gpu)?.iter().find(|i| {
+                        i.placement == m.placement
+                            && i.gi_profile_id == m.gi_profile_id
+                            && !super::reconcile::claimed_by_another(st, &p.id, i)
+                    })
                 })
                 .map(|i| i.cloned())
                 .collect();
