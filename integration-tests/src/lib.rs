@@ -336,6 +336,19 @@ pub mod shape {
     }
 }
 
+/// GetLease of `id`, which must answer with the lease (a test's own lease).
+#[allow(clippy::unwrap_used)]
+pub async fn lease_of(c: &mut TesseraClient<Channel>, id: &str) -> tessera_proto::v1::Lease {
+    c.get_lease(tessera_proto::v1::GetLeaseRequest {
+        lease_id: id.to_string(),
+    })
+    .await
+    .unwrap()
+    .into_inner()
+    .lease
+    .unwrap()
+}
+
 /// A CreateLease request for `tenant` with `shape`.
 pub fn create_req(
     tenant: &str,

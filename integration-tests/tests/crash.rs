@@ -67,7 +67,7 @@ mig = false
 const TASKS: usize = 4;
 const TENANTS: [&str; 3] = ["team-a", "team-b", "team-c"];
 
-use tessera_integration_tests::rt;
+use tessera_integration_tests::{lease_of, rt};
 
 /// The simulator as the daemon sees it, opened from this process.
 fn sim_of(d: &TestDaemon) -> SimBackend {
@@ -714,16 +714,7 @@ fn leases_survive_random_sigkills_under_load() {
 async fn wait_for_state(c: &mut Client, lease_id: &str, want: pb::LeaseState) -> i32 {
     let mut state = -1;
     for _ in 0..200 {
-        state = c
-            .get_lease(pb::GetLeaseRequest {
-                lease_id: lease_id.to_string(),
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .lease
-            .unwrap()
-            .state;
+        state = lease_of(c, lease_id).await.state;
         if state == want as i32 {
             break;
         }
@@ -887,15 +878,7 @@ fn failed_and_blocked_teardowns_finish_later_even_across_a_restart() {
     d.spawn().unwrap();
     r.block_on(async {
         let mut c = d.client().await.unwrap();
-        let l = c
-            .get_lease(pb::GetLeaseRequest {
-                lease_id: busy.clone(),
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .lease
-            .unwrap();
+        let l = lease_of(&mut c, &busy).await;
         assert_eq!(
             l.state,
             pb::LeaseState::Revoking as i32,

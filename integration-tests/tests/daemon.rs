@@ -9,7 +9,7 @@ use tessera_integration_tests::{TestDaemon, bin_path, create_req, shape};
 use tessera_proto::v1 as pb;
 use tonic::Code;
 
-use tessera_integration_tests::rt;
+use tessera_integration_tests::{lease_of, rt};
 
 #[test]
 fn two_h100s_take_fourteen_1g_instances_and_refuse_the_fifteenth() {
@@ -257,13 +257,7 @@ fn an_unrenewed_lease_expires_and_frees_its_partition() {
             kinds.contains(&(pb::LeaseEventKind::Revoked as i32)),
             "{kinds:?}"
         );
-        let l = c
-            .get_lease(pb::GetLeaseRequest { lease_id: id })
-            .await
-            .unwrap()
-            .into_inner()
-            .lease
-            .unwrap();
+        let l = lease_of(&mut c, &id).await;
         assert_eq!(l.state, pb::LeaseState::Expired as i32);
         // The 7g placement is free again.
         c.create_lease(create_req("team-b", shape::mig("7g.80gb")))
@@ -303,13 +297,7 @@ fn renewing_extends_a_lease() {
             .unwrap();
         assert!(r.expires_at_ms > l.expires_at_ms + 500_000);
         tokio::time::sleep(Duration::from_secs(3)).await;
-        let g = c
-            .get_lease(pb::GetLeaseRequest { lease_id: l.id })
-            .await
-            .unwrap()
-            .into_inner()
-            .lease
-            .unwrap();
+        let g = lease_of(&mut c, &l.id).await;
         assert_eq!(g.state, pb::LeaseState::Active as i32);
     });
 }
@@ -391,13 +379,7 @@ fn sigterm_drains_and_exits_cleanly_keeping_leases() {
     d.spawn().unwrap();
     r.block_on(async {
         let mut c = d.client().await.unwrap();
-        let l = c
-            .get_lease(pb::GetLeaseRequest { lease_id: id })
-            .await
-            .unwrap()
-            .into_inner()
-            .lease
-            .unwrap();
+        let l = lease_of(&mut c, &id).await;
         assert_eq!(l.state, pb::LeaseState::Active as i32);
     });
 }

@@ -17,7 +17,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use tessera_integration_tests::invariants::{check_structure, sim_of};
-use tessera_integration_tests::{DEV_GPUS, TestDaemon, bin_path, create_req, rt, shape};
+use tessera_integration_tests::{DEV_GPUS, TestDaemon, bin_path, create_req, lease_of, rt, shape};
 use tessera_proto::v1 as pb;
 use tessera_proto::v1::tessera_client::TesseraClient;
 use tonic::Code;
@@ -252,17 +252,6 @@ fn run_tool(bin: &str, args: &[&str]) {
         "{bin} {args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-}
-
-async fn lease_of(c: &mut Client, id: &str) -> pb::Lease {
-    c.get_lease(pb::GetLeaseRequest {
-        lease_id: id.to_string(),
-    })
-    .await
-    .unwrap()
-    .into_inner()
-    .lease
-    .unwrap()
 }
 
 /// Every hardware change of the simulator takes `delay_ms` (a slow driver).

@@ -9,7 +9,7 @@
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
-use tessera_integration_tests::{TestDaemon, create_req, rt, shape};
+use tessera_integration_tests::{TestDaemon, create_req, lease_of, rt, shape};
 use tessera_proto::v1 as pb;
 use tonic_types::StatusExt;
 
@@ -87,15 +87,7 @@ fn an_xid_takes_a_gpu_out_of_service_end_to_end_until_an_operator_returns_it() {
             !g0.healthy && g0.health.contains("fallen off the bus"),
             "{g0:?}"
         );
-        let got = c
-            .get_lease(pb::GetLeaseRequest {
-                lease_id: lease.id.clone(),
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .lease
-            .unwrap();
+        let got = lease_of(&mut c, &lease.id).await;
         assert!(got.unhealthy.contains("GPU 0"), "{got:?}");
         assert_eq!(got.state, pb::LeaseState::Active as i32, "default: kept");
 

@@ -21,7 +21,7 @@ use tonic::{Code, Status};
 const RSS_LIMIT: u64 = 200 << 20;
 const MIB: usize = 1 << 20;
 
-use tessera_integration_tests::rt;
+use tessera_integration_tests::{lease_of, rt};
 
 /// The daemon answers GetNode and its RSS is under the bound.
 async fn still_serving(d: &TestDaemon, what: &str) {
@@ -405,15 +405,7 @@ fn unknown_enums_and_extreme_numbers_are_refused_by_field() {
             );
             assert!(e.message().contains("ttl_seconds"), "{}", e.message());
         }
-        let again = c
-            .get_lease(pb::GetLeaseRequest {
-                lease_id: l.id.clone(),
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .lease
-            .unwrap();
+        let again = lease_of(&mut c, &l.id).await;
         assert_eq!(again.state, pb::LeaseState::Active as i32);
         assert_eq!(
             again.expires_at_ms, l.expires_at_ms,

@@ -6,7 +6,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use tessera_integration_tests::{TestDaemon, rt};
+use tessera_integration_tests::{TestDaemon, lease_of, rt};
 use tessera_proto::v1 as pb;
 use tonic::transport::Channel;
 
@@ -401,15 +401,7 @@ fn mps_shares_inside_a_mig_instance_share_its_one_server() {
     d.spawn().unwrap();
     rt().block_on(async {
         let mut c = d.client().await.unwrap();
-        let l = c
-            .get_lease(pb::GetLeaseRequest {
-                lease_id: a2.id.clone(),
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .lease
-            .unwrap();
+        let l = lease_of(&mut c, &a2.id).await;
         assert_eq!(l.state, pb::LeaseState::Active as i32);
         assert_eq!(mps_hosts(&mut c).await.len(), 2);
 

@@ -6,7 +6,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use tessera_integration_tests::{TestDaemon, create_req, rt, shape};
+use tessera_integration_tests::{TestDaemon, create_req, lease_of, rt, shape};
 use tessera_proto::v1 as pb;
 use tonic::Code;
 use tonic_types::StatusExt;
@@ -120,15 +120,7 @@ fn an_hgx_board_gives_whole_gpus_by_numa_node_and_keeps_them_across_a_restart() 
     d.spawn().unwrap();
     r.block_on(async {
         let mut c = d.client().await.unwrap();
-        let l = c
-            .get_lease(pb::GetLeaseRequest {
-                lease_id: first.id.clone(),
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .lease
-            .unwrap();
+        let l = lease_of(&mut c, &first.id).await;
         assert_eq!(l.state, pb::LeaseState::Active as i32);
         assert_eq!(gpus_of(&l), vec![0, 1, 2, 3]);
     });

@@ -16,7 +16,7 @@ use serde_json::json;
 use tessera_integration_tests::{DEV_GPUS, TestDaemon, create_req, devnodes, shape};
 use tessera_proto::v1 as pb;
 
-use tessera_integration_tests::rt;
+use tessera_integration_tests::{lease_of, rt};
 
 struct World {
     daemon: TestDaemon,
@@ -311,15 +311,7 @@ fn a_container_cannot_outlive_its_lease() {
 
     r.block_on(async {
         let mut c = w.daemon.client().await.unwrap();
-        let l = c
-            .get_lease(pb::GetLeaseRequest {
-                lease_id: lease.id.clone(),
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .lease
-            .unwrap();
+        let l = lease_of(&mut c, &lease.id).await;
         assert_eq!(l.containers.len(), 1, "the runtime bound the container");
         assert_eq!(l.containers[0].id, id);
         assert!(l.containers[0].cgroup_path.contains(&lease.id));
@@ -467,15 +459,7 @@ fn a_pod_container_stays_in_its_pod_cgroup_and_is_told_why_its_lease_ended() {
 
     r.block_on(async {
         let mut c = w.daemon.client().await.unwrap();
-        let l = c
-            .get_lease(pb::GetLeaseRequest {
-                lease_id: lease.id.clone(),
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .lease
-            .unwrap();
+        let l = lease_of(&mut c, &lease.id).await;
         assert_eq!(l.pod, "pod-a");
         assert_eq!(l.containers.len(), 1, "{:?}", l.containers);
         assert_eq!(l.containers[0].cgroup_path, format!("/{pod_cgroup}/{id}"));

@@ -157,6 +157,15 @@ pub struct GiProfile {
     pub media_extensions: bool,
 }
 
+impl GiProfile {
+    /// The CI profile of this name inside the GI ("1c", any case).
+    pub fn ci_profile(&self, name: &str) -> Option<&CiProfile> {
+        self.ci_profiles
+            .iter()
+            .find(|ci| ci.name.eq_ignore_ascii_case(name))
+    }
+}
+
 /// A MIG instance: one GI with (normally) one CI, created and destroyed as a unit.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MigInstance {

@@ -470,13 +470,14 @@ impl LeaseManager {
     pub(super) async fn undo_half_or_set_aside(&self, gpu: u32, m: &MigPart) {
         let backend = self.backend.clone();
         let m = m.clone();
-        let left =
-            tokio::task::spawn_blocking(move || undo_half_or_left(backend.as_ref(), gpu, &m))
-                .await
-                .ok()
-                .flatten();
-        if let Some(i) = left {
-            self.lock().foreign.push(i);
+        match tokio::task::spawn_blocking(move || undo_half_or_left(backend.as_ref(), gpu, &m))
+            .await
+        {
+            Ok(Some(left)) => self.lock().foreign.push(left),
+            Ok(None) => {}
+            Err(e) => warn!(gpu, error = %e,
+                "the check for a MIG instance a failed create may have left half made did not finish; \
+                 the next start sets any such instance aside"),
         }
     }
 

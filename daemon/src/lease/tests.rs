@@ -501,6 +501,20 @@ fn instance_count(sim: &crate::gpu::SimBackend) -> usize {
     (0..2).map(|g| sim.instances(g).unwrap().len()).sum()
 }
 
+/// A move of `a` (in the way of a 7g beside the pinned 4g) that did not happen:
+/// the lease active on its partition as created, the two instances, no intent.
+fn assert_not_moved(mgr: &LeaseManager, sim: &crate::gpu::SimBackend, a: &Created) {
+    let (l, p) = mgr.get(&a.lease.id).unwrap();
+    assert_eq!(l.state(), LeaseState::Active);
+    assert_eq!(
+        p.unwrap(),
+        a.partition.clone().unwrap(),
+        "still where it was"
+    );
+    assert_eq!(instance_count(sim), 2);
+    assert!(mgr.store.snapshot().unwrap().intents.is_empty());
+}
+
 #[tokio::test]
 async fn an_idle_lease_moves_to_make_room_keeping_its_id_and_token() {
     let dir = tempfile::tempdir().unwrap();
@@ -629,11 +643,7 @@ async fn a_move_whose_destroy_fails_leaves_the_lease_where_it_was() {
     let err = mgr.create(seven_g("big")).await.unwrap_err();
     assert!(matches!(err, LeaseError::ResourceExhausted(_)), "{err}");
     assert!(err.to_string().contains("moving an idle lease"), "{err}");
-    let (l, p) = mgr.get(&a.lease.id).unwrap();
-    assert_eq!(l.state(), LeaseState::Active);
-    assert_eq!(p.unwrap(), a.partition.clone().unwrap());
-    assert_eq!(instance_count(&sim), 2);
-    assert!(mgr.store.snapshot().unwrap().intents.is_empty());
+    assert_not_moved(&mgr, &sim, &a);
 }
 
 /// A move is planned under the lock and done after it: when the place it planned
@@ -659,11 +669,9 @@ async fn a_move_to_a_place_taken_since_it_was_planned_is_refused() {
     let err = mgr.move_idle(&mv, "test").await.unwrap_err();
     assert!(matches!(err, LeaseError::FailedPrecondition(_)), "{err}");
     assert!(err.to_string().contains("taken"), "{err}");
-    let (l, p) = mgr.get(&a.lease.id).unwrap();
-    assert_eq!((l.gpu, p.unwrap()), (1, a.partition.clone().unwrap()));
-    assert_eq!(instance_count(&sim), 2);
+    assert_not_moved(&mgr, &sim, &a);
+    assert_eq!(mgr.get(&a.lease.id).unwrap().0.gpu, 1);
     no_half_made_gi(&sim, 2);
-    assert!(mgr.store.snapshot().unwrap().intents.is_empty());
 }
 
 /// A move whose new instance is left half made (its GI without a CI, as an error
@@ -782,15 +790,7 @@ async fn a_move_interrupted_by_a_crash_is_finished_at_start() {
     drop(mgr);
     sim.fail_next_destroy(1).unwrap();
     let (mgr, sim2) = two_h100(dir.path(), true);
-    let (l, p) = mgr.get(&a.lease.id).unwrap();
-    assert_eq!(l.state(), LeaseState::Active);
-    assert_eq!(
-        p.unwrap(),
-        a.partition.clone().unwrap(),
-        "still where it was"
-    );
-    assert_eq!(instance_count(&sim2), 2);
-    assert!(mgr.store.snapshot().unwrap().intents.is_empty());
+    assert_not_moved(&mgr, &sim2, &a);
 }
 
 /// An interrupted move whose new instance cannot be made at start: the old one is

@@ -62,8 +62,7 @@ pub fn plan_mig_mps(
     let known = gpus
         .iter()
         .filter(|g| g.info.mig_current)
-        .flat_map(|g| g.profiles.iter())
-        .find(|p| p.name.eq_ignore_ascii_case(profile));
+        .find_map(|g| g.gi_profile(profile));
     if let Some(p) = known
         && memory_bytes > p.memory_bytes
     {

@@ -163,3 +163,12 @@ pub struct GpuView {
     /// A whole-GPU lease holds this GPU.
     pub whole_leased: bool,
 }
+
+impl GpuView {
+    /// The GI profile of this name ("1g.10gb", any case) this GPU offers.
+    pub fn gi_profile(&self, name: &str) -> Option<&GiProfile> {
+        self.profiles
+            .iter()
+            .find(|p| p.name.eq_ignore_ascii_case(name))
+    }
+}

@@ -338,12 +338,7 @@ fn plan_mig(
 
     let offering: Vec<(&GpuView, &GiProfile)> = mig_gpus
         .iter()
-        .filter_map(|g| {
-            g.profiles
-                .iter()
-                .find(|p| p.name.eq_ignore_ascii_case(profile_name))
-                .map(|p| (*g, p))
-        })
+        .filter_map(|g| g.gi_profile(profile_name).map(|p| (*g, p)))
         .collect();
     if offering.is_empty() {
         let mut known: Vec<&str> = mig_gpus
@@ -373,11 +368,7 @@ fn plan_mig(
     for (view, gp) in &offering {
         let ci_profile_id = match compute_profile {
             None => None,
-            Some(c) => match gp
-                .ci_profiles
-                .iter()
-                .find(|ci| ci.name.eq_ignore_ascii_case(c))
-            {
+            Some(c) => match gp.ci_profile(c) {
                 Some(ci) => Some(ci.id),
                 None => {
                     allowed_ci.extend(gp.ci_profiles.iter().map(|ci| ci.name.as_str()));
@@ -617,20 +608,12 @@ pub fn plan_with_moves(
         if !g.info.mig_current || g.whole_leased {
             continue;
         }
-        let Some(gp) = g
-            .profiles
-            .iter()
-            .find(|p| p.name.eq_ignore_ascii_case(profile))
-        else {
+        let Some(gp) = g.gi_profile(profile) else {
             continue;
         };
         let ci_profile_id = match compute_profile {
             None => None,
-            Some(c) => match gp
-                .ci_profiles
-                .iter()
-                .find(|ci| ci.name.eq_ignore_ascii_case(c))
-            {
+            Some(c) => match gp.ci_profile(c) {
                 Some(ci) => Some(ci.id),
                 None => continue,
             },

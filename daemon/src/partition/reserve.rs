@@ -40,11 +40,7 @@ pub fn reserve(
         if !g.info.mig_current || g.whole_leased {
             continue;
         }
-        let Some(gp) = g
-            .profiles
-            .iter()
-            .find(|p| p.name.eq_ignore_ascii_case(profile))
-        else {
+        let Some(gp) = g.gi_profile(profile) else {
             continue;
         };
         let held_here: Vec<&Reservation> = held.iter().filter(|r| r.gpu == g.info.index).collect();
