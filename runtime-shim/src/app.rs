@@ -233,8 +233,76 @@ fn admit(
     bundle: &Path,
     id: &str,
 ) -> Result<Admission, (Vec<String>, String)> {
-    let profile = Profile::load(env.cfg.policy.seccomp_profile.as_deref())
-        .map_err(|e| (vec![format!("bad seccomp profile: {e}")], String::new()))?;
+    // The seccomp profile's check and the host facts need neither the spec nor the
+    // daemon, so a thread of their own makes them while this one reads the spec and
+    // waits for ResolveToken (each side takes about half a millisecond of a container
+    // start). Resolving is a read: nothing is bound, written or run before every check
+    // has passed, and a bad profile is still the first reason given.
+    let (profile_path, proc_root) = (
+        env.cfg.policy.seccomp_profile.as_deref(),
+        env.cfg.nvidia_proc_root.as_path(),
+    );
+    let local = || (Profile::load(profile_path), HostFacts::gather(proc_root));
+    let ((profile, host), leased) = std::thread::scope(|s| {
+        let helper = std::thread::Builder::new()
+            .name("profile-check".to_string())
+            .spawn_scoped(s, local);
+        let leased = spec_and_lease(env, client, bundle, id);
+        // No thread (a pids limit): the same work, here.
+        let local = match helper {
+            Ok(h) => h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
+            Err(_) => local(),
+        };
+        (local, leased)
+    });
+    let profile =
+        profile.map_err(|e| (vec![format!("bad seccomp profile: {e}")], String::new()))?;
+    let Leased {
+        spec,
+        tokens,
+        lease,
+    } = leased?;
+    let runc_root = env.runtime_root();
+    let ctx = Context {
+        config: &env.cfg,
+        seccomp: &profile,
+        host: &host,
+        lease: lease.as_ref(),
+        container_id: id,
+        systemd_cgroup: env.systemd_cgroup(&spec),
+        bundle,
+        runc_root: Path::new(&runc_root),
+    };
+    let privileged = harden::privileged(&spec);
+    let decision = harden::harden(spec, &ctx);
+    if !decision.admitted {
+        let lease_id = lease.map(|l| l.lease_id).unwrap_or_default();
+        let mut reasons = decision.reasons;
+        reasons.splice(0..0, privileged);
+        return Err((reasons, lease_id));
+    }
+    Ok(Admission {
+        decision,
+        lease,
+        tokens,
+    })
+}
+
+/// What the spec asks of the daemon: its tokens and the lease they resolve to.
+struct Leased {
+    spec: Value,
+    tokens: Vec<String>,
+    lease: Option<ResolvedLease>,
+}
+
+/// Load the bundle's spec, find its tokens and resolve them (every one to an ACTIVE
+/// lease, merged into what the container may use).
+fn spec_and_lease(
+    env: &Env,
+    client: Option<&DaemonClient>,
+    bundle: &Path,
+    id: &str,
+) -> Result<Leased, (Vec<String>, String)> {
     let spec = bundle::load(bundle, env.cfg.policy.max_config_bytes)
         .map_err(|e| (vec![e.to_string()], String::new()))?;
     let token = harden::find_token(&spec).map_err(|e| (vec![e], String::new()))?;
@@ -307,30 +375,10 @@ fn admit(
             Some(crate::lease::merge(resolved).map_err(|e| (vec![e.to_string()], String::new()))?)
         }
     };
-    let host = HostFacts::gather(&env.cfg.nvidia_proc_root);
-    let runc_root = env.runtime_root();
-    let ctx = Context {
-        config: &env.cfg,
-        seccomp: &profile,
-        host: &host,
-        lease: lease.as_ref(),
-        container_id: id,
-        systemd_cgroup: env.systemd_cgroup(&spec),
-        bundle,
-        runc_root: Path::new(&runc_root),
-    };
-    let privileged = harden::privileged(&spec);
-    let decision = harden::harden(spec, &ctx);
-    if !decision.admitted {
-        let lease_id = lease.map(|l| l.lease_id).unwrap_or_default();
-        let mut reasons = decision.reasons;
-        reasons.splice(0..0, privileged);
-        return Err((reasons, lease_id));
-    }
-    Ok(Admission {
-        decision,
-        lease,
+    Ok(Leased {
+        spec,
         tokens,
+        lease,
     })
 }
 
@@ -396,53 +444,31 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
         Ok(Some(warning)) => env.log.warn(&warning),
         Ok(None) => {}
     }
-    if !adm.tokens.is_empty() {
-        // admit() resolved the token, so there is a client; stay closed regardless.
-        let Some(c) = client.as_ref() else {
-            return env.refuse(
-                &what,
-                &["no daemon client to bind the container".to_string()],
-            );
-        };
-        let cgroup = adm
-            .decision
-            .spec
-            .pointer("/linux/cgroupsPath")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        let uid = adm
-            .decision
-            .spec
-            .pointer("/process/user/uid")
-            .and_then(Value::as_u64)
-            .and_then(|u| u32::try_from(u).ok());
-        let binding = crate::lease::Binding {
-            container_id: id.clone(),
-            cgroup_path: cgroup.to_string(),
-            runtime_root: env.runtime_root(),
-            uid,
-            termination_log: harden::termination_log_source(&adm.decision.spec).unwrap_or_default(),
-            pod: harden::pod_of(&adm.decision.spec).unwrap_or_default(),
-            // The bind carries the admission report; a failure after it (saving
-            // config.json) unbinds and reports the refusal.
-            admission_command: cmd.name().to_string(),
-        };
-        // Bound to every lease, or to none: a failed bind unbinds the container
-        // from those already bound (UnbindContainer forgets it on every lease).
-        for (i, token) in adm.tokens.iter().enumerate() {
-            if let Err(e) = c.bind(token, &binding) {
-                if i > 0
-                    && let Err(u) = c.unbind(&id)
-                {
-                    env.log.warn(&format!(
-                        "tessera-runtime: UnbindContainer {id} after a failed bind: {u}"
-                    ));
-                }
-                return refuse_reported(vec![format!("BindContainer failed: {e}")], &lease_id);
-            }
-        }
+    // The new config.json is written beside the old one while the daemon records the
+    // binding (a thread of its own; the bind waits on the daemon), and renamed over
+    // it only once the container is bound to every lease.
+    let stage = || bundle::stage(&bundle, &adm.decision.spec);
+    let (bound, staged) = if adm.tokens.is_empty() {
+        (Ok(()), stage())
+    } else {
+        std::thread::scope(|s| {
+            let helper = std::thread::Builder::new()
+                .name("config-write".to_string())
+                .spawn_scoped(s, stage);
+            let bound = bind_all(env, client.as_ref(), &adm, &id, cmd);
+            // No thread (a pids limit): the same work, here.
+            let staged = match helper {
+                Ok(h) => h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
+                Err(_) => stage(),
+            };
+            (bound, staged)
+        })
+    };
+    if let Err(reason) = bound {
+        // `staged` is dropped with its temp file: config.json stays the tenant's.
+        return refuse_reported(vec![reason], &lease_id);
     }
-    if let Err(e) = bundle::save(&bundle, &adm.decision.spec) {
+    if let Err(e) = staged.and_then(bundle::Staged::commit) {
         let reasons = vec![e.to_string()];
         if let Some(c) = client.as_ref()
             && !adm.tokens.is_empty()
@@ -475,6 +501,54 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
     // close-on-exec (see `exec_plan`), so the daemon sees it close.
     std::mem::forget(client);
     env.plan(keep, None)
+}
+
+/// Bind the container to every lease of its tokens, or to none: a failed bind unbinds
+/// the container from those already bound (UnbindContainer forgets it on every lease).
+/// `Err` is the refusal's reason.
+fn bind_all(
+    env: &Env,
+    client: Option<&DaemonClient>,
+    adm: &Admission,
+    id: &str,
+    cmd: Command,
+) -> Result<(), String> {
+    // admit() resolved the token, so there is a client; stay closed regardless.
+    let Some(c) = client else {
+        return Err("no daemon client to bind the container".to_string());
+    };
+    let spec = &adm.decision.spec;
+    let binding = crate::lease::Binding {
+        container_id: id.to_string(),
+        cgroup_path: spec
+            .pointer("/linux/cgroupsPath")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string(),
+        runtime_root: env.runtime_root(),
+        uid: spec
+            .pointer("/process/user/uid")
+            .and_then(Value::as_u64)
+            .and_then(|u| u32::try_from(u).ok()),
+        termination_log: harden::termination_log_source(spec).unwrap_or_default(),
+        pod: harden::pod_of(spec).unwrap_or_default(),
+        // The bind carries the admission report; a failure after it (saving
+        // config.json) unbinds and reports the refusal.
+        admission_command: cmd.name().to_string(),
+    };
+    for (i, token) in adm.tokens.iter().enumerate() {
+        if let Err(e) = c.bind(token, &binding) {
+            if i > 0
+                && let Err(u) = c.unbind(id)
+            {
+                env.log.warn(&format!(
+                    "tessera-runtime: UnbindContainer {id} after a failed bind: {u}"
+                ));
+            }
+            return Err(format!("BindContainer failed: {e}"));
+        }
+    }
+    Ok(())
 }
 
 fn exec(env: &Env, sub: &SubArgs) -> Outcome {

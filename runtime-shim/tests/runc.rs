@@ -345,10 +345,16 @@ fn bind_failure_refuses() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr.contains("BindContainer failed"), "{stderr}");
-    // The bundle was not rewritten.
+    // The bundle was not rewritten, and the new config.json written while the bind
+    // was under way is gone.
     let on_disk: Value =
         serde_json::from_slice(&std::fs::read(b.join("config.json")).unwrap()).unwrap();
     assert_eq!(on_disk, spec);
+    let names: Vec<String> = std::fs::read_dir(&b)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, ["config.json"], "left in the bundle: {names:?}");
 }
 
 #[test]
