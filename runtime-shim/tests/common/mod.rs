@@ -516,8 +516,13 @@ pub fn runtime_config(dir: &Path, socket: &Path, nvidia_proc: &Path, extra: &str
     p
 }
 
-/// The tessera-runtime binary under test.
+/// The tessera-runtime binary under test: `TESSERA_TEST_RUNTIME` when set (`make test`
+/// runs the runc suites again on the statically linked release binary that `make
+/// build` ships), else the one cargo built with the tests.
 pub fn runtime_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("TESSERA_TEST_RUNTIME") {
+        return PathBuf::from(p);
+    }
     // Set for this package's own tests; other packages (the end-to-end tests in
     // integration-tests/) find the binary next to their test executable.
     if let Some(p) = option_env!("CARGO_BIN_EXE_tessera-runtime") {
