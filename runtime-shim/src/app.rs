@@ -657,7 +657,17 @@ fn update(env: &Env, sub: &SubArgs) -> Outcome {
 
 fn delete(env: &Env, sub: &SubArgs) -> Outcome {
     let id = sub.first_positional().unwrap_or_default();
-    if let Some(c) = env.client()
+    // A container started without a lease (a pod's sandbox, a container with no token)
+    // was never bound: no call to the daemon for it (a tokio runtime, a connection and
+    // an RPC on every such delete). When that cannot be told, unbind: the daemon
+    // answers for a container it does not know.
+    let leased = hexec::runs_on_lease(
+        Path::new(&env.runtime_root()),
+        id,
+        env.cfg.policy.max_config_bytes,
+    );
+    if leased != Some(false)
+        && let Some(c) = env.client()
         && let Err(e) = c.unbind(id)
         && !matches!(e, crate::lease::LeaseError::UnknownToken(_))
     {

@@ -276,6 +276,25 @@ fn baseline_container_gets_no_gpu() {
 }
 
 #[test]
+fn deleting_a_container_without_a_lease_asks_the_daemon_nothing() {
+    let Some(env) = Env::new() else { return };
+    let b = env.bundle("b5", &["sleep", "60"], None);
+    let id = format!("t{}-nolease", std::process::id());
+    let out = env.runtime(&["create", "--bundle", b.to_str().unwrap(), &id], None);
+    assert!(out.status.success(), "create: {:?}", text(&out));
+    let out = env.runtime(&["delete", "--force", &id], None);
+    assert!(out.status.success(), "delete: {:?}", text(&out));
+    let rec = env.daemon().recorded();
+    assert!(rec.unbinds.is_empty(), "unbinds: {:?}", rec.unbinds);
+    // runc did delete it.
+    let out = env.runtime(&["state", &id], None);
+    assert!(!out.status.success(), "still there: {:?}", text(&out));
+    // A container runc has removed already (`run`) cannot be told apart: unbound anyway.
+    let _ = env.runtime(&["delete", "--force", &id], None);
+    assert_eq!(env.daemon().recorded().unbinds, [id]);
+}
+
+#[test]
 fn bad_tokens_and_no_daemon_are_refused() {
     let Some(mut env) = Env::new() else { return };
     for (token, want) in [

@@ -41,17 +41,13 @@ pub const LEASE_ENV_KEYS: &[&str] = &[
 impl ContainerState {
     /// Read runc's state for `id` under `root` (host paths; no symlink at the file).
     pub fn load(root: &Path, id: &str, max: u64) -> Result<Self, String> {
-        if id.is_empty() || id.contains('/') || id == "." || id == ".." {
-            return Err(format!("container id {id:?} is not valid"));
-        }
-        let path = root.join(id).join("state.json");
-        let v = bundle::load_json(&path, max.max(16 * 1024 * 1024))
-            .map_err(|e| format!("cannot read the container's state: {e}"))?;
-        let mut s =
-            Self::from_state(&v).ok_or_else(|| format!("{}: unexpected format", path.display()))?;
-        let spec = bundle_of(&v).and_then(|b| {
-            bundle::load_json(&b.join("config.json"), max.max(16 * 1024 * 1024)).ok()
-        });
+        let (v, spec) = state_and_spec(root, id, max)?;
+        let mut s = Self::from_state(&v).ok_or_else(|| {
+            format!(
+                "{}: unexpected format",
+                root.join(id).join("state.json").display()
+            )
+        })?;
         if let Some(spec) = spec {
             s.device_rules = spec
                 .pointer("/linux/resources/devices")
@@ -61,13 +57,7 @@ impl ContainerState {
                 .pointer("/process/user/uid")
                 .and_then(Value::as_u64)
                 .zip(spec.pointer("/process/user/gid").and_then(Value::as_u64));
-            let lease_id = spec
-                .pointer(&format!(
-                    "/annotations/{}",
-                    super::LEASE_ID_ANNOTATION.replace('/', "~1")
-                ))
-                .and_then(Value::as_str);
-            if let Some(lease_id) = lease_id {
+            if let Some(lease_id) = lease_id_of(&spec) {
                 s.lease_env = spec
                     .pointer("/process/env")
                     .and_then(strings)
@@ -110,6 +100,37 @@ impl ContainerState {
             device_rules: None,
         })
     }
+}
+
+/// runc's state of container `id` under `root`, and the hardened config.json of the
+/// bundle it names (`None` when that cannot be read).
+fn state_and_spec(root: &Path, id: &str, max: u64) -> Result<(Value, Option<Value>), String> {
+    if id.is_empty() || id.contains('/') || id == "." || id == ".." {
+        return Err(format!("container id {id:?} is not valid"));
+    }
+    let max = max.max(16 * 1024 * 1024);
+    let v = bundle::load_json(&root.join(id).join("state.json"), max)
+        .map_err(|e| format!("cannot read the container's state: {e}"))?;
+    let spec = bundle_of(&v).and_then(|b| bundle::load_json(&b.join("config.json"), max).ok());
+    Ok((v, spec))
+}
+
+/// The lease id(s) the runtime recorded in a hardened spec's annotations.
+fn lease_id_of(spec: &Value) -> Option<&str> {
+    spec.pointer(&format!(
+        "/annotations/{}",
+        super::LEASE_ID_ANNOTATION.replace('/', "~1")
+    ))
+    .and_then(Value::as_str)
+}
+
+/// Whether container `id` runs on a lease, by the lease-id annotation the runtime
+/// writes into every leased container's hardened config.json: `Some(false)` only when
+/// that file was read and names no lease, `None` when it cannot be told (runc's state
+/// or the bundle is gone, as after `run`).
+pub fn runs_on_lease(root: &Path, id: &str, max: u64) -> Option<bool> {
+    let (_, spec) = state_and_spec(root, id, max).ok()?;
+    Some(lease_id_of(&spec?).is_some())
 }
 
 /// The bundle directory runc recorded in the state's `bundle=` label.
