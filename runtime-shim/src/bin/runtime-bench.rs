@@ -616,7 +616,8 @@ fn bench(args: &Args, dir: &Path) -> Result<()> {
     runtime_delete(&args.runtime, &root_s, "warm-1", &env)?;
     // A fresh order each iteration, from a fixed seed: what a start costs here depends
     // on what ran just before it (see IDLE_BEFORE), and a fixed rotation gives each
-    // variant the same predecessors every time, which moved the goal's ratio by 5 %.
+    // variant the same predecessors every time, which moved the goal's ratio by 0.05
+    // to 0.1 (docs/performance.md).
     let mut rng = SplitMix64(0x7e55_e7a0);
     let mut order: Vec<usize> = (0..VARIANTS.len()).collect();
     for i in 0..args.iterations {
@@ -653,9 +654,8 @@ fn bench(args: &Args, dir: &Path) -> Result<()> {
                 }
                 6 => time_cmd(&true_bin, &[], &[])?,
                 _ => {
-                    // The baseline again, from an idle machine: every other runc start
-                    // follows a busy predecessor, while tessera-runtime's own runc
-                    // follows its waits on the daemon.
+                    // The baseline again, from an idle machine: tessera-runtime's own
+                    // runc follows its waits on the daemon.
                     std::thread::sleep(IDLE_BEFORE);
                     time_run(&args.runc, &root, hard, &id, &[])?
                 }
@@ -698,7 +698,7 @@ fn bench(args: &Args, dir: &Path) -> Result<()> {
         ms(cpu[4].saturating_sub(cpu[6]))
     );
     println!(
-        "runc after {} ms idle, minus after a busy start {:10.2} {:10.2}  (what idling costs the next start on this machine)",
+        "runc after {} ms idle, minus the baseline    {:10.2} {:10.2}  (what idling costs the next start on this machine)",
         IDLE_BEFORE.as_millis(),
         ms(med[7]) - ms(med[2]),
         ms(cpu[7]) - ms(cpu[2])
