@@ -219,7 +219,8 @@ endif
 # even when an earlier one fails; the goals table comes last (a goal a failed bench
 # could not measure says so), and the target fails if a bench did.
 bench:
-	$(CARGO) build --release --bin tesserad --bin tessera-bench --bin tessera-runtime --bin runtime-bench --bin placement-bench
+	$(CARGO) build --release --bin tesserad --bin tessera-bench --bin runtime-bench --bin placement-bench \
+	  $(if $(filter 1,$(RUNTIME_STATIC)),,--bin tessera-runtime)
 ifeq ($(RUNTIME_STATIC),1)
 	$(STATIC_RUNTIME_BUILD)
 endif
