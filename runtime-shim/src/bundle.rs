@@ -383,11 +383,57 @@ mod tests {
     }
 
     #[test]
-    fn a_stage_that_cannot_write_leaves_nothing_and_names_the_file() {
+    fn a_stage_to_a_missing_bundle_names_the_file() {
         let dir = tempfile::tempdir().unwrap();
         let missing = dir.path().join("no-such-bundle");
         let e = stage(&missing, &serde_json::json!({})).unwrap_err();
         assert!(e.to_string().contains("no-such-bundle"), "{e}");
-        assert!(names(dir.path()).is_empty());
+    }
+
+    /// Set in the child process of the test below: the bundle it stages into.
+    const STAGE_CHILD: &str = "TESSERA_TEST_STAGE_INTO";
+
+    #[test]
+    fn a_stage_whose_write_fails_removes_its_temp_file_and_names_the_file() {
+        let name =
+            "bundle::tests::a_stage_whose_write_fails_removes_its_temp_file_and_names_the_file";
+        if let Some(bundle) = std::env::var_os(STAGE_CHILD) {
+            // The child: no file may grow past 16 bytes, so the temp file is made and
+            // the write into it fails (EFBIG, SIGXFSZ ignored), even as root.
+            // SAFETY: setting a signal's disposition to SIG_IGN runs no handler code.
+            unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
+            let mut lim = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            // SAFETY: getrlimit writes one rlimit into the struct it is given.
+            assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_FSIZE, &mut lim) }, 0);
+            lim.rlim_cur = 16;
+            // SAFETY: setrlimit reads the struct it is given; the limit is this child's.
+            assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_FSIZE, &lim) }, 0);
+            let bundle = Path::new(&bundle);
+            let spec =
+                serde_json::json!({"ociVersion": "1.2.0", "annotations": {"pad": "x".repeat(64)}});
+            let e = stage(bundle, &spec).unwrap_err();
+            let path = bundle.join(CONFIG_JSON);
+            assert!(e.to_string().contains(&path.display().to_string()), "{e}");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let old = br#"{"ociVersion":"1.0.2"}"#;
+        std::fs::write(dir.path().join(CONFIG_JSON), old).unwrap();
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", name, "--test-threads=1"])
+            .env(STAGE_CHILD, dir.path())
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && said.contains("1 passed"),
+            "the child failed or ran no test: {said}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(names(dir.path()), [CONFIG_JSON], "the temp file is removed");
+        assert_eq!(std::fs::read(dir.path().join(CONFIG_JSON)).unwrap(), old);
     }
 }
