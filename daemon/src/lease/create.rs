@@ -488,10 +488,7 @@ impl LeaseManager {
         undo_static: bool,
     ) {
         let mut st = self.lock();
-        st.leases.remove(&lease.id);
-        if let Some(rid) = &lease.request_id {
-            st.requests.remove(&(lease.tenant.clone(), rid.clone()));
-        }
+        st.forget_lease(lease);
         if partition.origin == Origin::Static && undo_static {
             if let Some(mut p) = st.partitions.get_mut(&partition.id) {
                 p.lease_id = None;

@@ -439,13 +439,7 @@ impl LeaseManager {
     /// freed copy) or goes.
     fn forget_ended(&self, lease: &Lease, parts: Vec<(Partition, Option<Partition>)>) {
         let mut st = self.lock();
-        st.leases.remove(&lease.id);
-        st.tokens.remove_lease(&lease.id);
-        st.expiring_notified.remove(&lease.id);
-        st.teardown_backoff.remove(&lease.id);
-        if let Some(rid) = &lease.request_id {
-            st.requests.remove(&(lease.tenant.clone(), rid.clone()));
-        }
+        st.forget_lease(lease);
         for (p, freed) in parts {
             match freed {
                 Some(f) => {

@@ -384,11 +384,7 @@ impl LeaseManager {
                     let mut st = self.lock();
                     st.partitions.remove(&old.id);
                     st.partitions.remove(&new.id);
-                    st.leases.remove(&lost.id);
-                    st.tokens.remove_lease(&lost.id);
-                    if let Some(rid) = &lost.request_id {
-                        st.requests.remove(&(lost.tenant.clone(), rid.clone()));
-                    }
+                    st.forget_lease(&lost);
                 }
                 self.emit(EventKind::Revoked, &lost, None, lost_reason(&lost));
                 match res {
@@ -601,8 +597,7 @@ impl LeaseManager {
                     st.partitions.remove(o);
                 }
                 st.partitions.remove(&new.id);
-                st.leases.remove(&lease.id);
-                st.tokens.remove_lease(&lease.id);
+                st.forget_lease(&lease);
             }
         }
         Ok(())

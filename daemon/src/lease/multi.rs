@@ -489,11 +489,7 @@ impl LeaseManager {
                     st.partitions.remove(&p.id);
                 }
             }
-            st.leases.remove(&lease.id);
-            st.tokens.remove_lease(&lease.id);
-            if let Some(rid) = &lease.request_id {
-                st.requests.remove(&(lease.tenant.clone(), rid.clone()));
-            }
+            st.forget_lease(&lease);
             resolved.extend(ids);
             warn!(lease = %lease.id, kept = kept.len(),
                 "multi-partition lease interrupted by a crash: rolled back");

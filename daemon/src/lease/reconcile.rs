@@ -487,11 +487,7 @@ impl LeaseManager {
         })?;
         st.partitions.remove(partition_id);
         if let Some(l) = lease {
-            st.leases.remove(&l.id);
-            st.tokens.remove_lease(&l.id);
-            if let Some(rid) = &l.request_id {
-                st.requests.remove(&(l.tenant.clone(), rid.clone()));
-            }
+            st.forget_lease(&l);
         }
         Ok(())
     }
@@ -592,8 +588,7 @@ impl LeaseManager {
                     st.partitions.insert(f.id.clone(), f);
                 }
                 if let Some(l) = l2 {
-                    st.leases.remove(&l.id);
-                    st.tokens.remove_lease(&l.id);
+                    st.forget_lease(&l);
                 }
             }
         }

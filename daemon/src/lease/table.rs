@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use crate::gpu::{GiProfile, GpuInfo, MigInstance};
-use crate::model::{PartKind, PartitionState};
+use crate::model::{Lease, PartKind, PartitionState};
 use crate::partition::{Expiry, GpuView, MigMpsHost, MpsShare, OccupiedMig, PlanOptions, Temporal};
 
 use super::LeaseManager;
@@ -58,6 +58,22 @@ pub(super) struct State {
 }
 
 impl State {
+    /// Forget a lease that ended or was rolled back, everywhere this table keys by its
+    /// id: the lease, its tokens, its request id, and the marks kept per lease (expiry
+    /// notice, teardown and MPS back-off, devices resolved). Its partitions are the
+    /// caller's to free or drop.
+    pub(super) fn forget_lease(&mut self, lease: &Lease) {
+        self.leases.remove(&lease.id);
+        self.tokens.remove_lease(&lease.id);
+        if let Some(rid) = &lease.request_id {
+            self.requests.remove(&(lease.tenant.clone(), rid.clone()));
+        }
+        self.expiring_notified.remove(&lease.id);
+        self.teardown_backoff.remove(&lease.id);
+        self.mps_backoff.remove(&lease.id);
+        self.resolved.remove(&lease.id);
+    }
+
     /// How GPUs `a` and `b` connect, as read at start. A pair the backend could not
     /// tell counts as the farthest (across NUMA nodes, no NVLink).
     pub(super) fn link(&self, a: u32, b: u32) -> crate::gpu::GpuLink {

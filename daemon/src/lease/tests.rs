@@ -95,6 +95,35 @@ async fn a_retry_after_release_reports_the_ended_lease_without_a_token() {
     assert!(retry.token.is_none());
 }
 
+/// An ended lease leaves nothing behind in memory keyed by its id: a daemon that
+/// serves leases for months must not grow with every lease a runtime ever resolved.
+#[tokio::test]
+async fn an_ended_lease_leaves_no_per_lease_state_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let mgr = manager(dir.path());
+    let created = mgr.create(mig_request("job-9")).await.unwrap();
+    let id = created.lease.id.clone();
+    mgr.resolve_token(created.token.as_ref().unwrap()).unwrap();
+    {
+        let mut st = mgr.lock();
+        assert!(st.resolved.contains(&id));
+        st.expiring_notified.insert(id.clone());
+        st.mps_backoff.insert(id.clone(), (1, 0));
+    }
+    mgr.end(&id, LeaseState::Released, "test").await.unwrap();
+    let st = mgr.lock();
+    assert!(st.leases.get(&id).is_none());
+    assert!(!st.resolved.contains(&id), "resolved kept the ended lease");
+    assert!(!st.expiring_notified.contains(&id));
+    assert!(!st.mps_backoff.contains_key(&id));
+    assert!(st.requests.is_empty());
+    drop(st);
+    assert!(
+        mgr.resolve_token(created.token.as_ref().unwrap()).is_err(),
+        "the ended lease's token still resolves"
+    );
+}
+
 /// A teardown blocked by a process in the instance is retried with growing
 /// waits, under the one intent it opened, and finishes once the process is gone.
 #[tokio::test]
