@@ -119,6 +119,16 @@ def test_errors_carry_code_and_decoded_details(stub):
     assert "1g.10gb" in err.value.details(), "names the profiles the node offers"
 
 
+def test_a_request_over_the_size_limit_is_resource_exhausted(stub):
+    # gRPC's status code table: "server max receive message size exceeded" is
+    # RESOURCE_EXHAUSTED, as a grpc-core server answers; the channel stays usable.
+    with pytest.raises(grpc.RpcError) as err:
+        stub.GetLease(pb.GetLeaseRequest(lease_id="l-" + "a" * (2 << 20)), timeout=TIMEOUT)
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err.value
+    assert "too large" in err.value.details(), err.value.details()
+    assert len(stub.GetNode(pb.GetNodeRequest(), timeout=TIMEOUT).gpus) == 3
+
+
 def test_many_calls_on_one_connection(stub):
     # grpc-core indexes :authority in its HPACK table after the first request and
     # refers to it afterwards: later requests must decode as well as the first.

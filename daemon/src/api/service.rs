@@ -7,6 +7,7 @@ use std::time::Duration;
 use tessera_proto::v1 as pb;
 use tessera_proto::v1::tessera_server::{Tessera, TesseraServer};
 use tokio_stream::Stream;
+use tonic::codegen::http;
 use tonic::{Request, Response, Status};
 use tonic_types::StatusExt;
 use tracing::info;
@@ -1047,11 +1048,44 @@ async fn router(service: TesseraService) -> Result<tonic::service::Routes, Serve
         .add_service(service.into_server()))
 }
 
-fn builder() -> tonic::transport::Server {
+/// The start of tonic's answer to a request over the decode limit.
+const TOO_LARGE: &str = "Error, decoded message length too large";
+
+/// tonic answers a request over the decode limit with OUT_OF_RANGE; gRPC's status code
+/// table gives RESOURCE_EXHAUSTED to "server max receive message size exceeded", and
+/// that is what grpc-core and grpc-go servers answer, so clients written against them
+/// see the code they expect. The message is kept. (The refusal comes before any
+/// handler runs, so it is a trailers-only answer: the status is in the headers.)
+fn too_large_is_resource_exhausted<B>(mut resp: http::Response<B>) -> http::Response<B> {
+    if let Some(st) = Status::from_header_map(resp.headers())
+        && st.code() == tonic::Code::OutOfRange
+        && st.message().starts_with(TOO_LARGE)
+    {
+        let exhausted = Status::resource_exhausted(st.message());
+        if exhausted.add_header(resp.headers_mut()).is_err() {
+            resp.headers_mut().insert(
+                "grpc-status",
+                http::HeaderValue::from(tonic::Code::ResourceExhausted as i32),
+            );
+        }
+    }
+    resp
+}
+
+type TooLargeLayer = tower::util::MapResponseLayer<
+    fn(http::Response<tonic::body::Body>) -> http::Response<tonic::body::Body>,
+>;
+
+fn builder()
+-> tonic::transport::Server<tower::layer::util::Stack<TooLargeLayer, tower::layer::util::Identity>>
+{
+    let map: fn(http::Response<tonic::body::Body>) -> http::Response<tonic::body::Body> =
+        too_large_is_resource_exhausted;
     tonic::transport::Server::builder()
         .concurrency_limit_per_connection(256)
         .max_concurrent_streams(Some(1024))
         .timeout(Duration::from_secs(120))
+        .layer(tower::util::MapResponseLayer::new(map))
 }
 
 /// Serve the API (with grpc.health.v1 and reflection) on `listener` until `shutdown`.
