@@ -35,6 +35,33 @@ fn manager_and_sim(dir: &std::path::Path) -> (Arc<LeaseManager>, Arc<crate::gpu:
     )
 }
 
+/// A lease core on simulated GPUs (`gpus`: `[[sim.gpus]]` tables) with `[partition]`
+/// settings `partition` (TOML lines).
+fn sim_manager(
+    dir: &std::path::Path,
+    partition: &str,
+    gpus: &str,
+) -> (Arc<LeaseManager>, Arc<crate::gpu::SimBackend>) {
+    let text = format!(
+        "[daemon]\nstate_dir = {d:?}\nrun_dir = {d:?}\n[gpu]\nbackend = \"sim\"\n\
+         [partition]\n{partition}\n[sim]\nstate_file = {s:?}\n{gpus}",
+        d = dir.display().to_string(),
+        s = dir.join("sim.json").display().to_string(),
+    );
+    let config = Config::parse(std::path::Path::new("test.toml"), &text).unwrap();
+    let sim = Arc::new(crate::gpu::open_sim(&config.sim).unwrap());
+    let store = Arc::new(Store::open(dir).unwrap());
+    (
+        LeaseManager::start(config, sim.clone(), store).unwrap(),
+        sim,
+    )
+}
+
+/// `n` H100s with MIG on, as `[[sim.gpus]]` tables.
+fn h100s(n: usize) -> String {
+    "[[sim.gpus]]\nmodel = \"h100-80gb\"\nmig = true\n".repeat(n)
+}
+
 fn mig_request(request_id: &str) -> CreateRequest {
     CreateRequest {
         tenant: "team-a".into(),
@@ -466,20 +493,10 @@ fn two_h100_compacting(
     move_idle: bool,
     compact_idle: bool,
 ) -> (Arc<LeaseManager>, Arc<crate::gpu::SimBackend>) {
-    let text = format!(
-        "[daemon]\nstate_dir = {d:?}\nrun_dir = {d:?}\n[gpu]\nbackend = \"sim\"\n\
-         [partition]\nmove_idle = {move_idle}\ncompact_idle = {compact_idle}\n\
-         [sim]\nstate_file = {s:?}\n[[sim.gpus]]\nmodel = \"h100-80gb\"\nmig = true\n\
-         [[sim.gpus]]\nmodel = \"h100-80gb\"\nmig = true\n",
-        d = dir.display().to_string(),
-        s = dir.join("sim.json").display().to_string(),
-    );
-    let config = Config::parse(std::path::Path::new("test.toml"), &text).unwrap();
-    let sim = Arc::new(crate::gpu::open_sim(&config.sim).unwrap());
-    let store = Arc::new(Store::open(dir).unwrap());
-    (
-        LeaseManager::start(config, sim.clone(), store).unwrap(),
-        sim,
+    sim_manager(
+        dir,
+        &format!("move_idle = {move_idle}\ncompact_idle = {compact_idle}"),
+        &h100s(2),
     )
 }
 
@@ -1598,18 +1615,7 @@ async fn a_queued_request_whose_wait_ends_is_refused_and_leaves_the_queue() {
 // ------------------------------------------------------------------ temporal packing
 
 fn two_h100_expiry_weight(dir: &std::path::Path, weight: u32) -> Arc<LeaseManager> {
-    let text = format!(
-        "[daemon]\nstate_dir = {d:?}\nrun_dir = {d:?}\n[gpu]\nbackend = \"sim\"\n\
-         [partition]\nexpiry_weight = {weight}\n\
-         [sim]\nstate_file = {s:?}\n[[sim.gpus]]\nmodel = \"h100-80gb\"\nmig = true\n\
-         [[sim.gpus]]\nmodel = \"h100-80gb\"\nmig = true\n",
-        d = dir.display().to_string(),
-        s = dir.join("sim.json").display().to_string(),
-    );
-    let config = Config::parse(std::path::Path::new("test.toml"), &text).unwrap();
-    let sim = Arc::new(crate::gpu::open_sim(&config.sim).unwrap());
-    let store = Arc::new(Store::open(dir).unwrap());
-    LeaseManager::start(config, sim, store).unwrap()
+    sim_manager(dir, &format!("expiry_weight = {weight}"), &h100s(2)).0
 }
 
 /// gpu0 holds a 1g lease ending in 10 minutes, gpu1 one ending in 2 hours: a new 1g
@@ -1642,18 +1648,12 @@ async fn a_new_lease_joins_the_gpu_whose_leases_outlast_it() {
 /// A lease core on eight simulated H100s with MIG, as `placement-bench` models them:
 /// best fit, moves of idle leases at refusal, no temporal term.
 fn eight_h100_for_a_trace(dir: &std::path::Path) -> Arc<LeaseManager> {
-    let gpus = "[[sim.gpus]]\nmodel = \"h100-80gb\"\nmig = true\n".repeat(8);
-    let text = format!(
-        "[daemon]\nstate_dir = {d:?}\nrun_dir = {d:?}\n[gpu]\nbackend = \"sim\"\n\
-         [partition]\nmove_idle = true\ncompact_idle = false\nexpiry_weight = 0\n\
-         [sim]\nstate_file = {s:?}\n{gpus}",
-        d = dir.display().to_string(),
-        s = dir.join("sim.json").display().to_string(),
-    );
-    let config = Config::parse(std::path::Path::new("test.toml"), &text).unwrap();
-    let sim = Arc::new(crate::gpu::open_sim(&config.sim).unwrap());
-    let store = Arc::new(Store::open(dir).unwrap());
-    LeaseManager::start(config, sim, store).unwrap()
+    sim_manager(
+        dir,
+        "move_idle = true\ncompact_idle = false\nexpiry_weight = 0",
+        &h100s(8),
+    )
+    .0
 }
 
 /// `placement-bench`'s figures are the planner's, run by the bench's own model of a
