@@ -35,12 +35,13 @@ BINARIES := tesserad tessera tessera-runtime
 # runc's own releases do: every container start execs it, and without the dynamic
 # loader a start costs about half a millisecond less (docs/performance.md). It is built
 # for an explicit --target so that crt-static reaches it and not the build scripts and
-# proc-macros, and so lands in $(TARGET_DIR)/$(HOST_TRIPLE)/release. RUNTIME_STATIC=0
-# builds it like the other binaries.
+# proc-macros, and with the `runtime` profile (Cargo.toml: release with fat LTO), so it
+# lands in $(TARGET_DIR)/$(HOST_TRIPLE)/runtime. RUNTIME_STATIC=0 builds it like the
+# other binaries.
 RUNTIME_STATIC ?= 1
 HOST_TRIPLE ?= $(shell rustc -vV 2>/dev/null | sed -n 's/^host: //p')
 ifeq ($(RUNTIME_STATIC),1)
-RUNTIME_RELEASE := $(TARGET_DIR)/$(HOST_TRIPLE)/release/tessera-runtime
+RUNTIME_RELEASE := $(TARGET_DIR)/$(HOST_TRIPLE)/runtime/tessera-runtime
 BUILD_BINS := tesserad tessera
 else
 RUNTIME_RELEASE := $(TARGET_DIR)/release/tessera-runtime
@@ -51,7 +52,7 @@ RUNTIME_BIN := $(if $(filter release,$(PROFILE)),$(RUNTIME_RELEASE),$(TARGET_DIR
 # libseccomp-sys links libseccomp.a (libseccomp-dev) from the directory pkg-config names.
 STATIC_RUNTIME_BUILD = LIBSECCOMP_LINK_TYPE=static \
 	LIBSECCOMP_LIB_PATH="$$(pkg-config --variable=libdir libseccomp)" \
-	$(CARGO) build --release --target $(HOST_TRIPLE) \
+	$(CARGO) build --profile runtime --target $(HOST_TRIPLE) \
 	--config 'target.$(HOST_TRIPLE).rustflags = ["-C", "target-feature=+crt-static"]' \
 	-p tessera-runtime --bin tessera-runtime
 # `make bench`: figures go to BENCH_RESULTS, and one table of them against the goals
