@@ -14,8 +14,9 @@ MAKEFLAGS += --no-print-directory
 
 CARGO ?= cargo
 TARGET_DIR ?= $(if $(CARGO_TARGET_DIR),$(CARGO_TARGET_DIR),target)
-# Which build `make install` copies binaries from: release (make build) or debug.
-PROFILE ?= release
+# Which build `make install` copies binaries from: dist (what `make build` makes: the
+# release profile with fat LTO, Cargo.toml) or debug.
+PROFILE ?= dist
 
 # Install layout. DESTDIR stages a package root; PREFIX/BINDIR place the binaries.
 DESTDIR ?=
@@ -35,24 +36,23 @@ BINARIES := tesserad tessera tessera-runtime
 # runc's own releases do: every container start execs it, and without the dynamic
 # loader a start costs about half a millisecond less (docs/performance.md). It is built
 # for an explicit --target so that crt-static reaches it and not the build scripts and
-# proc-macros, and with the `runtime` profile (Cargo.toml: release with fat LTO), so it
-# lands in $(TARGET_DIR)/$(HOST_TRIPLE)/runtime. RUNTIME_STATIC=0 builds it like the
-# other binaries.
+# proc-macros, and so lands in $(TARGET_DIR)/$(HOST_TRIPLE)/dist. RUNTIME_STATIC=0
+# builds it like the other binaries.
 RUNTIME_STATIC ?= 1
 HOST_TRIPLE ?= $(shell rustc -vV 2>/dev/null | sed -n 's/^host: //p')
 ifeq ($(RUNTIME_STATIC),1)
-RUNTIME_RELEASE := $(TARGET_DIR)/$(HOST_TRIPLE)/runtime/tessera-runtime
+RUNTIME_DIST := $(TARGET_DIR)/$(HOST_TRIPLE)/dist/tessera-runtime
 BUILD_BINS := tesserad tessera
 else
-RUNTIME_RELEASE := $(TARGET_DIR)/release/tessera-runtime
+RUNTIME_DIST := $(TARGET_DIR)/dist/tessera-runtime
 BUILD_BINS := $(BINARIES)
 endif
 # The runtime `make install` copies.
-RUNTIME_BIN := $(if $(filter release,$(PROFILE)),$(RUNTIME_RELEASE),$(TARGET_DIR)/$(PROFILE)/tessera-runtime)
+RUNTIME_BIN := $(if $(filter dist,$(PROFILE)),$(RUNTIME_DIST),$(TARGET_DIR)/$(PROFILE)/tessera-runtime)
 # libseccomp-sys links libseccomp.a (libseccomp-dev) from the directory pkg-config names.
 STATIC_RUNTIME_BUILD = LIBSECCOMP_LINK_TYPE=static \
 	LIBSECCOMP_LIB_PATH="$$(pkg-config --variable=libdir libseccomp)" \
-	$(CARGO) build --profile runtime --target $(HOST_TRIPLE) \
+	$(CARGO) build --profile dist --target $(HOST_TRIPLE) \
 	--config 'target.$(HOST_TRIPLE).rustflags = ["-C", "target-feature=+crt-static"]' \
 	-p tessera-runtime --bin tessera-runtime
 # `make bench`: figures go to BENCH_RESULTS, and one table of them against the goals
@@ -159,9 +159,9 @@ test: deps
 # again on it.
 static-runtime-test:
 	$(STATIC_RUNTIME_BUILD)
-	@if readelf -l "$(RUNTIME_RELEASE)" | grep -q 'program interpreter'; then \
-	  echo "static-runtime-test: $(RUNTIME_RELEASE) is dynamically linked" >&2; exit 1; fi
-	TESSERA_TEST_RUNTIME="$(abspath $(RUNTIME_RELEASE))" \
+	@if readelf -l "$(RUNTIME_DIST)" | grep -q 'program interpreter'; then \
+	  echo "static-runtime-test: $(RUNTIME_DIST) is dynamically linked" >&2; exit 1; fi
+	TESSERA_TEST_RUNTIME="$(abspath $(RUNTIME_DIST))" \
 	  $(CARGO) test -p tessera-runtime --test runc --test passthrough --test allowlist
 
 # The venv is rebuilt when the requirements change.
@@ -208,28 +208,29 @@ fmt:
 	$(CARGO) fmt --all
 
 build:
-	$(CARGO) build --release $(addprefix --bin ,$(BUILD_BINS))
+	$(CARGO) build --profile dist $(addprefix --bin ,$(BUILD_BINS))
 ifeq ($(RUNTIME_STATIC),1)
 	$(STATIC_RUNTIME_BUILD)
 endif
 
-# Release builds of the daemon, the runtime and both benchmarks; then tessera-bench
+# The daemon and the runtime as `make build` ships them (the dist profile), the benchmark
+# tools in release; then tessera-bench
 # (throughput at 1/8/32 clients, the scale curve up to BENCH_PREFILL live leases, RSS,
 # restart), runtime-bench (the lease path against hardened runc) and placement-bench (MIG
 # placement against a free-repacking reference on request traces). Every bench runs
 # even when an earlier one fails; the goals table comes last (a goal a failed bench
 # could not measure says so), and the target fails if a bench did.
 bench:
-	$(CARGO) build --release --bin tesserad --bin tessera-bench --bin runtime-bench --bin placement-bench \
-	  $(if $(filter 1,$(RUNTIME_STATIC)),,--bin tessera-runtime)
+	$(CARGO) build --profile dist --bin tesserad $(if $(filter 1,$(RUNTIME_STATIC)),,--bin tessera-runtime)
+	$(CARGO) build --release --bin tessera-bench --bin runtime-bench --bin placement-bench
 ifeq ($(RUNTIME_STATIC),1)
 	$(STATIC_RUNTIME_BUILD)
 endif
 	@rm -f "$(BENCH_RESULTS)"; failed=(); \
 	echo "==> bench: tessera-bench $(TESSERA_BENCH_ARGS)"; \
-	$(TARGET_DIR)/release/tessera-bench $(TESSERA_BENCH_ARGS) --results "$(BENCH_RESULTS)" || failed+=(tessera-bench); \
+	$(TARGET_DIR)/release/tessera-bench --tesserad $(TARGET_DIR)/dist/tesserad $(TESSERA_BENCH_ARGS) --results "$(BENCH_RESULTS)" || failed+=(tessera-bench); \
 	echo; echo "==> bench: runtime-bench $(RUNTIME_BENCH_ARGS)"; \
-	$(TARGET_DIR)/release/runtime-bench --runtime "$(RUNTIME_RELEASE)" $(RUNTIME_BENCH_ARGS) --results "$(BENCH_RESULTS)" || failed+=(runtime-bench); \
+	$(TARGET_DIR)/release/runtime-bench --runtime "$(RUNTIME_DIST)" --tesserad $(TARGET_DIR)/dist/tesserad $(RUNTIME_BENCH_ARGS) --results "$(BENCH_RESULTS)" || failed+=(runtime-bench); \
 	echo; echo "==> bench: placement-bench $(PLACEMENT_BENCH_ARGS)"; \
 	$(TARGET_DIR)/release/placement-bench $(PLACEMENT_BENCH_ARGS) --results "$(BENCH_RESULTS)" || failed+=(placement-bench); \
 	touch "$(BENCH_RESULTS)"; \
