@@ -122,12 +122,9 @@ impl LeaseManager {
             }
             let Some(old) = st
                 .partitions
-                .values()
-                .find(|p| {
-                    p.gpu == mv.from_gpu
-                        && p.mig().is_some_and(|m| m.placement == mv.from)
-                        && p.lease_id.is_some()
-                })
+                .on_gpu(mv.from_gpu)
+                .0
+                .find(|p| p.mig().is_some_and(|m| m.placement == mv.from) && p.lease_id.is_some())
                 .cloned()
             else {
                 return Err(LeaseError::FailedPrecondition(
