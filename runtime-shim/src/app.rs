@@ -242,19 +242,11 @@ fn admit(
         env.cfg.policy.seccomp_profile.as_deref(),
         env.cfg.nvidia_proc_root.as_path(),
     );
-    let local = || (Profile::load(profile_path), HostFacts::gather(proc_root));
-    let ((profile, host), leased) = std::thread::scope(|s| {
-        let helper = std::thread::Builder::new()
-            .name("profile-check".to_string())
-            .spawn_scoped(s, local);
-        let leased = spec_and_lease(env, client, bundle, id);
-        // No thread (a pids limit): the same work, here.
-        let local = match helper {
-            Ok(h) => h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
-            Err(_) => local(),
-        };
-        (local, leased)
-    });
+    let ((profile, host), leased) = alongside(
+        "profile-check",
+        || (Profile::load(profile_path), HostFacts::gather(proc_root)),
+        || spec_and_lease(env, client, bundle, id),
+    );
     let profile =
         profile.map_err(|e| (vec![format!("bad seccomp profile: {e}")], String::new()))?;
     let Leased {
@@ -285,6 +277,26 @@ fn admit(
         decision,
         lease,
         tokens,
+    })
+}
+
+/// Run `side` on a thread named `name` while this thread runs `main`; with no thread to
+/// be had (a pids limit), both run here, `main` first. A panic in `side` goes on here.
+fn alongside<A: Send, B>(
+    name: &str,
+    side: impl FnOnce() -> A + Send + Copy,
+    main: impl FnOnce() -> B,
+) -> (A, B) {
+    std::thread::scope(|s| {
+        let helper = std::thread::Builder::new()
+            .name(name.to_string())
+            .spawn_scoped(s, side);
+        let b = main();
+        let a = match helper {
+            Ok(h) => h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
+            Err(_) => side(),
+        };
+        (a, b)
     })
 }
 
@@ -448,20 +460,11 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
     // binding (a thread of its own; the bind waits on the daemon), and renamed over
     // it only once the container is bound to every lease.
     let stage = || bundle::stage(&bundle, &adm.decision.spec);
-    let (bound, staged) = if adm.tokens.is_empty() {
-        (Ok(()), stage())
+    let (staged, bound) = if adm.tokens.is_empty() {
+        (stage(), Ok(()))
     } else {
-        std::thread::scope(|s| {
-            let helper = std::thread::Builder::new()
-                .name("config-write".to_string())
-                .spawn_scoped(s, stage);
-            let bound = bind_all(env, client.as_ref(), &adm, &id, cmd);
-            // No thread (a pids limit): the same work, here.
-            let staged = match helper {
-                Ok(h) => h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
-                Err(_) => stage(),
-            };
-            (bound, staged)
+        alongside("config-write", stage, || {
+            bind_all(env, client.as_ref(), &adm, &id, cmd)
         })
     };
     if let Err(reason) = bound {
