@@ -1,10 +1,10 @@
 //! Facts about the host the hardening needs, read once from host paths (never from a
-//! container's rootfs): AppArmor, the runtime's own namespaces, GPU device majors, and
-//! the driver's /proc entries (for masking).
+//! container's rootfs): AppArmor, GPU device majors, and the driver's /proc entries (for
+//! masking); and the runtime's own (the host's) namespaces, read only when a spec names
+//! a namespace path to join.
 
 use crate::harden::apparmor::AppArmorHost;
 use crate::harden::namespaces::proc_name;
-use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
@@ -12,8 +12,6 @@ use std::path::Path;
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HostFacts {
     pub apparmor: AppArmorHost,
-    /// OCI namespace type -> (dev, inode) of this process's (the host's) namespace.
-    pub namespaces: BTreeMap<String, (u64, u64)>,
     /// Majors of the "nvidia*" character devices in /proc/devices.
     pub gpu_majors: Vec<i64>,
     /// Entries of `<nvidia_proc_root>/gpus/`: name (PCI bus id) and device minor, when
@@ -26,19 +24,8 @@ pub struct HostFacts {
 impl HostFacts {
     /// Read the facts from this host.
     pub fn gather(nvidia_proc_root: &Path) -> Self {
-        let mut namespaces = BTreeMap::new();
-        for ty in [
-            "pid", "network", "mount", "ipc", "uts", "user", "cgroup", "time",
-        ] {
-            if let Some(name) = proc_name(ty)
-                && let Ok(m) = std::fs::metadata(format!("/proc/self/ns/{name}"))
-            {
-                namespaces.insert(ty.to_string(), (m.dev(), m.ino()));
-            }
-        }
         Self {
             apparmor: apparmor_host(),
-            namespaces,
             gpu_majors: read_proc("/proc/devices")
                 .map(|t| nvidia_majors(&t))
                 .unwrap_or_default(),
@@ -46,11 +33,21 @@ impl HostFacts {
             nvidia_capabilities: nvidia_capabilities(&nvidia_proc_root.join("capabilities")),
         }
     }
+}
 
-    /// Whether (dev, ino) is the host's namespace of type `ty`.
-    pub fn namespace_is_host(&self, ty: &str, dev: u64, ino: u64) -> bool {
-        self.namespaces.get(ty) == Some(&(dev, ino))
-    }
+/// Whether (dev, ino) is the host's namespace of type `ty` (an OCI type): the runtime's
+/// own, which containerd, CRI-O and podman start in the host's namespaces. Read when a
+/// spec names a namespace path, not on every start (most specs name none). `Err` when
+/// the type is unknown or the runtime's own namespace cannot be read: the caller refuses.
+pub fn is_host_namespace(ty: &str, dev: u64, ino: u64) -> std::io::Result<bool> {
+    let name = proc_name(ty).ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("unknown namespace type {ty:?}"),
+        )
+    })?;
+    let m = std::fs::metadata(format!("/proc/self/ns/{name}"))?;
+    Ok((m.dev(), m.ino()) == (dev, ino))
 }
 
 /// A /proc file (its size shows as 0) read with a page-sized buffer: the kernel makes
@@ -200,6 +197,16 @@ mod tests {
                 "mig/config"
             ]
         );
-        assert!(f.namespaces.contains_key("pid"));
+    }
+
+    #[test]
+    fn the_runtimes_own_namespaces_are_the_hosts_and_others_are_not() {
+        let own = std::fs::metadata("/proc/self/ns/net").unwrap();
+        assert!(is_host_namespace("network", own.dev(), own.ino()).unwrap());
+        // The same inode under another type, and another namespace's inode, are not.
+        assert!(!is_host_namespace("ipc", own.dev(), own.ino()).unwrap());
+        let ipc = std::fs::metadata("/proc/self/ns/ipc").unwrap();
+        assert!(!is_host_namespace("network", ipc.dev(), ipc.ino()).unwrap());
+        assert!(is_host_namespace("no-such-type", own.dev(), own.ino()).is_err());
     }
 }

@@ -3,6 +3,7 @@
 //! list only.
 
 use super::{Context, Findings};
+use crate::host::is_host_namespace;
 use serde_json::Value;
 use std::os::unix::fs::MetadataExt;
 
@@ -45,17 +46,18 @@ pub fn apply(spec: &mut Value, ctx: &Context, f: &mut Findings) {
         match ns.get("path") {
             None | Some(Value::Null) => {}
             Some(Value::String(p)) if p.is_empty() => {}
-            Some(Value::String(p)) => match std::fs::metadata(p) {
-                Ok(m) => {
-                    if ctx.host.namespace_is_host(ty, m.dev(), m.ino()) {
+            Some(Value::String(p)) => {
+                match std::fs::metadata(p).and_then(|m| is_host_namespace(ty, m.dev(), m.ino())) {
+                    Ok(true) => {
                         let allowed = ty == "network" && policy.allow_host_network;
                         if !allowed {
                             f.refuse(format!("the spec joins the host's {ty} namespace ({p})"));
                         }
                     }
+                    Ok(false) => {}
+                    Err(e) => f.refuse(format!("cannot check the {ty} namespace path {p}: {e}")),
                 }
-                Err(e) => f.refuse(format!("cannot check the {ty} namespace path {p}: {e}")),
-            },
+            }
             Some(_) => f.refuse(format!(
                 "malformed spec: the {ty} namespace path is not a string"
             )),
