@@ -233,22 +233,15 @@ fn admit(
     bundle: &Path,
     id: &str,
 ) -> Result<Admission, (Vec<String>, String)> {
-    // The seccomp profile's check and the host facts need neither the spec nor the
-    // daemon, so a thread of their own makes them while this one reads the spec and
-    // waits for ResolveToken (each side takes about half a millisecond of a container
-    // start). Resolving is a read: nothing is bound, written or run before every check
-    // has passed, and a bad profile is still the first reason given.
-    let (profile_path, proc_root) = (
-        env.cfg.policy.seccomp_profile.as_deref(),
-        env.cfg.nvidia_proc_root.as_path(),
-    );
-    let ((profile, host), leased) = alongside(
-        "profile-check",
-        || (Profile::load(profile_path), HostFacts::gather(proc_root)),
-        || spec_and_lease(env, client, bundle, id),
-    );
-    let profile =
-        profile.map_err(|e| (vec![format!("bad seccomp profile: {e}")], String::new()))?;
+    // One thread, in order: the profile, the spec and its lease (ResolveToken is a
+    // read: nothing is bound, written or run before every check has passed), then the
+    // host facts. Helper threads for the profile and the facts made a start slower, not
+    // faster: making a thread and waking its joiner cost more on a small VM than the
+    // 0.1-0.2 ms of work each took off this one (docs/performance.md, sixth round).
+    let profile = Profile::load(env.cfg.policy.seccomp_profile.as_deref())
+        .map_err(|e| (vec![format!("bad seccomp profile: {e}")], String::new()))?;
+    let leased = spec_and_lease(env, client, bundle, id);
+    let host = HostFacts::gather(&env.cfg.nvidia_proc_root);
     let Leased {
         spec,
         tokens,
@@ -277,26 +270,6 @@ fn admit(
         decision,
         lease,
         tokens,
-    })
-}
-
-/// Run `side` on a thread named `name` while this thread runs `main`; with no thread to
-/// be had (a pids limit), both run here, `main` first. A panic in `side` goes on here.
-fn alongside<A: Send, B>(
-    name: &str,
-    side: impl FnOnce() -> A + Send + Copy,
-    main: impl FnOnce() -> B,
-) -> (A, B) {
-    std::thread::scope(|s| {
-        let helper = std::thread::Builder::new()
-            .name(name.to_string())
-            .spawn_scoped(s, side);
-        let b = main();
-        let a = match helper {
-            Ok(h) => h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
-            Err(_) => side(),
-        };
-        (a, b)
     })
 }
 
@@ -456,22 +429,20 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
         Ok(Some(warning)) => env.log.warn(&warning),
         Ok(None) => {}
     }
-    // The new config.json is written beside the old one while the daemon records the
-    // binding (a thread of its own; the bind waits on the daemon), and renamed over
-    // it only once the container is bound to every lease.
-    let stage = || bundle::stage(&bundle, &adm.decision.spec);
-    let (staged, bound) = if adm.tokens.is_empty() {
-        (stage(), Ok(()))
-    } else {
-        alongside("config-write", stage, || {
-            bind_all(env, client.as_ref(), &adm, &id, cmd)
-        })
+    // The new config.json is written beside the old one, then the daemon records the
+    // binding, and the rename over the tenant's happens only once the container is
+    // bound to every lease. A write that fails binds nothing.
+    let staged = match bundle::stage(&bundle, &adm.decision.spec) {
+        Ok(s) => s,
+        Err(e) => return refuse_reported(vec![e.to_string()], &lease_id),
     };
-    if let Err(reason) = bound {
+    if !adm.tokens.is_empty()
+        && let Err(reason) = bind_all(env, client.as_ref(), &adm, &id, cmd)
+    {
         // `staged` is dropped with its temp file: config.json stays the tenant's.
         return refuse_reported(vec![reason], &lease_id);
     }
-    if let Err(e) = staged.and_then(bundle::Staged::commit) {
+    if let Err(e) = staged.commit() {
         let reasons = vec![e.to_string()];
         if let Some(c) = client.as_ref()
             && !adm.tokens.is_empty()
