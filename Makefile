@@ -62,7 +62,7 @@ BENCH_PREFILL ?= 20000
 TESSERA_BENCH_ARGS ?= --seconds 5 --clients 1,8,32 --prefill $(BENCH_PREFILL) --curve-seconds 3
 # runtime-bench needs root, runc and busybox; its bundles go on tmpfs as containerd's
 # do (/run), here /dev/shm.
-RUNTIME_BENCH_ARGS ?= --iterations 100 --sim-lease --workdir /dev/shm
+RUNTIME_BENCH_ARGS ?= --iterations 300 --sim-lease --workdir /dev/shm
 # placement-bench: 3 mixes x 3 loads x 2 duration laws x 3 seeds on 8 simulated H100s,
 # TTLs upper bounds of the durations (--ttl upper, its default); drop --quiet to see
 # every trace.
