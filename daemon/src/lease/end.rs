@@ -457,14 +457,14 @@ impl LeaseManager {
 /// `key` on `p`'s GPU serves.
 pub(super) fn shared_server_users(st: &State, p: &Partition, key: &str) -> usize {
     st.partitions
-        .values()
-        .filter(|o| o.id != p.id && o.gpu == p.gpu)
+        .shared_server_shares(p.gpu, key)
+        .filter(|o| o.id != p.id)
         .filter_map(|o| {
             let lid = o.lease_id.as_deref()?;
             let l = st.leases.get(lid)?;
             let serving = matches!(l.state(), LeaseState::Pending | LeaseState::Active)
                 && !st.tearing_down.contains(lid);
-            (serving && o.mps_daemon_key(lid).as_deref() == Some(key)).then_some(())
+            serving.then_some(())
         })
         .count()
 }

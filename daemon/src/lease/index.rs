@@ -260,6 +260,16 @@ pub(crate) struct GpuParts {
     pub(crate) placed: BTreeSet<String>,
     pub(crate) mps: MpsLoad,
     shared_owners: HashMap<PathBuf, BTreeMap<u32, usize>>,
+    /// The shares of each shared MPS server on the GPU, by the server's key
+    /// ([`Partition::mps_daemon_key`]).
+    shared_servers: HashMap<String, BTreeSet<String>>,
+}
+
+/// The key of the shared MPS server `p` is a share of (None: not a shared share).
+fn shared_server_key(p: &Partition) -> Option<String> {
+    p.mps()
+        .filter(|m| m.mode == MpsMode::Shared)
+        .and_then(|_| p.mps_daemon_key(""))
 }
 
 /// A share of a shared MPS server with a container bound: its server and the uid.
@@ -296,6 +306,12 @@ fn place(by_gpu: &mut HashMap<u32, GpuParts>, p: &Partition) {
             g.placed.insert(p.id.clone());
         }
     }
+    if let Some(key) = shared_server_key(p) {
+        g.shared_servers
+            .entry(key)
+            .or_default()
+            .insert(p.id.clone());
+    }
     if let Some((m, uid)) = shared_owner(p) {
         *g.shared_owners
             .entry(m.pipe_dir.clone())
@@ -328,7 +344,19 @@ fn unplace(by_gpu: &mut HashMap<u32, GpuParts>, p: &Partition) {
             g.shared_owners.remove(&m.pipe_dir);
         }
     }
-    if g.placed.is_empty() && g.mps.is_empty() && g.shared_owners.is_empty() {
+    if let Some(key) = shared_server_key(p)
+        && let Some(ids) = g.shared_servers.get_mut(&key)
+    {
+        ids.remove(&p.id);
+        if ids.is_empty() {
+            g.shared_servers.remove(&key);
+        }
+    }
+    if g.placed.is_empty()
+        && g.mps.is_empty()
+        && g.shared_owners.is_empty()
+        && g.shared_servers.is_empty()
+    {
         by_gpu.remove(&p.gpu);
     }
 }
@@ -383,6 +411,20 @@ impl Partitions {
             .flat_map(|g| g.placed.iter())
             .filter_map(|id| self.by_id.get(id));
         (placed, parts.map(|g| g.mps).unwrap_or_default())
+    }
+
+    /// The shares of the shared MPS server `key` on `gpu`.
+    pub(crate) fn shared_server_shares(
+        &self,
+        gpu: u32,
+        key: &str,
+    ) -> impl Iterator<Item = &Partition> {
+        self.by_gpu
+            .get(&gpu)
+            .and_then(|g| g.shared_servers.get(key))
+            .into_iter()
+            .flatten()
+            .filter_map(|id| self.by_id.get(id))
     }
 
     /// The uid that the shared MPS server of `p` serves for its other shares: the uid
@@ -640,6 +682,47 @@ mod tests {
         if let PartKind::Mps(m) = &mut parts.get_mut(id).unwrap().kind {
             m.owner_uid = uid;
         }
+    }
+
+    #[test]
+    fn a_shared_server_s_shares_are_found_by_gpu_and_server() {
+        let mut parts = Partitions::default();
+        parts.insert("a".into(), part("a", 0, shared("/run/mps/s0/pipe", None)));
+        parts.insert(
+            "b".into(),
+            part("b", 0, shared("/run/mps/s0/pipe", Some(7))),
+        );
+        parts.insert("c".into(), part("c", 0, shared("/run/mps/s1/pipe", None)));
+        parts.insert("d".into(), part("d", 1, shared("/run/mps/s0/pipe", None)));
+        parts.insert("i".into(), part("i", 0, mps(10)));
+        let shares = |parts: &Partitions, gpu: u32, key: &str| {
+            let mut ids: Vec<String> = parts
+                .shared_server_shares(gpu, key)
+                .map(|p| p.id.clone())
+                .collect();
+            ids.sort();
+            ids
+        };
+        assert_eq!(shares(&parts, 0, "s0"), ["a", "b"]);
+        assert_eq!(shares(&parts, 0, "s1"), ["c"]);
+        assert_eq!(shares(&parts, 1, "s0"), ["d"], "another GPU's server");
+        assert!(
+            shares(&parts, 0, "i").is_empty(),
+            "an isolated share is no server's"
+        );
+        // A move to another GPU, a change of server through the guard, a removal.
+        parts.get_mut("a").unwrap().gpu = 1;
+        if let PartKind::Mps(m) = &mut parts.get_mut("c").unwrap().kind {
+            m.pipe_dir = PathBuf::from("/run/mps/s0/pipe");
+        }
+        parts.remove("b");
+        assert_eq!(shares(&parts, 0, "s0"), ["c"]);
+        assert!(shares(&parts, 0, "s1").is_empty());
+        assert_eq!(shares(&parts, 1, "s0"), ["a", "d"]);
+        for id in ["a", "c", "d", "i"] {
+            parts.remove(id);
+        }
+        assert!(parts.by_gpu.is_empty(), "{:?}", parts.by_gpu);
     }
 
     #[test]
