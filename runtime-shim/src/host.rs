@@ -46,7 +46,9 @@ pub fn is_host_namespace(ty: &str, dev: u64, ino: u64) -> std::io::Result<bool> 
             format!("unknown namespace type {ty:?}"),
         )
     })?;
-    let m = std::fs::metadata(format!("/proc/self/ns/{name}"))?;
+    let own = format!("/proc/self/ns/{name}");
+    let m = std::fs::metadata(&own)
+        .map_err(|e| std::io::Error::new(e.kind(), format!("the host's own {own}: {e}")))?;
     Ok((m.dev(), m.ino()) == (dev, ino))
 }
 
@@ -207,6 +209,7 @@ mod tests {
         assert!(!is_host_namespace("ipc", own.dev(), own.ino()).unwrap());
         let ipc = std::fs::metadata("/proc/self/ns/ipc").unwrap();
         assert!(!is_host_namespace("network", ipc.dev(), ipc.ino()).unwrap());
-        assert!(is_host_namespace("no-such-type", own.dev(), own.ino()).is_err());
+        let err = is_host_namespace("no-such-type", own.dev(), own.ino()).unwrap_err();
+        assert!(err.to_string().contains("no-such-type"), "{err}");
     }
 }
