@@ -282,5 +282,31 @@ pub async fn check_structure(c: &mut Client, sim: &SimBackend) -> (Vec<String>, 
             v.push(format!("GPU {gi}: whole-GPU lease on a MIG GPU"));
         }
     }
-    (v, in_progress)
+    // The simulator was read after GetNode. The daemon changes a partition in memory
+    // before it touches the hardware (write-ahead), so a change made between the two
+    // reads (housekeeping reaping an idle MPS host instance, say) shows in a second
+    // GetNode: then what was compared may be two moments, and the caller looks again.
+    let changed = match c.get_node(pb::GetNodeRequest {}).await {
+        Ok(again) => partition_states(&again.into_inner()) != partition_states(&node),
+        Err(e) => {
+            v.push(format!("GetNode failed: {e}"));
+            false
+        }
+    };
+    (v, in_progress || changed)
+}
+
+/// Every partition of a GetNode answer: id, state, lease, GPU.
+fn partition_states(node: &pb::GetNodeResponse) -> Vec<(String, String, String, u32)> {
+    let mut out: Vec<_> = node
+        .gpus
+        .iter()
+        .flat_map(|g| {
+            g.partitions
+                .iter()
+                .map(move |p| (p.id.clone(), p.state.clone(), p.lease_id.clone(), g.index))
+        })
+        .collect();
+    out.sort();
+    out
 }
