@@ -240,13 +240,12 @@ fn admit(
     // 0.1-0.2 ms of work each took off this one (docs/performance.md, sixth round).
     let profile = Profile::load(env.cfg.policy.seccomp_profile.as_deref())
         .map_err(|e| (vec![format!("bad seccomp profile: {e}")], String::new()))?;
-    let leased = spec_and_lease(env, client, bundle, id);
-    let host = HostFacts::gather(&env.cfg.nvidia_proc_root);
     let Leased {
         spec,
         tokens,
         lease,
-    } = leased?;
+    } = spec_and_lease(env, client, bundle, id)?;
+    let host = HostFacts::gather(&env.cfg.nvidia_proc_root);
     let runc_root = env.runtime_root();
     let ctx = Context {
         config: &env.cfg,

@@ -265,7 +265,9 @@ pub(crate) struct GpuParts {
     shared_servers: HashMap<String, BTreeSet<String>>,
 }
 
-/// The key of the shared MPS server `p` is a share of (None: not a shared share).
+/// The key of the shared MPS server `p` is a share of (None: not a shared share). A
+/// shared server's key is its directory's name, whatever lease holds the share, so no
+/// lease id is needed.
 fn shared_server_key(p: &Partition) -> Option<String> {
     p.mps()
         .filter(|m| m.mode == MpsMode::Shared)
