@@ -68,6 +68,12 @@ fn default_nvidia_proc() -> PathBuf {
 fn default_state_dir() -> PathBuf {
     PathBuf::from("/run/tessera-runtime")
 }
+fn default_helper_socket() -> PathBuf {
+    PathBuf::from("/run/tessera/runtime-helper.sock")
+}
+fn default_helper_workers() -> usize {
+    4
+}
 fn default_passthrough() -> Vec<String> {
     vec!["NOTIFY_SOCKET".to_string()]
 }
@@ -111,6 +117,14 @@ pub struct RuntimeConfig {
     /// one not root's alone is ignored).
     #[serde(default = "default_state_dir")]
     pub state_dir: PathBuf,
+    /// Where the runtime helper (`tessera-runtime serve`) listens, and where each
+    /// `create` and `run` asks it first; a start that finds no helper there admits the
+    /// container itself. Empty: never asked (and `serve` refuses to start).
+    #[serde(default = "default_helper_socket")]
+    pub helper_socket: PathBuf,
+    /// How many starts the helper admits at once (1 to 64).
+    #[serde(default = "default_helper_workers")]
+    pub helper_workers: usize,
     #[serde(default)]
     pub policy: Policy,
 }
@@ -128,6 +142,8 @@ impl Default for RuntimeConfig {
             nvidia_cdi_specs: None,
             runc_cve_acknowledged: Vec::new(),
             state_dir: default_state_dir(),
+            helper_socket: default_helper_socket(),
+            helper_workers: default_helper_workers(),
             policy: Policy::default(),
         }
     }
@@ -245,6 +261,18 @@ impl RuntimeConfig {
         }
         if !self.state_dir.is_absolute() {
             return Err(bad("state_dir must be absolute".to_string()));
+        }
+        if !self.helper_socket.as_os_str().is_empty() && !self.helper_socket.is_absolute() {
+            return Err(bad(format!(
+                "helper_socket must be absolute (or empty: no helper), got {}",
+                self.helper_socket.display()
+            )));
+        }
+        if !(1..=64).contains(&self.helper_workers) {
+            return Err(bad(format!(
+                "helper_workers must be 1 to 64, got {}",
+                self.helper_workers
+            )));
         }
         if self.daemon_timeout_ms == 0 {
             return Err(bad("daemon_timeout_ms must be positive".to_string()));

@@ -624,3 +624,78 @@ pub fn oci_image(dir: &Path, rootfs: &Path, name: &str) -> PathBuf {
     assert!(st.success());
     tarball
 }
+
+/// A runtime helper (`tessera-runtime serve`) for one config, stopped (SIGTERM) on drop.
+/// Its stderr (one line per start it took) goes to `log`.
+pub struct Helper {
+    pub child: std::process::Child,
+    pub socket: PathBuf,
+    pub log: PathBuf,
+}
+
+impl Helper {
+    /// Start it and wait until its socket answers.
+    pub fn start(config: &Path, socket: &Path) -> Helper {
+        let log = socket.with_extension("log");
+        let child = Command::new(runtime_bin())
+            .arg("serve")
+            .env("TESSERA_RUNTIME_CONFIG", config)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let mut h = Helper {
+            child,
+            socket: socket.to_path_buf(),
+            log,
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::os::unix::net::UnixStream::connect(socket).is_err() {
+            if let Some(status) = h.child.try_wait().unwrap() {
+                panic!("the helper exited ({status}): {}", h.said());
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no helper socket at {} after 10 s: {}",
+                socket.display(),
+                h.said()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        h
+    }
+
+    /// What the helper wrote so far.
+    pub fn said(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// What the helper wrote, once it has written `needle` (it logs a start after
+    /// answering it), or after 5 s.
+    pub fn said_once(&self, needle: &str) -> String {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            let s = self.said();
+            if s.contains(needle) || std::time::Instant::now() > deadline {
+                return s;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+
+    /// SIGTERM, and its exit status.
+    pub fn stop(&mut self) -> std::process::ExitStatus {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.child.id()).unwrap());
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::SIGTERM);
+        self.child.wait().unwrap()
+    }
+}
+
+impl Drop for Helper {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            self.stop();
+        }
+    }
+}
