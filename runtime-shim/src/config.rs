@@ -69,7 +69,7 @@ fn default_state_dir() -> PathBuf {
     PathBuf::from("/run/tessera-runtime")
 }
 fn default_helper_socket() -> PathBuf {
-    PathBuf::from("/run/tessera/runtime-helper.sock")
+    PathBuf::from("/run/tessera-runtime/helper.sock")
 }
 fn default_helper_workers() -> usize {
     4
@@ -355,6 +355,31 @@ fn check_owner(path: &Path) -> Result<(), ConfigError> {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_helper_keys_are_checked() {
+        let p = Path::new("/etc/tessera/runtime.toml");
+        let d = RuntimeConfig::parse("", p).unwrap();
+        assert_eq!(
+            d.helper_socket,
+            PathBuf::from("/run/tessera-runtime/helper.sock")
+        );
+        assert_eq!(d.helper_workers, 4);
+        let off = RuntimeConfig::parse("helper_socket = \"\"", p).unwrap();
+        assert!(off.helper_socket.as_os_str().is_empty());
+        let e = RuntimeConfig::parse("helper_socket = \"helper.sock\"", p).unwrap_err();
+        assert!(
+            e.to_string().contains("helper_socket must be absolute"),
+            "{e}"
+        );
+        for n in [0, 65] {
+            let e = RuntimeConfig::parse(&format!("helper_workers = {n}"), p).unwrap_err();
+            assert!(
+                e.to_string().contains("helper_workers must be 1 to 64"),
+                "{e}"
+            );
+        }
+    }
 
     #[test]
     fn the_config_is_found_without_the_environment() {

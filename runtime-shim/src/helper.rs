@@ -35,7 +35,7 @@ use crate::lease::DaemonClient;
 use crate::runclog::RuncLog;
 use serde::{Deserialize, Serialize};
 use std::io::{Read, Write};
-use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -521,10 +521,15 @@ fn listen(socket: &Path) -> Result<UnixListener, HelperError> {
         source,
     };
     if let Some(dir) = socket.parent() {
-        std::fs::create_dir_all(dir).map_err(|source| HelperError::Io {
-            path: dir.to_path_buf(),
-            source,
-        })?;
+        // Root's alone when it is made here (tmpfiles makes /run/tessera-runtime so).
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|source| HelperError::Io {
+                path: dir.to_path_buf(),
+                source,
+            })?;
     }
     match std::fs::symlink_metadata(socket) {
         Ok(m) if !m.file_type().is_socket() => {
@@ -615,4 +620,185 @@ pub fn serve(argv0: Option<&Path>) -> Result<(), HelperError> {
     }
     eprintln!("tessera-runtime serve: stopped ({sig:?})");
     Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    fn inv(args: &[&str]) -> Invocation {
+        cli::parse_strings(args.iter().map(ToString::to_string).collect()).unwrap()
+    }
+
+    #[test]
+    fn only_starts_with_absolute_paths_are_taken() {
+        assert_eq!(
+            not_servable(&inv(&["create", "--bundle", "/b", "c1"])),
+            None
+        );
+        assert_eq!(
+            not_servable(&inv(&[
+                "--root", "/run/r", "--log", "/l.json", "run", "-b", "/b", "c1"
+            ])),
+            None
+        );
+        for args in [
+            &["create", "c1"][..],
+            &["create", "--bundle", "b", "c1"],
+            &["--root", "r", "create", "--bundle", "/b", "c1"],
+            &["--log", "l.json", "run", "--bundle", "/b", "c1"],
+            &["delete", "c1"],
+            &["exec", "c1", "true"],
+            &["state", "c1"],
+        ] {
+            assert!(not_servable(&inv(args)).is_some(), "{args:?}");
+        }
+    }
+
+    #[test]
+    fn frames_round_trip_and_say_why_they_fail() {
+        let mut buf = Vec::new();
+        write_frame(&mut buf, &Reply::NotServed("why".into())).unwrap();
+        match read_frame::<Reply>(&buf[..]).unwrap() {
+            Reply::NotServed(w) => assert_eq!(w, "why"),
+            r @ Reply::Served { .. } => panic!("{r:?}"),
+        }
+        assert!(matches!(
+            read_frame::<Reply>(&[][..]),
+            Err(FrameError::Closed)
+        ));
+        assert!(matches!(
+            read_frame::<Reply>(&(MAX_FRAME + 1).to_be_bytes()[..]),
+            Err(FrameError::TooLarge(_))
+        ));
+        // Cut short: an IO error, not "closed".
+        assert!(matches!(
+            read_frame::<Reply>(&buf[..buf.len() - 1]),
+            Err(FrameError::Io(_))
+        ));
+    }
+
+    /// An Env for `create --bundle /b c1` whose helper socket is `socket`.
+    fn env_for(socket: &Path) -> Env {
+        let cfg = RuntimeConfig {
+            helper_socket: socket.to_path_buf(),
+            ..RuntimeConfig::default()
+        };
+        Env {
+            inv: inv(&["create", "--bundle", "/b", "c1"]),
+            cfg: Arc::new(cfg),
+            log: RuncLog::new(None, None),
+            stderr: Stderr::Buffer(std::cell::RefCell::new(String::new())),
+            stable_facts: None,
+        }
+    }
+
+    /// A one-shot helper on `socket`: reads one request, then answers what `reply`
+    /// gives (nothing when `None`). Returns the request it read.
+    fn fake_helper(socket: &Path, reply: Option<Reply>) -> std::thread::JoinHandle<Request> {
+        let l = UnixListener::bind(socket).unwrap();
+        std::thread::spawn(move || {
+            let (s, _) = l.accept().unwrap();
+            let req: Request = read_frame(&s).unwrap();
+            if let Some(r) = reply {
+                write_frame(&s, &r).unwrap();
+            }
+            req
+        })
+    }
+
+    fn stderr_of(env: &Env) -> String {
+        match &env.stderr {
+            Stderr::Buffer(b) => b.borrow().clone(),
+            Stderr::Process => String::new(),
+        }
+    }
+
+    #[test]
+    fn no_helper_or_not_served_leaves_the_start_to_decide_by_itself() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("helper.sock");
+        let config = Path::new("/etc/tessera/runtime.toml");
+        // Nobody there.
+        assert_eq!(ask(&env_for(&socket), config), None);
+        // Turned off.
+        assert_eq!(ask(&env_for(Path::new("")), config), None);
+        // A helper that says "not served".
+        let h = fake_helper(&socket, Some(Reply::NotServed("another config".into())));
+        assert_eq!(ask(&env_for(&socket), config), None);
+        let req = h.join().unwrap();
+        assert_eq!(req.protocol, PROTOCOL);
+        assert_eq!(req.config, config);
+        assert_eq!(req.args, ["create", "--bundle", "/b", "c1"]);
+        assert_eq!(req.exe, FileId::of(Path::new("/proc/self/exe")).unwrap());
+    }
+
+    #[test]
+    fn a_helper_that_took_the_start_and_gave_no_answer_refuses_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("helper.sock");
+        let h = fake_helper(&socket, None);
+        let env = env_for(&socket);
+        let out = ask(&env, Path::new("/etc/tessera/runtime.toml"));
+        h.join().unwrap();
+        assert_eq!(out, Some(Outcome::Exit(app::EXIT_REFUSED)));
+        let said = stderr_of(&env);
+        assert!(said.contains("took the start and gave no answer"), "{said}");
+    }
+
+    #[test]
+    fn a_helper_s_plan_must_exec_the_configured_runc_with_this_process_s_environment() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("helper.sock");
+        let plan = |program: &str| app::ExecPlan {
+            program: PathBuf::from(program),
+            args: vec!["create".into(), "--bundle".into(), "/b".into(), "c1".into()],
+            env: vec![("FROM_THE_HELPER".into(), "1".into())],
+            keep_fds_through: 2,
+            stdin: None,
+        };
+        // Another program than runc_path: refused.
+        let h = fake_helper(
+            &socket,
+            Some(Reply::Served {
+                stderr: String::new(),
+                outcome: Outcome::Exec(plan("/tmp/evil")),
+            }),
+        );
+        let env = env_for(&socket);
+        let out = ask(&env, Path::new("/etc/tessera/runtime.toml"));
+        h.join().unwrap();
+        assert_eq!(out, Some(Outcome::Exit(app::EXIT_REFUSED)));
+        assert!(stderr_of(&env).contains("not the configured runc"));
+        // The configured runc: taken, with this process's environment for runc.
+        std::fs::remove_file(&socket).unwrap();
+        let runc = RuntimeConfig::default().runc_path;
+        let h = fake_helper(
+            &socket,
+            Some(Reply::Served {
+                stderr: String::new(),
+                outcome: Outcome::Exec(plan(runc.to_str().unwrap())),
+            }),
+        );
+        let env = env_for(&socket);
+        let Some(Outcome::Exec(p)) = ask(&env, Path::new("/etc/tessera/runtime.toml")) else {
+            panic!("not an exec plan");
+        };
+        h.join().unwrap();
+        assert_eq!(p.program, runc);
+        assert_eq!(p.env, app::exec_env(&env.cfg));
+        // A refusal's lines come back for this process's stderr (printed by ask).
+        std::fs::remove_file(&socket).unwrap();
+        let h = fake_helper(
+            &socket,
+            Some(Reply::Served {
+                stderr: "tessera-runtime: refused\n".into(),
+                outcome: Outcome::Exit(1),
+            }),
+        );
+        let out = ask(&env_for(&socket), Path::new("/etc/tessera/runtime.toml"));
+        h.join().unwrap();
+        assert_eq!(out, Some(Outcome::Exit(1)));
+    }
 }
