@@ -756,3 +756,57 @@ fn a_container_on_a_two_gpu_lease_sees_exactly_its_two_gpus() {
         );
     }
 }
+
+/// The runtime helper (`tessera-runtime serve`) on the real daemon: a GPU container it
+/// admits is bound and audited as without it; while the daemon is down its starts are
+/// refused, naming the daemon; after the daemon's restart it connects again.
+#[test]
+fn gpu_containers_admitted_by_the_runtime_helper_are_bound_and_audited_across_a_daemon_restart() {
+    let Some(mut w) = World::new("") else { return };
+    let socket = w.dir.path().join("helper.sock");
+    let text_now = std::fs::read_to_string(&w.runtime_config).unwrap();
+    std::fs::write(
+        &w.runtime_config,
+        format!("helper_socket = {socket:?}\n{text_now}"),
+    )
+    .unwrap();
+    let helper = common::Helper::start(&w.runtime_config, &socket);
+    let r = rt();
+    let (_, token, resolved) = w.lease(&r, shape::whole());
+    w.mknod_lease_nodes(&resolved);
+    let b = w.bundle("helped", &["true"], &token);
+    let out = w.runtime(&["run", "--bundle", b.to_str().unwrap(), "e2e-h1"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let said = helper.said_once("run e2e-h1: admitted");
+    assert!(said.contains("run e2e-h1: admitted"), "{said}");
+    let audit = std::fs::read_to_string(w.daemon.dir.path().join("state/audit.jsonl")).unwrap();
+    assert!(
+        audit
+            .lines()
+            .any(|l| l.contains("BindContainer") && l.contains("\"ok\"")),
+        "{audit}"
+    );
+    assert!(
+        audit
+            .lines()
+            .any(|l| l.contains("\"runtime\"") && l.contains("e2e-h1") && l.contains("admitted")),
+        "{audit}"
+    );
+    // The daemon goes: the helper's connection breaks and the start is refused.
+    w.daemon.kill().unwrap();
+    let b = w.bundle("helped2", &["true"], &token);
+    let out = w.runtime(&["run", "--bundle", b.to_str().unwrap(), "e2e-h2"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr).to_lowercase();
+    assert!(
+        err.contains("tesserad") || err.contains("daemon"),
+        "the refusal names the daemon: {err}"
+    );
+    // Back: the helper connects again.
+    w.daemon.spawn().unwrap();
+    let b = w.bundle("helped3", &["true"], &token);
+    let out = w.runtime(&["run", "--bundle", b.to_str().unwrap(), "e2e-h3"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let said = helper.said_once("run e2e-h3: admitted");
+    assert!(said.contains("run e2e-h3: admitted"), "{said}");
+}
