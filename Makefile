@@ -253,9 +253,6 @@ install:
 	sed 's|/usr/local/bin/|$(BINDIR)/|g; s|/etc/tessera/|$(CONFDIR)/|g' systemd/tesserad.service \
 	  > "$(DESTDIR)$(UNITDIR)/tesserad.service"
 	chmod 0644 "$(DESTDIR)$(UNITDIR)/tesserad.service"
-	sed 's|/usr/local/bin/|$(BINDIR)/|g; s|/etc/tessera/|$(CONFDIR)/|g' systemd/tessera-runtime-helper.service \
-	  > "$(DESTDIR)$(UNITDIR)/tessera-runtime-helper.service"
-	chmod 0644 "$(DESTDIR)$(UNITDIR)/tessera-runtime-helper.service"
 	install -D -m 0644 systemd/tessera.tmpfiles.conf "$(DESTDIR)$(TMPFILESDIR)/tessera.conf"
 	install -D -m 0644 systemd/tessera.sysusers.conf "$(DESTDIR)$(SYSUSERSDIR)/tessera.conf"
 	@conf() { src=$$1; dst=$$2; \
@@ -280,7 +277,7 @@ install:
 	  else install -m 0644 "$$f" "$$dst"; echo "install: $$dst"; fi; \
 	done; \
 	[ $$found = 1 ] || echo "install: WARNING: no AppArmor profiles under $(CONFIGS)/apparmor" >&2
-	@echo "install: done. Then: systemd-sysusers; systemd-tmpfiles --create; systemctl daemon-reload; systemctl enable --now tesserad tessera-runtime-helper"
+	@echo "install: done. Then: systemd-sysusers; systemd-tmpfiles --create; systemctl daemon-reload; systemctl enable --now tesserad"
 
 clean:
 	$(CARGO) clean

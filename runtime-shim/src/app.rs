@@ -13,7 +13,6 @@ use serde_json::Value;
 use std::ffi::OsString;
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 /// Exit code for a bad runtime config or seccomp profile (EX_USAGE-like: 64).
@@ -28,7 +27,7 @@ pub const RUNC_PATH_ENV: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/b
 pub const MAX_STDIN: usize = 60 * 1024;
 
 /// How to exec the real runtime.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExecPlan {
     pub program: PathBuf,
     pub args: Vec<String>,
@@ -40,48 +39,23 @@ pub struct ExecPlan {
 }
 
 /// What `main` must do.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     Exec(ExecPlan),
     Exit(i32),
 }
 
-/// One invocation: its arguments, the config, runc's log, and where its own stderr
-/// lines go.
-pub(crate) struct Env {
-    pub(crate) inv: Invocation,
-    pub(crate) cfg: Arc<RuntimeConfig>,
-    pub(crate) log: RuncLog,
-    pub(crate) stderr: Stderr,
-    /// Host facts kept across starts (the runtime helper); `None`: read them all.
-    pub(crate) stable_facts: Option<Arc<crate::host::StableFacts>>,
-}
-
-/// Where an invocation's stderr lines go: this process's stderr, or (in the runtime
-/// helper) a buffer sent back to the invocation that asked.
-pub(crate) enum Stderr {
-    Process,
-    Buffer(std::cell::RefCell<String>),
-}
-
-impl Stderr {
-    pub(crate) fn line(&self, line: &str) {
-        match self {
-            Stderr::Process => eprintln!("{line}"),
-            Stderr::Buffer(b) => {
-                let mut b = b.borrow_mut();
-                b.push_str(line);
-                b.push('\n');
-            }
-        }
-    }
+struct Env {
+    inv: Invocation,
+    cfg: RuntimeConfig,
+    log: RuncLog,
 }
 
 impl Env {
     /// Refuse in one line, once on stderr and once as the last error of runc's log
     /// (containerd and conmon show that line); reasons left out of it go to the log
     /// first, as a warning.
-    pub(crate) fn refuse(&self, what: &str, reasons: &[String]) -> Outcome {
+    fn refuse(&self, what: &str, reasons: &[String]) -> Outcome {
         let (line, cut) = harden::refusal_line(what, reasons);
         if cut {
             self.log.warn(&format!(
@@ -89,7 +63,7 @@ impl Env {
                 reasons.join("; ").replace(['\n', '\r'], " ")
             ));
         }
-        self.stderr.line(&line);
+        eprintln!("{line}");
         self.log.error(&line);
         Outcome::Exit(EXIT_REFUSED)
     }
@@ -142,26 +116,20 @@ impl Env {
         if let Err(e) = check_runtime_binary(&self.cfg.runc_path) {
             return self.refuse("exec of the real runtime", &[e]);
         }
+        let mut env = vec![("PATH".to_string(), RUNC_PATH_ENV.to_string())];
+        for name in &self.cfg.env_passthrough {
+            if let Ok(v) = std::env::var(name) {
+                env.push((name.clone(), v));
+            }
+        }
         Outcome::Exec(ExecPlan {
             program: self.cfg.runc_path.clone(),
             args,
-            env: exec_env(&self.cfg),
+            env,
             keep_fds_through: 2 + keep_extra,
             stdin,
         })
     }
-}
-
-/// The environment runc gets: a fixed PATH, and the variables the config passes on
-/// (from this process's environment).
-pub fn exec_env(cfg: &RuntimeConfig) -> Vec<(String, String)> {
-    let mut env = vec![("PATH".to_string(), RUNC_PATH_ENV.to_string())];
-    for name in &cfg.env_passthrough {
-        if let Ok(v) = std::env::var(name) {
-            env.push((name.clone(), v));
-        }
-    }
-    env
 }
 
 /// The real runtime must be a regular executable file that only its owner (root or the
@@ -212,17 +180,11 @@ pub fn run_as(argv0: Option<PathBuf>, args: Vec<OsString>) -> Outcome {
         }
     };
     let log = RuncLog::new(inv.global.log.as_deref(), inv.global.log_format.as_deref());
-    let (cfg, found) = match RuntimeConfig::load_discovered(argv0.as_deref()) {
-        Ok(c) => c,
+    let cfg = match RuntimeConfig::load_discovered(argv0.as_deref()) {
+        Ok((c, _)) => c,
         Err(e) => return config_error(&log, &e),
     };
-    let env = Env {
-        inv,
-        cfg: Arc::new(cfg),
-        log,
-        stderr: Stderr::Process,
-        stable_facts: None,
-    };
+    let env = Env { inv, cfg, log };
     let Some((cmd, sub)) = env.inv.command.clone() else {
         return env.plan(0, None);
     };
@@ -234,20 +196,7 @@ pub fn run_as(argv0: Option<PathBuf>, args: Vec<OsString>) -> Outcome {
                 &["restore is refused: a CRIU image can carry any process state and mounts, outside the policy table".to_string()],
             )
         }
-        Command::Create | Command::Run => {
-            // A warm helper admits the start when one serves this config; it does
-            // what the lines below would, in a process that is already running.
-            if let Some(out) = crate::helper::ask(&env, &found.path) {
-                return out;
-            }
-            let client = env.client();
-            let out = create(&env, cmd, &sub, client.as_ref());
-            // Not dropped: closing the connection and the RPC runtime gracefully is
-            // work that exec makes moot. exec replaces the process image; the socket
-            // is close-on-exec (see `exec_plan`), so the daemon sees it close.
-            std::mem::forget(client);
-            out
-        }
+        Command::Create | Command::Run => create(&env, cmd, &sub),
         Command::Exec => exec(&env, &sub),
         Command::Update => update(&env, &sub),
         Command::Delete => delete(&env, &sub),
@@ -255,7 +204,7 @@ pub fn run_as(argv0: Option<PathBuf>, args: Vec<OsString>) -> Outcome {
     }
 }
 
-pub(crate) fn config_error(log: &RuncLog, e: &ConfigError) -> Outcome {
+fn config_error(log: &RuncLog, e: &ConfigError) -> Outcome {
     let msg = format!("tessera-runtime: bad runtime config: {e}");
     eprintln!("{msg}");
     log.error(&msg);
@@ -296,7 +245,7 @@ fn admit(
         tokens,
         lease,
     } = spec_and_lease(env, client, bundle, id)?;
-    let host = HostFacts::gather_using(&env.cfg.nvidia_proc_root, env.stable_facts.as_deref());
+    let host = HostFacts::gather(&env.cfg.nvidia_proc_root);
     let runc_root = env.runtime_root();
     let ctx = Context {
         config: &env.cfg,
@@ -435,15 +384,7 @@ fn report(
     }
 }
 
-/// `create` and `run`: admit the spec, bind the container to its leases, write the
-/// hardened config.json, and plan the exec of runc. `client` talks to the daemon
-/// (`None`: its socket is not there).
-pub(crate) fn create(
-    env: &Env,
-    cmd: Command,
-    sub: &SubArgs,
-    client: Option<&DaemonClient>,
-) -> Outcome {
+fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
     let id = sub.first_positional().unwrap_or_default().to_string();
     let what = format!("{} {id}", cmd.name());
     let keep = match preserve_fds(sub) {
@@ -451,16 +392,25 @@ pub(crate) fn create(
         Err(e) => return env.refuse(&what, &[e]),
     };
     let bundle = bundle_dir(sub);
+    let client = env.client();
     // Report a refusal to the daemon (audit), then refuse.
     let refuse_reported = |reasons: Vec<String>, lease_id: &str| {
-        report(env, client, &id, lease_id, false, &reasons, cmd.name());
+        report(
+            env,
+            client.as_ref(),
+            &id,
+            lease_id,
+            false,
+            &reasons,
+            cmd.name(),
+        );
         env.refuse(&what, &reasons)
     };
     // runc's version is asked now and judged once the spec is decided, before
     // anything is bound, written or run.
     let cache = crate::runc_cves::VersionCache::new(&env.cfg.state_dir);
     let runc_version = crate::runc_cves::start(&env.cfg.runc_path, Some(&cache));
-    let adm = match admit(env, client, &bundle, &id) {
+    let adm = match admit(env, client.as_ref(), &bundle, &id) {
         Ok(a) => a,
         Err((reasons, lease_id)) => return refuse_reported(reasons, &lease_id),
     };
@@ -486,19 +436,27 @@ pub(crate) fn create(
         Err(e) => return refuse_reported(vec![e.to_string()], &lease_id),
     };
     if !adm.tokens.is_empty()
-        && let Err(reason) = bind_all(env, client, &adm, &id, cmd)
+        && let Err(reason) = bind_all(env, client.as_ref(), &adm, &id, cmd)
     {
         // `staged` is dropped with its temp file: config.json stays the tenant's.
         return refuse_reported(vec![reason], &lease_id);
     }
     if let Err(e) = staged.commit() {
         let reasons = vec![e.to_string()];
-        if let Some(c) = client
+        if let Some(c) = client.as_ref()
             && !adm.tokens.is_empty()
         {
             let _ = c.unbind(&id);
         }
-        report(env, client, &id, &lease_id, false, &reasons, cmd.name());
+        report(
+            env,
+            client.as_ref(),
+            &id,
+            &lease_id,
+            false,
+            &reasons,
+            cmd.name(),
+        );
         return env.refuse(&what, &reasons);
     }
     for n in &adm.decision.notes {
@@ -509,8 +467,12 @@ pub(crate) fn create(
         }
     }
     if adm.tokens.is_empty() {
-        report(env, client, &id, &lease_id, true, &[], cmd.name());
+        report(env, client.as_ref(), &id, &lease_id, true, &[], cmd.name());
     }
+    // Not dropped: closing the connection and the RPC runtime gracefully is work
+    // that exec makes moot. exec replaces the process image; the socket is
+    // close-on-exec (see `exec_plan`), so the daemon sees it close.
+    std::mem::forget(client);
     env.plan(keep, None)
 }
 

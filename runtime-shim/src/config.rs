@@ -68,12 +68,6 @@ fn default_nvidia_proc() -> PathBuf {
 fn default_state_dir() -> PathBuf {
     PathBuf::from("/run/tessera-runtime")
 }
-fn default_helper_socket() -> PathBuf {
-    PathBuf::from("/run/tessera-runtime/helper.sock")
-}
-fn default_helper_workers() -> usize {
-    4
-}
 fn default_passthrough() -> Vec<String> {
     vec!["NOTIFY_SOCKET".to_string()]
 }
@@ -117,14 +111,6 @@ pub struct RuntimeConfig {
     /// one not root's alone is ignored).
     #[serde(default = "default_state_dir")]
     pub state_dir: PathBuf,
-    /// Where the runtime helper (`tessera-runtime serve`) listens, and where each
-    /// `create` and `run` asks it first; a start that finds no helper there admits the
-    /// container itself. Empty: never asked (and `serve` refuses to start).
-    #[serde(default = "default_helper_socket")]
-    pub helper_socket: PathBuf,
-    /// How many starts the helper admits at once (1 to 64).
-    #[serde(default = "default_helper_workers")]
-    pub helper_workers: usize,
     #[serde(default)]
     pub policy: Policy,
 }
@@ -142,8 +128,6 @@ impl Default for RuntimeConfig {
             nvidia_cdi_specs: None,
             runc_cve_acknowledged: Vec::new(),
             state_dir: default_state_dir(),
-            helper_socket: default_helper_socket(),
-            helper_workers: default_helper_workers(),
             policy: Policy::default(),
         }
     }
@@ -262,18 +246,6 @@ impl RuntimeConfig {
         if !self.state_dir.is_absolute() {
             return Err(bad("state_dir must be absolute".to_string()));
         }
-        if !self.helper_socket.as_os_str().is_empty() && !self.helper_socket.is_absolute() {
-            return Err(bad(format!(
-                "helper_socket must be absolute (or empty: no helper), got {}",
-                self.helper_socket.display()
-            )));
-        }
-        if !(1..=64).contains(&self.helper_workers) {
-            return Err(bad(format!(
-                "helper_workers must be 1 to 64, got {}",
-                self.helper_workers
-            )));
-        }
         if self.daemon_timeout_ms == 0 {
             return Err(bad("daemon_timeout_ms must be positive".to_string()));
         }
@@ -355,31 +327,6 @@ fn check_owner(path: &Path) -> Result<(), ConfigError> {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_helper_keys_are_checked() {
-        let p = Path::new("/etc/tessera/runtime.toml");
-        let d = RuntimeConfig::parse("", p).unwrap();
-        assert_eq!(
-            d.helper_socket,
-            PathBuf::from("/run/tessera-runtime/helper.sock")
-        );
-        assert_eq!(d.helper_workers, 4);
-        let off = RuntimeConfig::parse("helper_socket = \"\"", p).unwrap();
-        assert!(off.helper_socket.as_os_str().is_empty());
-        let e = RuntimeConfig::parse("helper_socket = \"helper.sock\"", p).unwrap_err();
-        assert!(
-            e.to_string().contains("helper_socket must be absolute"),
-            "{e}"
-        );
-        for n in [0, 65] {
-            let e = RuntimeConfig::parse(&format!("helper_workers = {n}"), p).unwrap_err();
-            assert!(
-                e.to_string().contains("helper_workers must be 1 to 64"),
-                "{e}"
-            );
-        }
-    }
 
     #[test]
     fn the_config_is_found_without_the_environment() {

@@ -24,67 +24,14 @@ pub struct HostFacts {
 impl HostFacts {
     /// Read the facts from this host.
     pub fn gather(nvidia_proc_root: &Path) -> Self {
-        Self::gather_using(nvidia_proc_root, None)
-    }
-
-    /// Read the facts, taking AppArmor's state and the GPU majors from `stable` when it
-    /// has them fresh. The driver's `gpus/` and `capabilities/` entries are always read
-    /// afresh: a MIG instance made a moment ago must be masked from every other tenant.
-    pub fn gather_using(nvidia_proc_root: &Path, stable: Option<&StableFacts>) -> Self {
-        let (apparmor, gpu_majors) = match stable {
-            Some(cache) => cache.get(),
-            None => read_stable(),
-        };
         Self {
-            apparmor,
-            gpu_majors,
+            apparmor: apparmor_host(),
+            gpu_majors: read_proc("/proc/devices")
+                .map(|t| nvidia_majors(&t))
+                .unwrap_or_default(),
             nvidia_gpus: nvidia_gpus(&nvidia_proc_root.join("gpus")),
             nvidia_capabilities: nvidia_capabilities(&nvidia_proc_root.join("capabilities")),
         }
-    }
-}
-
-fn read_stable() -> (AppArmorHost, Vec<i64>) {
-    (
-        apparmor_host(),
-        read_proc("/proc/devices")
-            .map(|t| nvidia_majors(&t))
-            .unwrap_or_default(),
-    )
-}
-
-/// The host facts that change only when the driver is reloaded (the GPU majors: no
-/// driver unloads while a GPU is open) or a policy is loaded (AppArmor's state), kept
-/// for at most `max_age` by a process that admits many starts (the runtime helper).
-/// The kernel formats every driver's line on each read of /proc/devices; the daemon
-/// keeps its read for a second too.
-#[derive(Debug)]
-pub struct StableFacts {
-    max_age: std::time::Duration,
-    slot: std::sync::Mutex<Option<(std::time::Instant, AppArmorHost, Vec<i64>)>>,
-}
-
-impl StableFacts {
-    pub fn new(max_age: std::time::Duration) -> Self {
-        Self {
-            max_age,
-            slot: std::sync::Mutex::new(None),
-        }
-    }
-
-    fn get(&self) -> (AppArmorHost, Vec<i64>) {
-        let mut slot = self
-            .slot
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some((at, apparmor, majors)) = slot.as_ref()
-            && at.elapsed() < self.max_age
-        {
-            return (apparmor.clone(), majors.clone());
-        }
-        let (apparmor, majors) = read_stable();
-        *slot = Some((std::time::Instant::now(), apparmor.clone(), majors.clone()));
-        (apparmor, majors)
     }
 }
 

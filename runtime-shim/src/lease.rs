@@ -434,7 +434,7 @@ impl DaemonClient {
         let socket = self.socket.clone();
         let cached = self.channel.borrow().clone();
         let slot = &self.channel;
-        let out = self.rt.block_on(async move {
+        self.rt.block_on(async move {
             let work = async {
                 let channel = match cached {
                     Some(c) => c,
@@ -457,22 +457,7 @@ impl DaemonClient {
             tokio::time::timeout(timeout, work)
                 .await
                 .map_err(|_| LeaseError::Timeout(timeout))?
-        });
-        // A connection that failed or hung is not used again: the next call makes a
-        // new one (the runtime helper keeps its client across starts and daemon
-        // restarts).
-        if matches!(
-            out,
-            Err(LeaseError::Unavailable { .. }
-                | LeaseError::Timeout(_)
-                | LeaseError::Rpc {
-                    code: tonic::Code::Unknown,
-                    ..
-                })
-        ) {
-            *self.channel.borrow_mut() = None;
-        }
-        out
+        })
     }
 
     /// Resolve a token to its lease.

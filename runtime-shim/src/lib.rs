@@ -9,7 +9,6 @@ pub mod bundle;
 pub mod cli;
 pub mod config;
 pub mod harden;
-pub mod helper;
 pub mod host;
 pub mod lease;
 pub mod policy;

@@ -127,7 +127,7 @@ fn golden_lease_spec() {
     let s = &d.spec;
     // The essentials, spelled out (the golden file pins the rest).
     assert_eq!(s["process"]["noNewPrivileges"], true);
-    assert_eq!(s["linux"]["seccomp"], *fx.profile.oci);
+    assert_eq!(s["linux"]["seccomp"], fx.profile.oci);
     assert_eq!(
         s["linux"]["devices"],
         json!([

@@ -391,7 +391,7 @@ proptest! {
                 let mm = (r["major"].as_i64().unwrap(), r["minor"].as_i64().unwrap());
                 prop_assert!(r["allow"] == true && allowed.contains(&mm), "rule {r} outside the lease");
             }
-            prop_assert_eq!(&s["linux"]["seccomp"], &*profile.oci);
+            prop_assert_eq!(&s["linux"]["seccomp"], &profile.oci);
             prop_assert_eq!(&s["process"]["noNewPrivileges"], &json!(true));
             for set in ["bounding", "effective", "permitted", "ambient", "inheritable"] {
                 for c in s["process"]["capabilities"][set].as_array().unwrap() {

@@ -36,11 +36,6 @@ struct Env {
 
 impl Env {
     fn new() -> Option<Self> {
-        Self::with_config("")
-    }
-
-    /// `extra`: top-level keys of the runtime config.
-    fn with_config(extra: &str) -> Option<Self> {
         if !common::can_run_as_root("runc integration", &["runc", "busybox", "cc"]) {
             return None;
         }
@@ -72,7 +67,7 @@ impl Env {
             Err((tonic::Code::PermissionDenied, "lease expired".into())),
         );
         let daemon = common::FakeDaemon::start(&socket, answers);
-        let config = common::runtime_config(dir.path(), &socket, &proc_root, extra);
+        let config = common::runtime_config(dir.path(), &socket, &proc_root, "");
         let root = dir.path().join("runc-root");
         Some(Self {
             dev,
@@ -203,25 +198,6 @@ fn leased_container_sees_only_its_gpu_and_runs_hardened() {
     let out = env.runtime(&["run", "--bundle", b.to_str().unwrap(), &id], None);
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "run failed: {stdout}\n{stderr}");
-    assert_leased_and_hardened(&stdout, &stderr);
-    let rec = env.daemon().recorded();
-    assert_eq!(rec.resolves, ["tok-good"]);
-    assert_eq!(rec.binds.len(), 1);
-    assert_eq!(rec.binds[0].container_id, id);
-    assert_eq!(
-        rec.binds[0].cgroup_path,
-        format!("/{}/lease-1/{id}", env.cgroup_prefix)
-    );
-    assert_eq!(rec.binds[0].runtime_root, env.root.to_str().unwrap());
-    assert!(
-        rec.reports
-            .iter()
-            .any(|r| r.admitted && r.lease_id == "lease-1" && r.command == "run")
-    );
-}
-
-/// What SCRIPT prints in a container on lease-1 (tok-good), hardened.
-fn assert_leased_and_hardened(stdout: &str, stderr: &str) {
     let want = [
         "open /dev/nvidia0 errno=6", // leased: ENXIO (no driver behind the node)
         "open /dev/nvidiactl errno=6", // leased
@@ -259,158 +235,20 @@ fn assert_leased_and_hardened(stdout: &str, stderr: &str) {
     for o in ["nosuid", "nodev", "noexec"] {
         assert!(mps.contains(o), "MPS mount lacks {o}: {mps}");
     }
-}
-
-/// An Env whose runtime config names a helper socket in its dir, and that helper.
-fn with_helper(extra: &str) -> Option<(Env, common::Helper)> {
-    // The socket goes in the Env's dir: the config is written again with it.
-    let env = Env::with_config(extra)?;
-    let socket = env.dir.path().join("helper.sock");
-    let text = std::fs::read_to_string(&env.config).unwrap();
-    std::fs::write(&env.config, format!("helper_socket = {socket:?}\n{text}")).unwrap();
-    let helper = common::Helper::start(&env.config, &socket);
-    Some((env, helper))
-}
-
-#[test]
-fn the_helper_takes_a_leased_start_and_the_container_runs_as_hardened_as_without_it() {
-    let Some((env, helper)) = with_helper("") else {
-        return;
-    };
-    let b = env.bundle("hb1", &["sh", "-c", SCRIPT], Some("tok-good"));
-    let id = format!("t{}-helper", std::process::id());
-    let out = env.runtime(&["run", "--bundle", b.to_str().unwrap(), &id], None);
-    let (stdout, stderr) = text(&out);
-    assert!(out.status.success(), "run failed: {stdout}\n{stderr}");
-    assert_leased_and_hardened(&stdout, &stderr);
-    // The helper decided it (the same resolve, bind and report as without it)...
-    let said = helper.said_once(&format!("run {id}: admitted"));
-    assert!(said.contains(&format!("run {id}: admitted")), "{said}");
     let rec = env.daemon().recorded();
     assert_eq!(rec.resolves, ["tok-good"]);
     assert_eq!(rec.binds.len(), 1);
     assert_eq!(rec.binds[0].container_id, id);
+    assert_eq!(
+        rec.binds[0].cgroup_path,
+        format!("/{}/lease-1/{id}", env.cgroup_prefix)
+    );
     assert_eq!(rec.binds[0].runtime_root, env.root.to_str().unwrap());
-    // ...and the hardened config.json is in the bundle, as runc ran it.
-    let written: Value =
-        serde_json::from_slice(&std::fs::read(b.join("config.json")).unwrap()).unwrap();
-    assert_eq!(written["process"]["noNewPrivileges"], true);
-    assert!(written["linux"]["seccomp"].is_object());
-}
-
-#[test]
-fn the_helper_refuses_what_the_runtime_refuses_and_the_start_says_why() {
-    let Some((env, helper)) = with_helper("") else {
-        return;
-    };
-    let mut hostile = common::base_spec(&["true"]);
-    hostile["root"]["path"] = json!(env.dir.path().join("rootfs"));
-    hostile["hooks"] =
-        json!({"prestart": [{"path": "/bin/sh", "args": ["sh", "-c", "touch /tmp/pwned"]}]});
-    for (name, token, want) in [
-        ("hrevoked", Some("tok-revoked"), "is REVOKED, not ACTIVE"),
-        ("hhook", None, "hooks"),
-    ] {
-        let b = env.bundle(name, &["true"], token);
-        if token.is_none() {
-            common::write_spec(&b, &hostile);
-        }
-        let out = env.runtime(&["create", "--bundle", b.to_str().unwrap(), name], None);
-        let (_, stderr) = text(&out);
-        assert_eq!(out.status.code(), Some(1), "{name}: {stderr}");
-        assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
-        assert!(stderr.contains(want), "{name}: {stderr}");
-        // runc's log (containerd shows its last error) has the line too.
-        assert!(env.last_log()["msg"].as_str().unwrap().contains(want));
-        assert!(!env.root.join(name).exists(), "runc must not have run");
-        let line = format!("create {name}: refused (exit 1)");
-        let said = helper.said_once(&line);
-        assert!(said.contains(&line), "{said}");
-    }
-    // The same refusal without the helper, word for word.
-    let b = env.bundle("hhook2", &["true"], None);
-    common::write_spec(&b, &hostile);
-    let plain = env.dir.path().join("no-helper.toml");
-    let with = std::fs::read_to_string(&env.config).unwrap();
-    std::fs::write(
-        &plain,
-        format!("helper_socket = \"\"\n{}", with.split_once('\n').unwrap().1),
-    )
-    .unwrap();
-    let through_helper = env.runtime(&["create", "--bundle", b.to_str().unwrap(), "hhook2"], None);
-    let mut cmd = Command::new(common::runtime_bin());
-    let alone = cmd
-        .env("TESSERA_RUNTIME_CONFIG", &plain)
-        .arg("--root")
-        .arg(&env.root)
-        .args(["create", "--bundle", b.to_str().unwrap(), "hhook2"])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert_eq!(alone.status.code(), Some(1));
-    let reason = |s: &[u8]| String::from_utf8_lossy(s).trim().replace("hhook2", "ID");
-    assert_eq!(reason(&through_helper.stderr), reason(&alone.stderr));
-    assert!(!Path::new("/tmp/pwned").exists());
-}
-
-#[test]
-fn a_start_decides_by_itself_when_its_helper_cannot_take_it_or_is_gone() {
-    let Some((env, mut helper)) = with_helper("") else {
-        return;
-    };
-    // A helper started for another config on the same socket does not take starts of
-    // this one: the start decides by itself and says why in runc's log.
-    helper.stop();
-    let other = env.dir.path().join("other.toml");
-    std::fs::copy(&env.config, &other).unwrap();
-    let mut stranger = common::Helper::start(&other, &helper.socket);
-    let b = env.bundle("hs1", &["true"], Some("tok-good"));
-    let out = env.runtime(&["run", "--bundle", b.to_str().unwrap(), "hs1"], None);
-    let (stdout, stderr) = text(&out);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
-    let said = stranger.said_once("not served: the caller's config is");
     assert!(
-        said.contains("not served: the caller's config is"),
-        "{said}"
+        rec.reports
+            .iter()
+            .any(|r| r.admitted && r.lease_id == "lease-1" && r.command == "run")
     );
-    let log = std::fs::read_to_string(env.log()).unwrap();
-    assert!(
-        log.contains("the runtime helper did not take this start"),
-        "{log}"
-    );
-    assert_eq!(env.daemon().recorded().binds.len(), 1, "bound once");
-    // A stopped helper removes its socket: starts decide by themselves.
-    assert!(stranger.stop().success());
-    assert!(!helper.socket.exists(), "the socket is removed");
-    let b = env.bundle("hs2", &["true"], Some("tok-good"));
-    let out = env.runtime(&["run", "--bundle", b.to_str().unwrap(), "hs2"], None);
-    assert!(out.status.success(), "{:?}", text(&out));
-    assert_eq!(env.daemon().recorded().binds.len(), 2);
-}
-
-#[test]
-fn the_helper_reads_its_config_again_when_it_changes() {
-    let Some((env, helper)) = with_helper("") else {
-        return;
-    };
-    let b = env.bundle("hc1", &["true"], None);
-    let out = env.runtime(&["run", "--bundle", b.to_str().unwrap(), "hc1"], None);
-    assert!(out.status.success(), "{:?}", text(&out));
-    // The policy now refuses containers without a lease token.
-    let text_now = std::fs::read_to_string(&env.config).unwrap();
-    std::fs::write(
-        &env.config,
-        text_now.replace("[policy]\n", "[policy]\nno_token = \"refuse\"\n"),
-    )
-    .unwrap();
-    let b = env.bundle("hc2", &["true"], None);
-    let out = env.runtime(&["run", "--bundle", b.to_str().unwrap(), "hc2"], None);
-    let (_, stderr) = text(&out);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains("carries no lease token"), "{stderr}");
-    let said = helper.said_once("run hc2: refused");
-    assert!(said.contains("changed; read again"), "{said}");
-    assert!(said.contains("run hc2: refused"), "{said}");
 }
 
 #[test]

@@ -8,13 +8,9 @@
 //!   tenant profile's rules, for all of containerd's architectures) -- the fair baseline;
 //! - runc on the spec tessera-runtime produces (what runc itself costs with the tenant
 //!   seccomp, masks and device rules);
-//! - tessera-runtime on the tenant's spec (hardening, atomic config.json write, exec runc),
-//!   taken by a runtime helper (`tessera-runtime serve`, started by the bench for its
-//!   config, as a host runs it under systemd), and the same without a helper (the
-//!   runtime decides in its own process);
+//! - tessera-runtime on the tenant's spec (hardening, atomic config.json write, exec runc);
 //! - tessera-runtime alone: `run` with `runc_path` set to `true`, so everything but runc
-//!   (the config.json write included, with its own helper), and `check` (hardening, no
-//!   write, never a helper), and `true` alone;
+//!   (the config.json write included), and `check` (hardening, no write), and `true` alone;
 //! - runc on the hardened spec again, after the machine idled 5 ms (untimed): on a
 //!   virtual machine whose idle vCPUs halt, a start that follows idle time is slower
 //!   than one that follows work, and tessera-runtime's runc follows its waits on the
@@ -314,20 +310,13 @@ fn state_dir(dir: &Path) -> PathBuf {
     dir.join("runtime-state")
 }
 
-fn runtime_config(
-    path: &Path,
-    runc: &Path,
-    socket: &Path,
-    helper: Option<&Path>,
-    dir: &Path,
-) -> Result<()> {
+fn runtime_config(path: &Path, runc: &Path, socket: &Path, dir: &Path) -> Result<()> {
     std::fs::write(
         path,
         format!(
-            "runc_path = {:?}\ndaemon_socket = {:?}\nhelper_socket = {:?}\nnvidia_proc_root = {:?}\nstate_dir = {:?}\nrunc_cve_acknowledged = [{}]\n[policy]\napparmor = \"if-available\"\ncontainer_storage_roots = [{:?}]\n",
+            "runc_path = {:?}\ndaemon_socket = {:?}\nnvidia_proc_root = {:?}\nstate_dir = {:?}\nrunc_cve_acknowledged = [{}]\n[policy]\napparmor = \"if-available\"\ncontainer_storage_roots = [{:?}]\n",
             runc,
             socket,
-            helper.unwrap_or(Path::new("")),
             dir.join("no-nvidia"),
             state_dir(dir),
             // Measured on whatever runc the machine has: the check still runs on
@@ -355,58 +344,7 @@ const VARIANTS: &[&str] = &[
     "tessera-runtime alone: check",
     "true alone",
     "runc run (hardened spec) after 5 ms idle",
-    "tessera-runtime run, no helper",
 ];
-
-/// A runtime helper (`tessera-runtime serve`) for one config, stopped on drop.
-struct Helper {
-    child: Child,
-}
-
-impl Helper {
-    fn start(runtime: &Path, config: &Path, socket: &Path, log: &Path) -> Result<Helper> {
-        let log_file =
-            std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
-        let child = Command::new(runtime)
-            .arg("serve")
-            .env("TESSERA_RUNTIME_CONFIG", config)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log_file)
-            .spawn()
-            .with_context(|| format!("starting {} serve", runtime.display()))?;
-        let mut me = Helper { child };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::os::unix::net::UnixStream::connect(socket).is_err() {
-            if let Some(status) = me.child.try_wait()? {
-                bail!(
-                    "{} serve exited ({status}): {}",
-                    runtime.display(),
-                    std::fs::read_to_string(log).unwrap_or_default()
-                );
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "{} serve: no socket at {} after 10 s",
-                    runtime.display(),
-                    socket.display()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        Ok(me)
-    }
-}
-
-impl Drop for Helper {
-    fn drop(&mut self) {
-        if let Ok(pid) = i32::try_from(self.child.id()) {
-            let _ =
-                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGTERM);
-        }
-        let _ = self.child.wait();
-    }
-}
 
 /// splitmix64: the bench's order of variants, the same for every run.
 struct SplitMix64(u64);
@@ -623,31 +561,8 @@ fn bench(args: &Args, dir: &Path) -> Result<()> {
         .daemon_socket
         .clone()
         .unwrap_or_else(|| dir.join("no-daemon.sock"));
-    let config_plain = dir.join("runtime-no-helper.toml");
-    let (helper_sock, helper_true_sock) = (dir.join("helper.sock"), dir.join("helper-true.sock"));
-    runtime_config(&config, &args.runc, &socket, Some(&helper_sock), dir)?;
-    runtime_config(
-        &config_true,
-        &true_bin,
-        &socket,
-        Some(&helper_true_sock),
-        dir,
-    )?;
-    runtime_config(&config_plain, &args.runc, &socket, None, dir)?;
-    let _helpers = [
-        Helper::start(
-            &args.runtime,
-            &config,
-            &helper_sock,
-            &dir.join("helper.log"),
-        )?,
-        Helper::start(
-            &args.runtime,
-            &config_true,
-            &helper_true_sock,
-            &dir.join("helper-true.log"),
-        )?,
-    ];
+    runtime_config(&config, &args.runc, &socket, dir)?;
+    runtime_config(&config_true, &true_bin, &socket, dir)?;
     // `true` stands in for runc in the runtime-only timing: the version cache says
     // what a fixed runc would, so that, as with the real runc after the first start,
     // no `--version` is run (the real runc's answer is cached by the warm-up).
@@ -691,7 +606,6 @@ fn bench(args: &Args, dir: &Path) -> Result<()> {
 
     let env: [(&str, &Path); 1] = [("TESSERA_RUNTIME_CONFIG", &config)];
     let env_true: [(&str, &Path); 1] = [("TESSERA_RUNTIME_CONFIG", &config_true)];
-    let env_plain: [(&str, &Path); 1] = [("TESSERA_RUNTIME_CONFIG", &config_plain)];
     let root_s = root.to_string_lossy().into_owned();
     let alone_s = alone.to_string_lossy().into_owned();
     let mut times: Vec<Vec<Sample>> = vec![Vec::new(); VARIANTS.len()];
@@ -700,9 +614,6 @@ fn bench(args: &Args, dir: &Path) -> Result<()> {
     std::fs::write(tess.join("config.json"), &original)?;
     time_run(&args.runtime, &root, tess, "warm-1", &env)?;
     runtime_delete(&args.runtime, &root_s, "warm-1", &env)?;
-    std::fs::write(tess.join("config.json"), &original)?;
-    time_run(&args.runtime, &root, tess, "warm-2", &env_plain)?;
-    runtime_delete(&args.runtime, &root_s, "warm-2", &env_plain)?;
     // A fresh order each iteration, from a fixed seed: what a start costs here depends
     // on what ran just before it (see IDLE_BEFORE), and a fixed rotation gives each
     // variant the same predecessors every time, which moved the goal's ratio by 0.05
@@ -742,12 +653,6 @@ fn bench(args: &Args, dir: &Path) -> Result<()> {
                     )?
                 }
                 6 => time_cmd(&true_bin, &[], &[])?,
-                8 => {
-                    std::fs::write(tess.join("config.json"), &original)?;
-                    let t = time_run(&args.runtime, &root, tess, &id, &env_plain)?;
-                    runtime_delete(&args.runtime, &root_s, &id, &env_plain)?;
-                    t
-                }
                 _ => {
                     // The baseline again, from an idle machine: tessera-runtime's own
                     // runc follows its waits on the daemon.
@@ -788,11 +693,6 @@ fn bench(args: &Args, dir: &Path) -> Result<()> {
         );
     }
     println!(
-        "ratio tessera, no helper / runc(hardened) {:10.3} {:10.3}",
-        ratio(&med, 8, 2),
-        ratio(&cpu, 8, 2)
-    );
-    println!(
         "runtime alone (run -> true, minus true)  {:10.2} {:10.2}  (hardening, lease RPCs, config.json write)",
         ms(med[4].saturating_sub(med[6])),
         ms(cpu[4].saturating_sub(cpu[6]))
@@ -818,8 +718,6 @@ fn bench(args: &Args, dir: &Path) -> Result<()> {
             ("runtime_alone_ms", ms(med[4].saturating_sub(med[6]))),
             ("check_ms", ms(med[5])),
             ("runc_hardened_after_idle_ms", ms(med[7])),
-            ("tessera_runtime_no_helper_ms", ms(med[8])),
-            ("ratio_wall_no_helper_vs_hardened_runc", ratio(&med, 8, 2)),
             ("ratio_wall_vs_runc", ratio(&med, 3, 0)),
             ("ratio_wall_vs_containerd_default", ratio(&med, 3, 1)),
             ("ratio_wall_vs_hardened_runc", ratio(&med, 3, 2)),

@@ -15,7 +15,6 @@ use check::{ProfileFile, arch_of};
 use libseccomp::ScmpArch;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
 
 /// The built-in profile.
 pub const BUILTIN: &str = include_str!("../../../configs/seccomp/tenant.toml");
@@ -34,9 +33,8 @@ fn native_arch() -> ScmpArch {
 /// A checked profile, ready to be written into specs.
 #[derive(Debug, Clone)]
 pub struct Profile {
-    /// The OCI `linux.seccomp` object for the host's architecture (shared: the built-in
-    /// one is parsed once per process).
-    pub oci: Arc<Value>,
+    /// The OCI `linux.seccomp` object for the host's architecture.
+    pub oci: Value,
     /// Where it came from (for messages).
     pub source: PathBuf,
 }
@@ -58,19 +56,11 @@ impl Profile {
 
     /// The built-in profile, as build.rs checked it.
     pub fn builtin() -> Result<Self, SeccompError> {
-        static PARSED: OnceLock<Arc<Value>> = OnceLock::new();
         let path = Path::new(BUILTIN_NAME);
-        let oci = match PARSED.get() {
-            Some(v) => Arc::clone(v),
-            None => {
-                let v: Value =
-                    serde_json::from_str(BUILTIN_OCI).map_err(|source| SeccompError::Builtin {
-                        path: path.to_path_buf(),
-                        source,
-                    })?;
-                Arc::clone(PARSED.get_or_init(|| Arc::new(v)))
-            }
-        };
+        let oci = serde_json::from_str(BUILTIN_OCI).map_err(|source| SeccompError::Builtin {
+            path: path.to_path_buf(),
+            source,
+        })?;
         Ok(Self {
             oci,
             source: path.to_path_buf(),
@@ -90,7 +80,7 @@ impl Profile {
     /// Check a parsed profile and produce the OCI form for the host's architecture.
     fn check(file: &ProfileFile, path: &Path) -> Result<Self, SeccompError> {
         Ok(Self {
-            oci: Arc::new(check::check(file, path, native_arch())?),
+            oci: check::check(file, path, native_arch())?,
             source: path.to_path_buf(),
         })
     }
@@ -119,7 +109,7 @@ fn syscall_rules(v: &Value) -> Vec<Value> {
 pub fn apply(spec: &mut Value, profile: &Profile) -> Option<String> {
     let linux = super::obj_entry(spec, "linux")?;
     let had = linux.get("seccomp").is_some_and(|s| !s.is_null());
-    linux.insert("seccomp".to_string(), Value::clone(&profile.oci));
+    linux.insert("seccomp".to_string(), profile.oci.clone());
     had.then(|| "the spec's own seccomp profile was replaced by the tenant profile".to_string())
 }
 
@@ -385,7 +375,7 @@ mod tests {
         let p = Profile::load(None).unwrap();
         let mut spec = json!({"linux": {"seccomp": {"defaultAction": "SCMP_ACT_ALLOW"}}});
         assert!(apply(&mut spec, &p).is_some());
-        assert_eq!(spec["linux"]["seccomp"], *p.oci);
+        assert_eq!(spec["linux"]["seccomp"], p.oci);
         let mut spec = json!({});
         assert!(apply(&mut spec, &p).is_none());
         assert_eq!(spec["linux"]["seccomp"]["defaultAction"], "SCMP_ACT_ERRNO");
