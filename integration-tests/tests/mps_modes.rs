@@ -6,8 +6,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use tessera_integration_tests::{TestDaemon, lease_of, rt};
+use tessera_integration_tests::{DEV_GPUS, TestDaemon, invariants::sim_of, lease_of, rt};
 use tessera_proto::v1 as pb;
+use tesserad::gpu::GpuBackend;
 use tonic::transport::Channel;
 
 type Client = tessera_proto::v1::tessera_client::TesseraClient<Channel>;
@@ -165,11 +166,30 @@ fn shared_leases_share_one_server_and_isolated_ones_get_their_own() {
         .await
         .unwrap();
 
-        // The first lease leaves: the server stays for the second; the last one
-        // stops it.
+        // The first lease leaves: the server stays for the second (the same control
+        // daemon, not a new one started after it: the simulator hands each start a
+        // new pid); the last one stops it.
+        let servers = || {
+            let mut s: Vec<(String, Option<u32>)> = sim_of(&d, DEV_GPUS)
+                .mps_daemons()
+                .unwrap()
+                .into_iter()
+                .filter(|m| m.running && m.spec.gpu == 2)
+                .map(|m| (m.spec.lease_id, m.pid))
+                .collect();
+            s.sort();
+            s
+        };
+        let before = servers();
+        assert_eq!(before.len(), 1, "{before:?}");
         release(&mut c, &first_lease).await;
         let g = mps_gpu(&mut c).await;
         assert_eq!(g.mps_servers, 1, "{g:?}");
+        assert_eq!(
+            servers(),
+            before,
+            "the shared server was stopped or restarted"
+        );
         release(&mut c, &second_lease.id).await;
         let g = mps_gpu(&mut c).await;
         assert_eq!((g.mps_servers, g.mps_mode), (0, 0), "{g:?}");
