@@ -368,6 +368,28 @@ impl SplitMix64 {
     }
 }
 
+/// The 95% interval of median(a) / median(b), by the percentile bootstrap: each
+/// round draws `a` and `b` again with replacement (they were timed interleaved but
+/// not paired: each start had its own predecessors). What one run's ratio is worth on
+/// a noisy machine.
+fn ratio_interval(a: &[Duration], b: &[Duration], rng: &mut SplitMix64) -> (f64, f64) {
+    const ROUNDS: usize = 1000;
+    if a.is_empty() || b.is_empty() {
+        return (f64::NAN, f64::NAN);
+    }
+    let mut draw = |v: &[Duration]| -> Duration {
+        let mut x: Vec<Duration> = (0..v.len())
+            .map(|_| v[usize::try_from(rng.next() % v.len() as u64).unwrap_or(0)])
+            .collect();
+        median(&mut x)
+    };
+    let mut ratios: Vec<f64> = (0..ROUNDS)
+        .map(|_| draw(a).as_secs_f64() / draw(b).as_secs_f64())
+        .collect();
+    ratios.sort_by(f64::total_cmp);
+    (ratios[ROUNDS / 40], ratios[ROUNDS - 1 - ROUNDS / 40])
+}
+
 /// How long the machine idles before the last variant's runc start (not timed).
 const IDLE_BEFORE: std::time::Duration = std::time::Duration::from_millis(5);
 
@@ -692,6 +714,11 @@ fn bench(args: &Args, dir: &Path) -> Result<()> {
             ratio(&cpu, 3, b)
         );
     }
+    let walls = |v: usize| times[v].iter().map(|s| s.wall).collect::<Vec<_>>();
+    let (lo, hi) = ratio_interval(&walls(3), &walls(2), &mut SplitMix64(0x0b00_7571));
+    println!(
+        "  its 95% interval (bootstrap, wall)      {lo:10.3} to {hi:.3}  (what this one run can tell apart)"
+    );
     println!(
         "runtime alone (run -> true, minus true)  {:10.2} {:10.2}  (hardening, lease RPCs, config.json write)",
         ms(med[4].saturating_sub(med[6])),
@@ -721,6 +748,8 @@ fn bench(args: &Args, dir: &Path) -> Result<()> {
             ("ratio_wall_vs_runc", ratio(&med, 3, 0)),
             ("ratio_wall_vs_containerd_default", ratio(&med, 3, 1)),
             ("ratio_wall_vs_hardened_runc", ratio(&med, 3, 2)),
+            ("ratio_wall_vs_hardened_runc_lo", lo),
+            ("ratio_wall_vs_hardened_runc_hi", hi),
             ("ratio_cpu_vs_hardened_runc", ratio(&cpu, 3, 2)),
         ] {
             lines.push_str(&format!("runtime.{mode}.{key} {v}\n"));
