@@ -18,7 +18,9 @@
 //!
 //! Each variant prints the median wall time and the median CPU time (user + system of the
 //! process and the descendants it waited for), which other work on a shared machine
-//! disturbs far less.
+//! disturbs far less. The goal's ratio (tessera-runtime over runc on the hardened spec,
+//! median wall) comes with its 95% bootstrap interval: how far this one run can be
+//! trusted.
 //!
 //! The bundles and runc's state live in `--workdir` (default: the temp dir). containerd
 //! keeps bundles and runc state on /run (tmpfs); on a disk filesystem runc's own state
