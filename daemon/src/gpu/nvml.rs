@@ -192,13 +192,18 @@ struct RawCiProfile {
 
 /// NVML, for real GPUs.
 pub struct NvmlBackend {
+    /// The event set the health watcher waits on, made at its first call.
+    ///
+    /// Declared (and so dropped) before `nvml`: freeing the set calls into
+    /// libnvidia-ml, which dropping `nvml` shuts down and unloads. In the other order
+    /// tesserad crashed (SIGSEGV) at every clean stop on a GPU host once the health
+    /// watcher had made its set (seen on an H200, driver 580).
+    events: Mutex<Option<EventSet>>,
     nvml: Nvml,
     mps: MpsControl,
     mig_minors_path: PathBuf,
     /// Serialises create/destroy so a unit (GI + CI) is never interleaved with another.
     changes: Mutex<()>,
-    /// The event set the health watcher waits on, made at its first call.
-    events: Mutex<Option<EventSet>>,
 }
 
 /// An NVML event set handle (`nvmlEventSet_t`), freed on drop.
@@ -244,11 +249,11 @@ impl NvmlBackend {
         }
         .map_err(|e| init_error(&e))?;
         Ok(NvmlBackend {
+            events: Mutex::new(None),
             nvml,
             mps: MpsControl::new(&config.mps),
             mig_minors_path: config.mig_minors_path.clone(),
             changes: Mutex::new(()),
-            events: Mutex::new(None),
         })
     }
 
