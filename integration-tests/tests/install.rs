@@ -69,6 +69,21 @@ fn unit_has_the_directives_the_daemon_relies_on() {
     assert_eq!(one("Service", "Restart"), "on-failure");
     assert_eq!(one("Service", "StateDirectory"), "tessera");
     assert_eq!(one("Service", "RuntimeDirectory"), "tessera");
+    // A lease's MPS server runs as its tenant's uid and must pass through the run
+    // directory to its pipe directory: others get x (not r, not w).
+    let mode = u32::from_str_radix(&one("Service", "RuntimeDirectoryMode"), 8).unwrap();
+    assert_eq!(mode & 0o007, 0o001, "RuntimeDirectoryMode {mode:o}");
+    let tmpfiles = std::fs::read_to_string(repo().join("systemd/tessera.tmpfiles.conf")).unwrap();
+    assert!(
+        tmpfiles.lines().any(
+            |l| l.split_whitespace().collect::<Vec<_>>()[..].starts_with(&[
+                "d",
+                "/run/tessera",
+                "0751"
+            ])
+        ),
+        "{tmpfiles}"
+    );
     // NVML needs the NVIDIA device nodes.
     assert_eq!(one("Service", "PrivateDevices"), "no");
     assert_eq!(one("Install", "WantedBy"), "multi-user.target");

@@ -324,6 +324,36 @@ pub fn prepare_dir(dir: &Path, owner: Option<u32>) -> Result<(), MpsError> {
     Ok(())
 }
 
+/// The directory holding every lease's MPS directories (`<run_dir>/mps`): made if
+/// missing, and always mode 0711. Each lease's own directory below it is 0700 and
+/// handed to the uid its containers run as; the MPS server the control daemon starts
+/// for that uid must pass through this one to reach its pipe and log directories, so
+/// others may traverse it (but not list it). With 0700 every server exited at once
+/// and no client could connect (seen on an H200: "Server ... exited with status 0").
+pub fn prepare_base(dir: &Path) -> Result<(), MpsError> {
+    match fs::symlink_metadata(dir) {
+        Ok(m) if !m.file_type().is_dir() => {
+            return Err(MpsError::Io {
+                path: dir.to_path_buf(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::AlreadyExists,
+                    "exists and is not a directory (symlinks are refused)",
+                ),
+            });
+        }
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o711)
+                .create(dir)
+                .map_err(io_err(dir))?;
+        }
+        Err(e) => return Err(io_err(dir)(e)),
+    }
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o711)).map_err(io_err(dir))
+}
+
 /// The pid in `<pipe_dir>/nvidia-cuda-mps-control.pid`, if the file is there.
 pub fn read_pid(pipe_dir: &Path) -> Option<u32> {
     fs::read_to_string(pipe_dir.join(PID_FILE))
@@ -550,6 +580,9 @@ impl MpsControl {
                     other.lease_id
                 )));
             }
+        }
+        if let Some(base) = spec.pipe_dir.parent().and_then(Path::parent) {
+            prepare_base(base)?;
         }
         prepare_dir(&spec.pipe_dir, spec.owner_uid)?;
         prepare_dir(&spec.log_dir, spec.owner_uid)?;
@@ -835,6 +868,34 @@ while read -r line; do
   esac
 done
 "#;
+
+    /// The MPS server the control daemon starts runs as the tenant's uid and must
+    /// pass through `<run_dir>/mps` to its lease's pipe and log directories: that
+    /// directory is made 0711 (and made so again when it was not), the lease's own
+    /// directories stay 0700.
+    #[test]
+    fn the_mps_base_is_traversable_and_a_lease_s_directories_are_not() {
+        let root = tempfile::tempdir().unwrap();
+        let bin = root.path().join("nvidia-cuda-mps-control");
+        fs::write(&bin, FAKE).unwrap();
+        fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).unwrap();
+        let c = control(root.path(), bin);
+        let base = root.path().join("run").join("mps");
+        fs::create_dir_all(&base).unwrap();
+        fs::set_permissions(&base, fs::Permissions::from_mode(0o700)).unwrap();
+        let s = spec(&base, "lease-b");
+        c.start(&s).unwrap();
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&base), 0o711);
+        assert_eq!(mode(&base.join("lease-b")), 0o700);
+        assert_eq!(mode(&s.pipe_dir), 0o700);
+        assert_eq!(mode(&s.log_dir), 0o700);
+        c.stop("lease-b").unwrap();
+        // A base that is a file (or a symlink) is refused, not replaced.
+        let odd = root.path().join("odd");
+        fs::write(&odd, "").unwrap();
+        assert!(prepare_base(&odd).is_err());
+    }
 
     #[test]
     fn start_stop_with_a_stand_in_binary() {
