@@ -294,9 +294,9 @@ pub fn daemon_env(spec: &MpsSpec) -> Vec<(String, OsString)> {
     env
 }
 
-/// Create `dir` (and parents) with mode 0700, force 0700 on an existing one, refuse a
-/// symlink or non-directory, and chown it to `owner` when given.
-pub fn prepare_dir(dir: &Path, owner: Option<u32>) -> Result<(), MpsError> {
+/// Create `dir` (and parents) with `mode`, force `mode` on an existing one, and
+/// refuse a symlink or non-directory.
+fn dir_with_mode(dir: &Path, mode: u32) -> Result<(), MpsError> {
     match fs::symlink_metadata(dir) {
         Ok(m) if !m.file_type().is_dir() => {
             return Err(MpsError::Io {
@@ -311,13 +311,19 @@ pub fn prepare_dir(dir: &Path, owner: Option<u32>) -> Result<(), MpsError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             fs::DirBuilder::new()
                 .recursive(true)
-                .mode(0o700)
+                .mode(mode)
                 .create(dir)
                 .map_err(io_err(dir))?;
         }
         Err(e) => return Err(io_err(dir)(e)),
     }
-    fs::set_permissions(dir, fs::Permissions::from_mode(0o700)).map_err(io_err(dir))?;
+    fs::set_permissions(dir, fs::Permissions::from_mode(mode)).map_err(io_err(dir))
+}
+
+/// Create `dir` (and parents) with mode 0700, force 0700 on an existing one, refuse a
+/// symlink or non-directory, and chown it to `owner` when given.
+pub fn prepare_dir(dir: &Path, owner: Option<u32>) -> Result<(), MpsError> {
+    dir_with_mode(dir, 0o700)?;
     if let Some(uid) = owner {
         std::os::unix::fs::chown(dir, Some(uid), None).map_err(io_err(dir))?;
     }
@@ -331,27 +337,7 @@ pub fn prepare_dir(dir: &Path, owner: Option<u32>) -> Result<(), MpsError> {
 /// others may traverse it (but not list it). With 0700 every server exited at once
 /// and no client could connect (seen on an H200: "Server ... exited with status 0").
 pub fn prepare_base(dir: &Path) -> Result<(), MpsError> {
-    match fs::symlink_metadata(dir) {
-        Ok(m) if !m.file_type().is_dir() => {
-            return Err(MpsError::Io {
-                path: dir.to_path_buf(),
-                source: std::io::Error::new(
-                    std::io::ErrorKind::AlreadyExists,
-                    "exists and is not a directory (symlinks are refused)",
-                ),
-            });
-        }
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o711)
-                .create(dir)
-                .map_err(io_err(dir))?;
-        }
-        Err(e) => return Err(io_err(dir)(e)),
-    }
-    fs::set_permissions(dir, fs::Permissions::from_mode(0o711)).map_err(io_err(dir))
+    dir_with_mode(dir, 0o711)
 }
 
 /// The pid in `<pipe_dir>/nvidia-cuda-mps-control.pid`, if the file is there.
@@ -876,10 +862,7 @@ done
     #[test]
     fn the_mps_base_is_traversable_and_a_lease_s_directories_are_not() {
         let root = tempfile::tempdir().unwrap();
-        let bin = root.path().join("nvidia-cuda-mps-control");
-        fs::write(&bin, FAKE).unwrap();
-        fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).unwrap();
-        let c = control(root.path(), bin);
+        let c = stand_in(root.path());
         let base = root.path().join("run").join("mps");
         fs::create_dir_all(&base).unwrap();
         fs::set_permissions(&base, fs::Permissions::from_mode(0o700)).unwrap();
@@ -897,13 +880,18 @@ done
         assert!(prepare_base(&odd).is_err());
     }
 
+    /// An MpsControl on the stand-in control binary (FAKE), written into `root`.
+    fn stand_in(root: &Path) -> MpsControl {
+        let bin = root.join("nvidia-cuda-mps-control");
+        fs::write(&bin, FAKE).unwrap();
+        fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).unwrap();
+        control(root, bin)
+    }
+
     #[test]
     fn start_stop_with_a_stand_in_binary() {
         let root = tempfile::tempdir().unwrap();
-        let bin = root.path().join("nvidia-cuda-mps-control");
-        fs::write(&bin, FAKE).unwrap();
-        fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).unwrap();
-        let c = control(root.path(), bin);
+        let c = stand_in(root.path());
         let s = spec(root.path(), "lease-a");
 
         let d = c.start(&s).unwrap();
