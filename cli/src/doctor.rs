@@ -79,11 +79,15 @@ pub enum CmdOut {
 }
 
 /// The API socket as found on disk.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct SocketFacts {
     pub path: PathBuf,
     /// None when the path does not exist.
     pub stat: Option<SocketStat>,
+    /// Modes of the socket's directory (the daemon's run_dir by default) and of its
+    /// `mps` subdirectory, where they exist.
+    pub dir_mode: Option<u32>,
+    pub mps_dir_mode: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -476,6 +480,43 @@ pub fn check_socket(f: &HostFacts) -> Check {
     ok(NAME, format!("{detail}, daemon answers"))
 }
 
+/// A lease's MPS server runs as the tenant's uid and reaches its pipe directory,
+/// `<run_dir>/mps/<lease>/pipe`, through the run directory and `mps`: both must let
+/// others pass (x). Read at the socket's directory, the run_dir by default.
+pub fn check_mps_dirs(f: &HostFacts) -> Check {
+    const NAME: &str = "MPS directories";
+    let Some(s) = &f.socket else {
+        return ok(NAME, "no socket path given: not checked");
+    };
+    let Some(dir) = s.path.parent() else {
+        return ok(NAME, "the socket has no directory: not checked");
+    };
+    let closed: Vec<String> = [
+        (dir.to_path_buf(), s.dir_mode),
+        (dir.join("mps"), s.mps_dir_mode),
+    ]
+    .into_iter()
+    .filter_map(|(p, m)| {
+        m.filter(|m| m & 0o001 == 0)
+            .map(|m| format!("{} mode {:04o}", p.display(), m & 0o7777))
+    })
+    .collect();
+    if closed.is_empty() {
+        return ok(
+            NAME,
+            format!("{} passable by the tenants' uids", dir.display()),
+        );
+    }
+    warn(
+        NAME,
+        format!(
+            "{}: an MPS lease's server (run as its tenant's uid) cannot reach its pipe directory, and clients of non-root containers cannot connect",
+            closed.join(", ")
+        ),
+        "give others x on them (chmod o+x; the unit's RuntimeDirectoryMode=0751); tesserad makes <run_dir>/mps 0711 itself",
+    )
+}
+
 /// Every check, in the order they print.
 pub fn run_checks(f: &HostFacts) -> Vec<Check> {
     vec![
@@ -488,6 +529,7 @@ pub fn run_checks(f: &HostFacts) -> Vec<Check> {
         check_apparmor(f),
         check_containerd(f),
         check_socket(f),
+        check_mps_dirs(f),
     ]
 }
 
@@ -525,9 +567,13 @@ fn socket_facts(path: &Path) -> SocketFacts {
         group: group_name(m.gid()),
         connects: std::os::unix::net::UnixStream::connect(path).is_ok(),
     });
+    let mode_of = |p: &Path| std::fs::metadata(p).ok().map(|m| m.mode());
+    let dir = path.parent();
     SocketFacts {
         path: path.to_path_buf(),
         stat,
+        dir_mode: dir.and_then(mode_of),
+        mps_dir_mode: dir.and_then(|d| mode_of(&d.join("mps"))),
     }
 }
 
@@ -772,12 +818,46 @@ mod tests {
     }
 
     #[test]
+    fn mps_directories_must_let_others_pass() {
+        let f = |dir_mode, mps_dir_mode| {
+            check_mps_dirs(&HostFacts {
+                socket: Some(SocketFacts {
+                    path: "/run/tessera/tesserad.sock".into(),
+                    dir_mode,
+                    mps_dir_mode,
+                    ..SocketFacts::default()
+                }),
+                ..HostFacts::default()
+            })
+        };
+        assert_eq!(f(Some(0o40751), Some(0o40711)).level, Level::Ok);
+        // Not made yet (no MPS lease so far): nothing to say of it.
+        assert_eq!(f(Some(0o40751), None).level, Level::Ok);
+        let closed = f(Some(0o40750), Some(0o40711));
+        assert_eq!(closed.level, Level::Warn);
+        assert!(
+            closed.detail.contains("/run/tessera mode 0750"),
+            "{}",
+            closed.detail
+        );
+        assert!(closed.fix.unwrap().contains("0751"));
+        let mps = f(Some(0o40751), Some(0o40700));
+        assert_eq!(mps.level, Level::Warn);
+        assert!(
+            mps.detail.contains("/run/tessera/mps mode 0700"),
+            "{}",
+            mps.detail
+        );
+    }
+
+    #[test]
     fn socket_permissions() {
         let f = |stat: Option<SocketStat>| {
             check_socket(&HostFacts {
                 socket: Some(SocketFacts {
                     path: "/run/tessera/tesserad.sock".into(),
                     stat,
+                    ..SocketFacts::default()
                 }),
                 ..HostFacts::default()
             })
