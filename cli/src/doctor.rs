@@ -833,21 +833,16 @@ mod tests {
         assert_eq!(f(Some(0o40751), Some(0o40711)).level, Level::Ok);
         // Not made yet (no MPS lease so far): nothing to say of it.
         assert_eq!(f(Some(0o40751), None).level, Level::Ok);
-        let closed = f(Some(0o40750), Some(0o40711));
-        assert_eq!(closed.level, Level::Warn);
-        assert!(
-            closed.detail.contains("/run/tessera mode 0750"),
-            "{}",
-            closed.detail
-        );
-        assert!(closed.fix.unwrap().contains("0751"));
-        let mps = f(Some(0o40751), Some(0o40700));
-        assert_eq!(mps.level, Level::Warn);
-        assert!(
-            mps.detail.contains("/run/tessera/mps mode 0700"),
-            "{}",
-            mps.detail
-        );
+        // Either one closed to others: a warning naming it, and the fix.
+        for (dir, mps, named) in [
+            (0o40750, 0o40711, "/run/tessera mode 0750"),
+            (0o40751, 0o40700, "/run/tessera/mps mode 0700"),
+        ] {
+            let c = f(Some(dir), Some(mps));
+            assert_eq!(c.level, Level::Warn);
+            assert!(c.detail.contains(named), "{}", c.detail);
+            assert!(c.fix.unwrap().contains("0751"));
+        }
     }
 
     #[test]

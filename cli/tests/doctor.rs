@@ -64,26 +64,18 @@ fn missing_socket_and_runtime_class_fail_with_fixes_and_exit_1() {
             "MPS directories"
         ]
     );
-    // The socket's directory: here others may pass through it.
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let passable = find(
-        &checks(&doctor(&socket, &containerd, true)),
-        "MPS directories",
-    )
-    .clone();
-    assert_eq!(passable["level"], "OK", "{passable}");
-    // Closed to others (0750, as the unit had it), it would stop a tenant's MPS server.
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o750)).unwrap();
-    let closed = find(
-        &checks(&doctor(&socket, &containerd, true)),
-        "MPS directories",
-    )
-    .clone();
-    assert_eq!(closed["level"], "WARN", "{closed}");
-    assert!(
-        closed["detail"].as_str().unwrap().contains("mode 0750"),
-        "{closed}"
-    );
+    // The socket's directory: passable by others, or closed to them (0750, as the unit
+    // had it), which would stop a tenant's MPS server.
+    for (mode, level, said) in [(0o755, "OK", "passable"), (0o750, "WARN", "mode 0750")] {
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(mode)).unwrap();
+        let c = find(
+            &checks(&doctor(&socket, &containerd, true)),
+            "MPS directories",
+        )
+        .clone();
+        assert_eq!(c["level"], level, "{c}");
+        assert!(c["detail"].as_str().unwrap().contains(said), "{c}");
+    }
     for c in &all {
         let level = c["level"].as_str().unwrap();
         assert!(["OK", "WARN", "FAIL"].contains(&level), "{c}");
