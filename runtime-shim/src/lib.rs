@@ -12,5 +12,6 @@ pub mod harden;
 pub mod host;
 pub mod lease;
 pub mod policy;
+pub mod private_file;
 pub mod runc_cves;
 pub mod runclog;

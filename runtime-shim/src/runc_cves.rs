@@ -13,10 +13,9 @@
 //! symlink) is ignored and the version asked again: it could otherwise make an old runc
 //! look new.
 
+use crate::private_file::{self, FileError};
 use serde::{Deserialize, Serialize};
-use std::fs::OpenOptions;
-use std::io::{Read, Write};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use thiserror::Error;
@@ -36,16 +35,8 @@ pub enum CacheError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("{path} is not owned by root")]
-    NotRootOwned { path: PathBuf },
-    #[error("{path} is writable by others than root (mode {mode:o})")]
-    Writable { path: PathBuf, mode: u32 },
-    #[error("{path} is readable or writable by others than root (mode {mode:o}, want 0600)")]
-    NotPrivate { path: PathBuf, mode: u32 },
-    #[error("{path} is not a {what}")]
-    NotKind { path: PathBuf, what: &'static str },
-    #[error("{path} is larger than {max} bytes")]
-    TooLarge { path: PathBuf, max: u64 },
+    #[error(transparent)]
+    File(#[from] FileError),
     #[error("{path}: not a version cache: {message}")]
     Format { path: PathBuf, message: String },
 }
@@ -114,59 +105,13 @@ impl VersionCache {
         self.dir.join(CACHE_FILE)
     }
 
-    /// The directory must be root's and writable by nobody else.
-    fn check_dir(&self) -> Result<(), CacheError> {
-        let m = std::fs::symlink_metadata(&self.dir).map_err(|source| CacheError::Io {
-            path: self.dir.clone(),
-            source,
-        })?;
-        check_owner(&self.dir, &m, "directory")?;
-        if m.mode() & 0o022 != 0 {
-            return Err(CacheError::Writable {
-                path: self.dir.clone(),
-                mode: m.mode() & 0o7777,
-            });
-        }
-        Ok(())
-    }
-
     fn read(&self) -> Result<CacheFile, CacheError> {
-        self.check_dir()?;
-        let path = self.path();
-        let io = |source| CacheError::Io {
-            path: path.clone(),
-            source,
-        };
-        let file = match OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
-            .open(&path)
-        {
-            Ok(f) => f,
+        let Some(buf) = private_file::read(&self.dir, CACHE_FILE, MAX_CACHE_BYTES)? else {
             // Nothing cached yet.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(CacheFile::default()),
-            Err(e) => return Err(io(e)),
+            return Ok(CacheFile::default());
         };
-        let m = file.metadata().map_err(io)?;
-        check_owner(&path, &m, "regular file")?;
-        if m.mode() & 0o077 != 0 {
-            return Err(CacheError::NotPrivate {
-                path,
-                mode: m.mode() & 0o7777,
-            });
-        }
-        if m.len() > MAX_CACHE_BYTES {
-            return Err(CacheError::TooLarge {
-                path,
-                max: MAX_CACHE_BYTES,
-            });
-        }
-        let mut buf = Vec::new();
-        file.take(MAX_CACHE_BYTES + 1)
-            .read_to_end(&mut buf)
-            .map_err(io)?;
         serde_json::from_slice(&buf).map_err(|e| CacheError::Format {
-            path,
+            path: self.path(),
             message: e.to_string(),
         })
     }
@@ -187,72 +132,22 @@ impl VersionCache {
     ///
     /// No fsync: a cache lost in a crash is asked again.
     pub fn store(&self, key: BinaryKey, version: (u64, u64, u64)) -> Result<(), CacheError> {
-        if !nix::unistd::geteuid().is_root() {
-            return Ok(());
-        }
-        match std::fs::DirBuilder::new().mode(0o700).create(&self.dir) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-            Err(source) => {
-                return Err(CacheError::Io {
-                    path: self.dir.clone(),
-                    source,
-                });
-            }
-        }
         // Written only into a directory root alone may write; a file there that is
         // not to be trusted (wrong owner or mode, unreadable) is replaced.
-        self.check_dir()?;
+        if !private_file::ensure_dir(&self.dir)? {
+            return Ok(());
+        }
         let mut file = self.read().unwrap_or_default();
         file.entries.retain(|e| e.key != key);
         file.entries.push(Entry { key, version });
         let excess = file.entries.len().saturating_sub(MAX_ENTRIES);
         file.entries.drain(..excess);
-        let path = self.path();
         let bytes = serde_json::to_vec(&file).map_err(|e| CacheError::Format {
-            path: path.clone(),
+            path: self.path(),
             message: e.to_string(),
         })?;
-        let tmp = self.dir.join(format!(
-            ".{CACHE_FILE}.{:016x}",
-            crate::bundle::temp_suffix()
-        ));
-        let result = (|| {
-            let mut f = OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-                .open(&tmp)?;
-            f.write_all(&bytes)?;
-            drop(f);
-            std::fs::rename(&tmp, &path)
-        })();
-        if result.is_err() {
-            let _ = std::fs::remove_file(&tmp);
-        }
-        result.map_err(|source| CacheError::Io { path, source })
+        Ok(private_file::write(&self.dir, CACHE_FILE, &bytes)?)
     }
-}
-
-fn check_owner(path: &Path, m: &std::fs::Metadata, what: &'static str) -> Result<(), CacheError> {
-    let kind_ok = if what == "directory" {
-        m.file_type().is_dir()
-    } else {
-        m.file_type().is_file()
-    };
-    if !kind_ok {
-        return Err(CacheError::NotKind {
-            path: path.to_path_buf(),
-            what,
-        });
-    }
-    if m.uid() != 0 {
-        return Err(CacheError::NotRootOwned {
-            path: path.to_path_buf(),
-        });
-    }
-    Ok(())
 }
 
 /// The CVEs `runc` lacks fixes for and nobody acknowledged: `Err` refuses the
@@ -281,8 +176,7 @@ pub fn start(runc: &Path, cache: Option<&VersionCache>) -> Pending {
             }
             Ok(None) => {}
             // No state dir yet: the first start makes it.
-            Err(CacheError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
-            }
+            Err(CacheError::File(e)) if e.is_not_found() => {}
             Err(e) => notes.push(format!(
                 "tessera-runtime: WARNING: runc version cache ignored, runc asked instead: {e}"
             )),
@@ -407,6 +301,7 @@ pub fn judge(
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+    use std::io::Write;
     use std::os::unix::fs::PermissionsExt;
 
     #[test]
