@@ -460,5 +460,90 @@ pub fn resolved_to_pb(r: &Resolved) -> pb::ResolveTokenResponse {
         granted_capabilities: r.granted_capabilities.clone(),
         cgroup_parent: r.cgroup_parent.clone(),
         pids_limit: r.pids_limit,
+        bind_checks_resolution: true,
+    }
+}
+
+/// Whether two answers to ResolveToken agree in what a runtime judges a spec by and
+/// gives a container: everything but the lease's other fields (its expiry, labels,
+/// bindings, times), which a renewal or another container's bind changes without
+/// changing what this container may use. The lease's id, tenant and pod count.
+pub fn same_resolution(a: &pb::ResolveTokenResponse, b: &pb::ResolveTokenResponse) -> bool {
+    fn key(l: Option<&pb::Lease>) -> Option<(&str, &str, &str)> {
+        l.map(|l| (l.id.as_str(), l.tenant.as_str(), l.pod.as_str()))
+    }
+    key(a.lease.as_ref()) == key(b.lease.as_ref())
+        && a.tenant == b.tenant
+        && a.devices == b.devices
+        && a.env == b.env
+        && a.mounts == b.mounts
+        && a.visible_gpu_indices == b.visible_gpu_indices
+        && a.granted_capabilities == b.granted_capabilities
+        && a.cgroup_parent == b.cgroup_parent
+        && a.pids_limit == b.pids_limit
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    fn answer() -> pb::ResolveTokenResponse {
+        pb::ResolveTokenResponse {
+            lease: Some(pb::Lease {
+                id: "l1".into(),
+                tenant: "acme".into(),
+                expires_at_ms: 1_000,
+                ..Default::default()
+            }),
+            tenant: "acme".into(),
+            devices: vec![pb::DeviceNode {
+                host_path: "/dev/nvidia0".into(),
+                container_path: "/dev/nvidia0".into(),
+                r#type: "c".into(),
+                major: 195,
+                minor: 0,
+                permissions: "rw".into(),
+                file_mode: 0o666,
+            }],
+            env: [("A", "1"), ("B", "2")]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            cgroup_parent: "/tessera/l1".into(),
+            pids_limit: 256,
+            bind_checks_resolution: true,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_renewal_or_another_binding_keeps_the_resolution_a_grant_change_does_not() {
+        let a = answer();
+        let mut renewed = a.clone();
+        if let Some(l) = renewed.lease.as_mut() {
+            l.expires_at_ms = 9_000;
+            l.containers.push(pb::Container::default());
+        }
+        assert!(same_resolution(&a, &renewed));
+        let changes: [fn(&mut pb::ResolveTokenResponse); 6] = [
+            |r| r.devices[0].minor = 1,
+            |r| {
+                r.env.insert("B".into(), "3".into());
+            },
+            |r| r.cgroup_parent = "/elsewhere".into(),
+            |r| r.pids_limit = 0,
+            |r| r.granted_capabilities.push("gpu0/mig/gi1/access".into()),
+            |r| {
+                if let Some(l) = r.lease.as_mut() {
+                    l.pod = "pod-b".into();
+                }
+            },
+        ];
+        for (i, change) in changes.iter().enumerate() {
+            let mut b = a.clone();
+            change(&mut b);
+            assert!(!same_resolution(&a, &b), "change {i} went unnoticed");
+        }
     }
 }

@@ -61,6 +61,12 @@ pub fn status_of(e: LeaseError) -> Status {
             "FAILED_PRECONDITION",
             ErrorDetails::with_precondition_failure_violation("LEASE_STATE", "lease", m.clone()),
         ),
+        LeaseError::ResolutionChanged(m) => rich(
+            Code::FailedPrecondition,
+            msg.clone(),
+            "RESOLUTION_CHANGED",
+            ErrorDetails::with_precondition_failure_violation("RESOLUTION", "lease", m.clone()),
+        ),
         LeaseError::Transition(t) => rich(
             Code::FailedPrecondition,
             msg.clone(),

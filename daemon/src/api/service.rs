@@ -17,6 +17,7 @@ use super::convert::{self, status};
 use crate::audit::{AuditLog, Record};
 use crate::config::{Amounts, AuditOnFailure, Config};
 use crate::gpu::HealthCause;
+use crate::lease::devices::Resolved;
 use crate::lease::{CreateRequest, HealthSource, LeaseError, LeaseManager};
 use crate::model::ContainerBinding;
 use tessera_common::clock::now_ms;
@@ -705,9 +706,20 @@ impl Tessera for TesseraService {
         detached(async move {
             let r = req.into_inner();
             let container_id = r.container_id.clone();
+            // The answer the runtime judged the spec against must be the current one.
+            let judged = r.resolved;
+            let check = |now: &Resolved| match &judged {
+                Some(j) if !convert::same_resolution(j, &convert::resolved_to_pb(now)) => {
+                    Err(LeaseError::ResolutionChanged(format!(
+                        "lease {} changed since the runtime resolved its token (devices, environment, mounts, cgroup parent or pod): resolve again",
+                        now.lease.id
+                    )))
+                }
+                _ => Ok(()),
+            };
             let result = this
                 .mgr
-                .bind_container(
+                .bind_container_checked(
                     &r.token,
                     ContainerBinding {
                         id: r.container_id.clone(),
@@ -718,6 +730,7 @@ impl Tessera for TesseraService {
                         pod: r.pod,
                     },
                     r.uid,
+                    check,
                 )
                 .await
                 .map_err(status);

@@ -171,6 +171,19 @@ impl LeaseManager {
         binding: ContainerBinding,
         uid: Option<u32>,
     ) -> Result<Lease, LeaseError> {
+        self.bind_container_checked(tok, binding, uid, |_| Ok(()))
+            .await
+    }
+
+    /// [`Self::bind_container`], refused (nothing bound) when `check` refuses the
+    /// token's current resolution: the runtime's answer must still be current.
+    pub async fn bind_container_checked(
+        &self,
+        tok: &str,
+        binding: ContainerBinding,
+        uid: Option<u32>,
+        check: impl FnOnce(&Resolved) -> Result<(), LeaseError>,
+    ) -> Result<Lease, LeaseError> {
         if binding.id.is_empty() || binding.id.len() > 1024 {
             return Err(invalid("container_id", "must be 1-1024 characters"));
         }
@@ -192,6 +205,7 @@ impl LeaseManager {
             return Err(invalid("pod", "at most 256 printable characters"));
         }
         let resolved = self.resolve_token(tok)?;
+        check(&resolved)?;
         let mut pod_claimed = false;
         let (lease, handed) = {
             let mut st = self.lock();

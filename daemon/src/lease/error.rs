@@ -25,6 +25,10 @@ pub enum LeaseError {
     BurstWaits(String),
     #[error("{0}")]
     FailedPrecondition(String),
+    /// BindContainer: the answer the runtime judged the spec against differs from
+    /// the token's current answer (nothing was bound).
+    #[error("{0}")]
+    ResolutionChanged(String),
     /// Room exists, but not within the topology the request demands (a
     /// multi-partition lease with `nvlink` or `numa`).
     #[error("{0}")]
