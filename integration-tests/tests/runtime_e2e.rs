@@ -756,3 +756,97 @@ fn a_container_on_a_two_gpu_lease_sees_exactly_its_two_gpus() {
         );
     }
 }
+
+/// The ResolveToken records in the daemon's audit log so far.
+fn resolves_audited(w: &World) -> usize {
+    std::fs::read_to_string(w.daemon.dir.path().join("state/audit.jsonl"))
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains("\"action\":\"ResolveToken\""))
+        .count()
+}
+
+#[test]
+fn a_second_start_judges_on_the_kept_answer_and_a_changed_one_is_refused_at_bind() {
+    let Some(w) = World::new("") else { return };
+    let r = rt();
+    let (lease, token, resolved) = w.lease(&r, shape::whole());
+    w.mknod_lease_nodes(&resolved);
+    let gpu = lease.partition.as_ref().unwrap().gpu_index;
+    let other = u32::from(gpu == 0);
+    devnodes::mknod(
+        &w.dev.join(format!("nvidia{other}")),
+        &w.dev,
+        195,
+        u64::from(other),
+    )
+    .unwrap();
+    let script = format!("probe open /dev/nvidia{gpu}; probe open /dev/nvidia{other}");
+    let start = |name: &str| {
+        let b = w.bundle(name, &["sh", "-c", &script], &token);
+        let out = w.runtime(&["run", "--bundle", b.to_str().unwrap(), name]);
+        assert!(out.status.success(), "{}", text(&out));
+        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+        for want in [
+            format!("open /dev/nvidia{gpu} errno=6"),
+            format!("open /dev/nvidia{other} errno=2"),
+        ] {
+            assert!(
+                stdout.lines().any(|l| l.trim() == want),
+                "{name}: missing {want:?}:\n{}",
+                text(&out)
+            );
+        }
+        // As containerd's shim does once the container has exited: unbind it.
+        w.runtime(&["delete", "--force", name]);
+    };
+    // The first start asks the daemon and keeps its answer (root's, 0600).
+    let asked = resolves_audited(&w);
+    start("kept-1");
+    assert_eq!(resolves_audited(&w), asked + 1);
+    let kept = tessera_runtime::lease::cache::AnswerCache::new(&w.dir.path().join("runtime-state"))
+        .path_of(&token);
+    let meta = std::fs::metadata(&kept).expect("the answer is kept");
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777,
+        0o600
+    );
+    // The second start on the lease asks nothing before its bind.
+    start("kept-2");
+    assert_eq!(resolves_audited(&w), asked + 1, "the kept answer was used");
+    // A kept answer that no longer matches the daemon's (here: one that grants the
+    // other GPU too) is refused at bind; the runtime asks again and the container
+    // gets exactly its lease's devices.
+    let mut answer: pb::ResolveTokenResponse =
+        prost::Message::decode(&std::fs::read(&kept).unwrap()[..]).unwrap();
+    let mut extra = answer
+        .devices
+        .iter()
+        .find(|d| d.container_path == format!("/dev/nvidia{gpu}"))
+        .unwrap()
+        .clone();
+    extra.host_path = w.dev.join(format!("nvidia{other}")).display().to_string();
+    extra.container_path = format!("/dev/nvidia{other}");
+    extra.minor = i64::from(other);
+    answer.devices.push(extra);
+    std::fs::write(&kept, prost::Message::encode_to_vec(&answer)).unwrap();
+    start("kept-3");
+    assert_eq!(
+        resolves_audited(&w),
+        asked + 2,
+        "asked again after the refused bind"
+    );
+    let audit = std::fs::read_to_string(w.daemon.dir.path().join("state/audit.jsonl")).unwrap();
+    assert!(
+        audit
+            .lines()
+            .any(|l| l.contains("\"action\":\"BindContainer\"")
+                && l.contains("\"FailedPrecondition\"")
+                && l.contains("changed since the runtime resolved")),
+        "the stale answer's bind is refused and audited:\n{audit}"
+    );
+    // And the answer kept now is the daemon's again.
+    let now: pb::ResolveTokenResponse =
+        prost::Message::decode(&std::fs::read(&kept).unwrap()[..]).unwrap();
+    assert_eq!(now.devices, resolved.devices);
+}

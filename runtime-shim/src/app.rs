@@ -6,6 +6,7 @@ use crate::cli::{self, Command, Invocation, SubArgs};
 use crate::config::{ConfigError, RuntimeConfig};
 use crate::harden::{self, Context, Decision, Findings, exec as hexec, seccomp::Profile};
 use crate::host::HostFacts;
+use crate::lease::cache::AnswerCache;
 use crate::lease::{DaemonClient, ResolvedLease};
 use crate::policy::NoToken;
 use crate::runclog::RuncLog;
@@ -14,6 +15,7 @@ use std::ffi::OsString;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+use tessera_proto::v1 as pb;
 
 /// Exit code for a bad runtime config or seccomp profile (EX_USAGE-like: 64).
 pub const EXIT_CONFIG: i32 = 64;
@@ -215,8 +217,17 @@ fn config_error(log: &RuncLog, e: &ConfigError) -> Outcome {
 struct Admission {
     decision: Decision,
     lease: Option<ResolvedLease>,
-    /// The tokens of the leases the container runs on (empty: none).
-    tokens: Vec<String>,
+    /// The tokens of the leases the container runs on, with the answers the spec was
+    /// judged against (empty: no lease).
+    answers: Vec<Answer>,
+}
+
+/// A lease token and the daemon's answer for it that the spec was judged against.
+struct Answer {
+    token: String,
+    judged: pb::ResolveTokenResponse,
+    /// Kept from an earlier start (not asked of the daemon this time).
+    kept: bool,
 }
 
 fn bundle_dir(sub: &SubArgs) -> PathBuf {
@@ -225,13 +236,14 @@ fn bundle_dir(sub: &SubArgs) -> PathBuf {
         .map_or_else(|| PathBuf::from("."), PathBuf::from)
 }
 
-/// Load the bundle, resolve the token, harden. `Err` carries refusal reasons and the
-/// lease id (if one was resolved).
+/// Load the bundle, resolve the token (from `kept` answers where it has one), harden.
+/// `Err` carries refusal reasons and the lease id (if one was resolved).
 fn admit(
     env: &Env,
     client: Option<&DaemonClient>,
     bundle: &Path,
     id: &str,
+    kept: Option<&AnswerCache>,
 ) -> Result<Admission, (Vec<String>, String)> {
     // One thread, in order: the profile, the spec and its lease (ResolveToken is a
     // read: nothing is bound, written or run before every check has passed), then the
@@ -242,9 +254,9 @@ fn admit(
         .map_err(|e| (vec![format!("bad seccomp profile: {e}")], String::new()))?;
     let Leased {
         spec,
-        tokens,
+        answers,
         lease,
-    } = spec_and_lease(env, client, bundle, id)?;
+    } = spec_and_lease(env, client, bundle, id, kept)?;
     let host = HostFacts::gather(&env.cfg.nvidia_proc_root);
     let runc_root = env.runtime_root();
     let ctx = Context {
@@ -268,14 +280,15 @@ fn admit(
     Ok(Admission {
         decision,
         lease,
-        tokens,
+        answers,
     })
 }
 
-/// What the spec asks of the daemon: its tokens and the lease they resolve to.
+/// What the spec asks of the daemon: its tokens, their answers, and the lease they
+/// resolve to.
 struct Leased {
     spec: Value,
-    tokens: Vec<String>,
+    answers: Vec<Answer>,
     lease: Option<ResolvedLease>,
 }
 
@@ -286,6 +299,7 @@ fn spec_and_lease(
     client: Option<&DaemonClient>,
     bundle: &Path,
     id: &str,
+    kept: Option<&AnswerCache>,
 ) -> Result<Leased, (Vec<String>, String)> {
     let spec = bundle::load(bundle, env.cfg.policy.max_config_bytes)
         .map_err(|e| (vec![e.to_string()], String::new()))?;
@@ -303,6 +317,7 @@ fn spec_and_lease(
     if sandbox {
         tokens.clear();
     }
+    let mut answers = Vec::with_capacity(tokens.len());
     let lease = match tokens.as_slice() {
         [] if env.cfg.policy.no_token == NoToken::Refuse && !sandbox => {
             return Err((
@@ -326,12 +341,33 @@ fn spec_and_lease(
             };
             // Every token must resolve to an ACTIVE lease; then what they grant
             // is merged (refused when it cannot be: two MPS shares, two tenants).
+            // An answer kept from an earlier start is judged against as a fresh one
+            // would be; the bind then has the daemon confirm it is still current.
             let mut resolved = Vec::with_capacity(ts.len());
             for t in ts {
-                resolved.push(
-                    c.resolve(t)
+                let from_kept = kept.and_then(|k| match k.get(t) {
+                    Ok(found) => found,
+                    Err(e) => {
+                        env.log.warn(&format!(
+                            "tessera-runtime: kept ResolveToken answer ignored, the daemon is asked: {e}"
+                        ));
+                        k.forget(t);
+                        None
+                    }
+                });
+                let was_kept = from_kept.is_some();
+                let (judged, lease) = match from_kept {
+                    Some(found) => found,
+                    None => c
+                        .resolve_answer(t)
                         .map_err(|e| (vec![e.to_string()], String::new()))?,
-                );
+                };
+                resolved.push(lease);
+                answers.push(Answer {
+                    token: t.clone(),
+                    judged,
+                    kept: was_kept,
+                });
             }
             if let Some(dup) = resolved
                 .iter()
@@ -361,7 +397,7 @@ fn spec_and_lease(
     };
     Ok(Leased {
         spec,
-        tokens,
+        answers,
         lease,
     })
 }
@@ -409,42 +445,63 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
     // runc's version is asked now and judged once the spec is decided, before
     // anything is bound, written or run.
     let cache = crate::runc_cves::VersionCache::new(&env.cfg.state_dir);
-    let runc_version = crate::runc_cves::start(&env.cfg.runc_path, Some(&cache));
-    let adm = match admit(env, client.as_ref(), &bundle, &id) {
-        Ok(a) => a,
-        Err((reasons, lease_id)) => return refuse_reported(reasons, &lease_id),
+    let mut runc_version = Some(crate::runc_cves::start(&env.cfg.runc_path, Some(&cache)));
+    let answers = AnswerCache::new(&env.cfg.state_dir);
+    let mut kept = Some(&answers);
+    // At most twice: a bind refused on an answer kept from an earlier start (the
+    // daemon's answer has changed since, or the bind is refused for another reason)
+    // forgets that answer and decides again on the daemon's current one.
+    let (adm, staged, lease_id) = loop {
+        let adm = match admit(env, client.as_ref(), &bundle, &id, kept) {
+            Ok(a) => a,
+            Err((reasons, lease_id)) => return refuse_reported(reasons, &lease_id),
+        };
+        let lease_id = adm
+            .lease
+            .as_ref()
+            .map(|l| l.lease_id.clone())
+            .unwrap_or_default();
+        if let Some(pending) = runc_version.take() {
+            let verdict = pending.judge(&env.cfg.runc_cve_acknowledged);
+            for n in &verdict.cache_notes {
+                env.log.warn(n);
+            }
+            match verdict.result {
+                Err(reason) => return refuse_reported(vec![reason], &lease_id),
+                Ok(Some(warning)) => env.log.warn(&warning),
+                Ok(None) => {}
+            }
+        }
+        // The new config.json is written beside the old one, then the daemon records
+        // the binding, and the rename over the tenant's happens only once the
+        // container is bound to every lease. A write that fails binds nothing.
+        let staged = match bundle::stage(&bundle, &adm.decision.spec) {
+            Ok(s) => s,
+            Err(e) => return refuse_reported(vec![e.to_string()], &lease_id),
+        };
+        if !adm.answers.is_empty()
+            && let Err(reason) = bind_all(env, client.as_ref(), &adm, &id, cmd)
+        {
+            // `staged` is dropped with its temp file: config.json stays the tenant's.
+            let stale: Vec<&Answer> = adm.answers.iter().filter(|a| a.kept).collect();
+            if kept.is_some() && !stale.is_empty() {
+                for a in stale {
+                    answers.forget(&a.token);
+                }
+                env.log.info(&format!(
+                    "tessera-runtime: {what}: a kept ResolveToken answer was refused at bind ({reason}); deciding again on the daemon's current answer"
+                ));
+                kept = None;
+                continue;
+            }
+            return refuse_reported(vec![reason], &lease_id);
+        }
+        break (adm, staged, lease_id);
     };
-    let lease_id = adm
-        .lease
-        .as_ref()
-        .map(|l| l.lease_id.clone())
-        .unwrap_or_default();
-    let verdict = runc_version.judge(&env.cfg.runc_cve_acknowledged);
-    for n in &verdict.cache_notes {
-        env.log.warn(n);
-    }
-    match verdict.result {
-        Err(reason) => return refuse_reported(vec![reason], &lease_id),
-        Ok(Some(warning)) => env.log.warn(&warning),
-        Ok(None) => {}
-    }
-    // The new config.json is written beside the old one, then the daemon records the
-    // binding, and the rename over the tenant's happens only once the container is
-    // bound to every lease. A write that fails binds nothing.
-    let staged = match bundle::stage(&bundle, &adm.decision.spec) {
-        Ok(s) => s,
-        Err(e) => return refuse_reported(vec![e.to_string()], &lease_id),
-    };
-    if !adm.tokens.is_empty()
-        && let Err(reason) = bind_all(env, client.as_ref(), &adm, &id, cmd)
-    {
-        // `staged` is dropped with its temp file: config.json stays the tenant's.
-        return refuse_reported(vec![reason], &lease_id);
-    }
     if let Err(e) = staged.commit() {
         let reasons = vec![e.to_string()];
         if let Some(c) = client.as_ref()
-            && !adm.tokens.is_empty()
+            && !adm.answers.is_empty()
         {
             let _ = c.unbind(&id);
         }
@@ -466,8 +523,17 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
             env.log.info(&format!("tessera-runtime: {n}"));
         }
     }
-    if adm.tokens.is_empty() {
+    if adm.answers.is_empty() {
         report(env, client.as_ref(), &id, &lease_id, true, &[], cmd.name());
+    }
+    // The daemon confirmed these answers by binding: the next start on the same
+    // lease may judge against them without asking.
+    for a in adm.answers.iter().filter(|a| !a.kept) {
+        if let Err(e) = answers.put(&a.token, &a.judged) {
+            env.log.warn(&format!(
+                "tessera-runtime: keeping the ResolveToken answer: {e}"
+            ));
+        }
     }
     // Not dropped: closing the connection and the RPC runtime gracefully is work
     // that exec makes moot. exec replaces the process image; the socket is
@@ -509,8 +575,8 @@ fn bind_all(
         // config.json) unbinds and reports the refusal.
         admission_command: cmd.name().to_string(),
     };
-    for (i, token) in adm.tokens.iter().enumerate() {
-        if let Err(e) = c.bind(token, &binding) {
+    for (i, a) in adm.answers.iter().enumerate() {
+        if let Err(e) = c.bind(&a.token, &binding, Some(&a.judged)) {
             if i > 0
                 && let Err(u) = c.unbind(id)
             {
@@ -655,7 +721,9 @@ fn check(env: &Env, sub: &SubArgs) -> Outcome {
     let id = sub.value("id").unwrap_or("check").to_string();
     let json_out = sub.is_set("json");
     let client = env.client();
-    let (admitted, reasons, notes, spec) = match admit(env, client.as_ref(), &bundle, &id) {
+    // Always the daemon's current answer: `check` binds nothing that would confirm
+    // a kept one.
+    let (admitted, reasons, notes, spec) = match admit(env, client.as_ref(), &bundle, &id, None) {
         Ok(a) => (true, a.decision.reasons, a.decision.notes, a.decision.spec),
         Err((reasons, _)) => {
             // Show the spec as far as it could be hardened, for the operator.

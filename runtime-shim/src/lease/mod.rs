@@ -12,6 +12,8 @@ use tessera_proto::v1::tessera_client::TesseraClient;
 use thiserror::Error;
 use tonic::transport::Channel;
 
+pub mod cache;
+
 /// Errors resolving a token or talking to the daemon.
 #[derive(Debug, Error)]
 pub enum LeaseError {
@@ -462,17 +464,35 @@ impl DaemonClient {
 
     /// Resolve a token to its lease.
     pub fn resolve(&self, token: &str) -> Result<ResolvedLease, LeaseError> {
+        self.resolve_answer(token).map(|(_, lease)| lease)
+    }
+
+    /// Resolve a token: the daemon's answer as it came (to send back with the bind,
+    /// and to keep), and the lease it describes, checked.
+    pub fn resolve_answer(
+        &self,
+        token: &str,
+    ) -> Result<(pb::ResolveTokenResponse, ResolvedLease), LeaseError> {
         let req = pb::ResolveTokenRequest {
             token: token.to_string(),
         };
         let resp = self.call(self.timeout, |mut c| async move {
             c.resolve_token(req).await.map(tonic::Response::into_inner)
         })?;
-        ResolvedLease::from_proto(resp, now_ms())
+        let lease = ResolvedLease::from_proto(resp.clone(), now_ms())?;
+        Ok((resp, lease))
     }
 
-    /// Record that a container runs on the token's lease.
-    pub fn bind(&self, token: &str, b: &Binding) -> Result<(), LeaseError> {
+    /// Record that a container runs on the token's lease. `judged` is the answer the
+    /// spec was judged against: a daemon that checks it refuses the bind
+    /// (FAILED_PRECONDITION, reason RESOLUTION_CHANGED) when it is no longer the
+    /// current one.
+    pub fn bind(
+        &self,
+        token: &str,
+        b: &Binding,
+        judged: Option<&pb::ResolveTokenResponse>,
+    ) -> Result<(), LeaseError> {
         let req = pb::BindContainerRequest {
             token: token.to_string(),
             container_id: b.container_id.clone(),
@@ -482,6 +502,7 @@ impl DaemonClient {
             termination_log_path: b.termination_log.clone(),
             pod: b.pod.clone(),
             admission_command: b.admission_command.clone(),
+            resolved: judged.cloned(),
         };
         self.call(self.timeout, |mut c| async move {
             c.bind_container(req).await.map(|_| ())

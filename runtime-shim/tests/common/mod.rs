@@ -345,6 +345,8 @@ pub fn lease_answer(
         ],
         cgroup_parent: cgroup_parent.to_string(),
         pids_limit: 256,
+        // This fake does not compare answers at bind, so the runtime keeps none.
+        bind_checks_resolution: false,
     }
 }
 
