@@ -782,8 +782,15 @@ fn a_second_start_judges_on_the_kept_answer_and_a_changed_one_is_refused_at_bind
     )
     .unwrap();
     let script = format!("probe open /dev/nvidia{gpu}; probe open /dev/nvidia{other}");
+    // Containers of one pod: the first bind claims the token for the pod, which the
+    // answer kept after it says.
     let start = |name: &str| {
         let b = w.bundle(name, &["sh", "-c", &script], &token);
+        let mut spec: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(b.join("config.json")).unwrap()).unwrap();
+        spec["annotations"]["io.kubernetes.cri.container-type"] = json!("container");
+        spec["annotations"]["io.kubernetes.cri.sandbox-uid"] = json!("pod-kept");
+        common::write_spec(&b, &spec);
         let out = w.runtime(&["run", "--bundle", b.to_str().unwrap(), name]);
         assert!(out.status.success(), "{}", text(&out));
         let stdout = String::from_utf8_lossy(&out.stdout).to_string();
@@ -814,6 +821,18 @@ fn a_second_start_judges_on_the_kept_answer_and_a_changed_one_is_refused_at_bind
     // The second start on the lease asks nothing before its bind.
     start("kept-2");
     assert_eq!(resolves_audited(&w), asked + 1, "the kept answer was used");
+    let binds = std::fs::read_to_string(w.daemon.dir.path().join("state/audit.jsonl"))
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains("\"action\":\"BindContainer\"") && !l.contains("\"attempt\""))
+        .map(str::to_string)
+        .collect::<Vec<_>>();
+    assert_eq!(
+        binds.len(),
+        2,
+        "one bind per start, none refused: {binds:#?}"
+    );
+    assert!(binds.iter().all(|l| l.contains("\"ok\"")), "{binds:#?}");
     // A kept answer that no longer matches the daemon's (here: one that grants the
     // other GPU too) is refused at bind; the runtime asks again and the container
     // gets exactly its lease's devices.

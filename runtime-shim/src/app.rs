@@ -451,7 +451,7 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
     // At most twice: a bind refused on an answer kept from an earlier start (the
     // daemon's answer has changed since, or the bind is refused for another reason)
     // forgets that answer and decides again on the daemon's current one.
-    let (adm, staged, lease_id) = loop {
+    let (adm, staged, lease_id, bound) = loop {
         let adm = match admit(env, client.as_ref(), &bundle, &id, kept) {
             Ok(a) => a,
             Err((reasons, lease_id)) => return refuse_reported(reasons, &lease_id),
@@ -479,24 +479,30 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
             Ok(s) => s,
             Err(e) => return refuse_reported(vec![e.to_string()], &lease_id),
         };
-        if !adm.answers.is_empty()
-            && let Err(reason) = bind_all(env, client.as_ref(), &adm, &id, cmd)
-        {
-            // `staged` is dropped with its temp file: config.json stays the tenant's.
-            let stale: Vec<&Answer> = adm.answers.iter().filter(|a| a.kept).collect();
-            if kept.is_some() && !stale.is_empty() {
-                for a in stale {
-                    answers.forget(&a.token);
-                }
-                env.log.info(&format!(
+        let bound = if adm.answers.is_empty() {
+            Ok(Vec::new())
+        } else {
+            bind_all(env, client.as_ref(), &adm, &id, cmd)
+        };
+        let bound = match bound {
+            Ok(b) => b,
+            Err(reason) => {
+                // `staged` is dropped with its temp file: config.json stays the tenant's.
+                let stale: Vec<&Answer> = adm.answers.iter().filter(|a| a.kept).collect();
+                if kept.is_some() && !stale.is_empty() {
+                    for a in stale {
+                        answers.forget(&a.token);
+                    }
+                    env.log.info(&format!(
                     "tessera-runtime: {what}: a kept ResolveToken answer was refused at bind ({reason}); deciding again on the daemon's current answer"
                 ));
-                kept = None;
-                continue;
+                    kept = None;
+                    continue;
+                }
+                return refuse_reported(vec![reason], &lease_id);
             }
-            return refuse_reported(vec![reason], &lease_id);
-        }
-        break (adm, staged, lease_id);
+        };
+        break (adm, staged, lease_id, bound);
     };
     if let Err(e) = staged.commit() {
         let reasons = vec![e.to_string()];
@@ -527,9 +533,22 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
         report(env, client.as_ref(), &id, &lease_id, true, &[], cmd.name());
     }
     // The daemon confirmed these answers by binding: the next start on the same
-    // lease may judge against them without asking.
-    for a in adm.answers.iter().filter(|a| !a.kept) {
-        if let Err(e) = answers.put(&a.token, &a.judged) {
+    // lease may judge against them without asking. Kept as the bind left them: a
+    // first bind with a pod claims the token for it, which the daemon's answer
+    // says from then on.
+    for (a, lease) in adm.answers.iter().zip(&bound) {
+        if a.kept
+            && lease
+                .as_ref()
+                .is_none_or(|l| a.judged.lease.as_ref().is_some_and(|j| j.pod == l.pod))
+        {
+            continue;
+        }
+        let mut judged = a.judged.clone();
+        if let (Some(j), Some(l)) = (judged.lease.as_mut(), lease) {
+            j.pod.clone_from(&l.pod);
+        }
+        if let Err(e) = answers.put(&a.token, &judged) {
             env.log.warn(&format!(
                 "tessera-runtime: keeping the ResolveToken answer: {e}"
             ));
@@ -544,14 +563,15 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
 
 /// Bind the container to every lease of its tokens, or to none: a failed bind unbinds
 /// the container from those already bound (UnbindContainer forgets it on every lease).
-/// `Err` is the refusal's reason.
+/// `Ok` has each lease as its bind left it (in the answers' order); `Err` is the
+/// refusal's reason.
 fn bind_all(
     env: &Env,
     client: Option<&DaemonClient>,
     adm: &Admission,
     id: &str,
     cmd: Command,
-) -> Result<(), String> {
+) -> Result<Vec<Option<pb::Lease>>, String> {
     // admit() resolved the token, so there is a client; stay closed regardless.
     let Some(c) = client else {
         return Err("no daemon client to bind the container".to_string());
@@ -575,19 +595,23 @@ fn bind_all(
         // config.json) unbinds and reports the refusal.
         admission_command: cmd.name().to_string(),
     };
+    let mut bound = Vec::with_capacity(adm.answers.len());
     for (i, a) in adm.answers.iter().enumerate() {
-        if let Err(e) = c.bind(&a.token, &binding, Some(&a.judged)) {
-            if i > 0
-                && let Err(u) = c.unbind(id)
-            {
-                env.log.warn(&format!(
-                    "tessera-runtime: UnbindContainer {id} after a failed bind: {u}"
-                ));
+        match c.bind(&a.token, &binding, Some(&a.judged)) {
+            Ok(lease) => bound.push(lease),
+            Err(e) => {
+                if i > 0
+                    && let Err(u) = c.unbind(id)
+                {
+                    env.log.warn(&format!(
+                        "tessera-runtime: UnbindContainer {id} after a failed bind: {u}"
+                    ));
+                }
+                return Err(format!("BindContainer failed: {e}"));
             }
-            return Err(format!("BindContainer failed: {e}"));
         }
     }
-    Ok(())
+    Ok(bound)
 }
 
 fn exec(env: &Env, sub: &SubArgs) -> Outcome {

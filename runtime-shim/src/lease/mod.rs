@@ -487,12 +487,13 @@ impl DaemonClient {
     /// spec was judged against: a daemon that checks it refuses the bind
     /// (FAILED_PRECONDITION, reason RESOLUTION_CHANGED) when it is no longer the
     /// current one.
+    /// Returns the lease as the bind left it.
     pub fn bind(
         &self,
         token: &str,
         b: &Binding,
         judged: Option<&pb::ResolveTokenResponse>,
-    ) -> Result<(), LeaseError> {
+    ) -> Result<Option<pb::Lease>, LeaseError> {
         let req = pb::BindContainerRequest {
             token: token.to_string(),
             container_id: b.container_id.clone(),
@@ -505,7 +506,7 @@ impl DaemonClient {
             resolved: judged.cloned(),
         };
         self.call(self.timeout, |mut c| async move {
-            c.bind_container(req).await.map(|_| ())
+            c.bind_container(req).await.map(|r| r.into_inner().lease)
         })
     }
 
