@@ -877,12 +877,16 @@ fn report(files: &[String]) -> anyhow::Result<()> {
     let interval = get("runtime.lease.ratio_wall_vs_hardened_runc_lo")
         .zip(get("runtime.lease.ratio_wall_vs_hardened_runc_hi"))
         .filter(|(lo, hi)| lo.is_finite() && hi.is_finite());
+    // The first start on a lease (no answer kept: two calls to the daemon) beside it.
+    let first = get("runtime.lease.ratio_wall_unkept_vs_hardened_runc")
+        .map(|f| format!("; first start {f:.3}"))
+        .unwrap_or_default();
     rows.push((
         "tessera-runtime with a lease vs hardened runc (median wall)",
         "<= 1.10",
         rt.map(|r| match interval {
-            Some((lo, hi)) => format!("{r:.3} (95% {lo:.2}-{hi:.2})"),
-            None => format!("{r:.3}"),
+            Some((lo, hi)) => format!("{r:.3} (95% {lo:.2}-{hi:.2}{first})"),
+            None => format!("{r:.3}{first}"),
         }),
         rt.is_some_and(|r| r <= 1.10),
     ));
