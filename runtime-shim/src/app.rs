@@ -485,6 +485,33 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
             bind_all(env, client.as_ref(), &adm, &id, cmd)
         };
         let bound = match bound {
+            // A kept answer counts only when the daemon says it checked it: an older
+            // daemon ignores it. Unbound, forgotten, and decided again.
+            Ok(b)
+                if kept.is_some()
+                    && adm
+                        .answers
+                        .iter()
+                        .zip(&b)
+                        .any(|(a, r)| a.kept && !r.resolution_checked) =>
+            {
+                if let Some(c) = client.as_ref()
+                    && let Err(e) = c.unbind(&id)
+                {
+                    return refuse_reported(
+                        vec![format!("UnbindContainer after an unchecked bind: {e}")],
+                        &lease_id,
+                    );
+                }
+                for a in adm.answers.iter().filter(|a| a.kept) {
+                    answers.forget(&a.token);
+                }
+                env.log.warn(&format!(
+                    "tessera-runtime: {what}: the daemon did not check the kept ResolveToken answer (an older tesserad?); deciding again on its current answer"
+                ));
+                kept = None;
+                continue;
+            }
             Ok(b) => b,
             Err(reason) => {
                 // `staged` is dropped with its temp file: config.json stays the tenant's.
@@ -536,12 +563,9 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
     // lease may judge against them without asking. Kept as the bind left them: a
     // first bind with a pod claims the token for it, which the daemon's answer
     // says from then on.
-    for (a, lease) in adm.answers.iter().zip(&bound) {
-        if a.kept
-            && lease
-                .as_ref()
-                .is_none_or(|l| a.judged.lease.as_ref().is_some_and(|j| j.pod == l.pod))
-        {
+    for (a, bind) in adm.answers.iter().zip(&bound) {
+        let lease = bind.lease.as_ref();
+        if a.kept && lease.is_none_or(|l| a.judged.lease.as_ref().is_some_and(|j| j.pod == l.pod)) {
             continue;
         }
         let mut judged = a.judged.clone();
@@ -563,7 +587,7 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
 
 /// Bind the container to every lease of its tokens, or to none: a failed bind unbinds
 /// the container from those already bound (UnbindContainer forgets it on every lease).
-/// `Ok` has each lease as its bind left it (in the answers' order); `Err` is the
+/// `Ok` has the daemon's answer to each bind (in the answers' order); `Err` is the
 /// refusal's reason.
 fn bind_all(
     env: &Env,
@@ -571,7 +595,7 @@ fn bind_all(
     adm: &Admission,
     id: &str,
     cmd: Command,
-) -> Result<Vec<Option<pb::Lease>>, String> {
+) -> Result<Vec<pb::BindContainerResponse>, String> {
     // admit() resolved the token, so there is a client; stay closed regardless.
     let Some(c) = client else {
         return Err("no daemon client to bind the container".to_string());
@@ -598,7 +622,7 @@ fn bind_all(
     let mut bound = Vec::with_capacity(adm.answers.len());
     for (i, a) in adm.answers.iter().enumerate() {
         match c.bind(&a.token, &binding, Some(&a.judged)) {
-            Ok(lease) => bound.push(lease),
+            Ok(answer) => bound.push(answer),
             Err(e) => {
                 if i > 0
                     && let Err(u) = c.unbind(id)

@@ -685,3 +685,65 @@ fn sysfs_and_cgroup_asked_read_write_are_mounted_read_only() {
         eprintln!("note: no pids.max visible in the container on this host (checked /sys only)");
     }
 }
+
+/// A kept ResolveToken answer counts only when the daemon confirms at bind that it
+/// compared it with its own (`resolution_checked`). Here the daemon's answers say it
+/// checks, but its binds never confirm (a tesserad downgraded since the answer was
+/// kept): the second start unbinds, forgets the kept answer, resolves again and binds
+/// again, and the container still starts.
+#[test]
+fn a_kept_answer_the_daemon_does_not_confirm_is_not_relied_on() {
+    if !common::can_run_as_root("unconfirmed kept answer", &["runc", "busybox"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    common::busybox_rootfs(dir.path());
+    let socket = dir.path().join("d.sock");
+    let mut answer = common::lease_answer("l7", "acme", &[], None, "/tessera-unconfirmed");
+    answer.bind_checks_resolution = true;
+    let mut answers: HashMap<String, common::Answer> = HashMap::new();
+    answers.insert("tok".into(), Ok(answer));
+    let d = common::FakeDaemon::start(&socket, answers);
+    let config = common::runtime_config(dir.path(), &socket, &dir.path().join("none"), "");
+    let kept = tessera_runtime::lease::cache::AnswerCache::new(&dir.path().join("runtime-state"))
+        .path_of("tok");
+    let start = |id: &str| {
+        let b = dir.path().join(id);
+        let mut spec = common::base_spec(&["true"]);
+        spec["root"]["path"] = json!(dir.path().join("rootfs"));
+        spec["annotations"] = json!({"tessera.io/lease-token": "tok"});
+        common::write_spec(&b, &spec);
+        let out = Command::new(common::runtime_bin())
+            .env("TESSERA_RUNTIME_CONFIG", &config)
+            .arg("--root")
+            .arg(dir.path().join("root"))
+            .args(["run", "--bundle"])
+            .arg(&b)
+            .arg(id)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{id}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    start("first");
+    assert!(kept.exists(), "the first start keeps the answer");
+    let before = d.recorded();
+    assert_eq!((before.resolves.len(), before.binds.len()), (1, 1));
+    assert!(
+        before.binds[0].resolved.is_some(),
+        "the bind carries the answer"
+    );
+    start("second");
+    let rec = d.recorded();
+    assert_eq!(rec.binds.len(), 3, "the unconfirmed bind, then a fresh one");
+    assert_eq!(
+        rec.resolves.len(),
+        2,
+        "asked again after the unconfirmed bind"
+    );
+    assert_eq!(rec.unbinds, ["second"], "the unconfirmed bind is undone");
+}

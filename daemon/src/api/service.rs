@@ -708,6 +708,7 @@ impl Tessera for TesseraService {
             let container_id = r.container_id.clone();
             // The answer the runtime judged the spec against must be the current one.
             let judged = r.resolved;
+            let checked = judged.is_some();
             let check = |now: &Resolved| match &judged {
                 Some(j) if !convert::same_resolution(j, &convert::resolved_to_pb(now)) => {
                     Err(LeaseError::ResolutionChanged(format!(
@@ -752,6 +753,7 @@ impl Tessera for TesseraService {
             let r = result.map(|l| {
                 Response::new(pb::BindContainerResponse {
                     lease: Some(convert::lease_to_pb(&l, None)),
+                    resolution_checked: checked,
                 })
             });
             this.done(Rpc::BindContainer, &who, &tenant, &lease, r)

@@ -487,13 +487,14 @@ impl DaemonClient {
     /// spec was judged against: a daemon that checks it refuses the bind
     /// (FAILED_PRECONDITION, reason RESOLUTION_CHANGED) when it is no longer the
     /// current one.
-    /// Returns the lease as the bind left it.
+    /// Returns the daemon's answer: the lease as the bind left it, and whether the
+    /// daemon checked `judged` (an older daemon does not).
     pub fn bind(
         &self,
         token: &str,
         b: &Binding,
         judged: Option<&pb::ResolveTokenResponse>,
-    ) -> Result<Option<pb::Lease>, LeaseError> {
+    ) -> Result<pb::BindContainerResponse, LeaseError> {
         let req = pb::BindContainerRequest {
             token: token.to_string(),
             container_id: b.container_id.clone(),
@@ -506,7 +507,7 @@ impl DaemonClient {
             resolved: judged.cloned(),
         };
         self.call(self.timeout, |mut c| async move {
-            c.bind_container(req).await.map(|r| r.into_inner().lease)
+            c.bind_container(req).await.map(tonic::Response::into_inner)
         })
     }
 
