@@ -172,6 +172,16 @@ saw() {
     done
 }
 
+# The lease's runtime calls in the audit log: exactly one ResolveToken and two
+# successful binds (two containers, the second on the kept answer).
+kept_answer_used() {
+    local a=$T/state/audit.jsonl r b
+    r=$(grep -c "\"action\":\"ResolveToken\",\"lease\":\"$1\"" "$a")
+    b=$(grep -c "\"action\":\"BindContainer\",\"lease\":\"$1\",\"result\":\"ok\"" "$a")
+    echo "lease $1: ResolveToken $r, BindContainer ok $b"
+    [ "$r" = 1 ] && [ "$b" = 2 ]
+}
+
 # ---- a whole GPU ----
 if step lease-whole sh -c "'$BIN/tessera' --json lease create --tenant gpu-check --gpu > '$T/whole.json'"; then
     W=$(lease_of "$T/whole.json")
@@ -219,6 +229,10 @@ if step lease-mps sh -c "'$BIN/tessera' --json lease create --tenant gpu-check -
         run_probe mps-over "$(token_of "$T/mps.json")" 1000 12
         # 12 GiB on an 8 GiB share: the MPS server refuses it.
         step probe-mps-over-refused saw mps-over '^PROBE alloc 12.0 GiB out of memory'
+        # The second container on the lease was judged against the answer the first
+        # one's bind confirmed (kept by the runtime): one ResolveToken, two binds, none
+        # refused as RESOLUTION_CHANGED.
+        step mps-kept-answer kept_answer_used "$M"
         cat "$T/runc-mps.log" "$T/runc-mps-over.log" 2>/dev/null | tail -5
     fi
     step release-mps "$BIN/tessera" lease release "$M"

@@ -507,7 +507,8 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
                     answers.forget(&a.token);
                 }
                 env.log.warn(&format!(
-                    "tessera-runtime: {what}: the daemon did not check the kept ResolveToken answer (an older tesserad?); deciding again on its current answer"
+                    "tessera-runtime: {what}: the daemon did not check the kept ResolveToken \
+                     answer (an older tesserad?); deciding again on its current answer"
                 ));
                 kept = None;
                 continue;
@@ -521,8 +522,9 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
                         answers.forget(&a.token);
                     }
                     env.log.info(&format!(
-                    "tessera-runtime: {what}: a kept ResolveToken answer was refused at bind ({reason}); deciding again on the daemon's current answer"
-                ));
+                        "tessera-runtime: {what}: the kept ResolveToken answer was refused at \
+                         bind ({reason}); deciding again on the daemon's current answer"
+                    ));
                     kept = None;
                     continue;
                 }

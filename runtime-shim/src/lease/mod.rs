@@ -462,11 +462,6 @@ impl DaemonClient {
         })
     }
 
-    /// Resolve a token to its lease.
-    pub fn resolve(&self, token: &str) -> Result<ResolvedLease, LeaseError> {
-        self.resolve_answer(token).map(|(_, lease)| lease)
-    }
-
     /// Resolve a token: the daemon's answer as it came (to send back with the bind,
     /// and to keep), and the lease it describes, checked.
     pub fn resolve_answer(
@@ -750,7 +745,7 @@ mod tests {
             Duration::from_secs(2),
         )
         .unwrap();
-        let e = c.resolve("tok").unwrap_err();
+        let e = c.resolve_answer("tok").unwrap_err();
         assert!(matches!(e, LeaseError::Unavailable { .. }), "{e}");
     }
 }
