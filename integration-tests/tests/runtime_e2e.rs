@@ -89,6 +89,20 @@ impl World {
         devnodes::lease_nodes(resolved, &self.dev).unwrap();
     }
 
+    /// Make the node of a GPU other than `gpu` (0 or 1), which no container on a
+    /// lease of `gpu` may get; its index.
+    fn mknod_other_gpu(&self, gpu: u32) -> u32 {
+        let other = u32::from(gpu == 0);
+        devnodes::mknod(
+            &self.dev.join(format!("nvidia{other}")),
+            &self.dev,
+            195,
+            u64::from(other),
+        )
+        .unwrap();
+        other
+    }
+
     fn bundle(&self, name: &str, args: &[&str], token: &str) -> PathBuf {
         let b = self.dir.path().join(name);
         let mut spec = common::base_spec(args);
@@ -155,14 +169,7 @@ fn a_container_on_a_mig_lease_sees_exactly_its_nodes_and_uuid() {
     let (lease, token, resolved) = w.lease(&r, shape::mig("1g.10gb"));
     w.mknod_lease_nodes(&resolved);
     let gpu = lease.partition.as_ref().unwrap().gpu_index;
-    let other = 1 - gpu;
-    devnodes::mknod(
-        &w.dev.join(format!("nvidia{other}")),
-        &w.dev,
-        195,
-        u64::from(other),
-    )
-    .unwrap();
+    let other = w.mknod_other_gpu(gpu);
     let caps: Vec<String> = resolved
         .devices
         .iter()
@@ -773,14 +780,7 @@ fn a_second_start_judges_on_the_kept_answer_and_a_changed_one_is_refused_at_bind
     let (lease, token, resolved) = w.lease(&r, shape::whole());
     w.mknod_lease_nodes(&resolved);
     let gpu = lease.partition.as_ref().unwrap().gpu_index;
-    let other = u32::from(gpu == 0);
-    devnodes::mknod(
-        &w.dev.join(format!("nvidia{other}")),
-        &w.dev,
-        195,
-        u64::from(other),
-    )
-    .unwrap();
+    let other = w.mknod_other_gpu(gpu);
     let script = format!("probe open /dev/nvidia{gpu}; probe open /dev/nvidia{other}");
     // Containers of one pod: the first bind claims the token for the pod, which the
     // answer kept after it says.

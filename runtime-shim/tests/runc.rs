@@ -326,6 +326,26 @@ fn bad_tokens_and_no_daemon_are_refused() {
     assert!(stderr.contains("unavailable"), "{stderr}");
 }
 
+/// A bundle `<dir>/<name>` running `true` on the shared busybox rootfs with a lease
+/// token; its spec.
+fn true_bundle(dir: &Path, name: &str, token: &str) -> (PathBuf, Value) {
+    let b = dir.join(name);
+    let mut spec = common::base_spec(&["true"]);
+    spec["root"]["path"] = json!(dir.join("rootfs"));
+    spec["annotations"] = json!({"tessera.io/lease-token": token});
+    common::write_spec(&b, &spec);
+    (b, spec)
+}
+
+/// tessera-runtime with `config`, runc's state under `<dir>/root`.
+fn runtime_in(dir: &Path, config: &Path) -> Command {
+    let mut cmd = Command::new(common::runtime_bin());
+    cmd.env("TESSERA_RUNTIME_CONFIG", config)
+        .arg("--root")
+        .arg(dir.join("root"));
+    cmd
+}
+
 #[test]
 fn bind_failure_refuses() {
     if !common::can_run_as_root("bind failure", &["runc"]) {
@@ -347,15 +367,8 @@ fn bind_failure_refuses() {
     );
     let _d = common::FakeDaemon::start_with(&socket, answers, true);
     let config = common::runtime_config(dir.path(), &socket, &dir.path().join("none"), "");
-    let b = dir.path().join("b");
-    let mut spec = common::base_spec(&["true"]);
-    spec["root"]["path"] = json!(dir.path().join("rootfs"));
-    spec["annotations"] = json!({"tessera.io/lease-token": "tok"});
-    common::write_spec(&b, &spec);
-    let out = Command::new(common::runtime_bin())
-        .env("TESSERA_RUNTIME_CONFIG", &config)
-        .arg("--root")
-        .arg(dir.path().join("root"))
+    let (b, spec) = true_bundle(dir.path(), "b", "tok");
+    let out = runtime_in(dir.path(), &config)
         .args(["create", "--bundle"])
         .arg(&b)
         .arg("x")
@@ -708,15 +721,8 @@ fn a_kept_answer_the_daemon_does_not_confirm_is_not_relied_on() {
     let kept = tessera_runtime::lease::cache::AnswerCache::new(&dir.path().join("runtime-state"))
         .path_of("tok");
     let start = |id: &str| {
-        let b = dir.path().join(id);
-        let mut spec = common::base_spec(&["true"]);
-        spec["root"]["path"] = json!(dir.path().join("rootfs"));
-        spec["annotations"] = json!({"tessera.io/lease-token": "tok"});
-        common::write_spec(&b, &spec);
-        let out = Command::new(common::runtime_bin())
-            .env("TESSERA_RUNTIME_CONFIG", &config)
-            .arg("--root")
-            .arg(dir.path().join("root"))
+        let (b, _) = true_bundle(dir.path(), id, "tok");
+        let out = runtime_in(dir.path(), &config)
             .args(["run", "--bundle"])
             .arg(&b)
             .arg(id)
