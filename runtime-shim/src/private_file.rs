@@ -109,17 +109,17 @@ pub fn read(dir: &Path, name: &str, max: u64) -> Result<Option<Vec<u8>>, FileErr
     Ok(Some(buf))
 }
 
-/// Make `dir` (0700) if it is missing, and check it. Only root writes kept files:
-/// `Ok(false)` for any other caller, which then keeps nothing.
+/// Make `dir` and any missing parent (0700) if it is missing, and check it. Only root
+/// writes kept files: `Ok(false)` for any other caller, which then keeps nothing.
 pub fn ensure_dir(dir: &Path) -> Result<bool, FileError> {
     if !nix::unistd::geteuid().is_root() {
         return Ok(false);
     }
-    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(io(dir)(e)),
-    }
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .recursive(true)
+        .create(dir)
+        .map_err(io(dir))?;
     check_dir(dir)?;
     Ok(true)
 }
@@ -159,8 +159,11 @@ mod tests {
             return;
         }
         let t = tempfile::tempdir().unwrap();
-        let dir = t.path().join("kept");
+        // Parents are made too (the state dir may not exist yet).
+        let dir = t.path().join("state").join("kept");
         assert!(ensure_dir(&dir).unwrap());
+        let mode = std::fs::metadata(t.path().join("state")).unwrap().mode() & 0o777;
+        assert_eq!(mode, 0o700);
         write(&dir, "a", b"hello").unwrap();
         assert_eq!(read(&dir, "a", 64).unwrap().as_deref(), Some(&b"hello"[..]));
         let mode = std::fs::metadata(dir.join("a")).unwrap().mode() & 0o777;
