@@ -475,9 +475,14 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
         // The new config.json is written beside the old one, then the daemon records
         // the binding, and the rename over the tenant's happens only once the
         // container is bound to every lease. A write that fails binds nothing.
-        let staged = match bundle::stage(&bundle, &adm.decision.spec) {
+        let staged = match adm
+            .decision
+            .config_json()
+            .map_err(|e| format!("{}: {e}", bundle.join(bundle::CONFIG_JSON).display()))
+            .and_then(|bytes| bundle::stage(&bundle, &bytes).map_err(|e| e.to_string()))
+        {
             Ok(s) => s,
-            Err(e) => return refuse_reported(vec![e.to_string()], &lease_id),
+            Err(e) => return refuse_reported(vec![e], &lease_id),
         };
         let bound = if adm.answers.is_empty() {
             Ok(Vec::new())
@@ -774,7 +779,12 @@ fn check(env: &Env, sub: &SubArgs) -> Outcome {
     // Always the daemon's current answer: `check` binds nothing that would confirm
     // a kept one.
     let (admitted, reasons, notes, spec) = match admit(env, client.as_ref(), &bundle, &id, None) {
-        Ok(a) => (true, a.decision.reasons, a.decision.notes, a.decision.spec),
+        Ok(a) => (
+            true,
+            a.decision.reasons.clone(),
+            a.decision.notes.clone(),
+            a.decision.full_spec(),
+        ),
         Err((reasons, _)) => {
             // Show the spec as far as it could be hardened, for the operator.
             let spec = partial_spec(env, &bundle, &id);
@@ -822,7 +832,7 @@ fn partial_spec(env: &Env, bundle: &Path, id: &str) -> Value {
         bundle,
         runc_root: Path::new(&runc_root),
     };
-    harden::harden(spec, &ctx).spec
+    harden::harden(spec, &ctx).full_spec()
 }
 
 /// Exec the plan: put `stdin` on fd 0, mark every fd above `keep_fds_through` close-on-exec,

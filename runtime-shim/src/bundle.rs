@@ -263,21 +263,22 @@ pub fn temp_suffix() -> u64 {
 
 /// Save a spec as `<bundle>/config.json` atomically, keeping the old file's mode.
 pub fn save(bundle: &Path, spec: &Value) -> Result<(), BundleError> {
-    stage(bundle, spec)?.commit()
+    let bytes = serde_json::to_vec(spec).map_err(|e| BundleError::Write {
+        path: bundle.join(CONFIG_JSON),
+        source: std::io::Error::other(e),
+    })?;
+    stage(bundle, &bytes)?.commit()
 }
 
-/// [`save`] up to the rename: the new `config.json` written beside the old one.
-pub fn stage(bundle: &Path, spec: &Value) -> Result<Staged, BundleError> {
+/// [`save`] up to the rename: the new `config.json` (`bytes`, the hardened spec as
+/// [`crate::harden::Decision::config_json`] writes it) written beside the old one.
+pub fn stage(bundle: &Path, bytes: &[u8]) -> Result<Staged, BundleError> {
     let path = bundle.join(CONFIG_JSON);
     let mode = std::fs::symlink_metadata(&path)
         .ok()
         .filter(|m| m.file_type().is_file())
         .map_or(0o600, |m| m.mode() & 0o644);
-    let bytes = serde_json::to_vec(spec).map_err(|e| BundleError::Write {
-        path: path.clone(),
-        source: std::io::Error::other(e),
-    })?;
-    Staged::write(&path, &bytes, mode)
+    Staged::write(&path, bytes, mode)
 }
 
 #[cfg(test)]
@@ -369,7 +370,7 @@ mod tests {
         let v = serde_json::json!({"ociVersion": "1.2.0"});
 
         // Dropped without a commit: the old file stays, the temp file goes.
-        let staged = stage(dir.path(), &v).unwrap();
+        let staged = stage(dir.path(), &serde_json::to_vec(&v).unwrap()).unwrap();
         assert_eq!(names(dir.path()).len(), 2, "the new file is written beside");
         assert_eq!(std::fs::read(dir.path().join(CONFIG_JSON)).unwrap(), old);
         drop(staged);
@@ -377,7 +378,10 @@ mod tests {
         assert_eq!(std::fs::read(dir.path().join(CONFIG_JSON)).unwrap(), old);
 
         // Committed: the new spec, nothing else left.
-        stage(dir.path(), &v).unwrap().commit().unwrap();
+        stage(dir.path(), &serde_json::to_vec(&v).unwrap())
+            .unwrap()
+            .commit()
+            .unwrap();
         assert_eq!(names(dir.path()), [CONFIG_JSON]);
         assert_eq!(load(dir.path(), 1 << 20).unwrap(), v);
     }
@@ -386,7 +390,7 @@ mod tests {
     fn a_stage_to_a_missing_bundle_names_the_file() {
         let dir = tempfile::tempdir().unwrap();
         let missing = dir.path().join("no-such-bundle");
-        let e = stage(&missing, &serde_json::json!({})).unwrap_err();
+        let e = stage(&missing, b"{}").unwrap_err();
         assert!(e.to_string().contains("no-such-bundle"), "{e}");
     }
 
@@ -414,7 +418,7 @@ mod tests {
             let bundle = Path::new(&bundle);
             let spec =
                 serde_json::json!({"ociVersion": "1.2.0", "annotations": {"pad": "x".repeat(64)}});
-            let e = stage(bundle, &spec).unwrap_err();
+            let e = stage(bundle, &serde_json::to_vec(&spec).unwrap()).unwrap_err();
             let path = bundle.join(CONFIG_JSON);
             assert!(e.to_string().contains(&path.display().to_string()), "{e}");
             return;

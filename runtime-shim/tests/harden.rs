@@ -127,7 +127,14 @@ fn golden_lease_spec() {
     let s = &d.spec;
     // The essentials, spelled out (the golden file pins the rest).
     assert_eq!(s["process"]["noNewPrivileges"], true);
-    assert_eq!(s["linux"]["seccomp"], fx.profile.oci);
+    // The profile is written into config.json, and the spec read whole has it.
+    let written: Value = serde_json::from_slice(&d.config_json().unwrap()).unwrap();
+    assert_eq!(written["linux"]["seccomp"], fx.profile.oci().unwrap());
+    assert_eq!(written, d.full_spec());
+    assert_eq!(
+        s["linux"]["seccomp"],
+        tessera_runtime::harden::seccomp::BUILTIN_PLACEHOLDER
+    );
     assert_eq!(
         s["linux"]["devices"],
         json!([

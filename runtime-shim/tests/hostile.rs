@@ -379,7 +379,9 @@ proptest! {
             eprintln!("admitted={}", d.admitted);
         }
         if d.admitted {
-            let s = &d.spec;
+            // What runc gets: the config.json bytes.
+            let written: serde_json::Value = serde_json::from_slice(&d.config_json().unwrap()).unwrap();
+            let s = &written;
             let allowed: Vec<(i64, i64)> = ctx.lease.map(|l| l.devices.iter().map(|d| (d.major, d.minor)).collect()).unwrap_or_default();
             for dev in s["linux"]["devices"].as_array().unwrap() {
                 let mm = (dev["major"].as_i64().unwrap(), dev["minor"].as_i64().unwrap());
@@ -391,7 +393,7 @@ proptest! {
                 let mm = (r["major"].as_i64().unwrap(), r["minor"].as_i64().unwrap());
                 prop_assert!(r["allow"] == true && allowed.contains(&mm), "rule {r} outside the lease");
             }
-            prop_assert_eq!(&s["linux"]["seccomp"], &profile.oci);
+            prop_assert_eq!(&s["linux"]["seccomp"], &profile.oci().unwrap());
             prop_assert_eq!(&s["process"]["noNewPrivileges"], &json!(true));
             for set in ["bounding", "effective", "permitted", "ambient", "inheritable"] {
                 for c in s["process"]["capabilities"][set].as_array().unwrap() {

@@ -91,7 +91,46 @@ pub struct Decision {
     pub reasons: Vec<String>,
     /// What was changed or dropped on the way (for the log and `check`).
     pub notes: Vec<String>,
+    /// The hardened spec. With the built-in seccomp profile its `linux.seccomp` is
+    /// [`seccomp::BUILTIN_PLACEHOLDER`]: write it with [`Decision::config_json`], and
+    /// read it whole with [`Decision::full_spec`].
     pub spec: Value,
+    builtin_seccomp: Option<BuiltinText>,
+}
+
+/// The built-in seccomp profile's text (compared by its text).
+#[derive(Debug, Clone, Copy)]
+struct BuiltinText(&'static serde_json::value::RawValue);
+
+impl PartialEq for BuiltinText {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.get() == other.0.get()
+    }
+}
+
+impl Decision {
+    /// The hardened spec as config.json: the built-in seccomp profile written where
+    /// its placeholder is.
+    pub fn config_json(&self) -> serde_json::Result<Vec<u8>> {
+        match self.builtin_seccomp {
+            Some(t) => seccomp::spliced(&self.spec, t.0),
+            None => serde_json::to_vec(&self.spec),
+        }
+    }
+
+    /// The hardened spec with the built-in seccomp profile in place, as a JSON tree
+    /// (what [`Decision::config_json`] writes).
+    pub fn full_spec(&self) -> Value {
+        let mut spec = self.spec.clone();
+        if let Some(t) = self.builtin_seccomp
+            && let Some(linux) = spec.get_mut("linux").and_then(Value::as_object_mut)
+            && linux.get("seccomp").and_then(Value::as_str) == Some(seccomp::BUILTIN_PLACEHOLDER)
+            && let Ok(oci) = serde_json::from_str::<Value>(t.0.get())
+        {
+            linux.insert("seccomp".to_string(), oci);
+        }
+        spec
+    }
 }
 
 /// Collects refusals and notes.
@@ -537,6 +576,7 @@ pub fn harden(mut spec: Value, ctx: &Context) -> Decision {
             reasons: f.reasons,
             notes: f.notes,
             spec,
+            builtin_seccomp: None,
         };
     }
     if !check_shape(&spec, &mut f) {
@@ -545,6 +585,7 @@ pub fn harden(mut spec: Value, ctx: &Context) -> Decision {
             reasons: f.reasons,
             notes: f.notes,
             spec,
+            builtin_seccomp: None,
         };
     }
     allowlist::walk(&spec, "", &mut f);
@@ -579,6 +620,7 @@ pub fn harden(mut spec: Value, ctx: &Context) -> Decision {
         reasons: f.reasons,
         notes: f.notes,
         spec,
+        builtin_seccomp: ctx.seccomp.builtin_text().map(BuiltinText),
     }
 }
 

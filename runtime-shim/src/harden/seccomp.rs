@@ -5,8 +5,11 @@
 //! The built-in profile is checked when the runtime is built: build.rs runs [`check`] on
 //! it and embeds the OCI form it produces, so a profile that fails its checks stops the
 //! build, and a container start only reads the result (the checks were a fifth of the
-//! runtime's own CPU per start). A profile file named by the policy is read and checked
-//! on every start.
+//! runtime's own CPU per start). A container start does not even parse that text: the
+//! hardened spec carries a placeholder where the profile goes, and
+//! [`super::Decision::config_json`] writes the embedded text there as it is (parsing it
+//! into a JSON tree, copying it into the spec and writing it out again cost 0.15 ms of
+//! each start). A profile file named by the policy is read and checked on every start.
 
 mod check;
 
@@ -14,6 +17,7 @@ pub use check::{CLONE_NS_MASK, MUST_DENY, SeccompError};
 use check::{ProfileFile, arch_of};
 use libseccomp::ScmpArch;
 use serde_json::Value;
+use serde_json::value::RawValue;
 use std::path::{Path, PathBuf};
 
 /// The built-in profile.
@@ -30,13 +34,28 @@ fn native_arch() -> ScmpArch {
     arch_of(std::env::consts::ARCH)
 }
 
+/// What a hardened spec carries in `linux.seccomp` when the built-in profile applies:
+/// [`super::Decision::config_json`] writes the profile there. A spec written any other
+/// way keeps this string, which runc refuses (it wants an object): fail closed.
+pub const BUILTIN_PLACEHOLDER: &str =
+    "tessera: the built-in seccomp profile, written in by Decision::config_json";
+
 /// A checked profile, ready to be written into specs.
 #[derive(Debug, Clone)]
 pub struct Profile {
-    /// The OCI `linux.seccomp` object for the host's architecture.
-    pub oci: Value,
+    oci: Oci,
     /// Where it came from (for messages).
     pub source: PathBuf,
+}
+
+/// The OCI `linux.seccomp` object for the host's architecture.
+#[derive(Debug, Clone)]
+enum Oci {
+    /// The built-in profile's text as build.rs wrote it (checked there): written into
+    /// config.json as it is.
+    Builtin(&'static RawValue),
+    /// A profile file's, checked on this start.
+    Checked(Value),
 }
 
 impl Profile {
@@ -54,17 +73,42 @@ impl Profile {
         }
     }
 
-    /// The built-in profile, as build.rs checked it.
+    /// The built-in profile, as build.rs checked it (its text is only scanned here:
+    /// that it is one JSON value).
     pub fn builtin() -> Result<Self, SeccompError> {
         let path = Path::new(BUILTIN_NAME);
-        let oci = serde_json::from_str(BUILTIN_OCI).map_err(|source| SeccompError::Builtin {
-            path: path.to_path_buf(),
-            source,
+        let raw = serde_json::from_str::<&'static RawValue>(BUILTIN_OCI).map_err(|source| {
+            SeccompError::Builtin {
+                path: path.to_path_buf(),
+                source,
+            }
         })?;
         Ok(Self {
-            oci,
+            oci: Oci::Builtin(raw),
             source: path.to_path_buf(),
         })
+    }
+
+    /// The OCI `linux.seccomp` object, as a JSON tree (the built-in profile is parsed
+    /// for this: `check`'s output and tests, never a container start).
+    pub fn oci(&self) -> Result<Value, SeccompError> {
+        match &self.oci {
+            Oci::Builtin(raw) => {
+                serde_json::from_str(raw.get()).map_err(|source| SeccompError::Builtin {
+                    path: self.source.clone(),
+                    source,
+                })
+            }
+            Oci::Checked(v) => Ok(v.clone()),
+        }
+    }
+
+    /// The built-in profile's text, when this is the built-in profile.
+    pub fn builtin_text(&self) -> Option<&'static RawValue> {
+        match &self.oci {
+            Oci::Builtin(raw) => Some(raw),
+            Oci::Checked(_) => None,
+        }
     }
 
     /// Parse and check a profile (TOML text), producing the OCI form for the native
@@ -80,14 +124,17 @@ impl Profile {
     /// Check a parsed profile and produce the OCI form for the host's architecture.
     fn check(file: &ProfileFile, path: &Path) -> Result<Self, SeccompError> {
         Ok(Self {
-            oci: check::check(file, path, native_arch())?,
+            oci: Oci::Checked(check::check(file, path, native_arch())?),
             source: path.to_path_buf(),
         })
     }
 
     /// Whether the profile lets `name` through with no argument filter.
     pub fn allows_unconditionally(&self, name: &str) -> bool {
-        syscall_rules(&self.oci).iter().any(|r| {
+        let Ok(oci) = self.oci() else {
+            return false;
+        };
+        syscall_rules(&oci).iter().any(|r| {
             r["action"] == "SCMP_ACT_ALLOW"
                 && r.get("args").is_none()
                 && r["names"]
@@ -104,13 +151,72 @@ fn syscall_rules(v: &Value) -> Vec<Value> {
         .unwrap_or_default()
 }
 
-/// Replace the spec's seccomp with the tenant profile. Returns a note when the tenant's
-/// own profile was dropped.
+/// Replace the spec's seccomp with the tenant profile (the built-in one as
+/// [`BUILTIN_PLACEHOLDER`]). Returns a note when the tenant's own profile was dropped.
 pub fn apply(spec: &mut Value, profile: &Profile) -> Option<String> {
     let linux = super::obj_entry(spec, "linux")?;
     let had = linux.get("seccomp").is_some_and(|s| !s.is_null());
-    linux.insert("seccomp".to_string(), profile.oci.clone());
+    let oci = match &profile.oci {
+        Oci::Builtin(_) => Value::String(BUILTIN_PLACEHOLDER.to_string()),
+        Oci::Checked(v) => v.clone(),
+    };
+    linux.insert("seccomp".to_string(), oci);
     had.then(|| "the spec's own seccomp profile was replaced by the tenant profile".to_string())
+}
+
+/// `spec` as JSON, with `raw` (the built-in profile's text) in `linux.seccomp`
+/// where [`apply`] put the placeholder. Everything else is written as
+/// `serde_json::to_vec` would.
+pub fn spliced(spec: &Value, raw: &RawValue) -> serde_json::Result<Vec<u8>> {
+    serde_json::to_vec(&Spliced { spec, raw })
+}
+
+struct Spliced<'a> {
+    spec: &'a Value,
+    raw: &'a RawValue,
+}
+
+impl serde::Serialize for Spliced<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let Value::Object(top) = self.spec else {
+            return self.spec.serialize(s);
+        };
+        let mut m = s.serialize_map(Some(top.len()))?;
+        for (k, v) in top {
+            match v {
+                Value::Object(linux) if k == "linux" => m.serialize_entry(
+                    k,
+                    &Linux {
+                        linux,
+                        raw: self.raw,
+                    },
+                )?,
+                _ => m.serialize_entry(k, v)?,
+            }
+        }
+        m.end()
+    }
+}
+
+struct Linux<'a> {
+    linux: &'a serde_json::Map<String, Value>,
+    raw: &'a RawValue,
+}
+
+impl serde::Serialize for Linux<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(Some(self.linux.len()))?;
+        for (k, v) in self.linux {
+            if k == "seccomp" && v.as_str() == Some(BUILTIN_PLACEHOLDER) {
+                m.serialize_entry(k, self.raw)?;
+            } else {
+                m.serialize_entry(k, v)?;
+            }
+        }
+        m.end()
+    }
 }
 
 #[cfg(test)]
@@ -126,8 +232,9 @@ mod tests {
     #[test]
     fn builtin_profile_loads_and_blocks_the_reference_list() {
         let p = Profile::load(None).unwrap();
-        assert_eq!(p.oci["defaultAction"], "SCMP_ACT_ERRNO");
-        assert_eq!(p.oci["defaultErrnoRet"], 1);
+        let oci = p.oci().unwrap();
+        assert_eq!(oci["defaultAction"], "SCMP_ACT_ERRNO");
+        assert_eq!(oci["defaultErrnoRet"], 1);
         for n in [
             "read",
             "write",
@@ -169,7 +276,7 @@ mod tests {
                 "{n} must not be allowed unconditionally"
             );
         }
-        let rules = syscall_rules(&p.oci);
+        let rules = syscall_rules(&oci);
         let clone3 = rules
             .iter()
             .find(|r| r["names"].as_array().unwrap().iter().any(|n| n == "clone3"))
@@ -195,8 +302,9 @@ mod tests {
                 .any(|r| r.args.iter().any(|a| a.value_two != 0))
         );
         let parsed = Profile::parse(BUILTIN, Path::new("tenant.toml")).unwrap();
-        assert_eq!(parsed.oci, Profile::builtin().unwrap().oci);
-        assert_eq!(parsed.oci, Profile::load(None).unwrap().oci);
+        let parsed = parsed.oci().unwrap();
+        assert_eq!(parsed, Profile::builtin().unwrap().oci().unwrap());
+        assert_eq!(parsed, Profile::load(None).unwrap().oci().unwrap());
     }
 
     /// The emitted filter enforces the profile rule for rule: every allowed name is allowed
@@ -206,15 +314,13 @@ mod tests {
     #[test]
     fn emitted_filter_matches_the_profile_rule_for_rule() {
         let file: ProfileFile = toml::from_str(BUILTIN).unwrap();
-        let p = Profile::builtin().unwrap();
+        let profile = Profile::builtin().unwrap();
+        let p = profile.oci().unwrap();
         let native = native_arch();
-        assert_eq!(p.oci["defaultAction"], "SCMP_ACT_ERRNO");
-        assert_eq!(p.oci["defaultErrnoRet"], 1);
-        assert_eq!(
-            p.oci["architectures"],
-            json!([oci_arch_name(native).unwrap()])
-        );
-        let rules = syscall_rules(&p.oci);
+        assert_eq!(p["defaultAction"], "SCMP_ACT_ERRNO");
+        assert_eq!(p["defaultErrnoRet"], 1);
+        assert_eq!(p["architectures"], json!([oci_arch_name(native).unwrap()]));
+        let rules = syscall_rules(&p);
         let emitted = |name: &str, action: &str| -> Vec<Value> {
             rules
                 .iter()
@@ -251,7 +357,10 @@ mod tests {
                     "{n}: no emitted rule with args {want_args:?}: {got:?}"
                 );
                 if !want_args.is_empty() {
-                    assert!(!p.allows_unconditionally(n), "{n} must stay conditional");
+                    assert!(
+                        !profile.allows_unconditionally(n),
+                        "{n} must stay conditional"
+                    );
                 }
             }
         }
@@ -372,12 +481,49 @@ mod tests {
 
     #[test]
     fn apply_replaces_the_tenant_profile() {
+        // The built-in profile: its placeholder, which `spliced` writes over.
         let p = Profile::load(None).unwrap();
         let mut spec = json!({"linux": {"seccomp": {"defaultAction": "SCMP_ACT_ALLOW"}}});
         assert!(apply(&mut spec, &p).is_some());
-        assert_eq!(spec["linux"]["seccomp"], p.oci);
+        assert_eq!(spec["linux"]["seccomp"], BUILTIN_PLACEHOLDER);
         let mut spec = json!({});
         assert!(apply(&mut spec, &p).is_none());
+        assert_eq!(spec["linux"]["seccomp"], BUILTIN_PLACEHOLDER);
+        // A profile file's: the object itself.
+        let file = Profile::parse(BUILTIN, Path::new("tenant.toml")).unwrap();
+        let mut spec = json!({"linux": {"seccomp": {"defaultAction": "SCMP_ACT_ALLOW"}}});
+        assert!(apply(&mut spec, &file).is_some());
+        assert_eq!(spec["linux"]["seccomp"], file.oci().unwrap());
         assert_eq!(spec["linux"]["seccomp"]["defaultAction"], "SCMP_ACT_ERRNO");
+    }
+
+    #[test]
+    fn spliced_writes_the_builtin_text_where_the_placeholder_was() {
+        let p = Profile::load(None).unwrap();
+        let raw = p.builtin_text().unwrap();
+        let mut spec = json!({"ociVersion": "1.0.2", "linux": {"namespaces": [{"type": "pid"}],
+            "seccomp": {"defaultAction": "SCMP_ACT_ALLOW"}, "sysctl": {}}, "process": {"args": ["sh"]}});
+        apply(&mut spec, &p);
+        let bytes = spliced(&spec, raw).unwrap();
+        let text = String::from_utf8(bytes.clone()).unwrap();
+        assert!(!text.contains(BUILTIN_PLACEHOLDER), "{text}");
+        assert!(text.contains(raw.get()), "the text as build.rs wrote it");
+        let written: Value = serde_json::from_slice(&bytes).unwrap();
+        let mut want = spec.clone();
+        want["linux"]["seccomp"] = p.oci().unwrap();
+        assert_eq!(written, want);
+        // The placeholder is only replaced where the profile goes: elsewhere it is the
+        // tenant's text, written as it was.
+        let mut spec = json!({"annotations": {"a": BUILTIN_PLACEHOLDER}, "linux": {}});
+        apply(&mut spec, &p);
+        let written: Value = serde_json::from_slice(&spliced(&spec, raw).unwrap()).unwrap();
+        assert_eq!(written["annotations"]["a"], BUILTIN_PLACEHOLDER);
+        assert_eq!(written["linux"]["seccomp"], p.oci().unwrap());
+        // A spec without a linux object (no placeholder) is written as it is.
+        let plain = json!({"process": {}});
+        assert_eq!(
+            spliced(&plain, raw).unwrap(),
+            serde_json::to_vec(&plain).unwrap()
+        );
     }
 }
