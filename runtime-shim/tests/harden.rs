@@ -63,10 +63,7 @@ impl Fixture {
             cfg,
             profile: Profile::load(None).unwrap(),
             // Deterministic goldens: behave as on a host without AppArmor.
-            host: HostFacts {
-                apparmor: Default::default(),
-                ..HostFacts::gather(&proc_root)
-            },
+            host: HostFacts::gather(&proc_root).with_apparmor(Default::default()),
             lease,
             dir,
         })
@@ -486,6 +483,42 @@ fn every_refusal_reason() {
         assert!(
             d.reasons.iter().any(|r| r.contains(want)),
             "{what}: no reason containing {want:?} in {:?}",
+            d.reasons
+        );
+    }
+}
+
+/// A device the host's driver registered under a dynamic major (nvidia-uvm, nvidia-caps)
+/// is a GPU device too, whether asked for as a node or by a cgroup rule: the majors come
+/// from the host (/proc/devices), read when a spec has such entries.
+#[test]
+fn the_hosts_own_gpu_majors_are_refused_as_gpu_devices() {
+    let mut fx = Fixture::new(false).unwrap();
+    fx.host = fx.host.clone().with_gpu_majors(vec![508]);
+    let mut rule = common::base_spec(&["sh"]);
+    rule["linux"]["resources"]["devices"] =
+        json!([{"allow": true, "type": "c", "major": 508, "minor": 0, "access": "rw"}]);
+    let mut node = common::base_spec(&["sh"]);
+    node["linux"]["devices"] =
+        json!([{"path": "/dev/uvm-renamed", "type": "c", "major": 508, "minor": 0}]);
+    for (what, spec, want) in [
+        ("rule", rule, "allows GPU devices"),
+        ("node", node, "GPU device node /dev/uvm-renamed (508:0)"),
+    ] {
+        let d = fx.harden(spec.clone());
+        assert!(
+            d.reasons.iter().any(|r| r.contains(want)),
+            "{what}: {:?}",
+            d.reasons
+        );
+        // Without the driver's major on the host it is just a device outside the lease.
+        let mut fx2 = Fixture::new(false).unwrap();
+        fx2.host = HostFacts::gather(Path::new("/nonexistent")).with_gpu_majors(Vec::new());
+        let d = fx2.harden(spec);
+        assert!(!d.admitted, "{what}");
+        assert!(
+            !d.reasons.iter().any(|r| r.contains("GPU device")),
+            "{what}: {:?}",
             d.reasons
         );
     }

@@ -367,7 +367,7 @@ proptest! {
         let mut cfg = RuntimeConfig::parse("[policy]\napparmor = \"if-available\"\n", Path::new("t")).unwrap();
         cfg.nvidia_proc_root = dir.path().join("none");
         let profile = Profile::load(None).unwrap();
-        let host = HostFacts { apparmor: Default::default(), ..HostFacts::gather(&cfg.nvidia_proc_root) };
+        let host = HostFacts::gather(&cfg.nvidia_proc_root).with_apparmor(Default::default());
         let lease = lease_on_nvidia0();
         let ctx = Context {
             config: &cfg, seccomp: &profile, host: &host,

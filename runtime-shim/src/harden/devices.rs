@@ -46,7 +46,7 @@ fn num(v: Option<&Value>) -> Option<i64> {
 fn is_gpu(ctx: &Context, path: Option<&str>, major: i64) -> bool {
     path.is_some_and(|p| super::mounts::normalize(p).starts_with("/dev/nvidia"))
         || ctx.policy().gpu_device_majors.contains(&major)
-        || ctx.host.gpu_majors.contains(&major)
+        || ctx.host.gpu_majors().contains(&major)
 }
 
 fn check_tenant_nodes(spec: &Value, ctx: &Context, f: &mut Findings) {
