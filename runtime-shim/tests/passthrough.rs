@@ -60,6 +60,36 @@ fn run(cfg: &Path, args: &[&str], extra_fd: bool) -> Output {
     cmd.output().unwrap()
 }
 
+/// The standard fds a caller left closed are open (/dev/null) when runc starts, as Rust's
+/// own start-up would have made them: a closed fd 0 would otherwise be the next file the
+/// runtime opens.
+#[test]
+fn closed_standard_fds_are_held_open_with_dev_null() {
+    let (d, cfg) = setup();
+    // This runc says what its fd 0 is (the shell moves its script's fd above 9).
+    std::fs::write(
+        d.path().join("fake-runc"),
+        "#!/bin/sh\necho \"fd0: $(readlink /proc/$$/fd/0 || echo closed)\"\n",
+    )
+    .unwrap();
+    let mut cmd = Command::new(common::runtime_bin());
+    cmd.env_clear()
+        .env("TESSERA_RUNTIME_CONFIG", &cfg)
+        .args(["state", "c1"]);
+    // SAFETY: close(0) in the child between fork and exec allocates nothing.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::close(0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = cmd.output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(lines(&out, "fd0: "), ["/dev/null"], "{out:?}");
+}
+
 fn lines(o: &Output, prefix: &str) -> Vec<String> {
     String::from_utf8_lossy(&o.stdout)
         .lines()
