@@ -533,22 +533,40 @@ pub const TABLE: &[Field] = &[
 /// The row for a concrete path (`/mounts/3/source` matches `/mounts/*/source`): the
 /// first row of [`TABLE`] that matches.
 pub fn lookup(path: &str) -> Option<&'static Field> {
-    // The walk looks up every node of the spec (hundreds in a CRI spec) against every
-    // row: the rows' segments are split once per process, and only rows as deep as the
-    // path are compared (same rows, same order, same answer as `matches`).
-    static SEGMENTS: std::sync::OnceLock<Vec<Vec<&'static str>>> = std::sync::OnceLock::new();
-    let rows = SEGMENTS.get_or_init(|| {
-        TABLE
-            .iter()
-            .map(|row| row.path.split('/').collect())
-            .collect()
+    // The walk looks up every node of the spec (hundreds in a CRI spec): the rows are
+    // indexed once per process by depth and first segment, and a lookup compares only
+    // the rows under its own key and under a wildcard first segment, the first match
+    // of each kept in table order (same answer as `matches` on every row in order).
+    type Rows = Vec<(usize, Vec<&'static str>)>;
+    static INDEX: std::sync::OnceLock<std::collections::HashMap<(usize, &'static str), Rows>> =
+        std::sync::OnceLock::new();
+    let index = INDEX.get_or_init(|| {
+        let mut index = std::collections::HashMap::<_, Rows>::new();
+        for (i, row) in TABLE.iter().enumerate() {
+            let segs: Vec<&'static str> = row.path.split('/').collect();
+            let first = segs.get(1).copied().unwrap_or_default();
+            index
+                .entry((segs.len(), first))
+                .or_default()
+                .push((i, segs));
+        }
+        index
     });
     let segs: Vec<&str> = path.split('/').collect();
-    rows.iter()
-        .position(|p| {
-            p.len() == segs.len() && p.iter().zip(&segs).all(|(a, b)| *a == "*" || a == b)
+    let first_match = |first: &str| {
+        index.get(&(segs.len(), first)).and_then(|rows| {
+            rows.iter()
+                .find(|(_, p)| p.iter().zip(&segs).all(|(a, b)| *a == "*" || a == b))
+                .map(|(i, _)| *i)
         })
-        .and_then(|i| TABLE.get(i))
+    };
+    let own = first_match(segs.get(1).copied().unwrap_or_default());
+    let wild = first_match("*");
+    let i = match (own, wild) {
+        (Some(a), Some(b)) => a.min(b),
+        (a, b) => a.or(b)?,
+    };
+    TABLE.get(i)
 }
 
 /// The plain form of [`lookup`]'s match, which tests check it against.
