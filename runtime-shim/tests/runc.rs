@@ -275,6 +275,40 @@ fn baseline_container_gets_no_gpu() {
     assert!(env.daemon().recorded().binds.is_empty());
 }
 
+/// The hardened spec in memory carries a placeholder where the built-in seccomp profile
+/// goes (the profile's text is written into config.json as it is). A spec written with
+/// the placeholder left in, by a path that forgot to write it in, is refused by runc:
+/// no container starts without its profile.
+#[test]
+fn a_spec_with_the_seccomp_placeholder_left_in_is_refused_by_runc() {
+    let Some(env) = Env::new() else { return };
+    let b = env.bundle("b6", &["true"], None);
+    let id = format!("t{}-ph", std::process::id());
+    let out = env.runtime(&["create", "--bundle", b.to_str().unwrap(), &id], None);
+    assert!(out.status.success(), "create: {:?}", text(&out));
+    let _ = env.runtime(&["delete", "--force", &id], None);
+    let mut written: Value =
+        serde_json::from_slice(&std::fs::read(b.join("config.json")).unwrap()).unwrap();
+    assert_eq!(
+        written["linux"]["seccomp"]["defaultAction"],
+        "SCMP_ACT_ERRNO"
+    );
+    written["linux"]["seccomp"] = json!(tessera_runtime::harden::seccomp::BUILTIN_PLACEHOLDER);
+    common::write_spec(&b, &written);
+    let out = Command::new("runc")
+        .arg("--root")
+        .arg(&env.root)
+        .args(["run", "--bundle"])
+        .arg(&b)
+        .arg(format!("{id}-2"))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(!out.status.success(), "runc ran it: {stdout}");
+    assert!(stderr.contains("seccomp"), "{stderr}");
+}
+
 #[test]
 fn deleting_a_container_without_a_lease_asks_the_daemon_nothing() {
     let Some(env) = Env::new() else { return };
