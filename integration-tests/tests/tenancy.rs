@@ -84,10 +84,13 @@ async fn tls_client(port: u16, pki: &Pki, cn: &str) -> TesseraClient<Channel> {
         .ca_certificate(Certificate::from_pem(&pki.ca_pem))
         .identity(Identity::from_pem(cert, key))
         .domain_name("localhost");
+    // Bounded: a test that waits forever would hold CI to its limit.
     let ch = Endpoint::from_shared(format!("https://127.0.0.1:{port}"))
         .unwrap()
         .tls_config(tls)
         .unwrap()
+        .connect_timeout(Duration::from_secs(10))
+        .timeout(Duration::from_secs(30))
         .connect()
         .await
         .unwrap();
@@ -373,9 +376,16 @@ fn a_certificate_from_another_ca_cannot_connect() {
             .ca_certificate(Certificate::from_pem(&pki.ca_pem))
             .identity(Identity::from_pem(c, k))
             .domain_name("localhost");
+        // With TLS 1.3 the client's handshake ends before the server has judged its
+        // certificate, so the refusal can reach the client at any step after it:
+        // each step is bounded (a CI run once waited here forever), and what must never
+        // happen is an answer.
+        let bound = Duration::from_secs(10);
         let res = async {
             let ch = Endpoint::from_shared(format!("https://127.0.0.1:{port}"))?
                 .tls_config(tls)?
+                .connect_timeout(bound)
+                .timeout(bound)
                 .connect()
                 .await?;
             TesseraClient::new(ch)
@@ -383,8 +393,10 @@ fn a_certificate_from_another_ca_cannot_connect() {
                 .await
                 .map_err(anyhow::Error::from)?;
             Ok::<_, anyhow::Error>(())
-        }
-        .await;
+        };
+        let res = tokio::time::timeout(3 * bound, res)
+            .await
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("no answer in {:?}", 3 * bound)));
         assert!(res.is_err(), "a rogue certificate was accepted");
     });
 }
