@@ -779,12 +779,10 @@ fn check(env: &Env, sub: &SubArgs) -> Outcome {
     // Always the daemon's current answer: `check` binds nothing that would confirm
     // a kept one.
     let (admitted, reasons, notes, spec) = match admit(env, client.as_ref(), &bundle, &id, None) {
-        Ok(a) => (
-            true,
-            a.decision.reasons.clone(),
-            a.decision.notes.clone(),
-            a.decision.full_spec(),
-        ),
+        Ok(a) => {
+            let spec = a.decision.full_spec();
+            (true, a.decision.reasons, a.decision.notes, spec)
+        }
         Err((reasons, _)) => {
             // Show the spec as far as it could be hardened, for the operator.
             let spec = partial_spec(env, &bundle, &id);
