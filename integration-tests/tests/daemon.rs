@@ -781,6 +781,45 @@ fn refusals_carry_error_info_and_field_violations() {
         assert_eq!(info.reason, "NO_CAPACITY", "{err}");
         assert!(err.get_details_retry_info().is_some());
 
+        // A shape the GPU's mode cannot take (MIG on gpu2, MIG off; a whole GPU on
+        // gpu0, in MIG mode) is no capacity question: waiting would not help.
+        let leases_before = c
+            .list_leases(pb::ListLeasesRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .leases
+            .len();
+        for (gpu, shape, says) in [
+            (2, shape::mig("1g.10gb"), "gpu2 is not in MIG mode"),
+            (0, shape::whole(), "gpu0 is in MIG mode: a whole GPU needs"),
+        ] {
+            let err = c
+                .create_lease(pb::CreateLeaseRequest {
+                    gpu_index: Some(gpu),
+                    ..create_req("team-a", shape)
+                })
+                .await
+                .unwrap_err();
+            assert_eq!(err.code(), Code::FailedPrecondition, "{err}");
+            assert!(err.message().contains(says), "{err}");
+            let info = err.get_details_error_info().expect("ErrorInfo");
+            assert_eq!(info.reason, "GPU_MODE_MISMATCH", "{err}");
+            assert!(err.get_details_precondition_failure().is_some(), "{err}");
+            assert!(err.get_details_retry_info().is_none(), "{err}");
+        }
+        let leases_after = c
+            .list_leases(pb::ListLeasesRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .leases
+            .len();
+        assert_eq!(
+            leases_before, leases_after,
+            "a refused request holds nothing"
+        );
+
         let err = c
             .release_lease(pb::ReleaseLeaseRequest {
                 lease_id: "l-nope".into(),

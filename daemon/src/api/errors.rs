@@ -111,6 +111,12 @@ pub fn status_of(e: LeaseError) -> Status {
             "TOPOLOGY_UNMET",
             ErrorDetails::with_precondition_failure_violation("TOPOLOGY", "topology", msg),
         ),
+        LeaseError::ModeUnavailable(_) => rich(
+            Code::FailedPrecondition,
+            msg.clone(),
+            "GPU_MODE_MISMATCH",
+            ErrorDetails::with_precondition_failure_violation("GPU_MODE", "gpu", msg),
+        ),
         LeaseError::GpuUnhealthy(_) => rich(
             Code::FailedPrecondition,
             msg.clone(),

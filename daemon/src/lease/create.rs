@@ -83,7 +83,7 @@ pub(super) struct Ask<'r> {
 
 impl LeaseManager {
     /// CreateLease. Steps: check the request; answer a retry of an earlier call;
-    /// reserve capacity under the lock (preempting burst leases once where the
+    /// refuse a shape no GPU's mode can take; reserve capacity under the lock (preempting burst leases once where the
     /// tenant's guarantee allows); record the lease, its token and the intent in
     /// one commit; change the hardware; record the outcome; publish.
     pub async fn create(&self, mut req: CreateRequest) -> Result<Created, LeaseError> {
@@ -118,6 +118,14 @@ impl LeaseManager {
             now,
             count: req.count.max(1),
         };
+        // A shape no GPU's mode can take is refused before anything is held.
+        if let Some(why) = {
+            let st = self.lock();
+            let infos: Vec<crate::gpu::GpuInfo> = st.gpus.iter().map(|g| g.info.clone()).collect();
+            crate::partition::mode_unavailable(&ask.shape, &infos, req.gpu_index)
+        } {
+            return Err(LeaseError::ModeUnavailable(why));
+        }
         // MPS inside MIG: its host instance first (held until the share is reserved).
         let host_claim = self.ensure_mig_mps_host(&ask, &tenancy).await?;
         let notify = Arc::new(Notify::new());

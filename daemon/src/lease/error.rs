@@ -33,6 +33,10 @@ pub enum LeaseError {
     /// multi-partition lease with `nvlink` or `numa`).
     #[error("{0}")]
     TopologyUnmet(String),
+    /// No GPU considered is in the mode the shape needs (MIG for a MIG shape, MIG
+    /// off for an MPS share or a whole GPU): only an operator's mode change helps.
+    #[error("{0}")]
+    ModeUnavailable(String),
     /// The GPU asked for is out of service.
     #[error("{0}")]
     GpuUnhealthy(String),

@@ -22,7 +22,7 @@ pub use fragmentation::{free_capacity, free_static_counts, used_memory_slices};
 pub use mig_mps::{MigMpsDecision, MigMpsHost, plan_mig_mps};
 pub use planner::{
     EXPIRY_WEIGHT, Expiry, Movable, Move, MovePlan, PlanDecision, PlanError, PlanOptions, Strategy,
-    Temporal, compact, plan, plan_with_moves,
+    Temporal, compact, mode_unavailable, plan, plan_with_moves,
 };
 
 use serde::{Deserialize, Serialize};

@@ -83,7 +83,10 @@
 //! A GPU with MIG disabled, no MIG instances, no MPS shares and no whole-GPU lease;
 //! lowest index for both strategies.
 //!
-//! Every [`PlanError::NoCapacity`] names, per GPU considered, what ran out.
+//! Every [`PlanError::NoCapacity`] names, per GPU considered, what ran out. A request
+//! that no GPU could take in its current mode (a MIG shape on a node without MIG, an
+//! MPS share or a whole GPU where every GPU is in MIG mode) is told so before planning
+//! ([`mode_unavailable`]): waiting for capacity would not help it.
 
 use serde::{Deserialize, Serialize};
 
@@ -269,6 +272,72 @@ pub fn plan(
             "an MPS share inside MIG is planned with its host instances (plan_mig_mps)".into(),
         )),
     }
+}
+
+/// Why no GPU of the node could ever take `shape` in its current mode, or None.
+///
+/// `gpus` is every GPU of the node, healthy or not; `only` the one a request names.
+/// A MIG shape (or an MPS share inside MIG) needs a GPU with MIG enabled; an MPS share
+/// or a whole GPU needs one with MIG disabled. When every GPU considered is in the
+/// other mode, the request cannot succeed until an operator changes a GPU's mode (a
+/// GPU reset), so it is refused as a failed precondition, not as capacity that may
+/// free up (which would have clients wait and retry for nothing). An index that is
+/// not on the node, or a node without GPUs, is left to the planner's own answer.
+pub fn mode_unavailable(
+    shape: &Shape,
+    gpus: &[crate::gpu::GpuInfo],
+    only: Option<u32>,
+) -> Option<String> {
+    let mut considered: Vec<&crate::gpu::GpuInfo> = gpus
+        .iter()
+        .filter(|g| only.is_none_or(|i| g.index == i))
+        .collect();
+    if considered.is_empty() {
+        return None;
+    }
+    considered.sort_by_key(|g| g.index);
+    let needs_mig = matches!(shape, Shape::Mig { .. } | Shape::MigMps { .. });
+    if considered.iter().any(|g| g.mig_current == needs_mig) {
+        return None;
+    }
+    let names = join(considered.iter().map(|g| format!("gpu{}", g.index)));
+    let which = match (only, considered.len()) {
+        (Some(_), _) | (None, 1) => format!("{names} is"),
+        (None, _) => format!("every GPU of this node ({names}) is"),
+    };
+    // A mode change an operator made that takes effect at the GPU's next reset.
+    let pending: Vec<String> = considered
+        .iter()
+        .filter(|g| g.mig_pending == needs_mig)
+        .map(|g| format!("gpu{}", g.index))
+        .collect();
+    let pending = if pending.is_empty() {
+        String::new()
+    } else {
+        format!(
+            " ({} {} MIG {} pending a GPU reset)",
+            pending.join(", "),
+            if pending.len() == 1 { "has" } else { "have" },
+            if needs_mig { "enabled" } else { "disabled" }
+        )
+    };
+    Some(if needs_mig {
+        format!(
+            "{which} not in MIG mode{pending}: a MIG instance needs a GPU with MIG enabled; \
+             ask for an MPS share or a whole GPU, or have the operator enable MIG"
+        )
+    } else {
+        let asked = if matches!(shape, Shape::WholeGpu) {
+            "a whole GPU"
+        } else {
+            "an MPS share"
+        };
+        format!(
+            "{which} in MIG mode{pending}: {asked} needs a GPU with MIG disabled; \
+             ask for a MIG instance (or an MPS share inside one, mig_mps), or have the \
+             operator disable MIG"
+        )
+    })
 }
 
 /// The GPUs to look at, sorted by index.
@@ -1083,6 +1152,68 @@ mod tests {
         let msg = no_capacity(plan(&mig_shape("1g.10gb"), &[h100_plain(0)], &best_fit()));
         assert!(msg.contains("no MIG-enabled GPU"), "{msg}");
         assert!(msg.contains("gpu0: MIG disabled"), "{msg}");
+    }
+
+    fn info(index: u32, mig: bool) -> crate::gpu::GpuInfo {
+        if mig {
+            h100_mig(index)
+        } else {
+            h100_plain(index)
+        }
+        .info
+    }
+
+    #[test]
+    fn a_shape_no_gpu_mode_can_take_is_told_apart_from_capacity() {
+        let plain = [info(0, false), info(1, false)];
+        let mig = [info(0, true), info(1, true)];
+        let mixed = [info(0, false), info(1, true)];
+        let m = mode_unavailable(&mig_shape("1g.10gb"), &plain, None).unwrap();
+        assert!(
+            m.contains("every GPU of this node (gpu0, gpu1) is not in MIG mode"),
+            "{m}"
+        );
+        assert!(m.contains("MPS share or a whole GPU"), "{m}");
+        let share = Shape::MigMps {
+            profile: "1g.10gb".into(),
+            sm_percent: 50,
+            memory_bytes: 1 << 30,
+        };
+        assert!(mode_unavailable(&share, &plain, None).is_some());
+        let m = mode_unavailable(&mps(50, 1 << 30), &mig, None).unwrap();
+        assert!(
+            m.contains("in MIG mode") && m.contains("an MPS share needs"),
+            "{m}"
+        );
+        let m = mode_unavailable(&Shape::WholeGpu, &mig, Some(1)).unwrap();
+        assert!(
+            m.starts_with("gpu1 is in MIG mode: a whole GPU needs"),
+            "{m}"
+        );
+        // One GPU in the right mode is enough: the rest is the planner's (capacity).
+        for s in [mig_shape("1g.10gb"), mps(50, 1 << 30), Shape::WholeGpu] {
+            assert_eq!(mode_unavailable(&s, &mixed, None), None, "{s:?}");
+        }
+        // The GPU a request names decides alone.
+        assert!(mode_unavailable(&mig_shape("1g.10gb"), &mixed, Some(0)).is_some());
+        assert_eq!(
+            mode_unavailable(&mig_shape("1g.10gb"), &mixed, Some(1)),
+            None
+        );
+        // An unknown index or a node without GPUs: the planner answers.
+        assert_eq!(
+            mode_unavailable(&mig_shape("1g.10gb"), &plain, Some(7)),
+            None
+        );
+        assert_eq!(mode_unavailable(&mig_shape("1g.10gb"), &[], None), None);
+        // A mode change waiting for a reset is named.
+        let mut pending = info(0, false);
+        pending.mig_pending = true;
+        let m = mode_unavailable(&mig_shape("1g.10gb"), &[pending], None).unwrap();
+        assert!(
+            m.contains("(gpu0 has MIG enabled pending a GPU reset)"),
+            "{m}"
+        );
     }
 
     #[test]
