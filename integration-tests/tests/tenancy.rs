@@ -868,6 +868,20 @@ fn the_audit_log_records_decisions_and_never_a_token() {
             .create_lease(create_req("team-a", shape::mig("9g.99gb")))
             .await
             .unwrap_err();
+        // Refused binds: one with the lease's token, one with a token of no lease.
+        for (token, container) in [
+            (r.token.clone(), "c-refused"),
+            (format!("tsr1_{}", "0".repeat(64)), "c-no-lease"),
+        ] {
+            c.bind_container(pb::BindContainerRequest {
+                token,
+                container_id: container.into(),
+                termination_log_path: "/proc/self/mem".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        }
         r.token
     });
     let path = d.dir.path().join("state/audit.jsonl");
@@ -896,6 +910,21 @@ fn the_audit_log_records_decisions_and_never_a_token() {
         recs.iter()
             .any(|r| r["action"] == "ResolveToken" && r["result"] == "ok")
     );
+    // A refused bind names the container and, for a token of a lease, whose lease
+    // it tried to use.
+    let bind = |container: &str| {
+        recs.iter()
+            .find(|r| r["action"] == "BindContainer" && r["container"] == container)
+            .unwrap_or_else(|| panic!("no BindContainer record of {container}: {text}"))
+    };
+    let refused = bind("c-refused");
+    assert_eq!(refused["result"], "InvalidArgument", "{refused}");
+    assert_eq!(refused["tenant"], "team-a", "{refused}");
+    assert_eq!(refused["lease"], create_ok["lease"], "{refused}");
+    let unknown = bind("c-no-lease");
+    assert_eq!(unknown["result"], "InvalidArgument", "{unknown}");
+    assert!(unknown.get("lease").is_none(), "{unknown}");
+    assert!(unknown.get("tenant").is_none(), "{unknown}");
     // The CLI shows it, filtered by tenant.
     let out = std::process::Command::new(bin_path("tessera").unwrap())
         .args(["audit", "--file"])

@@ -260,6 +260,18 @@ impl TesseraService {
         lease: &str,
         r: Result<R, Status>,
     ) -> Result<R, Status> {
+        self.done_for(rpc, who, (tenant, lease), "", r)
+    }
+
+    /// [`Self::done`] for a call about one container (its id in the audit record).
+    fn done_for<R>(
+        &self,
+        rpc: Rpc,
+        who: &Principal,
+        (tenant, lease): (&str, &str),
+        container: &str,
+        r: Result<R, Status>,
+    ) -> Result<R, Status> {
         let r = r.map_err(super::errors::with_error_info);
         let (result, reasons) = match &r {
             Ok(_) => ("ok".to_string(), vec![]),
@@ -273,7 +285,9 @@ impl TesseraService {
             tenant: tenant.to_string(),
             action: rpc.name().into(),
             lease: lease.to_string(),
-            container: String::new(),
+            // An id is at most 1024 bytes where it is accepted; a refused one may
+            // be longer (the request's limit): the record keeps its start.
+            container: crate::names::truncate(container, 1024),
             result,
             reasons,
         });
@@ -676,10 +690,11 @@ impl Tessera for TesseraService {
         let who = self.begin(Rpc::ResolveToken, &req)?;
         let r = req.into_inner();
         let result = self.mgr.resolve_token(&r.token).map_err(status);
-        let (tenant, lease) = result
-            .as_ref()
-            .map(|x| (x.lease.tenant.clone(), x.lease.id.clone()))
-            .unwrap_or_default();
+        // A refusal is recorded against the token's lease too, when it has one.
+        let (tenant, lease) = match &result {
+            Ok(x) => (x.lease.tenant.clone(), x.lease.id.clone()),
+            Err(_) => self.mgr.token_lease(&r.token).unwrap_or_default(),
+        };
         let r = result.map(|x| Response::new(convert::resolved_to_pb(&x)));
         self.done(Rpc::ResolveToken, &who, &tenant, &lease, r)
     }
@@ -735,16 +750,18 @@ impl Tessera for TesseraService {
                 )
                 .await
                 .map_err(status);
-            let (tenant, lease) = result
-                .as_ref()
-                .map(|l| (l.tenant.clone(), l.id.clone()))
-                .unwrap_or_default();
+            // A refusal is recorded against the token's lease too, when it has one:
+            // the audit log shows whose lease a refused container tried to use.
+            let (tenant, lease) = match &result {
+                Ok(l) => (l.tenant.clone(), l.id.clone()),
+                Err(_) => this.mgr.token_lease(&r.token).unwrap_or_default(),
+            };
             if result.is_ok() && !r.admission_command.is_empty() {
                 this.record_admission(
                     &who,
                     tenant.clone(),
                     lease.clone(),
-                    container_id,
+                    container_id.clone(),
                     r.admission_command.clone(),
                     true,
                     Vec::new(),
@@ -756,7 +773,7 @@ impl Tessera for TesseraService {
                     resolution_checked: checked,
                 })
             });
-            this.done(Rpc::BindContainer, &who, &tenant, &lease, r)
+            this.done_for(Rpc::BindContainer, &who, (&tenant, &lease), &container_id, r)
         })
         .await
     }
@@ -773,7 +790,13 @@ impl Tessera for TesseraService {
             .await
             .map_err(status)
             .map(|()| Response::new(pb::UnbindContainerResponse {}));
-        self.done(Rpc::UnbindContainer, &who, "", "", result)
+        self.done_for(
+            Rpc::UnbindContainer,
+            &who,
+            ("", ""),
+            &r.container_id,
+            result,
+        )
     }
 
     async fn report_admission(

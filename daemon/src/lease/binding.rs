@@ -43,6 +43,19 @@ impl LeaseManager {
         Ok(majors)
     }
 
+    /// The tenant and id of the lease `tok` is a token of, whatever the lease's state:
+    /// for the audit record of a refused ResolveToken or BindContainer. None for a
+    /// token the daemon does not know.
+    pub fn token_lease(&self, tok: &str) -> Option<(String, String)> {
+        if !token::looks_valid(tok) {
+            return None;
+        }
+        let h = token::hash(tok);
+        let st = self.lock();
+        let lease = st.leases.get(st.tokens.get(&h)?)?;
+        Some((lease.tenant.clone(), lease.id.clone()))
+    }
+
     pub fn resolve_token(&self, tok: &str) -> Result<Resolved, LeaseError> {
         let not_found = || LeaseError::NotFound("unknown, expired or revoked lease token".into());
         if !token::looks_valid(tok) {
