@@ -647,6 +647,9 @@ struct Cached {
     /// Length of the file's snapshot line (compaction is due when the change lines
     /// outweigh it).
     snapshot_len: u64,
+    /// The file `id` names, open for appending change lines: opened at the first
+    /// change and kept while the cache is valid (a replaced file makes a new cache).
+    append: Option<File>,
 }
 
 /// Identity of one version of the state file. A compaction renames a new file into
@@ -743,15 +746,25 @@ impl SimBackend {
             *g = None;
             g
         });
-        if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            fs::create_dir_all(dir).map_err(|e| Self::io_err(dir, e))?;
+        let open = || {
+            OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&self.lock_path)
+        };
+        // The directory is made when it is missing (a fresh host, a cleared /run),
+        // not checked on every call.
+        let file = match open() {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                    fs::create_dir_all(dir).map_err(|e| Self::io_err(dir, e))?;
+                }
+                open()
+            }
+            r => r,
         }
-        let file = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&self.lock_path)
-            .map_err(|e| Self::io_err(&self.lock_path, e))?;
+        .map_err(|e| Self::io_err(&self.lock_path, e))?;
         let flock = Flock::lock(file, FlockArg::LockExclusive)
             .map_err(|(_, errno)| Self::io_err(&self.lock_path, errno.into()))?;
         Ok(Locked {
@@ -791,6 +804,7 @@ impl SimBackend {
                         id,
                         state,
                         snapshot_len,
+                        append: None,
                     }
                 }
                 Some(_) => self.load()?,
@@ -842,6 +856,7 @@ impl SimBackend {
                 id,
                 state,
                 snapshot_len,
+                append: None,
             });
         }
         if pos < bytes.len() {
@@ -853,6 +868,7 @@ impl SimBackend {
             id: FileId::from_meta(&meta),
             state,
             snapshot_len: first_end as u64 + 1,
+            append: None,
         })
     }
 
@@ -932,15 +948,22 @@ impl SimBackend {
         line.push(b'\n');
         let grown = cached.id.len + line.len() as u64;
         if grown > 2 * cached.snapshot_len + COMPACT_SLACK_BYTES {
+            // A new file (renamed into place): the handle to the old one is dropped.
+            cached.append = None;
             let (id, snapshot_len) = self.write_snapshot(&cached.state)?;
             cached.id = id;
             cached.snapshot_len = snapshot_len;
             return Ok(());
         }
-        let mut f = OpenOptions::new()
-            .append(true)
-            .open(&self.path)
-            .map_err(|e| Self::io_err(&self.path, e))?;
+        let f = match &mut cached.append {
+            Some(f) => f,
+            slot @ None => slot.insert(
+                OpenOptions::new()
+                    .append(true)
+                    .open(&self.path)
+                    .map_err(|e| Self::io_err(&self.path, e))?,
+            ),
+        };
         let before = f.metadata().map_err(|e| Self::io_err(&self.path, e))?;
         if FileId::from_meta(&before) != cached.id {
             // Replaced or deleted (a simulated reboot) since this call read it.
@@ -1829,6 +1852,42 @@ mod tests {
         // Deleting the file is a reboot: instances are gone.
         fs::remove_file(&path).unwrap();
         assert!(second.instances(1).unwrap().is_empty());
+    }
+
+    #[test]
+    fn changes_after_a_reboot_or_a_cleared_directory_go_to_the_new_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = dir.path().join("run");
+        let path = run.join("sim-state.json");
+        let cfg = config(&[(GpuModel::H100Hbm3_80Gb, true)]);
+        let b = SimBackend::open(&cfg, &path).unwrap();
+        let slice = at(0, 1);
+        let first = b
+            .create_instance(0, GI_PROFILE_1_SLICE, slice, None)
+            .unwrap();
+        // A reboot (the file deleted) after a change was appended: the next change
+        // lands in the new file, not in the one the earlier change was written to.
+        fs::remove_file(&path).unwrap();
+        let after_reboot = b
+            .create_instance(0, GI_PROFILE_1_SLICE, at(1, 1), None)
+            .unwrap();
+        let seen = SimBackend::open(&cfg, &path).unwrap().instances(0).unwrap();
+        assert_eq!(seen.len(), 1, "{seen:?}");
+        assert_eq!(seen[0].uuid, after_reboot.uuid);
+        assert_ne!(seen[0].uuid, first.uuid);
+        // A cleared directory (/run emptied) is made again by the next call.
+        fs::remove_dir_all(&run).unwrap();
+        assert!(b.instances(0).unwrap().is_empty());
+        b.create_instance(0, GI_PROFILE_1_SLICE, slice, None)
+            .unwrap();
+        assert_eq!(
+            SimBackend::open(&cfg, &path)
+                .unwrap()
+                .instances(0)
+                .unwrap()
+                .len(),
+            1
+        );
     }
 
     #[test]
