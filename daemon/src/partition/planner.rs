@@ -517,8 +517,8 @@ fn plan_mig(
         )));
     }
 
-    // Every feasible (GPU, placement) for a new instance.
-    let mut feasible: Vec<(&MigTarget, Placement)> = Vec::new();
+    // Every feasible placement for a new instance, by GPU.
+    let mut feasible: Vec<(&MigTarget, Vec<Placement>)> = Vec::new();
     let mut blocked: Vec<String> = Vec::new();
     for t in &targets {
         if !below_max_count(&t.view.mig, t.profile) {
@@ -543,17 +543,22 @@ fn plan_mig(
             ));
             continue;
         }
-        feasible.extend(free.into_iter().map(|p| (t, p)));
+        feasible.push((t, free));
     }
     blocked.extend(reasons);
 
     let chosen = match opts.strategy {
         Strategy::FirstFit => feasible
             .into_iter()
+            .flat_map(|(t, free)| free.into_iter().map(move |p| (t, p)))
             .min_by_key(|(t, p)| (t.view.info.index, p.start)),
         Strategy::BestFit => feasible
             .into_iter()
-            .map(|(t, p)| (best_fit_key(t, p, opts), t, p))
+            .flat_map(|(t, free)| {
+                // What depends on the GPU alone, once per GPU.
+                let gpu = GpuFit::of(t, opts);
+                free.into_iter().map(move |p| (gpu.key(t, p), t, p))
+            })
             .min_by_key(|(k, _, _)| *k)
             .map(|(_, t, p)| (t, p)),
     };
@@ -571,30 +576,53 @@ fn plan_mig(
     }
 }
 
-/// Sort key for best fit: (capacity lost with the temporal term, the expiry cost for
-/// a tie-break, free slices on the GPU, GPU index, start).
-fn best_fit_key(
-    t: &MigTarget,
-    placement: Placement,
-    opts: &PlanOptions,
-) -> (u64, u64, u32, u32, u32) {
-    let before = capacity_value(&t.view.profiles, &t.view.mig);
-    let mut after: Vec<OccupiedMig> = t.view.mig.clone();
-    after.push(OccupiedMig {
-        gi_profile_id: t.profile.id,
-        placement,
-        free_static: None,
-    });
-    let loss = before.saturating_sub(capacity_value(&t.view.profiles, &after));
-    let free_slices = total_memory_slices(t.view).saturating_sub(used_memory_slices(t.view));
-    let (score, tie) = match (&opts.expiry, opts.temporal) {
-        (None, _) | (_, Temporal::Off) => (loss * 1000, 0),
-        (Some(e), Temporal::TieBreak) => (loss * 1000, e.cost(t.view, false)),
-        (Some(e), Temporal::Weighted(w)) => (loss * 1000 + u64::from(w) * e.cost(t.view, false), 0),
-        (Some(e), Temporal::Group(w)) => (loss * 1000 + u64::from(w) * e.cost(t.view, true), 0),
-        (Some(e), Temporal::Empties(w)) => (loss * 1000 + u64::from(w) * e.empties(t.view), 0),
-    };
-    (score, tie, free_slices, t.view.info.index, placement.start)
+/// The parts of best fit's sort key that depend on the GPU alone: its capacity value
+/// now, its free slices and the temporal term (computed once per GPU, not once per
+/// placement).
+struct GpuFit {
+    before: u64,
+    free_slices: u32,
+    temporal: u64,
+    tie: u64,
+}
+
+impl GpuFit {
+    fn of(t: &MigTarget, opts: &PlanOptions) -> GpuFit {
+        let (temporal, tie) = match (&opts.expiry, opts.temporal) {
+            (None, _) | (_, Temporal::Off) => (0, 0),
+            (Some(e), Temporal::TieBreak) => (0, e.cost(t.view, false)),
+            (Some(e), Temporal::Weighted(w)) => (u64::from(w) * e.cost(t.view, false), 0),
+            (Some(e), Temporal::Group(w)) => (u64::from(w) * e.cost(t.view, true), 0),
+            (Some(e), Temporal::Empties(w)) => (u64::from(w) * e.empties(t.view), 0),
+        };
+        GpuFit {
+            before: capacity_value(&t.view.profiles, &t.view.mig),
+            free_slices: total_memory_slices(t.view).saturating_sub(used_memory_slices(t.view)),
+            temporal,
+            tie,
+        }
+    }
+
+    /// Sort key for best fit: (capacity lost with the temporal term, the expiry cost
+    /// for a tie-break, free slices on the GPU, GPU index, start).
+    fn key(&self, t: &MigTarget, placement: Placement) -> (u64, u64, u32, u32, u32) {
+        let mut after: Vec<OccupiedMig> = t.view.mig.clone();
+        after.push(OccupiedMig {
+            gi_profile_id: t.profile.id,
+            placement,
+            free_static: None,
+        });
+        let loss = self
+            .before
+            .saturating_sub(capacity_value(&t.view.profiles, &after));
+        (
+            loss * 1000 + self.temporal,
+            self.tie,
+            self.free_slices,
+            t.view.info.index,
+            placement.start,
+        )
+    }
 }
 
 fn describe_starts(placements: &[Placement]) -> String {
