@@ -742,6 +742,18 @@ fn startup_checks_come_before_the_hardware_is_touched() {
     }
 }
 
+/// How many leases the daemon lists.
+async fn lease_count(
+    c: &mut tessera_proto::v1::tessera_client::TesseraClient<tonic::transport::Channel>,
+) -> usize {
+    c.list_leases(pb::ListLeasesRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .leases
+        .len()
+}
+
 /// Refusals carry the rich error model: an ErrorInfo (domain tessera.io, a stable
 /// reason) always, BadRequest naming the field for invalid input, and ErrorInfo
 /// even on refusals the API layer makes itself (an unknown lease).
@@ -783,13 +795,7 @@ fn refusals_carry_error_info_and_field_violations() {
 
         // A shape the GPU's mode cannot take (MIG on gpu2, MIG off; a whole GPU on
         // gpu0, in MIG mode) is no capacity question: waiting would not help.
-        let leases_before = c
-            .list_leases(pb::ListLeasesRequest::default())
-            .await
-            .unwrap()
-            .into_inner()
-            .leases
-            .len();
+        let leases_before = lease_count(&mut c).await;
         for (gpu, shape, says) in [
             (2, shape::mig("1g.10gb"), "gpu2 is not in MIG mode"),
             (0, shape::whole(), "gpu0 is in MIG mode: a whole GPU needs"),
@@ -808,13 +814,7 @@ fn refusals_carry_error_info_and_field_violations() {
             assert!(err.get_details_precondition_failure().is_some(), "{err}");
             assert!(err.get_details_retry_info().is_none(), "{err}");
         }
-        let leases_after = c
-            .list_leases(pb::ListLeasesRequest::default())
-            .await
-            .unwrap()
-            .into_inner()
-            .leases
-            .len();
+        let leases_after = lease_count(&mut c).await;
         assert_eq!(
             leases_before, leases_after,
             "a refused request holds nothing"
