@@ -119,13 +119,7 @@ impl LeaseManager {
             count: req.count.max(1),
         };
         // A shape no GPU's mode can take is refused before anything is held.
-        if let Some(why) = {
-            let st = self.lock();
-            let infos: Vec<crate::gpu::GpuInfo> = st.gpus.iter().map(|g| g.info.clone()).collect();
-            crate::partition::mode_unavailable(&ask.shape, &infos, req.gpu_index)
-        } {
-            return Err(LeaseError::ModeUnavailable(why));
-        }
+        self.refuse_wrong_mode(&ask.shape, req.gpu_index)?;
         // MPS inside MIG: its host instance first (held until the share is reserved).
         let host_claim = self.ensure_mig_mps_host(&ask, &tenancy).await?;
         let notify = Arc::new(Notify::new());
@@ -315,6 +309,22 @@ impl LeaseManager {
                     }));
                 }
             }
+        }
+    }
+
+    /// ModeUnavailable when no GPU considered (every GPU of the node, healthy or not,
+    /// or the one asked for) is in the mode `shape` needs: only an operator's mode
+    /// change would let it succeed, so it is not a capacity refusal.
+    pub(super) fn refuse_wrong_mode(
+        &self,
+        shape: &Shape,
+        gpu_index: Option<u32>,
+    ) -> Result<(), LeaseError> {
+        let st = self.lock();
+        let infos: Vec<crate::gpu::GpuInfo> = st.gpus.iter().map(|g| g.info.clone()).collect();
+        match crate::partition::mode_unavailable(shape, &infos, gpu_index) {
+            Some(why) => Err(LeaseError::ModeUnavailable(why)),
+            None => Ok(()),
         }
     }
 

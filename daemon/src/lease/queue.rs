@@ -150,6 +150,11 @@ impl LeaseManager {
                 ),
             ));
         }
+        // A shape no GPU's mode can take does not wait (its key may have requests
+        // ahead of it that would make it wait before its first try).
+        if let Some(shape) = &req.shape {
+            self.refuse_wrong_mode(shape, req.gpu_index)?;
+        }
         let started = Instant::now();
         let deadline = tokio::time::Instant::now() + wait;
         let lease = &self.config.lease;

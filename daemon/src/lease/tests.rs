@@ -1612,6 +1612,51 @@ async fn a_queued_request_whose_wait_ends_is_refused_and_leaves_the_queue() {
     assert_eq!(mgr.queued_requests(), 0);
 }
 
+#[tokio::test]
+async fn a_shape_no_gpu_mode_can_take_is_refused_at_once_not_queued() {
+    let dir = tempfile::tempdir().unwrap();
+    let gpus = format!(
+        "{}[[sim.gpus]]\nmodel = \"a100-40gb\"\nmig = false\n",
+        h100s(2)
+    );
+    let (mgr, _) = sim_manager(dir.path(), "move_idle = false", &gpus);
+    idle_lease_in_the_way(&mgr, false).await;
+    // A 7g has no room: it waits.
+    let m = mgr.clone();
+    let waiting = tokio::spawn(async move {
+        m.create_queued(seven_g("first"), Duration::from_secs(60))
+            .await
+    });
+    queued(&mgr, 1).await;
+    // The same shape on gpu2 (MIG off) is refused at once, not queued behind it.
+    let pinned = CreateRequest {
+        gpu_index: Some(2),
+        ..seven_g("pinned")
+    };
+    let err = tokio::time::timeout(
+        Duration::from_secs(10),
+        mgr.create_queued(pinned, Duration::from_secs(60)),
+    )
+    .await
+    .expect("refused at once, not after the wait")
+    .unwrap_err();
+    let LeaseError::ModeUnavailable(msg) = &err else {
+        panic!("{err}");
+    };
+    assert!(msg.contains("gpu2 is not in MIG mode"), "{msg}");
+    assert_eq!(mgr.queued_requests(), 1, "only the first request waits");
+    // And without a wait: the same answer, nothing held.
+    let err = mgr
+        .create(CreateRequest {
+            gpu_index: Some(2),
+            ..seven_g("again")
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LeaseError::ModeUnavailable(_)), "{err}");
+    waiting.abort();
+}
+
 // ------------------------------------------------------------------ temporal packing
 
 fn two_h100_expiry_weight(dir: &std::path::Path, weight: u32) -> Arc<LeaseManager> {
