@@ -83,9 +83,10 @@ pub(super) struct Ask<'r> {
 
 impl LeaseManager {
     /// CreateLease. Steps: check the request; answer a retry of an earlier call;
-    /// refuse a shape no GPU's mode can take; reserve capacity under the lock (preempting burst leases once where the
-    /// tenant's guarantee allows); record the lease, its token and the intent in
-    /// one commit; change the hardware; record the outcome; publish.
+    /// refuse a shape no GPU's mode can take; reserve capacity under the lock
+    /// (preempting burst leases once where the tenant's guarantee allows); record the
+    /// lease, its token and the intent in one commit; change the hardware; record the
+    /// outcome; publish.
     pub async fn create(&self, mut req: CreateRequest) -> Result<Created, LeaseError> {
         if self.shutting_down.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(LeaseError::ShuttingDown);
@@ -321,7 +322,7 @@ impl LeaseManager {
         gpu_index: Option<u32>,
     ) -> Result<(), LeaseError> {
         let st = self.lock();
-        let infos: Vec<crate::gpu::GpuInfo> = st.gpus.iter().map(|g| g.info.clone()).collect();
+        let infos: Vec<&crate::gpu::GpuInfo> = st.gpus.iter().map(|g| &g.info).collect();
         match crate::partition::mode_unavailable(shape, &infos, gpu_index) {
             Some(why) => Err(LeaseError::ModeUnavailable(why)),
             None => Ok(()),

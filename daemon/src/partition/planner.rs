@@ -285,11 +285,12 @@ pub fn plan(
 /// not on the node, or a node without GPUs, is left to the planner's own answer.
 pub fn mode_unavailable(
     shape: &Shape,
-    gpus: &[crate::gpu::GpuInfo],
+    gpus: &[&crate::gpu::GpuInfo],
     only: Option<u32>,
 ) -> Option<String> {
     let mut considered: Vec<&crate::gpu::GpuInfo> = gpus
         .iter()
+        .copied()
         .filter(|g| only.is_none_or(|i| g.index == i))
         .collect();
     if considered.is_empty() {
@@ -1193,9 +1194,10 @@ mod tests {
 
     #[test]
     fn a_shape_no_gpu_mode_can_take_is_told_apart_from_capacity() {
-        let plain = [info(0, false), info(1, false)];
-        let mig = [info(0, true), info(1, true)];
-        let mixed = [info(0, false), info(1, true)];
+        let (p0, p1, m0, m1) = (info(0, false), info(1, false), info(0, true), info(1, true));
+        let plain = [&p0, &p1];
+        let mig = [&m0, &m1];
+        let mixed = [&p0, &m1];
         let m = mode_unavailable(&mig_shape("1g.10gb"), &plain, None).unwrap();
         assert!(
             m.contains("every GPU of this node (gpu0, gpu1) is not in MIG mode"),
@@ -1237,7 +1239,7 @@ mod tests {
         // A mode change waiting for a reset is named.
         let mut pending = info(0, false);
         pending.mig_pending = true;
-        let m = mode_unavailable(&mig_shape("1g.10gb"), &[pending], None).unwrap();
+        let m = mode_unavailable(&mig_shape("1g.10gb"), &[&pending], None).unwrap();
         assert!(
             m.contains("(gpu0 has MIG enabled pending a GPU reset)"),
             "{m}"
