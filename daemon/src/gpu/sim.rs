@@ -966,7 +966,10 @@ impl SimBackend {
         };
         let before = f.metadata().map_err(|e| Self::io_err(&self.path, e))?;
         if FileId::from_meta(&before) != cached.id {
-            // Replaced or deleted (a simulated reboot) since this call read it.
+            // Changed since this call read it: a handle opened just now to a file
+            // replaced in between (a simulated reboot), or a write not made under
+            // the lock. (A path replaced while a kept handle is open is caught by
+            // `current`, which compares the path's identity first.)
             return Err(Self::io_err(
                 &self.path,
                 std::io::Error::other("the state file changed during the call"),
