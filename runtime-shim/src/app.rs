@@ -4,6 +4,7 @@
 use crate::bundle;
 use crate::cli::{self, Command, Invocation, SubArgs};
 use crate::config::{ConfigError, RuntimeConfig};
+use crate::early::EarlyRunc;
 use crate::harden::{self, Context, Decision, Findings, exec as hexec, seccomp::Profile};
 use crate::host::HostFacts;
 use crate::lease::cache::AnswerCache;
@@ -45,6 +46,8 @@ pub struct ExecPlan {
 pub enum Outcome {
     Exec(ExecPlan),
     Exit(i32),
+    /// runc was started as a child ([`crate::early`]) and ended so: exit as it did.
+    Mirror(std::process::ExitStatus),
 }
 
 struct Env {
@@ -244,6 +247,7 @@ fn admit(
     bundle: &Path,
     id: &str,
     kept: Option<&AnswerCache>,
+    tenant: Option<&[u8]>,
 ) -> Result<Admission, (Vec<String>, String)> {
     // One thread, in order: the profile, the spec and its lease (ResolveToken is a
     // read: nothing is bound, written or run before every check has passed), then the
@@ -256,7 +260,7 @@ fn admit(
         spec,
         answers,
         lease,
-    } = spec_and_lease(env, client, bundle, id, kept)?;
+    } = spec_and_lease(env, client, bundle, id, kept, tenant)?;
     let host = HostFacts::gather(&env.cfg.nvidia_proc_root);
     let runc_root = env.runtime_root();
     let ctx = Context {
@@ -292,17 +296,22 @@ struct Leased {
     lease: Option<ResolvedLease>,
 }
 
-/// Load the bundle's spec, find its tokens and resolve them (every one to an ACTIVE
-/// lease, merged into what the container may use).
+/// Load the bundle's spec (parse `tenant`, its bytes as already read, if given), find
+/// its tokens and resolve them (every one to an ACTIVE lease, merged into what the
+/// container may use).
 fn spec_and_lease(
     env: &Env,
     client: Option<&DaemonClient>,
     bundle: &Path,
     id: &str,
     kept: Option<&AnswerCache>,
+    tenant: Option<&[u8]>,
 ) -> Result<Leased, (Vec<String>, String)> {
-    let spec = bundle::load(bundle, env.cfg.policy.max_config_bytes)
-        .map_err(|e| (vec![e.to_string()], String::new()))?;
+    let spec = match tenant {
+        Some(bytes) => bundle::parse_object(&bundle.join(bundle::CONFIG_JSON), bytes),
+        None => bundle::load(bundle, env.cfg.policy.max_config_bytes),
+    }
+    .map_err(|e| (vec![e.to_string()], String::new()))?;
     let token = harden::find_token(&spec).map_err(|e| (vec![e], String::new()))?;
     // One token, or several joined by ',' (a container with several devices).
     let mut tokens = match &token {
@@ -428,6 +437,40 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
         Err(e) => return env.refuse(&what, &[e]),
     };
     let bundle = bundle_dir(sub);
+    // The tenant's config.json, read once: from here on runc may be waiting on a FIFO
+    // in its place (crate::early). One that cannot be read is refused below, by admit.
+    let tenant = bundle::read_with_mode(
+        &bundle.join(bundle::CONFIG_JSON),
+        env.cfg.policy.max_config_bytes,
+    )
+    .ok();
+    let plan = match env.plan(keep, None) {
+        Outcome::Exec(p) => p,
+        refused => return refused,
+    };
+    // runc's version is asked now and judged once the spec is decided, before
+    // anything is bound, written or run.
+    let cache = crate::runc_cves::VersionCache::new(&env.cfg.state_dir);
+    let mut runc_version = Some(crate::runc_cves::start(&env.cfg.runc_path, Some(&cache)));
+    let runc_admitted = runc_version
+        .as_ref()
+        .is_some_and(|v| v.cached_and_admitted(&env.cfg.runc_cve_acknowledged));
+    let mut early = match &tenant {
+        Some((bytes, mode)) if runc_admitted => {
+            match EarlyRunc::start(&bundle, bytes.clone(), *mode, &plan) {
+                Ok(e) => Some(e),
+                Err(e) => {
+                    env.log.info(&format!(
+                        "tessera-runtime: {what}: runc is started once the spec is decided: {e}"
+                    ));
+                    None
+                }
+            }
+        }
+        _ => None,
+    };
+    let tenant_mode = tenant.as_ref().map(|(_, m)| *m);
+    let tenant = tenant.map(|(b, _)| b);
     let client = env.client();
     // Report a refusal to the daemon (audit), then refuse.
     let refuse_reported = |reasons: Vec<String>, lease_id: &str| {
@@ -442,17 +485,13 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
         );
         env.refuse(&what, &reasons)
     };
-    // runc's version is asked now and judged once the spec is decided, before
-    // anything is bound, written or run.
-    let cache = crate::runc_cves::VersionCache::new(&env.cfg.state_dir);
-    let mut runc_version = Some(crate::runc_cves::start(&env.cfg.runc_path, Some(&cache)));
     let answers = AnswerCache::new(&env.cfg.state_dir);
     let mut kept = Some(&answers);
     // At most twice: a bind refused on an answer kept from an earlier start (the
     // daemon's answer has changed since, or the bind is refused for another reason)
     // forgets that answer and decides again on the daemon's current one.
-    let (adm, staged, lease_id, bound) = loop {
-        let adm = match admit(env, client.as_ref(), &bundle, &id, kept) {
+    let (adm, staged, hardened, lease_id, bound) = loop {
+        let adm = match admit(env, client.as_ref(), &bundle, &id, kept, tenant.as_deref()) {
             Ok(a) => a,
             Err((reasons, lease_id)) => return refuse_reported(reasons, &lease_id),
         };
@@ -475,12 +514,18 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
         // The new config.json is written beside the old one, then the daemon records
         // the binding, and the rename over the tenant's happens only once the
         // container is bound to every lease. A write that fails binds nothing.
-        let staged = match adm
+        let (staged, hardened) = match adm
             .decision
             .config_json()
             .map_err(|e| format!("{}: {e}", bundle.join(bundle::CONFIG_JSON).display()))
-            .and_then(|bytes| bundle::stage(&bundle, &bytes).map_err(|e| e.to_string()))
-        {
+            .and_then(|bytes| {
+                match tenant_mode {
+                    Some(mode) => bundle::stage_with_mode(&bundle, &bytes, mode),
+                    None => bundle::stage(&bundle, &bytes),
+                }
+                .map(|s| (s, bytes))
+                .map_err(|e| e.to_string())
+            }) {
             Ok(s) => s,
             Err(e) => return refuse_reported(vec![e], &lease_id),
         };
@@ -520,7 +565,8 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
             }
             Ok(b) => b,
             Err(reason) => {
-                // `staged` is dropped with its temp file: config.json stays the tenant's.
+                // `staged` is dropped with its temp file: config.json stays the tenant's
+                // (or the FIFO runc waits on, which a refusal replaces by the tenant's).
                 let stale: Vec<&Answer> = adm.answers.iter().filter(|a| a.kept).collect();
                 if kept.is_some() && !stale.is_empty() {
                     for a in stale {
@@ -536,10 +582,16 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
                 return refuse_reported(vec![reason], &lease_id);
             }
         };
-        break (adm, staged, lease_id, bound);
+        break (adm, staged, hardened, lease_id, bound);
     };
-    if let Err(e) = staged.commit() {
-        let reasons = vec![e.to_string()];
+    // The hardened file replaces the tenant's (or the FIFO in its place), then an early
+    // runc gets it through the FIFO if it opened that already.
+    if let Err(e) = staged.commit().map_err(|e| e.to_string()).and_then(|()| {
+        early
+            .as_mut()
+            .map_or(Ok(()), |r| r.feed(&hardened).map_err(|e| e.to_string()))
+    }) {
+        let reasons = vec![e];
         if let Some(c) = client.as_ref()
             && !adm.answers.is_empty()
         {
@@ -585,11 +637,25 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
             ));
         }
     }
-    // Not dropped: closing the connection and the RPC runtime gracefully is work
-    // that exec makes moot. exec replaces the process image; the socket is
-    // close-on-exec (see `exec_plan`), so the daemon sees it close.
-    std::mem::forget(client);
-    env.plan(keep, None)
+    let Some(runc) = early else {
+        // Not dropped: closing the connection and the RPC runtime gracefully is work
+        // that exec makes moot. exec replaces the process image; the socket is
+        // close-on-exec (see `exec_plan`), so the daemon sees it close.
+        std::mem::forget(client);
+        return Outcome::Exec(plan);
+    };
+    // runc runs on; this process waits for it (for `run`, as long as the container),
+    // without a connection to the daemon.
+    drop(client);
+    match runc.wait() {
+        Ok(status) => Outcome::Mirror(status),
+        Err(e) => {
+            let msg = format!("tessera-runtime: {what}: {e}");
+            eprintln!("{msg}");
+            env.log.error(&msg);
+            Outcome::Exit(EXIT_REFUSED)
+        }
+    }
 }
 
 /// Bind the container to every lease of its tokens, or to none: a failed bind unbinds
@@ -778,17 +844,18 @@ fn check(env: &Env, sub: &SubArgs) -> Outcome {
     let client = env.client();
     // Always the daemon's current answer: `check` binds nothing that would confirm
     // a kept one.
-    let (admitted, reasons, notes, spec) = match admit(env, client.as_ref(), &bundle, &id, None) {
-        Ok(a) => {
-            let spec = a.decision.full_spec();
-            (true, a.decision.reasons, a.decision.notes, spec)
-        }
-        Err((reasons, _)) => {
-            // Show the spec as far as it could be hardened, for the operator.
-            let spec = partial_spec(env, &bundle, &id);
-            (false, reasons, Vec::new(), spec)
-        }
-    };
+    let (admitted, reasons, notes, spec) =
+        match admit(env, client.as_ref(), &bundle, &id, None, None) {
+            Ok(a) => {
+                let spec = a.decision.full_spec();
+                (true, a.decision.reasons, a.decision.notes, spec)
+            }
+            Err((reasons, _)) => {
+                // Show the spec as far as it could be hardened, for the operator.
+                let spec = partial_spec(env, &bundle, &id);
+                (false, reasons, Vec::new(), spec)
+            }
+        };
     let mut text = String::new();
     if json_out {
         let out = serde_json::json!({"admitted": admitted, "reasons": reasons, "spec": spec});
@@ -865,7 +932,7 @@ pub fn exec_plan(plan: &ExecPlan) -> std::io::Error {
     )
 }
 
-fn close_fds_above(keep: i32) {
+pub(crate) fn close_fds_above(keep: i32) {
     // One call on Linux >= 5.11; older kernels (ENOSYS, EINVAL) walk /proc/self/fd.
     if let Ok(first) = u32::try_from(keep.saturating_add(1)) {
         // SAFETY: close_range with CLOSE_RANGE_CLOEXEC closes nothing: it only sets the

@@ -115,6 +115,11 @@ pub fn parse_strict(bytes: &[u8]) -> Result<Value, String> {
 /// Read a regular file without following a symlink at its last component, at most `max`
 /// bytes.
 pub fn read_file_nofollow(path: &Path, max: u64) -> Result<Vec<u8>, BundleError> {
+    read_with_mode(path, max).map(|(bytes, _)| bytes)
+}
+
+/// [`read_file_nofollow`], with the file's permission bits.
+pub fn read_with_mode(path: &Path, max: u64) -> Result<(Vec<u8>, u32), BundleError> {
     let file = OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
@@ -151,13 +156,18 @@ pub fn read_file_nofollow(path: &Path, max: u64) -> Result<Vec<u8>, BundleError>
             max,
         });
     }
-    Ok(buf)
+    Ok((buf, meta.mode() & 0o7777))
 }
 
 /// Read and parse a JSON object file safely.
 pub fn load_json(path: &Path, max: u64) -> Result<Value, BundleError> {
     let bytes = read_file_nofollow(path, max)?;
-    let v = parse_strict(&bytes).map_err(|message| BundleError::Json {
+    parse_object(path, &bytes)
+}
+
+/// Parse `bytes`, read from `path`, as a JSON object (duplicate keys refused).
+pub fn parse_object(path: &Path, bytes: &[u8]) -> Result<Value, BundleError> {
+    let v = parse_strict(bytes).map_err(|message| BundleError::Json {
         path: path.to_path_buf(),
         message,
     })?;
@@ -277,8 +287,15 @@ pub fn stage(bundle: &Path, bytes: &[u8]) -> Result<Staged, BundleError> {
     let mode = std::fs::symlink_metadata(&path)
         .ok()
         .filter(|m| m.file_type().is_file())
-        .map_or(0o600, |m| m.mode() & 0o644);
-    Staged::write(&path, bytes, mode)
+        .map_or(0o600, |m| m.mode());
+    stage_with_mode(bundle, bytes, mode)
+}
+
+/// [`stage`] with the mode of the tenant's `config.json` as it was read (the file may
+/// have been replaced since: see [`crate::early`]). Only its read bits for group and
+/// others are kept.
+pub fn stage_with_mode(bundle: &Path, bytes: &[u8], mode: u32) -> Result<Staged, BundleError> {
+    Staged::write(&bundle.join(CONFIG_JSON), bytes, mode & 0o644)
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ pub mod app;
 pub mod bundle;
 pub mod cli;
 pub mod config;
+pub mod early;
 pub mod harden;
 pub mod host;
 pub mod lease;

@@ -27,6 +27,7 @@ fn run() -> libc::c_int {
     let argv0 = args.next().map(std::path::PathBuf::from);
     match app::run_as(argv0, args.collect()) {
         Outcome::Exit(code) => std::process::exit(code),
+        Outcome::Mirror(status) => tessera_runtime::early::exit_like(status),
         Outcome::Exec(plan) => {
             let err = app::exec_plan(&plan);
             eprintln!("tessera-runtime: {err}");

@@ -231,6 +231,14 @@ pub struct Verdict {
 }
 
 impl Pending {
+    /// Whether the version came from the cache and passes [`judge`] (with or without
+    /// a warning): runc may be started before the spec is decided
+    /// ([`crate::early`]). A version still to be asked, or one that is refused, waits
+    /// for the decision: a runc that may be refused is never started for a container.
+    pub fn cached_and_admitted(&self, acknowledged: &[String]) -> bool {
+        matches!(self.how, How::Cached(v) if judge(Some(v), acknowledged).is_ok())
+    }
+
     /// Wait for the version and judge it ([`judge`]); a runc that could not be
     /// run is of unknown version, and refused. A version runc answered is cached
     /// when the binary did not change while it ran.

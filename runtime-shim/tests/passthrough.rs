@@ -14,7 +14,13 @@ fn fake_runc(dir: &Path) -> PathBuf {
     let p = dir.join("fake-runc");
     std::fs::write(
         &p,
-        "#!/bin/sh\necho \"argv: $*\"\nfor f in /proc/$$/fd/*; do echo \"fd: ${f##*/}\"; done\nenv | sort | sed 's/^/env: /'\nif [ \"$1\" = update ] || [ \"$3\" = update ]; then echo \"stdin: $(cat)\"; fi\n",
+        concat!(
+            // As runc does: `create` and `run` read the bundle's config.json first, and
+            // an empty one (the runtime closed it without a spec) ends it.
+            "#!/bin/sh\nb=.\nprev=\nfor a in \"$@\"; do if [ \"$prev\" = --bundle ] || [ \"$prev\" = -b ]; then b=$a; fi; prev=$a; done\n",
+            "case \" $* \" in *\" create \"*|*\" run \"*) IFS= read -r spec < \"$b/config.json\"; if [ -z \"$spec\" ]; then echo 'runc: config.json: unexpected EOF' >&2; exit 1; fi; echo \"spec: $spec\" ;; esac\n",
+            "echo \"argv: $*\"\nfor f in /proc/$$/fd/*; do echo \"fd: ${f##*/}\"; done\nenv | sort | sed 's/^/env: /'\nif [ \"$1\" = update ] || [ \"$3\" = update ]; then echo \"stdin: $(cat)\"; fi\n",
+        ),
     )
     .unwrap();
     std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -530,4 +536,269 @@ fn runc_is_asked_its_version_once_and_again_after_it_changes() {
     assert_eq!(out.status.code(), Some(1));
     assert!(lines(&out, "argv: ").is_empty(), "runc must not run");
     assert_eq!(times_asked(d.path()), 3);
+}
+
+/// A bundle, and a config whose fake runc answers `--version` as a fixed runc (1.2.8)
+/// and otherwise reads `config.json` from its bundle as runc does, says what it was
+/// (`first: fifo` when it was still the FIFO the runtime put there), its parent and
+/// its fds, then runs `body`. One `create` has run (and the version is cached): the
+/// next `create` or `run` starts this runc before the spec is decided. `None` (with a
+/// SKIPPED line) when not root: only root keeps the version cache.
+fn early_setup(body: &str) -> Option<(tempfile::TempDir, PathBuf, PathBuf)> {
+    if !nix::unistd::geteuid().is_root() {
+        println!("SKIPPED: runc is started early only on a cached version, which only root keeps");
+        return None;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let runc = d.path().join("early-runc");
+    std::fs::write(
+        &runc,
+        format!(
+            concat!(
+                "#!/bin/sh\n",
+                "if [ \"$1\" = --version ]; then echo 'runc version 1.2.8'; exit 0; fi\n",
+                "b=.\nprev=\nfor a in \"$@\"; do if [ \"$prev\" = --bundle ]; then b=$a; fi; prev=$a; id=$a; done\n",
+                "if [ -p \"$b/config.json\" ]; then echo 'first: fifo'; else echo 'first: file'; fi\n",
+                // Read in the shell's own process, as runc reads it in its own: a
+                // killed runc leaves no reader behind.
+                "IFS= read -r spec < \"$b/config.json\"\n",
+                "if [ -z \"$spec\" ]; then echo 'runc: config.json: unexpected EOF' >&2; exit 1; fi\n",
+                "echo \"spec: $spec\"\necho \"ppid: $PPID\"\n",
+                "for f in /proc/$$/fd/*; do echo \"fd: ${{f##*/}}\"; done\n",
+                "if [ \"$id\" = warm ]; then exit 0; fi\n",
+                "{body}\n"
+            ),
+            body = body
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&runc, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let cfg = d.path().join("early.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "runc_path = {runc:?}\nstate_dir = {:?}\ndaemon_socket = {:?}\n[policy]\napparmor = \"if-available\"\n",
+            d.path().join("runtime-state"),
+            d.path().join("none.sock")
+        ),
+    )
+    .unwrap();
+    let b = d.path().join("b");
+    std::fs::create_dir_all(b.join("rootfs")).unwrap();
+    common::write_spec(&b, &common::base_spec(&["true"]));
+    let warm = run(
+        &cfg,
+        &["create", "--bundle", b.to_str().unwrap(), "warm"],
+        false,
+    );
+    assert!(warm.status.success(), "{warm:?}");
+    assert_eq!(
+        lines(&warm, "first: "),
+        ["file"],
+        "the first start waits for the version"
+    );
+    common::write_spec(&b, &common::base_spec(&["true"]));
+    Some((d, cfg, b))
+}
+
+fn runtime_cmd(cfg: &Path, args: &[&str]) -> Command {
+    let mut cmd = Command::new(common::runtime_bin());
+    cmd.env_clear()
+        .env("TESSERA_RUNTIME_CONFIG", cfg)
+        .args(args);
+    cmd
+}
+
+/// With the version known, runc starts while the spec is judged: it finds config.json
+/// a FIFO, reads the hardened spec from it, keeps the fds it is to pass on and no
+/// other, and the runtime exits with runc's code.
+#[test]
+fn an_early_runc_reads_the_hardened_spec_and_its_exit_code_is_the_runtimes() {
+    let Some((_d, cfg, b)) = early_setup("exit 7") else {
+        return;
+    };
+    let mut cmd = runtime_cmd(
+        &cfg,
+        &[
+            "create",
+            "--preserve-fds",
+            "1",
+            "--bundle",
+            b.to_str().unwrap(),
+            "c1",
+        ],
+    );
+    // SAFETY: dup2 in the child between fork and exec allocates nothing.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::dup2(1, 3) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.stdout(std::process::Stdio::piped()).spawn().unwrap();
+    let runtime = child.id();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(7), "{out:?}");
+    // Started by the runtime, not exec'd in its place. (Whether it found the FIFO or
+    // the hardened file depends on who was faster: tests in early.rs take each way.)
+    assert_eq!(lines(&out, "ppid: "), [runtime.to_string()], "{out:?}");
+    let spec = lines(&out, "spec: ");
+    assert_eq!(spec.len(), 1, "{out:?}");
+    let seen: serde_json::Value = serde_json::from_str(&spec[0]).unwrap();
+    let on_disk: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(b.join("config.json")).unwrap()).unwrap();
+    assert_eq!(seen, on_disk, "runc read the file the runtime left");
+    assert_eq!(seen["process"]["noNewPrivileges"], true, "hardened: {seen}");
+    // 0-3 (--preserve-fds 1 keeps 3), the shell's script (10 and up) and the one its
+    // glob opened for /proc/$$/fd (the lowest free number): nothing of the runtime's
+    // (the FIFO, the daemon, the log).
+    let fds: Vec<i32> = lines(&out, "fd: ")
+        .iter()
+        .map(|f| f.parse().unwrap())
+        .collect();
+    assert!(fds.contains(&3), "fd 3 kept: {fds:?}");
+    assert!(
+        fds.iter().filter(|n| (4..10).contains(*n)).count() <= 1,
+        "an fd of the runtime's reached runc: {fds:?}"
+    );
+    let mut names: Vec<String> = std::fs::read_dir(&b)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["config.json", "rootfs"], "left in the bundle");
+}
+
+/// A refused spec never reaches the runc started for it: runc is killed before it
+/// reads anything, and config.json is the tenant's again, byte for byte.
+#[test]
+fn a_refused_spec_never_reaches_an_early_runc() {
+    let Some((_d, cfg, b)) = early_setup("exit 0") else {
+        return;
+    };
+    let mut spec = common::base_spec(&["true"]);
+    spec["process"]["capabilities"]["bounding"] = serde_json::json!(["CAP_SYS_ADMIN"]);
+    common::write_spec(&b, &spec);
+    let tenant = std::fs::read(b.join("config.json")).unwrap();
+    let out = run(
+        &cfg,
+        &["create", "--bundle", b.to_str().unwrap(), "c1"],
+        false,
+    );
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("CAP_SYS_ADMIN"),
+        "{out:?}"
+    );
+    assert!(
+        lines(&out, "spec: ").is_empty(),
+        "runc read a spec: {out:?}"
+    );
+    assert!(lines(&out, "argv: ").is_empty(), "{out:?}");
+    assert_eq!(std::fs::read(b.join("config.json")).unwrap(), tenant);
+    let names: Vec<String> = std::fs::read_dir(&b)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n != "rootfs")
+        .collect();
+    assert_eq!(names, ["config.json"], "left in the bundle");
+}
+
+/// The runtime stays runc's parent while runc runs: a signal sent to the runtime
+/// reaches runc, and when runc dies of a signal the runtime does too.
+#[test]
+fn signals_sent_to_the_runtime_reach_an_early_runc() {
+    let Some((_d, cfg, b)) = early_setup(concat!(
+        "trap 'echo got: TERM; exit 3' TERM\n",
+        "trap 'kill -KILL $$' USR1\n",
+        "echo ready\n",
+        "while :; do sleep 0.05; done"
+    )) else {
+        return;
+    };
+    use std::io::BufRead;
+    for (signal, want_code, want_signal) in [
+        (libc::SIGTERM, Some(3), None),
+        (libc::SIGUSR1, None, Some(libc::SIGKILL)),
+    ] {
+        common::write_spec(&b, &common::base_spec(&["true"]));
+        let mut child = runtime_cmd(&cfg, &["run", "--bundle", b.to_str().unwrap(), "c1"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut seen = Vec::new();
+        loop {
+            let mut l = String::new();
+            assert!(
+                out.read_line(&mut l).unwrap() > 0,
+                "runc ended early: {seen:?}"
+            );
+            seen.push(l.trim_end().to_string());
+            if l.trim_end() == "ready" {
+                break;
+            }
+        }
+        assert!(
+            seen.contains(&format!("ppid: {}", child.id())),
+            "runc is the runtime's child: {seen:?}"
+        );
+        // SAFETY: kill with a valid signal to the runtime this test started.
+        unsafe {
+            libc::kill(i32::try_from(child.id()).unwrap(), signal);
+        }
+        let mut rest = String::new();
+        std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+        let status = child.wait().unwrap();
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(status.code(), want_code, "{status:?} {rest}");
+        assert_eq!(status.signal(), want_signal, "{status:?} {rest}");
+        if want_code.is_some() {
+            assert!(rest.contains("got: TERM"), "{rest}");
+        }
+    }
+}
+
+/// A runtime killed while runc runs takes runc with it, as killing runc itself did
+/// when the runtime exec'd it.
+#[test]
+fn killing_the_runtime_kills_an_early_runc() {
+    let Some((d, cfg, b)) = early_setup("echo $$ > \"$b/../runc.pid\"\nexec sleep 60") else {
+        return;
+    };
+    let mut child = runtime_cmd(&cfg, &["run", "--bundle", b.to_str().unwrap(), "c1"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid_file = d.path().join("runc.pid");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let pid: i32 = loop {
+        if let Ok(s) = std::fs::read_to_string(&pid_file)
+            && let Ok(p) = s.trim().parse()
+        {
+            break p;
+        }
+        assert!(std::time::Instant::now() < deadline, "runc never started");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // Gone, or a zombie its new parent has yet to reap; never still sleeping.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let state = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| s.rsplit(')').next().map(|r| r.trim().chars().next()))
+            .flatten();
+        if matches!(state, None | Some('Z') | Some('X')) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "runc {pid} outlived the runtime (state {state:?})"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
 }

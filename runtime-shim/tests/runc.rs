@@ -193,6 +193,11 @@ fn text(o: &Output) -> (String, String) {
 #[test]
 fn leased_container_sees_only_its_gpu_and_runs_hardened() {
     let Some(env) = Env::new() else { return };
+    // The first start asks runc its version and execs it once decided; the second
+    // starts runc while its spec is judged (crate::early). Both run hardened.
+    let b = env.bundle("b0", &["sh", "-c", SCRIPT], None);
+    let first = env.runtime(&["run", "--bundle", b.to_str().unwrap(), "first"], None);
+    assert!(first.status.success(), "{:?}", text(&first));
     let b = env.bundle("b1", &["sh", "-c", SCRIPT], Some("tok-good"));
     let id = format!("t{}-lease", std::process::id());
     let out = env.runtime(&["run", "--bundle", b.to_str().unwrap(), &id], None);
@@ -402,25 +407,43 @@ fn bind_failure_refuses() {
     let _d = common::FakeDaemon::start_with(&socket, answers, true);
     let config = common::runtime_config(dir.path(), &socket, &dir.path().join("none"), "");
     let (b, spec) = true_bundle(dir.path(), "b", "tok");
-    let out = runtime_in(dir.path(), &config)
-        .args(["create", "--bundle"])
-        .arg(&b)
-        .arg("x")
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(stderr.contains("BindContainer failed"), "{stderr}");
-    // The bundle was not rewritten, and the new config.json written while the bind
-    // was under way is gone.
-    let on_disk: Value =
-        serde_json::from_slice(&std::fs::read(b.join("config.json")).unwrap()).unwrap();
-    assert_eq!(on_disk, spec);
-    let names: Vec<String> = std::fs::read_dir(&b)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    assert_eq!(names, ["config.json"], "left in the bundle: {names:?}");
+    let tenant = std::fs::read(b.join("config.json")).unwrap();
+    // The first start asks runc its version and starts it once decided; the second
+    // (the version cached) starts runc while the spec is judged, and kills it.
+    for id in ["x", "y"] {
+        let out = runtime_in(dir.path(), &config)
+            .args(["create", "--bundle"])
+            .arg(&b)
+            .arg(id)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1));
+        assert!(stderr.contains("BindContainer failed"), "{stderr}");
+        // The bundle was not rewritten, and the new config.json written while the
+        // bind was under way is gone.
+        assert_eq!(std::fs::read(b.join("config.json")).unwrap(), tenant);
+        let on_disk: Value =
+            serde_json::from_slice(&std::fs::read(b.join("config.json")).unwrap()).unwrap();
+        assert_eq!(on_disk, spec);
+        let names: Vec<String> = std::fs::read_dir(&b)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, ["config.json"], "left in the bundle: {names:?}");
+        // runc made no container.
+        let state = Command::new(common::which("runc").unwrap())
+            .arg("--root")
+            .arg(dir.path().join("root"))
+            .args(["state", id])
+            .output()
+            .unwrap();
+        assert!(!state.status.success(), "runc created {id}");
+    }
+    assert!(
+        dir.path().join("runtime-state/runc-version.json").exists(),
+        "the version was cached for the second start"
+    );
 }
 
 #[test]
