@@ -460,9 +460,15 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
             match EarlyRunc::start(&bundle, bytes.clone(), *mode, &plan) {
                 Ok(e) => Some(e),
                 Err(e) => {
-                    env.log.info(&format!(
+                    let msg = format!(
                         "tessera-runtime: {what}: runc is started once the spec is decided: {e}"
-                    ));
+                    );
+                    // Putting the tenant's file back failed: an operator should know.
+                    if matches!(e, crate::early::EarlyError::Restore(_)) {
+                        env.log.warn(&msg);
+                    } else {
+                        env.log.info(&msg);
+                    }
                     None
                 }
             }

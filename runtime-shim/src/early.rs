@@ -464,6 +464,18 @@ mod tests {
         v
     }
 
+    fn start(b: &Path, script: &str) -> EarlyRunc {
+        EarlyRunc::start(b, TENANT.to_vec(), 0o640, &plan(b, script)).unwrap()
+    }
+
+    /// config.json is a regular file holding `want`, with the tenant's mode.
+    fn assert_config(b: &Path, want: &[u8]) {
+        assert_eq!(std::fs::read(b.join(CONFIG_JSON)).unwrap(), want);
+        let meta = std::fs::symlink_metadata(b.join(CONFIG_JSON)).unwrap();
+        assert!(meta.file_type().is_file());
+        assert_eq!(meta.permissions().mode() & 0o7777, 0o640);
+    }
+
     /// What the runtime does once the spec is admitted: the hardened file over
     /// config.json, then into the FIFO.
     fn admit(bundle: &Path, runc: &mut EarlyRunc) {
@@ -478,16 +490,10 @@ mod tests {
     fn a_runc_that_opened_the_fifo_reads_the_hardened_spec_from_it() {
         let d = bundle();
         let b = d.path();
-        let mut runc = EarlyRunc::start(
+        let mut runc = start(
             b,
-            TENANT.to_vec(),
-            0o640,
-            &plan(
-                b,
-                "exec 3< config.json\necho opened > marker\ncat <&3 > got\nexit 7",
-            ),
-        )
-        .unwrap();
+            "exec 3< config.json\necho opened > marker\ncat <&3 > got\nexit 7",
+        );
         // runc has config.json open, and it is the FIFO: the tenant's spec is not
         // there to read.
         wait_for(&b.join("marker"));
@@ -497,10 +503,7 @@ mod tests {
         let status = runc.wait().unwrap();
         assert_eq!(status.code(), Some(7), "runc's exit code is returned");
         assert_eq!(std::fs::read(b.join("got")).unwrap(), HARDENED);
-        assert_eq!(std::fs::read(b.join(CONFIG_JSON)).unwrap(), HARDENED);
-        let meta = std::fs::symlink_metadata(b.join(CONFIG_JSON)).unwrap();
-        assert!(meta.file_type().is_file());
-        assert_eq!(meta.permissions().mode() & 0o7777, 0o640);
+        assert_config(b, HARDENED);
         assert_eq!(names(b), ["config.json", "got", "marker"]);
     }
 
@@ -508,16 +511,10 @@ mod tests {
     fn a_runc_that_opens_config_json_after_the_decision_reads_the_file() {
         let d = bundle();
         let b = d.path();
-        let mut runc = EarlyRunc::start(
+        let mut runc = start(
             b,
-            TENANT.to_vec(),
-            0o640,
-            &plan(
-                b,
-                "while [ -p config.json ]; do sleep 0.01; done\ncat config.json > got",
-            ),
-        )
-        .unwrap();
+            "while [ -p config.json ]; do sleep 0.01; done\ncat config.json > got",
+        );
         // No reader on the FIFO: the write finds none, and runc reads the file.
         admit(b, &mut runc);
         assert!(runc.wait().unwrap().success());
@@ -529,16 +526,10 @@ mod tests {
     fn a_refusal_kills_runc_before_it_reads_and_puts_the_tenants_file_back() {
         let d = bundle();
         let b = d.path();
-        let mut runc = EarlyRunc::start(
+        let mut runc = start(
             b,
-            TENANT.to_vec(),
-            0o640,
-            &plan(
-                b,
-                "exec 3< config.json\necho $$ > marker\nexec cat <&3 > got",
-            ),
-        )
-        .unwrap();
+            "exec 3< config.json\necho $$ > marker\nexec cat <&3 > got",
+        );
         let pid: i32 = wait_for(&b.join("marker")).trim().parse().unwrap();
         assert_eq!(u32::try_from(pid).unwrap(), runc.pid());
         runc.abort().unwrap();
@@ -546,10 +537,7 @@ mod tests {
         assert!(!Path::new(&format!("/proc/{pid}")).exists());
         assert_eq!(std::fs::read(b.join("got")).unwrap(), b"");
         // The tenant's file, byte for byte, with its mode.
-        assert_eq!(std::fs::read(b.join(CONFIG_JSON)).unwrap(), TENANT);
-        let meta = std::fs::symlink_metadata(b.join(CONFIG_JSON)).unwrap();
-        assert!(meta.file_type().is_file());
-        assert_eq!(meta.permissions().mode() & 0o7777, 0o640);
+        assert_config(b, TENANT);
         assert_eq!(names(b), ["config.json", "got", "marker"]);
     }
 
@@ -557,18 +545,12 @@ mod tests {
     fn dropped_unfed_it_kills_runc_and_puts_the_tenants_file_back() {
         let d = bundle();
         let b = d.path();
-        let runc = EarlyRunc::start(
-            b,
-            TENANT.to_vec(),
-            0o640,
-            &plan(b, "echo $$ > marker\nexec cat config.json > got"),
-        )
-        .unwrap();
+        let runc = start(b, "echo $$ > marker\nexec cat config.json > got");
         let pid: i32 = wait_for(&b.join("marker")).trim().parse().unwrap();
         drop(runc);
         assert!(!Path::new(&format!("/proc/{pid}")).exists());
         assert_eq!(std::fs::read(b.join("got")).unwrap(), b"");
-        assert_eq!(std::fs::read(b.join(CONFIG_JSON)).unwrap(), TENANT);
+        assert_config(b, TENANT);
     }
 
     #[test]
@@ -579,10 +561,7 @@ mod tests {
         p.program = b.join("no-such-runc");
         let e = EarlyRunc::start(b, TENANT.to_vec(), 0o640, &p).unwrap_err();
         assert!(matches!(e, EarlyError::Spawn { .. }), "{e}");
-        assert_eq!(std::fs::read(b.join(CONFIG_JSON)).unwrap(), TENANT);
-        let meta = std::fs::symlink_metadata(b.join(CONFIG_JSON)).unwrap();
-        assert!(meta.file_type().is_file());
-        assert_eq!(meta.permissions().mode() & 0o7777, 0o640);
+        assert_config(b, TENANT);
         assert_eq!(names(b), ["config.json"]);
         // No FIFO can be made where the bundle is not a directory: nothing changes.
         let e =

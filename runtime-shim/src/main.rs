@@ -1,4 +1,5 @@
-//! tessera-runtime: runc-compatible argv in, hardened bundle, exec of the real runc.
+//! tessera-runtime: runc-compatible argv in, hardened bundle, the real runc run on it
+//! (exec'd, or started early and waited for: `early.rs`).
 //!
 //! The entry point is C's `main`, not Rust's: the runtime is exec'd for every container
 //! start and delete, and Rust's own start-up (reading /proc/self/maps to find the main
