@@ -19,7 +19,8 @@
 //!
 //! A refusal kills runc (it has read nothing) and, once runc is reaped, puts the
 //! tenant's `config.json` back, byte for byte. runc is started with `PR_SET_PDEATHSIG`:
-//! a runtime killed before it fed the spec takes runc with it, and a runtime that dies
+//! a runtime killed before it fed the spec takes runc with it (and one killed later
+//! does too, as killing runc did when the runtime exec'd it), and a runtime that dies
 //! closes the FIFO, so a runc still reading gets an empty spec and fails.
 //!
 //! Where a FIFO cannot be made in the bundle, the runtime decides first and execs runc
@@ -117,8 +118,9 @@ impl EarlyRunc {
     /// signals runc would have got are held and then passed on ([`EarlyRunc::wait`]).
     ///
     /// On an error nothing is left behind: no FIFO, the tenant's `config.json` in place,
-    /// no runc, the signal mask as it was. The caller then decides first and execs runc
-    /// after.
+    /// no runc, the signal mask as it was (but for [`EarlyError::Restore`]: the tenant's
+    /// file could not be put back over the FIFO). The caller then decides first and
+    /// execs runc after.
     pub fn start(
         bundle: &Path,
         tenant: Vec<u8>,
