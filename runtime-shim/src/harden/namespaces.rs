@@ -7,7 +7,7 @@ use crate::host::is_host_namespace;
 use serde_json::Value;
 use std::os::unix::fs::MetadataExt;
 
-/// OCI namespace type -> the name under /proc/<pid>/ns/.
+/// OCI namespace type -> the name under `/proc/<pid>/ns/`.
 pub fn proc_name(oci: &str) -> Option<&'static str> {
     Some(match oci {
         "pid" => "pid",
