@@ -178,14 +178,10 @@ impl EarlyRunc {
                     path: plan.program.clone(),
                     source,
                 };
-                return Err(
-                    match bundle::stage_with_mode(bundle, &tenant, mode)
-                        .and_then(bundle::Staged::commit)
-                    {
-                        Ok(()) => undo(e),
-                        Err(r) => undo(EarlyError::Restore(r)),
-                    },
-                );
+                return Err(match put_back(&config, &tenant, mode) {
+                    Ok(()) => undo(e),
+                    Err(r) => undo(r),
+                });
             }
         };
         Ok(Self {
@@ -251,10 +247,7 @@ impl EarlyRunc {
         let restored = if self.fed {
             Ok(())
         } else {
-            let bundle = self.config.parent().unwrap_or(Path::new("."));
-            bundle::stage_with_mode(bundle, &self.tenant, self.mode)
-                .and_then(bundle::Staged::commit)
-                .map_err(EarlyError::Restore)
+            put_back(&self.config, &self.tenant, self.mode)
         };
         self.fifo = None;
         // Last: a signal held meanwhile (a SIGTERM) may end the process now, with the
@@ -329,6 +322,14 @@ impl Drop for EarlyRunc {
             eprintln!("tessera-runtime: {e}");
         }
     }
+}
+
+/// The tenant's `config.json` (`tenant`, `mode`) renamed back over `config`, the FIFO.
+fn put_back(config: &Path, tenant: &[u8], mode: u32) -> Result<(), EarlyError> {
+    let bundle = config.parent().unwrap_or(Path::new("."));
+    bundle::stage_with_mode(bundle, tenant, mode)
+        .and_then(bundle::Staged::commit)
+        .map_err(EarlyError::Restore)
 }
 
 /// The FIFO's write end, without waiting for a reader: the FIFO is opened for reading
