@@ -85,6 +85,7 @@ pub fn test_node() -> Vec<GpuView> {
             mig_current: mig,
             mig_pending: mig,
             sm_count: model.sm_count(),
+            fault: None,
         },
         profiles: if mig { model.gi_profiles() } else { Vec::new() },
         mig: Vec::new(),

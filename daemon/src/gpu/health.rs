@@ -60,6 +60,9 @@ pub enum HealthCause {
     PendingRetirement,
     /// An operator took it out of service (`tessera gpu mark-unhealthy`).
     Operator { reason: String },
+    /// An NVML query of the GPU fails (its handle, memory, MIG profiles, ...): the
+    /// GPU cannot be served until the query answers again.
+    Nvml { error: String },
 }
 
 impl HealthCause {
@@ -67,7 +70,21 @@ impl HealthCause {
     /// GPU is back on the bus, the retirement applied); false when only an operator
     /// can tell (an XID or ECC event is a moment, not a state NVML can be asked for).
     pub fn clears_by_poll(&self) -> bool {
-        matches!(self, HealthCause::Lost | HealthCause::PendingRetirement)
+        matches!(
+            self,
+            HealthCause::Lost | HealthCause::PendingRetirement | HealthCause::Nvml { .. }
+        )
+    }
+
+    /// The cause a failed hardware query stands for: fallen off the bus for
+    /// `GPU_IS_LOST`, the failing query otherwise.
+    pub fn of_error(e: &super::GpuError) -> HealthCause {
+        match e.nvml_code() {
+            Some(super::NvmlCode::GpuIsLost) => HealthCause::Lost,
+            _ => HealthCause::Nvml {
+                error: e.to_string(),
+            },
+        }
     }
 
     /// Stable short name, used as the `cause` label and the reason in events.
@@ -78,6 +95,7 @@ impl HealthCause {
             HealthCause::Lost => "lost".into(),
             HealthCause::PendingRetirement => "pending-retirement".into(),
             HealthCause::Operator { .. } => "operator".into(),
+            HealthCause::Nvml { .. } => "nvml-error".into(),
         }
     }
 }
@@ -92,6 +110,7 @@ impl std::fmt::Display for HealthCause {
                 f.write_str("retired pages or remapped rows pending (a GPU reset applies them)")
             }
             HealthCause::Operator { reason } => write!(f, "taken out of service: {reason}"),
+            HealthCause::Nvml { error } => write!(f, "NVML query fails: {error}"),
         }
     }
 }

@@ -31,20 +31,130 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::mps::{MpsDaemon, MpsMode, MpsSpec};
 
-/// NVML return codes the daemon reacts to. Names follow `nvmlReturn_t`.
+/// Every `nvmlReturn_t` NVML defines but success, by name (`NVML_ERROR_<NAME>`), so
+/// that no driver answer is reported as "unknown" when NVML named it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum NvmlCode {
+    /// 1
     Uninitialized,
+    /// 2
     InvalidArgument,
+    /// 3
     NotSupported,
+    /// 4
     NoPermission,
+    /// 5
+    AlreadyInitialized,
+    /// 6
     NotFound,
-    InsufficientResources,
-    InUse,
+    /// 7: an in/out count was smaller than what NVML had to return.
+    InsufficientSize,
+    /// 8
+    InsufficientPower,
+    /// 9
     DriverNotLoaded,
+    /// 10
+    Timeout,
+    /// 11
+    IrqIssue,
+    /// 12
     LibraryNotFound,
+    /// 13
+    FunctionNotFound,
+    /// 14
+    CorruptedInforom,
+    /// 15: the GPU has fallen off the bus.
     GpuIsLost,
+    /// 16
+    ResetRequired,
+    /// 17
+    OperatingSystem,
+    /// 18
+    LibRmVersionMismatch,
+    /// 19
+    InUse,
+    /// 20
+    Memory,
+    /// 21
+    NoData,
+    /// 22
+    VgpuEccNotSupported,
+    /// 23
+    InsufficientResources,
+    /// 24
+    FreqNotSupported,
+    /// 25
+    ArgumentVersionMismatch,
+    /// 26
+    Deprecated,
+    /// 27
+    NotReady,
+    /// 28
+    GpuNotFound,
+    /// 29
+    InvalidState,
+    /// 30
+    ResetTypeNotSupported,
+    /// 999, and any number NVML has not defined.
     Unknown,
+}
+
+impl NvmlCode {
+    /// Every code, in `nvmlReturn_t` order.
+    pub const ALL: [NvmlCode; 31] = [
+        NvmlCode::Uninitialized,
+        NvmlCode::InvalidArgument,
+        NvmlCode::NotSupported,
+        NvmlCode::NoPermission,
+        NvmlCode::AlreadyInitialized,
+        NvmlCode::NotFound,
+        NvmlCode::InsufficientSize,
+        NvmlCode::InsufficientPower,
+        NvmlCode::DriverNotLoaded,
+        NvmlCode::Timeout,
+        NvmlCode::IrqIssue,
+        NvmlCode::LibraryNotFound,
+        NvmlCode::FunctionNotFound,
+        NvmlCode::CorruptedInforom,
+        NvmlCode::GpuIsLost,
+        NvmlCode::ResetRequired,
+        NvmlCode::OperatingSystem,
+        NvmlCode::LibRmVersionMismatch,
+        NvmlCode::InUse,
+        NvmlCode::Memory,
+        NvmlCode::NoData,
+        NvmlCode::VgpuEccNotSupported,
+        NvmlCode::InsufficientResources,
+        NvmlCode::FreqNotSupported,
+        NvmlCode::ArgumentVersionMismatch,
+        NvmlCode::Deprecated,
+        NvmlCode::NotReady,
+        NvmlCode::GpuNotFound,
+        NvmlCode::InvalidState,
+        NvmlCode::ResetTypeNotSupported,
+        NvmlCode::Unknown,
+    ];
+
+    /// The `nvmlReturn_t` value.
+    pub fn value(self) -> u32 {
+        match self {
+            NvmlCode::Unknown => 999,
+            // The codes 1..=30 are in order in ALL.
+            c => NvmlCode::ALL
+                .iter()
+                .position(|x| *x == c)
+                .map_or(999, |i| i as u32 + 1),
+        }
+    }
+
+    /// The code of an `nvmlReturn_t` value (None for success).
+    pub fn from_value(v: u32) -> Option<NvmlCode> {
+        match v {
+            0 => None,
+            1..=30 => Some(NvmlCode::ALL[v as usize - 1]),
+            _ => Some(NvmlCode::Unknown),
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -106,6 +216,11 @@ pub struct GpuInfo {
     pub mig_current: bool,
     pub mig_pending: bool,
     pub sm_count: u32,
+    /// Set when a query of this GPU failed while it was read (its handle, memory,
+    /// UUID...): the fields NVML did not answer are empty, and the GPU is kept out of
+    /// service until it answers again. None for a GPU read whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fault: Option<HealthCause>,
 }
 
 /// A compute-instance profile available inside a GI profile.
@@ -248,7 +363,16 @@ pub trait GpuBackend: Send + Sync {
         false
     }
     fn driver_version(&self) -> Result<String, GpuError>;
+    /// Every GPU. One GPU that does not answer does not fail the list: it is listed
+    /// with its `fault` set (a failure here is of the whole driver).
     fn devices(&self) -> Result<Vec<GpuInfo>, GpuError>;
+    /// One GPU, read again (a GPU that was lost and is back).
+    fn device(&self, gpu: u32) -> Result<GpuInfo, GpuError> {
+        self.devices()?
+            .into_iter()
+            .find(|g| g.index == gpu)
+            .ok_or(GpuError::NoSuchGpu(gpu))
+    }
     /// GI profiles supported on this GPU (empty when MIG is disabled), with their
     /// possible placements and CI profiles.
     fn gi_profiles(&self, gpu: u32) -> Result<Vec<GiProfile>, GpuError>;

@@ -62,40 +62,40 @@ impl Default for NvmlConfig {
     }
 }
 
-/// Map a raw `nvmlReturn_t` to the daemon's codes.
+/// Map a raw `nvmlReturn_t` to the daemon's codes: every code NVML defines has a name.
 pub fn code_of_return(ret: sys::nvmlReturn_t) -> NvmlCode {
-    match ret {
-        sys::nvmlReturn_enum_NVML_ERROR_UNINITIALIZED => NvmlCode::Uninitialized,
-        sys::nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT => NvmlCode::InvalidArgument,
-        sys::nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED => NvmlCode::NotSupported,
-        sys::nvmlReturn_enum_NVML_ERROR_NO_PERMISSION => NvmlCode::NoPermission,
-        sys::nvmlReturn_enum_NVML_ERROR_NOT_FOUND => NvmlCode::NotFound,
-        sys::nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_RESOURCES => NvmlCode::InsufficientResources,
-        sys::nvmlReturn_enum_NVML_ERROR_IN_USE => NvmlCode::InUse,
-        sys::nvmlReturn_enum_NVML_ERROR_DRIVER_NOT_LOADED => NvmlCode::DriverNotLoaded,
-        sys::nvmlReturn_enum_NVML_ERROR_LIBRARY_NOT_FOUND => NvmlCode::LibraryNotFound,
-        sys::nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST => NvmlCode::GpuIsLost,
-        _ => NvmlCode::Unknown,
-    }
+    NvmlCode::from_value(ret).unwrap_or(NvmlCode::Unknown)
 }
 
 /// Map an nvml-wrapper error to the daemon's codes.
+#[allow(deprecated)]
 pub fn code_of_error(e: &NvmlError) -> NvmlCode {
     match e {
         NvmlError::Uninitialized => NvmlCode::Uninitialized,
         NvmlError::InvalidArg => NvmlCode::InvalidArgument,
-        NvmlError::NotSupported | NvmlError::FailedToLoadSymbol(_) => NvmlCode::NotSupported,
+        NvmlError::NotSupported => NvmlCode::NotSupported,
         NvmlError::NoPermission => NvmlCode::NoPermission,
+        NvmlError::AlreadyInitialized => NvmlCode::AlreadyInitialized,
         NvmlError::NotFound => NvmlCode::NotFound,
-        NvmlError::InUse => NvmlCode::InUse,
+        NvmlError::InsufficientSize(_) => NvmlCode::InsufficientSize,
+        NvmlError::InsufficientPower => NvmlCode::InsufficientPower,
         NvmlError::DriverNotLoaded => NvmlCode::DriverNotLoaded,
+        NvmlError::Timeout => NvmlCode::Timeout,
+        NvmlError::IrqIssue => NvmlCode::IrqIssue,
         NvmlError::LibraryNotFound | NvmlError::LibloadingError(_) => NvmlCode::LibraryNotFound,
-        NvmlError::GpuLost => NvmlCode::GpuIsLost,
-        NvmlError::UnexpectedVariant(v)
-            if *v == sys::nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_RESOURCES =>
-        {
-            NvmlCode::InsufficientResources
+        NvmlError::FunctionNotFound | NvmlError::FailedToLoadSymbol(_) => {
+            NvmlCode::FunctionNotFound
         }
+        NvmlError::CorruptedInfoROM => NvmlCode::CorruptedInforom,
+        NvmlError::GpuLost => NvmlCode::GpuIsLost,
+        NvmlError::ResetRequired => NvmlCode::ResetRequired,
+        NvmlError::OperatingSystem => NvmlCode::OperatingSystem,
+        NvmlError::LibRmVersionMismatch => NvmlCode::LibRmVersionMismatch,
+        NvmlError::InUse => NvmlCode::InUse,
+        NvmlError::InsufficientMemory => NvmlCode::Memory,
+        NvmlError::NoData => NvmlCode::NoData,
+        NvmlError::VgpuEccNotSupported => NvmlCode::VgpuEccNotSupported,
+        NvmlError::UnexpectedVariant(v) => code_of_return(*v),
         _ => NvmlCode::Unknown,
     }
 }
@@ -127,6 +127,36 @@ fn sym<F: Copy, E: std::fmt::Display>(f: &Result<F, E>, call: &'static str) -> R
         call,
         code: NvmlCode::NotSupported,
         detail: format!("symbol missing from libnvidia-ml: {e}"),
+    })
+}
+
+/// Fill a list through an NVML call with an in/out count: `*count` goes in as the
+/// buffer's size and comes back as the number written. NVML answers
+/// `INSUFFICIENT_SIZE` (with the size it needs in `*count`, where it knows it) when
+/// the buffer is too small: the buffer grows and the call is made again.
+fn fill_list<T: Clone>(
+    call: &'static str,
+    first_len: usize,
+    empty: T,
+    mut f: impl FnMut(*mut T, &mut u32) -> sys::nvmlReturn_t,
+) -> Result<Vec<T>, GpuError> {
+    let mut len = first_len.max(1);
+    for _ in 0..8 {
+        let mut buf = vec![empty.clone(); len];
+        let mut count = u32::try_from(len).unwrap_or(u32::MAX);
+        let ret = f(buf.as_mut_ptr(), &mut count);
+        if ret == sys::nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE {
+            len = (count as usize).max(len * 2);
+            continue;
+        }
+        check(call, ret)?;
+        buf.truncate((count as usize).min(len));
+        return Ok(buf);
+    }
+    Err(GpuError::Nvml {
+        call,
+        code: NvmlCode::InsufficientSize,
+        detail: format!("the list kept growing past {len} entries"),
     })
 }
 
@@ -362,17 +392,20 @@ impl NvmlBackend {
             CALL,
         )?;
         let mut count = 0u32;
-        // SAFETY: a null buffer asks NVML only for the number of placements.
-        check(CALL, unsafe {
-            f(dev, driver_id, std::ptr::null_mut(), &mut count)
-        })?;
-        let mut buf = vec![sys::nvmlGpuInstancePlacement_t { start: 0, size: 0 }; count as usize];
-        // SAFETY: `buf` has room for the `count` placements NVML just reported; NVML
-        // stores the number written in `count`.
-        check(CALL, unsafe {
-            f(dev, driver_id, buf.as_mut_ptr(), &mut count)
-        })?;
-        buf.truncate(count as usize);
+        // SAFETY: a null buffer with a count of 0 asks NVML only for the number of
+        // placements.
+        let ret = unsafe { f(dev, driver_id, std::ptr::null_mut(), &mut count) };
+        if ret != sys::nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE {
+            check(CALL, ret)?;
+        }
+        let buf = fill_list(
+            CALL,
+            (count as usize).max(MIN_BUFFER),
+            sys::nvmlGpuInstancePlacement_t { start: 0, size: 0 },
+            // SAFETY: `ptr` has room for `*n` placements (fill_list's buffer); NVML
+            // writes at most that many and stores the number written in `*n`.
+            |ptr, n| unsafe { f(dev, driver_id, ptr, n) },
+        )?;
         Ok(buf
             .iter()
             .map(|p| Placement {
@@ -472,16 +505,14 @@ impl NvmlBackend {
     ) -> Result<Vec<sys::nvmlGpuInstance_t>, GpuError> {
         const CALL: &str = "nvmlDeviceGetGpuInstances";
         let f = sym(&self.lib().nvmlDeviceGetGpuInstances, CALL)?;
-        let mut buf: Vec<sys::nvmlGpuInstance_t> =
-            vec![std::ptr::null_mut(); (profile.max_count as usize).max(MIN_BUFFER)];
-        let mut count = 0u32;
-        // SAFETY: NVML requires room for the profile's instance count; `buf` has at
-        // least that many slots. NVML stores the number written in `count`.
-        check(CALL, unsafe {
-            f(dev, profile.driver_id, buf.as_mut_ptr(), &mut count)
-        })?;
-        buf.truncate(count as usize);
-        Ok(buf)
+        fill_list(
+            CALL,
+            (profile.max_count as usize).max(MIN_BUFFER),
+            std::ptr::null_mut(),
+            // SAFETY: `ptr` has room for `*n` handles (fill_list's buffer, at least
+            // the profile's instance count); NVML stores the number written in `*n`.
+            |ptr, n| unsafe { f(dev, profile.driver_id, ptr, n) },
+        )
     }
 
     fn gi_info(&self, gi: sys::nvmlGpuInstance_t) -> Result<sys::nvmlGpuInstanceInfo_t, GpuError> {
@@ -504,15 +535,14 @@ impl NvmlBackend {
         const INFO: &str = "nvmlComputeInstanceGetInfo_v2";
         let f = sym(&self.lib().nvmlGpuInstanceGetComputeInstances, CALL)?;
         let info_f = sym(&self.lib().nvmlComputeInstanceGetInfo_v2, INFO)?;
-        let mut buf: Vec<sys::nvmlComputeInstance_t> =
-            vec![std::ptr::null_mut(); (profile.max_count as usize).max(MIN_BUFFER)];
-        let mut count = 0u32;
-        // SAFETY: NVML requires room for the CI profile's instance count; `buf` has at
-        // least that many slots. NVML stores the number written in `count`.
-        check(CALL, unsafe {
-            f(gi, profile.driver_id, buf.as_mut_ptr(), &mut count)
-        })?;
-        buf.truncate(count as usize);
+        let buf = fill_list(
+            CALL,
+            (profile.max_count as usize).max(MIN_BUFFER),
+            std::ptr::null_mut(),
+            // SAFETY: `ptr` has room for `*n` handles (fill_list's buffer, at least
+            // the CI profile's instance count); NVML stores the number written in `*n`.
+            |ptr, n| unsafe { f(gi, profile.driver_id, ptr, n) },
+        )?;
         let mut out = Vec::new();
         for &ci in &buf {
             // SAFETY: a zeroed plain-C struct is a valid value for NVML to fill.
@@ -611,6 +641,74 @@ impl NvmlBackend {
     }
 }
 
+impl NvmlBackend {
+    /// Everything the daemon knows of one GPU, or the first query that failed.
+    fn read_device(&self, index: u32) -> Result<GpuInfo, GpuError> {
+        let d = self.device(index)?;
+        let name = d.name().map_err(wrap("nvmlDeviceGetName"))?;
+        let (mig_current, mig_pending) = match d.mig_mode() {
+            Ok(m) => (
+                m.current == sys::NVML_DEVICE_MIG_ENABLE,
+                m.pending == sys::NVML_DEVICE_MIG_ENABLE,
+            ),
+            Err(NvmlError::NotSupported) => (false, false),
+            Err(e) => return Err(wrap("nvmlDeviceGetMigMode")(e)),
+        };
+        // NVML reports SM counts for MIG devices only: use it when it answers,
+        // else the known model's count (0 for a model the tables do not know).
+        let sm_count = d
+            .attributes()
+            .map(|a| a.multiprocessor_count)
+            .ok()
+            .or_else(|| GpuModel::from_name(&name).map(GpuModel::sm_count))
+            .unwrap_or(0);
+        Ok(GpuInfo {
+            index,
+            uuid: d.uuid().map_err(wrap("nvmlDeviceGetUUID"))?,
+            memory_bytes: d
+                .memory_info()
+                .map_err(wrap("nvmlDeviceGetMemoryInfo"))?
+                .total,
+            minor: d.minor_number().map_err(wrap("nvmlDeviceGetMinorNumber"))?,
+            pci_bus_id: d.pci_info().map_err(wrap("nvmlDeviceGetPciInfo"))?.bus_id,
+            mig_current,
+            mig_pending,
+            sm_count,
+            name,
+            fault: None,
+        })
+    }
+
+    /// A GPU that failed a query while it was read: what still answers (its UUID,
+    /// where the handle does), and the fault. Its minor is unknown: no device node is
+    /// ever granted from it (it is out of service).
+    fn unreadable_device(&self, index: u32, e: &GpuError) -> GpuInfo {
+        let uuid = self
+            .device(index)
+            .ok()
+            .and_then(|d| d.uuid().ok())
+            .unwrap_or_else(|| unreadable_uuid(index));
+        GpuInfo {
+            index,
+            uuid,
+            name: String::new(),
+            memory_bytes: 0,
+            minor: u32::MAX,
+            pci_bus_id: String::new(),
+            mig_current: false,
+            mig_pending: false,
+            sm_count: 0,
+            fault: Some(HealthCause::of_error(e)),
+        }
+    }
+}
+
+/// The stand-in UUID of a GPU whose own cannot be read (its health mark is kept
+/// under it until the GPU answers).
+pub fn unreadable_uuid(index: u32) -> String {
+    format!("GPU-unreadable-{index}")
+}
+
 impl GpuBackend for NvmlBackend {
     fn name(&self) -> &'static str {
         "nvml"
@@ -627,42 +725,18 @@ impl GpuBackend for NvmlBackend {
             .nvml
             .device_count()
             .map_err(wrap("nvmlDeviceGetCount"))?;
-        let mut out = Vec::new();
-        for index in 0..count {
-            let d = self.device(index)?;
-            let name = d.name().map_err(wrap("nvmlDeviceGetName"))?;
-            let (mig_current, mig_pending) = match d.mig_mode() {
-                Ok(m) => (
-                    m.current == sys::NVML_DEVICE_MIG_ENABLE,
-                    m.pending == sys::NVML_DEVICE_MIG_ENABLE,
-                ),
-                Err(NvmlError::NotSupported) => (false, false),
-                Err(e) => return Err(wrap("nvmlDeviceGetMigMode")(e)),
-            };
-            // NVML reports SM counts for MIG devices only: use it when it answers,
-            // else the known model's count (0 for a model the tables do not know).
-            let sm_count = d
-                .attributes()
-                .map(|a| a.multiprocessor_count)
-                .ok()
-                .or_else(|| GpuModel::from_name(&name).map(GpuModel::sm_count))
-                .unwrap_or(0);
-            out.push(GpuInfo {
-                index,
-                uuid: d.uuid().map_err(wrap("nvmlDeviceGetUUID"))?,
-                memory_bytes: d
-                    .memory_info()
-                    .map_err(wrap("nvmlDeviceGetMemoryInfo"))?
-                    .total,
-                minor: d.minor_number().map_err(wrap("nvmlDeviceGetMinorNumber"))?,
-                pci_bus_id: d.pci_info().map_err(wrap("nvmlDeviceGetPciInfo"))?.bus_id,
-                mig_current,
-                mig_pending,
-                sm_count,
-                name,
-            });
-        }
-        Ok(out)
+        Ok((0..count)
+            .map(|index| {
+                self.read_device(index).unwrap_or_else(|e| {
+                    tracing::warn!(gpu = index, error = %e, "GPU does not answer NVML: kept out of service");
+                    self.unreadable_device(index, &e)
+                })
+            })
+            .collect())
+    }
+
+    fn device(&self, gpu: u32) -> Result<GpuInfo, GpuError> {
+        self.read_device(gpu)
     }
 
     fn gi_profiles(&self, gpu: u32) -> Result<Vec<GiProfile>, GpuError> {
@@ -986,12 +1060,12 @@ impl GpuBackend for NvmlBackend {
     }
 
     fn health_poll(&self, gpu: u32) -> Result<Option<HealthCause>, GpuError> {
-        let dev = match self.handle(gpu) {
-            Err(e) if e.nvml_code() == Some(NvmlCode::GpuIsLost) => {
-                return Ok(Some(HealthCause::Lost));
-            }
-            other => other?,
-        };
+        // The queries the daemon needs of a GPU: one that fails takes it out of
+        // service, and the same queries answering brings it back.
+        if let Err(e) = self.read_device(gpu) {
+            return Ok(Some(HealthCause::of_error(&e)));
+        }
+        let dev = self.handle(gpu)?;
         let remapped = sym(
             &self.lib().nvmlDeviceGetRemappedRows,
             "nvmlDeviceGetRemappedRows",
@@ -1085,6 +1159,58 @@ mod tests {
             )),
             NvmlCode::InsufficientResources
         );
+    }
+
+    #[test]
+    fn every_code_nvml_defines_has_a_name() {
+        for v in 1..=30u32 {
+            let code = code_of_return(v);
+            assert_ne!(code, NvmlCode::Unknown, "nvmlReturn_t {v}");
+            assert_eq!(code.value(), v);
+        }
+        assert_eq!(
+            code_of_return(sys::nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE),
+            NvmlCode::InsufficientSize
+        );
+        assert_eq!(
+            code_of_return(sys::nvmlReturn_enum_NVML_ERROR_UNKNOWN),
+            NvmlCode::Unknown
+        );
+        assert_eq!(
+            code_of_error(&NvmlError::InsufficientSize(None)),
+            NvmlCode::InsufficientSize
+        );
+    }
+
+    #[test]
+    fn lists_pass_their_size_and_grow_when_nvml_says_it_is_too_small() {
+        let held = [11u32, 12, 13, 14, 15, 16, 17, 18, 19, 20];
+        let mut sizes_seen = Vec::new();
+        let got = fill_list("nvmlDeviceGetGpuInstances", 8, 0u32, |ptr, n| {
+            sizes_seen.push(*n);
+            if (*n as usize) < held.len() {
+                *n = held.len() as u32;
+                return sys::nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE;
+            }
+            for (i, v) in held.iter().enumerate() {
+                // SAFETY: the buffer has room for `*n` >= held.len() entries.
+                unsafe { ptr.add(i).write(*v) };
+            }
+            *n = held.len() as u32;
+            sys::nvmlReturn_enum_NVML_SUCCESS
+        })
+        .unwrap();
+        assert_eq!(got, held);
+        assert_eq!(sizes_seen[0], 8, "the buffer's size goes in, never 0");
+        assert!(
+            sizes_seen[1] >= 10,
+            "then at least what NVML asked for: {sizes_seen:?}"
+        );
+        let e = fill_list("x", 4, 0u32, |_, _| {
+            sys::nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST
+        })
+        .unwrap_err();
+        assert_eq!(e.nvml_code(), Some(NvmlCode::GpuIsLost));
     }
 
     #[test]

@@ -1173,6 +1173,7 @@ impl GpuBackend for SimBackend {
                     mig_current: g.mig,
                     mig_pending: g.mig,
                     sm_count: g.model.sm_count(),
+                    fault: None,
                 })
                 .collect())
         })

@@ -217,26 +217,53 @@ impl LeaseManager {
     /// A GPU that was lost at start has no MIG profiles read: read them now that it
     /// is back. (Its open intents and records are reconciled at the next start.)
     async fn reload_profiles(&self, gpu: u32) {
-        let needs = self
-            .lock()
-            .gpus
-            .iter()
-            .any(|g| g.info.index == gpu && g.info.mig_current && g.profiles.is_empty());
-        if !needs {
-            return;
+        if let Err(e) = self.refresh_gpu(gpu).await {
+            warn!(gpu, error = %e, "could not read the MIG profiles of a GPU back in service");
+        }
+    }
+
+    /// A GPU that did not answer (at start or since) read again: its description
+    /// where it was unreadable, its MIG profiles where none were read. Err while it
+    /// still does not answer; nothing changes then.
+    async fn refresh_gpu(&self, gpu: u32) -> Result<(), crate::gpu::GpuError> {
+        let (faulty, mig, needs_profiles) = {
+            let st = self.lock();
+            let Some(g) = st.gpus.iter().find(|g| g.info.index == gpu) else {
+                return Ok(());
+            };
+            (
+                g.info.fault.is_some(),
+                g.info.mig_current,
+                g.profiles.is_empty(),
+            )
+        };
+        if !(faulty || (mig && needs_profiles)) {
+            return Ok(());
         }
         let backend = self.backend.clone();
-        match tokio::task::spawn_blocking(move || backend.gi_profiles(gpu)).await {
-            Ok(Ok(profiles)) => {
-                if let Some(g) = self.lock().gpus.iter_mut().find(|g| g.info.index == gpu) {
-                    g.profiles = profiles;
-                }
+        let read = tokio::task::spawn_blocking(move || {
+            let info = if faulty {
+                Some(backend.device(gpu)?)
+            } else {
+                None
+            };
+            let profiles = if info.as_ref().map_or(mig, |i| i.mig_current) {
+                read_profiles(backend.as_ref(), gpu)?
+            } else {
+                Vec::new()
+            };
+            Ok::<_, crate::gpu::GpuError>((info, profiles))
+        })
+        .await
+        .map_err(|e| crate::gpu::GpuError::Task(e.to_string()))?;
+        let (info, profiles) = read?;
+        if let Some(g) = self.lock().gpus.iter_mut().find(|g| g.info.index == gpu) {
+            if let Some(info) = info {
+                g.info = info;
             }
-            Ok(Err(e)) => {
-                warn!(gpu, error = %e, "could not read the MIG profiles of a GPU back in service")
-            }
-            Err(_) => {}
+            g.profiles = profiles;
         }
+        Ok(())
     }
 
     /// Live leases on `gpu` (on its instance `gi_id` only, when given).
@@ -288,10 +315,17 @@ impl LeaseManager {
                     .mark_unhealthy(gpu, None, cause, HealthSource::Poll)
                     .await
                     .map(|_| ()),
-                (None, Some(m)) if m.cause.clears_by_poll() => self
-                    .mark_healthy(gpu, None, HealthSource::Poll, "the poll reads healthy")
-                    .await
-                    .map(|_| ()),
+                (None, Some(m)) if m.cause.clears_by_poll() => match self.refresh_gpu(gpu).await {
+                    Ok(()) => self
+                        .mark_healthy(gpu, None, HealthSource::Poll, "the poll reads healthy")
+                        .await
+                        .map(|_| ()),
+                    // Answers the poll but not yet the queries it is served by.
+                    Err(e) => {
+                        info!(gpu, error = %e, "GPU not yet back: it is read again at the next poll");
+                        Ok(())
+                    }
+                },
                 _ => Ok(()),
             };
             if let Err(e) = result {
@@ -352,6 +386,23 @@ impl LeaseManager {
             }
         }
     }
+}
+
+/// The MIG profiles of a GPU in MIG mode. None answering is an error: the GPU would
+/// otherwise be shown with capacity it cannot give.
+pub(super) fn read_profiles(
+    backend: &dyn crate::gpu::GpuBackend,
+    gpu: u32,
+) -> Result<Vec<crate::gpu::GiProfile>, crate::gpu::GpuError> {
+    let profiles = backend.gi_profiles(gpu)?;
+    if profiles.is_empty() {
+        return Err(crate::gpu::GpuError::Nvml {
+            call: "nvmlDeviceGetGpuInstanceProfileInfoV",
+            code: crate::gpu::NvmlCode::NotSupported,
+            detail: format!("MIG is enabled on GPU {gpu} but no GPU-instance profile answers"),
+        });
+    }
+    Ok(profiles)
 }
 
 #[cfg(test)]

@@ -80,8 +80,10 @@ impl LeaseManager {
                     mps_sm_percent_used: u32::try_from(v.mps.sm_percent).unwrap_or(u32::MAX),
                     mps_memory_used: u64::try_from(v.mps.memory_bytes).unwrap_or(u64::MAX),
                     whole_leased: v.whole_leased,
-                    free_slices: if v.info.mig_current {
-                        8u32.saturating_sub(used)
+                    // Only what the driver's profiles cover: a GPU whose profiles
+                    // could not be read has no slices to give.
+                    free_slices: if v.info.mig_current && !v.profiles.is_empty() {
+                        partition::fragmentation::total_memory_slices(v).saturating_sub(used)
                     } else {
                         0
                     },

@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 use tessera_common::clock::now_ms;
 use tracing::{info, warn};
 
-use crate::gpu::{MigInstance, MpsMode};
+use crate::gpu::{HealthCause, MigInstance, MpsMode};
 use crate::model::{IntentOp, Lease, MigPart, PartKind, Partition, PartitionState};
 
 use super::{GpuState, LeaseError, LeaseManager, State, mps_dirs};
@@ -29,22 +29,24 @@ impl LeaseManager {
     /// set aside as foreign.
     pub(super) fn load_and_reconcile(&self) -> Result<(), LeaseError> {
         let snap = self.store.snapshot()?;
-        let (mut st, mut lost) = self.load_state(snap.partitions, snap.leases, snap.tokens)?;
+        let (mut st, mut faults) = self.load_state(snap.partitions, snap.leases, snap.tokens)?;
         self.load_health(&mut st)?;
         let mut instances: Instances = HashMap::new();
         for g in &st.gpus {
-            if g.info.mig_current && !lost.contains(&g.info.index) {
+            if g.info.mig_current && !faults.contains_key(&g.info.index) {
                 match self.backend.instances(g.info.index) {
                     Ok(list) => {
                         instances.insert(g.info.index, list);
                     }
-                    Err(e) if e.nvml_code() == Some(crate::gpu::NvmlCode::GpuIsLost) => {
-                        lost.insert(g.info.index);
+                    // One GPU that does not answer is fenced; the others serve.
+                    Err(e) => {
+                        warn!(gpu = g.info.index, error = %e, "the MIG instances of a GPU cannot be listed");
+                        faults.insert(g.info.index, HealthCause::of_error(&e));
                     }
-                    Err(e) => return Err(e.into()),
                 }
             }
         }
+        let lost: HashSet<u32> = faults.keys().copied().collect();
         let now = now_ms();
         let mut report = Reconciled::default();
         // Open intents first: each explains a hardware change that may be half done.
@@ -65,8 +67,8 @@ impl LeaseManager {
             self.reconcile_intent(&mut st, &mut instances, intent, now, &mut report)?;
         }
         self.verify_records(&mut st, &mut instances, &lost, now, &mut report)?;
-        for gpu in &lost {
-            self.mark_lost_at_start(&mut st, *gpu)?;
+        for (gpu, cause) in faults {
+            self.mark_lost_at_start(&mut st, gpu, cause)?;
         }
         Self::set_aside_foreign(&mut st, &instances);
         info!(
@@ -85,28 +87,34 @@ impl LeaseManager {
     }
 
     /// The GPUs as the backend reports them, and the live records of the store.
-    /// GPUs fallen off the bus come back with no profiles read, in the second
-    /// value: they are kept out of service and out of reconciliation.
+    /// GPUs that do not answer (fallen off the bus, a failing query, MIG profiles
+    /// that cannot be read) come back with no profiles, in the second value with
+    /// why: they are kept out of service and out of reconciliation.
     fn load_state(
         &self,
         partitions: Vec<Partition>,
         leases: Vec<Lease>,
         tokens: Vec<(String, String)>,
-    ) -> Result<(State, HashSet<u32>), LeaseError> {
+    ) -> Result<(State, HashMap<u32, HealthCause>), LeaseError> {
         let mut st = State::default();
-        let mut lost = HashSet::new();
+        let mut faults = HashMap::new();
         for info in self.backend.devices()? {
-            let profiles = if info.mig_current {
-                match self.backend.gi_profiles(info.index) {
-                    Ok(p) => p,
-                    Err(e) if e.nvml_code() == Some(crate::gpu::NvmlCode::GpuIsLost) => {
-                        lost.insert(info.index);
-                        Vec::new()
-                    }
-                    Err(e) => return Err(e.into()),
+            let profiles = match &info.fault {
+                Some(cause) => {
+                    faults.insert(info.index, cause.clone());
+                    Vec::new()
                 }
-            } else {
-                Vec::new()
+                None if info.mig_current => {
+                    match super::health::read_profiles(self.backend.as_ref(), info.index) {
+                        Ok(p) => p,
+                        Err(e) => {
+                            warn!(gpu = info.index, error = %e, "MIG profiles cannot be read: the GPU offers no MIG capacity and is kept out of service");
+                            faults.insert(info.index, HealthCause::of_error(&e));
+                            Vec::new()
+                        }
+                    }
+                }
+                None => Vec::new(),
             };
             st.gpus.push(GpuState {
                 info,
@@ -114,6 +122,7 @@ impl LeaseManager {
                 links: Vec::new(),
             });
         }
+        let lost: HashSet<u32> = faults.keys().copied().collect();
         // The board's topology, once.
         let indices: Vec<u32> = st.gpus.iter().map(|g| g.info.index).collect();
         for g in st.gpus.iter_mut().filter(|g| !lost.contains(&g.info.index)) {
@@ -141,18 +150,24 @@ impl LeaseManager {
             st.leases.insert(l.id.clone(), l);
         }
         st.tokens.extend(tokens);
-        Ok((st, lost))
+        Ok((st, faults))
     }
 
-    /// A GPU found fallen off the bus at start: out of service (stored) until a
-    /// poll reads it again.
-    fn mark_lost_at_start(&self, st: &mut State, gpu: u32) -> Result<(), LeaseError> {
+    /// A GPU found fallen off the bus (or not answering) at start: out of service
+    /// (stored) until a poll reads it again.
+    fn mark_lost_at_start(
+        &self,
+        st: &mut State,
+        gpu: u32,
+        cause: HealthCause,
+    ) -> Result<(), LeaseError> {
         let Some(g) = st.gpus.iter().find(|g| g.info.index == gpu) else {
             return Ok(());
         };
         warn!(
             gpu,
-            "GPU has fallen off the bus: its records are kept as they are, out of service until it is back"
+            cause = %cause,
+            "GPU out of service: its records are kept as they are, untouched until it answers again"
         );
         if st.health.contains_key(&(gpu, None)) {
             return Ok(());
@@ -161,7 +176,7 @@ impl LeaseManager {
             gpu_uuid: g.info.uuid.clone(),
             gpu,
             gi_id: None,
-            cause: crate::gpu::HealthCause::Lost,
+            cause,
             since_ms: now_ms(),
         };
         let m2 = mark.clone();

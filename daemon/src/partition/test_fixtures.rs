@@ -119,6 +119,7 @@ pub fn gpu_info(index: u32, name: &str, memory_bytes: u64, mig: bool, sm_count: 
         mig_current: mig,
         mig_pending: mig,
         sm_count,
+        fault: None,
     }
 }
 

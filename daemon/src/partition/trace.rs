@@ -544,6 +544,7 @@ fn node(spec: &TraceSpec) -> Vec<GpuView> {
                 mig_current: true,
                 mig_pending: true,
                 sm_count: spec.model.sm_count(),
+                fault: None,
             },
             profiles: spec.model.gi_profiles(),
             mig: Vec::new(),
