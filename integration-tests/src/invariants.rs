@@ -5,31 +5,179 @@
 
 use std::collections::{HashMap, HashSet};
 
+use std::path::PathBuf;
 use tessera_proto::v1 as pb;
 use tessera_proto::v1::tessera_client::TesseraClient;
-use tesserad::gpu::{GpuBackend, SimBackend, SimConfig};
+
+use tesserad::gpu::sim::CreateStage;
+use tesserad::gpu::{GpuBackend, NvmlBackend, NvmlConfig, SimBackend, SimConfig};
+use tesserad::mps::MpsConfig;
 use tonic::transport::Channel;
 
 use crate::TestDaemon;
 
 type Client = TesseraClient<Channel>;
 
-/// The simulator of `d` (configured with `gpus`, TOML `[[sim.gpus]]` entries), opened
-/// from this process on the daemon's state file.
-pub fn sim_of(d: &TestDaemon, gpus: &str) -> SimBackend {
+/// The hardware of `d` (configured with `gpus`, TOML `[[sim.gpus]]` entries), opened
+/// from this process: the simulator on its state file, or the NVML backend over the
+/// daemon's copy of the fake libnvidia-ml (see [`crate::backend`]).
+pub fn sim_of(d: &TestDaemon, gpus: &str) -> Hardware {
+    if crate::backend() == crate::Backend::Nvml {
+        let dir = d.dir.path();
+        let config = NvmlConfig {
+            library_path: Some(dir.join("libnvidia-ml.so.1")),
+            mig_minors_path: dir.join("mig-minors"),
+            mps: MpsConfig {
+                binary: Some(dir.join("nvidia-cuda-mps-control")),
+                // The daemon's: `<run_dir>/mps-daemons`.
+                state_dir: dir.join("run").join("mps-daemons"),
+                ..MpsConfig::default()
+            },
+        };
+        let backend =
+            NvmlBackend::new(&config).unwrap_or_else(|e| panic!("open the fake NVML: {e}"));
+        return Hardware::Nvml {
+            backend,
+            dir: dir.to_path_buf(),
+        };
+    }
     #[derive(serde::Deserialize)]
     struct Gpus {
         sim: SimConfig,
     }
     let text = format!("[sim]\n{gpus}");
     let parsed: Gpus = toml::from_str(&text).unwrap_or_else(|e| panic!("sim GPUs: {e}"));
-    SimBackend::open(&parsed.sim, d.sim_state()).unwrap_or_else(|e| panic!("open the sim: {e}"))
+    Hardware::Sim(
+        SimBackend::open(&parsed.sim, d.sim_state())
+            .unwrap_or_else(|e| panic!("open the sim: {e}")),
+    )
+}
+
+/// A test's view of the daemon's hardware, and its misfortune: the simulator's
+/// own controls, or the same played through `nvml-fake-ctl`.
+pub enum Hardware {
+    Sim(SimBackend),
+    Nvml { backend: NvmlBackend, dir: PathBuf },
+}
+
+impl std::ops::Deref for Hardware {
+    type Target = dyn GpuBackend;
+    fn deref(&self) -> &Self::Target {
+        match self {
+            Hardware::Sim(s) => s,
+            Hardware::Nvml { backend, .. } => backend,
+        }
+    }
+}
+
+impl Hardware {
+    fn ctl(&self, args: &[&str]) -> anyhow::Result<()> {
+        match self {
+            Hardware::Nvml { dir, .. } => crate::fake_nvml_ctl(dir, args).map(|_| ()),
+            Hardware::Sim(_) => anyhow::bail!("not the fake NVML"),
+        }
+    }
+
+    /// The next create on `gpu` fails at `stage` (the CI stage: the daemon rolls
+    /// the GI back).
+    pub fn fail_next_create(&self, gpu: u32, stage: CreateStage) -> anyhow::Result<()> {
+        let g = gpu.to_string();
+        match (self, stage) {
+            (Hardware::Sim(s), _) => Ok(s.fail_next_create(gpu, stage)?),
+            (_, CreateStage::Gi) => self.ctl(&[
+                "fail",
+                "nvmlDeviceCreateGpuInstanceWithPlacement",
+                "23",
+                &g,
+                "1",
+            ]),
+            (_, CreateStage::Ci) => self.ctl(&[
+                "fail",
+                "nvmlGpuInstanceCreateComputeInstance",
+                "23",
+                &g,
+                "1",
+            ]),
+        }
+    }
+
+    /// The next create on `gpu` leaves its GI without a CI (what a crash between the
+    /// two steps leaves): over NVML, the CI create fails and so does the rollback.
+    pub fn crash_next_create_after_gi(&self, gpu: u32) -> anyhow::Result<()> {
+        if let Hardware::Sim(s) = self {
+            return Ok(s.crash_next_create_after_gi(gpu)?);
+        }
+        let g = gpu.to_string();
+        self.ctl(&[
+            "fail",
+            "nvmlGpuInstanceCreateComputeInstance",
+            "999",
+            &g,
+            "1",
+        ])?;
+        self.ctl(&["fail", "nvmlGpuInstanceDestroy", "999", &g, "1"])
+    }
+
+    /// The next destroy on `gpu` fails (NVML_ERROR_UNKNOWN), destroying nothing.
+    pub fn fail_next_destroy(&self, gpu: u32) -> anyhow::Result<()> {
+        if let Hardware::Sim(s) = self {
+            return Ok(s.fail_next_destroy(gpu)?);
+        }
+        self.ctl(&[
+            "fail",
+            "nvmlGpuInstanceDestroy",
+            "999",
+            &gpu.to_string(),
+            "1",
+        ])
+    }
+
+    pub fn clear_faults(&self, gpu: u32) -> anyhow::Result<()> {
+        if let Hardware::Sim(s) = self {
+            return Ok(s.clear_faults(gpu)?);
+        }
+        self.ctl(&["clear-faults", &gpu.to_string()])
+    }
+
+    pub fn add_process(
+        &self,
+        gpu: u32,
+        gi_id: Option<u32>,
+        ci_id: Option<u32>,
+        pid: u32,
+        used_memory_bytes: u64,
+    ) -> anyhow::Result<()> {
+        if let Hardware::Sim(s) = self {
+            return Ok(s.add_process(gpu, gi_id, ci_id, pid, used_memory_bytes)?);
+        }
+        let (g, p, m) = (
+            gpu.to_string(),
+            pid.to_string(),
+            used_memory_bytes.to_string(),
+        );
+        let (gi, ci) = (
+            gi_id.map(|v| v.to_string()).unwrap_or_default(),
+            ci_id.map(|v| v.to_string()).unwrap_or_default(),
+        );
+        let mut args = vec!["process", &g, &p, &m];
+        if gi_id.is_some() {
+            args.extend([gi.as_str(), ci.as_str()]);
+        }
+        self.ctl(&args)
+    }
+
+    pub fn remove_process(&self, gpu: u32, pid: u32) -> anyhow::Result<()> {
+        if let Hardware::Sim(s) = self {
+            return Ok(s.remove_process(gpu, pid)?);
+        }
+        self.ctl(&["remove-process", &gpu.to_string(), &pid.to_string()])
+    }
 }
 
 /// Structural invariants between the API's view and the simulator's state file.
 /// Returns the violations and whether work is still in progress (pending or
 /// revoking leases), in which case a violation may be transient.
-pub async fn check_structure(c: &mut Client, sim: &SimBackend) -> (Vec<String>, bool) {
+pub async fn check_structure(c: &mut Client, sim: &dyn GpuBackend) -> (Vec<String>, bool) {
     let mut v = Vec::new();
     // GetNode and ListLeases are two snapshots: a lease that is revoking when the
     // first is taken may have ended by the second. Work in progress seen before the

@@ -55,6 +55,169 @@ pub fn bin_path(name: &str) -> anyhow::Result<PathBuf> {
     Ok(p)
 }
 
+/// The GPU backend the daemons of a test run use, from `TESSERA_TEST_BACKEND`:
+/// "sim" (the default) or "nvml" (the NVML backend over the fake libnvidia-ml that
+/// nvml-fake/ builds). `make test` runs the hardware suites with both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sim,
+    Nvml,
+}
+
+pub fn backend() -> Backend {
+    match std::env::var("TESSERA_TEST_BACKEND").as_deref() {
+        Ok("nvml") => Backend::Nvml,
+        Ok("sim") | Ok("") | Err(_) => Backend::Sim,
+        Ok(other) => panic!("TESSERA_TEST_BACKEND={other:?}: expected \"sim\" or \"nvml\""),
+    }
+}
+
+/// True (after saying so) when the test needs the simulator itself, not the
+/// hardware model both backends share: the caller returns.
+pub fn skip_unless_sim(what: &str) -> bool {
+    if backend() == Backend::Sim {
+        return false;
+    }
+    println!("SKIPPED: {what} is the simulator's own (backend = \"nvml\" here)");
+    true
+}
+
+/// The fake NVML's machine in `dir`: `libnvidia-ml.so.1` (a copy of the built
+/// `libnvidia_ml.so`), its state file beside it made from the `[[sim.gpus]]` of
+/// `gpus`, the driver's mig-minors table and an MPS control stand-in. Returns the
+/// daemon's `[gpu]` and `[nvml]` sections.
+pub fn fake_nvml_machine(dir: &Path, gpus: &str) -> anyhow::Result<String> {
+    #[derive(serde::Deserialize)]
+    struct Gpu {
+        model: String,
+        #[serde(default = "yes")]
+        mig: bool,
+    }
+    fn yes() -> bool {
+        true
+    }
+    #[derive(serde::Deserialize)]
+    struct Sim {
+        #[serde(default)]
+        gpus: Vec<Gpu>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Doc {
+        sim: Sim,
+    }
+    let doc: Doc = toml::from_str(&format!("[sim]\n{gpus}")).context("the test's [[sim.gpus]]")?;
+    let lib = dir.join("libnvidia-ml.so.1");
+    std::fs::copy(bin_path("libnvidia_ml.so")?, &lib).context("copy libnvidia_ml.so")?;
+    let mut init = vec!["init".to_owned()];
+    for g in &doc.sim.gpus {
+        init.push(if g.mig {
+            format!("{}:mig", g.model)
+        } else {
+            g.model.clone()
+        });
+    }
+    let refs: Vec<&str> = init.iter().map(String::as_str).collect();
+    fake_nvml_ctl(dir, &refs)?;
+    let minors = dir.join("mig-minors");
+    fake_nvml_ctl(dir, &["minors", &minors.to_string_lossy()])?;
+    let mps = dir.join("nvidia-cuda-mps-control");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../nvml-fake/nvidia-cuda-mps-control");
+    std::fs::copy(&script, &mps).with_context(|| format!("copy {}", script.display()))?;
+    Ok(format!(
+        "[gpu]\nbackend = \"nvml\"\n\n[nvml]\nlibrary_path = {lib:?}\nmig_minors_path = {minors:?}\nmps_control = {mps:?}\n",
+    ))
+}
+
+/// `nvml-fake-ctl` on the fake machine in `dir`.
+pub fn fake_nvml_ctl(dir: &Path, args: &[&str]) -> anyhow::Result<String> {
+    let out = Command::new(bin_path("nvml-fake-ctl")?)
+        .arg("--state")
+        .arg(dir.join("nvml-fake-state.json"))
+        .args(args)
+        .output()
+        .context("run nvml-fake-ctl")?;
+    if !out.status.success() {
+        bail!(
+            "nvml-fake-ctl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The NVML calls behind each of the simulator's fault targets (its `GpuBackend`
+/// methods).
+fn nvml_calls_of(sim_call: &str) -> &'static [&'static str] {
+    match sim_call {
+        "*" => &["*"],
+        "devices" => &["nvmlDeviceGetCount_v2"],
+        "gi_profiles" => &["nvmlDeviceGetGpuInstanceProfileInfoV"],
+        "create_instance" => &["nvmlDeviceCreateGpuInstanceWithPlacement"],
+        "destroy_instance" => &["nvmlGpuInstanceDestroy"],
+        "instances" => &["nvmlDeviceGetGpuInstances"],
+        "processes" => &["nvmlDeviceGetComputeRunningProcesses_v3"],
+        "utilization" => &["nvmlDeviceGetUtilizationRates"],
+        "health_poll" => &["nvmlDeviceGetRemappedRows"],
+        "topology" => &["nvmlDeviceGetTopologyCommonAncestor"],
+        other => {
+            panic!("the fake NVML has no call behind the simulator's {other:?} (not an NVML call)")
+        }
+    }
+}
+
+/// `tesserad sim ARGS` as `nvml-fake-ctl` commands.
+fn fake_nvml_commands(args: &[&str]) -> Vec<Vec<String>> {
+    let flag = |name: &str| {
+        args.iter()
+            .position(|a| *a == name)
+            .and_then(|i| args.get(i + 1))
+            .map(|v| (*v).to_owned())
+    };
+    let gpu = || flag("--gpu").unwrap_or_else(|| panic!("tesserad sim {args:?}: no --gpu"));
+    let cmd = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<String>>();
+    match args.first().copied() {
+        Some("xid") => {
+            let mut c = cmd(&["xid"]);
+            c.push(gpu());
+            c.push(flag("--xid").unwrap_or_else(|| panic!("no --xid")));
+            c.extend(flag("--gi"));
+            vec![c]
+        }
+        Some("ecc") => vec![vec!["ecc".into(), gpu()]],
+        Some("lose") => vec![vec!["lose".into(), gpu()]],
+        Some("pending-retirement") => vec![vec!["rows".into(), gpu(), "pending".into()]],
+        Some("recover") => vec![
+            vec!["restore".into(), gpu()],
+            vec!["rows".into(), gpu(), "ok".into()],
+        ],
+        Some("clear-faults") => vec![cmd(&["clear-faults"])],
+        Some("show") => vec![cmd(&["show"])],
+        Some("fault") => {
+            let call = flag("--call").unwrap_or_else(|| panic!("no --call"));
+            let rate: f64 = flag("--fail-rate").map_or(1.0, |r| r.parse().unwrap_or(1.0));
+            let delay = flag("--delay-ms").unwrap_or_else(|| "0".into());
+            assert!(
+                rate == 0.0 || rate == 1.0,
+                "the fake NVML fails a call always or never (fail rate {rate})"
+            );
+            nvml_calls_of(&call)
+                .iter()
+                .flat_map(|c| {
+                    let mut out = Vec::new();
+                    if delay != "0" {
+                        out.push(vec!["hang".into(), (*c).to_owned(), delay.clone()]);
+                    }
+                    if rate == 1.0 {
+                        out.push(vec!["fail".into(), (*c).to_owned(), "999".into()]);
+                    }
+                    out
+                })
+                .collect()
+        }
+        _ => panic!("tesserad sim {args:?}: no fake NVML equivalent"),
+    }
+}
+
 /// Connect a client to a unix socket.
 pub async fn connect(socket: &Path) -> anyhow::Result<TesseraClient<Channel>> {
     Ok(TesseraClient::new(channel(socket).await?))
@@ -103,12 +266,20 @@ impl TestDaemon {
 
     /// The temp dir and config of [`TestDaemon::start_with`], without starting the
     /// process (to prepare its state directory first; then [`TestDaemon::spawn`]).
+    ///
+    /// With `TESSERA_TEST_BACKEND=nvml` ([`backend`]) the daemon runs the NVML backend
+    /// over the fake libnvidia-ml (nvml-fake/) with the same GPUs: the `[sim]`
+    /// section stays (unused by the daemon) and the fake's machine is made from it.
     pub fn configure(gpus: &str, extra: &str) -> anyhow::Result<TestDaemon> {
         let dir = tempfile::Builder::new().prefix("tesserad-it").tempdir()?;
         let socket = dir.path().join("tesserad.sock");
         let config = dir.path().join("tesserad.toml");
+        let gpu_section = match backend() {
+            Backend::Sim => "[gpu]\nbackend = \"sim\"\n".to_owned(),
+            Backend::Nvml => fake_nvml_machine(dir.path(), gpus)?,
+        };
         let text = format!(
-            "[daemon]\nsocket = {:?}\nstate_dir = {:?}\nrun_dir = {:?}\nshutdown_grace = \"3s\"\n\n[gpu]\nbackend = \"sim\"\n\n[sim]\nstate_file = {:?}\n{gpus}\n{extra}\n",
+            "[daemon]\nsocket = {:?}\nstate_dir = {:?}\nrun_dir = {:?}\nshutdown_grace = \"3s\"\n\n{gpu_section}\n[sim]\nstate_file = {:?}\n{gpus}\n{extra}\n",
             socket,
             dir.path().join("state"),
             dir.path().join("run"),
@@ -213,8 +384,16 @@ impl TestDaemon {
     }
 
     /// `tesserad --config <this daemon's> sim ARGS`: the simulated hardware's side
-    /// (health events, faults) for the running daemon. Panics when it fails.
+    /// (health events, faults) for the running daemon. Panics when it fails. Over
+    /// the fake NVML the same misfortune is played through `nvml-fake-ctl`.
     pub fn sim(&self, args: &[&str]) {
+        if backend() == Backend::Nvml {
+            for cmd in fake_nvml_commands(args) {
+                let refs: Vec<&str> = cmd.iter().map(String::as_str).collect();
+                fake_nvml_ctl(self.dir.path(), &refs).unwrap_or_else(|e| panic!("{e}"));
+            }
+            return;
+        }
         let out = Command::new(bin_path("tesserad").unwrap_or_else(|e| panic!("{e}")))
             .arg("--config")
             .arg(&self.config)

@@ -38,7 +38,6 @@ use tessera_integration_tests::{TestDaemon, create_req, shape};
 use tessera_proto::v1 as pb;
 use tessera_proto::v1::tessera_client::TesseraClient;
 use tesserad::gpu::sim::CreateStage;
-use tesserad::gpu::{GpuBackend, SimBackend};
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -70,7 +69,7 @@ const TENANTS: [&str; 3] = ["team-a", "team-b", "team-c"];
 use tessera_integration_tests::{lease_of, rt};
 
 /// The simulator as the daemon sees it, opened from this process.
-fn sim_of(d: &TestDaemon) -> SimBackend {
+fn sim_of(d: &TestDaemon) -> invariants::Hardware {
     invariants::sim_of(d, GPUS)
 }
 
@@ -559,13 +558,13 @@ async fn resolve_in_doubt(c: &mut Client, model: &Mutex<Model>) -> Vec<String> {
 /// progress (or after ~10 s of waiting for it).
 async fn verify(
     c: &mut Client,
-    sim: &SimBackend,
+    sim: &invariants::Hardware,
     model: &Mutex<Model>,
     rng: &mut StdRng,
     what: &str,
 ) -> (Vec<String>, u64) {
     for attempt in 0.. {
-        let (mut v, busy) = check_structure(c, sim).await;
+        let (mut v, busy) = check_structure(c, &**sim).await;
         let (v2, busy2, checked) = check_model(c, model, rng).await;
         v.extend(v2);
         if v.is_empty() {
@@ -761,14 +760,14 @@ fn a_create_that_fails_after_the_gi_leaves_no_instance_behind() {
         let l = c.create_lease(req).await.unwrap().into_inner();
         assert!(!l.replayed, "the failed lease is not replayed");
         assert_eq!(l.lease.unwrap().partition.unwrap().gpu_index, 0);
-        let (v, _) = check_structure(&mut c, &sim).await;
+        let (v, _) = check_structure(&mut c, &*sim).await;
         assert!(v.is_empty(), "{v:?}");
     });
     d.kill().unwrap();
     d.spawn().unwrap();
     r.block_on(async {
         let mut c = d.client().await.unwrap();
-        let (v, _) = check_structure(&mut c, &sim).await;
+        let (v, _) = check_structure(&mut c, &*sim).await;
         assert!(v.is_empty(), "{v:?}");
         assert_eq!(sim.instances(0).unwrap().len(), 1);
     });
@@ -884,7 +883,7 @@ fn failed_and_blocked_teardowns_finish_later_even_across_a_restart() {
             pb::LeaseState::Revoking as i32,
             "still blocked by the process after the restart"
         );
-        let (v, busy_now) = check_structure(&mut c, &sim).await;
+        let (v, busy_now) = check_structure(&mut c, &*sim).await;
         assert!(
             v.is_empty(),
             "the blocked instance is still explained: {v:?}"
@@ -907,7 +906,7 @@ fn failed_and_blocked_teardowns_finish_later_even_across_a_restart() {
     d.spawn().unwrap();
     r.block_on(async {
         let mut c = d.client().await.unwrap();
-        let (v, busy_now) = check_structure(&mut c, &sim).await;
+        let (v, busy_now) = check_structure(&mut c, &*sim).await;
         assert!(v.is_empty() && !busy_now, "{v:?}");
     });
     assert!(!d.log().contains("not created by tesserad"), "{}", d.log());

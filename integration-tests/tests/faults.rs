@@ -743,7 +743,7 @@ async fn verify_structure_only(c: &mut Client, d: &TestDaemon) {
     let sim = sim_of(d, GPUS);
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let (violations, in_progress) = check_structure(c, &sim).await;
+        let (violations, in_progress) = check_structure(c, &*sim).await;
         if violations.is_empty() && !in_progress {
             return;
         }

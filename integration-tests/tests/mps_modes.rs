@@ -8,7 +8,6 @@
 
 use tessera_integration_tests::{DEV_GPUS, TestDaemon, invariants::sim_of, lease_of, rt};
 use tessera_proto::v1 as pb;
-use tesserad::gpu::GpuBackend;
 use tonic::transport::Channel;
 
 type Client = tessera_proto::v1::tessera_client::TesseraClient<Channel>;
