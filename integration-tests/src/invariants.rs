@@ -87,14 +87,14 @@ impl Hardware {
             (_, CreateStage::Gi) => self.ctl(&[
                 "fail",
                 "nvmlDeviceCreateGpuInstanceWithPlacement",
-                "23",
+                "999",
                 &g,
                 "1",
             ]),
             (_, CreateStage::Ci) => self.ctl(&[
                 "fail",
                 "nvmlGpuInstanceCreateComputeInstance",
-                "23",
+                "999",
                 &g,
                 "1",
             ]),

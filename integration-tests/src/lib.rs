@@ -64,6 +64,16 @@ pub enum Backend {
     Nvml,
 }
 
+impl Backend {
+    /// What GetNode reports as the backend.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Sim => "sim",
+            Backend::Nvml => "nvml",
+        }
+    }
+}
+
 pub fn backend() -> Backend {
     match std::env::var("TESSERA_TEST_BACKEND").as_deref() {
         Ok("nvml") => Backend::Nvml,
@@ -127,6 +137,9 @@ pub fn fake_nvml_machine(dir: &Path, gpus: &str) -> anyhow::Result<String> {
         "[gpu]\nbackend = \"nvml\"\n\n[nvml]\nlibrary_path = {lib:?}\nmig_minors_path = {minors:?}\nmps_control = {mps:?}\n",
     ))
 }
+
+/// The `[devices]` majors of the fake's drivers (the simulator's fixed ones).
+const FAKE_MAJORS: &str = "nvidia_uvm_major = 510\nnvidia_caps_major = 511\n";
 
 /// `nvml-fake-ctl` on the fake machine in `dir`.
 pub fn fake_nvml_ctl(dir: &Path, args: &[&str]) -> anyhow::Result<String> {
@@ -277,6 +290,15 @@ impl TestDaemon {
         let gpu_section = match backend() {
             Backend::Sim => "[gpu]\nbackend = \"sim\"\n".to_owned(),
             Backend::Nvml => fake_nvml_machine(dir.path(), gpus)?,
+        };
+        // No kernel registered the fake's drivers: their majors are configured, as
+        // the simulator's fixed ones.
+        let extra = match backend() {
+            Backend::Sim => extra.to_owned(),
+            Backend::Nvml if extra.contains("[devices]\n") => {
+                extra.replacen("[devices]\n", &format!("[devices]\n{FAKE_MAJORS}"), 1)
+            }
+            Backend::Nvml => format!("{extra}\n[devices]\n{FAKE_MAJORS}"),
         };
         let text = format!(
             "[daemon]\nsocket = {:?}\nstate_dir = {:?}\nrun_dir = {:?}\nshutdown_grace = \"3s\"\n\n{gpu_section}\n[sim]\nstate_file = {:?}\n{gpus}\n{extra}\n",

@@ -44,7 +44,7 @@ fn two_h100s_take_fourteen_1g_instances_and_refuse_the_fifteenth() {
             .await
             .unwrap()
             .into_inner();
-        assert_eq!(node.backend, "sim");
+        assert_eq!(node.backend, tessera_integration_tests::backend().name());
         assert_eq!(node.gpus.len(), 3);
         for g in &node.gpus[..2] {
             assert!(g.mig_enabled);

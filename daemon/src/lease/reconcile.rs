@@ -404,9 +404,16 @@ impl LeaseManager {
         match (&p.kind, op) {
             (PartKind::Mig(m), IntentOp::DestroyMig) => {
                 let list = instances.entry(p.gpu).or_default();
-                let present = list
-                    .iter()
-                    .any(|i| Some(i.gi_id) == m.gi_id && Some(&i.uuid) == m.uuid.as_ref());
+                // Whole, or half torn down: NVML destroys the CI, then the GI, and a
+                // stop between the two leaves the GI at its placement without a CI
+                // (and without the MIG device UUID the record holds).
+                let present = list.iter().any(|i| {
+                    Some(i.gi_id) == m.gi_id
+                        && (Some(&i.uuid) == m.uuid.as_ref()
+                            || (i.ci_id.is_none()
+                                && i.placement == m.placement
+                                && i.gi_profile_id == m.gi_profile_id))
+                });
                 if present {
                     let gi = m.gi_id.unwrap_or_default();
                     if let Err(e) = self.backend.destroy_instance(p.gpu, gi) {
