@@ -110,6 +110,8 @@ pub fn fake_nvml_machine(dir: &Path, gpus: &str) -> anyhow::Result<String> {
     struct Sim {
         #[serde(default)]
         gpus: Vec<Gpu>,
+        #[serde(default)]
+        topology: Option<String>,
     }
     #[derive(serde::Deserialize)]
     struct Doc {
@@ -119,6 +121,7 @@ pub fn fake_nvml_machine(dir: &Path, gpus: &str) -> anyhow::Result<String> {
     let lib = dir.join("libnvidia-ml.so.1");
     std::fs::copy(bin_path("libnvidia_ml.so")?, &lib).context("copy libnvidia_ml.so")?;
     let mut init = vec!["init".to_owned()];
+    init.extend(doc.sim.topology.map(|t| format!("--board={t}")));
     for g in &doc.sim.gpus {
         init.push(if g.mig {
             format!("{}:mig", g.model)
@@ -175,6 +178,22 @@ fn nvml_calls_of(sim_call: &str) -> &'static [&'static str] {
         other => {
             panic!("the fake NVML has no call behind the simulator's {other:?} (not an NVML call)")
         }
+    }
+}
+
+/// "start" or "stop" for a `tesserad sim fault` on an MPS call.
+fn mps_fault_target(args: &[&str]) -> Option<&'static str> {
+    if args.first() != Some(&"fault") {
+        return None;
+    }
+    let call = args
+        .iter()
+        .position(|a| *a == "--call")
+        .and_then(|i| args.get(i + 1))?;
+    match *call {
+        "mps_start" => Some("start"),
+        "mps_stop" => Some("stop"),
+        _ => None,
     }
 }
 
@@ -410,9 +429,32 @@ impl TestDaemon {
     /// the fake NVML the same misfortune is played through `nvml-fake-ctl`.
     pub fn sim(&self, args: &[&str]) {
         if backend() == Backend::Nvml {
+            let dir = self.dir.path();
+            // MPS is no NVML call: its faults go to the control stand-in.
+            if args.first() == Some(&"clear-faults") {
+                for which in ["start", "stop"] {
+                    let _ = std::fs::remove_file(dir.join(format!("mps-fault-{which}")));
+                }
+            }
+            if let Some(which) = mps_fault_target(args) {
+                let flag = |name: &str| {
+                    args.iter()
+                        .position(|a| *a == name)
+                        .and_then(|i| args.get(i + 1))
+                        .copied()
+                };
+                let fail = flag("--fail-rate").is_none_or(|r| r != "0");
+                let delay = flag("--delay-ms").unwrap_or("0");
+                std::fs::write(
+                    dir.join(format!("mps-fault-{which}")),
+                    format!("{delay} {}\n", u8::from(fail)),
+                )
+                .unwrap_or_else(|e| panic!("mps fault: {e}"));
+                return;
+            }
             for cmd in fake_nvml_commands(args) {
                 let refs: Vec<&str> = cmd.iter().map(String::as_str).collect();
-                fake_nvml_ctl(self.dir.path(), &refs).unwrap_or_else(|e| panic!("{e}"));
+                fake_nvml_ctl(dir, &refs).unwrap_or_else(|e| panic!("{e}"));
             }
             return;
         }

@@ -752,7 +752,7 @@ pub unsafe extern "C" fn nvmlDeviceGetRemappedRows(
     }))
 }
 
-// ---- topology: an SXM board, every GPU's NVLinks to NVSwitches ----
+// ---- topology: the board of the state ([`state::Board`]) ----
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetTopologyCommonAncestor(
@@ -775,21 +775,29 @@ pub unsafe extern "C" fn nvmlDeviceGetTopologyCommonAncestor(
             if gb as usize >= st.gpus.len() {
                 return Err(INVALID_ARGUMENT);
             }
-            // Two GPUs per PCIe switch, four per NUMA node.
-            let v = if ga == gb {
-                0
-            } else if ga / 2 == gb / 2 {
-                10
-            } else if ga / 4 == gb / 4 {
-                40
-            } else {
-                50
-            };
+            let v = st.board.level(ga, gb, st.gpus.len() as u32);
             // SAFETY: checked non-null above.
             unsafe { put(level, v) };
             Ok(())
         },
     ))
+}
+
+/// The NVLinks of `gpu` (None: it has none) and, per link, the bus id of its remote
+/// end: an NVSwitch on an HGX board, the partner GPU of a bridged pair.
+fn nvlink_remote(st: &State, gpu: u32, link: u32) -> Result<Option<String>, Ret> {
+    let model = st.gpus[gpu as usize].model;
+    match st.board {
+        state::Board::Pcie => Err(NOT_SUPPORTED),
+        state::Board::HgxNvswitch if link < model.nvlinks() => {
+            Ok(Some(format!("00000000:{:02X}:00.0", 0xC0 + link % 4)))
+        }
+        state::Board::PciePairs if link < 12 => {
+            let partner = gpu ^ 1;
+            Ok(((partner as usize) < st.gpus.len()).then(|| bus_id(partner)))
+        }
+        _ => Err(INVALID_ARGUMENT),
+    }
 }
 
 #[unsafe(no_mangle)]
@@ -806,11 +814,9 @@ pub unsafe extern "C" fn nvmlDeviceGetNvLinkState(
         Err(e) => return e,
     };
     ret(call("nvmlDeviceGetNvLinkState", Some(gpu), false, |st| {
-        if link >= st.gpus[gpu as usize].model.nvlinks() {
-            return Err(INVALID_ARGUMENT);
-        }
+        let up = nvlink_remote(st, gpu, link)?.is_some();
         // SAFETY: checked non-null above.
-        unsafe { put(active, 1) };
+        unsafe { put(active, c_uint::from(up)) };
         Ok(())
     }))
 }
@@ -833,12 +839,8 @@ pub unsafe extern "C" fn nvmlDeviceGetNvLinkRemotePciInfo_v2(
         Some(gpu),
         false,
         |st| {
-            if link >= st.gpus[gpu as usize].model.nvlinks() {
-                return Err(INVALID_ARGUMENT);
-            }
-            // The remote end is one of the board's NVSwitches (bus 0xC0 + n).
+            let id = nvlink_remote(st, gpu, link)?.ok_or(NOT_SUPPORTED)?;
             let mut info = pci_info(0);
-            let id = format!("00000000:{:02X}:00.0", 0xC0 + link % 4);
             info.busId = c_name::<32>(&id);
             info.busIdLegacy = c_name::<16>(&id[4..]);
             // SAFETY: checked non-null above.
@@ -848,11 +850,13 @@ pub unsafe extern "C" fn nvmlDeviceGetNvLinkRemotePciInfo_v2(
     ))
 }
 
+/// Peer-to-peer over NVLink: every pair on an HGX board, the bridged pairs of
+/// `pcie-pairs`, none over plain PCIe.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetP2PStatus(
     a: sys::nvmlDevice_t,
     b: sys::nvmlDevice_t,
-    _index: sys::nvmlGpuP2PCapsIndex_t,
+    index: sys::nvmlGpuP2PCapsIndex_t,
     status: *mut sys::nvmlGpuP2PStatus_t,
 ) -> Ret {
     if status.is_null() {
@@ -866,8 +870,19 @@ pub unsafe extern "C" fn nvmlDeviceGetP2PStatus(
         if gb as usize >= st.gpus.len() {
             return Err(INVALID_ARGUMENT);
         }
+        let nvlink = match st.board {
+            state::Board::Pcie => false,
+            state::Board::HgxNvswitch => true,
+            state::Board::PciePairs => ga / 2 == gb / 2,
+        };
+        let ok = index != sys::nvmlGpuP2PCapsIndex_enum_NVML_P2P_CAPS_INDEX_NVLINK || nvlink;
+        let v = if ok {
+            sys::nvmlGpuP2PStatus_enum_NVML_P2P_STATUS_OK
+        } else {
+            sys::nvmlGpuP2PStatus_enum_NVML_P2P_STATUS_NOT_SUPPORTED
+        };
         // SAFETY: checked non-null above.
-        unsafe { put(status, sys::nvmlGpuP2PStatus_enum_NVML_P2P_STATUS_OK) };
+        unsafe { put(status, v) };
         Ok(())
     }))
 }

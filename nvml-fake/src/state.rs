@@ -60,6 +60,53 @@ pub struct State {
     /// Counter behind MIG device UUIDs (a new one on every create, as NVML does).
     #[serde(default)]
     pub uuid_counter: u64,
+    /// How the GPUs are wired.
+    #[serde(default)]
+    pub board: Board,
+}
+
+/// The board: how GPUs connect (PCIe switches, NUMA nodes, NVLink).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Board {
+    /// PCIe cards without NVLink: two per PCIe switch, half the GPUs per NUMA node.
+    #[default]
+    Pcie,
+    /// An HGX board: every GPU's NVLinks go to NVSwitches (every pair reaches over
+    /// NVLink), four GPUs per NUMA node.
+    HgxNvswitch,
+    /// PCIe cards joined in pairs by NVLink bridges (12 links).
+    PciePairs,
+}
+
+impl Board {
+    pub fn parse(s: &str) -> Option<Board> {
+        match s {
+            "pcie" => Some(Board::Pcie),
+            "hgx-nvswitch" => Some(Board::HgxNvswitch),
+            "pcie-pairs" => Some(Board::PciePairs),
+            _ => None,
+        }
+    }
+
+    /// NVML's topology level (`NVML_TOPOLOGY_*`) between GPUs `a` and `b` of `count`.
+    pub fn level(self, a: u32, b: u32, count: u32) -> u32 {
+        if a == b {
+            return 0;
+        }
+        let half = count.div_ceil(2).max(1);
+        let numa = |i: u32| match self {
+            Board::HgxNvswitch => i / 4,
+            _ => i / half,
+        };
+        if a / 2 == b / 2 {
+            10
+        } else if numa(a) == numa(b) {
+            40
+        } else {
+            50
+        }
+    }
 }
 
 fn default_driver() -> String {
@@ -171,6 +218,7 @@ impl State {
             faults: Vec::new(),
             events: Vec::new(),
             uuid_counter: 0,
+            board: Board::default(),
         }
     }
 

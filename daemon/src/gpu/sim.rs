@@ -1330,7 +1330,11 @@ impl GpuBackend for SimBackend {
     }
 
     fn mps_start(&self, spec: &MpsSpec) -> Result<MpsDaemon, GpuError> {
-        self.control.before("mps_start", Some(spec.gpu))?;
+        // An injected failure is what the real control daemon's is: a failed
+        // `nvidia-cuda-mps-control -d`, no NVML code (a lost GPU stays lost).
+        self.control
+            .before("mps_start", Some(spec.gpu))
+            .map_err(|e| mps_fault(e, &spec.lease_id, "nvidia-cuda-mps-control -d"))?;
         let mps_err = |detail: String| GpuError::Mps {
             lease: spec.lease_id.clone(),
             detail,
@@ -1395,7 +1399,9 @@ impl GpuBackend for SimBackend {
     }
 
     fn mps_stop(&self, lease_id: &str) -> Result<(), GpuError> {
-        self.control.before("mps_stop", None)?;
+        self.control
+            .before("mps_stop", None)
+            .map_err(|e| mps_fault(e, lease_id, "quit"))?;
         self.mutate(|s| {
             s.mps_remove(lease_id);
             Ok(())
@@ -1451,6 +1457,21 @@ impl GpuBackend for SimBackend {
             return Err(GpuError::NoSuchGpu(gpu));
         }
         self.control.poll(gpu)
+    }
+}
+
+/// An injected fault on an MPS call as the real MPS control reports one.
+fn mps_fault(e: GpuError, lease: &str, command: &str) -> GpuError {
+    match e {
+        GpuError::Nvml {
+            code: NvmlCode::GpuIsLost,
+            ..
+        } => e,
+        GpuError::Nvml { detail, .. } => GpuError::Mps {
+            lease: lease.to_owned(),
+            detail: format!("`{command}` failed: {detail}"),
+        },
+        other => other,
     }
 }
 

@@ -2,7 +2,8 @@
 //! `TESSERA_FAKE_NVML_STATE`, or `--state PATH` first).
 //!
 //! ```text
-//! nvml-fake-ctl init MODEL[:mig] ...       fresh GPUs (a100-40gb, a100-80gb, h100-80gb, h200-141gb)
+//! nvml-fake-ctl init [--board=pcie|hgx-nvswitch|pcie-pairs] MODEL[:mig] ...
+//!                                          fresh GPUs (a100-40gb, a100-80gb, h100-80gb, h200-141gb)
 //! nvml-fake-ctl minors PATH                write the driver's mig-minors table for these GPUs
 //! nvml-fake-ctl lose GPU | restore GPU     fall off the bus / come back
 //! nvml-fake-ctl xid GPU XID [GI]           queue an XID event (GI: the contained instance)
@@ -22,7 +23,7 @@ use nvidia_ml::state::{self, Event, Fault, Process, State};
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: nvml-fake-ctl [--state PATH] init MODEL[:mig]... | minors PATH | lose GPU | restore GPU | xid GPU XID [GI] | ecc GPU | fail CALL CODE [GPU [TIMES]] | hang CALL MS [GPU [TIMES]] | clear-faults [GPU] | process GPU PID BYTES [GI CI] | remove-process GPU PID | clear-processes GPU | rows GPU pending|failed|ok | show"
+        "usage: nvml-fake-ctl [--state PATH] init [--board=B] MODEL[:mig]... | minors PATH | lose GPU | restore GPU | xid GPU XID [GI] | ecc GPU | fail CALL CODE [GPU [TIMES]] | hang CALL MS [GPU [TIMES]] | clear-faults [GPU] | process GPU PID BYTES [GI CI] | remove-process GPU PID | clear-processes GPU | rows GPU pending|failed|ok | show"
     );
     ExitCode::from(64)
 }
@@ -52,7 +53,13 @@ fn run(mut args: Vec<String>) -> Result<(), String> {
     let rest = &args[1..];
     if cmd == "init" {
         let mut gpus = Vec::new();
+        let mut board = state::Board::default();
         for spec in rest {
+            if let Some(name) = spec.strip_prefix("--board=") {
+                board =
+                    state::Board::parse(name).ok_or_else(|| format!("unknown board {name:?}"))?;
+                continue;
+            }
             let (model, mig) = match spec.strip_suffix(":mig") {
                 Some(m) => (m, true),
                 None => (spec.as_str(), false),
@@ -61,7 +68,9 @@ fn run(mut args: Vec<String>) -> Result<(), String> {
                 nvidia_ml::parse_model(model).ok_or_else(|| format!("unknown model {model:?}"))?;
             gpus.push((model, mig));
         }
-        return state::write_state(&path, &State::new(&gpus)).map_err(|e| e.to_string());
+        let mut st = State::new(&gpus);
+        st.board = board;
+        return state::write_state(&path, &st).map_err(|e| e.to_string());
     }
     let mut locked = state::lock(&path).map_err(|e| e.to_string())?;
     let st = &mut locked.state;
