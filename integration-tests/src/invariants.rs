@@ -37,7 +37,7 @@ pub fn sim_of(d: &TestDaemon, gpus: &str) -> Hardware {
         let backend =
             NvmlBackend::new(&config).unwrap_or_else(|e| panic!("open the fake NVML: {e}"));
         return Hardware::Nvml {
-            backend,
+            backend: Box::new(backend),
             dir: dir.to_path_buf(),
         };
     }
@@ -57,7 +57,10 @@ pub fn sim_of(d: &TestDaemon, gpus: &str) -> Hardware {
 /// own controls, or the same played through `nvml-fake-ctl`.
 pub enum Hardware {
     Sim(SimBackend),
-    Nvml { backend: NvmlBackend, dir: PathBuf },
+    Nvml {
+        backend: Box<NvmlBackend>,
+        dir: PathBuf,
+    },
 }
 
 impl std::ops::Deref for Hardware {
@@ -65,7 +68,7 @@ impl std::ops::Deref for Hardware {
     fn deref(&self) -> &Self::Target {
         match self {
             Hardware::Sim(s) => s,
-            Hardware::Nvml { backend, .. } => backend,
+            Hardware::Nvml { backend, .. } => backend.as_ref(),
         }
     }
 }
