@@ -47,16 +47,16 @@ pub fn sim_of(d: &TestDaemon, gpus: &str) -> Hardware {
     }
     let text = format!("[sim]\n{gpus}");
     let parsed: Gpus = toml::from_str(&text).unwrap_or_else(|e| panic!("sim GPUs: {e}"));
-    Hardware::Sim(
+    Hardware::Sim(Box::new(
         SimBackend::open(&parsed.sim, d.sim_state())
             .unwrap_or_else(|e| panic!("open the sim: {e}")),
-    )
+    ))
 }
 
 /// A test's view of the daemon's hardware, and its misfortune: the simulator's
 /// own controls, or the same played through `nvml-fake-ctl`.
 pub enum Hardware {
-    Sim(SimBackend),
+    Sim(Box<SimBackend>),
     Nvml {
         backend: Box<NvmlBackend>,
         dir: PathBuf,
@@ -67,7 +67,7 @@ impl std::ops::Deref for Hardware {
     type Target = dyn GpuBackend;
     fn deref(&self) -> &Self::Target {
         match self {
-            Hardware::Sim(s) => s,
+            Hardware::Sim(s) => s.as_ref(),
             Hardware::Nvml { backend, .. } => backend.as_ref(),
         }
     }
