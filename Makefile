@@ -1,7 +1,8 @@
 # Tessera: build, test, run and install.
 #
 #   make run      tesserad on simulated GPUs (configs/dev.toml), in the foreground
-#   make test     deps + fmt, clippy, buf + the whole test suite, Python client included (CI runs this as root)
+#   make test     deps + fmt, clippy, buf + the whole test suite, Python client included (CI runs this as root);
+#                 the hardware suites twice: on the simulator and on NVML over nvml-fake/ (make test-nvml)
 #   make deps     the Debian packages the tests need, installed only when missing
 #   make lint / fmt / build / bench / install / clean
 #   make buf      lint proto/ and check it for breaking changes (buf from npm, under the target dir)
@@ -95,12 +96,12 @@ BUF_DIR ?= $(TARGET_DIR)/buf
 BUF := $(BUF_DIR)/node_modules/.bin/buf
 BUF_AGAINST ?= HEAD~1
 
-.PHONY: all run deps test lint fmt build bench install clean help buf buf-install pyvenv python static-runtime-test
+.PHONY: all run deps test lint fmt build bench install clean help buf buf-install pyvenv python static-runtime-test test-nvml
 
 all: build
 
 help:
-	@sed -n '3,8p' $(firstword $(MAKEFILE_LIST))
+	@sed -n '3,9p' $(firstword $(MAKEFILE_LIST))
 
 run:
 	$(CARGO) build --bin tesserad --bin tessera
@@ -140,6 +141,19 @@ deps:
 	  fi; \
 	done
 
+# The suites that exercise the hardware interface (MIG 1g..7g, MIG+MPS, release,
+# restart reconcile, health, crash mid-create, faults, topology): `make test` runs them
+# on the simulator with the rest, then again on the NVML backend over the fake
+# libnvidia-ml that nvml-fake/ builds (TESSERA_TEST_BACKEND=nvml).
+HARDWARE_SUITES := --test daemon --test crash --test health --test faults --test placement \
+	--test multi_gpu --test mps_modes --test need --test topology
+
+# The hardware suites alone on the NVML backend over the fake.
+test-nvml:
+	$(CARGO) build --workspace --bins
+	$(CARGO) build -p nvml-fake --lib
+	TESSERA_TEST_BACKEND=nvml $(CARGO) test -p tessera-integration-tests $(HARDWARE_SUITES)
+
 # Each stage says what it runs; the first failure stops the run and names its stage.
 test: deps
 	@stage() { name=$$1; shift; echo "==> make test: $$name: $$*"; \
@@ -149,8 +163,11 @@ test: deps
 	stage buf $(MAKE) buf; \
 	stage python $(MAKE) python; \
 	stage build $(CARGO) build --workspace --bins; \
+	stage fake-nvml $(CARGO) build -p nvml-fake --lib; \
 	stage test env TESSERA_PYTHON="$(abspath $(PYVENV))/bin/python" TESSERA_REQUIRE_PYTHON=1 \
 	  $(CARGO) test --workspace; \
+	stage test-nvml env TESSERA_TEST_BACKEND=nvml \
+	  $(CARGO) test -p tessera-integration-tests $(HARDWARE_SUITES); \
 	if [ "$(RUNTIME_STATIC)" = 1 ]; then stage static-runtime $(MAKE) static-runtime-test; fi; \
 	echo "==> make test: all stages passed"
 

@@ -119,7 +119,7 @@ pub fn fake_nvml_machine(dir: &Path, gpus: &str) -> anyhow::Result<String> {
     }
     let doc: Doc = toml::from_str(&format!("[sim]\n{gpus}")).context("the test's [[sim.gpus]]")?;
     let lib = dir.join("libnvidia-ml.so.1");
-    std::fs::copy(bin_path("libnvidia_ml.so")?, &lib).context("copy libnvidia_ml.so")?;
+    std::fs::copy(fake_nvml_library()?, &lib).context("copy libnvidia_ml.so")?;
     let mut init = vec!["init".to_owned()];
     init.extend(doc.sim.topology.map(|t| format!("--board={t}")));
     for g in &doc.sim.gpus {
@@ -139,6 +139,28 @@ pub fn fake_nvml_machine(dir: &Path, gpus: &str) -> anyhow::Result<String> {
     Ok(format!(
         "[gpu]\nbackend = \"nvml\"\n\n[nvml]\nlibrary_path = {lib:?}\nmig_minors_path = {minors:?}\nmps_control = {mps:?}\n",
     ))
+}
+
+/// The built fake NVML (`libnvidia_ml.so` of nvml-fake/): in the target directory
+/// (`cargo build -p nvml-fake --lib`, which `make test` runs), else the copy cargo
+/// leaves in `deps/` when it built the library only for `nvml-fake-ctl`; the newer.
+pub fn fake_nvml_library() -> anyhow::Result<PathBuf> {
+    let ctl = bin_path("nvml-fake-ctl")?;
+    let dir = ctl.parent().context("nvml-fake-ctl has no directory")?;
+    let newest = [
+        dir.join("libnvidia_ml.so"),
+        dir.join("deps").join("libnvidia_ml.so"),
+    ]
+    .into_iter()
+    .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
+    .max_by_key(|(t, _)| *t)
+    .map(|(_, p)| p);
+    newest.with_context(|| {
+        format!(
+            "libnvidia_ml.so is missing beside {}: build it first (`cargo build -p nvml-fake`, which `make test` does)",
+            ctl.display()
+        )
+    })
 }
 
 /// The `[devices]` majors of the fake's drivers (the simulator's fixed ones).

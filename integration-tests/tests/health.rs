@@ -184,3 +184,106 @@ fn a_gpu_off_the_bus_is_found_by_the_poll_and_returns_when_it_is_back() {
         assert!(!g0.healthy && g0.health.contains("XID 48"), "{g0:?}");
     });
 }
+
+/// Wait (up to 15 s) until GPU `i` is back in service.
+async fn until_healthy(
+    c: &mut pb::tessera_client::TesseraClient<tonic::transport::Channel>,
+    i: usize,
+) -> pb::Gpu {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let g = gpu(c, i).await;
+        if g.healthy {
+            return g;
+        }
+        assert!(Instant::now() < deadline, "GPU {i} never came back: {g:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[test]
+fn a_gpu_lost_before_the_start_is_fenced_and_the_others_are_served() {
+    let mut d = TestDaemon::configure(
+        tessera_integration_tests::DEV_GPUS,
+        "[health]\npoll_interval = \"100ms\"\n",
+    )
+    .unwrap();
+    d.sim(&["lose", "--gpu", "1"]);
+    d.spawn()
+        .expect("one lost GPU of three must not stop the daemon");
+    let rt = rt();
+    rt.block_on(async {
+        let mut c = d.client().await.unwrap();
+        let g1 = gpu(&mut c, 1).await;
+        assert!(
+            !g1.healthy && g1.health.contains("fallen off the bus"),
+            "{g1:?}"
+        );
+        assert_eq!(
+            g1.free_slices, 0,
+            "no capacity on a GPU it cannot read: {g1:?}"
+        );
+        assert!(gpu(&mut c, 0).await.healthy);
+        // The others serve; the lost one is refused by name.
+        let l = c
+            .create_lease(create_req("team-a", shape::mig("1g.10gb")))
+            .await
+            .unwrap()
+            .into_inner()
+            .lease
+            .unwrap();
+        assert_eq!(l.partition.unwrap().gpu_index, 0);
+        let mut on_lost = create_req("team-a", shape::mig("1g.10gb"));
+        on_lost.gpu_index = Some(1);
+        let e = c.create_lease(on_lost).await.unwrap_err();
+        assert_eq!(
+            e.get_details_error_info().map(|i| i.reason),
+            Some("GPU_UNHEALTHY".to_owned()),
+            "{e:?}"
+        );
+        let (ok, out) = d.cli(&["gpus"]);
+        assert!(ok && out.contains("fallen off the bus"), "{out}");
+        // Back on the bus: read again, profiles too, and in service.
+        d.sim(&["recover", "--gpu", "1"]);
+        let g1 = until_healthy(&mut c, 1).await;
+        assert!(g1.mig_enabled && !g1.profiles.is_empty(), "{g1:?}");
+        assert_eq!(g1.free_slices, 8, "{g1:?}");
+        let mut on_back = create_req("team-a", shape::mig("1g.10gb"));
+        on_back.gpu_index = Some(1);
+        c.create_lease(on_back).await.unwrap();
+    });
+}
+
+#[test]
+fn mig_profiles_that_cannot_be_read_are_said_and_offer_no_capacity() {
+    let mut d = TestDaemon::configure(
+        tessera_integration_tests::DEV_GPUS,
+        "[health]\npoll_interval = \"100ms\"\n",
+    )
+    .unwrap();
+    d.sim(&["fault", "--call", "gi_profiles", "--fail-rate", "1"]);
+    d.spawn()
+        .expect("unreadable MIG profiles must not stop the daemon");
+    let rt = rt();
+    rt.block_on(async {
+        let mut c = d.client().await.unwrap();
+        for i in [0, 1] {
+            let g = gpu(&mut c, i).await;
+            assert!(!g.healthy && g.health.contains("NVML query fails"), "{g:?}");
+            assert_eq!(g.free_slices, 0, "{g:?}");
+            assert!(g.profiles.is_empty(), "{g:?}");
+        }
+        // The GPU without MIG serves.
+        let g2 = gpu(&mut c, 2).await;
+        assert!(g2.healthy, "{g2:?}");
+        c.create_lease(create_req("team-a", shape::whole()))
+            .await
+            .unwrap();
+        let (ok, out) = d.cli(&["gpus"]);
+        assert!(ok && out.contains("NVML query fails"), "{out}");
+        d.sim(&["clear-faults"]);
+        let g0 = until_healthy(&mut c, 0).await;
+        assert_eq!(g0.free_slices, 8, "{g0:?}");
+        assert!(!g0.profiles.is_empty(), "{g0:?}");
+    });
+}

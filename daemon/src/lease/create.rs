@@ -322,7 +322,22 @@ impl LeaseManager {
         gpu_index: Option<u32>,
     ) -> Result<(), LeaseError> {
         let st = self.lock();
-        let infos: Vec<&crate::gpu::GpuInfo> = st.gpus.iter().map(|g| &g.info).collect();
+        // A GPU that could not be read has no known mode: the health check that
+        // follows names why it takes nothing.
+        if let Some(g) = gpu_index
+            && st
+                .gpus
+                .iter()
+                .any(|x| x.info.index == g && x.info.fault.is_some())
+        {
+            return Ok(());
+        }
+        let infos: Vec<&crate::gpu::GpuInfo> = st
+            .gpus
+            .iter()
+            .map(|g| &g.info)
+            .filter(|i| i.fault.is_none())
+            .collect();
         match crate::partition::mode_unavailable(shape, &infos, gpu_index) {
             Some(why) => Err(LeaseError::ModeUnavailable(why)),
             None => Ok(()),
