@@ -125,6 +125,37 @@ pub struct HostFacts {
     /// containerd's config file (path, contents).
     pub containerd_config: Option<(PathBuf, Option<String>)>,
     pub socket: Option<SocketFacts>,
+    /// The daemon's config, when `--config` names it.
+    pub daemon: Option<DaemonView>,
+    /// What NVML answers through the daemon's library (`--config` with
+    /// backend = "nvml"): the driver version and each GPU, or why it cannot load.
+    pub nvml: Option<Result<NvmlFacts, String>>,
+}
+
+/// What of tesserad's config the checks use.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DaemonView {
+    pub path: PathBuf,
+    /// "nvml" or "sim".
+    pub backend: String,
+    pub library_path: Option<PathBuf>,
+    pub mig_minors_path: Option<PathBuf>,
+    pub mps_control: Option<PathBuf>,
+    pub nvidia_caps_major: Option<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NvmlFacts {
+    pub library: String,
+    pub driver_version: String,
+    /// (index, name, MIG current, MIG pending), or the error of a GPU that does not
+    /// answer.
+    pub gpus: Vec<Result<(u32, String, bool, bool), String>>,
+}
+
+/// `backend = "sim"`: no driver is needed.
+fn simulated(f: &HostFacts) -> bool {
+    f.daemon.as_ref().is_some_and(|d| d.backend == "sim")
 }
 
 fn cmd_stdout(c: &Option<CmdOut>) -> Option<&str> {
@@ -140,6 +171,28 @@ fn cmd_stdout(c: &Option<CmdOut>) -> Option<&str> {
 /// NVIDIA kernel driver and NVML versions.
 pub fn check_driver(f: &HostFacts) -> Check {
     const NAME: &str = "nvidia driver";
+    if simulated(f) {
+        return ok(NAME, "not needed: the config's backend is \"sim\"");
+    }
+    match &f.nvml {
+        Some(Ok(n)) => {
+            return ok(
+                NAME,
+                format!(
+                    "NVML answers through {}: driver {}",
+                    n.library, n.driver_version
+                ),
+            );
+        }
+        Some(Err(e)) => {
+            return fail(
+                NAME,
+                format!("NVML does not answer: {e}"),
+                "install and load the NVIDIA driver, or point [nvml] library_path at libnvidia-ml.so.1",
+            );
+        }
+        None => {}
+    }
     let kernel = f.driver_proc.as_deref().and_then(|t| {
         // "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar 5 ..."
         let line = t.lines().find(|l| l.starts_with("NVRM version"))?;
@@ -171,7 +224,39 @@ pub fn check_driver(f: &HostFacts) -> Check {
 /// MIG mode per GPU from nvidia-smi.
 pub fn check_mig(f: &HostFacts) -> Check {
     const NAME: &str = "MIG mode";
-    let Some(out) = cmd_stdout(&f.smi_mig) else {
+    if simulated(f) {
+        return ok(NAME, "simulated GPUs (backend = \"sim\")");
+    }
+    // Through NVML as the daemon reads it, in nvidia-smi's words.
+    let from_nvml;
+    let out = match &f.nvml {
+        Some(Ok(n)) => {
+            let lost: Vec<String> = n
+                .gpus
+                .iter()
+                .filter_map(|g| g.as_ref().err().cloned())
+                .collect();
+            if !lost.is_empty() {
+                return warn(
+                    NAME,
+                    format!("GPUs that do not answer NVML: {}", lost.join("; ")),
+                    "tesserad serves the others and keeps these out of service until they answer; check dmesg | grep -i xid, and reset or reseat the GPU",
+                );
+            }
+            let mode = |on: bool| if on { "Enabled" } else { "Disabled" };
+            from_nvml = n
+                .gpus
+                .iter()
+                .filter_map(|g| g.as_ref().ok())
+                .map(|(i, name, cur, pend)| {
+                    format!("{i}, {name}, {}, {}\n", mode(*cur), mode(*pend))
+                })
+                .collect::<String>();
+            Some(from_nvml.as_str())
+        }
+        _ => cmd_stdout(&f.smi_mig),
+    };
+    let Some(out) = out else {
         return fail(
             NAME,
             "cannot query GPUs (nvidia-smi is missing or failed)",
@@ -235,13 +320,28 @@ pub fn check_mig(f: &HostFacts) -> Check {
 /// nvidia-caps major in /proc/devices and the mig-minors file.
 pub fn check_caps(f: &HostFacts) -> Check {
     const NAME: &str = "nvidia-caps";
-    let major = f.proc_devices.as_deref().and_then(|t| {
-        t.lines().find_map(|l| {
-            let mut w = l.split_whitespace();
-            let major = w.next()?;
-            (w.next()? == "nvidia-caps").then(|| major.to_string())
+    if simulated(f) {
+        return ok(NAME, "not needed: the config's backend is \"sim\"");
+    }
+    let configured = f
+        .daemon
+        .as_ref()
+        .and_then(|d| d.nvidia_caps_major)
+        .map(|m| m.to_string());
+    let major = configured.or_else(|| {
+        f.proc_devices.as_deref().and_then(|t| {
+            t.lines().find_map(|l| {
+                let mut w = l.split_whitespace();
+                let major = w.next()?;
+                (w.next()? == "nvidia-caps").then(|| major.to_string())
+            })
         })
     });
+    let minors_path = f
+        .daemon
+        .as_ref()
+        .and_then(|d| d.mig_minors_path.clone())
+        .unwrap_or_else(|| PathBuf::from("/proc/driver/nvidia-caps/mig-minors"));
     let minors = f
         .mig_minors
         .as_deref()
@@ -250,7 +350,10 @@ pub fn check_caps(f: &HostFacts) -> Check {
         (Some(m), Some(n)) if n > 0 => ok(NAME, format!("major {m}, {n} mig-minors entries")),
         (Some(m), _) => fail(
             NAME,
-            format!("major {m}, but /proc/driver/nvidia-caps/mig-minors is missing or empty"),
+            format!(
+                "major {m}, but {} is missing or empty",
+                minors_path.display()
+            ),
             "load a driver with MIG support (>= 470) and set NVreg_ModifyDeviceFiles=1 (the default)",
         ),
         (None, _) => fail(
@@ -263,6 +366,24 @@ pub fn check_caps(f: &HostFacts) -> Check {
 
 pub fn check_mps(f: &HostFacts) -> Check {
     const NAME: &str = "MPS control";
+    if simulated(f) {
+        return ok(NAME, "simulated MPS (backend = \"sim\")");
+    }
+    if let Some(p) = f.daemon.as_ref().and_then(|d| d.mps_control.as_ref()) {
+        return match std::fs::metadata(p) {
+            Ok(m) if m.is_file() && m.mode() & 0o111 != 0 => {
+                ok(NAME, format!("{} ([nvml] mps_control)", p.display()))
+            }
+            _ => fail(
+                NAME,
+                format!(
+                    "[nvml] mps_control {} is not an executable file",
+                    p.display()
+                ),
+                "point [nvml] mps_control at nvidia-cuda-mps-control; MPS leases fail without it",
+            ),
+        };
+    }
     match &f.mps_control {
         Some(p) => ok(NAME, format!("{}", p.display())),
         None => warn(
@@ -586,6 +707,118 @@ fn group_name(gid: u32) -> Option<String> {
     })
 }
 
+#[derive(Debug, Default, serde::Deserialize)]
+struct RawConfig {
+    #[serde(default)]
+    daemon: RawDaemon,
+    #[serde(default)]
+    gpu: RawGpu,
+    #[serde(default)]
+    nvml: RawNvml,
+    #[serde(default)]
+    devices: RawDevices,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+struct RawDaemon {
+    socket: Option<PathBuf>,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+struct RawGpu {
+    backend: Option<String>,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+struct RawNvml {
+    library_path: Option<PathBuf>,
+    mig_minors_path: Option<PathBuf>,
+    mps_control: Option<PathBuf>,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+struct RawDevices {
+    nvidia_caps_major: Option<u32>,
+}
+
+/// The parts of tesserad's config the checks use, and its socket.
+pub fn read_daemon_config(path: &Path) -> anyhow::Result<(DaemonView, Option<PathBuf>)> {
+    use anyhow::Context as _;
+    let text = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
+    let raw: RawConfig = toml::from_str(&text)
+        .with_context(|| format!("{}: not a tesserad config", path.display()))?;
+    Ok((
+        DaemonView {
+            path: path.to_path_buf(),
+            backend: raw.gpu.backend.unwrap_or_else(|| "sim".into()),
+            library_path: raw.nvml.library_path,
+            mig_minors_path: raw.nvml.mig_minors_path,
+            mps_control: raw.nvml.mps_control,
+            nvidia_caps_major: raw.devices.nvidia_caps_major,
+        },
+        raw.daemon.socket,
+    ))
+}
+
+/// NVML through `library` (None: libnvidia-ml.so.1 from the loader path), as the
+/// daemon loads it.
+pub fn nvml_facts(library: Option<&Path>) -> Result<NvmlFacts, String> {
+    let nvml = match library {
+        Some(p) => nvml_wrapper::Nvml::builder().lib_path(p.as_os_str()).init(),
+        None => nvml_wrapper::Nvml::init(),
+    }
+    .map_err(|e| e.to_string())?;
+    let driver_version = nvml.sys_driver_version().map_err(|e| e.to_string())?;
+    let count = nvml.device_count().map_err(|e| e.to_string())?;
+    let gpus = (0..count)
+        .map(|i| {
+            let d = nvml
+                .device_by_index(i)
+                .map_err(|e| format!("GPU {i}: {e}"))?;
+            let name = d.name().map_err(|e| format!("GPU {i}: {e}"))?;
+            let (cur, pend) = match d.mig_mode() {
+                Ok(m) => (m.current == 1, m.pending == 1),
+                Err(nvml_wrapper::error::NvmlError::NotSupported) => (false, false),
+                Err(e) => return Err(format!("GPU {i}: {e}")),
+            };
+            d.memory_info().map_err(|e| format!("GPU {i}: {e}"))?;
+            Ok((i, name, cur, pend))
+        })
+        .collect();
+    Ok(NvmlFacts {
+        library: library.map_or_else(
+            || "libnvidia-ml.so.1".to_owned(),
+            |p| p.display().to_string(),
+        ),
+        driver_version,
+        gpus,
+    })
+}
+
+/// Read this host's facts as the daemon of `config` would use it.
+pub fn gather_for(
+    socket: &Path,
+    containerd_config: &Path,
+    config: Option<&Path>,
+) -> anyhow::Result<HostFacts> {
+    let Some(path) = config else {
+        return Ok(gather(socket, containerd_config));
+    };
+    let (view, config_socket) = read_daemon_config(path)?;
+    let mut f = gather(
+        config_socket.as_deref().unwrap_or(socket),
+        containerd_config,
+    );
+    if let Some(p) = &view.mig_minors_path {
+        f.mig_minors = std::fs::read_to_string(p).ok();
+    }
+    if view.backend == "nvml" {
+        f.nvml = Some(nvml_facts(view.library_path.as_deref()));
+    }
+    f.daemon = Some(view);
+    Ok(f)
+}
+
 /// Read this host's facts.
 pub fn gather(socket: &Path, containerd_config: &Path) -> HostFacts {
     let smi = which("nvidia-smi");
@@ -617,6 +850,8 @@ pub fn gather(socket: &Path, containerd_config: &Path) -> HostFacts {
             std::fs::read_to_string(containerd_config).ok(),
         )),
         socket: Some(socket_facts(socket)),
+        daemon: None,
+        nvml: None,
     }
 }
 
@@ -648,8 +883,13 @@ pub fn render(checks: &[Check]) -> String {
 }
 
 /// Run the checks on this host and print them. Returns true when nothing FAILed.
-pub fn run_doctor(socket: &Path, containerd_config: &Path, json: bool) -> anyhow::Result<bool> {
-    let checks = run_checks(&gather(socket, containerd_config));
+pub fn run_doctor(
+    socket: &Path,
+    containerd_config: &Path,
+    config: Option<&Path>,
+    json: bool,
+) -> anyhow::Result<bool> {
+    let checks = run_checks(&gather_for(socket, containerd_config, config)?);
     if json {
         output::print_json(&checks)?;
     } else {

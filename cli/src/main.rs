@@ -81,6 +81,11 @@ enum Command {
         /// containerd's config file (checked for the "tessera" runtime).
         #[arg(long, default_value = "/etc/containerd/config.toml")]
         containerd_config: PathBuf,
+        /// tesserad's config file: check the host as that daemon would use it (its
+        /// backend, its [nvml] library, mig-minors file and MPS control, its
+        /// [devices] majors, its socket). Without it the host's defaults.
+        #[arg(long)]
+        config: Option<PathBuf>,
     },
 }
 
@@ -138,9 +143,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     if let Command::Audit(a) = &cli.command {
         return audit::run(a, cli.json);
     }
-    if let Command::Doctor { containerd_config } = &cli.command {
+    if let Command::Doctor {
+        containerd_config,
+        config,
+    } = &cli.command
+    {
         // Needs no daemon: the socket is one of the things it inspects.
-        if !doctor::run_doctor(&cli.socket, containerd_config, cli.json)? {
+        if !doctor::run_doctor(&cli.socket, containerd_config, config.as_deref(), cli.json)? {
             anyhow::bail!("the host is not ready (see the FAIL lines above)");
         }
         return Ok(());

@@ -287,3 +287,44 @@ fn mig_profiles_that_cannot_be_read_are_said_and_offer_no_capacity() {
         assert!(!g0.profiles.is_empty(), "{g0:?}");
     });
 }
+
+#[test]
+fn doctor_checks_the_host_the_daemon_s_config_names() {
+    let d = TestDaemon::configure(tessera_integration_tests::DEV_GPUS, "").unwrap();
+    let config = d.config.to_string_lossy().into_owned();
+    let doctor = || {
+        // Other checks (containerd, AppArmor) may FAIL on a test host: only the
+        // lines about the GPUs are looked at.
+        d.cli(&["doctor", "--config", &config]).1
+    };
+    let line = |out: &str, name: &str| {
+        out.lines()
+            .find(|l| l.contains(name))
+            .unwrap_or_else(|| panic!("no {name} line:\n{out}"))
+            .to_owned()
+    };
+    let out = doctor();
+    match tessera_integration_tests::backend() {
+        tessera_integration_tests::Backend::Sim => {
+            assert!(
+                line(&out, "nvidia driver").contains("backend is \"sim\""),
+                "{out}"
+            );
+        }
+        tessera_integration_tests::Backend::Nvml => {
+            let driver = line(&out, "nvidia driver");
+            assert!(
+                driver.starts_with("OK") && driver.contains("libnvidia-ml.so.1"),
+                "{out}"
+            );
+            let mig = line(&out, "MIG mode");
+            assert!(mig.contains("enabled on GPU 0, 1"), "{out}");
+            assert!(line(&out, "nvidia-caps").starts_with("OK"), "{out}");
+            assert!(line(&out, "MPS control").starts_with("OK"), "{out}");
+            d.sim(&["lose", "--gpu", "1"]);
+            let out = doctor();
+            let mig = line(&out, "MIG mode");
+            assert!(mig.starts_with("WARN") && mig.contains("GPU 1"), "{out}");
+        }
+    }
+}
