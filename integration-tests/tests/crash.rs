@@ -911,3 +911,56 @@ fn failed_and_blocked_teardowns_finish_later_even_across_a_restart() {
     });
     assert!(!d.log().contains("not created by tesserad"), "{}", d.log());
 }
+
+/// A teardown that keeps failing at the GPU instance's destroy (over NVML the
+/// compute instance is already gone then), the daemon killed: the start finishes
+/// it, and nothing is left or set aside as foreign.
+#[test]
+fn a_teardown_that_failed_halfway_is_finished_after_a_restart() {
+    let mut d = TestDaemon::start_with(GPUS, "").unwrap();
+    let sim = sim_of(&d);
+    let r = rt();
+    let id = r.block_on(async {
+        let mut c = d.client().await.unwrap();
+        let mut req = create_req("team-a", shape::mig("3g.40gb"));
+        req.gpu_index = Some(0);
+        let l = c
+            .create_lease(req)
+            .await
+            .unwrap()
+            .into_inner()
+            .lease
+            .unwrap();
+        assert_eq!(sim.instances(0).unwrap().len(), 1);
+        d.sim(&["fault", "--call", "destroy_instance", "--fail-rate", "1"]);
+        let rel = c
+            .release_lease(pb::ReleaseLeaseRequest {
+                lease_id: l.id.clone(),
+                reason: String::new(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .lease
+            .unwrap();
+        assert_eq!(rel.state, pb::LeaseState::Revoking as i32);
+        l.id
+    });
+    d.kill().unwrap();
+    d.sim(&["clear-faults"]);
+    d.spawn().unwrap();
+    r.block_on(async {
+        let mut c = d.client().await.unwrap();
+        let state = wait_for_state(&mut c, &id, pb::LeaseState::Released).await;
+        assert_eq!(state, pb::LeaseState::Released as i32);
+        assert!(sim.instances(0).unwrap().is_empty(), "the GI was left");
+        let (v, _) = check_structure(&mut c, &*sim).await;
+        assert!(v.is_empty(), "{v:?}");
+        let node = c
+            .get_node(pb::GetNodeRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(node.gpus[0].free_slices, 8, "{:?}", node.gpus[0]);
+    });
+}
