@@ -218,21 +218,21 @@ fn main() -> ExitCode {
     let store = match open_store_beside(&cfg) {
         Ok(s) => s,
         Err(e) => {
-            error!("{e:#}");
+            error!("{}", error_chain(&e));
             return ExitCode::FAILURE;
         }
     };
     let backend = match open_backend(&cfg) {
         Ok(b) => b,
         Err(e) => {
-            error!("{e:#}");
+            error!("{}", error_chain(&e));
             return ExitCode::from(EXIT_UNAVAILABLE);
         }
     };
     match rt.block_on(run(cfg, checked, backend, store)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            error!("{e:#}");
+            error!("{}", error_chain(&e));
             ExitCode::FAILURE
         }
     }
@@ -597,4 +597,21 @@ async fn feed_watchdog(mgr: Arc<LeaseManager>, mut stop: tokio::sync::watch::Rec
             );
         }
     }
+}
+
+/// An error and its causes, each once: a cause whose words its error already says
+/// (thiserror's `"...: {0}"` over a `#[from]` source) is not said again.
+fn error_chain(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
 }

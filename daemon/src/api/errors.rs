@@ -142,7 +142,15 @@ fn hardware_may_recover(e: &crate::gpu::GpuError) -> bool {
     use crate::gpu::NvmlCode as C;
     matches!(
         e.nvml_code(),
-        Some(C::GpuIsLost | C::InUse | C::Unknown | C::DriverNotLoaded | C::Uninitialized)
+        Some(
+            C::GpuIsLost
+                | C::InUse
+                | C::Unknown
+                | C::DriverNotLoaded
+                | C::Uninitialized
+                | C::Timeout
+                | C::NotReady
+        )
     ) || matches!(e, crate::gpu::GpuError::Task(_))
 }
 
