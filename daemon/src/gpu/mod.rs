@@ -135,6 +135,47 @@ impl NvmlCode {
         NvmlCode::Unknown,
     ];
 
+    /// NVML's name of the code (`NVML_ERROR_IN_USE`).
+    pub fn name(self) -> &'static str {
+        const NAMES: [&str; 31] = [
+            "NVML_ERROR_UNINITIALIZED",
+            "NVML_ERROR_INVALID_ARGUMENT",
+            "NVML_ERROR_NOT_SUPPORTED",
+            "NVML_ERROR_NO_PERMISSION",
+            "NVML_ERROR_ALREADY_INITIALIZED",
+            "NVML_ERROR_NOT_FOUND",
+            "NVML_ERROR_INSUFFICIENT_SIZE",
+            "NVML_ERROR_INSUFFICIENT_POWER",
+            "NVML_ERROR_DRIVER_NOT_LOADED",
+            "NVML_ERROR_TIMEOUT",
+            "NVML_ERROR_IRQ_ISSUE",
+            "NVML_ERROR_LIBRARY_NOT_FOUND",
+            "NVML_ERROR_FUNCTION_NOT_FOUND",
+            "NVML_ERROR_CORRUPTED_INFOROM",
+            "NVML_ERROR_GPU_IS_LOST",
+            "NVML_ERROR_RESET_REQUIRED",
+            "NVML_ERROR_OPERATING_SYSTEM",
+            "NVML_ERROR_LIB_RM_VERSION_MISMATCH",
+            "NVML_ERROR_IN_USE",
+            "NVML_ERROR_MEMORY",
+            "NVML_ERROR_NO_DATA",
+            "NVML_ERROR_VGPU_ECC_NOT_SUPPORTED",
+            "NVML_ERROR_INSUFFICIENT_RESOURCES",
+            "NVML_ERROR_FREQ_NOT_SUPPORTED",
+            "NVML_ERROR_ARGUMENT_VERSION_MISMATCH",
+            "NVML_ERROR_DEPRECATED",
+            "NVML_ERROR_NOT_READY",
+            "NVML_ERROR_GPU_NOT_FOUND",
+            "NVML_ERROR_INVALID_STATE",
+            "NVML_ERROR_RESET_TYPE_NOT_SUPPORTED",
+            "NVML_ERROR_UNKNOWN",
+        ];
+        NvmlCode::ALL
+            .iter()
+            .position(|c| *c == self)
+            .map_or("NVML_ERROR_UNKNOWN", |i| NAMES[i])
+    }
+
     /// The `nvmlReturn_t` value.
     pub fn value(self) -> u32 {
         match self {
@@ -160,7 +201,7 @@ impl NvmlCode {
 #[derive(Debug, thiserror::Error)]
 pub enum GpuError {
     /// An NVML call failed with a return code (the sim reproduces these codes).
-    #[error("{call} failed: NVML_ERROR_{code:?}: {detail}")]
+    #[error("{call} failed: {}: {detail}", code.name())]
     Nvml {
         call: &'static str,
         code: NvmlCode,

@@ -1173,6 +1173,15 @@ mod tests {
             NvmlCode::InsufficientSize
         );
         assert_eq!(
+            NvmlCode::InsufficientSize.name(),
+            "NVML_ERROR_INSUFFICIENT_SIZE"
+        );
+        assert_eq!(NvmlCode::GpuIsLost.name(), "NVML_ERROR_GPU_IS_LOST");
+        assert_eq!(
+            NvmlCode::ResetTypeNotSupported.name(),
+            "NVML_ERROR_RESET_TYPE_NOT_SUPPORTED"
+        );
+        assert_eq!(
             code_of_return(sys::nvmlReturn_enum_NVML_ERROR_UNKNOWN),
             NvmlCode::Unknown
         );
