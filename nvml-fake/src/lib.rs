@@ -592,7 +592,7 @@ pub unsafe extern "C" fn nvmlDeviceSetMigMode(
     }))
 }
 
-/// Attributes: NVML answers them for MIG devices (and, on recent drivers, GPUs).
+/// Attributes: NVML answers them for MIG devices only.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetAttributes_v2(
     device: sys::nvmlDevice_t,
@@ -619,7 +619,9 @@ pub unsafe extern "C" fn nvmlDeviceGetAttributes_v2(
                 };
                 (sms, row.slices, c.slices, row.memory_mib)
             }
-            _ => (g.model.sm_count(), 7, 7, g.model.memory_bytes() >> 20),
+            // The driver answers attributes for MIG devices only (driver 580 on an
+            // H200 answers NOT_SUPPORTED for the whole GPU).
+            _ => return Err(NOT_SUPPORTED),
         };
         // SAFETY: checked non-null above.
         unsafe {
@@ -775,6 +777,10 @@ pub unsafe extern "C" fn nvmlDeviceGetTopologyCommonAncestor(
             if gb as usize >= st.gpus.len() {
                 return Err(INVALID_ARGUMENT);
             }
+            if ga == gb {
+                // The real driver has no common ancestor of a GPU with itself.
+                return Err(NOT_SUPPORTED);
+            }
             let v = st.board.level(ga, gb, st.gpus.len() as u32);
             // SAFETY: checked non-null above.
             unsafe { put(level, v) };
@@ -907,7 +913,7 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceProfileInfoV(
         Some(gpu),
         false,
         |st| {
-            mig_on(st, gpu)?;
+            // Answered with MIG disabled too, as the real driver does.
             let model = st.gpus[gpu as usize].model;
             let row = model.gi_row(profile).ok_or(NOT_SUPPORTED)?;
             // SAFETY: checked non-null; `version` is the caller's.
@@ -1127,7 +1133,7 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstances(
         Err(e) => return e,
     };
     ret(call("nvmlDeviceGetGpuInstances", Some(gpu), false, |st| {
-        mig_on(st, gpu)?;
+        // With MIG disabled there are none (SUCCESS, 0), as the real driver answers.
         let g = &st.gpus[gpu as usize];
         g.model.gi_row(profile).ok_or(INVALID_ARGUMENT)?;
         let ids: Vec<u32> = g

@@ -182,6 +182,8 @@ fn devices_read_through_nvml_wrapper_as_the_real_library_s() {
     assert_eq!(d0.mig_mode().unwrap().current, sys::NVML_DEVICE_MIG_ENABLE);
     let d1 = nvml.device_by_index(1).unwrap();
     assert_eq!(d1.mig_mode().unwrap().current, sys::NVML_DEVICE_MIG_DISABLE);
+    // As driver 580 answers on an H200: no attributes for a whole GPU.
+    assert!(matches!(d0.attributes(), Err(NvmlError::NotSupported)));
     assert!(d1.running_compute_processes().unwrap().is_empty());
     m.ctl(&["process", "1", "4242", "1073741824"]);
     let procs = d1.running_compute_processes().unwrap();
