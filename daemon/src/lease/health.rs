@@ -185,13 +185,26 @@ impl LeaseManager {
             }
             return Ok(None);
         };
+        // A GPU that could not be read is read again first: one that still does
+        // not answer stays out of service, whoever asks (nothing of it is known to
+        // serve a lease with: its device node, its memory, its mode).
+        if gi_id.is_none()
+            && let Err(e) = self.refresh_gpu(gpu).await
+        {
+            let unreadable = self
+                .lock()
+                .gpus
+                .iter()
+                .any(|g| g.info.index == gpu && g.info.fault.is_some());
+            if unreadable {
+                return Err(LeaseError::Hardware(e));
+            }
+            warn!(gpu, error = %e, "could not read the MIG profiles of a GPU back in service");
+        }
         let key = mark.key();
         self.store
             .write(move |w| w.delete_health_mark(&key))
             .await?;
-        if gi_id.is_none() {
-            self.reload_profiles(gpu).await;
-        }
         info!(mark = %mark.describe(), source = source.as_str(), why, "back in service");
         let affected = {
             let mut st = self.lock();
@@ -212,14 +225,6 @@ impl LeaseManager {
             );
         }
         Ok(Some(mark))
-    }
-
-    /// A GPU that was lost at start has no MIG profiles read: read them now that it
-    /// is back. (Its open intents and records are reconciled at the next start.)
-    async fn reload_profiles(&self, gpu: u32) {
-        if let Err(e) = self.refresh_gpu(gpu).await {
-            warn!(gpu, error = %e, "could not read the MIG profiles of a GPU back in service");
-        }
     }
 
     /// A GPU that did not answer (at start or since) read again: its description
