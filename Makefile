@@ -74,11 +74,13 @@ PYTHON ?= python3
 # there, or "-" to ask dpkg. python3-venv is added when $(PYTHON) cannot make a venv
 # (Debian's python3 lacks ensurepip without it); npm installs buf. The CRI suite's pods
 # get a CNI bridge without uplink (containernetworking-plugins; iproute2's `ip` removes
-# it afterwards); the podman suite runs Debian's podman 4 and conmon.
+# it afterwards); the podman suite runs Debian's podman 4 and conmon; promtool (from
+# Debian's prometheus package, whose server is stopped again if its install started
+# it) tests the alert rules in deploy/monitoring.
 DEPS := runc:runc containerd:containerd busybox-static:- libseccomp-dev:- \
         protobuf-compiler:protoc pkg-config:pkg-config build-essential:cc \
         python3:$(PYTHON) npm:npm containernetworking-plugins:- iproute2:ip \
-        podman:podman conmon:conmon
+        podman:podman conmon:conmon prometheus:promtool
 
 # Python for the grpcio client test (integration-tests/tests/python_client.rs) and
 # docs/examples/python: a venv this Makefile owns, with the pinned requirements.
@@ -129,6 +131,10 @@ deps:
 	  else echo "deps: missing $${missing[*]} and not root (no sudo): install them first" >&2; exit 1; fi; \
 	  "$${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q; \
 	  "$${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$${missing[@]}"; \
+	  if [[ " $${missing[*]} " == *" prometheus "* ]] && pgrep -x prometheus >/dev/null; then \
+	    echo "deps: stopping the prometheus server its package started (only promtool is needed)"; \
+	    "$${sudo[@]}" sh -c 'invoke-rc.d prometheus stop || pkill -x prometheus' || true; \
+	  fi; \
 	fi; \
 	for tool in clippy fmt; do \
 	  if $(CARGO) $$tool --version >/dev/null 2>&1; then continue; fi; \
