@@ -3,7 +3,7 @@
 #   make run      tesserad on simulated GPUs (configs/dev.toml), in the foreground
 #   make test     deps + fmt, clippy, buf + the whole test suite, Python client included (CI runs this as root)
 #   make deps     the Debian packages the tests need, installed only when missing
-#   make lint / fmt / build / bench / install / clean
+#   make lint / fmt / build / bench / install / deb / clean
 #   make buf      lint proto/ and check it for breaking changes (buf from npm, under the target dir)
 #   make python   a venv with grpcio (pinned) and Python stubs generated from proto/
 
@@ -76,11 +76,11 @@ PYTHON ?= python3
 # get a CNI bridge without uplink (containernetworking-plugins; iproute2's `ip` removes
 # it afterwards); the podman suite runs Debian's podman 4 and conmon; promtool (from
 # Debian's prometheus package, whose server is stopped again if its install started
-# it) tests the alert rules in deploy/monitoring.
+# it) tests the alert rules in deploy/monitoring; lintian checks the Debian package.
 DEPS := runc:runc containerd:containerd busybox-static:- libseccomp-dev:- \
         protobuf-compiler:protoc pkg-config:pkg-config build-essential:cc \
         python3:$(PYTHON) npm:npm containernetworking-plugins:- iproute2:ip \
-        podman:podman conmon:conmon prometheus:promtool
+        podman:podman conmon:conmon prometheus:promtool lintian:lintian
 
 # Python for the grpcio client test (integration-tests/tests/python_client.rs) and
 # docs/examples/python: a venv this Makefile owns, with the pinned requirements.
@@ -97,7 +97,7 @@ BUF_DIR ?= $(TARGET_DIR)/buf
 BUF := $(BUF_DIR)/node_modules/.bin/buf
 BUF_AGAINST ?= HEAD~1
 
-.PHONY: all run deps test lint fmt build bench install clean help buf buf-install pyvenv python static-runtime-test
+.PHONY: all run deps test lint fmt build bench install deb clean help buf buf-install pyvenv python static-runtime-test
 
 all: build
 
@@ -284,6 +284,12 @@ install:
 	done; \
 	[ $$found = 1 ] || echo "install: WARNING: no AppArmor profiles under $(CONFIGS)/apparmor" >&2
 	@echo "install: done. Then: systemd-sysusers; systemd-tmpfiles --create; systemctl daemon-reload; systemctl enable --now tesserad"
+
+# The Debian package, from the binaries of PROFILE (`make build` first for dist):
+# $(TARGET_DIR)/deb/tessera_<version>_<arch>.deb. See deploy/debian/build-deb.sh.
+deb:
+	@if [ "$(PROFILE)" = dist ]; then $(MAKE) build; fi
+	deploy/debian/build-deb.sh --profile $(PROFILE) --out $(TARGET_DIR)/deb
 
 clean:
 	$(CARGO) clean
