@@ -3,7 +3,7 @@
 #   make run      tesserad on simulated GPUs (configs/dev.toml), in the foreground
 #   make test     deps + fmt, clippy, buf + the whole test suite, Python client included (CI runs this as root)
 #   make deps     the Debian packages the tests need, installed only when missing
-#   make lint / fmt / build / bench / install / deb / clean
+#   make lint / fmt / build / bench / install / deb / image / clean
 #   make buf      lint proto/ and check it for breaking changes (buf from npm, under the target dir)
 #   make python   a venv with grpcio (pinned) and Python stubs generated from proto/
 
@@ -97,7 +97,7 @@ BUF_DIR ?= $(TARGET_DIR)/buf
 BUF := $(BUF_DIR)/node_modules/.bin/buf
 BUF_AGAINST ?= HEAD~1
 
-.PHONY: all run deps test lint fmt build bench install deb clean help buf buf-install pyvenv python static-runtime-test
+.PHONY: all run deps test lint fmt build bench install deb image clean help buf buf-install pyvenv python static-runtime-test
 
 all: build
 
@@ -290,6 +290,16 @@ install:
 deb:
 	@if [ "$(PROFILE)" = dist ]; then $(MAKE) build; fi
 	deploy/debian/build-deb.sh --profile $(PROFILE) --out $(TARGET_DIR)/deb
+
+# The DaemonSet's image, built with podman from the binaries of PROFILE on a scratch
+# base (no registry): tessera:<version>. deploy/image/stage-rootfs.sh stages it; the
+# registry-based deploy/kubernetes/Dockerfile uses the same script.
+IMAGE ?= localhost/tessera:$(shell sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' Cargo.toml)
+image:
+	@if [ "$(PROFILE)" = dist ]; then $(MAKE) build; fi
+	deploy/image/stage-rootfs.sh $(TARGET_DIR)/$(PROFILE) $(RUNTIME_BIN) $(TARGET_DIR)/image-rootfs
+	podman build --network none -f deploy/image/Containerfile -t $(IMAGE) $(TARGET_DIR)/image-rootfs
+	@podman image inspect --format '$(IMAGE): {{.Size}} bytes' $(IMAGE)
 
 clean:
 	$(CARGO) clean

@@ -156,6 +156,9 @@ pub struct AuthConfig {
     /// Rules in order; the first match wins. uid 0 is always admin.
     pub principals: Vec<PrincipalRule>,
     pub tls: Option<TlsConfig>,
+    /// The process whose mount and PID namespaces are the host's (default 1, init):
+    /// a caller in other namespaces is inside a container.
+    pub host_pid: i32,
 }
 
 /// Amounts counted against quotas.
@@ -323,6 +326,7 @@ struct RawAuth {
     #[serde(default)]
     principals: Vec<RawPrincipal>,
     tls: Option<RawTls>,
+    host_pid: Option<i32>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -792,7 +796,18 @@ fn validate_auth(v: &Validator<'_>, raw: RawAuth) -> Result<AuthConfig, ConfigEr
             })
         }
     };
-    Ok(AuthConfig { principals, tls })
+    let host_pid = raw.host_pid.unwrap_or(1);
+    if host_pid < 1 {
+        return Err(v.err(
+            "auth.host_pid",
+            format!("{host_pid} is not a pid (1 or more)"),
+        ));
+    }
+    Ok(AuthConfig {
+        principals,
+        tls,
+        host_pid,
+    })
 }
 
 fn validate_tenancy(

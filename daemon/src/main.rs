@@ -404,6 +404,7 @@ async fn run(
             .context("opening the audit log")?,
     );
     info!(audit = %audit.path().display(), "audit log opened");
+    tesserad::api::auth::set_host_pid(cfg.auth.host_pid);
     let auth = Arc::new(Authenticator::new(cfg.auth.principals.clone()));
     if cfg.tenancy.tenants.is_empty() {
         warn!("no [tenants] configured: quotas are off, every tenant may use any free capacity");
