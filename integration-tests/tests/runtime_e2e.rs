@@ -106,7 +106,7 @@ impl World {
     fn bundle(&self, name: &str, args: &[&str], token: &str) -> PathBuf {
         let b = self.dir.path().join(name);
         let mut spec = common::base_spec(args);
-        spec["root"]["path"] = json!(self.dir.path().join("rootfs"));
+        spec["root"]["path"] = json!(common::bundle_rootfs(self.dir.path(), &b));
         spec["annotations"] = json!({ "tessera.io/lease-token": token });
         common::write_spec(&b, &spec);
         b

@@ -70,11 +70,13 @@ impl Host {
             .unwrap();
         }
         std::fs::write(d.join("tessera-run/tesserad.sock"), "").unwrap();
-        // runc's record of the pod sandbox: its init process.
-        std::fs::create_dir_all(d.join("runc-root").join(SANDBOX)).unwrap();
+        // runc's record of the pod sandbox (this test process stands for its init).
+        sandbox_state(std::process::id()).write(&d.join("runc-root"));
+        // podman's record of its container podctr: its layer.
+        std::fs::create_dir_all(d.join("storage/overlay-containers")).unwrap();
         std::fs::write(
-            d.join("runc-root").join(SANDBOX).join("state.json"),
-            r#"{"id": "sandbox", "init_process_pid": 4242, "config": {}}"#,
+            d.join("storage/overlay-containers/containers.json"),
+            r#"[{"id": "otherctr", "layer": "def"}, {"id": "podctr", "layer": "abc"}]"#,
         )
         .unwrap();
         let config = d.join("runtime.toml");
@@ -146,6 +148,18 @@ fn reasons(out: &Value) -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// runc's record of the pod sandbox, its init process `pid`.
+fn sandbox_state(pid: u32) -> common::SandboxState<'static> {
+    common::SandboxState {
+        id: SANDBOX,
+        pod_uid: POD_UID,
+        namespace: "team-a",
+        name: "app-0",
+        pid,
+        cgroups_path: "/kubepods/burstable/pod0b5c3c9e-6b1e-4b7f-9e0a-1f2d3c4b5a69/5e1c0ffee5e1c0ffee5e1c0ffee5e1c0ffee5e1c0ffee5e1c0ffee5e1c0ffee0",
+    }
 }
 
 /// A benign CRI container spec of the pod (SANDBOX, POD_UID).
@@ -805,7 +819,14 @@ fn what_real_callers_send_is_admitted() {
     sandbox["process"]["oomScoreAdj"] = json!(-998);
     let (code, out) = h.check_id("cri-sandbox", &sandbox, SANDBOX);
     assert_eq!(code, 0, "CRI sandbox: {:?}", reasons(&out));
-    // systemd cgroup driver form.
+    // systemd cgroup driver form: the sandbox's record in it too.
+    let slice = format!("kubepods-burstable-pod{}.slice", POD_UID.replace('-', "_"));
+    let sd_path = format!("{slice}:cri-containerd:{SANDBOX}");
+    common::SandboxState {
+        cgroups_path: &sd_path,
+        ..sandbox_state(std::process::id())
+    }
+    .write(&h.dir.path().join("runc-root"));
     let mut sd = pod_container(&h);
     sd["linux"]["cgroupsPath"] = json!(format!(
         "kubepods-burstable-pod{}.slice:cri-containerd:c1",
@@ -883,15 +904,7 @@ fn a_container_joins_only_its_own_sandboxs_namespaces() {
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    std::fs::write(
-        h.dir
-            .path()
-            .join("runc-root")
-            .join(SANDBOX)
-            .join("state.json"),
-        format!(r#"{{"id": "{SANDBOX}", "init_process_pid": {pid}, "config": {{}}}}"#),
-    )
-    .unwrap();
+    sandbox_state(pid).write(&h.dir.path().join("runc-root"));
     let mut spec = pod_container(&h);
     spec["linux"]["namespaces"] = json!([
         {"type": "pid"}, {"type": "mount"},

@@ -306,6 +306,7 @@ fn pod_sandbox_gets_baseline_even_with_the_pods_token() {
     spec["annotations"] = serde_json::json!({
         "io.kubernetes.cri.container-type": "sandbox",
         "io.kubernetes.cri.sandbox-id": "pause1",
+        "io.kubernetes.cri.sandbox-uid": "0b5c3c9e",
         "tessera.io/lease-token": "tok"
     });
     // A tenant container that only claims to be a sandbox (another id) gets no

@@ -88,7 +88,7 @@ impl Env {
         let b = self.dir.path().join(name);
         std::fs::create_dir_all(&b).unwrap();
         let mut spec = common::base_spec(args);
-        spec["root"]["path"] = json!(self.dir.path().join("rootfs"));
+        spec["root"]["path"] = json!(common::bundle_rootfs(self.dir.path(), &b));
         if let Some(t) = token {
             spec["annotations"] = json!({"tessera.io/lease-token": t});
         }
@@ -370,7 +370,7 @@ fn bad_tokens_and_no_daemon_are_refused() {
 fn true_bundle(dir: &Path, name: &str, token: &str) -> (PathBuf, Value) {
     let b = dir.join(name);
     let mut spec = common::base_spec(&["true"]);
-    spec["root"]["path"] = json!(dir.join("rootfs"));
+    spec["root"]["path"] = json!(common::bundle_rootfs(dir, &b));
     spec["annotations"] = json!({"tessera.io/lease-token": token});
     common::write_spec(&b, &spec);
     (b, spec)
