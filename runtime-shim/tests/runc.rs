@@ -426,11 +426,16 @@ fn bind_failure_refuses() {
         let on_disk: Value =
             serde_json::from_slice(&std::fs::read(b.join("config.json")).unwrap()).unwrap();
         assert_eq!(on_disk, spec);
-        let names: Vec<String> = std::fs::read_dir(&b)
+        let mut names: Vec<String> = std::fs::read_dir(&b)
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
-        assert_eq!(names, ["config.json"], "left in the bundle: {names:?}");
+        names.sort();
+        assert_eq!(
+            names,
+            ["config.json", "rootfs"],
+            "left in the bundle: {names:?}"
+        );
         // runc made no container.
         let state = Command::new(common::which("runc").unwrap())
             .arg("--root")

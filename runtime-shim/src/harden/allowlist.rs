@@ -72,7 +72,7 @@ pub const TABLE: &[Field] = &[
         "/root/path",
         Checked,
         false,
-        "inside the bundle or a container-storage root, root-owned, passed to runc canonical",
+        "inside the bundle or the engine's recorded rootfs of this container, root-owned, passed to runc canonical",
     ),
     f(
         "/root/readonly",
@@ -406,7 +406,7 @@ pub const TABLE: &[Field] = &[
         "/linux/cgroupsPath",
         Checked,
         false,
-        "the pod's cgroup (cgroupfs or systemd form) ending in this container, or the lease's tree; never a host slice or another container's",
+        "inside the pod's cgroup as runc recorded its sandbox (systemd slices expanded), or a configured parent outside Kubernetes; ending in this container",
     ),
     f("/linux/resources", Checked, true, "cgroup limits"),
     f(

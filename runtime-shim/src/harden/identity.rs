@@ -366,12 +366,17 @@ pub fn read_sandbox(root: &Path, id: &str) -> Result<Sandbox, String> {
     })
 }
 
-/// A process's start time (clock ticks after boot), from /proc/<pid>/stat.
+/// A live process's start time (clock ticks after boot), from /proc/<pid>/stat;
+/// `None` when it is gone or a zombie (dead, not yet reaped: its namespaces are gone).
 pub fn proc_start_time(pid: u32) -> Option<u64> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let (_, rest) = text.rsplit_once(')')?;
     // After the command: field 3 (state) onwards; the start time is field 22.
-    rest.split_whitespace().nth(19)?.parse().ok()
+    let mut fields = rest.split_whitespace();
+    if matches!(fields.next(), Some("Z" | "X" | "x")) {
+        return None;
+    }
+    fields.nth(18)?.parse().ok()
 }
 
 /// A cgroupfs `cgroupsPath` as components: absolute, no empty, `.` or `..` component.

@@ -538,6 +538,27 @@ fn check_tenant_binding(ident: &identity::Identity, ctx: &Context, f: &mut Findi
     }
 }
 
+/// A lease bound to a pod serves that pod only (its record's uid, or its sandbox's
+/// id): a container of another pod, or of none, is refused before anything is bound.
+fn check_lease_pod(ident: &identity::Identity, ctx: &Context, f: &mut Findings) {
+    let Some(lease) = ctx.lease else { return };
+    if lease.pod.is_empty() {
+        return;
+    }
+    match (ident.pod(), ident.sandbox_id()) {
+        (Some(p), _) if p.uid == lease.pod => {}
+        (_, Some(s)) if s == lease.pod => {}
+        (Some(p), _) => f.refuse(format!(
+            "the token of lease {} is bound to pod {}; pod {} may not use it",
+            lease.lease_id, lease.pod, p.uid
+        )),
+        (None, _) => f.refuse(format!(
+            "the token of lease {} is bound to pod {}; a container in no pod may not use it",
+            lease.lease_id, lease.pod
+        )),
+    }
+}
+
 fn ensure_paths(spec: &mut Value, key: &str, want: &[String]) {
     let Some(linux) = obj_entry(spec, "linux") else {
         return;
@@ -599,6 +620,7 @@ pub fn harden(mut spec: Value, ctx: &Context) -> Decision {
     }
     let ident = identity::identify(&spec, ctx, &mut f);
     check_tenant_binding(&ident, ctx, &mut f);
+    check_lease_pod(&ident, ctx, &mut f);
     check_hooks(&mut spec, &mut f);
     check_root(&spec, ctx, &mut f);
     allowlist::check(&mut spec, ctx, &ident, &mut f);

@@ -704,3 +704,14 @@ pub fn bundle_rootfs(dir: &Path, bundle: &Path) -> PathBuf {
     }
     dest
 }
+
+/// The start time of process `pid`, or `None` when it is gone or a zombie.
+pub fn proc_start_time_opt(pid: u32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = text.rsplit_once(')')?;
+    let mut fields = rest.split_whitespace();
+    if fields.next() == Some("Z") {
+        return None;
+    }
+    fields.nth(18)?.parse().ok()
+}
