@@ -112,6 +112,23 @@ impl World {
         b
     }
 
+    /// A pod sandbox of pod `uid`, made through the runtime (runc records it): its id.
+    fn sandbox(&self, uid: &str) -> String {
+        let sid = format!("e2e-sb-{uid}-{}", std::process::id());
+        let b = self.dir.path().join(format!("sandbox-{uid}"));
+        let mut spec = common::base_spec(&["sleep", "600"]);
+        spec["root"]["path"] = json!(common::bundle_rootfs(self.dir.path(), &b));
+        spec["annotations"] = json!({
+            "io.kubernetes.cri.container-type": "sandbox",
+            "io.kubernetes.cri.sandbox-id": sid,
+            "io.kubernetes.cri.sandbox-uid": uid,
+        });
+        common::write_spec(&b, &spec);
+        let out = self.runtime(&["create", "--bundle", b.to_str().unwrap(), &sid]);
+        assert!(out.status.success(), "sandbox {uid}: {}", text(&out));
+        sid
+    }
+
     fn runtime(&self, args: &[&str]) -> Output {
         let n = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -411,7 +428,26 @@ fn a_pod_container_stays_in_its_pod_cgroup_and_is_told_why_its_lease_ended() {
     let r = rt();
     let (lease, token, resolved) = w.lease(&r, shape::whole());
     w.mknod_lease_nodes(&resolved);
-    let pod_cgroup = format!("kubepods-e2e-{}/pod-a", std::process::id());
+    let top = format!("kubepods-e2e-{}", std::process::id());
+    let pod_cgroup_of = |uid: &str| format!("{top}/pod{uid}");
+    let pod_cgroup = pod_cgroup_of("pod-a");
+    // Each pod's sandbox, made through the runtime: runc's record of it is what the
+    // pod's containers are judged by.
+    for uid in ["pod-a", "pod-b"] {
+        let sid = format!("e2e-sb-{uid}-{}", std::process::id());
+        let b = w.dir.path().join(format!("sandbox-{uid}"));
+        let mut spec = common::base_spec(&["sleep", "600"]);
+        spec["root"]["path"] = json!(common::bundle_rootfs(w.dir.path(), &b));
+        spec["annotations"] = json!({
+            "io.kubernetes.cri.container-type": "sandbox",
+            "io.kubernetes.cri.sandbox-id": sid,
+            "io.kubernetes.cri.sandbox-uid": uid,
+        });
+        spec["linux"]["cgroupsPath"] = json!(format!("/{}/{sid}", pod_cgroup_of(uid)));
+        common::write_spec(&b, &spec);
+        let out = w.runtime(&["create", "--bundle", b.to_str().unwrap(), &sid]);
+        assert!(out.status.success(), "sandbox {uid}: {}", text(&out));
+    }
     let pod_bundle = |name: &str, pod: &str, id: &str| {
         let b = w.bundle(name, &["sh", "-c", "sleep 600"], &token);
         let term = b.join("termination-log");
@@ -419,8 +455,10 @@ fn a_pod_container_stays_in_its_pod_cgroup_and_is_told_why_its_lease_ended() {
         let mut spec: serde_json::Value =
             serde_json::from_slice(&std::fs::read(b.join("config.json")).unwrap()).unwrap();
         spec["annotations"]["io.kubernetes.cri.container-type"] = json!("container");
+        spec["annotations"]["io.kubernetes.cri.sandbox-id"] =
+            json!(format!("e2e-sb-{pod}-{}", std::process::id()));
         spec["annotations"]["io.kubernetes.cri.sandbox-uid"] = json!(pod);
-        spec["linux"]["cgroupsPath"] = json!(format!("/{pod_cgroup}/{id}"));
+        spec["linux"]["cgroupsPath"] = json!(format!("/{}/{id}", pod_cgroup_of(pod)));
         spec["mounts"].as_array_mut().unwrap().push(json!({
             "destination": "/dev/termination-log", "type": "bind",
             "source": term, "options": ["rbind", "rprivate", "rw"]}));
@@ -500,15 +538,21 @@ fn a_pod_container_stays_in_its_pod_cgroup_and_is_told_why_its_lease_ended() {
     assert!(!alive, "container init {pid} outlived its lease");
     let out = w.runtime(&["delete", "--force", &id]);
     assert!(out.status.success(), "delete: {}", text(&out));
+    for uid in ["pod-a", "pod-b"] {
+        let sid = format!("e2e-sb-{uid}-{}", std::process::id());
+        let _ = w.runtime(&["delete", "--force", &sid]);
+    }
     for ctl in [
         "pids", "memory", "cpu", "devices", "freezer", "blkio", "cpuset", "unified",
     ] {
-        let _ = std::fs::remove_dir(Path::new("/sys/fs/cgroup").join(ctl).join(&pod_cgroup));
-        let _ = std::fs::remove_dir(
-            Path::new("/sys/fs/cgroup")
-                .join(ctl)
-                .join(pod_cgroup.split('/').next().unwrap()),
-        );
+        for uid in ["pod-a", "pod-b"] {
+            let _ = std::fs::remove_dir(
+                Path::new("/sys/fs/cgroup")
+                    .join(ctl)
+                    .join(pod_cgroup_of(uid)),
+            );
+        }
+        let _ = std::fs::remove_dir(Path::new("/sys/fs/cgroup").join(ctl).join(&top));
     }
 }
 
@@ -784,12 +828,14 @@ fn a_second_start_judges_on_the_kept_answer_and_a_changed_one_is_refused_at_bind
     let script = format!("probe open /dev/nvidia{gpu}; probe open /dev/nvidia{other}");
     // Containers of one pod: the first bind claims the token for the pod, which the
     // answer kept after it says.
+    let sandbox = w.sandbox("pod-kept");
     let start = |name: &str| {
         let b = w.bundle(name, &["sh", "-c", &script], &token);
         let mut spec: serde_json::Value =
             serde_json::from_slice(&std::fs::read(b.join("config.json")).unwrap()).unwrap();
         spec["annotations"]["io.kubernetes.cri.container-type"] = json!("container");
         spec["annotations"]["io.kubernetes.cri.sandbox-uid"] = json!("pod-kept");
+        spec["annotations"]["io.kubernetes.cri.sandbox-id"] = json!(sandbox);
         common::write_spec(&b, &spec);
         let out = w.runtime(&["run", "--bundle", b.to_str().unwrap(), name]);
         assert!(out.status.success(), "{}", text(&out));

@@ -502,14 +502,14 @@ pub fn write_spec(bundle: &Path, spec: &Value) {
 /// A runtime.toml for tests: this host's runc, the given socket, AppArmor if-available,
 /// the 2025 runc CVEs acknowledged (CI runs Debian bookworm's runc 1.1.5, which
 /// predates their fixes: the runtime logs a warning for each container), and the
-/// cgroup parents of `ctr` in the tests' containerd namespace.
+/// cgroup parents of `ctr` in the tests' containerd namespace and of the systemd test.
 pub fn runtime_config(dir: &Path, socket: &Path, nvidia_proc: &Path, extra: &str) -> PathBuf {
     let runc = which("runc").unwrap_or_else(|| PathBuf::from("/usr/sbin/runc"));
     let p = dir.join("runtime.toml");
     std::fs::write(
         &p,
         format!(
-            "runc_path = {runc:?}\nstate_dir = {state:?}\ndaemon_socket = {socket:?}\ndaemon_timeout_ms = 3000\nnvidia_proc_root = {nvidia_proc:?}\nrunc_cve_acknowledged = [\"CVE-2025-31133\", \"CVE-2025-52565\", \"CVE-2025-52881\"]\n{extra}\n[policy]\napparmor = \"if-available\"\ncgroup_parents = [\"/default\", \"/tessera-test\"]\n",
+            "runc_path = {runc:?}\nstate_dir = {state:?}\ndaemon_socket = {socket:?}\ndaemon_timeout_ms = 3000\nnvidia_proc_root = {nvidia_proc:?}\nrunc_cve_acknowledged = [\"CVE-2025-31133\", \"CVE-2025-52565\", \"CVE-2025-52881\"]\n{extra}\n[policy]\napparmor = \"if-available\"\ncgroup_parents = [\"/default\", \"/tessera-test\", \"e2etest.slice\"]\n",
             state = dir.join("runtime-state"),
         ),
     )
