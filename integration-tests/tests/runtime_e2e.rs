@@ -112,7 +112,13 @@ impl World {
         b
     }
 
-    /// A pod sandbox of pod `uid`, made through the runtime (runc records it): its id.
+    /// The cgroup standing for kubelet's /kubepods in this test process.
+    fn kubepods(&self) -> String {
+        format!("kubepods-e2e-{}", std::process::id())
+    }
+
+    /// A pod sandbox of pod `uid`, made through the runtime (runc records it) in the
+    /// pod's cgroup `/<kubepods>/pod<uid>`: its id.
     fn sandbox(&self, uid: &str) -> String {
         let sid = format!("e2e-sb-{uid}-{}", std::process::id());
         let b = self.dir.path().join(format!("sandbox-{uid}"));
@@ -123,6 +129,7 @@ impl World {
             "io.kubernetes.cri.sandbox-id": sid,
             "io.kubernetes.cri.sandbox-uid": uid,
         });
+        spec["linux"]["cgroupsPath"] = json!(format!("/{}/pod{uid}/{sid}", self.kubepods()));
         common::write_spec(&b, &spec);
         let out = self.runtime(&["create", "--bundle", b.to_str().unwrap(), &sid]);
         assert!(out.status.success(), "sandbox {uid}: {}", text(&out));
@@ -165,6 +172,22 @@ impl Drop for World {
                     .args(["delete", "-f"])
                     .arg(e.file_name())
                     .output();
+            }
+        }
+        // The pods' cgroups (empty once their containers are gone).
+        fn remove_tree(p: &Path) {
+            if let Ok(rd) = std::fs::read_dir(p) {
+                for e in rd.flatten() {
+                    if e.file_type().is_ok_and(|t| t.is_dir()) {
+                        remove_tree(&e.path());
+                    }
+                }
+            }
+            let _ = std::fs::remove_dir(p);
+        }
+        if let Ok(rd) = std::fs::read_dir("/sys/fs/cgroup") {
+            for h in rd.flatten() {
+                remove_tree(&h.path().join(self.kubepods()));
             }
         }
     }
@@ -428,25 +451,13 @@ fn a_pod_container_stays_in_its_pod_cgroup_and_is_told_why_its_lease_ended() {
     let r = rt();
     let (lease, token, resolved) = w.lease(&r, shape::whole());
     w.mknod_lease_nodes(&resolved);
-    let top = format!("kubepods-e2e-{}", std::process::id());
+    let top = w.kubepods();
     let pod_cgroup_of = |uid: &str| format!("{top}/pod{uid}");
     let pod_cgroup = pod_cgroup_of("pod-a");
     // Each pod's sandbox, made through the runtime: runc's record of it is what the
     // pod's containers are judged by.
     for uid in ["pod-a", "pod-b"] {
-        let sid = format!("e2e-sb-{uid}-{}", std::process::id());
-        let b = w.dir.path().join(format!("sandbox-{uid}"));
-        let mut spec = common::base_spec(&["sleep", "600"]);
-        spec["root"]["path"] = json!(common::bundle_rootfs(w.dir.path(), &b));
-        spec["annotations"] = json!({
-            "io.kubernetes.cri.container-type": "sandbox",
-            "io.kubernetes.cri.sandbox-id": sid,
-            "io.kubernetes.cri.sandbox-uid": uid,
-        });
-        spec["linux"]["cgroupsPath"] = json!(format!("/{}/{sid}", pod_cgroup_of(uid)));
-        common::write_spec(&b, &spec);
-        let out = w.runtime(&["create", "--bundle", b.to_str().unwrap(), &sid]);
-        assert!(out.status.success(), "sandbox {uid}: {}", text(&out));
+        w.sandbox(uid);
     }
     let pod_bundle = |name: &str, pod: &str, id: &str| {
         let b = w.bundle(name, &["sh", "-c", "sleep 600"], &token);

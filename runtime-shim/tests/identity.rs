@@ -342,6 +342,47 @@ fn cgroups_and_namespaces_follow_the_sandbox_runc_recorded() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 
+    // A sandbox claiming a pod that is already running (its uid, its cgroup) is
+    // refused: a sandbox is its pod's first container.
+    let b = w.bundle("sb-fake", |s, _| {
+        s["annotations"] = json!({
+            "io.kubernetes.cri.container-type": "sandbox",
+            "io.kubernetes.cri.sandbox-id": "sb-fake",
+            "io.kubernetes.cri.sandbox-uid": UID_A,
+        });
+        s["linux"]["cgroupsPath"] = json!(format!("{}/sb-fake", w.pod_cgroup(UID_A)));
+    });
+    let e = w.create("sb-fake", &b).unwrap_err();
+    assert!(e.contains("already holds processes"), "{e}");
+    assert!(w.pid("sb-fake").is_none());
+    // A sandbox joining a CNI netns another pod's sandbox is in is refused.
+    let netns = Path::new("/run/netns").join(format!("tessera-id-{}", std::process::id()));
+    std::fs::create_dir_all("/run/netns").unwrap();
+    std::fs::write(&netns, "").unwrap();
+    let mounted = Command::new("mount")
+        .arg("--bind")
+        .arg(format!("/proc/{pid_a}/ns/net"))
+        .arg(&netns)
+        .status()
+        .unwrap()
+        .success();
+    assert!(mounted, "bind-mounting sandbox A's netns");
+    let uid_c = "1d0c8a52-0000-4000-8000-00000000000c";
+    let b = w.bundle("sb-netns", |s, _| {
+        s["annotations"] = json!({
+            "io.kubernetes.cri.container-type": "sandbox",
+            "io.kubernetes.cri.sandbox-id": "sb-netns",
+            "io.kubernetes.cri.sandbox-uid": uid_c,
+        });
+        s["linux"]["cgroupsPath"] = json!(format!("{}/sb-netns", w.pod_cgroup(uid_c)));
+        s["linux"]["namespaces"][4] = json!({"type": "network", "path": netns});
+    });
+    let r = w.create("sb-netns", &b);
+    let _ = Command::new("umount").arg(&netns).status();
+    let _ = std::fs::remove_file(&netns);
+    let e = r.unwrap_err();
+    assert!(e.contains("is already another pod's"), "{e}");
+
     // The sandbox gone (its init dead): its record no longer vouches for anyone.
     let _ = Command::new("runc")
         .arg("--root")

@@ -309,6 +309,7 @@ fn pod_sandbox_gets_baseline_even_with_the_pods_token() {
         "io.kubernetes.cri.sandbox-uid": "0b5c3c9e",
         "tessera.io/lease-token": "tok"
     });
+    spec["linux"]["cgroupsPath"] = serde_json::json!("/tessera-passthrough/pod0b5c3c9e/pause1");
     // A tenant container that only claims to be a sandbox (another id) gets no
     // exemption: no_token = "refuse" and its token cannot be resolved.
     common::write_spec(&b, &spec);

@@ -793,6 +793,16 @@ fn namespace_path(ns: &Value, i: usize, ctx: &Context, ident: &Identity, f: &mut
             f.refuse(format!(
                 "{at}: a CNI netns file ({path}) is for the pod sandbox only; a container joins its sandbox's namespaces"
             ));
+            return;
+        }
+        // The CRI makes a fresh netns for each sandbox: one a process is already in
+        // is another pod's.
+        match std::fs::metadata(path) {
+            Ok(m) if identity::netns_in_use(m.dev(), m.ino()) => f.refuse(format!(
+                "{at}: the netns {path} is already another pod's (a process is in it); a pod sandbox joins a fresh one"
+            )),
+            Ok(_) => {}
+            Err(e) => f.refuse(format!("{at}: {path}: {e}")),
         }
         return;
     }
@@ -843,6 +853,12 @@ fn cgroups_path(spec: &Value, ctx: &Context, ident: &Identity, f: &mut Findings)
         .and_then(Value::as_str)
         .filter(|p| !p.is_empty())
     else {
+        if let Identity::OwnSandbox { pod, .. } = ident {
+            f.refuse(format!(
+                "/linux/cgroupsPath: a pod sandbox names its cgroup, in its pod's (pod{})",
+                pod.uid
+            ));
+        }
         return;
     };
     let at = "/linux/cgroupsPath";
@@ -907,15 +923,26 @@ fn cgroups_path(spec: &Value, ctx: &Context, ident: &Identity, f: &mut Findings)
                 }
             }
         },
-        Identity::OwnSandbox { pod, .. } => {
-            if identity::pod_cgroup_of(&comps, &pod.uid).is_none() {
-                f.refuse(format!(
-                    "{at}: {path:?} ({shown}): a pod sandbox's cgroup lies in its own pod's cgroup (pod{} or ...-pod{}.slice)",
-                    pod.uid,
-                    pod.uid.replace('-', "_")
-                ));
-            }
-        }
+        Identity::OwnSandbox { pod, .. } => match identity::pod_cgroup_of(&comps, &pod.uid) {
+            None => f.refuse(format!(
+                "{at}: {path:?} ({shown}): a pod sandbox's cgroup lies in its own pod's cgroup (pod{} or ...-pod{}.slice)",
+                pod.uid,
+                pod.uid.replace('-', "_")
+            )),
+            // The sandbox is its pod's first container: a pod cgroup that already
+            // holds processes is another pod's (a sandbox claiming its uid).
+            Some(pod_cg) => match identity::cgroup_has_processes(pod_cg) {
+                Ok(false) => {}
+                Ok(true) => f.refuse(format!(
+                    "{at}: the pod cgroup /{} already holds processes: a pod sandbox is the first of its pod",
+                    pod_cg.join("/")
+                )),
+                Err(e) => f.refuse(format!(
+                    "{at}: cannot tell whether the pod cgroup /{} is empty: {e}",
+                    pod_cg.join("/")
+                )),
+            },
+        },
         Identity::Outside => {
             let parents = &ctx.policy().cgroup_parents;
             let inside = parents.iter().any(|p| {
@@ -1180,7 +1207,12 @@ pub fn bind_prefixes(ctx: &Context, ident: &Identity) -> Vec<(String, bool)> {
             out.push((normalize(&dir.to_string_lossy()), true));
         }
     }
-    if let Some(uid) = component(ident.pod().map(|p| p.uid.as_str())) {
+    // kubelet's pod directory for the pod's containers (the sandbox mounts none).
+    let member_pod = match ident {
+        Identity::Member(s) => Some(s.pod.uid.as_str()),
+        _ => None,
+    };
+    if let Some(uid) = component(member_pod) {
         let dir = p.kubelet_root.join("pods").join(uid);
         out.push((normalize(&dir.to_string_lossy()), true));
     }

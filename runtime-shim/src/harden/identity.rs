@@ -348,6 +348,13 @@ pub fn read_sandbox(root: &Path, id: &str) -> Result<Sandbox, String> {
     if pod.uid.is_empty() {
         return Err(format!("the sandbox {id} names no pod uid"));
     }
+    if pod_cgroup_of(&st.cgroup, &pod.uid).is_none() {
+        return Err(format!(
+            "the sandbox {id}'s cgroup /{} is not in a cgroup of its pod {}",
+            st.cgroup.join("/"),
+            pod.uid
+        ));
+    }
     match proc_start_time(st.init_pid) {
         Some(t) if t == st.init_start => {}
         _ => {
@@ -377,6 +384,73 @@ pub fn proc_start_time(pid: u32) -> Option<u64> {
         return None;
     }
     fields.nth(18)?.parse().ok()
+}
+
+/// Whether any process is in cgroup `comps` or below it, in any mounted hierarchy
+/// (cgroup v1 controllers, the v2 tree). `Err` when it cannot be told.
+pub fn cgroup_has_processes(comps: &[String]) -> Result<bool, String> {
+    fn walk(dir: &Path, depth: usize, budget: &mut usize) -> Result<bool, String> {
+        if depth > 16 || *budget == 0 {
+            return Err(format!(
+                "{} is too deep or too wide to look at",
+                dir.display()
+            ));
+        }
+        *budget -= 1;
+        let procs = dir.join("cgroup.procs");
+        match std::fs::read_to_string(&procs) {
+            Ok(t) if t.trim().is_empty() => {}
+            Ok(_) => return Ok(true),
+            Err(e) => return Err(format!("{}: {e}", procs.display())),
+        }
+        let rd = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        for e in rd.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) && walk(&e.path(), depth + 1, budget)? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo")
+        .map_err(|e| format!("/proc/self/mountinfo: {e}"))?;
+    let mut budget = 4096;
+    for line in mounts.lines() {
+        // mountinfo: id parent major:minor root mountpoint options ... - fstype source
+        let Some((left, right)) = line.split_once(" - ") else {
+            continue;
+        };
+        let fstype = right.split_whitespace().next().unwrap_or("");
+        let (Some(root), Some(point)) = (left.split(' ').nth(3), left.split(' ').nth(4)) else {
+            continue;
+        };
+        if !matches!(fstype, "cgroup" | "cgroup2") || root != "/" {
+            continue;
+        }
+        let dir = Path::new(point).join(comps.join("/"));
+        if dir.is_dir() && walk(&dir, 0, &mut budget)? {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// Whether a process of this host is in the network namespace `(dev, ino)`.
+pub fn netns_in_use(dev: u64, ino: u64) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return true;
+    };
+    rd.flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+        })
+        .any(|e| {
+            std::fs::metadata(e.path().join("ns/net"))
+                .is_ok_and(|m| (m.dev(), m.ino()) == (dev, ino))
+        })
 }
 
 /// A cgroupfs `cgroupsPath` as components: absolute, no empty, `.` or `..` component.
