@@ -33,6 +33,7 @@ impl Host {
             format!("kubelet/pods/{POD_UID}/containers/app/0a1b2c3d"),
             "kubelet/pods/other-pod-uid/volumes".to_string(),
             "storage/overlay/abc/merged/bin".to_string(),
+            "storage/overlay/def/merged/bin".to_string(),
             "run-storage/overlay-containers/podctr/userdata".to_string(),
             "run-storage/vfs-containers/podctr/userdata".to_string(),
             "tessera-run".to_string(),
@@ -76,7 +77,7 @@ impl Host {
         std::fs::create_dir_all(d.join("storage/overlay-containers")).unwrap();
         std::fs::write(
             d.join("storage/overlay-containers/containers.json"),
-            r#"[{"id": "otherctr", "layer": "def"}, {"id": "podctr", "layer": "abc"}]"#,
+            r#"[{"id": "otherctr", "layer": "def"}, {"id": "podctr", "layer": "abc"}, {"id": "c1", "layer": "ghi"}]"#,
         )
         .unwrap();
         let config = d.join("runtime.toml");
@@ -571,6 +572,106 @@ fn hostile() -> Vec<(&'static str, &'static str, Mutation)> {
         case("cgroup-user-slice", "/linux/cgroupsPath", |s, _| {
             s["linux"]["cgroupsPath"] = json!("/user.slice/user-0.slice/c1")
         }),
+        // Identity from runc's record, not from the spec (issue: identity and scope).
+        case(
+            "cgroup-other-pod",
+            "is not inside its pod's cgroup",
+            |s, _| {
+                s["linux"]["cgroupsPath"] =
+                    json!("/kubepods/burstable/pod11111111-2222-3333-4444-555555555555/c1")
+            },
+        ),
+        case(
+            "cgroup-qos-class",
+            "is not inside its pod's cgroup",
+            |s, _| s["linux"]["cgroupsPath"] = json!("/kubepods/burstable/c1"),
+        ),
+        case(
+            "cgroup-in-the-sandbox",
+            "is not inside its pod's cgroup",
+            |s, _| {
+                s["linux"]["cgroupsPath"] =
+                    json!(format!("/kubepods/burstable/pod{POD_UID}/{SANDBOX}/c1"))
+            },
+        ),
+        case("cgroup-empty-component", "not a clean path", |s, _| {
+            s["linux"]["cgroupsPath"] = json!(format!("/kubepods//burstable/pod{POD_UID}/c1"))
+        }),
+        case("cgroup-relative", "is not absolute", |s, _| {
+            s["linux"]["cgroupsPath"] = json!(format!("kubepods/burstable/pod{POD_UID}/c1"))
+        }),
+        case(
+            "claims-another-pods-uid",
+            "is not the pod of sandbox",
+            |s, _| {
+                s["annotations"]["io.kubernetes.cri.sandbox-uid"] =
+                    json!("11111111-2222-3333-4444-555555555555")
+            },
+        ),
+        case(
+            "claims-another-namespace",
+            "is not the pod of sandbox",
+            |s, _| s["annotations"]["io.kubernetes.pod.namespace"] = json!("kube-system"),
+        ),
+        case("names-an-unknown-sandbox", "is not known", |s, _| {
+            s["annotations"]["io.kubernetes.cri.sandbox-id"] = json!("no-such-sandbox")
+        }),
+        case(
+            "sandbox-id-climbs",
+            "is not another container's id",
+            |s, _| s["annotations"]["io.kubernetes.cri.sandbox-id"] = json!("../runc-root"),
+        ),
+        case(
+            "pod-claims-without-sandbox",
+            "names a pod but no sandbox",
+            |s, _| {
+                s["annotations"]
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("io.kubernetes.cri.sandbox-id");
+            },
+        ),
+        case(
+            "claims-to-be-a-sandbox",
+            "says it is a pod sandbox",
+            |s, _| s["annotations"]["io.kubernetes.cri.container-type"] = json!("sandbox"),
+        ),
+        case(
+            "bind-bundle-rw",
+            "is the bundle or a directory above it",
+            |s, _| bind(s, "BUNDLE/", "/b", &["rbind", "rw"]),
+        ),
+        case(
+            "bind-bundle-parent-ro",
+            "is the bundle or a directory above it",
+            |s, _| bind(s, "BUNDLE/..", "/b", &["rbind", "ro"]),
+        ),
+        case(
+            "bind-config-json-rw",
+            "never bind-mounted writable",
+            |s, _| bind(s, "BUNDLE/config.json", "/c", &["bind", "rw"]),
+        ),
+        case("bind-runc-state", "is under Tessera's own", |s, h| {
+            bind(s, &h.path("runc-root"), "/r", &["rbind", "ro"])
+        }),
+        case("bind-other-pods-kubelet-dir", "is not under", |s, h| {
+            bind(
+                s,
+                &h.path("kubelet/pods/other-pod-uid/volumes"),
+                "/v",
+                &["rbind"],
+            )
+        }),
+        case(
+            "root-another-containers-layer",
+            "not this container's own rootfs",
+            |s, h| s["root"]["path"] = json!(h.path("storage/overlay/def/merged")),
+        ),
+        case(
+            "root-the-layer-store",
+            "not this container's own rootfs",
+            |s, h| s["root"]["path"] = json!(h.path("storage/overlay")),
+        ),
         // Kernel filesystems (item 4), sysctls, devices, capabilities.
         case("mount-xfs", "mount type \"xfs\"", |s, _| {
             s["mounts"]
