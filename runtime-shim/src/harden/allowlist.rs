@@ -640,6 +640,12 @@ pub fn check(spec: &mut Value, ctx: &Context, ident: &Identity, f: &mut Findings
         f,
     );
     if let Some(ann) = spec.get("annotations").and_then(Value::as_object) {
+        for k in ann.keys().filter(|k| k.contains('=')) {
+            f.refuse(format!(
+                "/annotations/{}: refused: a key with '=' would read as another key in runc's record (labels are key=value)",
+                escape(k)
+            ));
+        }
         for k in ann.keys() {
             if let Some(p) = ACTING_ANNOTATIONS.iter().find(|p| k.starts_with(*p)) {
                 f.refuse(format!(
@@ -667,6 +673,22 @@ pub fn check(spec: &mut Value, ctx: &Context, ident: &Identity, f: &mut Findings
     if let Some(list) = spec.pointer("/linux/namespaces").and_then(Value::as_array) {
         for (i, ns) in list.iter().enumerate() {
             namespace_path(ns, i, ctx, ident, f);
+        }
+    }
+    // runc opens the path it is given: the one that was judged, `..` and `//` gone.
+    if let Some(list) = spec
+        .pointer_mut("/linux/namespaces")
+        .and_then(Value::as_array_mut)
+    {
+        for ns in list.iter_mut().filter_map(Value::as_object_mut) {
+            if let Some(p) = ns
+                .get("path")
+                .and_then(Value::as_str)
+                .filter(|p| p.starts_with('/'))
+            {
+                let n = normalize(p);
+                ns.insert("path".into(), json!(n));
+            }
         }
     }
     cgroups_path(spec, ctx, ident, f);

@@ -292,8 +292,10 @@ pub fn parse_state(v: &Value) -> Result<RuncState, String> {
         .into_iter()
         .flatten()
     {
-        if let Some((k, val)) = l.as_str().and_then(|l| l.split_once('=')) {
-            labels.insert(k.to_string(), val.to_string());
+        if let Some((k, val)) = l.as_str().and_then(|l| l.split_once('='))
+            && labels.insert(k.to_string(), val.to_string()).is_some()
+        {
+            return Err(format!("the label {k} is there twice"));
         }
     }
     let cg = config.get("cgroups").ok_or("no cgroups")?;
@@ -630,6 +632,10 @@ mod tests {
                        "cgroups": {"path": "/kubepods/podu/sb", "Systemd": false}}});
         let st = parse_state(&v).unwrap();
         assert_eq!(st.labels["k"], "v=w");
+        // A label twice (an annotation key with '=' in it) is no record to trust.
+        let mut twice = v.clone();
+        twice["config"]["labels"] = serde_json::json!(["a=b", "a=c"]);
+        assert!(parse_state(&twice).is_err());
         assert_eq!(st.cgroup, ["kubepods", "podu", "sb"]);
         let v = serde_json::json!({
             "id": "sb", "init_process_pid": 4242, "init_process_start": 99,
