@@ -246,6 +246,7 @@ enum M {
     SandboxId(usize),
     Uid(usize),
     CaseDup,
+    CaseFold(usize),
     Root(usize),
     Bind(usize, bool),
 }
@@ -258,6 +259,7 @@ fn mutation() -> impl Strategy<Value = M> {
         (0usize..5).prop_map(M::SandboxId),
         (0usize..3).prop_map(M::Uid),
         Just(M::CaseDup),
+        (0usize..4).prop_map(M::CaseFold),
         (0usize..6).prop_map(M::Root),
         ((0usize..8), any::<bool>()).prop_map(|(i, rw)| M::Bind(i, rw)),
     ]
@@ -303,6 +305,24 @@ fn apply(fx: &Fx, s: &mut Value, m: &M, systemd: &mut bool) {
             ann.insert("IO.KUBERNETES.CRI.SANDBOX-ID".into(), json!("sb-b"));
             ann.insert("io.kubernetes.cri.Sandbox-Uid".into(), json!(UID_B));
         }
+        // Keys Go's encoding/json would read as the field (case-insensitively).
+        M::CaseFold(i) => match i {
+            0 => {
+                s["linux"]["CgroupsPath"] = json!("/kubepods/burstable/podbbbb-2222/c1");
+            }
+            1 => s["Root"] = json!({"path": p(fx, "storage/overlay/l-other/merged")}),
+            2 => {
+                s["linux"]["Namespaces"] =
+                    json!([{"type": "network", "path": format!("/proc/{}/ns/net", fx.pid_b)}]);
+            }
+            _ => {
+                let m = s["mounts"].as_array_mut().unwrap();
+                m.push(
+                    json!({"destination": "/m", "type": "bind", "options": ["rbind"],
+                    "Source": p(fx, "bundle"), "source": p(fx, "bundle/shm")}),
+                );
+            }
+        },
         M::Root(i) => {
             s["root"]["path"] = match i {
                 0 => json!("rootfs"),
@@ -347,7 +367,53 @@ fn truth(fx: &Fx, sid: &str) -> Option<(&'static str, u32, Vec<String>)> {
     }
 }
 
+/// A key runc would read as another (equal when ASCII case is folded, at any depth).
+fn folded_twin(v: &Value, at: &str) -> Option<String> {
+    match v {
+        Value::Object(m) => {
+            let mut seen = std::collections::HashSet::new();
+            for (k, child) in m {
+                if !seen.insert(k.to_ascii_lowercase()) && !at.ends_with("/annotations") {
+                    return Some(format!("{at}/{k}"));
+                }
+                if let Some(t) = folded_twin(child, &format!("{at}/{k}")) {
+                    return Some(t);
+                }
+            }
+            None
+        }
+        Value::Array(a) => a.iter().find_map(|c| folded_twin(c, at)),
+        _ => None,
+    }
+}
+
+/// Keys of the OCI spec in their exact spelling, where a folded spelling was tried.
+const EXACT: &[(&str, &str)] = &[
+    ("", "root"),
+    ("/linux", "cgroupsPath"),
+    ("/linux", "namespaces"),
+    ("/mounts", "source"),
+];
+
 fn check_invariants(fx: &Fx, s: &Value, id: &str, systemd: bool) -> Result<(), String> {
+    if let Some(t) = folded_twin(s, "") {
+        return Err(format!("two keys runc reads as one: {t}"));
+    }
+    for (at, exact) in EXACT {
+        let objs: Vec<&Value> = match *at {
+            "/mounts" => s["mounts"].as_array().unwrap().iter().collect(),
+            "" => vec![s],
+            p => vec![s.pointer(p).unwrap()],
+        };
+        for o in objs {
+            if let Some(k) = o.as_object().and_then(|m| {
+                m.keys()
+                    .find(|k| k.eq_ignore_ascii_case(exact) && k.as_str() != *exact)
+            }) {
+                return Err(format!("{at}/{k} is read by runc as {exact}"));
+            }
+        }
+    }
     let ann = |k: &str| s["annotations"].get(k).and_then(Value::as_str);
     let sid = ann("io.kubernetes.cri.sandbox-id");
     let pod = match sid {
@@ -514,6 +580,7 @@ fn the_real_specs_are_admitted() {
         }),
         Box::new(|s| s["annotations"]["io.kubernetes.cri.sandbox-uid"] = json!(UID_B)),
         Box::new(|s| s["root"]["path"] = json!(p(&fx, "storage/overlay/l-other/merged"))),
+        Box::new(|s| s["linux"]["CgroupsPath"] = json!("/kubepods/burstable/podbbbb-2222/c1")),
         Box::new(|s| {
             s["mounts"]
                 .as_array_mut()
