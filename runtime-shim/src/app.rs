@@ -456,6 +456,26 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
     if id.is_empty() || id.contains('/') || id == "." || id == ".." {
         return env.refuse(&what, &[format!("container id {id:?} is not valid")]);
     }
+    // runc's create flags: --bundle is what is judged, --console-socket, --pid-file
+    // and --preserve-fds the caller's plumbing (forwarded); these two loosen the
+    // container for every tenant and are refused.
+    for (flag, why) in [
+        (
+            "no-pivot",
+            "the rootfs would be entered with MS_MOVE and chroot, which a process can climb out of",
+        ),
+        (
+            "no-new-keyring",
+            "the container would share the caller's session keyring",
+        ),
+    ] {
+        if sub.is_set(flag) {
+            return env.refuse(
+                &what,
+                &[format!("{} --{flag} is refused: {why}", cmd.name())],
+            );
+        }
+    }
     if Path::new(&env.runtime_root()).join(&id).exists() {
         return env.refuse(
             &what,

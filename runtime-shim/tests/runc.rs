@@ -1005,3 +1005,62 @@ fn exec_and_update_escapes_are_refused_or_neutralized_under_runc() {
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out).1.contains("no record"), "{:?}", text(&out));
 }
+
+/// issue 31: a config.json with two keys runc's Go decoder reads as one (it matches
+/// keys case-insensitively, with Unicode folds, and keeps the last) never reaches
+/// runc; nor do create flags that loosen every container.
+#[test]
+fn config_json_keys_runc_would_read_otherwise_are_refused() {
+    let Some(env) = Env::new() else { return };
+    for (n, from, to, want) in [
+        (
+            "nnp",
+            r#""noNewPrivileges":true"#,
+            r#""noNewPrivileges":true,"NoNewPrivileges":false"#,
+            r#"/process: keys "noNewPrivileges" and "NoNewPrivileges""#,
+        ),
+        (
+            "seccomp",
+            r#""linux":{"#,
+            "\"linux\":{\"\\u017feccomp\":null,\"seccomp\":null,",
+            "/linux: keys \"\u{17f}eccomp\" and \"seccomp\"",
+        ),
+        (
+            "dup",
+            r#""uid":0"#,
+            r#""uid":1000,"uid":0"#,
+            r#"/process/user: duplicate key "uid""#,
+        ),
+    ] {
+        let b = env.bundle(&format!("b-fold-{n}"), &["true"], None);
+        let raw = std::fs::read_to_string(b.join("config.json")).unwrap();
+        let raw = serde_json::to_string(&serde_json::from_str::<Value>(&raw).unwrap()).unwrap();
+        assert!(raw.contains(from), "{n}: {from} not in {raw}");
+        std::fs::write(b.join("config.json"), raw.replacen(from, to, 1)).unwrap();
+        let id = format!("t{}-fold-{n}", std::process::id());
+        let out = env.runtime(&["create", "--bundle", b.to_str().unwrap(), &id], None);
+        assert_eq!(out.status.code(), Some(1), "{n}: {:?}", text(&out));
+        assert!(text(&out).1.contains(want), "{n}: {:?}", text(&out));
+        let state = Command::new("runc")
+            .arg("--root")
+            .arg(&env.root)
+            .args(["state", &id])
+            .output()
+            .unwrap();
+        assert!(!state.status.success(), "runc created {id}");
+    }
+    let b = env.bundle("b-pivot", &["true"], None);
+    for flag in ["--no-pivot", "--no-new-keyring"] {
+        let id = format!("t{}-pivot", std::process::id());
+        let out = env.runtime(
+            &["create", flag, "--bundle", b.to_str().unwrap(), &id],
+            None,
+        );
+        assert_eq!(out.status.code(), Some(1), "{flag}: {:?}", text(&out));
+        assert!(
+            text(&out).1.contains(&format!("{flag} is refused")),
+            "{:?}",
+            text(&out)
+        );
+    }
+}
