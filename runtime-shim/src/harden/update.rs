@@ -18,11 +18,24 @@ use std::collections::BTreeMap;
 /// and refused with the field named.
 pub const UPDATE_MAY_CHANGE: &str = "CPU, memory, pids, hugepages and cpuset";
 
-/// cgroup v2 files (`unified`) an update may write: the same resources, but not the
-/// limits the typed fields bound (memory.max, memory.swap.max) and not a cpuset
-/// partition (CPUs taken from every other cgroup).
+/// cgroup v2 files (`unified`) an update may write: the same resources, not a cpuset
+/// partition (CPUs taken from every other cgroup), and `memory.max` and
+/// `memory.swap.max` only within what the container was granted.
 const UNIFIED_TUNABLE: &[&str] = &["cpu.", "cpuset.", "memory.", "hugetlb."];
-const UNIFIED_REFUSED: &[&str] = &["memory.max", "memory.swap.max", "cpuset.cpus.partition"];
+const UNIFIED_REFUSED: &[&str] = &["cpuset.cpus.partition"];
+
+/// A `memory.max`-like value within `granted` (`None`: no limit was granted, so
+/// `max` too).
+fn unified_limit_ok(value: &str, granted: Option<i64>) -> bool {
+    match value.trim() {
+        "max" => granted.is_none(),
+        v => {
+            v.bytes().all(|b| b.is_ascii_digit())
+                && v.parse::<i64>()
+                    .is_ok_and(|n| granted.is_none_or(|g| n <= g))
+        }
+    }
+}
 
 /// The keys runc's Go decoder reads at each place of the resources JSON, spelt as
 /// the runtime reads them. A key spelt otherwise (Go would still match `LIMIT` to
@@ -311,12 +324,24 @@ pub fn judge(
     }
     out.hugepage_limits = r.hugepage_limits;
     if let Some(u) = r.unified {
-        for key in u.keys() {
+        for (key, value) in &u {
+            let bound = match key.as_str() {
+                "memory.max" => Some(state.memory_limit.filter(|g| *g > 0)),
+                "memory.swap.max" => Some(state.memory_swap.filter(|g| *g > 0)),
+                _ => None,
+            };
             if !UNIFIED_TUNABLE.iter().any(|p| key.starts_with(p))
                 || UNIFIED_REFUSED.contains(&key.as_str())
             {
                 f.refuse(format!(
-                    "/unified/{key}: update may change {UPDATE_MAY_CHANGE} only (memory.max through memory/limit)"
+                    "/unified/{key}: update may change {UPDATE_MAY_CHANGE} only"
+                ));
+            } else if let Some(granted) = bound
+                && !unified_limit_ok(value, granted)
+            {
+                f.refuse(format!(
+                    "/unified/{key}: {value:?} is refused: at most {} bytes (what the container was granted)",
+                    granted.map_or_else(|| "any".to_string(), |g| g.to_string())
                 ));
             }
         }
@@ -511,7 +536,8 @@ mod tests {
         let (out, reasons) = run(
             r#"{"memory": {"limit": 1}, "cpu": {"shares": 2, "cpus": "0-1"},
             "pids": {"limit": 100}, "hugepageLimits": [{"pageSize": "2MB", "limit": 0}],
-            "unified": {"memory.high": "max"}, "blockIO": {},
+            "unified": {"memory.high": "max", "memory.max": "1048576", "memory.swap.max": "0"},
+            "blockIO": {},
             "devices": [{"allow": false, "access": "rwm"},
                         {"allow": true, "type": "c", "major": 195, "minor": 0, "access": "rw"}]}"#,
         );
