@@ -205,6 +205,17 @@ pub fn run_as(argv0: Option<PathBuf>, args: Vec<OsString>) -> Outcome {
     };
     let env = Env { inv, cfg, log };
     let Some((cmd, sub)) = env.inv.command.clone() else {
+        if let Some(i) = env.inv.command_index
+            && env.inv.argv[i] == "checkpoint"
+            && !env.inv.global.help_or_version
+        {
+            // As restore: runc would run CRIU as root, writing the image wherever the
+            // command line says; no checkpoint can be restored through the runtime.
+            return env.refuse(
+                "checkpoint",
+                &["checkpoint is refused: CRIU runs as root and writes where its flags say, and restore is refused".to_string()],
+            );
+        }
         return env.plan(0);
     };
     match cmd {

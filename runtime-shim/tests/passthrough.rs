@@ -295,6 +295,35 @@ fn update_gives_runc_only_the_runtimes_own_resources_json() {
 }
 
 #[test]
+fn argv_runc_would_read_otherwise_is_refused_before_runc_runs() {
+    let (_d, cfg) = setup();
+    for (args, want) in [
+        (
+            vec!["--root", "/a", "-root", "/b", "kill", "c1"],
+            "--root is given more than once",
+        ),
+        (vec!["--criu", "/tmp/x", "state", "c1"], "--criu is refused"),
+        (vec!["--bogus", "state", "c1"], "unknown flag --bogus"),
+        (
+            vec!["checkpoint", "--image-path", "/etc", "c1"],
+            "checkpoint is refused",
+        ),
+        (
+            vec!["update", "-r", "/a", "--resources=/b", "c1"],
+            "--resources is given more than once",
+        ),
+    ] {
+        let out = run(&cfg, &args, false);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {out:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains(want),
+            "{args:?}: {out:?}"
+        );
+        assert!(lines(&out, "argv: ").is_empty(), "{args:?}: runc ran");
+    }
+}
+
+#[test]
 fn exec_gives_runc_a_process_the_runtime_wrote_with_the_containers_user() {
     if !nix::unistd::geteuid().is_root() {
         println!("SKIPPED: only root keeps a container's record");
