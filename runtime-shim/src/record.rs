@@ -95,13 +95,14 @@ impl Record {
             .filter(|p| p.is_object())
             .cloned()
             .ok_or(RecordError::Spec { what: "process" })?;
+        // What runc runs the container as: a uid or gid left out is Go's zero, root.
+        let id_at = |ptr: &str, what: &'static str| match process.pointer(ptr) {
+            None | Some(Value::Null) => Ok(0),
+            Some(_) => u32_at(&process, ptr).ok_or(RecordError::Spec { what }),
+        };
         let user = User {
-            uid: u32_at(&process, "/user/uid").ok_or(RecordError::Spec {
-                what: "process.user.uid",
-            })?,
-            gid: u32_at(&process, "/user/gid").ok_or(RecordError::Spec {
-                what: "process.user.gid",
-            })?,
+            uid: id_at("/user/uid", "valid process.user.uid")?,
+            gid: id_at("/user/gid", "valid process.user.gid")?,
             additional_gids: match process.pointer("/user/additionalGids") {
                 None | Some(Value::Null) => Vec::new(),
                 Some(Value::Array(a)) => a
@@ -294,8 +295,12 @@ mod tests {
             r.lease_env,
             ["CUDA_VISIBLE_DEVICES=MIG-1", "TESSERA_LEASE_ID=l-1"]
         );
+        // runc runs a process without a uid or gid as root's: so says the record.
         let mut no_user = spec();
-        no_user["process"]["user"] = json!({"gid": 0});
+        no_user["process"]["user"] = json!({"gid": 5});
+        let r = Record::from_spec("c1", "/r", Path::new("/b"), &no_user, None, &[]).unwrap();
+        assert_eq!((r.user.uid, r.user.gid), (0, 5));
+        no_user["process"]["user"] = json!({"uid": -1});
         assert!(Record::from_spec("c1", "/r", Path::new("/b"), &no_user, None, &[]).is_err());
     }
 
