@@ -24,6 +24,22 @@ pub const UPDATE_MAY_CHANGE: &str = "CPU, memory, pids, hugepages and cpuset";
 const UNIFIED_TUNABLE: &[&str] = &["cpu.", "cpuset.", "memory.", "hugetlb."];
 const UNIFIED_REFUSED: &[&str] = &["cpuset.cpus.partition"];
 
+/// A hugepage size as runc names the cgroup file with it (`hugetlb.<size>.limit_in_bytes`):
+/// digits and a unit, nothing that could make a path.
+pub fn page_size_ok(s: &str) -> bool {
+    let digits = s.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let unit = &s[digits.len()..];
+    !digits.is_empty()
+        && digits.bytes().all(|b| b.is_ascii_digit())
+        && !digits.starts_with('0')
+        && matches!(unit, "KB" | "MB" | "GB")
+}
+
+/// A cgroup file name (runc joins it to the container's cgroup directory).
+pub fn cgroup_file_name_ok(s: &str) -> bool {
+    !s.is_empty() && !s.contains('/') && s != "." && s != ".." && !s.contains('\0')
+}
+
 /// A `memory.max`-like value within `granted` (`None`: no limit was granted, so
 /// `max` too).
 fn unified_limit_ok(value: &str, granted: Option<i64>) -> bool {
@@ -322,6 +338,14 @@ pub fn judge(
         }
         out.cpu = Some(c);
     }
+    for (i, h) in r.hugepage_limits.iter().flatten().enumerate() {
+        if !page_size_ok(&h.page_size) {
+            f.refuse(format!(
+                "/hugepageLimits/{i}/pageSize: {:?} is not a page size (runc makes a cgroup file name of it)",
+                h.page_size
+            ));
+        }
+    }
     out.hugepage_limits = r.hugepage_limits;
     if let Some(u) = r.unified {
         for (key, value) in &u {
@@ -330,7 +354,8 @@ pub fn judge(
                 "memory.swap.max" => Some(state.memory_swap.filter(|g| *g > 0)),
                 _ => None,
             };
-            if !UNIFIED_TUNABLE.iter().any(|p| key.starts_with(p))
+            if !cgroup_file_name_ok(key)
+                || !UNIFIED_TUNABLE.iter().any(|p| key.starts_with(p))
                 || UNIFIED_REFUSED.contains(&key.as_str())
             {
                 f.refuse(format!(
@@ -579,6 +604,14 @@ mod tests {
                 "/unified/memory.max",
             ),
             (r#"{"unified": {"pids.max": "max"}}"#, "/unified/pids.max"),
+            (
+                r#"{"unified": {"memory./../../other/cgroup.procs": "1"}}"#,
+                "/unified/memory./../../other/cgroup.procs",
+            ),
+            (
+                r#"{"hugepageLimits": [{"pageSize": "2MB.limit_in_bytes/../../other/hugetlb.2MB", "limit": 0}]}"#,
+                "/hugepageLimits/0/pageSize",
+            ),
             (
                 r#"{"unified": {"devices.allow": "a"}}"#,
                 "/unified/devices.allow",
