@@ -231,6 +231,17 @@ pub fn run_as(argv0: Option<PathBuf>, args: Vec<OsString>) -> Outcome {
         Command::Update => update(&env, &sub),
         Command::Delete => delete(&env, &sub),
         Command::Check => check(&env, &sub),
+        // Nothing the tenant wrote is judged here; runc gets the parsed flags.
+        Command::Start
+        | Command::Kill
+        | Command::State
+        | Command::Pause
+        | Command::Resume
+        | Command::Ps
+        | Command::Events
+        | Command::List
+        | Command::Spec
+        | Command::Features => env.plan(0),
     }
 }
 

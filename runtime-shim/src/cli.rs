@@ -24,6 +24,8 @@ pub enum CliError {
     },
     #[error("{command}: the container id is missing")]
     MissingId { command: String },
+    #[error("unknown command {command:?}")]
+    UnknownCommand { command: String },
     #[error("argument {index} is not valid UTF-8")]
     NotUtf8 { index: usize },
     #[error(
@@ -176,6 +178,13 @@ const RESTORE: &[FlagSpec] = &[
 
 const DELETE: &[FlagSpec] = &[b(&["force", "f"]), b(&["help", "h"])];
 
+const HELP_ONLY: &[FlagSpec] = &[b(&["help", "h"])];
+const KILL: &[FlagSpec] = &[b(&["all", "a"]), b(&["help", "h"])];
+const PS: &[FlagSpec] = &[v(&["format", "f"]), b(&["help", "h"])];
+const EVENTS: &[FlagSpec] = &[v(&["interval"]), b(&["stats"]), b(&["help", "h"])];
+const LIST: &[FlagSpec] = &[v(&["format", "f"]), b(&["quiet", "q"]), b(&["help", "h"])];
+const SPEC: &[FlagSpec] = &[v(&["bundle", "b"]), b(&["rootless"]), b(&["help", "h"])];
+
 /// `tessera-runtime check`: our own subcommand.
 const CHECK: &[FlagSpec] = &[
     v(&["bundle", "b"]),
@@ -184,7 +193,9 @@ const CHECK: &[FlagSpec] = &[
     b(&["help", "h"]),
 ];
 
-/// The subcommands tessera-runtime acts on; every other one passes through unchanged.
+/// The subcommands of runc (and `check`, the runtime's own), each parsed with the
+/// flags runc takes for it. `help` and `checkpoint` are not parsed (the first passes
+/// through, the runtime refuses the second); any other name is an error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Command {
     Create,
@@ -194,6 +205,16 @@ pub enum Command {
     Restore,
     Delete,
     Check,
+    Start,
+    Kill,
+    State,
+    Pause,
+    Resume,
+    Ps,
+    Events,
+    List,
+    Spec,
+    Features,
 }
 
 impl Command {
@@ -206,6 +227,16 @@ impl Command {
             "restore" => Self::Restore,
             "delete" => Self::Delete,
             "check" => Self::Check,
+            "start" => Self::Start,
+            "kill" => Self::Kill,
+            "state" => Self::State,
+            "pause" => Self::Pause,
+            "resume" => Self::Resume,
+            "ps" => Self::Ps,
+            "events" => Self::Events,
+            "list" => Self::List,
+            "spec" => Self::Spec,
+            "features" => Self::Features,
             _ => return None,
         })
     }
@@ -220,6 +251,16 @@ impl Command {
             Self::Restore => "restore",
             Self::Delete => "delete",
             Self::Check => "check",
+            Self::Start => "start",
+            Self::Kill => "kill",
+            Self::State => "state",
+            Self::Pause => "pause",
+            Self::Resume => "resume",
+            Self::Ps => "ps",
+            Self::Events => "events",
+            Self::List => "list",
+            Self::Spec => "spec",
+            Self::Features => "features",
         }
     }
 
@@ -232,12 +273,24 @@ impl Command {
             Self::Restore => RESTORE,
             Self::Delete => DELETE,
             Self::Check => CHECK,
+            Self::Start | Self::State | Self::Pause | Self::Resume | Self::Features => HELP_ONLY,
+            Self::Kill => KILL,
+            Self::Ps => PS,
+            Self::Events => EVENTS,
+            Self::List => LIST,
+            Self::Spec => SPEC,
         }
     }
 
-    /// runc's `exec` sets urfave's SkipArgReorder: flags end at the container id.
+    /// runc's `exec` and `ps` set urfave's SkipArgReorder: flags end at the container
+    /// id (what follows is the process's command line, or `ps`'s options).
     fn reorders(self) -> bool {
-        !matches!(self, Self::Exec)
+        !matches!(self, Self::Exec | Self::Ps)
+    }
+
+    /// Whether runc needs a container id after the command.
+    fn takes_id(self) -> bool {
+        !matches!(self, Self::Check | Self::List | Self::Spec | Self::Features)
     }
 }
 
@@ -352,10 +405,12 @@ impl FlagUse {
 }
 
 fn is_bool(name: &str) -> bool {
-    [CREATE, RUN, EXEC, UPDATE, DELETE, GLOBAL]
-        .iter()
-        .flat_map(|t| t.iter())
-        .any(|s| s.kind == Kind::Bool && s.names[0] == name)
+    [
+        CREATE, RUN, EXEC, UPDATE, DELETE, GLOBAL, KILL, EVENTS, LIST, SPEC, HELP_ONLY,
+    ]
+    .iter()
+    .flat_map(|t| t.iter())
+    .any(|s| s.kind == Kind::Bool && s.names[0] == name)
 }
 
 /// `--` before positional arguments when one could be read as a flag.
@@ -575,6 +630,15 @@ pub fn parse_strings(argv: Vec<String>) -> Result<Invocation, CliError> {
     let mut command = None;
     if let Some(ci) = command_index
         && !global.help_or_version
+        && Command::from_name(&argv[ci]).is_none()
+        && !matches!(argv[ci].as_str(), "help" | "h" | "checkpoint")
+    {
+        return Err(CliError::UnknownCommand {
+            command: argv[ci].clone(),
+        });
+    }
+    if let Some(ci) = command_index
+        && !global.help_or_version
         && let Some(cmd) = Command::from_name(&argv[ci])
     {
         let (sub, _) = parse_flags(
@@ -586,7 +650,7 @@ pub fn parse_strings(argv: Vec<String>) -> Result<Invocation, CliError> {
             false,
         )?;
         if !sub.is_set("help") {
-            if cmd != Command::Check && sub.positionals.is_empty() {
+            if cmd.takes_id() && sub.positionals.is_empty() {
                 return Err(CliError::MissingId {
                     command: cmd.name().to_string(),
                 });
@@ -685,13 +749,42 @@ mod tests {
     }
 
     #[test]
-    fn pass_through_commands_are_not_parsed() {
+    fn every_runc_command_is_parsed_help_passes_and_unknown_ones_are_errors() {
         let inv = p("--root /r kill --all id KILL");
-        assert!(inv.command.is_none());
-        assert_eq!(inv.command_index, Some(2));
+        let (cmd, sub) = inv.command.clone().unwrap();
+        assert_eq!(cmd, Command::Kill);
+        assert_eq!(
+            inv.rebuilt_args(cmd, &sub, &[]),
+            ["--root=/r", "kill", "--all", "id", "KILL"]
+        );
+        let inv = p("ps -f json id -ef");
+        let (cmd, sub) = inv.command.clone().unwrap();
+        assert_eq!(
+            inv.rebuilt_args(cmd, &sub, &[]),
+            ["ps", "--format=json", "--", "id", "-ef"]
+        );
+        for line in [
+            "list -q",
+            "spec --rootless",
+            "features",
+            "state id",
+            "events --stats id",
+        ] {
+            assert!(p(line).command.is_some(), "{line}");
+        }
         let inv = p("--version");
         assert!(inv.global.help_or_version);
         assert!(inv.command.is_none());
+        assert!(p("help exec").command.is_none());
+        assert!(p("checkpoint id").command.is_none());
+        let e = parse_strings(vec!["pwn".into(), "id".into()]).unwrap_err();
+        assert_eq!(
+            e,
+            CliError::UnknownCommand {
+                command: "pwn".into()
+            }
+        );
+        assert!(parse_strings(vec!["kill".into(), "--signal".into(), "id".into()]).is_err());
     }
 
     #[test]
