@@ -308,6 +308,15 @@ fn argv_runc_would_read_otherwise_is_refused_before_runc_runs() {
             vec!["checkpoint", "--image-path", "/etc", "c1"],
             "checkpoint is refused",
         ),
+        (vec!["pwn", "c1"], "unknown command \"pwn\""),
+        (
+            vec!["kill", "--all", "-a", "c1", "KILL"],
+            "--all is given more than once",
+        ),
+        (
+            vec!["spec", "--bundle", "/etc", "-b", "/root"],
+            "--bundle is given more than once",
+        ),
         (
             vec!["update", "-r", "/a", "--resources=/b", "c1"],
             "--resources is given more than once",
