@@ -11,6 +11,7 @@ pub mod exec;
 pub mod mounts;
 pub mod namespaces;
 pub mod seccomp;
+pub mod update;
 
 use crate::config::RuntimeConfig;
 use crate::host::HostFacts;
