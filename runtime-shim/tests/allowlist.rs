@@ -713,6 +713,23 @@ fn hostile() -> Vec<(&'static str, &'static str, Mutation)> {
             "cgroup file cgroup.procs",
             |s, _| s["linux"]["resources"]["unified"] = json!({"cgroup.procs": "1"}),
         ),
+        // runc joins these names to the container's cgroup directory.
+        case(
+            "unified-climbs-out",
+            "/linux/resources/unified/memory.~1..~1..~1victim~1memory.max: not a cgroup file name",
+            |s, _| {
+                s["linux"]["resources"]["unified"] = json!({"memory./../../victim/memory.max": "1"})
+            },
+        ),
+        case(
+            "hugepage-size-climbs-out",
+            "/linux/resources/hugepageLimits/0/pageSize",
+            |s, _| {
+                s["linux"]["resources"]["hugepageLimits"] = json!([{
+                    "pageSize": "2MB.limit_in_bytes/../../victim/hugetlb.2MB", "limit": 0
+                }])
+            },
+        ),
         case("cap-sys-admin", "CAP_SYS_ADMIN", |s, _| {
             s["process"]["capabilities"]["bounding"]
                 .as_array_mut()

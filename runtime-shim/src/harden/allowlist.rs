@@ -695,6 +695,43 @@ pub fn check(spec: &mut Value, ctx: &Context, ident: &Identity, f: &mut Findings
     root_path(spec, ctx, f);
     kernel_mounts(spec, f);
     bind_sources(spec, ctx, ident, f);
+    cgroup_file_names(spec, f);
+}
+
+/// runc makes cgroup file names of `unified` keys and hugepage sizes and joins them to
+/// the container's cgroup directory: a `/` or `..` there would reach another cgroup's
+/// files.
+fn cgroup_file_names(spec: &Value, f: &mut Findings) {
+    let Some(res) = spec.pointer("/linux/resources") else {
+        return;
+    };
+    for k in res
+        .get("unified")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flat_map(|m| m.keys())
+    {
+        if !super::update::cgroup_file_name_ok(k) {
+            f.refuse(format!(
+                "/linux/resources/unified/{}: not a cgroup file name",
+                escape(k)
+            ));
+        }
+    }
+    for (i, h) in res
+        .get("hugepageLimits")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        let size = h.get("pageSize").and_then(Value::as_str).unwrap_or("");
+        if !super::update::page_size_ok(size) {
+            f.refuse(format!(
+                "/linux/resources/hugepageLimits/{i}/pageSize: {size:?} is not a page size"
+            ));
+        }
+    }
 }
 
 /// Process fields (config.json's `process`, or the process JSON of `exec`).

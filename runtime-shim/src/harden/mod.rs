@@ -12,6 +12,7 @@ pub mod identity;
 pub mod mounts;
 pub mod namespaces;
 pub mod seccomp;
+pub mod update;
 
 use crate::config::RuntimeConfig;
 use crate::host::HostFacts;
