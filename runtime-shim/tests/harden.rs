@@ -843,3 +843,40 @@ fn a_lease_container_stays_in_its_callers_cgroup() {
         );
     }
 }
+
+/// A lease bound to a pod serves that pod only: its containers by runc's record of
+/// their sandbox, never a container of another pod or of none.
+#[test]
+fn a_lease_bound_to_a_pod_serves_only_that_pod() {
+    let Some(mut fx) = Fixture::new(true) else {
+        return;
+    };
+    fx.sandbox("sb-own", "u-own", "team", "/kubepods/podu-own/sb-own");
+    fx.sandbox("sb-else", "u-else", "team", "/kubepods/podu-else/sb-else");
+    fx.lease.as_mut().unwrap().pod = "u-own".into();
+    let in_pod = |sandbox: Option<&str>| {
+        let mut s = common::base_spec(&["sh"]);
+        if let Some(sb) = sandbox {
+            s["annotations"] = json!({"io.kubernetes.cri.sandbox-id": sb});
+        }
+        s
+    };
+    let d = fx.harden(in_pod(Some("sb-own")));
+    assert!(d.admitted, "{:?}", d.reasons);
+    // The pod reported to the daemon is the record's.
+    assert_eq!(
+        d.spec["annotations"]["io.kubernetes.cri.sandbox-uid"],
+        "u-own"
+    );
+    for (spec, want) in [
+        (in_pod(Some("sb-else")), "pod u-else may not use it"),
+        (in_pod(None), "a container in no pod may not use it"),
+    ] {
+        let d = fx.harden(spec);
+        assert!(
+            d.reasons.iter().any(|r| r.contains(want)),
+            "want {want:?}: {:?}",
+            d.reasons
+        );
+    }
+}
