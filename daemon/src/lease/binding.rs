@@ -267,6 +267,16 @@ impl LeaseManager {
                 .ok_or_else(|| LeaseError::NotFound("lease ended".into()))?;
             // The token belongs to the first pod that uses it; another pod
             // presenting it (copied from an annotation, say) is refused.
+            // A lease bound to a pod serves that pod only: a container that names
+            // no pod is refused, not let through.
+            if binding.pod.is_empty()
+                && let Some(owner) = &l.pod
+            {
+                return Err(LeaseError::PermissionDenied(format!(
+                    "the token of lease {} is bound to pod {owner}; a container in no pod may not use it",
+                    l.id
+                )));
+            }
             if !binding.pod.is_empty() {
                 match &l.pod {
                     Some(owner) if *owner != binding.pod => {
