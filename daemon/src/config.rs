@@ -84,6 +84,16 @@ pub struct Config {
     pub audit: AuditConfig,
     pub health: HealthConfig,
     pub kubernetes: KubernetesConfig,
+    pub cdi: CdiConfig,
+}
+
+/// `[cdi]`: a CDI spec for every active lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CdiConfig {
+    /// Write them (default: when `dir` exists at start).
+    pub enabled: bool,
+    /// Where (default /var/run/cdi, where podman and containerd look).
+    pub dir: PathBuf,
 }
 
 /// What happens to leases on a GPU (or MIG instance) that goes unhealthy.
@@ -318,6 +328,8 @@ struct RawConfig {
     health: RawHealth,
     #[serde(default)]
     kubernetes: kubernetes::RawKubernetes,
+    #[serde(default)]
+    cdi: RawCdi,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -402,6 +414,13 @@ struct RawHealth {
 struct RawMetrics {
     listen: Option<String>,
     allow_remote: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCdi {
+    enabled: Option<bool>,
+    dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -715,6 +734,14 @@ impl Config {
             allow_remote,
         };
         let kubernetes = kubernetes::validate_kubernetes(&v, raw.kubernetes, &tenancy, &lease)?;
+        let cdi_dir = raw.cdi.dir.unwrap_or_else(|| PathBuf::from("/var/run/cdi"));
+        if !cdi_dir.is_absolute() {
+            return Err(v.err("cdi.dir", format!("{} is not absolute", cdi_dir.display())));
+        }
+        let cdi = CdiConfig {
+            enabled: raw.cdi.enabled.unwrap_or_else(|| cdi_dir.is_dir()),
+            dir: cdi_dir,
+        };
 
         Ok(Config {
             path: path.to_path_buf(),
@@ -730,6 +757,7 @@ impl Config {
             metrics,
             health,
             kubernetes,
+            cdi,
         })
     }
 }
