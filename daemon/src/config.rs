@@ -79,6 +79,7 @@ pub struct Config {
     pub lease: LeaseConfig,
     pub devices: DevicesConfig,
     pub metrics: MetricsConfig,
+    pub api: ApiConfig,
     pub auth: AuthConfig,
     pub tenancy: TenancyConfig,
     pub audit: AuditConfig,
@@ -192,6 +193,24 @@ pub struct AuditConfig {
     pub keep: u32,
     pub on_failure: AuditOnFailure,
 }
+
+/// Limits of the gRPC API the daemon states and keeps (`[api]`).
+#[derive(Debug, Clone)]
+pub struct ApiConfig {
+    /// The largest message the daemon sends; a ListLeases page stops short of it.
+    pub max_send_message: usize,
+    /// Lease events queued for one watcher; a watcher whose queue is full is
+    /// dropped (RESOURCE_EXHAUSTED).
+    pub watch_queue: usize,
+    /// Lease events kept for watchers that resume from a revision.
+    pub watch_history: usize,
+    /// How often a watcher that asked for bookmarks gets one.
+    pub watch_bookmark_interval: Duration,
+}
+
+/// The smallest `api.max_send_message`: one lease with the most labels allowed and
+/// every partition fits with room to spare.
+pub const MIN_SEND_MESSAGE: usize = 1 << 20;
 
 /// The Prometheus endpoint (`[metrics]`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -312,6 +331,8 @@ struct RawConfig {
     #[serde(default)]
     metrics: RawMetrics,
     #[serde(default)]
+    api: RawApi,
+    #[serde(default)]
     health: RawHealth,
     #[serde(default)]
     kubernetes: kubernetes::RawKubernetes,
@@ -391,6 +412,15 @@ struct RawHealth {
     watch_events: Option<bool>,
     poll_interval: Option<String>,
     on_unhealthy: Option<OnUnhealthy>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawApi {
+    max_send_message: Option<String>,
+    watch_queue: Option<usize>,
+    watch_history: Option<usize>,
+    watch_bookmark_interval: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -711,6 +741,40 @@ impl Config {
             allow_remote,
         };
         let kubernetes = kubernetes::validate_kubernetes(&v, raw.kubernetes, &tenancy, &lease)?;
+        let api = ApiConfig {
+            max_send_message: match raw.api.max_send_message {
+                None => 4 << 20,
+                Some(s) => usize::try_from(
+                    parse_size(&s).map_err(|e| v.err("api.max_send_message", e.to_string()))?,
+                )
+                .unwrap_or(usize::MAX),
+            },
+            watch_queue: raw.api.watch_queue.unwrap_or(4096),
+            watch_history: raw.api.watch_history.unwrap_or(4096),
+            watch_bookmark_interval: v.duration(
+                "api.watch_bookmark_interval",
+                raw.api.watch_bookmark_interval,
+                "30s",
+            )?,
+        };
+        if api.max_send_message < MIN_SEND_MESSAGE {
+            return Err(v.err(
+                "api.max_send_message",
+                "must be at least 1MiB (one lease with every label it may have)".into(),
+            ));
+        }
+        if api.watch_queue == 0 || api.watch_queue > 1 << 20 {
+            return Err(v.err("api.watch_queue", "must be 1 to 1048576 events".into()));
+        }
+        if api.watch_history > 1 << 20 {
+            return Err(v.err("api.watch_history", "must be at most 1048576 events".into()));
+        }
+        if api.watch_bookmark_interval < Duration::from_millis(100) {
+            return Err(v.err(
+                "api.watch_bookmark_interval",
+                "must be at least 100ms".into(),
+            ));
+        }
 
         Ok(Config {
             path: path.to_path_buf(),
@@ -724,6 +788,7 @@ impl Config {
             tenancy,
             audit,
             metrics,
+            api,
             health,
             kubernetes,
         })

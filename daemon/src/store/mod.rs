@@ -142,6 +142,9 @@ pub struct LeaseQuery {
     pub limit: usize,
 }
 
+/// Where a paged listing goes on: the (creation time, id) of the last lease listed.
+pub type ListKey = (i64, String);
+
 pub struct Store {
     path: PathBuf,
     jobs: Mutex<Option<mpsc::Sender<Job>>>,
@@ -492,6 +495,38 @@ impl Store {
         let rows = stmt.query_map(params![q.tenant, q.state.map(|s| s.as_str()), limit], |r| {
             Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
         })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (id, body) = row?;
+            out.push(decode("lease", &id, &body)?);
+        }
+        Ok(out)
+    }
+
+    /// Up to `limit` leases (ended ones included) in (creation time, id) order,
+    /// after `after` when given: one page of a listing.
+    pub fn list_leases_page(
+        &self,
+        tenant: Option<&str>,
+        state: Option<LeaseState>,
+        after: Option<&ListKey>,
+        limit: usize,
+    ) -> Result<Vec<Lease>, StoreError> {
+        let conn = self.reader.lock().map_err(|_| StoreError::WriterGone)?;
+        let (after_ms, after_id) = match after {
+            Some((ms, id)) => (Some(*ms), Some(id.as_str())),
+            None => (None, None),
+        };
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let mut stmt = conn.prepare_cached(
+            "SELECT id, body FROM leases WHERE (?1 IS NULL OR tenant = ?1) AND (?2 IS NULL OR state = ?2) \
+             AND (?3 IS NULL OR created_at_ms > ?3 OR (created_at_ms = ?3 AND id > ?4)) \
+             ORDER BY created_at_ms, id LIMIT ?5",
+        )?;
+        let rows = stmt.query_map(
+            params![tenant, state.map(|s| s.as_str()), after_ms, after_id, limit],
+            |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)),
+        )?;
         let mut out = Vec::new();
         for row in rows {
             let (id, body) = row?;
@@ -895,6 +930,23 @@ impl Writer<'_> {
     pub fn delete_health_mark(&self, key: &str) -> Result<(), StoreError> {
         self.exec("DELETE FROM health_marks WHERE key = ?1", params![key])?;
         Ok(())
+    }
+
+    /// The daemon's generation, one more than at its last start (1 at the first).
+    pub fn next_generation(&self) -> Result<u64, StoreError> {
+        let last: Option<i64> = self
+            .conn
+            .query_row("SELECT value FROM meta WHERE key = 'generation'", [], |r| {
+                r.get(0)
+            })
+            .optional()?;
+        let next = last.unwrap_or(0).saturating_add(1);
+        self.exec(
+            "INSERT INTO meta (key, value) VALUES ('generation', ?1) \
+             ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            [next],
+        )?;
+        Ok(u64::try_from(next).unwrap_or(1))
     }
 
     /// Raw access for other modules' tables (usage, quota grants).
