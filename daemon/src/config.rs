@@ -197,7 +197,8 @@ pub struct AuditConfig {
 /// Limits of the gRPC API the daemon states and keeps (`[api]`).
 #[derive(Debug, Clone)]
 pub struct ApiConfig {
-    /// The largest message the daemon sends; a ListLeases page stops short of it.
+    /// The largest message the daemon sends (GetNode lists every partition); a
+    /// ListLeases page also stops short of 4 MiB.
     pub max_send_message: usize,
     /// Lease events queued for one watcher; a watcher whose queue is full is
     /// dropped (RESOURCE_EXHAUSTED).
@@ -743,7 +744,7 @@ impl Config {
         let kubernetes = kubernetes::validate_kubernetes(&v, raw.kubernetes, &tenancy, &lease)?;
         let api = ApiConfig {
             max_send_message: match raw.api.max_send_message {
-                None => 4 << 20,
+                None => 16 << 20,
                 Some(s) => usize::try_from(
                     parse_size(&s).map_err(|e| v.err("api.max_send_message", e.to_string()))?,
                 )
@@ -1008,6 +1009,32 @@ mod tests {
         assert_eq!(c.lease.default_ttl, Duration::from_secs(3600));
         assert_eq!(c.partition.strategy, Strategy::BestFit);
         assert!(c.partition.dynamic_mig);
+    }
+
+    #[test]
+    fn api_limits_default_and_refuse_what_cannot_work() {
+        let c = parse(MINIMAL).unwrap();
+        assert_eq!(c.api.max_send_message, 16 << 20);
+        assert_eq!(c.api.watch_queue, 4096);
+        assert_eq!(c.api.watch_history, 4096);
+        assert_eq!(c.api.watch_bookmark_interval, Duration::from_secs(30));
+        let c = parse(&format!(
+            "{MINIMAL}[api]\nmax_send_message = \"8MiB\"\nwatch_history = 0\n"
+        ))
+        .unwrap();
+        assert_eq!(c.api.max_send_message, 8 << 20);
+        assert_eq!(c.api.watch_history, 0);
+        for (bad, field) in [
+            ("max_send_message = \"64KiB\"", "api.max_send_message"),
+            ("watch_queue = 0", "api.watch_queue"),
+            (
+                "watch_bookmark_interval = \"1ms\"",
+                "api.watch_bookmark_interval",
+            ),
+        ] {
+            let e = parse(&format!("{MINIMAL}[api]\n{bad}\n")).unwrap_err();
+            assert!(e.to_string().contains(field), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -28,8 +28,12 @@ pub mod uds_authority;
 /// Largest request the daemon decodes (a lease request is a few hundred bytes).
 pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
 
-/// Room a ListLeases page leaves below `api.max_send_message` (the answer's own
-/// fields and framing).
+/// The receive limit every gRPC stack has by default (grpc-core, grpc-go, grpc-java,
+/// tonic): a ListLeases page stays under it, whatever `api.max_send_message` allows.
+pub const DEFAULT_CLIENT_LIMIT: usize = 4 << 20;
+
+/// Room a ListLeases page leaves below its limit (the answer's own fields and
+/// framing).
 const PAGE_HEADROOM: usize = 64 * 1024;
 
 #[derive(Debug, Clone)]
@@ -652,12 +656,14 @@ impl Tessera for TesseraService {
             // Every page of a listing answers its first page's revision: watched
             // from there, nothing changed while the pages were read is missed.
             let revision = cursor.as_ref().map_or(page.revision, |c| c.revision);
-            // The page stops short of the largest message the daemon sends.
+            // The page stops short of what any client takes by default (and of the
+            // largest message the daemon sends).
             let budget = self
                 .mgr
                 .config()
                 .api
                 .max_send_message
+                .min(DEFAULT_CLIENT_LIMIT)
                 .saturating_sub(PAGE_HEADROOM);
             let mut leases = Vec::with_capacity(page.leases.len());
             let mut bytes = 0usize;
