@@ -527,3 +527,43 @@ fn a_watcher_that_stops_reading_is_cut_off_and_memory_stays_bounded() {
         assert_eq!(ids.len(), 500);
     });
 }
+
+/// Leases with 15 KiB of labels each: a page of 1,000 would be 15 MB. The page
+/// stops short of 4 MiB (a default client's limit) and the next goes on from there.
+#[test]
+fn a_page_of_large_leases_stops_short_of_four_mib() {
+    let daemon = TestDaemon::start_with(&many_gpus(), OVERSUBSCRIBE).unwrap();
+    let rt = rt();
+    rt.block_on(async {
+        let mut c = connect(&daemon.socket).await.unwrap();
+        let mut created = BTreeSet::new();
+        for _ in 0..400 {
+            let mut r = create_req("big");
+            for i in 0..15 {
+                r.labels.insert(format!("pad-{i}"), "x".repeat(1000));
+            }
+            let l = c.create_lease(r).await.unwrap().into_inner().lease.unwrap();
+            created.insert(l.id);
+        }
+        // A client with tonic's default 4 MiB receive limit.
+        let mut req = pb::ListLeasesRequest {
+            page_size: 1000,
+            ..Default::default()
+        };
+        let mut listed = Vec::new();
+        let mut sizes = Vec::new();
+        loop {
+            let r = c.list_leases(req.clone()).await.unwrap().into_inner();
+            sizes.push(r.leases.len());
+            listed.extend(r.leases.into_iter().map(|l| l.id));
+            if r.next_page_token.is_empty() {
+                break;
+            }
+            req.page_token = r.next_page_token;
+        }
+        assert!(sizes.len() >= 2, "pages of {sizes:?}");
+        assert!(sizes[0] < 400 && sizes[0] > 100, "pages of {sizes:?}");
+        assert_eq!(listed.len(), 400, "pages of {sizes:?}");
+        assert_eq!(listed.into_iter().collect::<BTreeSet<_>>(), created);
+    });
+}
