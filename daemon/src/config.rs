@@ -751,7 +751,7 @@ impl Config {
                 .unwrap_or(usize::MAX),
             },
             watch_queue: raw.api.watch_queue.unwrap_or(4096),
-            watch_history: raw.api.watch_history.unwrap_or(4096),
+            watch_history: raw.api.watch_history.unwrap_or(1024),
             watch_bookmark_interval: v.duration(
                 "api.watch_bookmark_interval",
                 raw.api.watch_bookmark_interval,
@@ -1016,7 +1016,7 @@ mod tests {
         let c = parse(MINIMAL).unwrap();
         assert_eq!(c.api.max_send_message, 16 << 20);
         assert_eq!(c.api.watch_queue, 4096);
-        assert_eq!(c.api.watch_history, 4096);
+        assert_eq!(c.api.watch_history, 1024);
         assert_eq!(c.api.watch_bookmark_interval, Duration::from_secs(30));
         let c = parse(&format!(
             "{MINIMAL}[api]\nmax_send_message = \"8MiB\"\nwatch_history = 0\n"

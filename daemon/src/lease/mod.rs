@@ -159,9 +159,14 @@ impl LeaseManager {
         *mgr.grants.lock().unwrap_or_else(|p| p.into_inner()) = grants;
         mgr.load_and_reconcile()?;
         mgr.ensure_static_layout()?;
-        // After the snapshot is read (a write would discard the one read ahead).
+        // After the snapshot is read (a write would discard the one read ahead),
+        // and not waited for: it commits before any lease change of this run does.
         // Nobody watches yet: what start-up published needs no revision.
-        let generation = mgr.store.write_blocking(|w| w.next_generation())?;
+        let generation = mgr.store.generation()?.saturating_add(1);
+        mgr.store
+            .write_detached("the daemon's generation", move |w| {
+                w.set_generation(generation)
+            })?;
         let fresh = events::History::new(generation, mgr.config.api.watch_history);
         *mgr.history.lock().unwrap_or_else(|p| p.into_inner()) =
             fresh.into_inner().unwrap_or_else(|p| p.into_inner());

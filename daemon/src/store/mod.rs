@@ -535,6 +535,32 @@ impl Store {
         Ok(out)
     }
 
+    /// The generation the daemon last recorded (0 before any): one more at each
+    /// start, the high bits of lease event revisions.
+    pub fn generation(&self) -> Result<u64, StoreError> {
+        let conn = self.reader.lock().map_err(|_| StoreError::WriterGone)?;
+        let last: Option<i64> = conn
+            .query_row("SELECT value FROM meta WHERE key = 'generation'", [], |r| {
+                r.get(0)
+            })
+            .optional()?;
+        Ok(last.and_then(|v| u64::try_from(v).ok()).unwrap_or(0))
+    }
+
+    /// Queue `f` without waiting for its commit (a failure is logged). It commits
+    /// before, or with, every write queued after it: whatever later becomes durable
+    /// implies it is.
+    pub fn write_detached<F>(&self, what: &'static str, f: F) -> Result<(), StoreError>
+    where
+        F: FnOnce(&Writer<'_>) -> Result<(), StoreError> + Send + 'static,
+    {
+        self.submit(f, move |r| {
+            if let Err(e) = r {
+                tracing::error!(error = %e, "the store could not record {what}");
+            }
+        })
+    }
+
     /// Temporary quota grants (expired ones included until pruned).
     pub fn grants(&self) -> Result<Vec<Grant>, StoreError> {
         let conn = self.reader.lock().map_err(|_| StoreError::WriterGone)?;
@@ -932,21 +958,14 @@ impl Writer<'_> {
         Ok(())
     }
 
-    /// The daemon's generation, one more than at its last start (1 at the first).
-    pub fn next_generation(&self) -> Result<u64, StoreError> {
-        let last: Option<i64> = self
-            .conn
-            .query_row("SELECT value FROM meta WHERE key = 'generation'", [], |r| {
-                r.get(0)
-            })
-            .optional()?;
-        let next = last.unwrap_or(0).saturating_add(1);
+    /// Record the daemon's generation (see [`Store::generation`]).
+    pub fn set_generation(&self, generation: u64) -> Result<(), StoreError> {
         self.exec(
             "INSERT INTO meta (key, value) VALUES ('generation', ?1) \
              ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-            [next],
+            [i64::try_from(generation).unwrap_or(i64::MAX)],
         )?;
-        Ok(u64::try_from(next).unwrap_or(1))
+        Ok(())
     }
 
     /// Raw access for other modules' tables (usage, quota grants).
