@@ -180,7 +180,13 @@ pub struct ListArgs {
     /// Include ended leases (released, expired, revoked, failed).
     #[arg(long)]
     pub all: bool,
+    /// Show at most this many leases (the oldest first); without it, every one.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub limit: Option<u32>,
 }
+
+/// The most leases the CLI asks for in one page (the daemon's maximum).
+const PAGE_SIZE: u32 = 1000;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum LeaseArgError {
@@ -332,31 +338,7 @@ pub async fn run(daemon: &mut Daemon, cmd: LeaseCmd, json: bool) -> anyhow::Resu
             text.push_str(&format!("\ntoken: {}\n{TOKEN_NOTICE}\n", view.token));
             output::print(&text)?;
         }
-        LeaseCmd::List(args) => {
-            let req = pb::ListLeasesRequest {
-                tenant: args.tenant.unwrap_or_default(),
-                state: args
-                    .state
-                    .map_or(pb::LeaseState::Unspecified, pb::LeaseState::from)
-                    as i32,
-                include_ended: args.all,
-            };
-            let resp = daemon
-                .client
-                .list_leases(req)
-                .await
-                .map_err(|s| daemon.fail("ListLeases", s))?
-                .into_inner();
-            let views: Vec<LeaseView> = resp.leases.iter().map(LeaseView::from).collect();
-            if json {
-                return output::print_json(&views);
-            }
-            if views.is_empty() {
-                output::print("no leases\n")?;
-            } else {
-                output::print(&lease_table(&views, now))?;
-            }
-        }
+        LeaseCmd::List(args) => list(daemon, args, json, now).await?,
         LeaseCmd::Show { id } => {
             let resp = daemon
                 .client
@@ -393,6 +375,64 @@ pub async fn run(daemon: &mut Daemon, cmd: LeaseCmd, json: bool) -> anyhow::Resu
             // put the end in the future ("ended in 3s").
             print_lease(resp.lease.as_ref(), json, parse::now_ms())?;
         }
+    }
+    Ok(())
+}
+
+/// Every page of the listing (up to `--limit` leases). `--json` prints one JSON
+/// array page by page, so the output is a valid array once complete and a long
+/// listing starts showing at once; the table needs every row for its widths.
+async fn list(daemon: &mut Daemon, args: ListArgs, json: bool, now: i64) -> anyhow::Result<()> {
+    let mut req = pb::ListLeasesRequest {
+        tenant: args.tenant.unwrap_or_default(),
+        state: args
+            .state
+            .map_or(pb::LeaseState::Unspecified, pb::LeaseState::from) as i32,
+        include_ended: args.all,
+        ..Default::default()
+    };
+    let mut left = args.limit;
+    let mut views: Vec<LeaseView> = Vec::new();
+    let mut shown = 0usize;
+    if json {
+        output::print("[")?;
+    }
+    loop {
+        let size = left.map_or(PAGE_SIZE, |n| n.min(PAGE_SIZE));
+        req.page_size = i32::try_from(size).unwrap_or(i32::MAX);
+        let resp = daemon
+            .client
+            .list_leases(req.clone())
+            .await
+            .map_err(|s| daemon.fail("ListLeases", s))?
+            .into_inner();
+        let take = left.map_or(resp.leases.len(), |n| resp.leases.len().min(n as usize));
+        if json {
+            let mut text = String::new();
+            for l in &resp.leases[..take] {
+                text.push_str(if shown == 0 { "\n" } else { ",\n" });
+                text.push_str(&serde_json::to_string_pretty(&LeaseView::from(l))?);
+                shown += 1;
+            }
+            output::print(&text)?;
+        } else {
+            views.extend(resp.leases[..take].iter().map(LeaseView::from));
+        }
+        if let Some(n) = left.as_mut() {
+            *n = n.saturating_sub(u32::try_from(take).unwrap_or(u32::MAX));
+        }
+        if resp.next_page_token.is_empty() || left == Some(0) {
+            break;
+        }
+        req.page_token = resp.next_page_token;
+    }
+    if json {
+        return Ok(output::print(if shown == 0 { "]\n" } else { "\n]\n" })?);
+    }
+    if views.is_empty() {
+        output::print("no leases\n")?;
+    } else {
+        output::print(&lease_table(&views, now))?;
     }
     Ok(())
 }

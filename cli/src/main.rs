@@ -66,6 +66,14 @@ enum Command {
         /// Only this tenant's leases.
         #[arg(long)]
         tenant: Option<String>,
+        /// Resume: every event after this revision (a listing's, or the last event
+        /// seen), then live ones.
+        #[arg(long, value_name = "REV")]
+        since: Option<u64>,
+        /// Also a bookmark line (the revision reached) now and then, to resume
+        /// from after a quiet spell.
+        #[arg(long)]
+        bookmarks: bool,
     },
     /// Usage per tenant (partition-seconds weighted by size).
     Usage(usage::UsageArgs),
@@ -196,7 +204,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             reason,
         }) => node::set_health(&mut daemon, gpu, instance, false, reason, json).await,
         Command::Lease(cmd) => lease::run(&mut daemon, cmd, json).await,
-        Command::Watch { tenant } => watch::run(&mut daemon, tenant, json).await,
+        Command::Watch {
+            tenant,
+            since,
+            bookmarks,
+        } => watch::run(&mut daemon, tenant, since, bookmarks, json).await,
         Command::Usage(args) => usage::run(&mut daemon, args, json).await,
         Command::Quota(cmd) => admin::quota(&mut daemon, cmd, json).await,
         Command::Reload => admin::reload(&mut daemon, json).await,

@@ -182,6 +182,7 @@ pub fn event_kind_name(kind: i32) -> String {
         Ok(K::Unhealthy) => "unhealthy".to_owned(),
         Ok(K::Healthy) => "healthy".to_owned(),
         Ok(K::Moved) => "moved".to_owned(),
+        Ok(K::Bookmark) => "bookmark".to_owned(),
         Err(_) => format!("unknown({kind})"),
     }
 }

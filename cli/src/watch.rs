@@ -10,6 +10,8 @@ use crate::output::{self, LeaseView, abs_time, event_kind_name};
 #[derive(Debug, Serialize)]
 pub struct EventView {
     pub kind: String,
+    /// Where to resume from (`tessera watch --since`).
+    pub revision: u64,
     pub at_ms: i64,
     pub message: String,
     pub lease: Option<LeaseView>,
@@ -19,6 +21,7 @@ impl From<&pb::LeaseEvent> for EventView {
     fn from(e: &pb::LeaseEvent) -> Self {
         Self {
             kind: event_kind_name(e.kind),
+            revision: e.revision,
             at_ms: e.at_ms,
             message: e.message.clone(),
             lease: e.lease.as_ref().map(LeaseView::from),
@@ -27,7 +30,7 @@ impl From<&pb::LeaseEvent> for EventView {
 }
 
 impl EventView {
-    /// "2026-11-21T10:00:00Z  created  l-7f3a  team-a  mig 1g.10gb on gpu 0"
+    /// "2026-11-21T10:00:00Z  created  l-7f3a  team-a  mig 1g.10gb on gpu 0  @17"
     pub fn line(&self) -> String {
         let (id, tenant) = self
             .lease
@@ -39,18 +42,27 @@ impl EventView {
             self.message.as_str()
         };
         format!(
-            "{}  {:<17}  {id}  {tenant}  {message}",
+            "{}  {:<17}  {id}  {tenant}  {message}  @{}",
             abs_time(self.at_ms),
-            self.kind
+            self.kind,
+            self.revision
         )
     }
 }
 
-pub async fn run(daemon: &mut Daemon, tenant: Option<String>, json: bool) -> anyhow::Result<()> {
+pub async fn run(
+    daemon: &mut Daemon,
+    tenant: Option<String>,
+    since: Option<u64>,
+    bookmarks: bool,
+    json: bool,
+) -> anyhow::Result<()> {
     let mut stream = daemon
         .client
         .watch_leases(pb::WatchLeasesRequest {
             tenant: tenant.unwrap_or_default(),
+            since_revision: since.unwrap_or(0),
+            bookmarks,
         })
         .await
         .map_err(|s| daemon.fail("WatchLeases", s))?
@@ -84,6 +96,7 @@ mod tests {
             lease: Some(sample_lease()),
             at_ms: NOW,
             message: "mig 1g.10gb on gpu 0".to_owned(),
+            revision: 17,
         }
     }
 
@@ -91,7 +104,7 @@ mod tests {
     fn event_line_has_time_kind_lease_tenant_message() {
         assert_eq!(
             EventView::from(&event()).line(),
-            "2026-11-21T10:00:00Z  created            l-7f3a  team-a  mig 1g.10gb on gpu 0"
+            "2026-11-21T10:00:00Z  created            l-7f3a  team-a  mig 1g.10gb on gpu 0  @17"
         );
     }
 
@@ -101,6 +114,7 @@ mod tests {
         assert!(!text.contains('\n'));
         let v: serde_json::Value = serde_json::from_str(&text).unwrap();
         assert_eq!(v["kind"], "created");
+        assert_eq!(v["revision"], 17);
         assert_eq!(v["at_ms"], NOW);
         assert_eq!(v["lease"]["id"], "l-7f3a");
         assert_eq!(v["lease"]["state"], "active");

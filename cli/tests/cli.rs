@@ -19,6 +19,7 @@ type Reply<T> = Result<Response<T>, Status>;
 struct Fake {
     list_requests: Mutex<Vec<pb::ListLeasesRequest>>,
     create_requests: Mutex<Vec<pb::CreateLeaseRequest>>,
+    watch_requests: Mutex<Vec<pb::WatchLeasesRequest>>,
 }
 
 fn lease(id: &str, tenant: &str) -> pb::Lease {
@@ -107,28 +108,45 @@ impl Tessera for Fake {
         &self,
         req: Request<pb::ListLeasesRequest>,
     ) -> Reply<pb::ListLeasesResponse> {
-        self.list_requests.lock().unwrap().push(req.into_inner());
-        Ok(Response::new(pb::ListLeasesResponse {
-            leases: vec![lease("l-1", "team-a"), lease("l-2", "team-b")],
+        // Two pages of one lease each, as a daemon answers a page size of 1 or
+        // one whose page stops short of its message limit.
+        let req = req.into_inner();
+        let first = req.page_token.is_empty();
+        self.list_requests.lock().unwrap().push(req);
+        Ok(Response::new(if first {
+            pb::ListLeasesResponse {
+                leases: vec![lease("l-1", "team-a")],
+                next_page_token: "page-2".to_owned(),
+                revision: 41,
+            }
+        } else {
+            pb::ListLeasesResponse {
+                leases: vec![lease("l-2", "team-b")],
+                next_page_token: String::new(),
+                revision: 41,
+            }
         }))
     }
     type WatchLeasesStream = tokio_stream::Iter<std::vec::IntoIter<Result<pb::LeaseEvent, Status>>>;
     async fn watch_leases(
         &self,
-        _: Request<pb::WatchLeasesRequest>,
+        req: Request<pb::WatchLeasesRequest>,
     ) -> Reply<Self::WatchLeasesStream> {
+        self.watch_requests.lock().unwrap().push(req.into_inner());
         let events = vec![
             Ok(pb::LeaseEvent {
                 kind: pb::LeaseEventKind::Created as i32,
                 lease: Some(lease("l-1", "team-a")),
                 at_ms: 1_795_255_200_000,
                 message: "mps 25% on gpu 0".to_owned(),
+                revision: 42,
             }),
             Ok(pb::LeaseEvent {
                 kind: pb::LeaseEventKind::Released as i32,
                 lease: Some(lease("l-1", "team-a")),
                 at_ms: 1_795_255_260_000,
                 message: String::new(),
+                revision: 43,
             }),
         ];
         Ok(Response::new(tokio_stream::iter(events)))
@@ -319,11 +337,39 @@ async fn lease_list_sends_filters_and_renders_rows() {
     assert_eq!(json.as_array().unwrap().len(), 2);
     assert_eq!(json[1]["shape"]["kind"], "mps");
     let sent = d.fake.list_requests.lock().unwrap().clone();
+    // Each listing reads both pages, the second with the first's token and the
+    // same filter.
+    assert_eq!(sent.len(), 4);
     assert_eq!(sent[0].tenant, "team-a");
     assert_eq!(sent[0].state, pb::LeaseState::Revoking as i32);
     assert!(!sent[0].include_ended);
-    assert_eq!(sent[1].state, pb::LeaseState::Unspecified as i32);
-    assert!(sent[1].include_ended);
+    assert_eq!(sent[0].page_token, "");
+    assert_eq!(sent[1].page_token, "page-2");
+    assert_eq!(sent[1].tenant, "team-a");
+    assert_eq!(sent[1].state, pb::LeaseState::Revoking as i32);
+    assert_eq!(sent[2].state, pb::LeaseState::Unspecified as i32);
+    assert!(sent[2].include_ended);
+    assert!(sent[3].include_ended);
+}
+
+#[tokio::test]
+async fn lease_list_limit_stops_after_that_many() {
+    let d = start().await;
+    let out = tessera(&d.socket, &["lease", "list", "--limit", "1", "--json"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ids: Vec<&str> = json
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["l-1"]);
+    let sent = d.fake.list_requests.lock().unwrap().clone();
+    assert_eq!(sent.len(), 1, "no second page asked for");
+    assert_eq!(sent[0].page_size, 1);
+    let out = tessera(&d.socket, &["lease", "list", "--limit", "0"]).await;
+    assert_eq!(out.status.code(), Some(2), "a limit of 0 is a usage error");
 }
 
 #[tokio::test]
@@ -338,8 +384,27 @@ async fn watch_json_one_object_per_line_then_stream_end_exits_3() {
     assert_eq!(first["lease"]["id"], "l-1");
     let second: serde_json::Value = serde_json::from_str(lines[1]).unwrap();
     assert_eq!(second["kind"], "released");
+    assert_eq!(second["revision"], 43);
     assert_eq!(out.status.code(), Some(3));
     assert!(text(&out.stderr).contains("closed the event stream"));
+    let sent = d.fake.watch_requests.lock().unwrap().clone();
+    assert_eq!(sent[0].since_revision, 0, "from now");
+    assert!(!sent[0].bookmarks);
+}
+
+#[tokio::test]
+async fn watch_since_resumes_from_that_revision() {
+    let d = start().await;
+    let out = tessera(&d.socket, &["watch", "--since", "41", "--bookmarks"]).await;
+    assert_eq!(out.status.code(), Some(3));
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.lines().next().unwrap().ends_with("  @42"),
+        "{stdout}"
+    );
+    let sent = d.fake.watch_requests.lock().unwrap().clone();
+    assert_eq!(sent[0].since_revision, 41);
+    assert!(sent[0].bookmarks);
 }
 
 #[tokio::test]

@@ -79,6 +79,7 @@ pub struct Config {
     pub lease: LeaseConfig,
     pub devices: DevicesConfig,
     pub metrics: MetricsConfig,
+    pub api: ApiConfig,
     pub auth: AuthConfig,
     pub tenancy: TenancyConfig,
     pub audit: AuditConfig,
@@ -206,6 +207,25 @@ pub struct AuditConfig {
     pub on_failure: AuditOnFailure,
 }
 
+/// Limits of the gRPC API the daemon states and keeps (`[api]`).
+#[derive(Debug, Clone)]
+pub struct ApiConfig {
+    /// The largest message the daemon sends (GetNode lists every partition); a
+    /// ListLeases page also stops short of 4 MiB.
+    pub max_send_message: usize,
+    /// Lease events queued for one watcher; a watcher whose queue is full is
+    /// dropped (RESOURCE_EXHAUSTED).
+    pub watch_queue: usize,
+    /// Lease events kept for watchers that resume from a revision.
+    pub watch_history: usize,
+    /// How often a watcher that asked for bookmarks gets one.
+    pub watch_bookmark_interval: Duration,
+}
+
+/// The smallest `api.max_send_message`: one lease with the most labels allowed and
+/// every partition fits with room to spare.
+pub const MIN_SEND_MESSAGE: usize = 1 << 20;
+
 /// The Prometheus endpoint (`[metrics]`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MetricsConfig {
@@ -325,6 +345,8 @@ struct RawConfig {
     #[serde(default)]
     metrics: RawMetrics,
     #[serde(default)]
+    api: RawApi,
+    #[serde(default)]
     health: RawHealth,
     #[serde(default)]
     kubernetes: kubernetes::RawKubernetes,
@@ -407,6 +429,15 @@ struct RawHealth {
     watch_events: Option<bool>,
     poll_interval: Option<String>,
     on_unhealthy: Option<OnUnhealthy>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawApi {
+    max_send_message: Option<String>,
+    watch_queue: Option<usize>,
+    watch_history: Option<usize>,
+    watch_bookmark_interval: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -742,6 +773,40 @@ impl Config {
             enabled: raw.cdi.enabled.unwrap_or_else(|| cdi_dir.is_dir()),
             dir: cdi_dir,
         };
+        let api = ApiConfig {
+            max_send_message: match raw.api.max_send_message {
+                None => 16 << 20,
+                Some(s) => usize::try_from(
+                    parse_size(&s).map_err(|e| v.err("api.max_send_message", e.to_string()))?,
+                )
+                .unwrap_or(usize::MAX),
+            },
+            watch_queue: raw.api.watch_queue.unwrap_or(4096),
+            watch_history: raw.api.watch_history.unwrap_or(1024),
+            watch_bookmark_interval: v.duration(
+                "api.watch_bookmark_interval",
+                raw.api.watch_bookmark_interval,
+                "30s",
+            )?,
+        };
+        if api.max_send_message < MIN_SEND_MESSAGE {
+            return Err(v.err(
+                "api.max_send_message",
+                "must be at least 1MiB (one lease with every label it may have)".into(),
+            ));
+        }
+        if api.watch_queue == 0 || api.watch_queue > 1 << 20 {
+            return Err(v.err("api.watch_queue", "must be 1 to 1048576 events".into()));
+        }
+        if api.watch_history > 1 << 20 {
+            return Err(v.err("api.watch_history", "must be at most 1048576 events".into()));
+        }
+        if api.watch_bookmark_interval < Duration::from_millis(100) {
+            return Err(v.err(
+                "api.watch_bookmark_interval",
+                "must be at least 100ms".into(),
+            ));
+        }
 
         Ok(Config {
             path: path.to_path_buf(),
@@ -755,6 +820,7 @@ impl Config {
             tenancy,
             audit,
             metrics,
+            api,
             health,
             kubernetes,
             cdi,
@@ -986,6 +1052,32 @@ mod tests {
         assert_eq!(c.lease.default_ttl, Duration::from_secs(3600));
         assert_eq!(c.partition.strategy, Strategy::BestFit);
         assert!(c.partition.dynamic_mig);
+    }
+
+    #[test]
+    fn api_limits_default_and_refuse_what_cannot_work() {
+        let c = parse(MINIMAL).unwrap();
+        assert_eq!(c.api.max_send_message, 16 << 20);
+        assert_eq!(c.api.watch_queue, 4096);
+        assert_eq!(c.api.watch_history, 1024);
+        assert_eq!(c.api.watch_bookmark_interval, Duration::from_secs(30));
+        let c = parse(&format!(
+            "{MINIMAL}[api]\nmax_send_message = \"8MiB\"\nwatch_history = 0\n"
+        ))
+        .unwrap();
+        assert_eq!(c.api.max_send_message, 8 << 20);
+        assert_eq!(c.api.watch_history, 0);
+        for (bad, field) in [
+            ("max_send_message = \"64KiB\"", "api.max_send_message"),
+            ("watch_queue = 0", "api.watch_queue"),
+            (
+                "watch_bookmark_interval = \"1ms\"",
+                "api.watch_bookmark_interval",
+            ),
+        ] {
+            let e = parse(&format!("{MINIMAL}[api]\n{bad}\n")).unwrap_err();
+            assert!(e.to_string().contains(field), "{bad}: {e}");
+        }
     }
 
     #[test]

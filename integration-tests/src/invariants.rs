@@ -177,6 +177,23 @@ impl Hardware {
     }
 }
 
+/// Every live lease, page after page.
+async fn every_lease(c: &mut Client) -> Result<Vec<pb::Lease>, tonic::Status> {
+    let mut req = pb::ListLeasesRequest {
+        page_size: 1000,
+        ..Default::default()
+    };
+    let mut out = Vec::new();
+    loop {
+        let page = c.list_leases(req.clone()).await?.into_inner();
+        out.extend(page.leases);
+        if page.next_page_token.is_empty() {
+            return Ok(out);
+        }
+        req.page_token = page.next_page_token;
+    }
+}
+
 /// Structural invariants between the API's view and the simulator's state file.
 /// Returns the violations and whether work is still in progress (pending or
 /// revoking leases), in which case a violation may be transient.
@@ -185,16 +202,16 @@ pub async fn check_structure(c: &mut Client, sim: &dyn GpuBackend) -> (Vec<Strin
     // GetNode and ListLeases are two snapshots: a lease that is revoking when the
     // first is taken may have ended by the second. Work in progress seen before the
     // node snapshot counts too, so the caller looks again instead of reporting it.
-    let before = match c.list_leases(pb::ListLeasesRequest::default()).await {
-        Ok(l) => l.into_inner().leases,
+    let before = match every_lease(c).await {
+        Ok(l) => l,
         Err(e) => return (vec![format!("ListLeases failed: {e}")], false),
     };
     let node = match c.get_node(pb::GetNodeRequest {}).await {
         Ok(n) => n.into_inner(),
         Err(e) => return (vec![format!("GetNode failed: {e}")], false),
     };
-    let live = match c.list_leases(pb::ListLeasesRequest::default()).await {
-        Ok(l) => l.into_inner().leases,
+    let live = match every_lease(c).await {
+        Ok(l) => l,
         Err(e) => return (vec![format!("ListLeases failed: {e}")], false),
     };
     // A partition being made or torn down (an MPS host instance reaped with its

@@ -224,6 +224,7 @@ fn an_unrenewed_lease_expires_and_frees_its_partition() {
         let mut watch = c
             .watch_leases(pb::WatchLeasesRequest {
                 tenant: "team-a".into(),
+                ..Default::default()
             })
             .await
             .unwrap()

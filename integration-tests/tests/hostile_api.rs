@@ -553,6 +553,7 @@ fn thousands_of_watch_streams_then_dropped_leave_the_daemon_serving() {
                 opens.push(tokio::spawn(async move {
                     c.watch_leases(pb::WatchLeasesRequest {
                         tenant: format!("ghost-{i}"),
+                        ..Default::default()
                     })
                     .await
                     .map(tonic::Response::into_inner)

@@ -195,7 +195,8 @@ fn every_rpc_for_every_principal_kind_is_allowed_or_permission_denied_as_documen
             probe!(
                 "WatchLeases(other)",
                 c.watch_leases(pb::WatchLeasesRequest {
-                    tenant: other.clone()
+                    tenant: other.clone(),
+                    ..Default::default()
                 })
             );
             probe!(
@@ -533,6 +534,7 @@ fn a_guaranteed_request_preempts_burst_leases_youngest_first_but_never_a_guarant
         let mut watch = c
             .watch_leases(pb::WatchLeasesRequest {
                 tenant: "team-a".into(),
+                ..Default::default()
             })
             .await
             .unwrap()

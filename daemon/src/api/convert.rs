@@ -358,6 +358,7 @@ pub fn event_to_pb(e: &LeaseEvent) -> pb::LeaseEvent {
         lease: Some(lease_to_pb(&e.lease, e.partition.as_ref())),
         at_ms: e.at_ms,
         message: e.message.clone(),
+        revision: e.revision,
     }
 }
 

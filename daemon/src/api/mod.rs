@@ -8,7 +8,9 @@
 pub mod auth;
 pub mod convert;
 pub mod errors;
+pub mod paging;
 mod service;
+mod watch;
 
 pub use service::{
     BoundTls, ReloadHook, ServeError, TesseraService, TlsMaterial, bind_unix, serve_tls,

@@ -1,12 +1,10 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tessera_proto::v1 as pb;
 use tessera_proto::v1::tessera_server::{Tessera, TesseraServer};
-use tokio_stream::Stream;
 use tonic::codegen::http;
 use tonic::{Request, Response, Status};
 use tonic_types::StatusExt;
@@ -14,6 +12,9 @@ use tracing::info;
 
 use super::auth::{self, Authenticator, Caller, Principal, Rpc};
 use super::convert::{self, status};
+use super::errors::rich;
+use super::paging::{self, PageTokens};
+use super::watch::EventStream;
 use crate::audit::{AuditLog, Record};
 use crate::config::{Amounts, AuditOnFailure, Config};
 use crate::gpu::HealthCause;
@@ -28,6 +29,14 @@ pub mod uds_authority;
 /// Largest request the daemon decodes (a lease request is a few hundred bytes).
 pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
 
+/// The receive limit every gRPC stack has by default (grpc-core, grpc-go, grpc-java,
+/// tonic): a ListLeases page stays under it, whatever `api.max_send_message` allows.
+pub const DEFAULT_CLIENT_LIMIT: usize = 4 << 20;
+
+/// Room a ListLeases page leaves below its limit (the answer's own fields and
+/// framing).
+const PAGE_HEADROOM: usize = 64 * 1024;
+
 #[derive(Debug, Clone)]
 pub struct TesseraService {
     mgr: Arc<LeaseManager>,
@@ -35,6 +44,8 @@ pub struct TesseraService {
     audit: Option<Arc<AuditLog>>,
     metrics: Option<Arc<crate::metrics::Metrics>>,
     reload_hooks: ReloadHooks,
+    /// ListLeases page tokens of this daemon run.
+    tokens: Arc<PageTokens>,
 }
 
 /// What else applies a reloaded config (the device plugin's mix): each gets the new
@@ -67,6 +78,7 @@ impl TesseraService {
             audit,
             metrics,
             reload_hooks: ReloadHooks::default(),
+            tokens: Arc::new(PageTokens::default()),
         }
     }
 
@@ -322,9 +334,10 @@ impl TesseraService {
     }
 
     pub fn into_server(self) -> TesseraServer<Self> {
+        let max_send = self.mgr.config().api.max_send_message;
         TesseraServer::new(self)
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(16 * MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(max_send)
     }
 }
 
@@ -374,8 +387,6 @@ async fn detached<T: Send + 'static>(
         .await
         .map_err(|e| Status::internal(format!("request task failed: {e}")))?
 }
-
-type EventStream = Pin<Box<dyn Stream<Item = Result<pb::LeaseEvent, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl Tessera for TesseraService {
@@ -605,16 +616,79 @@ impl Tessera for TesseraService {
         let result = (|| {
             let tenant = self.scope(&who, &r.tenant)?;
             let state = convert::state_from_pb(r.state)?;
+            let size = paging::page_size(r.page_size).map_err(|e| {
+                rich(
+                    tonic::Code::InvalidArgument,
+                    e.to_string(),
+                    "INVALID_ARGUMENT",
+                    tonic_types::ErrorDetails::with_bad_request_violation(
+                        "page_size",
+                        e.to_string(),
+                    ),
+                )
+            })?;
+            let filter = paging::filter_hash(&tenant, r.state, r.include_ended);
+            let cursor = if r.page_token.is_empty() {
+                None
+            } else {
+                Some(self.tokens.open(&r.page_token, &filter).map_err(|e| {
+                    rich(
+                        tonic::Code::InvalidArgument,
+                        e.to_string(),
+                        "INVALID_ARGUMENT",
+                        tonic_types::ErrorDetails::with_bad_request_violation(
+                            "page_token",
+                            e.to_string(),
+                        ),
+                    )
+                })?)
+            };
             let tenant = non_empty(tenant);
-            let leases = self
+            let page = self
                 .mgr
-                .list(tenant.as_deref(), state, r.include_ended)
+                .list_page(
+                    tenant.as_deref(),
+                    state,
+                    r.include_ended,
+                    cursor.as_ref().map(|c| &c.after),
+                    size,
+                )
                 .map_err(status)?;
+            // Every page of a listing answers its first page's revision: watched
+            // from there, nothing changed while the pages were read is missed.
+            let revision = cursor.as_ref().map_or(page.revision, |c| c.revision);
+            // The page stops short of what any client takes by default (and of the
+            // largest message the daemon sends).
+            let budget = self
+                .mgr
+                .config()
+                .api
+                .max_send_message
+                .min(DEFAULT_CLIENT_LIMIT)
+                .saturating_sub(PAGE_HEADROOM);
+            let mut leases = Vec::with_capacity(page.leases.len());
+            let mut bytes = 0usize;
+            let mut last = None;
+            let mut cut = false;
+            for (l, p) in &page.leases {
+                let one = lease_pb(&self.mgr, l, p.as_ref());
+                let n = prost::Message::encoded_len(&one) + 8;
+                if !leases.is_empty() && bytes + n > budget {
+                    cut = true;
+                    break;
+                }
+                bytes += n;
+                last = Some((l.created_at_ms, l.id.clone()));
+                leases.push(one);
+            }
+            let next_page_token = match last {
+                Some(key) if page.more || cut => self.tokens.issue(&filter, revision, &key),
+                _ => String::new(),
+            };
             Ok(Response::new(pb::ListLeasesResponse {
-                leases: leases
-                    .iter()
-                    .map(|(l, p)| lease_pb(&self.mgr, l, p.as_ref()))
-                    .collect(),
+                leases,
+                next_page_token,
+                revision,
             }))
         })();
         self.done(Rpc::ListLeases, &who, &r.tenant, "", result)
@@ -627,60 +701,19 @@ impl Tessera for TesseraService {
         req: Request<pb::WatchLeasesRequest>,
     ) -> Result<Response<Self::WatchLeasesStream>, Status> {
         let who = self.begin(Rpc::WatchLeases, &req)?;
-        let asked = req.into_inner().tenant;
-        let tenant = match self.scope(&who, &asked) {
+        let r = req.into_inner();
+        let tenant = match self.scope(&who, &r.tenant) {
             Ok(t) => non_empty(t),
-            Err(st) => return self.done(Rpc::WatchLeases, &who, &asked, "", Err(st)),
+            Err(st) => return self.done(Rpc::WatchLeases, &who, &r.tenant, "", Err(st)),
         };
-        let mut rx = self.mgr.subscribe();
-        let (tx, out) = tokio::sync::mpsc::channel(256);
-        // Forward matching events until the client goes away; a watcher that falls
-        // behind gets DATA_LOSS once and the stream ends (it must re-list).
-        let filter = tenant.clone();
-        let mgr = self.mgr.clone();
-        tokio::spawn(async move {
-            loop {
-                // A watcher whose client left ends now, not at the next event it
-                // would be sent (with a tenant filter that may never come).
-                let recv = tokio::select! {
-                    r = rx.recv() => r,
-                    () = tx.closed() => return,
-                };
-                let item = match recv {
-                    Ok(ev) => {
-                        if filter.as_ref().is_some_and(|t| *t != ev.lease.tenant) {
-                            continue;
-                        }
-                        let mut out = convert::event_to_pb(&ev);
-                        // A multi-partition lease's every partition, while it holds them.
-                        if ev.lease.partition_count() > 1
-                            && let Some(l) = out.lease.as_mut()
-                        {
-                            let (parts, links) = mgr.partitions_of(&ev.lease);
-                            convert::add_partitions(l, &parts, links.as_ref());
-                        }
-                        Ok(out)
-                    }
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
-                        Err(Status::data_loss(format!(
-                            "this watcher fell {n} events behind and was dropped; re-list and watch again"
-                        )))
-                    }
-                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
-                };
-                let stop = item.is_err();
-                if tx.send(item).await.is_err() || stop {
-                    return;
-                }
-            }
-        });
-        let stream = tokio_stream::wrappers::ReceiverStream::new(out);
+        let since = (r.since_revision != 0).then_some(r.since_revision);
+        let result = super::watch::start(&self.mgr, tenant.clone(), since, r.bookmarks);
         self.done(
             Rpc::WatchLeases,
             &who,
             tenant.as_deref().unwrap_or(""),
             "",
-            Ok(Response::new(Box::pin(stream) as EventStream)),
+            result.map(Response::new),
         )
     }
 

@@ -410,6 +410,31 @@ impl Daemon {
         })
     }
 
+    /// How long a full paged listing of the live leases takes (ListLeases at the
+    /// default page size, page after page): (time, leases, pages, largest answer).
+    fn time_list_all(&self) -> anyhow::Result<(Duration, usize, usize, usize)> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        rt.block_on(async {
+            let mut c = connect(&self.socket).await?;
+            let mut req = pb::ListLeasesRequest::default();
+            let (mut leases, mut pages, mut largest) = (0, 0, 0);
+            let start = Instant::now();
+            loop {
+                let r = c.list_leases(req.clone()).await?.into_inner();
+                pages += 1;
+                leases += r.leases.len();
+                largest = largest.max(prost::Message::encoded_len(&r));
+                if r.next_page_token.is_empty() {
+                    break;
+                }
+                req.page_token = r.next_page_token;
+            }
+            Ok((start.elapsed(), leases, pages, largest))
+        })
+    }
+
     fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
     }
@@ -753,10 +778,16 @@ fn curve(args: &Args, rt: &tokio::runtime::Runtime, results: &mut Results) -> an
             results.put(&format!("curve.{point}.restart_ms"), ms(took))?;
             let node = daemon.time_get_node()?;
             results.put(&format!("curve.{point}.get_node_ms"), ms(node))?;
+            let (list, leases, pages, largest) = daemon.time_list_all()?;
+            results.put(&format!("curve.{point}.list_all_ms"), ms(list))?;
+            results.put(&format!("curve.{point}.list_largest_bytes"), largest as f64)?;
             notes.push(format!(
-                "restart with {point} live leases: {:.1} ms to serving; then GetNode (every partition) answered in {:.1} ms",
+                "restart with {point} live leases: {:.1} ms to serving; then GetNode (every partition) answered in {:.1} ms, \
+                 and a full paged ListLeases ({leases} leases, {pages} pages, the largest answer {:.0} KiB) took {:.1} ms",
                 ms(took),
-                ms(node)
+                ms(node),
+                largest as f64 / 1024.0,
+                ms(list)
             ));
             results.put(
                 &format!("curve.{point}.rss_after_restart_bytes"),
@@ -922,6 +953,12 @@ fn report(files: &[String]) -> anyhow::Result<()> {
         );
     }
     println!("{met} of {} goals met", rows.len());
+    if let Some(list) = get("curve.10000.list_all_ms") {
+        let largest = get("curve.10000.list_largest_bytes").unwrap_or(0.0) / 1024.0;
+        println!(
+            "full paged ListLeases of 10,000 leases: {list:.0} ms (the largest answer {largest:.0} KiB)"
+        );
+    }
     Ok(())
 }
 

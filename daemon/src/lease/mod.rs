@@ -73,11 +73,11 @@ mod validate;
 
 pub use create::{CreateRequest, Created};
 pub use error::LeaseError;
-pub use events::{EventKind, LeaseEvent};
+pub use events::{EventKind, GENERATION_SHIFT, LeaseEvent, ResumeError, Subscription};
 pub use health::HealthSource;
 pub use multi::LeaseLinks;
 pub use need::{Isolation, Need};
-pub use queries::GpuReport;
+pub use queries::{GpuReport, Page};
 pub use table::GpuState;
 pub use validate::validate_create;
 
@@ -90,7 +90,9 @@ pub struct LeaseManager {
     backend: Arc<dyn GpuBackend>,
     store: Arc<Store>,
     state: Mutex<State>,
-    events: broadcast::Sender<LeaseEvent>,
+    events: broadcast::Sender<Arc<LeaseEvent>>,
+    /// Revisions issued and the latest events (WatchLeases from a revision).
+    history: Mutex<events::History>,
     shutting_down: std::sync::atomic::AtomicBool,
     /// Unix ms of the housekeeping loop's last completed pass (watchdog feed).
     heartbeat: std::sync::atomic::AtomicI64,
@@ -145,6 +147,7 @@ impl LeaseManager {
             store,
             state: Mutex::new(State::default()),
             events,
+            history: events::History::new(0, 0),
             shutting_down: std::sync::atomic::AtomicBool::new(false),
             majors: Mutex::new(None),
             heartbeat: std::sync::atomic::AtomicI64::new(now_ms()),
@@ -156,6 +159,17 @@ impl LeaseManager {
         *mgr.grants.lock().unwrap_or_else(|p| p.into_inner()) = grants;
         mgr.load_and_reconcile()?;
         mgr.ensure_static_layout()?;
+        // After the snapshot is read (a write would discard the one read ahead),
+        // and not waited for: it commits before any lease change of this run does.
+        // Nobody watches yet: what start-up published needs no revision.
+        let generation = mgr.store.generation()?.saturating_add(1);
+        mgr.store
+            .write_detached("the daemon's generation", move |w| {
+                w.set_generation(generation)
+            })?;
+        let fresh = events::History::new(generation, mgr.config.api.watch_history);
+        *mgr.history.lock().unwrap_or_else(|p| p.into_inner()) =
+            fresh.into_inner().unwrap_or_else(|p| p.into_inner());
         Ok(mgr)
     }
 
@@ -183,5 +197,7 @@ impl LeaseManager {
     }
 }
 
+#[cfg(test)]
+mod paging_tests;
 #[cfg(test)]
 mod tests;

@@ -6,7 +6,7 @@ use crate::gpu::{GiProfile, GpuInfo};
 use crate::model::{Lease, LeaseState, Partition};
 use crate::names::truncate;
 use crate::partition::{self};
-use crate::store::LeaseQuery;
+use crate::store::{LeaseQuery, ListKey};
 
 use super::{LeaseError, LeaseManager};
 
@@ -32,6 +32,16 @@ pub struct GpuReport {
     pub mps_time_slice_percent: u32,
     /// How it connects to each other GPU: (index, link).
     pub links: Vec<(u32, crate::gpu::GpuLink)>,
+}
+
+/// One page of a listing ([`LeaseManager::list_page`]).
+#[derive(Debug)]
+pub struct Page {
+    pub leases: Vec<(Lease, Option<Partition>)>,
+    /// More leases follow the last of this page.
+    pub more: bool,
+    /// The revision of lease events the page reflects.
+    pub revision: u64,
 }
 
 impl LeaseManager {
@@ -160,6 +170,80 @@ impl LeaseManager {
                 (l, p)
             })
             .collect())
+    }
+
+    /// One page of a listing: up to `limit` leases after `after` in (creation time,
+    /// id) order, whether more follow, and the revision the page reflects (every
+    /// event up to it is in the page's view; later ones are not counted in it).
+    /// A lease that lives throughout a listing is on exactly one of its pages,
+    /// whatever is created or ended meanwhile: the order never changes.
+    pub fn list_page(
+        &self,
+        tenant: Option<&str>,
+        state: Option<LeaseState>,
+        include_ended: bool,
+        after: Option<&ListKey>,
+        limit: usize,
+    ) -> Result<Page, LeaseError> {
+        let limit = limit.max(1);
+        let is_after = |l: &Lease| {
+            after.is_none_or(|(ms, id)| (l.created_at_ms, l.id.as_str()) > (*ms, id.as_str()))
+        };
+        let live_only = state.is_none_or(LeaseState::is_live) && !include_ended;
+        if live_only {
+            let st = self.lock();
+            // Read under the state lock: a change is in the state before its
+            // event is published, so every event up to here is in this view.
+            let revision = self.revision();
+            let mut found: Vec<&Lease> = st
+                .leases
+                .values()
+                .filter(|l| tenant.is_none_or(|t| l.tenant == t))
+                .filter(|l| state.is_none_or(|s| l.state() == s))
+                .filter(|l| is_after(l))
+                .collect();
+            let order = |a: &&Lease, b: &&Lease| {
+                (a.created_at_ms, a.id.as_str()).cmp(&(b.created_at_ms, b.id.as_str()))
+            };
+            let more = found.len() > limit;
+            if more {
+                found.select_nth_unstable_by(limit, order);
+                found.truncate(limit);
+            }
+            found.sort_unstable_by(order);
+            let leases = found
+                .into_iter()
+                .map(|l| (l.clone(), st.partitions.get(&l.partition_id).cloned()))
+                .collect();
+            return Ok(Page {
+                leases,
+                more,
+                revision,
+            });
+        }
+        // Before the store is read: a change is written before its event.
+        let revision = self.revision();
+        let mut rows = self
+            .store
+            .list_leases_page(tenant, state, after, limit + 1)?;
+        let more = rows.len() > limit;
+        rows.truncate(limit);
+        let st = self.lock();
+        let leases = rows
+            .into_iter()
+            .map(|l| {
+                // Prefer the in-memory copy of live leases (it is newer).
+                let l = st.leases.get(&l.id).cloned().unwrap_or(l);
+                let p = st.partitions.get(&l.partition_id).cloned();
+                (l, p)
+            })
+            .collect::<Vec<_>>();
+        debug_assert!(leases.iter().all(|(l, _)| is_after(l)));
+        Ok(Page {
+            leases,
+            more,
+            revision,
+        })
     }
 
     /// Shared read of state for tests and metrics: (live leases, partitions).

@@ -617,7 +617,7 @@ async fn housekeeping_compacts_an_idle_lease_so_a_7g_fits_without_moves() {
     );
     let moved: Vec<String> = std::iter::from_fn(|| events.try_recv().ok())
         .filter(|ev| ev.kind == EventKind::Moved)
-        .map(|ev| ev.message)
+        .map(|ev| ev.message.clone())
         .collect();
     assert_eq!(moved.len(), 1, "{moved:?}");
     assert!(moved[0].contains("to compact free space"), "{}", moved[0]);
@@ -1762,7 +1762,7 @@ async fn replay_against_the_model(mgr: &LeaseManager, seed: u64, startup: f64) {
 
     let mut events = mgr.subscribe();
     let mut moves = 0u64;
-    let mut count_moves = |rx: &mut tokio::sync::broadcast::Receiver<LeaseEvent>| {
+    let mut count_moves = |rx: &mut tokio::sync::broadcast::Receiver<Arc<LeaseEvent>>| {
         while let Ok(e) = rx.try_recv() {
             moves += u64::from(e.kind == EventKind::Moved);
         }

@@ -142,6 +142,9 @@ pub struct LeaseQuery {
     pub limit: usize,
 }
 
+/// Where a paged listing goes on: the (creation time, id) of the last lease listed.
+pub type ListKey = (i64, String);
+
 pub struct Store {
     path: PathBuf,
     jobs: Mutex<Option<mpsc::Sender<Job>>>,
@@ -498,6 +501,64 @@ impl Store {
             out.push(decode("lease", &id, &body)?);
         }
         Ok(out)
+    }
+
+    /// Up to `limit` leases (ended ones included) in (creation time, id) order,
+    /// after `after` when given: one page of a listing.
+    pub fn list_leases_page(
+        &self,
+        tenant: Option<&str>,
+        state: Option<LeaseState>,
+        after: Option<&ListKey>,
+        limit: usize,
+    ) -> Result<Vec<Lease>, StoreError> {
+        let conn = self.reader.lock().map_err(|_| StoreError::WriterGone)?;
+        let (after_ms, after_id) = match after {
+            Some((ms, id)) => (Some(*ms), Some(id.as_str())),
+            None => (None, None),
+        };
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let mut stmt = conn.prepare_cached(
+            "SELECT id, body FROM leases WHERE (?1 IS NULL OR tenant = ?1) AND (?2 IS NULL OR state = ?2) \
+             AND (?3 IS NULL OR created_at_ms > ?3 OR (created_at_ms = ?3 AND id > ?4)) \
+             ORDER BY created_at_ms, id LIMIT ?5",
+        )?;
+        let rows = stmt.query_map(
+            params![tenant, state.map(|s| s.as_str()), after_ms, after_id, limit],
+            |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)),
+        )?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (id, body) = row?;
+            out.push(decode("lease", &id, &body)?);
+        }
+        Ok(out)
+    }
+
+    /// The generation the daemon last recorded (0 before any): one more at each
+    /// start, the high bits of lease event revisions.
+    pub fn generation(&self) -> Result<u64, StoreError> {
+        let conn = self.reader.lock().map_err(|_| StoreError::WriterGone)?;
+        let last: Option<i64> = conn
+            .query_row("SELECT value FROM meta WHERE key = 'generation'", [], |r| {
+                r.get(0)
+            })
+            .optional()?;
+        Ok(last.and_then(|v| u64::try_from(v).ok()).unwrap_or(0))
+    }
+
+    /// Queue `f` without waiting for its commit (a failure is logged). It commits
+    /// before, or with, every write queued after it: whatever later becomes durable
+    /// implies it is.
+    pub fn write_detached<F>(&self, what: &'static str, f: F) -> Result<(), StoreError>
+    where
+        F: FnOnce(&Writer<'_>) -> Result<(), StoreError> + Send + 'static,
+    {
+        self.submit(f, move |r| {
+            if let Err(e) = r {
+                tracing::error!(error = %e, "the store could not record {what}");
+            }
+        })
     }
 
     /// Temporary quota grants (expired ones included until pruned).
@@ -894,6 +955,16 @@ impl Writer<'_> {
 
     pub fn delete_health_mark(&self, key: &str) -> Result<(), StoreError> {
         self.exec("DELETE FROM health_marks WHERE key = ?1", params![key])?;
+        Ok(())
+    }
+
+    /// Record the daemon's generation (see [`Store::generation`]).
+    pub fn set_generation(&self, generation: u64) -> Result<(), StoreError> {
+        self.exec(
+            "INSERT INTO meta (key, value) VALUES ('generation', ?1) \
+             ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            [i64::try_from(generation).unwrap_or(i64::MAX)],
+        )?;
         Ok(())
     }
 

@@ -79,6 +79,14 @@ const MIGRATIONS: &[&str] = &[
         lease_id TEXT NOT NULL,
         body TEXT NOT NULL
     );",
+    // 7: paged listings walk leases by (creation time, id); `meta` keeps the
+    // daemon's generation (one more at each start: the high bits of every lease
+    // event's revision, so revisions grow across restarts)
+    "CREATE INDEX leases_created ON leases(created_at_ms, id);
+    CREATE TABLE meta (
+        key TEXT PRIMARY KEY,
+        value INTEGER NOT NULL
+    );",
 ];
 
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;

@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""A tesserad client in Python with grpcio: list the GPUs, lease an MPS share, watch
-its events, release it.
+"""A tesserad client in Python with grpcio: list, lease, watch from a revision, release.
+
+It lists the GPUs and the tenant's leases (in pages), leases an MPS share, watches its
+events from the listing's revision, and releases it.
 
 Stubs come from the proto with grpcio-tools (`make python` does this and prints the
 command line to run this file):
@@ -43,9 +45,21 @@ def main() -> int:
         for gpu in node.gpus:
             print(f"gpu {gpu.index}: {gpu.name} {gpu.uuid}")
 
-        # Watch this tenant's events on a second thread while we lease and release.
-        watch = stub.WatchLeases(pb.WatchLeasesRequest(tenant=args.tenant))
-        watch.initial_metadata()  # the daemon has subscribed: no event is missed
+        # The tenant's leases, page by page (at most 500 a page by default), then
+        # its events from the revision the listing reflects: no change between the
+        # listing and the watch is missed, however long either takes.
+        leases, token = [], ""
+        while True:
+            page = stub.ListLeases(pb.ListLeasesRequest(tenant=args.tenant, page_token=token), timeout=10)
+            leases.extend(page.leases)
+            revision = page.revision  # every page of one listing answers the same
+            token = page.next_page_token
+            if not token:
+                break
+        print(f"{len(leases)} leases of {args.tenant} at revision {revision}")
+
+        # Watch on a second thread while we lease and release.
+        watch = stub.WatchLeases(pb.WatchLeasesRequest(tenant=args.tenant, since_revision=revision))
 
         released = threading.Event()
 
