@@ -5,7 +5,7 @@
 #   integration-tests/gpu/smoke.sh BIN_DIR OUT_DIR
 #
 # BIN_DIR holds tesserad, tessera and tessera-runtime (and runc when the host has
-# none); OUT_DIR gets the logs. It runs tesserad on the NVML backend, reads the GPUs,
+# none, and a static busybox for the exec check); OUT_DIR gets the logs. It runs tesserad on the NVML backend, reads the GPUs,
 # leases a whole GPU and an MPS share, and starts a CUDA container through
 # tessera-runtime and runc on each (probe.cu, built here with nvcc), then releases
 # everything. It only reads the GPU's modes: it never changes MIG or compute mode and
@@ -148,7 +148,10 @@ run_probe() {
     shift 3
     local b=$T/bundle-$id
     mkdir -p "$b"
-    python3 - "$HERE/base-spec.json" "$b/config.json" "$ROOTFS" "$token" "$uid" "$@" <<'PY'
+    # The rootfs inside the bundle (hard links): one outside it must be an engine's
+    # recorded layer.
+    cp -al "$ROOTFS" "$b/rootfs"
+    python3 - "$HERE/base-spec.json" "$b/config.json" "rootfs" "$token" "$uid" "$@" <<'PY'
 import json, sys
 src, dst, rootfs, token, uid = sys.argv[1:6]
 s = json.load(open(src))
@@ -160,6 +163,27 @@ json.dump(s, open(dst, "w"))
 PY
     "$BIN/tessera-runtime" --root "$T/runc-root" --log "$T/runc-$id.log" run --bundle "$b" "$id" |
         tee "$T/probe-$id.txt"
+}
+
+# A container that stays up (busybox sleep) on a lease: run_detached ID TOKEN UID.
+run_detached() {
+    local id=$1 token=$2 uid=$3
+    local b=$T/bundle-$id
+    mkdir -p "$b"
+    cp -al "$ROOTFS" "$b/rootfs"
+    python3 - "$HERE/base-spec.json" "$b/config.json" "rootfs" "$token" "$uid" <<'PY'
+import json, sys
+src, dst, rootfs, token, uid = sys.argv[1:6]
+s = json.load(open(src))
+s["root"]["path"] = rootfs
+s["process"]["args"] = ["/busybox", "sleep", "300"]
+s["process"]["user"] = {"uid": int(uid), "gid": int(uid)}
+s["annotations"] = {"tessera.io/lease-token": token}
+json.dump(s, open(dst, "w"))
+PY
+    "$BIN/tessera-runtime" --root "$T/runc-root" --log "$T/runc-$id.log" create --bundle "$b" "$id" \
+        </dev/null >/dev/null 2>"$T/create-$id.err" || { cat "$T/create-$id.err"; return 1; }
+    "$BIN/tessera-runtime" --root "$T/runc-root" start "$id"
 }
 
 # The probe's output for ID has a line matching each pattern given.
@@ -233,6 +257,26 @@ if step lease-mps sh -c "'$BIN/tessera' --json lease create --tenant gpu-check -
         # one's bind confirmed (kept by the runtime): one ResolveToken, two binds, none
         # refused as RESOLUTION_CHANGED.
         step mps-kept-answer kept_answer_used "$M"
+        # exec into a running container on the share (create, start, exec, as kubelet's
+        # probes and `kubectl exec` do): the process runs as the container's own user
+        # from the runtime's record, with the lease's MPS environment, and CUDA works.
+        if [ -x "$BIN/busybox" ]; then
+            cp "$BIN/busybox" "$ROOTFS/busybox"
+            step exec-create run_detached exec-c "$(token_of "$T/mps.json")" 1000
+            step exec-probe sh -c "'$BIN/tessera-runtime' --root '$T/runc-root' exec exec-c /probe 2 | tee '$T/probe-exec-c.txt'"
+            step exec-probe-saw saw exec-c '^PROBE kernel ok' '^PROBE alloc 2.0 GiB ok'
+            step exec-id sh -c "'$BIN/tessera-runtime' --root '$T/runc-root' exec exec-c /busybox id | tee '$T/probe-exec-id.txt'"
+            step exec-id-saw grep -q 'uid=1000 gid=1000' "$T/probe-exec-id.txt"
+            # An exec asking for root's group is refused.
+            if "$BIN/tessera-runtime" --root "$T/runc-root" exec -g 0 exec-c /busybox id; then
+                echo "-- exec-root-group-refused rc=1 (ran)"; FAILED+=(exec-root-group-refused)
+            else
+                echo "-- exec-root-group-refused rc=0"
+            fi
+            "$BIN/tessera-runtime" --root "$T/runc-root" kill exec-c KILL
+            sleep 1
+            step exec-delete "$BIN/tessera-runtime" --root "$T/runc-root" delete --force exec-c
+        fi
         cat "$T/runc-mps.log" "$T/runc-mps-over.log" 2>/dev/null | tail -5
     fi
     step release-mps "$BIN/tessera" lease release "$M"
