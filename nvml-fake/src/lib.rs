@@ -916,23 +916,35 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceProfileInfoV(
             // Answered with MIG disabled too, as the real driver does.
             let model = st.gpus[gpu as usize].model;
             let row = model.gi_row(profile).ok_or(NOT_SUPPORTED)?;
-            // SAFETY: checked non-null; `version` is the caller's.
-            let version = unsafe { (*info).version };
+            // The real driver writes version 0 back (seen on an H200, driver 580).
+            let version = 0;
             // SAFETY: checked non-null above.
             unsafe {
                 put(
                     info,
                     sys::nvmlGpuInstanceProfileInfo_v2_t {
                         version,
-                        id: row.id,
+                        id: row.driver_id,
                         isP2pSupported: 0,
                         sliceCount: row.slices,
                         instanceCount: row.max_count,
                         multiprocessorCount: row.sm_count,
-                        copyEngineCount: row.slices.max(1),
-                        decoderCount: row.slices / 2,
+                        copyEngineCount: if model.hopper() && row.slices == 7 {
+                            8
+                        } else {
+                            row.slices.max(1)
+                        },
+                        decoderCount: if model.hopper() {
+                            row.slices
+                        } else {
+                            row.slices / 2
+                        },
                         encoderCount: 0,
-                        jpegCount: u32::from(row.id == 7 || row.slices == 7),
+                        jpegCount: if model.hopper() {
+                            row.slices
+                        } else {
+                            u32::from(row.id == 7 || row.slices == 7)
+                        },
                         ofaCount: u32::from(row.id == 7 || row.slices == 7),
                         memorySizeMB: row.memory_mib,
                         name: c_name::<96>(&format!("MIG {}", row.name)),
@@ -944,8 +956,8 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceProfileInfoV(
     ))
 }
 
-/// Possible placements: a null buffer asks for the count; otherwise `*count` in is
-/// the buffer's size (INSUFFICIENT_SIZE when the placements do not fit).
+/// Possible placements: a null buffer asks for the count; otherwise every placement
+/// that fits in `*count` entries is written and `*count` says how many there are.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetGpuInstancePossiblePlacements_v2(
     device: sys::nvmlDevice_t,
@@ -965,10 +977,10 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstancePossiblePlacements_v2(
         Some(gpu),
         false,
         |st| {
-            mig_on(st, gpu)?;
+            // Answered with MIG disabled too, as the real driver does.
             let row = st.gpus[gpu as usize]
                 .model
-                .gi_row(profile)
+                .gi_row_by_driver_id(profile)
                 .ok_or(NOT_SUPPORTED)?;
             let n = row.starts.len();
             if placements.is_null() {
@@ -980,10 +992,11 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstancePossiblePlacements_v2(
             let room = unsafe { *count } as usize;
             // SAFETY: as above.
             unsafe { put(count, n as c_uint) };
-            if room < n {
-                return Err(INSUFFICIENT_SIZE);
-            }
-            for (i, &start) in row.starts.iter().enumerate() {
+            // The real driver (an H200, driver 580) does not check `*count` here: it
+            // answers SUCCESS and the number of placements whatever the buffer's size
+            // (and writes them all). The fake answers the same but writes only what
+            // fits: a caller must size the buffer by a count query first.
+            for (i, &start) in row.starts.iter().enumerate().take(room) {
                 // SAFETY: i < n <= room entries of the caller's buffer.
                 unsafe {
                     placements.add(i).write(sys::nvmlGpuInstancePlacement_t {
@@ -1083,12 +1096,12 @@ pub unsafe extern "C" fn nvmlDeviceCreateGpuInstanceWithPlacement(
         |st| {
             let row = st.gpus[gpu as usize]
                 .model
-                .gi_row(profile)
+                .gi_row_by_driver_id(profile)
                 .ok_or(INVALID_ARGUMENT)?;
             if p.size != row.memory_slices {
                 return Err(INVALID_ARGUMENT);
             }
-            let id = create_gi(st, gpu, profile, Some(p.start))?;
+            let id = create_gi(st, gpu, row.id, Some(p.start))?;
             // SAFETY: checked non-null above.
             unsafe { put(gi, Handle::Gi { gpu, gi: id }.ptr()) };
             Ok(())
@@ -1110,7 +1123,11 @@ pub unsafe extern "C" fn nvmlDeviceCreateGpuInstance(
         Err(e) => return e,
     };
     ret(call("nvmlDeviceCreateGpuInstance", Some(gpu), true, |st| {
-        let id = create_gi(st, gpu, profile, None)?;
+        let row = st.gpus[gpu as usize]
+            .model
+            .gi_row_by_driver_id(profile)
+            .ok_or(INVALID_ARGUMENT)?;
+        let id = create_gi(st, gpu, row.id, None)?;
         // SAFETY: checked non-null above.
         unsafe { put(gi, Handle::Gi { gpu, gi: id }.ptr()) };
         Ok(())
@@ -1135,11 +1152,14 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstances(
     ret(call("nvmlDeviceGetGpuInstances", Some(gpu), false, |st| {
         // With MIG disabled there are none (SUCCESS, 0), as the real driver answers.
         let g = &st.gpus[gpu as usize];
-        g.model.gi_row(profile).ok_or(INVALID_ARGUMENT)?;
+        let row = g
+            .model
+            .gi_row_by_driver_id(profile)
+            .ok_or(INVALID_ARGUMENT)?;
         let ids: Vec<u32> = g
             .instances
             .iter()
-            .filter(|x| x.profile == profile)
+            .filter(|x| x.profile == row.id)
             .map(|x| x.id)
             .collect();
         // SAFETY: checked non-null above.
@@ -1204,7 +1224,9 @@ pub unsafe extern "C" fn nvmlGpuInstanceGetInfo(
         Err(e) => return e,
     };
     ret(call("nvmlGpuInstanceGetInfo", Some(gpu), false, |st| {
+        let model = st.gpus[gpu as usize].model;
         let x = find_gi(st, gpu, id)?;
+        let driver_id = model.gi_row(x.profile).map_or(x.profile, |r| r.driver_id);
         // SAFETY: checked non-null above.
         unsafe {
             put(
@@ -1212,7 +1234,7 @@ pub unsafe extern "C" fn nvmlGpuInstanceGetInfo(
                 sys::nvmlGpuInstanceInfo_t {
                     device: Handle::Gpu(gpu).ptr(),
                     id,
-                    profileId: x.profile,
+                    profileId: driver_id,
                     placement: sys::nvmlGpuInstancePlacement_t {
                         start: x.start,
                         size: x.size,
@@ -1283,8 +1305,8 @@ pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstanceProfileInfoV(
             } else {
                 model.sm_of_slices(slices)
             };
-            // SAFETY: checked non-null; `version` is the caller's.
-            let version = unsafe { (*info).version };
+            // The real driver writes version 0 back (seen on an H200, driver 580).
+            let version = 0;
             let name = if slices == row.slices {
                 row.name.to_owned()
             } else {
@@ -1560,7 +1582,8 @@ pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
         Some(gpu),
         false,
         |st| {
-            mig_on(st, gpu)?;
+            // With MIG disabled there is no MIG device: NOT_FOUND, as the real driver
+            // answers (seen on an H200, driver 580).
             if index >= MAX_MIG_DEVICES {
                 return Err(INVALID_ARGUMENT);
             }
@@ -1575,8 +1598,9 @@ pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
 fn mig_ids(device: sys::nvmlDevice_t) -> Result<(u32, u32, u32), Ret> {
     match handle(device) {
         Some(Handle::Mig { gpu, gi, ci }) => Ok((gpu, gi, ci)),
-        // A physical GPU's handle is not a MIG device.
-        Some(Handle::Gpu(_)) => Err(NOT_SUPPORTED),
+        // A physical GPU's handle is not a MIG device: the real driver answers
+        // INVALID_ARGUMENT (an H200, driver 580).
+        Some(Handle::Gpu(_)) => Err(INVALID_ARGUMENT),
         _ => Err(INVALID_ARGUMENT),
     }
 }

@@ -19,8 +19,13 @@ pub enum Model {
 /// One GPU-instance profile.
 #[derive(Debug, Clone, Copy)]
 pub struct GiRow {
-    /// `NVML_GPU_INSTANCE_PROFILE_*`.
+    /// `NVML_GPU_INSTANCE_PROFILE_*`: what nvmlDeviceGetGpuInstanceProfileInfoV takes.
     pub id: u32,
+    /// The driver's id of the profile (`nvmlGpuInstanceProfileInfo_t.id`), what the
+    /// placement, create and list calls take and `nvmlGpuInstanceInfo_t.profileId`
+    /// says: not the index (a real H200 on driver 580: 1g 19, 1g+me 20, 1g with two
+    /// memory slices 15, 2g 14, 3g 9, 4g 5, 7g 0; the same ids on A100 and H100).
+    pub driver_id: u32,
     pub slices: u32,
     pub memory_slices: u32,
     pub memory_mib: u64,
@@ -117,15 +122,24 @@ impl Model {
             Model::H200_141 => [
                 ("1g.18gb", 16384, 16),
                 ("1g.18gb+me", 16384, 16),
-                ("1g.35gb", 33024, 26),
-                ("2g.35gb", 33024, 32),
-                ("3g.71gb", 71168, 60),
-                ("4g.71gb", 71168, 64),
+                ("1g.35gb", 33280, 26),
+                ("2g.35gb", 33280, 32),
+                ("3g.71gb", 71424, 60),
+                ("4g.71gb", 71424, 64),
                 ("7g.141gb", 143360, 132),
             ],
         };
         let row = |i: usize, id, slices, memory_slices, max_count, starts| GiRow {
             id,
+            driver_id: match id {
+                0 => 19,
+                7 => 20,
+                9 => 15,
+                1 => 14,
+                2 => 9,
+                3 => 5,
+                _ => 0,
+            },
             slices,
             memory_slices,
             memory_mib: t[i].1,
@@ -147,6 +161,19 @@ impl Model {
 
     pub fn gi_row(self, profile: u32) -> Option<GiRow> {
         self.gi_rows().into_iter().find(|r| r.id == profile)
+    }
+
+    /// The row of the driver's profile id (`nvmlGpuInstanceProfileInfo_t.id`).
+    pub fn gi_row_by_driver_id(self, driver_id: u32) -> Option<GiRow> {
+        self.gi_rows()
+            .into_iter()
+            .find(|r| r.driver_id == driver_id)
+    }
+
+    /// Hopper's media engines per GI (as a real H200 reports them): one decoder and
+    /// one JPEG engine per compute slice, and eight copy engines on the whole GPU.
+    pub fn hopper(self) -> bool {
+        matches!(self, Model::H100_80 | Model::H200_141)
     }
 
     /// SMs of an n-slice compute instance smaller than its GI (those of the plain

@@ -223,7 +223,12 @@ fn mig_instances_follow_nvml_s_count_semantics_and_survive_the_process() {
         (info.sliceCount, info.instanceCount, info.memorySizeMB),
         (1, 7, 9984)
     );
-    // Placements: a null buffer asks the count; a short buffer is too small.
+    // The profile's driver id (what the placement, create and list calls take) is
+    // not its index: 19 for the 1g, as a real driver says.
+    assert_eq!(info.id, 19);
+    let id = info.id;
+    // Placements: a null buffer asks the count; a short buffer gets what fits and
+    // the count (the real driver 580 does not answer INSUFFICIENT_SIZE here).
     let placements = lib
         .nvmlDeviceGetGpuInstancePossiblePlacements_v2
         .as_ref()
@@ -231,7 +236,7 @@ fn mig_instances_follow_nvml_s_count_semantics_and_survive_the_process() {
     let mut n = 0u32;
     assert_eq!(
         // SAFETY: handles this library gave out; out-parameters valid, buffers as large as the counts passed.
-        unsafe { placements(dev, 0, std::ptr::null_mut(), &mut n) },
+        unsafe { placements(dev, id, std::ptr::null_mut(), &mut n) },
         0
     );
     assert_eq!(n, 7);
@@ -239,8 +244,18 @@ fn mig_instances_follow_nvml_s_count_semantics_and_survive_the_process() {
     let mut n = 2u32;
     assert_eq!(
         // SAFETY: handles this library gave out; out-parameters valid, buffers as large as the counts passed.
-        unsafe { placements(dev, 0, buf.as_mut_ptr(), &mut n) },
-        sys::nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE
+        unsafe { placements(dev, id, buf.as_mut_ptr(), &mut n) },
+        0
+    );
+    assert_eq!(n, 7);
+    assert_eq!((buf[1].start, buf[1].size), (1, 1));
+    // An index is not a driver id: 7 (the 1g+me's index; its driver id is 20).
+    let mut n = 0u32;
+    assert_ne!(
+        // SAFETY: as above.
+        unsafe { placements(dev, 7, std::ptr::null_mut(), &mut n) },
+        0,
+        "placements took a profile index for a driver id"
     );
     // Create three 1g GIs (one without a placement), each with its CI.
     let create = lib
@@ -253,19 +268,19 @@ fn mig_instances_follow_nvml_s_count_semantics_and_survive_the_process() {
         let mut gi = std::ptr::null_mut();
         let p = sys::nvmlGpuInstancePlacement_t { start, size: 1 };
         // SAFETY: handles this library gave out; out-parameters valid, buffers as large as the counts passed.
-        assert_eq!(unsafe { create(dev, 0, &p, &mut gi) }, 0);
+        assert_eq!(unsafe { create(dev, id, &p, &mut gi) }, 0);
         let mut ci = std::ptr::null_mut();
         // SAFETY: handles this library gave out; out-parameters valid, buffers as large as the counts passed.
         assert_eq!(unsafe { create_ci(gi, 0, &mut ci) }, 0);
     }
     let mut gi = std::ptr::null_mut();
     // SAFETY: handles this library gave out; out-parameters valid, buffers as large as the counts passed.
-    assert_eq!(unsafe { create_any(dev, 0, &mut gi) }, 0);
+    assert_eq!(unsafe { create_any(dev, id, &mut gi) }, 0);
     let overlapping = sys::nvmlGpuInstancePlacement_t { start: 2, size: 1 };
     let mut other = std::ptr::null_mut();
     assert_eq!(
         // SAFETY: handles this library gave out; out-parameters valid, buffers as large as the counts passed.
-        unsafe { create(dev, 0, &overlapping, &mut other) },
+        unsafe { create(dev, id, &overlapping, &mut other) },
         sys::nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_RESOURCES
     );
     // Listing: the count in is the buffer's size.
@@ -274,7 +289,7 @@ fn mig_instances_follow_nvml_s_count_semantics_and_survive_the_process() {
     let mut n = 2u32;
     assert_eq!(
         // SAFETY: handles this library gave out; out-parameters valid, buffers as large as the counts passed.
-        unsafe { list(dev, 0, small.as_mut_ptr(), &mut n) },
+        unsafe { list(dev, id, small.as_mut_ptr(), &mut n) },
         sys::nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE
     );
     assert_eq!(n, 3, "the size needed comes back");
@@ -282,14 +297,14 @@ fn mig_instances_follow_nvml_s_count_semantics_and_survive_the_process() {
     let mut n = 0u32;
     assert_eq!(
         // SAFETY: handles this library gave out; out-parameters valid, buffers as large as the counts passed.
-        unsafe { list(dev, 0, zero.as_mut_ptr(), &mut n) },
+        unsafe { list(dev, id, zero.as_mut_ptr(), &mut n) },
         sys::nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE,
         "a count of 0 is a buffer of 0"
     );
     let mut all = vec![std::ptr::null_mut(); 8];
     let mut n = 8u32;
     // SAFETY: handles this library gave out; out-parameters valid, buffers as large as the counts passed.
-    assert_eq!(unsafe { list(dev, 0, all.as_mut_ptr(), &mut n) }, 0);
+    assert_eq!(unsafe { list(dev, id, all.as_mut_ptr(), &mut n) }, 0);
     assert_eq!(n, 3);
     // MIG devices: two have a CI (the third GI has none), each with a MIG UUID.
     let by_index = lib.nvmlDeviceGetMigDeviceHandleByIndex.as_ref().unwrap();
@@ -324,7 +339,7 @@ fn mig_instances_follow_nvml_s_count_semantics_and_survive_the_process() {
     let mut buf = vec![std::ptr::null_mut(); 8];
     let mut n = 8u32;
     // SAFETY: handles this library gave out; out-parameters valid, buffers as large as the counts passed.
-    assert_eq!(unsafe { list(dev, 0, buf.as_mut_ptr(), &mut n) }, 0);
+    assert_eq!(unsafe { list(dev, id, buf.as_mut_ptr(), &mut n) }, 0);
     assert_eq!(n, 2);
 }
 

@@ -402,8 +402,9 @@ impl NvmlBackend {
             CALL,
             (count as usize).max(MIN_BUFFER),
             sys::nvmlGpuInstancePlacement_t { start: 0, size: 0 },
-            // SAFETY: `ptr` has room for `*n` placements (fill_list's buffer); NVML
-            // writes at most that many and stores the number written in `*n`.
+            // SAFETY: `ptr` has room for `*n` placements (fill_list's buffer), at least
+            // the count NVML just gave: driver 580 writes every placement whatever
+            // `*n` says (seen on an H200), so the buffer is sized by that count.
             |ptr, n| unsafe { f(dev, driver_id, ptr, n) },
         )?;
         Ok(buf
