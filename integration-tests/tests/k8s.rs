@@ -912,14 +912,15 @@ impl AllocatedContainer {
         script: &str,
         cid: &str,
     ) -> Self {
+        let bundle = work.join("bundle");
         let mut oci = common::base_spec(&["sh", "-c", script]);
-        oci["root"]["path"] = serde_json::json!(rootfs);
+        debug_assert_eq!(rootfs, work.join("rootfs"));
+        oci["root"]["path"] = serde_json::json!(common::bundle_rootfs(work, &bundle));
         oci["annotations"] = serde_json::json!(alloc.annotations);
         let env = oci["process"]["env"].as_array_mut().unwrap();
         for (k, v) in &alloc.envs {
             env.push(serde_json::json!(format!("{k}={v}")));
         }
-        let bundle = work.join("bundle");
         common::write_spec(&bundle, &oci);
         let proc_root = common::fake_nvidia_proc(work);
         let c = AllocatedContainer {

@@ -106,10 +106,34 @@ impl World {
     fn bundle(&self, name: &str, args: &[&str], token: &str) -> PathBuf {
         let b = self.dir.path().join(name);
         let mut spec = common::base_spec(args);
-        spec["root"]["path"] = json!(self.dir.path().join("rootfs"));
+        spec["root"]["path"] = json!(common::bundle_rootfs(self.dir.path(), &b));
         spec["annotations"] = json!({ "tessera.io/lease-token": token });
         common::write_spec(&b, &spec);
         b
+    }
+
+    /// The cgroup standing for kubelet's /kubepods in this test process.
+    fn kubepods(&self) -> String {
+        format!("kubepods-e2e-{}", std::process::id())
+    }
+
+    /// A pod sandbox of pod `uid`, made through the runtime (runc records it) in the
+    /// pod's cgroup `/<kubepods>/pod<uid>`: its id.
+    fn sandbox(&self, uid: &str) -> String {
+        let sid = format!("e2e-sb-{uid}-{}", std::process::id());
+        let b = self.dir.path().join(format!("sandbox-{uid}"));
+        let mut spec = common::base_spec(&["sleep", "600"]);
+        spec["root"]["path"] = json!(common::bundle_rootfs(self.dir.path(), &b));
+        spec["annotations"] = json!({
+            "io.kubernetes.cri.container-type": "sandbox",
+            "io.kubernetes.cri.sandbox-id": sid,
+            "io.kubernetes.cri.sandbox-uid": uid,
+        });
+        spec["linux"]["cgroupsPath"] = json!(format!("/{}/pod{uid}/{sid}", self.kubepods()));
+        common::write_spec(&b, &spec);
+        let out = self.runtime(&["create", "--bundle", b.to_str().unwrap(), &sid]);
+        assert!(out.status.success(), "sandbox {uid}: {}", text(&out));
+        sid
     }
 
     fn runtime(&self, args: &[&str]) -> Output {
@@ -148,6 +172,22 @@ impl Drop for World {
                     .args(["delete", "-f"])
                     .arg(e.file_name())
                     .output();
+            }
+        }
+        // The pods' cgroups (empty once their containers are gone).
+        fn remove_tree(p: &Path) {
+            if let Ok(rd) = std::fs::read_dir(p) {
+                for e in rd.flatten() {
+                    if e.file_type().is_ok_and(|t| t.is_dir()) {
+                        remove_tree(&e.path());
+                    }
+                }
+            }
+            let _ = std::fs::remove_dir(p);
+        }
+        if let Ok(rd) = std::fs::read_dir("/sys/fs/cgroup") {
+            for h in rd.flatten() {
+                remove_tree(&h.path().join(self.kubepods()));
             }
         }
     }
@@ -411,7 +451,14 @@ fn a_pod_container_stays_in_its_pod_cgroup_and_is_told_why_its_lease_ended() {
     let r = rt();
     let (lease, token, resolved) = w.lease(&r, shape::whole());
     w.mknod_lease_nodes(&resolved);
-    let pod_cgroup = format!("kubepods-e2e-{}/pod-a", std::process::id());
+    let top = w.kubepods();
+    let pod_cgroup_of = |uid: &str| format!("{top}/pod{uid}");
+    let pod_cgroup = pod_cgroup_of("pod-a");
+    // Each pod's sandbox, made through the runtime: runc's record of it is what the
+    // pod's containers are judged by.
+    for uid in ["pod-a", "pod-b"] {
+        w.sandbox(uid);
+    }
     let pod_bundle = |name: &str, pod: &str, id: &str| {
         let b = w.bundle(name, &["sh", "-c", "sleep 600"], &token);
         let term = b.join("termination-log");
@@ -419,8 +466,10 @@ fn a_pod_container_stays_in_its_pod_cgroup_and_is_told_why_its_lease_ended() {
         let mut spec: serde_json::Value =
             serde_json::from_slice(&std::fs::read(b.join("config.json")).unwrap()).unwrap();
         spec["annotations"]["io.kubernetes.cri.container-type"] = json!("container");
+        spec["annotations"]["io.kubernetes.cri.sandbox-id"] =
+            json!(format!("e2e-sb-{pod}-{}", std::process::id()));
         spec["annotations"]["io.kubernetes.cri.sandbox-uid"] = json!(pod);
-        spec["linux"]["cgroupsPath"] = json!(format!("/{pod_cgroup}/{id}"));
+        spec["linux"]["cgroupsPath"] = json!(format!("/{}/{id}", pod_cgroup_of(pod)));
         spec["mounts"].as_array_mut().unwrap().push(json!({
             "destination": "/dev/termination-log", "type": "bind",
             "source": term, "options": ["rbind", "rprivate", "rw"]}));
@@ -500,15 +549,21 @@ fn a_pod_container_stays_in_its_pod_cgroup_and_is_told_why_its_lease_ended() {
     assert!(!alive, "container init {pid} outlived its lease");
     let out = w.runtime(&["delete", "--force", &id]);
     assert!(out.status.success(), "delete: {}", text(&out));
+    for uid in ["pod-a", "pod-b"] {
+        let sid = format!("e2e-sb-{uid}-{}", std::process::id());
+        let _ = w.runtime(&["delete", "--force", &sid]);
+    }
     for ctl in [
         "pids", "memory", "cpu", "devices", "freezer", "blkio", "cpuset", "unified",
     ] {
-        let _ = std::fs::remove_dir(Path::new("/sys/fs/cgroup").join(ctl).join(&pod_cgroup));
-        let _ = std::fs::remove_dir(
-            Path::new("/sys/fs/cgroup")
-                .join(ctl)
-                .join(pod_cgroup.split('/').next().unwrap()),
-        );
+        for uid in ["pod-a", "pod-b"] {
+            let _ = std::fs::remove_dir(
+                Path::new("/sys/fs/cgroup")
+                    .join(ctl)
+                    .join(pod_cgroup_of(uid)),
+            );
+        }
+        let _ = std::fs::remove_dir(Path::new("/sys/fs/cgroup").join(ctl).join(&top));
     }
 }
 
@@ -784,12 +839,14 @@ fn a_second_start_judges_on_the_kept_answer_and_a_changed_one_is_refused_at_bind
     let script = format!("probe open /dev/nvidia{gpu}; probe open /dev/nvidia{other}");
     // Containers of one pod: the first bind claims the token for the pod, which the
     // answer kept after it says.
+    let sandbox = w.sandbox("pod-kept");
     let start = |name: &str| {
         let b = w.bundle(name, &["sh", "-c", &script], &token);
         let mut spec: serde_json::Value =
             serde_json::from_slice(&std::fs::read(b.join("config.json")).unwrap()).unwrap();
         spec["annotations"]["io.kubernetes.cri.container-type"] = json!("container");
         spec["annotations"]["io.kubernetes.cri.sandbox-uid"] = json!("pod-kept");
+        spec["annotations"]["io.kubernetes.cri.sandbox-id"] = json!(sandbox);
         common::write_spec(&b, &spec);
         let out = w.runtime(&["run", "--bundle", b.to_str().unwrap(), name]);
         assert!(out.status.success(), "{}", text(&out));

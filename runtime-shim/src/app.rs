@@ -5,11 +5,14 @@ use crate::bundle;
 use crate::cli::{self, Command, Invocation, SubArgs};
 use crate::config::{ConfigError, RuntimeConfig};
 use crate::early::EarlyRunc;
-use crate::harden::{self, Context, Decision, Findings, exec as hexec, seccomp::Profile};
+use crate::harden::{
+    self, Context, Decision, Findings, exec as hexec, seccomp::Profile, update as hupdate,
+};
 use crate::host::HostFacts;
 use crate::lease::cache::AnswerCache;
 use crate::lease::{DaemonClient, ResolvedLease};
 use crate::policy::NoToken;
+use crate::record::{Record, Records};
 use crate::runclog::RuncLog;
 use serde_json::Value;
 use std::ffi::OsString;
@@ -26,8 +29,11 @@ pub const EXIT_REFUSED: i32 = 1;
 pub const RUNC_DEFAULT_ROOT: &str = "/run/runc";
 /// The PATH runc gets.
 pub const RUNC_PATH_ENV: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
-/// Largest resources JSON `update` forwards through its stdin pipe.
+/// Largest resources JSON `update` reads.
 pub const MAX_STDIN: usize = 60 * 1024;
+/// Where, under the state dir, the documents the runtime hands runc are made (and
+/// unlinked at once).
+pub const DOCUMENTS_DIR: &str = "documents";
 
 /// How to exec the real runtime.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,8 +43,10 @@ pub struct ExecPlan {
     pub env: Vec<(String, String)>,
     /// File descriptors 0..=keep_fds_through stay open; the rest are closed on exec.
     pub keep_fds_through: i32,
-    /// Bytes to put on the runtime's stdin (validated `update` resources).
-    pub stdin: Option<Vec<u8>>,
+    /// One more descriptor, above `keep_fds_through`, that runc inherits: the
+    /// runtime's own document (exec's process, update's resources) that `args` name
+    /// as `/proc/self/fd/N`.
+    pub inherit_fd: Option<i32>,
 }
 
 /// What `main` must do.
@@ -108,15 +116,21 @@ impl Env {
             .unwrap_or_else(|| RUNC_DEFAULT_ROOT.to_string())
     }
 
-    fn plan(&self, keep_extra: i32, stdin: Option<Vec<u8>>) -> Outcome {
-        self.plan_with_args(self.inv.argv.clone(), keep_extra, stdin)
+    /// The plan to run runc with the argv the runtime rebuilt from what it parsed
+    /// (a command it does not parse: the global flags rebuilt, the rest as given).
+    fn plan(&self, keep_extra: i32) -> Outcome {
+        let args = match &self.inv.command {
+            Some((cmd, sub)) => self.inv.rebuilt_args(*cmd, sub, &[]),
+            None => self.inv.passthrough_args(),
+        };
+        self.plan_with_args(args, keep_extra, None)
     }
 
     fn plan_with_args(
         &self,
         args: Vec<String>,
         keep_extra: i32,
-        stdin: Option<Vec<u8>>,
+        inherit_fd: Option<i32>,
     ) -> Outcome {
         if let Err(e) = check_runtime_binary(&self.cfg.runc_path) {
             return self.refuse("exec of the real runtime", &[e]);
@@ -132,7 +146,7 @@ impl Env {
             args,
             env,
             keep_fds_through: 2 + keep_extra,
-            stdin,
+            inherit_fd,
         })
     }
 }
@@ -191,7 +205,18 @@ pub fn run_as(argv0: Option<PathBuf>, args: Vec<OsString>) -> Outcome {
     };
     let env = Env { inv, cfg, log };
     let Some((cmd, sub)) = env.inv.command.clone() else {
-        return env.plan(0, None);
+        if let Some(i) = env.inv.command_index
+            && env.inv.argv[i] == "checkpoint"
+            && !env.inv.global.help_or_version
+        {
+            // As restore: runc would run CRIU as root, writing the image wherever the
+            // command line says; no checkpoint can be restored through the runtime.
+            return env.refuse(
+                "checkpoint",
+                &["checkpoint is refused: CRIU runs as root and writes where its flags say, and restore is refused".to_string()],
+            );
+        }
+        return env.plan(0);
     };
     match cmd {
         Command::Restore => {
@@ -206,6 +231,17 @@ pub fn run_as(argv0: Option<PathBuf>, args: Vec<OsString>) -> Outcome {
         Command::Update => update(&env, &sub),
         Command::Delete => delete(&env, &sub),
         Command::Check => check(&env, &sub),
+        // Nothing the tenant wrote is judged here; runc gets the parsed flags.
+        Command::Start
+        | Command::Kill
+        | Command::State
+        | Command::Pause
+        | Command::Resume
+        | Command::Ps
+        | Command::Events
+        | Command::List
+        | Command::Spec
+        | Command::Features => env.plan(0),
     }
 }
 
@@ -437,6 +473,40 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
         Err(e) => return env.refuse(&what, &[e]),
     };
     let bundle = bundle_dir(sub);
+    // The record of this create replaces any of the same root and id: a container
+    // runc already has under that id keeps its own, as runc would refuse the create.
+    if id.is_empty() || id.contains('/') || id == "." || id == ".." {
+        return env.refuse(&what, &[format!("container id {id:?} is not valid")]);
+    }
+    // runc's create flags: --bundle is what is judged, --console-socket, --pid-file
+    // and --preserve-fds the caller's plumbing (forwarded); these two loosen the
+    // container for every tenant and are refused.
+    for (flag, why) in [
+        (
+            "no-pivot",
+            "the rootfs would be entered with MS_MOVE and chroot, which a process can climb out of",
+        ),
+        (
+            "no-new-keyring",
+            "the container would share the caller's session keyring",
+        ),
+    ] {
+        if sub.is_set(flag) {
+            return env.refuse(
+                &what,
+                &[format!("{} --{flag} is refused: {why}", cmd.name())],
+            );
+        }
+    }
+    if Path::new(&env.runtime_root()).join(&id).exists() {
+        return env.refuse(
+            &what,
+            &[format!(
+                "container {id} already exists under {}",
+                env.runtime_root()
+            )],
+        );
+    }
     // The tenant's config.json, read once: from here on runc may be waiting on a FIFO
     // in its place (crate::early). One that cannot be read is refused below, by admit.
     let tenant = bundle::read_with_mode(
@@ -444,7 +514,7 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
         env.cfg.policy.max_config_bytes,
     )
     .ok();
-    let plan = match env.plan(keep, None) {
+    let plan = match env.plan(keep) {
         Outcome::Exec(p) => p,
         refused => return refused,
     };
@@ -590,13 +660,32 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
         };
         break (adm, staged, hardened, lease_id, bound);
     };
-    // The hardened file replaces the tenant's (or the FIFO in its place), then an early
-    // runc gets it through the FIFO if it opened that already.
-    if let Err(e) = staged.commit().map_err(|e| e.to_string()).and_then(|()| {
-        early
-            .as_mut()
-            .map_or(Ok(()), |r| r.feed(&hardened).map_err(|e| e.to_string()))
-    }) {
+    // What exec and update judge against later is kept in the runtime's own state
+    // first, then the hardened file replaces the tenant's (or the FIFO in its place),
+    // then an early runc gets it through the FIFO if it opened that already.
+    let spec = &adm.decision.spec;
+    let record = Record::from_spec(
+        &id,
+        &env.runtime_root(),
+        &bundle,
+        spec,
+        hexec::lease_id_of(spec),
+        hexec::LEASE_ENV_KEYS,
+    )
+    .map_err(|e| e.to_string())
+    .and_then(|r| {
+        Records::new(&env.cfg.state_dir)
+            .put(&r)
+            .map_err(|e| format!("keeping the container's record: {e}"))
+    });
+    if let Err(e) = record
+        .and_then(|()| staged.commit().map_err(|e| e.to_string()))
+        .and_then(|()| {
+            early
+                .as_mut()
+                .map_or(Ok(()), |r| r.feed(&hardened).map_err(|e| e.to_string()))
+        })
+    {
         let reasons = vec![e];
         if let Some(c) = client.as_ref()
             && !adm.answers.is_empty()
@@ -717,6 +806,33 @@ fn bind_all(
     Ok(bound)
 }
 
+/// The container's record of its create; a refusal's reason when there is none.
+fn record_of(env: &Env, id: &str) -> Result<Record, String> {
+    Records::new(&env.cfg.state_dir)
+        .get(&env.runtime_root(), id)
+        .map_err(|e| e.to_string())
+}
+
+/// Hand runc a document the runtime wrote: a root-owned 0600 file under the state
+/// dir, unlinked at once, that runc opens as `/proc/self/fd/N` (N above the fds it
+/// passes on to the container). Returns N and that path.
+fn own_document(env: &Env, bytes: &[u8], keep_extra: i32) -> Result<(i32, String), String> {
+    use std::os::fd::IntoRawFd;
+    let fd = crate::private_file::unlinked(
+        &env.cfg.state_dir.join(DOCUMENTS_DIR),
+        bytes,
+        3 + keep_extra,
+    )
+    .map_err(|e| format!("writing the document for runc: {e}"))?;
+    // Kept open (close-on-exec cleared at exec) for runc to read.
+    let raw = fd.into_raw_fd();
+    Ok((raw, format!("/proc/self/fd/{raw}")))
+}
+
+/// The exec flags that are the caller's own plumbing, forwarded to runc as parsed;
+/// every other one is judged and becomes part of the process JSON.
+const EXEC_FORWARDED: &[&str] = &["console-socket", "detach", "pid-file", "preserve-fds"];
+
 fn exec(env: &Env, sub: &SubArgs) -> Outcome {
     let id = sub.first_positional().unwrap_or_default().to_string();
     let what = format!("exec {id}");
@@ -724,114 +840,132 @@ fn exec(env: &Env, sub: &SubArgs) -> Outcome {
         Ok(n) => n,
         Err(e) => return env.refuse(&what, &[e]),
     };
-    let state = match hexec::ContainerState::load(
-        Path::new(&env.runtime_root()),
-        &id,
-        env.cfg.policy.max_config_bytes,
-    ) {
-        Ok(s) => s,
+    let record = match record_of(env, &id) {
+        Ok(r) => r,
         Err(e) => return env.refuse(&what, &[e]),
     };
+    let state = hexec::ContainerState::from_record(&record);
     let mut f = Findings::default();
     hexec::check_flags(sub, &state, &mut f);
-    if let Some(p) = sub.value("process") {
-        let path = PathBuf::from(p);
-        match bundle::load_json(&path, env.cfg.policy.max_config_bytes) {
-            Ok(v) => {
-                let hardened = hexec::harden_process(v, &state, &env.cfg.policy, &mut f);
-                if f.reasons.is_empty() {
-                    let bytes = match serde_json::to_vec(&hardened) {
-                        Ok(b) => b,
-                        Err(e) => return env.refuse(&what, &[e.to_string()]),
-                    };
-                    if let Err(e) = bundle::write_atomic(&path, &bytes, 0o600) {
-                        return env.refuse(&what, &[e.to_string()]);
-                    }
-                }
+    // The tenant's process JSON, or the container's own process with the flags: in
+    // either case judged and written anew, with the container's user and groups.
+    let asked = match sub.value("process") {
+        Some(p) => bundle::load_json(Path::new(p), env.cfg.policy.max_config_bytes)
+            .map_err(|e| f.refuse(e.to_string()))
+            .ok(),
+        None => Some(hexec::process_from_flags(&record, sub, &mut f)),
+    };
+    let process = asked.map(|p| hexec::harden_process(p, &state, &env.cfg.policy, &mut f));
+    let doc = match (process, f.reasons.is_empty()) {
+        (Some(p), true) => serde_json::to_vec(&p).map_err(|e| e.to_string()),
+        _ => Err(String::new()),
+    }
+    .and_then(|bytes| own_document(env, &bytes, keep));
+    let (fd, path) = match doc {
+        Ok(d) => d,
+        Err(e) => {
+            if !e.is_empty() {
+                f.refuse(e);
             }
-            Err(e) => f.refuse(e.to_string()),
+            let client = env.client();
+            report(env, client.as_ref(), &id, "", false, &f.reasons, "exec");
+            return env.refuse(&what, &f.reasons);
         }
-    }
-    if !f.reasons.is_empty() {
-        let client = env.client();
-        report(env, client.as_ref(), &id, "", false, &f.reasons, "exec");
-        return env.refuse(&what, &f.reasons);
-    }
-    if sub.value("process").is_none() {
-        // runc builds this process from config.json (which has the lease's
-        // variables) plus each --env: the lease's go last and win.
-        let argv = hexec::argv_with_lease_env(&env.inv.argv, sub, &state.lease_env);
-        return env.plan_with_args(argv, keep, None);
-    }
-    env.plan(keep, None)
+    };
+    let mut forwarded = SubArgs {
+        flags: sub
+            .flags
+            .iter()
+            .filter(|fl| EXEC_FORWARDED.contains(&fl.name))
+            .cloned()
+            .collect(),
+        positionals: vec![(0, id)],
+    };
+    forwarded.flags.push(cli::FlagUse {
+        name: "process",
+        value: path,
+        index: 0,
+        value_index: None,
+    });
+    let args = env.inv.rebuilt_args(Command::Exec, &forwarded, &[]);
+    env.plan_with_args(args, keep, Some(fd))
 }
 
 fn update(env: &Env, sub: &SubArgs) -> Outcome {
     let id = sub.first_positional().unwrap_or_default().to_string();
     let what = format!("update {id}");
     let mut f = Findings::default();
-    hexec::check_update_flags(sub, &env.cfg.policy, &mut f);
-    let mut stdin = None;
-    let resources_flag = sub.flags.iter().rev().find(|fl| fl.name == "resources");
-    let mut inv = env.inv.clone();
-    if let Some(flag) = resources_flag {
-        let max = MAX_STDIN as u64;
-        let bytes = if flag.value == "-" {
-            let mut buf = Vec::new();
-            match std::io::stdin().take(max + 1).read_to_end(&mut buf) {
-                Ok(_) if buf.len() as u64 <= max => Ok(buf),
-                Ok(_) => Err(format!(
-                    "update: the resources JSON is larger than {max} bytes"
-                )),
-                Err(e) => Err(format!("update: reading stdin: {e}")),
-            }
-        } else {
-            bundle::read_file_nofollow(Path::new(&flag.value), max).map_err(|e| e.to_string())
-        };
-        match bytes.and_then(|b| bundle::parse_strict(&b).map(|v| (b, v))) {
-            Ok((b, v)) => {
-                // The container's own device rules (its hardened config.json), to
-                // check the update's against and to re-apply.
-                let rules = hexec::ContainerState::load(
-                    Path::new(&env.runtime_root()),
-                    &id,
-                    env.cfg.policy.max_config_bytes,
-                )
-                .ok()
-                .and_then(|s| s.device_rules);
-                let checked =
-                    hexec::check_update_resources(&v, &env.cfg.policy, rules.as_deref(), &mut f);
-                // runc reads exactly what was checked, from a pipe: the bytes as
-                // they came, or the JSON with the container's own device rules.
-                inv.set_flag_value(flag, "-");
-                stdin = Some(if checked == v {
-                    b
-                } else {
-                    serde_json::to_vec(&checked).unwrap_or(b)
-                });
-            }
-            Err(e) => f.refuse(format!("update: {e}")),
-        }
-    }
-    if !f.reasons.is_empty() {
+    let judged = record_of(env, &id)
+        .map_err(|e| f.refuse(e))
+        .ok()
+        .and_then(|record| {
+            let state = hexec::ContainerState::from_record(&record);
+            let asked = match sub.value("resources") {
+                Some(r) => {
+                    // runc ignores every other flag with --resources: refused.
+                    hupdate::from_flags(sub, &mut f);
+                    read_resources(r)
+                        .and_then(|b| bundle::parse_strict(&b).map_err(|e| format!("update: {e}")))
+                        .map_err(|e| f.refuse(e))
+                        .ok()
+                        .and_then(|v| hupdate::parse(&v, &mut f))
+                }
+                None => Some(hupdate::from_flags(sub, &mut f)),
+            };
+            asked.and_then(|r| hupdate::judge(r, &state, &env.cfg.policy, &mut f))
+        });
+    let doc = match judged {
+        Some(r) if f.reasons.is_empty() => serde_json::to_vec(&r)
+            .map_err(|e| e.to_string())
+            .and_then(|bytes| own_document(env, &bytes, 0))
+            .map_err(|e| f.refuse(e))
+            .ok(),
+        _ => None,
+    };
+    let Some((fd, path)) = doc.filter(|_| f.reasons.is_empty()) else {
         let client = env.client();
         report(env, client.as_ref(), &id, "", false, &f.reasons, "update");
         return env.refuse(&what, &f.reasons);
+    };
+    let forwarded = SubArgs {
+        flags: vec![cli::FlagUse {
+            name: "resources",
+            value: path,
+            index: 0,
+            value_index: None,
+        }],
+        positionals: vec![(0, id)],
+    };
+    let args = env.inv.rebuilt_args(Command::Update, &forwarded, &[]);
+    env.plan_with_args(args, 0, Some(fd))
+}
+
+/// The bytes of update's `--resources`: a file (no symlink at its last component),
+/// or stdin for `-`, at most [`MAX_STDIN`] bytes.
+fn read_resources(r: &str) -> Result<Vec<u8>, String> {
+    let max = MAX_STDIN as u64;
+    if r == "-" {
+        let mut buf = Vec::new();
+        return match std::io::stdin().take(max + 1).read_to_end(&mut buf) {
+            Ok(_) if buf.len() as u64 <= max => Ok(buf),
+            Ok(_) => Err(format!(
+                "update: the resources JSON is larger than {max} bytes"
+            )),
+            Err(e) => Err(format!("update: reading stdin: {e}")),
+        };
     }
-    env.plan_with_args(inv.argv, 0, stdin)
+    bundle::read_file_nofollow(Path::new(r), max).map_err(|e| format!("update: {e}"))
 }
 
 fn delete(env: &Env, sub: &SubArgs) -> Outcome {
     let id = sub.first_positional().unwrap_or_default();
+    let records = Records::new(&env.cfg.state_dir);
+    let root = env.runtime_root();
     // A container started without a lease (a pod's sandbox, a container with no token)
     // was never bound: no call to the daemon for it (a tokio runtime, a connection and
-    // an RPC on every such delete). When that cannot be told, unbind: the daemon
-    // answers for a container it does not know.
-    let leased = hexec::runs_on_lease(
-        Path::new(&env.runtime_root()),
-        id,
-        env.cfg.policy.max_config_bytes,
-    );
+    // an RPC on every such delete). When that cannot be told (no record), unbind: the
+    // daemon answers for a container it does not know.
+    let leased = records.get(&root, id).ok().map(|r| r.lease_id.is_some());
     if leased != Some(false)
         && let Some(c) = env.client()
         && let Err(e) = c.unbind(id)
@@ -840,7 +974,10 @@ fn delete(env: &Env, sub: &SubArgs) -> Outcome {
         env.log
             .warn(&format!("tessera-runtime: UnbindContainer {id}: {e}"));
     }
-    env.plan(0, None)
+    if let Err(e) = records.remove(&root, id) {
+        env.log.warn(&format!("tessera-runtime: delete {id}: {e}"));
+    }
+    env.plan(0)
 }
 
 fn check(env: &Env, sub: &SubArgs) -> Outcome {
@@ -906,26 +1043,19 @@ fn partial_spec(env: &Env, bundle: &Path, id: &str) -> Value {
     harden::harden(spec, &ctx).full_spec()
 }
 
-/// Exec the plan: put `stdin` on fd 0, mark every fd above `keep_fds_through` close-on-exec,
-/// clear the environment, exec. Returns only on failure.
+/// Exec the plan: mark every fd above `keep_fds_through` close-on-exec (but the
+/// runtime's own document runc is to read), clear the environment, exec. Returns only
+/// on failure.
 pub fn exec_plan(plan: &ExecPlan) -> std::io::Error {
-    use std::os::fd::AsRawFd;
     use std::os::unix::process::CommandExt;
-    if let Some(bytes) = &plan.stdin {
-        let (r, w) = match nix::unistd::pipe() {
-            Ok(p) => p,
-            Err(e) => return std::io::Error::from(e),
-        };
-        let mut wf = std::fs::File::from(w);
-        if let Err(e) = std::io::Write::write_all(&mut wf, bytes) {
-            return e;
-        }
-        drop(wf);
-        if let Err(e) = nix::unistd::dup2(r.as_raw_fd(), 0) {
-            return std::io::Error::from(e);
+    close_fds_above(plan.keep_fds_through);
+    if let Some(fd) = plan.inherit_fd {
+        // SAFETY: F_SETFD only changes the close-on-exec flag of a descriptor number
+        // this process opened for runc (app::own_document); nothing is read or freed.
+        if unsafe { libc::fcntl(fd, libc::F_SETFD, 0) } != 0 {
+            return std::io::Error::last_os_error();
         }
     }
-    close_fds_above(plan.keep_fds_through);
     let err = std::process::Command::new(&plan.program)
         .arg0("runc")
         .args(&plan.args)

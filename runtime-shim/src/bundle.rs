@@ -43,18 +43,92 @@ pub enum BundleError {
     },
 }
 
-/// A JSON value that refuses duplicate object keys while deserializing.
-struct Strict(Value);
+/// Where a value sits in a document being parsed: built into a JSON pointer only
+/// when a refusal names it.
+#[derive(Clone, Copy)]
+enum Seg<'a> {
+    Root,
+    Key(&'a Seg<'a>, &'a str),
+    Index(&'a Seg<'a>, usize),
+}
 
-impl<'de> de::Deserialize<'de> for Strict {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(StrictVisitor).map(Strict)
+impl Seg<'_> {
+    fn pointer(&self) -> String {
+        match self {
+            Seg::Root => String::new(),
+            Seg::Key(p, k) => format!(
+                "{}/{}",
+                p.pointer(),
+                k.replace('~', "~0").replace('/', "~1")
+            ),
+            Seg::Index(p, i) => format!("{}/{i}", p.pointer()),
+        }
     }
 }
 
-struct StrictVisitor;
+/// Go's `encoding/json` (which runc decodes every document with) matches an object
+/// key to a struct field case-insensitively, with Unicode simple case folding, and
+/// the last of two matching keys wins. This is the key as Go compares it: ASCII
+/// letters upper-cased, any other character replaced by the smallest character of its
+/// simple case-fold orbit (so KELVIN SIGN U+212A folds with `k`, LATIN SMALL LETTER
+/// LONG S U+017F with `s`). DOTTED and DOTLESS I (U+0130, U+0131) fold with `i`
+/// here, as some Go versions compare them: two keys that any Go version could read as
+/// one are refused.
+pub fn go_fold(key: &str) -> std::borrow::Cow<'_, str> {
+    if key.bytes().all(|b| !b.is_ascii_lowercase() && b.is_ascii()) {
+        return std::borrow::Cow::Borrowed(key);
+    }
+    std::borrow::Cow::Owned(key.chars().map(fold_char).collect())
+}
 
-impl<'de> Visitor<'de> for StrictVisitor {
+fn fold_char(c: char) -> char {
+    if c.is_ascii() {
+        return c.to_ascii_uppercase();
+    }
+    if matches!(c, '\u{130}' | '\u{131}') {
+        return 'I';
+    }
+    // The orbit through single-character case mappings (a mapping to several
+    // characters is a full, not a simple, mapping).
+    fn single(mut it: impl Iterator<Item = char>) -> Option<char> {
+        let a = it.next()?;
+        it.next().is_none().then_some(a)
+    }
+    let mut orbit = vec![c];
+    let mut i = 0;
+    while let Some(&x) = orbit.get(i) {
+        for y in [single(x.to_lowercase()), single(x.to_uppercase())]
+            .into_iter()
+            .flatten()
+        {
+            if !orbit.contains(&y) {
+                orbit.push(y);
+            }
+        }
+        i += 1;
+    }
+    let min = orbit.into_iter().min().unwrap_or(c);
+    if min.is_ascii() {
+        min.to_ascii_uppercase()
+    } else {
+        min
+    }
+}
+
+/// A JSON value that refuses, in any object, two keys Go would read as one (equal,
+/// or equal after [`go_fold`]) while deserializing.
+struct StrictSeed<'a>(&'a Seg<'a>);
+
+impl<'de> de::DeserializeSeed<'de> for StrictSeed<'_> {
+    type Value = Value;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        d.deserialize_any(StrictVisitor(self.0))
+    }
+}
+
+struct StrictVisitor<'a>(&'a Seg<'a>);
+
+impl<'de> Visitor<'de> for StrictVisitor<'_> {
     type Value = Value;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
@@ -86,28 +160,55 @@ impl<'de> Visitor<'de> for StrictVisitor {
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
         let mut out = Vec::new();
-        while let Some(Strict(v)) = seq.next_element()? {
-            out.push(v);
+        loop {
+            let at = Seg::Index(self.0, out.len());
+            match seq.next_element_seed(StrictSeed(&at))? {
+                Some(v) => out.push(v),
+                None => break,
+            }
         }
         Ok(Value::Array(out))
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
         let mut out = Map::new();
+        // Folded key -> the key as written, for the keys seen so far.
+        let mut folded: std::collections::HashMap<String, String> =
+            std::collections::HashMap::new();
         while let Some(key) = map.next_key::<String>()? {
-            if out.contains_key(&key) {
-                return Err(de::Error::custom(format_args!("duplicate key {key:?}")));
+            let fold = go_fold(&key).into_owned();
+            if let Some(first) = folded.get(&fold) {
+                let at = self.0.pointer();
+                let at = if at.is_empty() { "/" } else { at.as_str() };
+                return Err(de::Error::custom(if *first == key {
+                    format_args!(
+                        "{at}: duplicate key {key:?} (runc would read the last one, the runtime refuses both)"
+                    )
+                    .to_string()
+                } else {
+                    format_args!(
+                        "{at}: keys {first:?} and {key:?} are one key to runc (Go matches keys case-insensitively and reads the last one); the runtime refuses both"
+                    )
+                    .to_string()
+                }));
             }
-            let Strict(v) = map.next_value()?;
+            let v = {
+                let at = Seg::Key(self.0, &key);
+                map.next_value_seed(StrictSeed(&at))?
+            };
+            folded.insert(fold, key.clone());
             out.insert(key, v);
         }
         Ok(Value::Object(out))
     }
 }
 
-/// Parse JSON text, refusing duplicate keys anywhere in the document.
+/// Parse JSON text, refusing anywhere in the document two keys of one object that
+/// runc's Go decoder would read as one: equal, or equal after [`go_fold`]. The
+/// refusal names the object's JSON pointer and both keys.
 pub fn parse_strict(bytes: &[u8]) -> Result<Value, String> {
     let mut de = serde_json::Deserializer::from_slice(bytes);
-    let Strict(v) = de::Deserialize::deserialize(&mut de).map_err(|e| e.to_string())?;
+    let v = de::DeserializeSeed::deserialize(StrictSeed(&Seg::Root), &mut de)
+        .map_err(|e| e.to_string())?;
     de.end().map_err(|e| e.to_string())?;
     Ok(v)
 }
@@ -305,11 +406,8 @@ mod tests {
 
     #[test]
     fn duplicate_keys_are_refused_at_any_depth() {
-        assert!(
-            parse_strict(br#"{"a":1,"a":2}"#)
-                .unwrap_err()
-                .contains("duplicate key \"a\"")
-        );
+        let e = parse_strict(br#"{"a":1,"a":2}"#).unwrap_err();
+        assert!(e.contains("/: duplicate key \"a\""), "{e}");
         assert!(
             parse_strict(
                 br#"{"process":{"capabilities":{"bounding":[],"bounding":["CAP_SYS_ADMIN"]}}}"#
@@ -320,6 +418,57 @@ mod tests {
         assert!(parse_strict(br#"[{"x":1},{"x":1,"x":1}]"#).is_err());
         let v = parse_strict(br#"{"a":{"b":[1,2.5,"s",null,true]},"z":{}}"#).unwrap();
         assert_eq!(v["a"]["b"][1], 2.5);
+    }
+
+    #[test]
+    fn keys_go_reads_as_one_are_refused_with_their_path() {
+        for (doc, at, pair) in [
+            (
+                r#"{"pids":{"limit":100,"LIMIT":-1}}"#,
+                "/pids",
+                ("limit", "LIMIT"),
+            ),
+            (
+                r#"{"pids":{"Limit":1,"limit":2}}"#,
+                "/pids",
+                ("Limit", "limit"),
+            ),
+            // KELVIN SIGN folds with k, LONG S with s (Unicode simple case folding).
+            (
+                "{\"user\":{\"uid\":1},\"u\\u017fer\":{\"uid\":0}}",
+                "/",
+                ("user", "u\u{17f}er"),
+            ),
+            (
+                "{\"linux\":{\"masKedPaths\":[],\"mas\\u212aedPaths\":[]}}",
+                "/linux",
+                ("masKedPaths", "mas\u{212a}edPaths"),
+            ),
+            // Written with an escape: the same key once decoded.
+            (
+                r#"{"a":[{"x":{"gid":1,"\u0047ID":0}}]}"#,
+                "/a/0/x",
+                ("gid", "GID"),
+            ),
+            (r#"{"m":{"a/b":{"k":1,"K":2}}}"#, "/m/a~1b", ("k", "K")),
+            // Dotless and dotted I: some Go versions fold them with i.
+            ("{\"uid\":1,\"u\\u0131d\":0}", "/", ("uid", "u\u{131}d")),
+        ] {
+            let e = parse_strict(doc.as_bytes()).unwrap_err();
+            assert!(e.starts_with(&format!("{at}: keys ")), "{doc}: {e}");
+            assert!(
+                e.contains(&format!("{:?} and {:?}", pair.0, pair.1)),
+                "{doc}: {e}"
+            );
+        }
+        // Keys that differ by more than case stay apart.
+        let v = parse_strict(br#"{"uid":1,"gid":2,"additionalGids":[3],"user_id":4}"#).unwrap();
+        assert_eq!(v["gid"], 2);
+        assert_eq!(go_fold("mas\u{212a}ed\u{17f}"), "MASKEDS");
+        assert_eq!(go_fold("\u{3c3}"), go_fold("\u{3a3}"));
+        assert_eq!(go_fold("\u{3c2}"), go_fold("\u{3a3}"));
+        assert_eq!(go_fold("\u{df}"), go_fold("\u{1e9e}"));
+        assert_ne!(go_fold("a"), go_fold("b"));
     }
 
     #[test]

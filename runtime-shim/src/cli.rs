@@ -24,8 +24,20 @@ pub enum CliError {
     },
     #[error("{command}: the container id is missing")]
     MissingId { command: String },
+    #[error("unknown command {command:?}")]
+    UnknownCommand { command: String },
     #[error("argument {index} is not valid UTF-8")]
     NotUtf8 { index: usize },
+    #[error(
+        "{command}: flag --{flag} is given more than once (runc would take the last); give it once"
+    )]
+    Repeated { command: String, flag: String },
+    #[error("{command}: flag {flag} is refused: {why}")]
+    Refused {
+        command: String,
+        flag: String,
+        why: &'static str,
+    },
 }
 
 /// Whether a flag takes a value.
@@ -38,18 +50,29 @@ pub enum Kind {
 struct FlagSpec {
     names: &'static [&'static str],
     kind: Kind,
+    /// runc takes every use (a string or int slice), not only the last.
+    repeatable: bool,
 }
 
 const fn b(names: &'static [&'static str]) -> FlagSpec {
     FlagSpec {
         names,
         kind: Kind::Bool,
+        repeatable: false,
     }
 }
 const fn v(names: &'static [&'static str]) -> FlagSpec {
     FlagSpec {
         names,
         kind: Kind::Value,
+        repeatable: false,
+    }
+}
+const fn many(names: &'static [&'static str]) -> FlagSpec {
+    FlagSpec {
+        names,
+        kind: Kind::Value,
+        repeatable: true,
     }
 }
 
@@ -92,17 +115,17 @@ const RUN: &[FlagSpec] = &[
 const EXEC: &[FlagSpec] = &[
     v(&["console-socket"]),
     v(&["cwd"]),
-    v(&["env", "e"]),
+    many(&["env", "e"]),
     b(&["tty", "t"]),
     v(&["user", "u"]),
-    v(&["additional-gids", "g"]),
+    many(&["additional-gids", "g"]),
     v(&["process", "p"]),
     b(&["detach", "d"]),
     v(&["pid-file"]),
     v(&["process-label"]),
     v(&["apparmor"]),
     b(&["no-new-privs"]),
-    v(&["cap", "c"]),
+    many(&["cap", "c"]),
     v(&["preserve-fds"]),
     v(&["cgroup"]),
     b(&["ignore-paused"]),
@@ -155,6 +178,13 @@ const RESTORE: &[FlagSpec] = &[
 
 const DELETE: &[FlagSpec] = &[b(&["force", "f"]), b(&["help", "h"])];
 
+const HELP_ONLY: &[FlagSpec] = &[b(&["help", "h"])];
+const KILL: &[FlagSpec] = &[b(&["all", "a"]), b(&["help", "h"])];
+const PS: &[FlagSpec] = &[v(&["format", "f"]), b(&["help", "h"])];
+const EVENTS: &[FlagSpec] = &[v(&["interval"]), b(&["stats"]), b(&["help", "h"])];
+const LIST: &[FlagSpec] = &[v(&["format", "f"]), b(&["quiet", "q"]), b(&["help", "h"])];
+const SPEC: &[FlagSpec] = &[v(&["bundle", "b"]), b(&["rootless"]), b(&["help", "h"])];
+
 /// `tessera-runtime check`: our own subcommand.
 const CHECK: &[FlagSpec] = &[
     v(&["bundle", "b"]),
@@ -163,7 +193,9 @@ const CHECK: &[FlagSpec] = &[
     b(&["help", "h"]),
 ];
 
-/// The subcommands tessera-runtime acts on; every other one passes through unchanged.
+/// The subcommands of runc (and `check`, the runtime's own), each parsed with the
+/// flags runc takes for it. `help` and `checkpoint` are not parsed (the first passes
+/// through, the runtime refuses the second); any other name is an error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Command {
     Create,
@@ -173,6 +205,16 @@ pub enum Command {
     Restore,
     Delete,
     Check,
+    Start,
+    Kill,
+    State,
+    Pause,
+    Resume,
+    Ps,
+    Events,
+    List,
+    Spec,
+    Features,
 }
 
 impl Command {
@@ -185,6 +227,16 @@ impl Command {
             "restore" => Self::Restore,
             "delete" => Self::Delete,
             "check" => Self::Check,
+            "start" => Self::Start,
+            "kill" => Self::Kill,
+            "state" => Self::State,
+            "pause" => Self::Pause,
+            "resume" => Self::Resume,
+            "ps" => Self::Ps,
+            "events" => Self::Events,
+            "list" => Self::List,
+            "spec" => Self::Spec,
+            "features" => Self::Features,
             _ => return None,
         })
     }
@@ -199,6 +251,16 @@ impl Command {
             Self::Restore => "restore",
             Self::Delete => "delete",
             Self::Check => "check",
+            Self::Start => "start",
+            Self::Kill => "kill",
+            Self::State => "state",
+            Self::Pause => "pause",
+            Self::Resume => "resume",
+            Self::Ps => "ps",
+            Self::Events => "events",
+            Self::List => "list",
+            Self::Spec => "spec",
+            Self::Features => "features",
         }
     }
 
@@ -211,12 +273,24 @@ impl Command {
             Self::Restore => RESTORE,
             Self::Delete => DELETE,
             Self::Check => CHECK,
+            Self::Start | Self::State | Self::Pause | Self::Resume | Self::Features => HELP_ONLY,
+            Self::Kill => KILL,
+            Self::Ps => PS,
+            Self::Events => EVENTS,
+            Self::List => LIST,
+            Self::Spec => SPEC,
         }
     }
 
-    /// runc's `exec` sets urfave's SkipArgReorder: flags end at the container id.
+    /// runc's `exec` and `ps` set urfave's SkipArgReorder: flags end at the container
+    /// id (what follows is the process's command line, or `ps`'s options).
     fn reorders(self) -> bool {
-        !matches!(self, Self::Exec)
+        !matches!(self, Self::Exec | Self::Ps)
+    }
+
+    /// Whether runc needs a container id after the command.
+    fn takes_id(self) -> bool {
+        !matches!(self, Self::Check | Self::List | Self::Spec | Self::Features)
     }
 }
 
@@ -279,8 +353,72 @@ pub struct Global {
     pub log_format: Option<String>,
     pub systemd_cgroup: bool,
     pub debug: bool,
+    /// `--rootless` (true, false or auto).
+    pub rootless: Option<String>,
+    pub help: bool,
+    pub version: bool,
     /// `--help` or `--version` was given: pass through.
     pub help_or_version: bool,
+}
+
+impl Global {
+    /// The global flags as the runtime gives them to runc: what it parsed, one
+    /// spelling each (`--name=value`), in a fixed order.
+    pub fn args(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.help {
+            out.push("--help".to_string());
+        }
+        if self.version {
+            out.push("--version".to_string());
+        }
+        if self.debug {
+            out.push("--debug".to_string());
+        }
+        for (name, v) in [
+            ("root", &self.root),
+            ("log", &self.log),
+            ("log-format", &self.log_format),
+            ("rootless", &self.rootless),
+        ] {
+            if let Some(v) = v {
+                out.push(format!("--{name}={v}"));
+            }
+        }
+        if self.systemd_cgroup {
+            out.push("--systemd-cgroup".to_string());
+        }
+        out
+    }
+}
+
+impl FlagUse {
+    /// The flag as the runtime gives it to runc: `--name=value`, or `--name` for a
+    /// set bool (`--name=false` for one set false).
+    pub fn arg(&self) -> String {
+        if self.value == "true" && is_bool(self.name) {
+            format!("--{}", self.name)
+        } else {
+            format!("--{}={}", self.name, self.value)
+        }
+    }
+}
+
+fn is_bool(name: &str) -> bool {
+    [
+        CREATE, RUN, EXEC, UPDATE, DELETE, GLOBAL, KILL, EVENTS, LIST, SPEC, HELP_ONLY,
+    ]
+    .iter()
+    .flat_map(|t| t.iter())
+    .any(|s| s.kind == Kind::Bool && s.names[0] == name)
+}
+
+/// `--` before positional arguments when one could be read as a flag.
+fn positional_args(out: &mut Vec<String>, positionals: &[String]) {
+    if positionals.iter().any(|p| p.starts_with('-')) {
+        out.push("--".to_string());
+    }
+    out.extend(positionals.iter().cloned());
 }
 
 /// A parsed invocation.
@@ -296,21 +434,32 @@ pub struct Invocation {
 }
 
 impl Invocation {
-    /// Replace the value of a flag use in argv, keeping its spelling.
-    pub fn set_flag_value(&mut self, flag: &FlagUse, value: &str) {
-        match flag.value_index {
-            Some(i) => {
-                if let Some(slot) = self.argv.get_mut(i) {
-                    *slot = value.to_string();
-                }
-            }
-            None => {
-                if let Some(slot) = self.argv.get_mut(flag.index) {
-                    let prefix = slot.split('=').next().unwrap_or_default().to_string();
-                    *slot = format!("{prefix}={value}");
-                }
-            }
+    /// runc's argv for a command that passes through (not parsed): the global flags
+    /// as the runtime parsed them, then the command and its arguments as given.
+    pub fn passthrough_args(&self) -> Vec<String> {
+        let mut out = self.global.args();
+        if let Some(ci) = self.command_index {
+            out.extend(self.argv[ci..].iter().cloned());
         }
+        out
+    }
+
+    /// runc's argv for a parsed command, rebuilt from what was parsed: the global
+    /// flags, the command, its flags in the order given (one spelling each; those in
+    /// `drop` left out), then its positional arguments (after `--` when one starts
+    /// with `-`).
+    pub fn rebuilt_args(&self, cmd: Command, sub: &SubArgs, drop: &[&str]) -> Vec<String> {
+        let mut out = self.global.args();
+        out.push(cmd.name().to_string());
+        out.extend(
+            sub.flags
+                .iter()
+                .filter(|f| !drop.contains(&f.name))
+                .map(FlagUse::arg),
+        );
+        let pos: Vec<String> = sub.positionals.iter().map(|(_, p)| p.clone()).collect();
+        positional_args(&mut out, &pos);
+        out
     }
 }
 
@@ -348,7 +497,6 @@ fn parse_flags(
     specs: &[FlagSpec],
     reorder: bool,
     stop_at_positional: bool,
-    strict: bool,
 ) -> Result<(SubArgs, usize), CliError> {
     let mut out = SubArgs::default();
     let mut i = start;
@@ -377,17 +525,18 @@ fn parse_flags(
             continue;
         };
         let Some(spec) = specs.iter().find(|s| s.names.contains(&name)) else {
-            if strict {
-                return Err(CliError::UnknownFlag {
-                    command: command.to_string(),
-                    flag: tok.clone(),
-                });
-            }
-            // Lenient (global flags): keep going, runc will judge it.
-            i += 1;
-            continue;
+            return Err(CliError::UnknownFlag {
+                command: command.to_string(),
+                flag: tok.clone(),
+            });
         };
         let canonical = spec.names[0];
+        if !spec.repeatable && out.flags.iter().any(|f| f.name == canonical) {
+            return Err(CliError::Repeated {
+                command: command.to_string(),
+                flag: canonical.to_string(),
+            });
+        }
         match spec.kind {
             Kind::Bool => {
                 let value = match inline {
@@ -445,7 +594,7 @@ pub fn parse(args: Vec<std::ffi::OsString>) -> Result<Invocation, CliError> {
 
 /// Parse already-decoded arguments (after the program name).
 pub fn parse_strings(argv: Vec<String>) -> Result<Invocation, CliError> {
-    let (gflags, cmd_at) = parse_flags("runc", &argv, 0, GLOBAL, false, true, false)?;
+    let (gflags, cmd_at) = parse_flags("runc", &argv, 0, GLOBAL, false, true)?;
     let mut global = Global::default();
     for f in &gflags.flags {
         match f.name {
@@ -454,12 +603,40 @@ pub fn parse_strings(argv: Vec<String>) -> Result<Invocation, CliError> {
             "log-format" => global.log_format = Some(f.value.clone()),
             "systemd-cgroup" => global.systemd_cgroup = f.value == "true",
             "debug" => global.debug = f.value == "true",
-            "help" | "version" => global.help_or_version |= f.value == "true",
+            "rootless" => {
+                if !matches!(f.value.as_str(), "true" | "false" | "auto") {
+                    return Err(CliError::Refused {
+                        command: "runc".to_string(),
+                        flag: format!("--rootless={}", f.value),
+                        why: "true, false or auto only",
+                    });
+                }
+                global.rootless = Some(f.value.clone());
+            }
+            "criu" => {
+                return Err(CliError::Refused {
+                    command: "runc".to_string(),
+                    flag: "--criu".to_string(),
+                    why: "runc would run that program as root (checkpoint and restore are not the tenant's)",
+                });
+            }
+            "help" => global.help |= f.value == "true",
+            "version" => global.version |= f.value == "true",
             _ => {}
         }
     }
+    global.help_or_version = global.help || global.version;
     let command_index = (cmd_at < argv.len()).then_some(cmd_at);
     let mut command = None;
+    if let Some(ci) = command_index
+        && !global.help_or_version
+        && Command::from_name(&argv[ci]).is_none()
+        && !matches!(argv[ci].as_str(), "help" | "h" | "checkpoint")
+    {
+        return Err(CliError::UnknownCommand {
+            command: argv[ci].clone(),
+        });
+    }
     if let Some(ci) = command_index
         && !global.help_or_version
         && let Some(cmd) = Command::from_name(&argv[ci])
@@ -471,10 +648,9 @@ pub fn parse_strings(argv: Vec<String>) -> Result<Invocation, CliError> {
             cmd.flags(),
             cmd.reorders(),
             false,
-            true,
         )?;
         if !sub.is_set("help") {
-            if cmd != Command::Check && sub.positionals.is_empty() {
+            if cmd.takes_id() && sub.positionals.is_empty() {
                 return Err(CliError::MissingId {
                     command: cmd.name().to_string(),
                 });
@@ -573,24 +749,120 @@ mod tests {
     }
 
     #[test]
-    fn pass_through_commands_are_not_parsed() {
+    fn every_runc_command_is_parsed_help_passes_and_unknown_ones_are_errors() {
         let inv = p("--root /r kill --all id KILL");
-        assert!(inv.command.is_none());
-        assert_eq!(inv.command_index, Some(2));
+        let (cmd, sub) = inv.command.clone().unwrap();
+        assert_eq!(cmd, Command::Kill);
+        assert_eq!(
+            inv.rebuilt_args(cmd, &sub, &[]),
+            ["--root=/r", "kill", "--all", "id", "KILL"]
+        );
+        let inv = p("ps -f json id -ef");
+        let (cmd, sub) = inv.command.clone().unwrap();
+        assert_eq!(
+            inv.rebuilt_args(cmd, &sub, &[]),
+            ["ps", "--format=json", "--", "id", "-ef"]
+        );
+        for line in [
+            "list -q",
+            "spec --rootless",
+            "features",
+            "state id",
+            "events --stats id",
+        ] {
+            assert!(p(line).command.is_some(), "{line}");
+        }
         let inv = p("--version");
         assert!(inv.global.help_or_version);
         assert!(inv.command.is_none());
+        assert!(p("help exec").command.is_none());
+        assert!(p("checkpoint id").command.is_none());
+        let e = parse_strings(vec!["pwn".into(), "id".into()]).unwrap_err();
+        assert_eq!(
+            e,
+            CliError::UnknownCommand {
+                command: "pwn".into()
+            }
+        );
+        assert!(parse_strings(vec!["kill".into(), "--signal".into(), "id".into()]).is_err());
     }
 
     #[test]
-    fn set_flag_value_keeps_spelling() {
-        let mut inv = p("exec --process=/tmp/p.json -d id");
-        let f = inv.command.as_ref().unwrap().1.flags[0].clone();
-        inv.set_flag_value(&f, "/tmp/q.json");
-        assert_eq!(inv.argv[1], "--process=/tmp/q.json");
-        let mut inv = p("update -r /tmp/r.json id");
-        let f = inv.command.as_ref().unwrap().1.flags[0].clone();
-        inv.set_flag_value(&f, "-");
-        assert_eq!(inv.argv, ["update", "-r", "-", "id"]);
+    fn runc_gets_the_flags_as_parsed_one_spelling_each() {
+        let inv = p(
+            "-root /r --log=/l -log-format json -systemd-cgroup create -b /x --pid-file=/p --console-socket /s id",
+        );
+        let (cmd, sub) = inv.command.clone().unwrap();
+        assert_eq!(
+            inv.rebuilt_args(cmd, &sub, &[]),
+            [
+                "--root=/r",
+                "--log=/l",
+                "--log-format=json",
+                "--systemd-cgroup",
+                "create",
+                "--bundle=/x",
+                "--pid-file=/p",
+                "--console-socket=/s",
+                "id"
+            ]
+        );
+        let inv = p("--root /r delete -force -- -odd");
+        let (cmd, sub) = inv.command.clone().unwrap();
+        assert_eq!(
+            inv.rebuilt_args(cmd, &sub, &[]),
+            ["--root=/r", "delete", "--force", "--", "-odd"]
+        );
+        let inv = p("-root /r kill --all abc KILL");
+        assert_eq!(
+            inv.passthrough_args(),
+            ["--root=/r", "kill", "--all", "abc", "KILL"]
+        );
+    }
+
+    #[test]
+    fn repeated_unknown_and_refused_flags_are_errors() {
+        let e = |s: &str| parse_strings(s.split_whitespace().map(String::from).collect());
+        for (line, want) in [
+            (
+                "--root /a --root /b exec c1 sh",
+                "--root is given more than once",
+            ),
+            (
+                "-root /a --root=/b state c1",
+                "--root is given more than once",
+            ),
+            (
+                "update -r /a --resources /b c1",
+                "--resources is given more than once",
+            ),
+            (
+                "update --pids-limit 5 --pids-limit -1 c1",
+                "--pids-limit is given more than once",
+            ),
+            (
+                "exec -u 1000 --user 0 c1 sh",
+                "--user is given more than once",
+            ),
+            (
+                "exec -p /a --process=/b c1",
+                "--process is given more than once",
+            ),
+            (
+                "create -b /a --bundle /b c1",
+                "--bundle is given more than once",
+            ),
+            ("--bogus kill c1", "unknown flag --bogus"),
+            ("--criu /tmp/x checkpoint c1", "--criu is refused"),
+            ("--rootless=maybe list", "--rootless=maybe is refused"),
+        ] {
+            let err = e(line).unwrap_err().to_string();
+            assert!(err.contains(want), "{line}: {err}");
+        }
+        // Repeatable ones (slices in runc) are not.
+        let inv = p("exec -e A=1 --env B=2 -g 1 -g 2 c1 sh");
+        let (_, sub) = inv.command.unwrap();
+        assert_eq!(sub.values("env"), ["A=1", "B=2"]);
+        assert_eq!(sub.values("additional-gids"), ["1", "2"]);
     }
 }

@@ -282,6 +282,11 @@ impl RuntimeConfig {
                 )));
             }
         }
+        for parent in &p.cgroup_parents {
+            if let Err(e) = crate::harden::identity::parent_components(parent) {
+                return Err(bad(format!("policy.cgroup_parents: {e}")));
+            }
+        }
         if p.apparmor_profile.is_empty() {
             return Err(bad("policy.apparmor_profile is empty".to_string()));
         }

@@ -437,7 +437,7 @@ mod tests {
             ],
             env: vec![("PATH".into(), "/usr/bin:/bin".into())],
             keep_fds_through: 2,
-            stdin: None,
+            inherit_fd: None,
         }
     }
 

@@ -16,5 +16,6 @@ pub mod host;
 pub mod lease;
 pub mod policy;
 pub mod private_file;
+pub mod record;
 pub mod runc_cves;
 pub mod runclog;

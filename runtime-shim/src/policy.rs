@@ -214,6 +214,17 @@ pub struct Policy {
     /// writable.
     #[serde(default)]
     pub bind_sources: Vec<BindSource>,
+    /// Where a container outside Kubernetes (no running pod sandbox named) may put
+    /// itself with `linux.cgroupsPath`: strictly inside one of these cgroups, a
+    /// cgroupfs path (`/libpod_parent`) or a systemd slice (`machine.slice`, expanded
+    /// as systemd nests slices). A pod's container goes inside its own pod's cgroup.
+    #[serde(default = "default_cgroup_parents")]
+    pub cgroup_parents: Vec<String>,
+}
+
+fn default_cgroup_parents() -> Vec<String> {
+    // ctr's namespace cgroup, podman's with cgroupfs and with systemd.
+    caps(&["/default", "/libpod_parent", "machine.slice"])
 }
 
 /// An operator-allowed bind-mount source prefix.
@@ -280,6 +291,7 @@ impl Default for Policy {
             containerd_state: default_containerd_state(),
             kubelet_root: default_kubelet_root(),
             bind_sources: Vec::new(),
+            cgroup_parents: default_cgroup_parents(),
         }
     }
 }

@@ -146,6 +146,34 @@ pub fn write(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), FileError> {
     result.map_err(io(&path))
 }
 
+/// A new file holding `bytes`, made by root in `dir` (checked as [`ensure_dir`]
+/// does), 0600, and unlinked at once: only the returned descriptor reaches it. The
+/// descriptor is close-on-exec and numbered `min_fd` or above.
+pub fn unlinked(dir: &Path, bytes: &[u8], min_fd: i32) -> Result<std::os::fd::OwnedFd, FileError> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    if !ensure_dir(dir)? {
+        return Err(FileError::NotRootOwned {
+            path: dir.to_path_buf(),
+        });
+    }
+    let path = dir.join(format!(".doc.{:016x}", crate::bundle::temp_suffix()));
+    let mut f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&path)
+        .map_err(io(&path))?;
+    let written = f.write_all(bytes);
+    let removed = std::fs::remove_file(&path);
+    written.and(removed).map_err(io(&path))?;
+    let raw = nix::fcntl::fcntl(f.as_raw_fd(), nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(min_fd))
+        .map_err(|e| io(&path)(std::io::Error::from(e)))?;
+    // SAFETY: F_DUPFD_CLOEXEC just returned this new descriptor; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {

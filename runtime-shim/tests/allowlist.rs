@@ -33,6 +33,7 @@ impl Host {
             format!("kubelet/pods/{POD_UID}/containers/app/0a1b2c3d"),
             "kubelet/pods/other-pod-uid/volumes".to_string(),
             "storage/overlay/abc/merged/bin".to_string(),
+            "storage/overlay/def/merged/bin".to_string(),
             "run-storage/overlay-containers/podctr/userdata".to_string(),
             "run-storage/vfs-containers/podctr/userdata".to_string(),
             "tessera-run".to_string(),
@@ -70,11 +71,13 @@ impl Host {
             .unwrap();
         }
         std::fs::write(d.join("tessera-run/tesserad.sock"), "").unwrap();
-        // runc's record of the pod sandbox: its init process.
-        std::fs::create_dir_all(d.join("runc-root").join(SANDBOX)).unwrap();
+        // runc's record of the pod sandbox (this test process stands for its init).
+        sandbox_state(std::process::id()).write(&d.join("runc-root"));
+        // podman's record of its container podctr: its layer.
+        std::fs::create_dir_all(d.join("storage/overlay-containers")).unwrap();
         std::fs::write(
-            d.join("runc-root").join(SANDBOX).join("state.json"),
-            r#"{"id": "sandbox", "init_process_pid": 4242, "config": {}}"#,
+            d.join("storage/overlay-containers/containers.json"),
+            r#"[{"id": "otherctr", "layer": "def"}, {"id": "podctr", "layer": "abc"}, {"id": "c1", "layer": "ghi"}]"#,
         )
         .unwrap();
         let config = d.join("runtime.toml");
@@ -146,6 +149,18 @@ fn reasons(out: &Value) -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// runc's record of the pod sandbox, its init process `pid`.
+fn sandbox_state(pid: u32) -> common::SandboxState<'static> {
+    common::SandboxState {
+        id: SANDBOX,
+        pod_uid: POD_UID,
+        namespace: "team-a",
+        name: "app-0",
+        pid,
+        cgroups_path: "/kubepods/burstable/pod0b5c3c9e-6b1e-4b7f-9e0a-1f2d3c4b5a69/5e1c0ffee5e1c0ffee5e1c0ffee5e1c0ffee5e1c0ffee5e1c0ffee5e1c0ffee0",
+    }
 }
 
 /// A benign CRI container spec of the pod (SANDBOX, POD_UID).
@@ -557,6 +572,106 @@ fn hostile() -> Vec<(&'static str, &'static str, Mutation)> {
         case("cgroup-user-slice", "/linux/cgroupsPath", |s, _| {
             s["linux"]["cgroupsPath"] = json!("/user.slice/user-0.slice/c1")
         }),
+        // Identity from runc's record, not from the spec (issue: identity and scope).
+        case(
+            "cgroup-other-pod",
+            "is not inside its pod's cgroup",
+            |s, _| {
+                s["linux"]["cgroupsPath"] =
+                    json!("/kubepods/burstable/pod11111111-2222-3333-4444-555555555555/c1")
+            },
+        ),
+        case(
+            "cgroup-qos-class",
+            "is not inside its pod's cgroup",
+            |s, _| s["linux"]["cgroupsPath"] = json!("/kubepods/burstable/c1"),
+        ),
+        case(
+            "cgroup-in-the-sandbox",
+            "is not inside its pod's cgroup",
+            |s, _| {
+                s["linux"]["cgroupsPath"] =
+                    json!(format!("/kubepods/burstable/pod{POD_UID}/{SANDBOX}/c1"))
+            },
+        ),
+        case("cgroup-empty-component", "not a clean path", |s, _| {
+            s["linux"]["cgroupsPath"] = json!(format!("/kubepods//burstable/pod{POD_UID}/c1"))
+        }),
+        case("cgroup-relative", "is not absolute", |s, _| {
+            s["linux"]["cgroupsPath"] = json!(format!("kubepods/burstable/pod{POD_UID}/c1"))
+        }),
+        case(
+            "claims-another-pods-uid",
+            "is not the pod of sandbox",
+            |s, _| {
+                s["annotations"]["io.kubernetes.cri.sandbox-uid"] =
+                    json!("11111111-2222-3333-4444-555555555555")
+            },
+        ),
+        case(
+            "claims-another-namespace",
+            "is not the pod of sandbox",
+            |s, _| s["annotations"]["io.kubernetes.pod.namespace"] = json!("kube-system"),
+        ),
+        case("names-an-unknown-sandbox", "is not known", |s, _| {
+            s["annotations"]["io.kubernetes.cri.sandbox-id"] = json!("no-such-sandbox")
+        }),
+        case(
+            "sandbox-id-climbs",
+            "is not another container's id",
+            |s, _| s["annotations"]["io.kubernetes.cri.sandbox-id"] = json!("../runc-root"),
+        ),
+        case(
+            "pod-claims-without-sandbox",
+            "names a pod but no sandbox",
+            |s, _| {
+                s["annotations"]
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("io.kubernetes.cri.sandbox-id");
+            },
+        ),
+        case(
+            "claims-to-be-a-sandbox",
+            "says it is a pod sandbox",
+            |s, _| s["annotations"]["io.kubernetes.cri.container-type"] = json!("sandbox"),
+        ),
+        case(
+            "bind-bundle-rw",
+            "is the bundle or a directory above it",
+            |s, _| bind(s, "BUNDLE/", "/b", &["rbind", "rw"]),
+        ),
+        case(
+            "bind-bundle-parent-ro",
+            "is the bundle or a directory above it",
+            |s, _| bind(s, "BUNDLE/..", "/b", &["rbind", "ro"]),
+        ),
+        case(
+            "bind-config-json-rw",
+            "never bind-mounted writable",
+            |s, _| bind(s, "BUNDLE/config.json", "/c", &["bind", "rw"]),
+        ),
+        case("bind-runc-state", "is under Tessera's own", |s, h| {
+            bind(s, &h.path("runc-root"), "/r", &["rbind", "ro"])
+        }),
+        case("bind-other-pods-kubelet-dir", "is not under", |s, h| {
+            bind(
+                s,
+                &h.path("kubelet/pods/other-pod-uid/volumes"),
+                "/v",
+                &["rbind"],
+            )
+        }),
+        case(
+            "root-another-containers-layer",
+            "not this container's own rootfs",
+            |s, h| s["root"]["path"] = json!(h.path("storage/overlay/def/merged")),
+        ),
+        case(
+            "root-the-layer-store",
+            "not this container's own rootfs",
+            |s, h| s["root"]["path"] = json!(h.path("storage/overlay")),
+        ),
         // Kernel filesystems (item 4), sysctls, devices, capabilities.
         case("mount-xfs", "mount type \"xfs\"", |s, _| {
             s["mounts"]
@@ -597,6 +712,23 @@ fn hostile() -> Vec<(&'static str, &'static str, Mutation)> {
             "unified-cgroup-procs",
             "cgroup file cgroup.procs",
             |s, _| s["linux"]["resources"]["unified"] = json!({"cgroup.procs": "1"}),
+        ),
+        // runc joins these names to the container's cgroup directory.
+        case(
+            "unified-climbs-out",
+            "/linux/resources/unified/memory.~1..~1..~1victim~1memory.max: not a cgroup file name",
+            |s, _| {
+                s["linux"]["resources"]["unified"] = json!({"memory./../../victim/memory.max": "1"})
+            },
+        ),
+        case(
+            "hugepage-size-climbs-out",
+            "/linux/resources/hugepageLimits/0/pageSize",
+            |s, _| {
+                s["linux"]["resources"]["hugepageLimits"] = json!([{
+                    "pageSize": "2MB.limit_in_bytes/../../victim/hugetlb.2MB", "limit": 0
+                }])
+            },
         ),
         case("cap-sys-admin", "CAP_SYS_ADMIN", |s, _| {
             s["process"]["capabilities"]["bounding"]
@@ -805,7 +937,14 @@ fn what_real_callers_send_is_admitted() {
     sandbox["process"]["oomScoreAdj"] = json!(-998);
     let (code, out) = h.check_id("cri-sandbox", &sandbox, SANDBOX);
     assert_eq!(code, 0, "CRI sandbox: {:?}", reasons(&out));
-    // systemd cgroup driver form.
+    // systemd cgroup driver form: the sandbox's record in it too.
+    let slice = format!("kubepods-burstable-pod{}.slice", POD_UID.replace('-', "_"));
+    let sd_path = format!("{slice}:cri-containerd:{SANDBOX}");
+    common::SandboxState {
+        cgroups_path: &sd_path,
+        ..sandbox_state(std::process::id())
+    }
+    .write(&h.dir.path().join("runc-root"));
     let mut sd = pod_container(&h);
     sd["linux"]["cgroupsPath"] = json!(format!(
         "kubepods-burstable-pod{}.slice:cri-containerd:c1",
@@ -883,15 +1022,7 @@ fn a_container_joins_only_its_own_sandboxs_namespaces() {
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    std::fs::write(
-        h.dir
-            .path()
-            .join("runc-root")
-            .join(SANDBOX)
-            .join("state.json"),
-        format!(r#"{{"id": "{SANDBOX}", "init_process_pid": {pid}, "config": {{}}}}"#),
-    )
-    .unwrap();
+    sandbox_state(pid).write(&h.dir.path().join("runc-root"));
     let mut spec = pod_container(&h);
     spec["linux"]["namespaces"] = json!([
         {"type": "pid"}, {"type": "mount"},

@@ -73,6 +73,24 @@ impl Fixture {
         self.harden_with(spec, false)
     }
 
+    fn runc_root(&self) -> PathBuf {
+        self.dir.path().join("runc-root")
+    }
+
+    /// runc's record of a running pod sandbox `id` (this test process stands for its
+    /// init) of pod `uid` in `namespace`, its cgroup `cgroups_path`.
+    fn sandbox(&self, id: &str, uid: &str, namespace: &str, cgroups_path: &str) {
+        common::SandboxState {
+            id,
+            pod_uid: uid,
+            namespace,
+            name: "app-0",
+            pid: std::process::id(),
+            cgroups_path,
+        }
+        .write(&self.runc_root());
+    }
+
     /// Harden as `runc --systemd-cgroup` (or not) would be asked to.
     fn harden_with(&self, spec: Value, systemd_cgroup: bool) -> Decision {
         let ctx = Context {
@@ -83,7 +101,7 @@ impl Fixture {
             container_id: "c1",
             systemd_cgroup,
             bundle: &self.bundle,
-            runc_root: &self.bundle,
+            runc_root: &self.runc_root(),
         };
         harden::harden(spec, &ctx)
     }
@@ -111,9 +129,10 @@ fn golden(name: &str, mut spec: Value) {
 #[test]
 fn golden_lease_spec() {
     let Some(fx) = Fixture::new(true) else { return };
+    fx.sandbox("sb1", "0f1e", "acme", "/kubepods/pod0f1e/sb1");
     let mut spec = common::base_spec(&["sh"]);
-    spec["annotations"] =
-        json!({"tessera.io/lease-token": "tok", "io.kubernetes.cri.sandbox-namespace": "acme"});
+    spec["annotations"] = json!({"tessera.io/lease-token": "tok",
+        "io.kubernetes.cri.sandbox-id": "sb1", "io.kubernetes.cri.sandbox-namespace": "acme"});
     spec["process"]["env"] = json!([
         "PATH=/bin",
         "TESSERA_LEASE_TOKEN=tok",
@@ -573,8 +592,20 @@ fn lease_refusals() {
     fx.cfg
         .tenant_namespaces
         .insert("acme".into(), vec!["acme-prod".into()]);
+    fx.sandbox(
+        "sb-other",
+        "u-other",
+        "other",
+        "/kubepods/podu-other/sb-other",
+    );
+    fx.sandbox(
+        "sb-prod",
+        "u-prod",
+        "acme-prod",
+        "/kubepods/podu-prod/sb-prod",
+    );
     let mut spec = common::base_spec(&["sh"]);
-    spec["annotations"] = json!({"io.kubernetes.cri.sandbox-namespace": "other"});
+    spec["annotations"] = json!({"io.kubernetes.cri.sandbox-id": "sb-other"});
     let d = fx.harden(spec.clone());
     assert!(
         d.reasons
@@ -590,8 +621,19 @@ fn lease_refusals() {
             .iter()
             .any(|r| r.contains("io.kubernetes.cri.sandbox-namespace"))
     );
-    spec["annotations"] = json!({"io.kubernetes.cri.sandbox-namespace": "acme-prod"});
+    spec["annotations"] = json!({"io.kubernetes.cri.sandbox-id": "sb-prod"});
     assert!(fx.harden(spec.clone()).admitted);
+    // The namespace is the sandbox's, whatever the spec claims.
+    spec["annotations"] = json!({"io.kubernetes.cri.sandbox-id": "sb-other",
+        "io.kubernetes.cri.sandbox-namespace": "acme-prod"});
+    let d = fx.harden(spec.clone());
+    assert!(
+        d.reasons
+            .iter()
+            .any(|r| r.contains("\"acme-prod\" is not the pod of sandbox sb-other")),
+        "{:?}",
+        d.reasons
+    );
     fx.cfg.tenant_namespaces.clear();
 
     let base = fx.lease.clone().unwrap();
@@ -723,11 +765,20 @@ fn the_driver_files_come_from_the_nvidia_cdi_spec_when_there_is_one() {
 #[test]
 fn a_lease_container_stays_in_its_callers_cgroup() {
     let Some(fx) = Fixture::new(true) else { return };
-    let with_path = |p: &str| {
+    fx.sandbox("sb", "0f1e", "team-a", "/kubepods/burstable/pod0f1e/sb");
+    fx.sandbox(
+        "sbsd",
+        "0f1e",
+        "team-a",
+        "kubepods-burstable-pod0f1e.slice:cri-containerd:sbsd",
+    );
+    let in_pod = |p: &str, sandbox: &str| {
         let mut s = common::base_spec(&["sh"]);
+        s["annotations"] = json!({"io.kubernetes.cri.sandbox-id": sandbox});
         s["linux"]["cgroupsPath"] = json!(p);
         s
     };
+    let with_path = |p: &str| in_pod(p, "sb");
     // cgroupfs driver: inside the pod's cgroup, kept as given.
     let d = fx.harden(with_path("/kubepods/burstable/pod0f1e/c1"));
     assert!(d.admitted, "{:?}", d.reasons);
@@ -737,7 +788,7 @@ fn a_lease_container_stays_in_its_callers_cgroup() {
     );
     // systemd driver (kubeadm's default), with runc --systemd-cgroup: kept as given.
     let sd = "kubepods-burstable-pod0f1e.slice:cri-containerd:c1";
-    let d = fx.harden_with(with_path(sd), true);
+    let d = fx.harden_with(in_pod(sd, "sbsd"), true);
     assert!(d.admitted, "{:?}", d.reasons);
     assert_eq!(d.spec["linux"]["cgroupsPath"], sd);
     // No cgroup named: the lease's tree, or its slice under systemd.
@@ -756,13 +807,32 @@ fn a_lease_container_stays_in_its_callers_cgroup() {
             false,
             "must end in this container's id",
         ),
-        ("/system.slice/c1", false, "host's slices"),
+        ("/system.slice/c1", false, "not inside its pod's cgroup"),
         (
             "system.slice:cri-containerd:c1",
             true,
-            "outside the host's slices",
+            "not inside its pod's cgroup",
         ),
         ("/tessera/l-other/c1", false, "lease tree"),
+        // The sandbox's own cgroup, and the pod's cgroup itself, are not the
+        // container's.
+        ("/kubepods/burstable/pod0f1e/sb/c1", false, "not inside"),
+        ("/kubepods/burstable/pod0f1e-c1", false, "not inside"),
+        // Another pod's cgroup, and the QoS class above the pod.
+        ("/kubepods/burstable/pod0f1f/c1", false, "not inside"),
+        ("/kubepods/burstable/c1", false, "not inside"),
+        // Host slices that systemd nests under system.slice, user.slice and
+        // machine.slice.
+        ("system-x.slice:cri-containerd:c1", true, "not inside"),
+        ("user-0.slice:cri-containerd:c1", true, "not inside"),
+        ("machine-x.slice:cri-containerd:c1", true, "not inside"),
+        (
+            "kubepods-burstable-pod0f1e.slice:cri:c1.slice",
+            true,
+            "name a scope",
+        ),
+        ("/kubepods//burstable/pod0f1e/c1", false, "not a clean path"),
+        ("kubepods/burstable/pod0f1e/c1", false, "is not absolute"),
     ] {
         let d = fx.harden_with(with_path(path), systemd);
         assert!(!d.admitted, "{path} admitted");
@@ -772,4 +842,136 @@ fn a_lease_container_stays_in_its_callers_cgroup() {
             d.reasons
         );
     }
+}
+
+/// A lease bound to a pod serves that pod only: its containers by runc's record of
+/// their sandbox, never a container of another pod or of none.
+#[test]
+fn a_lease_bound_to_a_pod_serves_only_that_pod() {
+    let Some(mut fx) = Fixture::new(true) else {
+        return;
+    };
+    fx.sandbox("sb-own", "u-own", "team", "/kubepods/podu-own/sb-own");
+    fx.sandbox("sb-else", "u-else", "team", "/kubepods/podu-else/sb-else");
+    fx.lease.as_mut().unwrap().pod = "u-own".into();
+    let in_pod = |sandbox: Option<&str>| {
+        let mut s = common::base_spec(&["sh"]);
+        if let Some(sb) = sandbox {
+            s["annotations"] = json!({"io.kubernetes.cri.sandbox-id": sb});
+        }
+        s
+    };
+    let d = fx.harden(in_pod(Some("sb-own")));
+    assert!(d.admitted, "{:?}", d.reasons);
+    // The pod reported to the daemon is the record's.
+    assert_eq!(
+        d.spec["annotations"]["io.kubernetes.cri.sandbox-uid"],
+        "u-own"
+    );
+    for (spec, want) in [
+        (in_pod(Some("sb-else")), "pod u-else may not use it"),
+        (in_pod(None), "a container in no pod may not use it"),
+    ] {
+        let d = fx.harden(spec);
+        assert!(
+            d.reasons.iter().any(|r| r.contains(want)),
+            "want {want:?}: {:?}",
+            d.reasons
+        );
+    }
+}
+
+/// `podman run --device tessera.io/lease=<id>` (or containerd with CDI on) puts the
+/// lease's CDI spec into config.json before the runtime sees it: the lease's own
+/// nodes, device rules and mounts are accepted (and written again by the runtime);
+/// any other GPU node or rule still refuses.
+#[test]
+fn nodes_rules_and_mounts_a_leases_cdi_spec_injects_are_accepted_others_refused() {
+    let Some(mut fx) = Fixture::new(true) else {
+        return;
+    };
+    // The lease's MPS directory exists on a real host (the allowlist checks sources).
+    let pipe = fx.dir.path().join("mps-pipe");
+    std::fs::create_dir_all(&pipe).unwrap();
+    let lease = fx.lease.as_mut().unwrap();
+    lease.mounts[0].source = pipe.to_string_lossy().into_owned();
+    let mps = lease.mounts[0].clone();
+    let mut spec = common::base_spec(&["sh"]);
+    spec["linux"]["devices"] = json!([
+        {"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0, "fileMode": 438, "uid": 0, "gid": 0},
+        {"path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255, "fileMode": 438, "uid": 0, "gid": 0},
+    ]);
+    spec["linux"]["resources"]["devices"] = json!([
+        {"allow": false, "access": "rwm"},
+        {"allow": true, "type": "c", "major": 195, "minor": 0, "access": "rwm"},
+        {"allow": true, "type": "c", "major": 195, "minor": 255, "access": "rw"},
+    ]);
+    spec["mounts"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"destination": mps.destination, "type": "bind", "source": mps.source, "options": ["rbind", "rw"]}));
+    let d = fx.harden(spec.clone());
+    assert!(d.admitted, "{:?}", d.reasons);
+    assert!(
+        d.notes
+            .iter()
+            .filter(|n| n.contains("the lease's CDI spec"))
+            .count()
+            == 5,
+        "{:?}",
+        d.notes
+    );
+    let full = d.full_spec();
+    let nodes: Vec<(&str, i64)> = full["linux"]["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| (n["path"].as_str().unwrap(), n["minor"].as_i64().unwrap()))
+        .collect();
+    assert_eq!(nodes, vec![("/dev/nvidia0", 0), ("/dev/nvidiactl", 255)]);
+    let mps_mounts = full["mounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["destination"] == json!(mps.destination))
+        .count();
+    assert_eq!(
+        mps_mounts, 1,
+        "the lease's mount is made once, by the runtime"
+    );
+
+    // Another GPU's node, under the lease's path or its own: refused.
+    for (node, why) in [
+        (
+            json!({"path": "/dev/nvidia1", "type": "c", "major": 195, "minor": 1}),
+            "GPU device node /dev/nvidia1 (195:1)",
+        ),
+        (
+            json!({"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 1}),
+            "GPU device node /dev/nvidia0 (195:1)",
+        ),
+    ] {
+        let mut s = spec.clone();
+        s["linux"]["devices"].as_array_mut().unwrap().push(node);
+        let d = fx.harden(s);
+        assert!(!d.admitted);
+        assert!(d.reasons.iter().any(|r| r.contains(why)), "{:?}", d.reasons);
+    }
+    // A rule for another GPU, or for every device: refused.
+    for rule in [
+        json!({"allow": true, "type": "c", "major": 195, "minor": 1, "access": "rwm"}),
+        json!({"allow": true, "type": "a", "access": "rwm"}),
+    ] {
+        let mut s = spec.clone();
+        s["linux"]["resources"]["devices"]
+            .as_array_mut()
+            .unwrap()
+            .push(rule);
+        assert!(!fx.harden(s).admitted);
+    }
+    // Without a lease the same nodes are anybody's GPU: refused.
+    let Some(bare) = Fixture::new(false) else {
+        return;
+    };
+    assert!(!bare.harden(spec).admitted);
 }

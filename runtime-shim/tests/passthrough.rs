@@ -1,10 +1,12 @@
-//! What the real runtime receives: the original argv, a clean environment, only fds 0-2
-//! (plus --preserve-fds), and for `update` exactly the checked resources on stdin. A
-//! recording script stands in for runc (no root needed).
+//! What the real runtime receives: the argv the runtime rebuilt from what it parsed, a
+//! clean environment, only fds 0-2 (plus --preserve-fds), and for `exec` and `update`
+//! a process or resources JSON the runtime wrote itself. A recording script stands in
+//! for runc (root only to keep a container's record and runc's version).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
+use serde_json::{Value, json};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -17,9 +19,9 @@ fn fake_runc(dir: &Path) -> PathBuf {
         concat!(
             // As runc does: `create` and `run` read the bundle's config.json first, and
             // an empty one (the runtime closed it without a spec) ends it.
-            "#!/bin/sh\nb=.\nprev=\nfor a in \"$@\"; do if [ \"$prev\" = --bundle ] || [ \"$prev\" = -b ]; then b=$a; fi; prev=$a; done\n",
+            "#!/bin/sh\nb=.\nprev=\nfor a in \"$@\"; do if [ \"$prev\" = --bundle ] || [ \"$prev\" = -b ]; then b=$a; fi; case $a in --bundle=*) b=${a#--bundle=};; esac; prev=$a; done\n",
             "case \" $* \" in *\" create \"*|*\" run \"*) IFS= read -r spec < \"$b/config.json\"; if [ -z \"$spec\" ]; then echo 'runc: config.json: unexpected EOF' >&2; exit 1; fi; echo \"spec: $spec\" ;; esac\n",
-            "echo \"argv: $*\"\nfor f in /proc/$$/fd/*; do echo \"fd: ${f##*/}\"; done\nenv | sort | sed 's/^/env: /'\nif [ \"$1\" = update ] || [ \"$3\" = update ]; then echo \"stdin: $(cat)\"; fi\n",
+            "echo \"argv: $*\"\nfor f in /proc/$$/fd/*; do echo \"fd: ${f##*/}\"; done\nenv | sort | sed 's/^/env: /'\nfor a in \"$@\"; do case $a in --resources=*|--process=*) f=${a#*=}; echo \"doc: $(cat $f)\"; echo \"mode: $(stat -L -c '%a %u %h' $f)\";; esac; done\n",
         ),
     )
     .unwrap();
@@ -126,7 +128,7 @@ fn argv_env_and_fds_are_clean() {
     );
     assert_eq!(
         lines(&out, "argv: "),
-        ["--root /r --log-format=json kill --all abc KILL"]
+        ["--root=/r --log-format=json kill --all abc KILL"]
     );
     let fds = lines(&out, "fd: ");
     // 0-2, plus the one the shell's glob opened for /proc/$$/fd itself at most.
@@ -188,27 +190,207 @@ fn preserve_fds_are_kept() {
     assert_eq!(spec["linux"]["seccomp"]["defaultAction"], "SCMP_ACT_ERRNO");
 }
 
+/// Create a container through the runtime (the fake runc), so that it has a record.
+fn created(d: &Path, cfg: &Path, id: &str, user: Value) {
+    let b = d.join(format!("b-{id}"));
+    std::fs::create_dir_all(b.join("rootfs")).unwrap();
+    let mut spec = common::base_spec(&["sleep", "60"]);
+    spec["process"]["user"] = user;
+    common::write_spec(&b, &spec);
+    let out = run(cfg, &["create", "--bundle", b.to_str().unwrap(), id], false);
+    assert!(out.status.success(), "{out:?}");
+}
+
 #[test]
-fn update_feeds_runc_exactly_the_checked_resources() {
+fn update_gives_runc_only_the_runtimes_own_resources_json() {
+    if !nix::unistd::geteuid().is_root() {
+        println!("SKIPPED: only root keeps a container's record");
+        return;
+    }
     let (d, cfg) = setup();
+    let id = format!("upd-{}", std::process::id());
     let r = d.path().join("res.json");
     std::fs::write(&r, r#"{"memory":{"limit":1048576}}"#).unwrap();
+    // No record of a create: refused, runc never runs.
     let out = run(
         &cfg,
-        &["update", "--resources", r.to_str().unwrap(), "c1"],
+        &["update", "--resources", r.to_str().unwrap(), &id],
         false,
     );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(lines(&out, "argv: "), ["update --resources - c1"]);
-    assert_eq!(lines(&out, "stdin: "), [r#"{"memory":{"limit":1048576}}"#]);
-    std::fs::write(&r, r#"{"memory":{},"memory":{},"devices":[]}"#).unwrap();
-    let out = run(&cfg, &["update", "-r", r.to_str().unwrap(), "c1"], false);
     assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("duplicate key"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("has no record of its create"));
+    assert!(lines(&out, "argv: ").is_empty());
+    created(d.path(), &cfg, &id, json!({"uid": 0, "gid": 0}));
+    for (args, stdin_doc, want) in [
+        (
+            vec!["update", "--resources", r.to_str().unwrap()],
+            None,
+            r#"{"memory":{"limit":1048576}}"#,
+        ),
+        // Spaces, escapes and key order are the tenant's; the bytes runc reads are not.
+        (
+            vec!["update", "-r", "-"],
+            Some(r#"{ "pids" : { "limit" : 100 }, "cpu": {"shares": 2}, "blockIO": {} }"#),
+            r#"{"cpu":{"shares":2},"pids":{"limit":100}}"#,
+        ),
+        (
+            vec!["update", "-pids-limit", "50", "--memory=1m"],
+            None,
+            r#"{"memory":{"limit":1048576},"pids":{"limit":50}}"#,
+        ),
+    ] {
+        let mut argv = args.clone();
+        argv.push(&id);
+        let out = match stdin_doc {
+            None => run(&cfg, &argv, false),
+            Some(doc) => {
+                let mut cmd = Command::new(common::runtime_bin());
+                cmd.env_clear()
+                    .env("TESSERA_RUNTIME_CONFIG", &cfg)
+                    .args(&argv)
+                    .stdin(std::process::Stdio::piped())
+                    .stdout(std::process::Stdio::piped());
+                let mut child = cmd.spawn().unwrap();
+                std::io::Write::write_all(&mut child.stdin.take().unwrap(), doc.as_bytes())
+                    .unwrap();
+                child.wait_with_output().unwrap()
+            }
+        };
+        assert!(out.status.success(), "{args:?}: {out:?}");
+        let argv_seen = lines(&out, "argv: ");
+        assert_eq!(argv_seen.len(), 1, "{out:?}");
+        let (head, tail) = argv_seen[0].split_once("/proc/self/fd/").unwrap();
+        assert_eq!(head, "update --resources=", "{argv_seen:?}");
+        assert!(tail.ends_with(&format!(" {id}")), "{argv_seen:?}");
+        assert_eq!(lines(&out, "doc: "), [want], "{args:?}");
+        // Root's own file, private, unlinked.
+        assert_eq!(lines(&out, "mode: "), ["600 0 0"], "{args:?}");
+    }
+    for (doc, want) in [
+        (r#"{"memory":{},"memory":{},"devices":[]}"#, "duplicate key"),
+        (
+            r#"{"pids":{"limit":100,"LIMIT":-1}}"#,
+            r#"keys "limit" and "LIMIT" are one key to runc"#,
+        ),
+        (
+            r#"{"pids":{"Limit":999999}}"#,
+            "/pids/Limit: unknown resources key",
+        ),
+    ] {
+        std::fs::write(&r, doc).unwrap();
+        let out = run(&cfg, &["update", "-r", r.to_str().unwrap(), &id], false);
+        assert_eq!(out.status.code(), Some(1), "{doc}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains(want),
+            "{doc}: {out:?}"
+        );
+        assert!(lines(&out, "argv: ").is_empty());
+    }
+    // delete forgets the record: no update after it.
+    let out = run(&cfg, &["delete", &id], false);
+    assert!(out.status.success(), "{out:?}");
+    std::fs::write(&r, r#"{"memory":{"limit":1048576}}"#).unwrap();
+    let out = run(&cfg, &["update", "-r", r.to_str().unwrap(), &id], false);
+    assert_eq!(out.status.code(), Some(1));
+}
+
+#[test]
+fn argv_runc_would_read_otherwise_is_refused_before_runc_runs() {
+    let (_d, cfg) = setup();
+    for (args, want) in [
+        (
+            vec!["--root", "/a", "-root", "/b", "kill", "c1"],
+            "--root is given more than once",
+        ),
+        (vec!["--criu", "/tmp/x", "state", "c1"], "--criu is refused"),
+        (vec!["--bogus", "state", "c1"], "unknown flag --bogus"),
+        (
+            vec!["checkpoint", "--image-path", "/etc", "c1"],
+            "checkpoint is refused",
+        ),
+        (vec!["pwn", "c1"], "unknown command \"pwn\""),
+        (
+            vec!["kill", "--all", "-a", "c1", "KILL"],
+            "--all is given more than once",
+        ),
+        (
+            vec!["spec", "--bundle", "/etc", "-b", "/root"],
+            "--bundle is given more than once",
+        ),
+        (
+            vec!["update", "-r", "/a", "--resources=/b", "c1"],
+            "--resources is given more than once",
+        ),
+    ] {
+        let out = run(&cfg, &args, false);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {out:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains(want),
+            "{args:?}: {out:?}"
+        );
+        assert!(lines(&out, "argv: ").is_empty(), "{args:?}: runc ran");
+    }
+}
+
+#[test]
+fn exec_gives_runc_a_process_the_runtime_wrote_with_the_containers_user() {
+    if !nix::unistd::geteuid().is_root() {
+        println!("SKIPPED: only root keeps a container's record");
+        return;
+    }
+    let (d, cfg) = setup();
+    let id = format!("exe-{}", std::process::id());
+    created(
+        d.path(),
+        &cfg,
+        &id,
+        json!({"uid": 1000, "gid": 1000, "additionalGids": [44]}),
+    );
+    let out = run(
+        &cfg,
+        &[
+            "-root",
+            "/run/runc",
+            "exec",
+            "-t",
+            "-d",
+            "--pid-file",
+            "/p",
+            &id,
+            "id",
+            "-G",
+        ],
+        false,
+    );
+    assert!(out.status.success(), "{out:?}");
+    let argv_seen = lines(&out, "argv: ");
+    let (head, tail) = argv_seen[0].split_once("/proc/self/fd/").unwrap();
+    assert_eq!(
+        head, "--root=/run/runc exec --detach --pid-file=/p --process=",
+        "{argv_seen:?}"
+    );
+    assert!(tail.ends_with(&format!(" {id}")), "{argv_seen:?}");
+    let doc: Value = serde_json::from_str(&lines(&out, "doc: ")[0]).unwrap();
+    assert_eq!(
+        doc["user"],
+        json!({"uid": 1000, "gid": 1000, "additionalGids": [44]})
+    );
+    assert_eq!(doc["args"], json!(["id", "-G"]));
+    assert_eq!(doc["terminal"], true);
+    assert_eq!(lines(&out, "mode: "), ["600 0 0"]);
+    for line in [
+        vec!["exec", "-g", "0"],
+        vec!["exec", "--user", "1000:0"],
+        vec!["exec", "--cgroup", "/x"],
+        vec!["exec", "-u", "1000", "--user", "1000"],
+    ] {
+        let mut argv = line.clone();
+        argv.extend([id.as_str(), "id"]);
+        let out = run(&cfg, &argv, false);
+        assert_eq!(out.status.code(), Some(1), "{line:?}: {out:?}");
+        assert!(lines(&out, "argv: ").is_empty());
+    }
+    let _ = run(&cfg, &["delete", &id], false);
 }
 
 #[test]
@@ -306,8 +488,10 @@ fn pod_sandbox_gets_baseline_even_with_the_pods_token() {
     spec["annotations"] = serde_json::json!({
         "io.kubernetes.cri.container-type": "sandbox",
         "io.kubernetes.cri.sandbox-id": "pause1",
+        "io.kubernetes.cri.sandbox-uid": "0b5c3c9e",
         "tessera.io/lease-token": "tok"
     });
+    spec["linux"]["cgroupsPath"] = serde_json::json!("/tessera-passthrough/pod0b5c3c9e/pause1");
     // A tenant container that only claims to be a sandbox (another id) gets no
     // exemption: no_token = "refuse" and its token cannot be resolved.
     common::write_spec(&b, &spec);
@@ -367,7 +551,7 @@ fn the_config_is_found_next_to_the_binary_without_the_environment() {
     );
     assert_eq!(
         lines(&out, "argv: "),
-        ["--root /r state x"],
+        ["--root=/r state x"],
         "the fake runc ran"
     );
     // A second name (a symlink) with a config of its own: that one wins.
@@ -557,7 +741,7 @@ fn early_setup(body: &str) -> Option<(tempfile::TempDir, PathBuf, PathBuf)> {
             concat!(
                 "#!/bin/sh\n",
                 "if [ \"$1\" = --version ]; then echo 'runc version 1.2.8'; exit 0; fi\n",
-                "b=.\nprev=\nfor a in \"$@\"; do if [ \"$prev\" = --bundle ]; then b=$a; fi; prev=$a; id=$a; done\n",
+                "b=.\nprev=\nfor a in \"$@\"; do if [ \"$prev\" = --bundle ]; then b=$a; fi; case $a in --bundle=*) b=${{a#--bundle=}};; esac; prev=$a; id=$a; done\n",
                 "if [ -p \"$b/config.json\" ]; then echo 'first: fifo'; else echo 'first: file'; fi\n",
                 // Read in the shell's own process, as runc reads it in its own: a
                 // killed runc leaves no reader behind.

@@ -88,7 +88,7 @@ impl Env {
         let b = self.dir.path().join(name);
         std::fs::create_dir_all(&b).unwrap();
         let mut spec = common::base_spec(args);
-        spec["root"]["path"] = json!(self.dir.path().join("rootfs"));
+        spec["root"]["path"] = json!(common::bundle_rootfs(self.dir.path(), &b));
         if let Some(t) = token {
             spec["annotations"] = json!({"tessera.io/lease-token": t});
         }
@@ -370,7 +370,7 @@ fn bad_tokens_and_no_daemon_are_refused() {
 fn true_bundle(dir: &Path, name: &str, token: &str) -> (PathBuf, Value) {
     let b = dir.join(name);
     let mut spec = common::base_spec(&["true"]);
-    spec["root"]["path"] = json!(dir.join("rootfs"));
+    spec["root"]["path"] = json!(common::bundle_rootfs(dir, &b));
     spec["annotations"] = json!({"tessera.io/lease-token": token});
     common::write_spec(&b, &spec);
     (b, spec)
@@ -426,11 +426,16 @@ fn bind_failure_refuses() {
         let on_disk: Value =
             serde_json::from_slice(&std::fs::read(b.join("config.json")).unwrap()).unwrap();
         assert_eq!(on_disk, spec);
-        let names: Vec<String> = std::fs::read_dir(&b)
+        let mut names: Vec<String> = std::fs::read_dir(&b)
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
-        assert_eq!(names, ["config.json"], "left in the bundle: {names:?}");
+        names.sort();
+        assert_eq!(
+            names,
+            ["config.json", "rootfs"],
+            "left in the bundle: {names:?}"
+        );
         // runc made no container.
         let state = Command::new(common::which("runc").unwrap())
             .arg("--root")
@@ -809,4 +814,258 @@ fn a_kept_answer_the_daemon_does_not_confirm_is_not_relied_on() {
         "asked again after the unconfirmed bind"
     );
     assert_eq!(rec.unbinds, ["second"], "the unconfirmed bind is undone");
+}
+
+/// The uid, gid and groups lines of /proc/self/status, as `Uid: 1000 1000 1000 1000`.
+const IDS: &str = "grep -E '^(Uid|Gid|Groups):' /proc/self/status | tr -s '\\t ' ' '";
+
+/// issue 31: what runc is handed for exec and update is the runtime's own, judged by
+/// what really happened in the container (its ids, its cgroup's pids.max).
+#[test]
+fn exec_and_update_escapes_are_refused_or_neutralized_under_runc() {
+    let Some(env) = Env::new() else { return };
+    let b = env.bundle("b-esc", &["sleep", "60"], Some("tok-good"));
+    let mut spec: Value =
+        serde_json::from_slice(&std::fs::read(b.join("config.json")).unwrap()).unwrap();
+    spec["process"]["user"] = json!({"uid": 1000, "gid": 1000, "additionalGids": [1000]});
+    spec["linux"]["resources"]["pids"] = json!({"limit": 64});
+    common::write_spec(&b, &spec);
+    let id = format!("t{}-esc", std::process::id());
+    let out = env.runtime(&["create", "--bundle", b.to_str().unwrap(), &id], None);
+    assert!(out.status.success(), "create: {:?}", text(&out));
+    let out = env.runtime(&["start", &id], None);
+    assert!(out.status.success(), "start: {:?}", text(&out));
+    let pids_max = || {
+        std::fs::read_to_string(
+            Path::new("/sys/fs/cgroup/pids")
+                .join(&env.cgroup_prefix)
+                .join("lease-1")
+                .join(&id)
+                .join("pids.max"),
+        )
+        .or_else(|_| {
+            std::fs::read_to_string(
+                Path::new("/sys/fs/cgroup")
+                    .join(&env.cgroup_prefix)
+                    .join("lease-1")
+                    .join(&id)
+                    .join("pids.max"),
+            )
+        })
+        .expect("the container's pids.max")
+        .trim()
+        .to_string()
+    };
+    assert_eq!(pids_max(), "64", "granted at create");
+
+    // A process JSON with no user, only a gid, only a uid, or no --process at all:
+    // the process runs as the container's 1000:1000 with its groups, never as root.
+    let own = [
+        "Uid: 1000 1000 1000 1000",
+        "Gid: 1000 1000 1000 1000",
+        "Groups: 1000",
+    ];
+    let p = env.dir.path().join("p-esc.json");
+    for user in [
+        None,
+        Some(json!({"gid": 1000})),
+        Some(json!({"uid": 1000})),
+        Some(json!({})),
+    ] {
+        let mut proc_json = json!({"args": ["sh", "-c", IDS], "cwd": "/", "env": ["PATH=/bin"]});
+        if let Some(u) = &user {
+            proc_json["user"] = u.clone();
+        }
+        std::fs::write(&p, proc_json.to_string()).unwrap();
+        let out = env.runtime(&["exec", "--process", p.to_str().unwrap(), &id], None);
+        let (stdout, stderr) = text(&out);
+        assert!(out.status.success(), "{user:?}: {stdout} {stderr}");
+        let got: Vec<&str> = stdout.lines().map(str::trim).collect();
+        assert_eq!(got, own, "user {user:?}");
+    }
+    let out = env.runtime(&["exec", &id, "sh", "-c", IDS], None);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout} {stderr}");
+    assert_eq!(stdout.lines().map(str::trim).collect::<Vec<_>>(), own);
+
+    // Root's group, or any group the container did not start with, by flag or JSON,
+    // and a flag that moves the process to another cgroup: refused, nothing runs.
+    // The container's user may write /tmp (shared with this test through the
+    // rootfs): a refused exec that ran anyway would leave its marker there.
+    let marker = b.join("rootfs/tmp/ran");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(
+            b.join("rootfs/tmp"),
+            std::fs::Permissions::from_mode(0o1777),
+        )
+        .unwrap();
+    }
+    let touch = "touch /tmp/ran".to_string();
+    for (args, want) in [
+        (vec!["exec", "-g", "0"], "--additional-gids 0"),
+        (vec!["exec", "--additional-gids=0"], "--additional-gids 0"),
+        (vec!["exec", "-g", "27"], "--additional-gids 27"),
+        (vec!["exec", "--user", "1000:0"], "--user 1000:0"),
+        (vec!["exec", "-u", "0"], "--user 0"),
+        (vec!["exec", "--cgroup", "pids:/"], "--cgroup"),
+        (
+            vec!["exec", "-u", "1000", "--user", "1000"],
+            "given more than once",
+        ),
+    ] {
+        let mut argv = args.clone();
+        argv.extend([id.as_str(), "sh", "-c", touch.as_str()]);
+        let out = env.runtime(&argv, None);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {:?}", text(&out));
+        assert!(text(&out).1.contains(want), "{args:?}: {:?}", text(&out));
+        assert!(!marker.exists(), "{args:?} ran");
+    }
+    for (user, want) in [
+        (
+            json!({"uid": 1000, "gid": 1000, "additionalGids": [0]}),
+            "/process/user/additionalGids/0",
+        ),
+        (json!({"gid": 0}), "/process/user/gid"),
+        (json!({"uid": 1000, "GID": 0}), "/process/user/GID"),
+    ] {
+        std::fs::write(
+            &p,
+            json!({"args": ["sh", "-c", touch], "cwd": "/", "user": user}).to_string(),
+        )
+        .unwrap();
+        let out = env.runtime(&["exec", "-p", p.to_str().unwrap(), &id], None);
+        assert_eq!(out.status.code(), Some(1), "{user}: {:?}", text(&out));
+        assert!(text(&out).1.contains(want), "{user}: {:?}", text(&out));
+        assert!(!marker.exists(), "{user} ran");
+    }
+    // Two spellings of one key (Go reads the last): refused by its path.
+    std::fs::write(
+        &p,
+        r#"{"args": ["sh", "-c", "touch /tmp/ran"], "cwd": "/", "user": {"uid": 1000, "gid": 1000, "GID": 0}}"#,
+    )
+    .unwrap();
+    let out = env.runtime(&["exec", "-p", p.to_str().unwrap(), &id], None);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out)
+            .1
+            .contains(r#"/user: keys "gid" and "GID" are one key to runc"#),
+        "{:?}",
+        text(&out)
+    );
+    assert!(!marker.exists());
+    // The marker is made when an exec does run (the checks above could fail).
+    let out = env.runtime(&["exec", &id, "sh", "-c", &touch], None);
+    assert!(out.status.success(), "{:?}", text(&out));
+    assert!(marker.exists(), "an admitted exec leaves its marker");
+
+    // update: runc reads the runtime's JSON, bounded by the container's grant.
+    for (doc, want) in [
+        (
+            r#"{"pids":{"limit":100,"LIMIT":-1}}"#,
+            r#"keys "limit" and "LIMIT""#,
+        ),
+        (r#"{"pids":{"Limit":999999}}"#, "/pids/Limit"),
+        (r#"{"pids":{"limit":100}}"#, "/pids/limit: 100"),
+        (r#"{"pids":{"limit":-1}}"#, "/pids/limit: -1"),
+        (
+            r#"{"pids":{"limit":32},"pids":{"limit":-1}}"#,
+            "duplicate key",
+        ),
+    ] {
+        let out = env.runtime(&["update", "--resources", "-", &id], Some(doc));
+        assert_eq!(out.status.code(), Some(1), "{doc}: {:?}", text(&out));
+        assert!(text(&out).1.contains(want), "{doc}: {:?}", text(&out));
+        assert_eq!(pids_max(), "64", "{doc}");
+    }
+    let out = env.runtime(
+        &["update", "-r", "-", &id],
+        Some(r#"{"pids":{"limit":32}}"#),
+    );
+    assert!(out.status.success(), "{:?}", text(&out));
+    assert_eq!(pids_max(), "32");
+    for args in [
+        vec!["update", "--pids-limit", "-1"],
+        vec!["update", "--pids-limit=max"],
+        vec!["update", "--pids-limit", "65"],
+        vec!["update", "--pids-limit", "16", "--pids-limit", "-1"],
+    ] {
+        let mut argv = args.clone();
+        argv.push(&id);
+        let out = env.runtime(&argv, None);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {:?}", text(&out));
+        assert_eq!(pids_max(), "32", "{args:?}");
+    }
+    // A single-dash long flag is read as runc reads it and given to runc as the
+    // runtime's own JSON.
+    let out = env.runtime(&["update", "-pids-limit", "16", &id], None);
+    assert!(out.status.success(), "{:?}", text(&out));
+    assert_eq!(pids_max(), "16");
+
+    let out = env.runtime(&["delete", "--force", &id], None);
+    assert!(out.status.success(), "delete: {:?}", text(&out));
+    // No record after delete: exec and update are refused (fail closed).
+    let out = env.runtime(&["update", "--pids-limit", "8", &id], None);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out).1.contains("no record"), "{:?}", text(&out));
+}
+
+/// issue 31: a config.json with two keys runc's Go decoder reads as one (it matches
+/// keys case-insensitively, with Unicode folds, and keeps the last) never reaches
+/// runc; nor do create flags that loosen every container.
+#[test]
+fn config_json_keys_runc_would_read_otherwise_are_refused() {
+    let Some(env) = Env::new() else { return };
+    for (n, from, to, want) in [
+        (
+            "nnp",
+            r#""noNewPrivileges":true"#,
+            r#""noNewPrivileges":true,"NoNewPrivileges":false"#,
+            r#"/process: keys "noNewPrivileges" and "NoNewPrivileges""#,
+        ),
+        (
+            "seccomp",
+            r#""linux":{"#,
+            "\"linux\":{\"\\u017feccomp\":null,\"seccomp\":null,",
+            "/linux: keys \"\u{17f}eccomp\" and \"seccomp\"",
+        ),
+        (
+            "dup",
+            r#""uid":0"#,
+            r#""uid":1000,"uid":0"#,
+            r#"/process/user: duplicate key "uid""#,
+        ),
+    ] {
+        let b = env.bundle(&format!("b-fold-{n}"), &["true"], None);
+        let raw = std::fs::read_to_string(b.join("config.json")).unwrap();
+        let raw = serde_json::to_string(&serde_json::from_str::<Value>(&raw).unwrap()).unwrap();
+        assert!(raw.contains(from), "{n}: {from} not in {raw}");
+        std::fs::write(b.join("config.json"), raw.replacen(from, to, 1)).unwrap();
+        let id = format!("t{}-fold-{n}", std::process::id());
+        let out = env.runtime(&["create", "--bundle", b.to_str().unwrap(), &id], None);
+        assert_eq!(out.status.code(), Some(1), "{n}: {:?}", text(&out));
+        assert!(text(&out).1.contains(want), "{n}: {:?}", text(&out));
+        let state = Command::new("runc")
+            .arg("--root")
+            .arg(&env.root)
+            .args(["state", &id])
+            .output()
+            .unwrap();
+        assert!(!state.status.success(), "runc created {id}");
+    }
+    let b = env.bundle("b-pivot", &["true"], None);
+    for flag in ["--no-pivot", "--no-new-keyring"] {
+        let id = format!("t{}-pivot", std::process::id());
+        let out = env.runtime(
+            &["create", flag, "--bundle", b.to_str().unwrap(), &id],
+            None,
+        );
+        assert_eq!(out.status.code(), Some(1), "{flag}: {:?}", text(&out));
+        assert!(
+            text(&out).1.contains(&format!("{flag} is refused")),
+            "{:?}",
+            text(&out)
+        );
+    }
 }

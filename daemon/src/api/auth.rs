@@ -3,6 +3,7 @@
 //! config's `[[auth.principals]]` rules (first match wins). An unmapped caller gets
 //! PermissionDenied. uid 0 and the daemon's own uid are always admin.
 
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
 
 use tonic::transport::server::UdsConnectInfo;
@@ -41,8 +42,7 @@ pub enum Caller {
     Unix {
         uid: u32,
         gid: u32,
-        /// Supplementary groups; read from /proc/<pid>/status only when a rule
-        /// needs them.
+        /// Supplementary groups, as the kernel recorded them at `connect`.
         groups: Vec<u32>,
         pid: Option<i32>,
         /// The peer runs in other mount or PID namespaces than the daemon (inside a
@@ -72,7 +72,9 @@ impl Caller {
 }
 
 /// A unix-socket connection's peer, looked at once, when the connection is
-/// accepted: its credentials (SO_PEERCRED, fixed at `connect`) and whether the
+/// accepted: its credentials (SO_PEERCRED, fixed at `connect`), its supplementary
+/// groups (SO_PEERGROUPS, fixed at `connect` too: never read again from
+/// /proc/<pid>/status, whose pid may by then be another process's), and whether the
 /// process that connected runs in the daemon's mount and PID namespaces. Every
 /// request on the connection is that process's: looking at its namespaces per
 /// request cost four `stat`s of /proc each (8 % of the daemon's CPU under 32
@@ -83,14 +85,65 @@ pub struct UnixPeer {
     pub info: UdsConnectInfo,
     /// None: no credentials (the caller is unknown).
     pub contained: Option<bool>,
+    /// The peer's supplementary groups at `connect` (empty when the kernel could not
+    /// say: then no rule matches by them).
+    pub groups: Vec<u32>,
 }
 
 impl UnixPeer {
+    /// The peer as far as its credentials tell (no groups: no rule matches by them).
     pub fn of(info: UdsConnectInfo) -> UnixPeer {
         let contained = info
             .peer_cred
             .map(|cred| cred.pid().is_none_or(|pid| !in_host_namespaces(pid)));
-        UnixPeer { info, contained }
+        UnixPeer {
+            info,
+            contained,
+            groups: Vec::new(),
+        }
+    }
+
+    /// The peer of the accepted connection `fd`, its groups included.
+    pub fn accepted(info: UdsConnectInfo, fd: std::os::fd::BorrowedFd<'_>) -> UnixPeer {
+        UnixPeer {
+            groups: peer_groups(fd).unwrap_or_default(),
+            ..UnixPeer::of(info)
+        }
+    }
+}
+
+/// The supplementary groups of a unix socket's peer as the kernel recorded them when
+/// it connected (SO_PEERGROUPS, Linux 4.13).
+pub fn peer_groups(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<Vec<u32>> {
+    use std::os::fd::AsRawFd;
+    const GID: usize = std::mem::size_of::<libc::gid_t>();
+    let mut buf: Vec<libc::gid_t> = vec![0; 32];
+    loop {
+        let mut len = libc::socklen_t::try_from(buf.len() * GID)
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+        // SAFETY: `buf` is valid for writes of `len` bytes and outlives the call; the
+        // fd is borrowed from a live socket for the duration of the call.
+        let rc = unsafe {
+            libc::getsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_PEERGROUPS,
+                buf.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        let len = usize::try_from(len).unwrap_or(0);
+        if rc == 0 {
+            buf.truncate(len / GID);
+            return Ok(buf);
+        }
+        let e = std::io::Error::last_os_error();
+        // ERANGE: the kernel wrote the size it needs into `len`.
+        if e.raw_os_error() == Some(libc::ERANGE) && len / GID > buf.len() && len / GID <= 65536 {
+            buf.resize(len / GID, 0);
+            continue;
+        }
+        return Err(e);
     }
 }
 
@@ -102,7 +155,7 @@ pub fn caller_of<T>(req: &Request<T>) -> Caller {
         return Caller::Unix {
             uid: cred.uid(),
             gid: cred.gid(),
-            groups: Vec::new(),
+            groups: peer.groups.clone(),
             pid: cred.pid(),
             contained,
         };
@@ -127,42 +180,54 @@ pub fn caller_of<T>(req: &Request<T>) -> Caller {
     Caller::Unknown
 }
 
-/// Whether process `pid` shares the daemon's mount and PID namespaces (and so is not
-/// inside a container). False when it cannot be told (the process is gone).
+/// Whether process `pid` is on the host: it shares the mount and PID namespaces of
+/// the host's init (PID 1 as the daemon sees it, or `[auth] host_pid`), and so is not
+/// inside a container.
+/// False when it cannot be told (the process is gone).
+///
+/// The host is init's namespaces, not the daemon's own: systemd runs tesserad in a
+/// mount namespace of its own (`ProtectSystem=strict`), and the DaemonSet runs it in a
+/// pod's (with `hostPID`, PID 1 is the host's init). Where init's namespaces cannot be
+/// read, the daemon's own stand in.
 pub fn in_host_namespaces(pid: i32) -> bool {
+    in_namespaces_of(HOST_PID.load(Ordering::Relaxed), pid)
+}
+
+/// The process whose namespaces are the host's (`[auth] host_pid`, default 1).
+static HOST_PID: AtomicI32 = AtomicI32::new(1);
+
+/// Set `[auth] host_pid` before the first caller is identified (the daemon's start).
+pub fn set_host_pid(pid: i32) {
+    HOST_PID.store(pid, Ordering::Relaxed);
+}
+
+fn in_namespaces_of(host_pid: i32, pid: i32) -> bool {
     use std::os::unix::fs::MetadataExt;
     const NAMESPACES: [&str; 2] = ["mnt", "pid"];
     let id = |p: String| std::fs::metadata(p).map(|m| (m.dev(), m.ino()));
-    // The daemon's own namespaces do not change: read once (a failed read is not
-    // kept, and nothing is trusted while it fails).
-    static OWN: OnceLock<[(u64, u64); 2]> = OnceLock::new();
-    let own = match OWN.get() {
-        Some(own) => *own,
+    // The host's namespaces do not change: read once (a failed read is not kept, and
+    // nothing is trusted while it fails).
+    static HOST: OnceLock<[(u64, u64); 2]> = OnceLock::new();
+    let host = match HOST.get() {
+        Some(host) => *host,
         None => {
-            let read = |ns: &str| id(format!("/proc/self/ns/{ns}"));
-            match (read(NAMESPACES[0]), read(NAMESPACES[1])) {
-                (Ok(mnt), Ok(pid)) => *OWN.get_or_init(|| [mnt, pid]),
-                _ => return false,
+            let read = |proc: &str| {
+                Some([
+                    id(format!("/proc/{proc}/ns/{}", NAMESPACES[0])).ok()?,
+                    id(format!("/proc/{proc}/ns/{}", NAMESPACES[1])).ok()?,
+                ])
+            };
+            match read(&host_pid.to_string()).or_else(|| read("self")) {
+                Some(ns) => *HOST.get_or_init(|| ns),
+                None => return false,
             }
         }
     };
+    let own = host;
     NAMESPACES
         .iter()
         .zip(own)
         .all(|(ns, own)| id(format!("/proc/{pid}/ns/{ns}")).is_ok_and(|peer| peer == own))
-}
-
-/// The `Groups:` line of /proc/<pid>/status.
-pub fn supplementary_groups(status: &str) -> Vec<u32> {
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Groups:"))
-        .map(|g| {
-            g.split_whitespace()
-                .filter_map(|x| x.parse().ok())
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 /// The subject common name of a DER certificate.
@@ -200,35 +265,6 @@ impl Authenticator {
     /// The principal of a caller, or PermissionDenied naming who was refused.
     pub fn identify(&self, caller: &Caller) -> Result<Principal, Status> {
         let rules = self.rules.read().unwrap_or_else(|p| p.into_inner()).clone();
-        // Supplementary groups cost a /proc read: only when no uid or primary gid
-        // matches and some rule names groups.
-        let extra_groups;
-        let caller = match caller {
-            Caller::Unix {
-                uid,
-                gid,
-                groups,
-                pid: Some(pid),
-                contained,
-            } if groups.is_empty()
-                && !rules
-                    .iter()
-                    .any(|r| r.uids.contains(uid) || r.gids.contains(gid))
-                && rules.iter().any(|r| !r.gids.is_empty()) =>
-            {
-                extra_groups = Caller::Unix {
-                    uid: *uid,
-                    gid: *gid,
-                    groups: std::fs::read_to_string(format!("/proc/{pid}/status"))
-                        .map(|s| supplementary_groups(&s))
-                        .unwrap_or_default(),
-                    pid: Some(*pid),
-                    contained: *contained,
-                };
-                &extra_groups
-            }
-            other => other,
-        };
         let matched = rules.iter().find(|r| match caller {
             Caller::Unix {
                 uid, gid, groups, ..
@@ -443,7 +479,7 @@ mod tests {
             a.identify(&contained(1000, 1000, vec![])).unwrap().tenant(),
             Some("team-a")
         );
-        // This test process shares the daemon's namespaces with itself.
+        // This test process runs on the host: in the namespaces of PID 1.
         assert!(in_host_namespaces(std::process::id() as i32));
         assert!(
             !in_host_namespaces(i32::MAX),
@@ -457,8 +493,19 @@ mod tests {
     async fn a_connection_peer_is_looked_at_once_and_kept_for_its_requests() {
         use tonic::transport::server::Connected;
         let (ours, _theirs) = tokio::net::UnixStream::pair().unwrap();
-        let peer = UnixPeer::of(ours.connect_info());
+        let peer = UnixPeer::accepted(ours.connect_info(), std::os::fd::AsFd::as_fd(&ours));
         let cred = peer.info.peer_cred.expect("a socket pair has credentials");
+        // The groups are the kernel's record of the peer at connect, not a later
+        // look at /proc/<pid>/status.
+        let mut want: Vec<u32> = nix::unistd::getgroups()
+            .unwrap()
+            .into_iter()
+            .map(|g| g.as_raw())
+            .collect();
+        let mut got = peer.groups.clone();
+        want.sort_unstable();
+        got.sort_unstable();
+        assert_eq!(got, want);
         assert_eq!(cred.pid(), Some(std::process::id() as i32));
         assert_eq!(peer.contained, Some(false), "this process is on the host");
         let mut req = Request::new(());
@@ -542,11 +589,5 @@ mod tests {
         assert!(!allowed(Rpc::ResolveToken, &t));
         assert!(!allowed(Rpc::GrantQuota, &t));
         assert!(allowed(Rpc::CreateLease, &t));
-    }
-
-    #[test]
-    fn supplementary_groups_are_read_from_proc_status() {
-        let s = "Name:\tx\nUid:\t1\t1\t1\t1\nGroups:\t4 24 990 \nNgid:\t0\n";
-        assert_eq!(supplementary_groups(s), vec![4, 24, 990]);
     }
 }

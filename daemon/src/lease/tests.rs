@@ -1013,6 +1013,17 @@ async fn a_token_is_bound_to_the_first_pod_that_uses_it() {
         msg.contains("bound to pod uid-a") && msg.contains("pod uid-b may not use it"),
         "{msg}"
     );
+    // A container that names no pod is refused too, not let through.
+    let e = mgr
+        .bind_container(&token, bind("c5", ""), None)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, LeaseError::PermissionDenied(_)), "{e:?}");
+    assert!(
+        e.to_string()
+            .contains("a container in no pod may not use it"),
+        "{e}"
+    );
     let (l, _) = mgr.get(&created.lease.id).unwrap();
     assert_eq!(
         l.containers

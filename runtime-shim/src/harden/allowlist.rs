@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 
+use super::identity::{self, Identity};
 use super::mounts::{is_under, normalize};
 use super::{Context, Findings, strings};
 
@@ -71,7 +72,7 @@ pub const TABLE: &[Field] = &[
         "/root/path",
         Checked,
         false,
-        "inside the bundle or a container-storage root, root-owned, passed to runc canonical",
+        "inside the bundle or the engine's recorded rootfs of this container, root-owned, passed to runc canonical",
     ),
     f(
         "/root/readonly",
@@ -405,7 +406,7 @@ pub const TABLE: &[Field] = &[
         "/linux/cgroupsPath",
         Checked,
         false,
-        "the pod's cgroup (cgroupfs or systemd form) ending in this container, or the lease's tree; never a host slice or another container's",
+        "inside the pod's cgroup as runc recorded its sandbox (systemd slices expanded), or a configured parent outside Kubernetes; ending in this container",
     ),
     f("/linux/resources", Checked, true, "cgroup limits"),
     f(
@@ -631,7 +632,7 @@ const RLIMITS: &[(&str, u64)] = &[
 ];
 
 /// Checks of the fields the walk lets through that no sibling module makes.
-pub fn check(spec: &mut Value, ctx: &Context, f: &mut Findings) {
+pub fn check(spec: &mut Value, ctx: &Context, ident: &Identity, f: &mut Findings) {
     process_fields(
         spec.get("process").unwrap_or(&Value::Null),
         "/process",
@@ -639,6 +640,12 @@ pub fn check(spec: &mut Value, ctx: &Context, f: &mut Findings) {
         f,
     );
     if let Some(ann) = spec.get("annotations").and_then(Value::as_object) {
+        for k in ann.keys().filter(|k| k.contains('=')) {
+            f.refuse(format!(
+                "/annotations/{}: refused: a key with '=' would read as another key in runc's record (labels are key=value)",
+                escape(k)
+            ));
+        }
         for k in ann.keys() {
             if let Some(p) = ACTING_ANNOTATIONS.iter().find(|p| k.starts_with(*p)) {
                 f.refuse(format!(
@@ -665,13 +672,66 @@ pub fn check(spec: &mut Value, ctx: &Context, f: &mut Findings) {
     }
     if let Some(list) = spec.pointer("/linux/namespaces").and_then(Value::as_array) {
         for (i, ns) in list.iter().enumerate() {
-            namespace_path(spec, ns, i, ctx, f);
+            namespace_path(ns, i, ctx, ident, f);
         }
     }
-    cgroups_path(spec, ctx, f);
+    // runc opens the path it is given: the one that was judged, `..` and `//` gone.
+    if let Some(list) = spec
+        .pointer_mut("/linux/namespaces")
+        .and_then(Value::as_array_mut)
+    {
+        for ns in list.iter_mut().filter_map(Value::as_object_mut) {
+            if let Some(p) = ns
+                .get("path")
+                .and_then(Value::as_str)
+                .filter(|p| p.starts_with('/'))
+            {
+                let n = normalize(p);
+                ns.insert("path".into(), json!(n));
+            }
+        }
+    }
+    cgroups_path(spec, ctx, ident, f);
     root_path(spec, ctx, f);
     kernel_mounts(spec, f);
-    bind_sources(spec, ctx, f);
+    bind_sources(spec, ctx, ident, f);
+    cgroup_file_names(spec, f);
+}
+
+/// runc makes cgroup file names of `unified` keys and hugepage sizes and joins them to
+/// the container's cgroup directory: a `/` or `..` there would reach another cgroup's
+/// files.
+fn cgroup_file_names(spec: &Value, f: &mut Findings) {
+    let Some(res) = spec.pointer("/linux/resources") else {
+        return;
+    };
+    for k in res
+        .get("unified")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flat_map(|m| m.keys())
+    {
+        if !super::update::cgroup_file_name_ok(k) {
+            f.refuse(format!(
+                "/linux/resources/unified/{}: not a cgroup file name",
+                escape(k)
+            ));
+        }
+    }
+    for (i, h) in res
+        .get("hugepageLimits")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        let size = h.get("pageSize").and_then(Value::as_str).unwrap_or("");
+        if !super::update::page_size_ok(size) {
+            f.refuse(format!(
+                "/linux/resources/hugepageLimits/{i}/pageSize: {size:?} is not a page size"
+            ));
+        }
+    }
 }
 
 /// Process fields (config.json's `process`, or the process JSON of `exec`).
@@ -743,10 +803,11 @@ pub fn process_fields(p: &Value, at: &str, policy: &crate::policy::Policy, f: &m
 }
 
 /// A namespace path: never a mount or user namespace by path. A process's namespace
-/// file (`/proc/<pid>/ns/<type>`) only of the pod's own sandbox: `<pid>` must be the
-/// init process runc recorded for the `io.kubernetes.cri.sandbox-id` annotation's
-/// container. A CNI netns file (under /run/netns) only for a pod sandbox itself.
-fn namespace_path(spec: &Value, ns: &Value, i: usize, ctx: &Context, f: &mut Findings) {
+/// file (`/proc/<pid>/ns/<type>`) only of the container's own pod sandbox as runc
+/// recorded it ([`Identity::Member`]): `<pid>` must be the sandbox's init process,
+/// still the one runc started (same start time). A CNI netns file (under /run/netns)
+/// only for a pod sandbox itself.
+fn namespace_path(ns: &Value, i: usize, ctx: &Context, ident: &Identity, f: &mut Findings) {
     let ty = ns.get("type").and_then(Value::as_str).unwrap_or("");
     let Some(path) = ns
         .get("path")
@@ -787,10 +848,20 @@ fn namespace_path(spec: &Value, ns: &Value, i: usize, ctx: &Context, f: &mut Fin
             .is_some_and(|d| d == Path::new("/run/netns") || d == Path::new("/var/run/netns"))
         && Path::new(&n).file_name().is_some();
     if netns_form {
-        if !super::is_cri_sandbox(spec, ctx.container_id, ctx.policy()) {
+        if !matches!(ident, Identity::OwnSandbox { .. }) {
             f.refuse(format!(
                 "{at}: a CNI netns file ({path}) is for the pod sandbox only; a container joins its sandbox's namespaces"
             ));
+            return;
+        }
+        // The CRI makes a fresh netns for each sandbox: one a process is already in
+        // is another pod's.
+        match std::fs::metadata(path) {
+            Ok(m) if identity::netns_in_use(m.dev(), m.ino()) => f.refuse(format!(
+                "{at}: the netns {path} is already another pod's (a process is in it); a pod sandbox joins a fresh one"
+            )),
+            Ok(_) => {}
+            Err(e) => f.refuse(format!("{at}: {path}: {e}")),
         }
         return;
     }
@@ -805,45 +876,48 @@ fn namespace_path(spec: &Value, ns: &Value, i: usize, ctx: &Context, f: &mut Fin
         ));
         return;
     };
-    let Some(sandbox) = component(annotation(spec, "io.kubernetes.cri.sandbox-id")) else {
+    let Identity::Member(sandbox) = ident else {
         f.refuse(format!(
-            "{at}: joining process {pid}'s {ty} namespace needs the pod sandbox's id (io.kubernetes.cri.sandbox-id)"
+            "{at}: joining process {pid}'s {ty} namespace needs the pod sandbox's id (io.kubernetes.cri.sandbox-id) naming a running sandbox in runc's state: a container outside a pod joins no namespace"
         ));
         return;
     };
-    match sandbox_init_pid(ctx.runc_root, sandbox) {
-        Ok(p) if p == pid => {}
-        Ok(p) => f.refuse(format!(
-            "{at}: process {pid} is not the pod sandbox's ({sandbox} runs as {p})"
-        )),
-        Err(e) => f.refuse(format!(
-            "{at}: cannot verify process {pid} as the pod sandbox {sandbox}: {e}"
-        )),
+    if pid != sandbox.init_pid {
+        f.refuse(format!(
+            "{at}: process {pid} is not the pod sandbox's ({} runs as {})",
+            sandbox.id, sandbox.init_pid
+        ));
+    } else if identity::proc_start_time(pid) != Some(sandbox.init_start) {
+        f.refuse(format!(
+            "{at}: process {pid} is no longer the pod sandbox {}'s init process",
+            sandbox.id
+        ));
     }
-}
-
-/// The init pid runc recorded for container `id` under its state root.
-fn sandbox_init_pid(runc_root: &Path, id: &str) -> Result<u32, String> {
-    let path = runc_root.join(id).join("state.json");
-    let v = crate::bundle::load_json(&path, 16 * 1024 * 1024).map_err(|e| e.to_string())?;
-    v.get("init_process_pid")
-        .and_then(Value::as_u64)
-        .and_then(|p| u32::try_from(p).ok())
-        .ok_or_else(|| format!("{}: no init_process_pid", path.display()))
 }
 
 /// `linux.cgroupsPath` as the caller gave it (kept, with a lease or without: pod
 /// limits, QoS, eviction and CRI stats see the container where kubelet put it): the
-/// container's own cgroup, ending in its id, never under a host slice or the
-/// runtime's tree of another container. The systemd form goes with
-/// `--systemd-cgroup` and only with it. A spec without one gets the lease's tree
-/// (cgroups.rs).
-fn cgroups_path(spec: &Value, ctx: &Context, f: &mut Findings) {
+/// container's own cgroup, ending in its id, and
+/// - a pod's container: strictly inside its pod's cgroup, the parent of the sandbox's
+///   cgroup as runc recorded it (never the sandbox's own);
+/// - a pod sandbox: inside a cgroup naming its own pod (`pod<uid>`);
+/// - outside Kubernetes: strictly inside a configured parent (policy.cgroup_parents);
+///
+/// compared as cgroups, systemd slices expanded as systemd nests them. The systemd
+/// form goes with `--systemd-cgroup` and only with it. A spec without one gets the
+/// lease's tree (cgroups.rs).
+fn cgroups_path(spec: &Value, ctx: &Context, ident: &Identity, f: &mut Findings) {
     let Some(path) = spec
         .pointer("/linux/cgroupsPath")
         .and_then(Value::as_str)
         .filter(|p| !p.is_empty())
     else {
+        if let Identity::OwnSandbox { pod, .. } = ident {
+            f.refuse(format!(
+                "/linux/cgroupsPath: a pod sandbox names its cgroup, in its pod's (pod{})",
+                pod.uid
+            ));
+        }
         return;
     };
     let at = "/linux/cgroupsPath";
@@ -854,41 +928,93 @@ fn cgroups_path(spec: &Value, ctx: &Context, f: &mut Findings) {
         ));
         return;
     }
-    let host_slices = [
-        "system.slice",
-        "user.slice",
-        "init.scope",
-        "-.slice",
-        "machine.slice",
-    ];
-    if ctx.systemd_cgroup || path.contains(':') {
-        let parts: Vec<&str> = path.split(':').collect();
-        let ok = parts.len() == 3
-            && parts[0].ends_with(".slice")
-            && !host_slices.contains(&parts[0])
-            && !parts[0].starts_with("tessera")
-            && parts[2] == id;
-        if !ok {
+    let systemd = ctx.systemd_cgroup;
+    let comps = match identity::cgroup_components(path, systemd) {
+        Ok(c) => c,
+        Err(e) => {
             f.refuse(format!(
-                "{at}: {path:?} must be <pod slice>:<prefix>:{id} outside the host's slices (--systemd-cgroup takes systemd's slice:prefix:name form)"
+                "{at}: {e}{}",
+                if systemd {
+                    " (--systemd-cgroup takes systemd's slice:prefix:name form)"
+                } else {
+                    ""
+                }
             ));
+            return;
         }
+    };
+    let last = comps.last().map(String::as_str).unwrap_or("");
+    let own_leaf = if systemd {
+        path.rsplit(':').next() == Some(id)
+    } else {
+        last == id || last.ends_with(&format!("-{id}")) || last.ends_with(&format!("-{id}.scope"))
+    };
+    if !own_leaf
+        || comps
+            .first()
+            .is_some_and(|c| c == "tessera" || c == "tessera.slice")
+    {
+        f.refuse(format!(
+            "{at}: {path:?} must end in this container's id ({id}) and lie outside the runtime's lease tree"
+        ));
         return;
     }
-    let n = normalize(path);
-    let first = n.trim_start_matches('/').split('/').next().unwrap_or("");
-    let last = n.rsplit('/').next().unwrap_or("");
-    let ok = path.split('/').all(|c| c != "..")
-        && n != "/"
-        && !host_slices.contains(&first)
-        && first != "tessera"
-        && (last == id
-            || last.ends_with(&format!("-{id}"))
-            || last.ends_with(&format!("-{id}.scope")));
-    if !ok {
-        f.refuse(format!(
-            "{at}: {path:?} must end in this container's id ({id}) and lie outside the host's slices and the runtime's lease tree"
-        ));
+    let shown = format!("/{}", comps.join("/"));
+    match ident {
+        Identity::Member(sb) => match sb.pod_cgroup() {
+            None => f.refuse(format!(
+                "{at}: the pod sandbox {}'s cgroup /{} (by runc's record) is not in a cgroup of pod {}: none is given to its containers",
+                sb.id,
+                sb.cgroup.join("/"),
+                sb.pod.uid
+            )),
+            Some(pod) => {
+                if comps.len() <= pod.len()
+                    || !comps.starts_with(pod)
+                    || comps.starts_with(&sb.cgroup)
+                {
+                    f.refuse(format!(
+                        "{at}: {path:?} ({shown}) is not inside its pod's cgroup /{} (pod {}, by runc's record of sandbox {})",
+                        pod.join("/"),
+                        sb.pod.uid,
+                        sb.id
+                    ));
+                }
+            }
+        },
+        Identity::OwnSandbox { pod, .. } => match identity::pod_cgroup_of(&comps, &pod.uid) {
+            None => f.refuse(format!(
+                "{at}: {path:?} ({shown}): a pod sandbox's cgroup lies in its own pod's cgroup (pod{} or ...-pod{}.slice)",
+                pod.uid,
+                pod.uid.replace('-', "_")
+            )),
+            // The sandbox is its pod's first container: a pod cgroup that already
+            // holds processes is another pod's (a sandbox claiming its uid).
+            Some(pod_cg) => match identity::cgroup_has_processes(pod_cg) {
+                Ok(false) => {}
+                Ok(true) => f.refuse(format!(
+                    "{at}: the pod cgroup /{} already holds processes: a pod sandbox is the first of its pod",
+                    pod_cg.join("/")
+                )),
+                Err(e) => f.refuse(format!(
+                    "{at}: cannot tell whether the pod cgroup /{} is empty: {e}",
+                    pod_cg.join("/")
+                )),
+            },
+        },
+        Identity::Outside => {
+            let parents = &ctx.policy().cgroup_parents;
+            let inside = parents.iter().any(|p| {
+                identity::parent_components(p)
+                    .is_ok_and(|p| comps.len() > p.len() && comps.starts_with(&p))
+            });
+            if !inside {
+                f.refuse(format!(
+                    "{at}: {path:?} ({shown}) is not in a pod (no running sandbox named) and not inside a configured cgroup parent (policy.cgroup_parents: {})",
+                    parents.join(", ")
+                ));
+            }
+        }
     }
 }
 
@@ -939,8 +1065,9 @@ fn bind_source_chain(path: &Path) -> Result<(), String> {
     path.parent().map_or(Ok(()), root_owned_chain)
 }
 
-/// `root.path`: inside the bundle or under a configured container-storage root,
-/// root-owned all the way up; runc gets the canonical path.
+/// `root.path`: inside the bundle (containerd, `ctr`), or the container's own rootfs
+/// in a configured container-storage root as the engine recorded it (podman:
+/// [`storage_rootfs`]); root-owned all the way up; runc gets the canonical path.
 fn root_path(spec: &mut Value, ctx: &Context, f: &mut Findings) {
     let Some(path) = spec.pointer("/root/path").and_then(Value::as_str) else {
         return; // check_root refuses a missing root
@@ -956,15 +1083,41 @@ fn root_path(spec: &mut Value, ctx: &Context, f: &mut Findings) {
     let bundle = std::fs::canonicalize(ctx.bundle).unwrap_or_else(|_| ctx.bundle.to_path_buf());
     let c = canon.to_string_lossy().into_owned();
     let inside_bundle = canon != bundle && canon.starts_with(&bundle);
-    let storage = ctx.policy().container_storage_roots.iter().any(|r| {
-        is_under(&c, &normalize(&r.to_string_lossy())) && c != normalize(&r.to_string_lossy())
-    });
-    if !inside_bundle && !storage {
-        f.refuse(format!(
-            "/root/path: {c} is neither inside the bundle ({}) nor under a container-storage root (policy.container_storage_roots)",
-            bundle.display()
-        ));
-        return;
+    let storage = ctx
+        .policy()
+        .container_storage_roots
+        .iter()
+        .find(|r| is_under(&c, &normalize(&r.to_string_lossy())));
+    match (inside_bundle, storage) {
+        (true, _) => {}
+        (false, Some(r)) => {
+            let root = std::fs::canonicalize(r).unwrap_or_else(|_| r.clone());
+            match storage_rootfs(&root, ctx.container_id) {
+                Ok(own) if own == canon => {}
+                Ok(own) => {
+                    f.refuse(format!(
+                        "/root/path: {c} is not this container's own rootfs in {} ({} by the engine's record)",
+                        root.display(),
+                        own.display()
+                    ));
+                    return;
+                }
+                Err(e) => {
+                    f.refuse(format!(
+                        "/root/path: {c} is in the container storage {}, but this container's rootfs there is not known: {e}",
+                        root.display()
+                    ));
+                    return;
+                }
+            }
+        }
+        (false, None) => {
+            f.refuse(format!(
+                "/root/path: {c} is neither inside the bundle ({}) nor under a container-storage root (policy.container_storage_roots)",
+                bundle.display()
+            ));
+            return;
+        }
     }
     if let Err(e) = root_owned_chain(&canon) {
         f.refuse(format!("/root/path: {e}"));
@@ -975,6 +1128,63 @@ fn root_path(spec: &mut Value, ctx: &Context, f: &mut Findings) {
     let same = !Path::new(path).is_absolute() && bundle.join(path) == canon;
     if !same && let Some(root) = spec.get_mut("root").and_then(Value::as_object_mut) {
         root.insert("path".into(), json!(c));
+    }
+}
+
+/// Largest containers-storage `containers.json` read.
+const MAX_CONTAINERS_JSON: u64 = 64 * 1024 * 1024;
+
+/// Where containers/storage (podman, buildah, CRI-O) mounts a layer, by driver.
+fn layer_rootfs(root: &Path, driver: &str, layer: &str) -> Option<PathBuf> {
+    Some(match driver {
+        "overlay" => root.join("overlay").join(layer).join("merged"),
+        "vfs" => root.join("vfs/dir").join(layer),
+        "btrfs" => root.join("btrfs/subvolumes").join(layer),
+        _ => return None,
+    })
+}
+
+/// Container `id`'s own rootfs in the containers/storage store at `root` (canonical):
+/// the layer `<driver>-containers/containers.json` (root-owned, read without
+/// following a symlink) records for this id, where the driver mounts it.
+pub fn storage_rootfs(root: &Path, id: &str) -> Result<PathBuf, String> {
+    if component(Some(id)).is_none() {
+        return Err(format!("{id:?} is not a container id"));
+    }
+    let mut seen = Vec::new();
+    for driver in ["overlay", "vfs", "btrfs"] {
+        let file = root.join(format!("{driver}-containers/containers.json"));
+        if std::fs::symlink_metadata(&file).is_err() {
+            continue;
+        }
+        let (bytes, mode) =
+            crate::bundle::read_with_mode(&file, MAX_CONTAINERS_JSON).map_err(|e| e.to_string())?;
+        if mode & 0o022 != 0 {
+            return Err(format!("{} is writable by others", file.display()));
+        }
+        root_owned_chain(&file)?;
+        let list: Value =
+            serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", file.display()))?;
+        let layer = list
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c.get("id").and_then(Value::as_str) == Some(id))
+            .and_then(|c| c.get("layer").and_then(Value::as_str));
+        match layer {
+            Some(l) if component(Some(l)).is_some() => {
+                if let Some(p) = layer_rootfs(root, driver, l) {
+                    return Ok(p);
+                }
+            }
+            Some(l) => return Err(format!("{}: layer {l:?} is not a plain id", file.display())),
+            None => seen.push(file.display().to_string()),
+        }
+    }
+    if seen.is_empty() {
+        Err("no <driver>-containers/containers.json (overlay, vfs or btrfs)".to_string())
+    } else {
+        Err(format!("{id} is not in {}", seen.join(", ")))
     }
 }
 
@@ -1026,11 +1236,6 @@ fn kernel_mounts(spec: &mut Value, f: &mut Findings) {
     }
 }
 
-/// The annotation value of `key`, if any.
-fn annotation<'s>(spec: &'s Value, key: &str) -> Option<&'s str> {
-    spec.get("annotations")?.get(key)?.as_str()
-}
-
 /// An id from an annotation, usable as one path component.
 fn component(s: Option<&str>) -> Option<&str> {
     s.filter(|s| {
@@ -1047,19 +1252,26 @@ fn component(s: Option<&str>) -> Option<&str> {
 const STORAGE_DRIVERS: &[&str] = &["overlay", "vfs", "btrfs", "zfs", "aufs", "devmapper"];
 
 /// The prefixes this container's bind sources may come from, with whether a writable
-/// bind is allowed.
-pub fn bind_prefixes(spec: &Value, ctx: &Context) -> Vec<(String, bool)> {
+/// bind is allowed. The pod's directories (containerd's sandbox files, kubelet's pod
+/// directory) follow from the pod's identity as runc recorded it, never from the
+/// spec's claims: a container outside a pod gets none.
+pub fn bind_prefixes(ctx: &Context, ident: &Identity) -> Vec<(String, bool)> {
     let mut out = Vec::new();
     let bundle = std::fs::canonicalize(ctx.bundle).unwrap_or_else(|_| ctx.bundle.to_path_buf());
     out.push((bundle.to_string_lossy().into_owned(), true));
     let p = ctx.policy();
-    if let Some(sid) = component(annotation(spec, "io.kubernetes.cri.sandbox-id")) {
+    if let Some(sid) = component(ident.sandbox_id()) {
         for root in [&p.containerd_root, &p.containerd_state] {
             let dir = root.join("io.containerd.grpc.v1.cri/sandboxes").join(sid);
             out.push((normalize(&dir.to_string_lossy()), true));
         }
     }
-    if let Some(uid) = component(annotation(spec, "io.kubernetes.cri.sandbox-uid")) {
+    // kubelet's pod directory for the pod's containers (the sandbox mounts none).
+    let member_pod = match ident {
+        Identity::Member(s) => Some(s.pod.uid.as_str()),
+        _ => None,
+    };
+    if let Some(uid) = component(member_pod) {
         let dir = p.kubelet_root.join("pods").join(uid);
         out.push((normalize(&dir.to_string_lossy()), true));
     }
@@ -1086,6 +1298,31 @@ pub fn bind_prefixes(spec: &Value, ctx: &Context) -> Vec<(String, bool)> {
     out
 }
 
+/// Files in a bundle that the runtime, runc, containerd's shim or podman's conmon read
+/// or keep: never bind-mounted writable (`config.json` is what the runtime trusts on
+/// `exec` and `update`; the rest are pids, sockets and logs of the engine).
+pub const BUNDLE_FILES: &[&str] = &[
+    "config.json",
+    "state.json",
+    "log.json",
+    "init.pid",
+    "options.json",
+    "runtime",
+    "address",
+    "shim.pid",
+    "shim-binary-path",
+    "bootstrap.json",
+    "work",
+    "pidfile",
+    "conmon.pid",
+    "ctl",
+    "winsz",
+    "attach",
+    "oci-log",
+    "ctr.log",
+    "exit",
+];
+
 /// Tessera's own paths: never bind-mounted, whatever a prefix allows.
 fn own_paths(ctx: &Context) -> Vec<String> {
     let mut v = vec![
@@ -1093,6 +1330,11 @@ fn own_paths(ctx: &Context) -> Vec<String> {
         "/var/lib/tessera".to_string(),
         "/etc/tessera".to_string(),
     ];
+    // runc's state (the records identity is read from) and the runtime's own.
+    for dir in [ctx.runc_root, ctx.config.state_dir.as_path()] {
+        let c = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+        v.push(normalize(&c.to_string_lossy()));
+    }
     if let Some(dir) = ctx.config.daemon_socket.parent() {
         v.push(normalize(&dir.to_string_lossy()));
     }
@@ -1103,8 +1345,10 @@ fn own_paths(ctx: &Context) -> Vec<String> {
 /// where the prefix says so), never under Tessera's own paths, with every ancestor
 /// root-owned; runc is handed that canonical path, so no component can be swapped
 /// between this check and its mount.
-fn bind_sources(spec: &mut Value, ctx: &Context, f: &mut Findings) {
-    let prefixes = bind_prefixes(spec, ctx);
+fn bind_sources(spec: &mut Value, ctx: &Context, ident: &Identity, f: &mut Findings) {
+    let prefixes = bind_prefixes(ctx, ident);
+    let bundle = std::fs::canonicalize(ctx.bundle).unwrap_or_else(|_| ctx.bundle.to_path_buf());
+    let bundle = normalize(&bundle.to_string_lossy());
     let own = own_paths(ctx);
     let rootfs = spec.pointer("/root/path").and_then(Value::as_str).map(|p| {
         let full = if Path::new(p).is_absolute() {
@@ -1153,6 +1397,26 @@ fn bind_sources(spec: &mut Value, ctx: &Context, f: &mut Findings) {
             continue;
         }
         let readonly = options.iter().any(|o| o == "ro");
+        if is_under(&bundle, &c) {
+            f.refuse(format!(
+                "{at}: {c} is the bundle or a directory above it: the runtime and the engine keep files there that they trust later"
+            ));
+            continue;
+        }
+        if is_under(&c, &bundle)
+            && !readonly
+            && let Some(name) = Path::new(&c)
+                .strip_prefix(&bundle)
+                .ok()
+                .and_then(|rel| rel.components().next())
+                .map(|first| first.as_os_str().to_string_lossy().into_owned())
+            && (BUNDLE_FILES.contains(&name.as_str()) || name.starts_with(".config.json"))
+        {
+            f.refuse(format!(
+                "{at}: {c} is the bundle's {name}, which the runtime or the engine reads later: never bind-mounted writable"
+            ));
+            continue;
+        }
         let allowed = prefixes
             .iter()
             .filter(|(p, _)| is_under(&c, p))

@@ -5,12 +5,15 @@
 pub mod allowlist;
 pub mod apparmor;
 pub mod caps;
+pub mod cdi;
 pub mod cgroups;
 pub mod devices;
 pub mod exec;
+pub mod identity;
 pub mod mounts;
 pub mod namespaces;
 pub mod seccomp;
+pub mod update;
 
 use crate::config::RuntimeConfig;
 use crate::host::HostFacts;
@@ -513,26 +516,47 @@ pub fn forbidden_selinux_type<'p>(label: &str, policy: &'p Policy) -> Option<&'p
         .map(String::as_str)
 }
 
-fn check_tenant_binding(spec: &Value, ctx: &Context, f: &mut Findings) {
+/// A lease's tenant runs only in its Kubernetes namespaces: the pod's namespace as
+/// runc's record of its sandbox names it (the spec's claim was checked against it).
+fn check_tenant_binding(ident: &identity::Identity, ctx: &Context, f: &mut Findings) {
     let Some(lease) = ctx.lease else { return };
     let bindings = &ctx.config.tenant_namespaces;
     if bindings.is_empty() {
         return;
     }
-    let ns = spec
-        .pointer(&format!(
-            "/annotations/{}",
-            SANDBOX_NAMESPACE_ANNOTATION.replace('/', "~1")
-        ))
-        .and_then(Value::as_str);
+    let ns = ident
+        .pod()
+        .map(|p| p.namespace.as_str())
+        .filter(|n| !n.is_empty());
     match (ns, bindings.get(&lease.tenant)) {
         (None, _) => f.refuse(format!(
-            "tenants are bound to Kubernetes namespaces and the spec has no {SANDBOX_NAMESPACE_ANNOTATION}"
+            "tenants are bound to Kubernetes namespaces and the container is in no pod whose sandbox names one ({SANDBOX_NAMESPACE_ANNOTATION})"
         )),
         (Some(ns), Some(allowed)) if allowed.iter().any(|a| a == ns) => {}
         (Some(ns), _) => f.refuse(format!(
             "the lease belongs to tenant {} which may not run in namespace {ns}",
             lease.tenant
+        )),
+    }
+}
+
+/// A lease bound to a pod serves that pod only (its record's uid, or its sandbox's
+/// id): a container of another pod, or of none, is refused before anything is bound.
+fn check_lease_pod(ident: &identity::Identity, ctx: &Context, f: &mut Findings) {
+    let Some(lease) = ctx.lease else { return };
+    if lease.pod.is_empty() {
+        return;
+    }
+    match (ident.pod(), ident.sandbox_id()) {
+        (Some(p), _) if p.uid == lease.pod => {}
+        (_, Some(s)) if s == lease.pod => {}
+        (Some(p), _) => f.refuse(format!(
+            "the token of lease {} is bound to pod {}; pod {} may not use it",
+            lease.lease_id, lease.pod, p.uid
+        )),
+        (None, _) => f.refuse(format!(
+            "the token of lease {} is bound to pod {}; a container in no pod may not use it",
+            lease.lease_id, lease.pod
         )),
     }
 }
@@ -550,11 +574,15 @@ fn ensure_paths(spec: &mut Value, key: &str, want: &[String]) {
     linux.insert(key.to_string(), json!(have));
 }
 
-fn set_annotations(spec: &mut Value, ctx: &Context) {
+fn set_annotations(spec: &mut Value, ctx: &Context, ident: &identity::Identity) {
     let Some(ann) = obj_entry(spec, "annotations") else {
         return;
     };
     ann.remove(TOKEN_ANNOTATION);
+    // The pod as the sandbox's record names it: what the binding reports (pod_of).
+    if let Some(pod) = ident.pod() {
+        ann.insert(identity::SANDBOX_UID.to_string(), json!(pod.uid));
+    }
     match ctx.lease {
         Some(l) => {
             ann.insert(LEASE_ID_ANNOTATION.to_string(), json!(l.lease_id));
@@ -592,10 +620,13 @@ pub fn harden(mut spec: Value, ctx: &Context) -> Decision {
     if let Err(e) = find_token(&spec) {
         f.refuse(e);
     }
-    check_tenant_binding(&spec, ctx, &mut f);
+    cdi::strip_lease_edits(&mut spec, ctx, &mut f);
+    let ident = identity::identify(&spec, ctx, &mut f);
+    check_tenant_binding(&ident, ctx, &mut f);
+    check_lease_pod(&ident, ctx, &mut f);
     check_hooks(&mut spec, &mut f);
     check_root(&spec, ctx, &mut f);
-    allowlist::check(&mut spec, ctx, &mut f);
+    allowlist::check(&mut spec, ctx, &ident, &mut f);
     namespaces::apply(&mut spec, ctx, &mut f);
     caps::apply(&mut spec, ctx.policy(), &mut f);
     harden_process(&mut spec, ctx, &mut f);
@@ -614,7 +645,7 @@ pub fn harden(mut spec: Value, ctx: &Context) -> Decision {
     ensure_paths(&mut spec, "maskedPaths", &masked);
     let ro: Vec<String> = DEFAULT_READONLY.iter().map(|s| (*s).to_string()).collect();
     ensure_paths(&mut spec, "readonlyPaths", &ro);
-    set_annotations(&mut spec, ctx);
+    set_annotations(&mut spec, ctx, &ident);
     Decision {
         admitted: f.reasons.is_empty(),
         reasons: f.reasons,

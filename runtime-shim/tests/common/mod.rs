@@ -501,16 +501,15 @@ pub fn write_spec(bundle: &Path, spec: &Value) {
 
 /// A runtime.toml for tests: this host's runc, the given socket, AppArmor if-available,
 /// the 2025 runc CVEs acknowledged (CI runs Debian bookworm's runc 1.1.5, which
-/// predates their fixes: the runtime logs a warning for each container),
-/// and `dir` as a container-storage root (the tests share one rootfs outside the
-/// bundles, as podman keeps its rootfs trees in its storage).
+/// predates their fixes: the runtime logs a warning for each container), and the
+/// cgroup parents of `ctr` in the tests' containerd namespace and of the systemd test.
 pub fn runtime_config(dir: &Path, socket: &Path, nvidia_proc: &Path, extra: &str) -> PathBuf {
     let runc = which("runc").unwrap_or_else(|| PathBuf::from("/usr/sbin/runc"));
     let p = dir.join("runtime.toml");
     std::fs::write(
         &p,
         format!(
-            "runc_path = {runc:?}\nstate_dir = {state:?}\ndaemon_socket = {socket:?}\ndaemon_timeout_ms = 3000\nnvidia_proc_root = {nvidia_proc:?}\nrunc_cve_acknowledged = [\"CVE-2025-31133\", \"CVE-2025-52565\", \"CVE-2025-52881\"]\n{extra}\n[policy]\napparmor = \"if-available\"\ncontainer_storage_roots = [{dir:?}]\n",
+            "runc_path = {runc:?}\nstate_dir = {state:?}\ndaemon_socket = {socket:?}\ndaemon_timeout_ms = 3000\nnvidia_proc_root = {nvidia_proc:?}\nrunc_cve_acknowledged = [\"CVE-2025-31133\", \"CVE-2025-52565\", \"CVE-2025-52881\"]\n{extra}\n[policy]\napparmor = \"if-available\"\ncgroup_parents = [\"/default\", \"/tessera-test\", \"e2etest.slice\"]\n",
             state = dir.join("runtime-state"),
         ),
     )
@@ -625,4 +624,94 @@ pub fn oci_image(dir: &Path, rootfs: &Path, name: &str) -> PathBuf {
         .unwrap();
     assert!(st.success());
     tarball
+}
+
+/// The start time of process `pid` (field 22 of /proc/<pid>/stat), as runc records it.
+pub fn proc_start_time(pid: u32) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let (_, rest) = text.rsplit_once(')').unwrap();
+    rest.split_whitespace().nth(19).unwrap().parse().unwrap()
+}
+
+/// A pod sandbox as runc records it in `<runc_root>/<id>/state.json` (the fields the
+/// runtime reads: its id, init pid and start time, labels, cgroup).
+pub struct SandboxState<'a> {
+    pub id: &'a str,
+    pub pod_uid: &'a str,
+    pub namespace: &'a str,
+    pub name: &'a str,
+    /// A live process standing for the sandbox's init.
+    pub pid: u32,
+    /// cgroupfs path, or systemd's slice:prefix:name.
+    pub cgroups_path: &'a str,
+}
+
+impl SandboxState<'_> {
+    /// Write it (root's, 0600, in a 0711 directory, as runc does).
+    pub fn write(&self, runc_root: &Path) {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = runc_root.join(self.id);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(runc_root, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711)).unwrap();
+        let cgroups = match self.cgroups_path.split(':').collect::<Vec<_>>().as_slice() {
+            [parent, prefix, name] => json!({"path": "", "parent": parent,
+                "scope_prefix": prefix, "name": name, "Systemd": true}),
+            _ => json!({"path": self.cgroups_path, "scope_prefix": "", "Systemd": false}),
+        };
+        let state = json!({
+            "id": self.id,
+            "init_process_pid": self.pid,
+            "init_process_start": proc_start_time(self.pid),
+            "created": "2026-01-01T00:00:00Z",
+            "config": {
+                "labels": [
+                    "io.kubernetes.cri.container-type=sandbox",
+                    format!("io.kubernetes.cri.sandbox-id={}", self.id),
+                    format!("io.kubernetes.cri.sandbox-uid={}", self.pod_uid),
+                    format!("io.kubernetes.cri.sandbox-namespace={}", self.namespace),
+                    format!("io.kubernetes.cri.sandbox-name={}", self.name),
+                    "bundle=/run/containerd/io.containerd.runtime.v2.task/k8s.io/sandbox",
+                ],
+                "cgroups": cgroups,
+                "namespaces": [{"type": "NEWNET", "path": ""}],
+            },
+            "rootless": false,
+            "cgroup_paths": {},
+            "namespace_paths": {"NEWNET": format!("/proc/{}/ns/net", self.pid)},
+        });
+        let path = dir.join("state.json");
+        std::fs::write(&path, serde_json::to_vec(&state).unwrap()).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+}
+
+/// The shared busybox rootfs `<dir>/rootfs` as `<bundle>/rootfs` (hard links: same
+/// files, no copy): a rootfs outside the bundle must be the container's own as its
+/// engine recorded it, so a test bundle carries its rootfs. Returns the path to put
+/// in `root.path`.
+pub fn bundle_rootfs(dir: &Path, bundle: &Path) -> PathBuf {
+    let dest = bundle.join("rootfs");
+    if !dest.exists() {
+        std::fs::create_dir_all(bundle).unwrap();
+        let st = Command::new("cp")
+            .arg("-al")
+            .arg(dir.join("rootfs"))
+            .arg(&dest)
+            .status()
+            .unwrap();
+        assert!(st.success(), "cp -al rootfs into {}", bundle.display());
+    }
+    dest
+}
+
+/// The start time of process `pid`, or `None` when it is gone or a zombie.
+pub fn proc_start_time_opt(pid: u32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = text.rsplit_once(')')?;
+    let mut fields = rest.split_whitespace();
+    if fields.next() == Some("Z") {
+        return None;
+    }
+    fields.nth(18)?.parse().ok()
 }

@@ -461,15 +461,17 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for NormalizeAuthority<T> {
     }
 }
 
-/// The caller's identity (peer credentials) comes from the socket underneath, and
-/// whether it is inside a container is looked at here, once per connection.
-impl<T: Connected<ConnectInfo = tonic::transport::server::UdsConnectInfo>> Connected
-    for NormalizeAuthority<T>
+/// The caller's identity (peer credentials and groups) comes from the socket
+/// underneath, and whether it is inside a container is looked at here, once per
+/// connection.
+impl<T> Connected for NormalizeAuthority<T>
+where
+    T: Connected<ConnectInfo = tonic::transport::server::UdsConnectInfo> + std::os::fd::AsFd,
 {
     type ConnectInfo = crate::api::auth::UnixPeer;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        crate::api::auth::UnixPeer::of(self.inner.connect_info())
+        crate::api::auth::UnixPeer::accepted(self.inner.connect_info(), self.inner.as_fd())
     }
 }
 

@@ -1,0 +1,655 @@
+//! Who a container is, from state the tenant cannot write.
+//!
+//! A spec's annotations are the tenant's (see docs/security.md, the threat model): the
+//! pod and sandbox a container names are only claims. A claim is believed when runc's
+//! own record of the sandbox, `<--root>/<sandbox id>/state.json` (root-owned, written
+//! by runc when the sandbox was created), says the same: that container is a pod
+//! sandbox by its own annotations (runc keeps them as `labels`), it is still running
+//! (its init pid alive with the start time runc recorded), and its pod (uid, namespace,
+//! name) is the one the container claims. Every pod-scoped privilege follows from
+//! that record, never from the container's spec: the namespaces it may join (the
+//! sandbox's init process only), the cgroup it may be put in (below the sandbox's pod
+//! cgroup as runc recorded it), the kubelet and CRI directories it may mount. A
+//! container that names no sandbox gets none of them.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde_json::Value;
+
+use super::{Context, Findings};
+
+/// containerd CRI's annotation: `sandbox` or `container`.
+pub const CONTAINER_TYPE: &str = "io.kubernetes.cri.container-type";
+/// containerd CRI's annotation: the pod sandbox's container id.
+pub const SANDBOX_ID: &str = "io.kubernetes.cri.sandbox-id";
+/// containerd CRI's annotation: the pod's uid.
+pub const SANDBOX_UID: &str = "io.kubernetes.cri.sandbox-uid";
+/// containerd CRI's annotation: the pod's namespace.
+pub const SANDBOX_NAMESPACE: &str = "io.kubernetes.cri.sandbox-namespace";
+/// containerd CRI's annotation: the pod's name.
+pub const SANDBOX_NAME: &str = "io.kubernetes.cri.sandbox-name";
+
+/// Which fact of a pod an annotation claims.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fact {
+    Uid,
+    Namespace,
+    Name,
+}
+
+/// Annotations that claim something of a pod, and what.
+const POD_CLAIMS: &[(&str, Fact)] = &[
+    (SANDBOX_UID, Fact::Uid),
+    ("io.kubernetes.pod.uid", Fact::Uid),
+    (SANDBOX_NAMESPACE, Fact::Namespace),
+    ("io.kubernetes.pod.namespace", Fact::Namespace),
+    (SANDBOX_NAME, Fact::Name),
+    ("io.kubernetes.pod.name", Fact::Name),
+];
+
+/// Largest runc state file read (runc's are a few KiB; a spec's annotations count).
+pub const MAX_STATE_BYTES: u64 = 4 * 1024 * 1024;
+
+/// A Kubernetes pod, as its sandbox's record names it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Pod {
+    pub uid: String,
+    pub namespace: String,
+    pub name: String,
+}
+
+impl Pod {
+    fn fact(&self, f: Fact) -> &str {
+        match f {
+            Fact::Uid => &self.uid,
+            Fact::Namespace => &self.namespace,
+            Fact::Name => &self.name,
+        }
+    }
+}
+
+/// A running pod sandbox, from runc's record of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sandbox {
+    pub id: String,
+    pub pod: Pod,
+    /// runc's init process of the sandbox and its start time (clock ticks after boot,
+    /// field 22 of /proc/<pid>/stat), as runc recorded them and still true.
+    pub init_pid: u32,
+    pub init_start: u64,
+    /// The sandbox's own cgroup, as components below the hierarchy's root.
+    pub cgroup: Vec<String>,
+}
+
+impl Sandbox {
+    /// The pod's cgroup: the sandbox's cgroup's parent, which names the pod's uid.
+    pub fn pod_cgroup(&self) -> Option<&[String]> {
+        pod_cgroup_of(&self.cgroup, &self.pod.uid)
+    }
+}
+
+/// Who a container is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Identity {
+    /// Not in a pod: no pod-scoped privileges.
+    Outside,
+    /// A pod's sandbox (pause) container itself, being created: the first container of
+    /// its pod, whose identity the CRI writes into its spec.
+    OwnSandbox { id: String, pod: Pod },
+    /// A container of the pod whose running sandbox runc records under `--root`.
+    Member(Sandbox),
+}
+
+impl Identity {
+    /// The pod sandbox's id (its own, for the sandbox).
+    pub fn sandbox_id(&self) -> Option<&str> {
+        match self {
+            Identity::Outside => None,
+            Identity::OwnSandbox { id, .. } => Some(id),
+            Identity::Member(s) => Some(&s.id),
+        }
+    }
+
+    /// The pod.
+    pub fn pod(&self) -> Option<&Pod> {
+        match self {
+            Identity::Outside => None,
+            Identity::OwnSandbox { pod, .. } => Some(pod),
+            Identity::Member(s) => Some(&s.pod),
+        }
+    }
+}
+
+fn annotation<'v>(spec: &'v Value, key: &str) -> Option<&'v str> {
+    spec.get("annotations")?
+        .get(key)?
+        .as_str()
+        .filter(|v| !v.is_empty())
+}
+
+/// An id usable as one path component.
+pub fn is_component(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 128
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        && s != "."
+        && s != ".."
+}
+
+/// Who the container `ctx.container_id` with `spec` is; a claim that runc's state does
+/// not bear out is refused (and the container is then `Outside`).
+pub fn identify(spec: &Value, ctx: &Context, f: &mut Findings) -> Identity {
+    let id = ctx.container_id;
+    let claimed_sandbox = annotation(spec, SANDBOX_ID);
+    let claims: Vec<(&str, Fact, &str)> = POD_CLAIMS
+        .iter()
+        .filter_map(|(k, fact)| annotation(spec, k).map(|v| (*k, *fact, v)))
+        .collect();
+    if annotation(spec, CONTAINER_TYPE) == Some("sandbox") {
+        if claimed_sandbox != Some(id) {
+            f.refuse(format!(
+                "/annotations: the spec says it is a pod sandbox ({CONTAINER_TYPE}) but its {SANDBOX_ID} is not its own id {id:?}"
+            ));
+            return Identity::Outside;
+        }
+        if !super::is_cri_sandbox(spec, id, ctx.policy()) {
+            f.refuse(
+                "/annotations: the spec says it is a pod sandbox but asks for devices or forbidden capabilities a sandbox never has",
+            );
+            return Identity::Outside;
+        }
+        let pod = own_pod(&claims, f);
+        return match pod {
+            Some(pod) => Identity::OwnSandbox {
+                id: id.to_string(),
+                pod,
+            },
+            None => Identity::Outside,
+        };
+    }
+    let Some(sid) = claimed_sandbox else {
+        if let Some((k, _, _)) = claims.first() {
+            f.refuse(format!(
+                "/annotations/{}: the spec names a pod but no sandbox ({SANDBOX_ID}); a pod's container is known by its running sandbox",
+                k.replace('/', "~1")
+            ));
+        }
+        return Identity::Outside;
+    };
+    let at = format!("/annotations/{}", SANDBOX_ID.replace('/', "~1"));
+    if !is_component(sid) || sid == id {
+        f.refuse(format!("{at}: {sid:?} is not another container's id"));
+        return Identity::Outside;
+    }
+    let sandbox = match read_sandbox(ctx.runc_root, sid) {
+        Ok(s) => s,
+        Err(e) => {
+            f.refuse(format!("{at}: the pod sandbox {sid} is not known: {e}"));
+            return Identity::Outside;
+        }
+    };
+    let mut ok = true;
+    for (k, fact, v) in &claims {
+        let have = sandbox.pod.fact(*fact);
+        if *v != have {
+            f.refuse(format!(
+                "/annotations/{}: {v:?} is not the pod of sandbox {sid} ({have:?} by runc's record)",
+                k.replace('/', "~1")
+            ));
+            ok = false;
+        }
+    }
+    if ok {
+        Identity::Member(sandbox)
+    } else {
+        Identity::Outside
+    }
+}
+
+/// A sandbox's pod, from its own spec: the uid is required.
+fn own_pod(claims: &[(&str, Fact, &str)], f: &mut Findings) -> Option<Pod> {
+    let mut pod = Pod::default();
+    for (k, fact, v) in claims {
+        let slot = match fact {
+            Fact::Uid => &mut pod.uid,
+            Fact::Namespace => &mut pod.namespace,
+            Fact::Name => &mut pod.name,
+        };
+        if !slot.is_empty() && slot != v {
+            f.refuse(format!(
+                "/annotations/{}: {v:?} contradicts {slot:?}",
+                k.replace('/', "~1")
+            ));
+            return None;
+        }
+        *slot = (*v).to_string();
+    }
+    if pod.uid.is_empty() {
+        f.refuse(format!(
+            "/annotations: a pod sandbox must name its pod's uid ({SANDBOX_UID})"
+        ));
+        return None;
+    }
+    Some(pod)
+}
+
+/// What runc recorded of a container, as far as identity needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuncState {
+    pub id: String,
+    pub init_pid: u32,
+    pub init_start: u64,
+    /// The spec's annotations (`key=value` labels), and runc's own `bundle=`.
+    pub labels: BTreeMap<String, String>,
+    /// The container's cgroup as components (empty when runc chose it).
+    pub cgroup: Vec<String>,
+}
+
+/// Read runc's record of container `id` under `root`: `<root>/<id>/state.json`,
+/// without following a symlink, at most [`MAX_STATE_BYTES`], root-owned and writable
+/// by nobody else all the way up.
+pub fn read_state(root: &Path, id: &str) -> Result<RuncState, String> {
+    if !is_component(id) {
+        return Err(format!("{id:?} is not a container id"));
+    }
+    let root = std::fs::canonicalize(root).map_err(|e| format!("{}: {e}", root.display()))?;
+    let path = root.join(id).join("state.json");
+    let (bytes, mode) =
+        crate::bundle::read_with_mode(&path, MAX_STATE_BYTES).map_err(|e| e.to_string())?;
+    if mode & 0o022 != 0 {
+        return Err(format!("{} is writable by others", path.display()));
+    }
+    super::allowlist::root_owned_chain(&path)?;
+    let v: Value =
+        serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+    parse_state(&v).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// The identity-bearing fields of a runc state document.
+pub fn parse_state(v: &Value) -> Result<RuncState, String> {
+    let id = v
+        .get("id")
+        .and_then(Value::as_str)
+        .ok_or("no id")?
+        .to_string();
+    let init_pid = v
+        .get("init_process_pid")
+        .and_then(Value::as_u64)
+        .and_then(|p| u32::try_from(p).ok())
+        .filter(|p| *p > 1)
+        .ok_or("no init_process_pid")?;
+    let init_start = v
+        .get("init_process_start")
+        .and_then(Value::as_u64)
+        .ok_or("no init_process_start")?;
+    let config = v.get("config").ok_or("no config")?;
+    let mut labels = BTreeMap::new();
+    for l in config
+        .get("labels")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        if let Some((k, val)) = l.as_str().and_then(|l| l.split_once('='))
+            && labels.insert(k.to_string(), val.to_string()).is_some()
+        {
+            return Err(format!("the label {k} is there twice"));
+        }
+    }
+    let cg = config.get("cgroups").ok_or("no cgroups")?;
+    let s = |k: &str| cg.get(k).and_then(Value::as_str).unwrap_or("");
+    let cgroup = if cg.get("Systemd").and_then(Value::as_bool) == Some(true) {
+        let parent = if s("parent").is_empty() {
+            "system.slice"
+        } else {
+            s("parent")
+        };
+        let mut c = expand_slice(parent)?;
+        let name = s("name");
+        if name.ends_with(".slice") {
+            c.push(name.to_string());
+        } else {
+            c.push(format!("{}-{name}.scope", s("scope_prefix")));
+        }
+        c
+    } else if s("path").is_empty() {
+        Vec::new()
+    } else {
+        cgroupfs_components(s("path"))?
+    };
+    Ok(RuncState {
+        id,
+        init_pid,
+        init_start,
+        labels,
+        cgroup,
+    })
+}
+
+/// Read and check runc's record of the pod sandbox `id`: a sandbox by its own
+/// labels, running, with a pod uid and a pod cgroup that names it.
+pub fn read_sandbox(root: &Path, id: &str) -> Result<Sandbox, String> {
+    let st = read_state(root, id)?;
+    if st.id != id {
+        return Err(format!("runc's record is of {:?}", st.id));
+    }
+    let label = |k: &str| st.labels.get(k).map(String::as_str).unwrap_or("");
+    if label(CONTAINER_TYPE) != "sandbox" || label(SANDBOX_ID) != id {
+        return Err(format!(
+            "{id} is not a pod sandbox by its own record ({CONTAINER_TYPE}={:?})",
+            label(CONTAINER_TYPE)
+        ));
+    }
+    let pod = Pod {
+        uid: label(SANDBOX_UID).to_string(),
+        namespace: label(SANDBOX_NAMESPACE).to_string(),
+        name: label(SANDBOX_NAME).to_string(),
+    };
+    if pod.uid.is_empty() {
+        return Err(format!("the sandbox {id} names no pod uid"));
+    }
+    if pod_cgroup_of(&st.cgroup, &pod.uid).is_none() {
+        return Err(format!(
+            "the sandbox {id}'s cgroup /{} is not in a cgroup of its pod {}",
+            st.cgroup.join("/"),
+            pod.uid
+        ));
+    }
+    match proc_start_time(st.init_pid) {
+        Some(t) if t == st.init_start => {}
+        _ => {
+            return Err(format!(
+                "the sandbox {id} is not running (its init process {} is gone)",
+                st.init_pid
+            ));
+        }
+    }
+    Ok(Sandbox {
+        id: st.id,
+        pod,
+        init_pid: st.init_pid,
+        init_start: st.init_start,
+        cgroup: st.cgroup,
+    })
+}
+
+/// A live process's start time (clock ticks after boot), from /proc/<pid>/stat;
+/// `None` when it is gone or a zombie (dead, not yet reaped: its namespaces are gone).
+pub fn proc_start_time(pid: u32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = text.rsplit_once(')')?;
+    // After the command: field 3 (state) onwards; the start time is field 22.
+    let mut fields = rest.split_whitespace();
+    if matches!(fields.next(), Some("Z" | "X" | "x")) {
+        return None;
+    }
+    fields.nth(18)?.parse().ok()
+}
+
+/// Whether any process is in cgroup `comps` or below it, in any mounted hierarchy
+/// (cgroup v1 controllers, the v2 tree). `Err` when it cannot be told.
+pub fn cgroup_has_processes(comps: &[String]) -> Result<bool, String> {
+    fn walk(dir: &Path, depth: usize, budget: &mut usize) -> Result<bool, String> {
+        if depth > 16 || *budget == 0 {
+            return Err(format!(
+                "{} is too deep or too wide to look at",
+                dir.display()
+            ));
+        }
+        *budget -= 1;
+        let procs = dir.join("cgroup.procs");
+        match std::fs::read_to_string(&procs) {
+            Ok(t) if t.trim().is_empty() => {}
+            Ok(_) => return Ok(true),
+            Err(e) => return Err(format!("{}: {e}", procs.display())),
+        }
+        let rd = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        for e in rd.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) && walk(&e.path(), depth + 1, budget)? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo")
+        .map_err(|e| format!("/proc/self/mountinfo: {e}"))?;
+    let mut budget = 4096;
+    for line in mounts.lines() {
+        // mountinfo: id parent major:minor root mountpoint options ... - fstype source
+        let Some((left, right)) = line.split_once(" - ") else {
+            continue;
+        };
+        let fstype = right.split_whitespace().next().unwrap_or("");
+        let (Some(root), Some(point)) = (left.split(' ').nth(3), left.split(' ').nth(4)) else {
+            continue;
+        };
+        if !matches!(fstype, "cgroup" | "cgroup2") || root != "/" {
+            continue;
+        }
+        let dir = Path::new(point).join(comps.join("/"));
+        if dir.is_dir() && walk(&dir, 0, &mut budget)? {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// Whether a process of this host is in the network namespace `(dev, ino)`.
+pub fn netns_in_use(dev: u64, ino: u64) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return true;
+    };
+    rd.flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+        })
+        .any(|e| {
+            std::fs::metadata(e.path().join("ns/net"))
+                .is_ok_and(|m| (m.dev(), m.ino()) == (dev, ino))
+        })
+}
+
+/// A cgroupfs `cgroupsPath` as components: absolute, no empty, `.` or `..` component.
+pub fn cgroupfs_components(path: &str) -> Result<Vec<String>, String> {
+    let rest = path
+        .strip_prefix('/')
+        .ok_or_else(|| format!("{path:?} is not absolute"))?;
+    if rest.is_empty() {
+        return Err(format!("{path:?} is the root cgroup"));
+    }
+    rest.split('/')
+        .map(|c| {
+            if c.is_empty() || c == "." || c == ".." || c.contains('\0') {
+                Err(format!(
+                    "{path:?} has an empty, '.' or '..' component (it is not a clean path)"
+                ))
+            } else {
+                Ok(c.to_string())
+            }
+        })
+        .collect()
+}
+
+/// A systemd slice name as the cgroups systemd nests it in: `a-b-c.slice` lives at
+/// `a.slice/a-b.slice/a-b-c.slice`.
+pub fn expand_slice(slice: &str) -> Result<Vec<String>, String> {
+    let name = slice
+        .strip_suffix(".slice")
+        .ok_or_else(|| format!("{slice:?} is not a slice"))?;
+    if name == "-" {
+        return Err(format!("{slice:?} is the root slice"));
+    }
+    let valid = !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if !valid || name.split('-').any(str::is_empty) {
+        return Err(format!("{slice:?} is not a plain slice name"));
+    }
+    let mut out = Vec::new();
+    let mut prefix = String::new();
+    for part in name.split('-') {
+        if !prefix.is_empty() {
+            prefix.push('-');
+        }
+        prefix.push_str(part);
+        out.push(format!("{prefix}.slice"));
+    }
+    Ok(out)
+}
+
+/// A systemd `cgroupsPath` (`slice:prefix:name`) as the components of the scope
+/// systemd makes for it (`<expanded slice>/<prefix>-<name>.scope`).
+pub fn systemd_components(path: &str) -> Result<Vec<String>, String> {
+    let parts: Vec<&str> = path.split(':').collect();
+    let [slice, prefix, name] = parts.as_slice() else {
+        return Err(format!("{path:?} is not slice:prefix:name"));
+    };
+    let plain = |s: &str| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+    };
+    if !plain(prefix) || !plain(name) || name.ends_with(".slice") {
+        return Err(format!(
+            "{path:?}: the prefix and name must be plain and name a scope"
+        ));
+    }
+    let mut c = expand_slice(slice)?;
+    c.push(format!("{prefix}-{name}.scope"));
+    Ok(c)
+}
+
+/// A `cgroupsPath` as components, in the driver's form.
+pub fn cgroup_components(path: &str, systemd: bool) -> Result<Vec<String>, String> {
+    if systemd {
+        systemd_components(path)
+    } else {
+        cgroupfs_components(path)
+    }
+}
+
+/// An operator-configured cgroup parent (`/a/b` or `a-b.slice`) as components.
+pub fn parent_components(parent: &str) -> Result<Vec<String>, String> {
+    if parent.ends_with(".slice") && !parent.contains('/') {
+        expand_slice(parent)
+    } else {
+        cgroupfs_components(parent)
+    }
+}
+
+/// The pod cgroup of a sandbox cgroup: its parent, when that parent names pod `uid`
+/// (kubelet's `pod<uid>`, or `...-pod<uid with _ for ->.slice` with systemd).
+pub fn pod_cgroup_of<'c>(sandbox_cgroup: &'c [String], uid: &str) -> Option<&'c [String]> {
+    let (_, parent) = sandbox_cgroup.split_last()?;
+    let last = parent.last()?;
+    let cgroupfs = *last == format!("pod{uid}");
+    let systemd_name = format!("pod{}.slice", uid.replace('-', "_"));
+    let systemd = *last == systemd_name || last.ends_with(&format!("-{systemd_name}"));
+    (cgroupfs || systemd).then_some(parent)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slices_nest_the_way_systemd_nests_them() {
+        assert_eq!(
+            expand_slice("a-b-c.slice").unwrap(),
+            ["a.slice", "a-b.slice", "a-b-c.slice"]
+        );
+        assert_eq!(
+            expand_slice("system-x.slice").unwrap(),
+            ["system.slice", "system-x.slice"]
+        );
+        assert_eq!(
+            expand_slice("user-0.slice").unwrap(),
+            ["user.slice", "user-0.slice"]
+        );
+        for bad in [
+            "-.slice",
+            "a--b.slice",
+            "-a.slice",
+            "a-.slice",
+            "a/b.slice",
+            "a",
+        ] {
+            assert!(expand_slice(bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            systemd_components("kubepods-pod1.slice:cri-containerd:c1").unwrap(),
+            [
+                "kubepods.slice",
+                "kubepods-pod1.slice",
+                "cri-containerd-c1.scope"
+            ]
+        );
+        assert!(systemd_components("kubepods.slice:x:evil.slice").is_err());
+        assert!(systemd_components(":x:c1").is_err());
+        assert!(systemd_components("a.slice:x:c1:d").is_err());
+    }
+
+    #[test]
+    fn cgroupfs_paths_must_be_clean_and_absolute() {
+        assert_eq!(cgroupfs_components("/a/b").unwrap(), ["a", "b"]);
+        for bad in ["a/b", "/", "/a//b", "/a/../b", "/a/./b", "/a/"] {
+            assert!(cgroupfs_components(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_pod_cgroup_names_its_pod() {
+        let c = |s: &[&str]| s.iter().map(|x| (*x).to_string()).collect::<Vec<_>>();
+        let fs = c(&["kubepods", "burstable", "podu-1", "sb"]);
+        assert_eq!(
+            pod_cgroup_of(&fs, "u-1").unwrap(),
+            &c(&["kubepods", "burstable", "podu-1"])[..]
+        );
+        assert!(pod_cgroup_of(&fs, "u-2").is_none());
+        let sd = c(&[
+            "kubepods.slice",
+            "kubepods-podu_1.slice",
+            "cri-containerd-sb.scope",
+        ]);
+        assert!(pod_cgroup_of(&sd, "u-1").is_some());
+        // A sandbox in a QoS cgroup (not a pod's) has no pod cgroup.
+        assert!(pod_cgroup_of(&c(&["kubepods", "sb"]), "u-1").is_none());
+    }
+
+    #[test]
+    fn runc_state_is_read_as_runc_writes_it() {
+        let v = serde_json::json!({
+            "id": "sb", "init_process_pid": 4242, "init_process_start": 99,
+            "config": {"labels": ["io.kubernetes.cri.container-type=sandbox", "bundle=/b", "k=v=w"],
+                       "cgroups": {"path": "/kubepods/podu/sb", "Systemd": false}}});
+        let st = parse_state(&v).unwrap();
+        assert_eq!(st.labels["k"], "v=w");
+        // A label twice (an annotation key with '=' in it) is no record to trust.
+        let mut twice = v.clone();
+        twice["config"]["labels"] = serde_json::json!(["a=b", "a=c"]);
+        assert!(parse_state(&twice).is_err());
+        assert_eq!(st.cgroup, ["kubepods", "podu", "sb"]);
+        let v = serde_json::json!({
+            "id": "sb", "init_process_pid": 4242, "init_process_start": 99,
+            "config": {"cgroups": {"path": "", "parent": "kubepods-podu.slice",
+                       "scope_prefix": "cri-containerd", "name": "sb", "Systemd": true}}});
+        assert_eq!(
+            parse_state(&v).unwrap().cgroup,
+            [
+                "kubepods.slice",
+                "kubepods-podu.slice",
+                "cri-containerd-sb.scope"
+            ]
+        );
+        assert!(proc_start_time(std::process::id()).is_some());
+        assert!(proc_start_time(u32::MAX).is_none());
+    }
+}

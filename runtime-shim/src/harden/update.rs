@@ -1,0 +1,688 @@
+//! `update`: the resources runc is to apply, parsed into typed values (runc's
+//! `LinuxResources`, exact key spellings, unknown keys refused), judged against what
+//! the container was granted at create (its [`crate::record::Record`]) and the
+//! policy, and written out anew by the runtime. The tenant's bytes never reach runc:
+//! neither the JSON of `--resources` (a file or stdin) nor the flags, which become the
+//! same typed values.
+
+use super::Findings;
+use super::exec::{ContainerState, device_rule_within};
+use crate::cli::SubArgs;
+use crate::policy::Policy;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::collections::BTreeMap;
+
+/// What `update` may change: CPU (with cpuset), memory (up to what the container was
+/// granted), pids (likewise) and hugepages. Everything else is isolation, not tuning,
+/// and refused with the field named.
+pub const UPDATE_MAY_CHANGE: &str = "CPU, memory, pids, hugepages and cpuset";
+
+/// cgroup v2 files (`unified`) an update may write: the same resources, not a cpuset
+/// partition (CPUs taken from every other cgroup), and `memory.max` and
+/// `memory.swap.max` only within what the container was granted.
+const UNIFIED_TUNABLE: &[&str] = &["cpu.", "cpuset.", "memory.", "hugetlb."];
+const UNIFIED_REFUSED: &[&str] = &["cpuset.cpus.partition"];
+
+/// A hugepage size as runc names the cgroup file with it (`hugetlb.<size>.limit_in_bytes`):
+/// digits and a unit, nothing that could make a path.
+pub fn page_size_ok(s: &str) -> bool {
+    let digits = s.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let unit = &s[digits.len()..];
+    !digits.is_empty()
+        && digits.bytes().all(|b| b.is_ascii_digit())
+        && !digits.starts_with('0')
+        && matches!(unit, "KB" | "MB" | "GB")
+}
+
+/// A cgroup file name (runc joins it to the container's cgroup directory).
+pub fn cgroup_file_name_ok(s: &str) -> bool {
+    !s.is_empty() && !s.contains('/') && s != "." && s != ".." && !s.contains('\0')
+}
+
+/// A `memory.max`-like value within `granted` (`None`: no limit was granted, so
+/// `max` too).
+fn unified_limit_ok(value: &str, granted: Option<i64>) -> bool {
+    match value.trim() {
+        "max" => granted.is_none(),
+        v => {
+            v.bytes().all(|b| b.is_ascii_digit())
+                && v.parse::<i64>()
+                    .is_ok_and(|n| granted.is_none_or(|g| n <= g))
+        }
+    }
+}
+
+/// The keys runc's Go decoder reads at each place of the resources JSON, spelt as
+/// the runtime reads them. A key spelt otherwise (Go would still match `LIMIT` to
+/// `limit`) is refused by its path.
+const KEYS: &[(&str, &[&str])] = &[
+    (
+        "",
+        &[
+            "devices",
+            "memory",
+            "cpu",
+            "pids",
+            "blockIO",
+            "hugepageLimits",
+            "network",
+            "rdma",
+            "unified",
+        ],
+    ),
+    (
+        "/memory",
+        &[
+            "limit",
+            "reservation",
+            "swap",
+            "kernel",
+            "kernelTCP",
+            "swappiness",
+            "disableOOMKiller",
+            "useHierarchy",
+            "checkBeforeUpdate",
+        ],
+    ),
+    (
+        "/cpu",
+        &[
+            "shares",
+            "quota",
+            "burst",
+            "period",
+            "realtimeRuntime",
+            "realtimePeriod",
+            "cpus",
+            "mems",
+            "idle",
+        ],
+    ),
+    ("/pids", &["limit"]),
+    ("/devices/*", &["allow", "type", "major", "minor", "access"]),
+    ("/hugepageLimits/*", &["pageSize", "limit"]),
+];
+
+macro_rules! opt_struct {
+    ($(#[$m:meta])* $name:ident { $($(#[$fm:meta])* $field:ident : $ty:ty),* $(,)? }) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        pub struct $name {
+            $(
+                $(#[$fm])*
+                #[serde(default, skip_serializing_if = "Option::is_none")]
+                pub $field: Option<$ty>,
+            )*
+        }
+    };
+}
+
+opt_struct!(
+    /// runc's `LinuxMemory`.
+    Memory {
+        limit: i64,
+        reservation: i64,
+        swap: i64,
+        kernel: i64,
+        #[serde(rename = "kernelTCP")]
+        kernel_tcp: i64,
+        swappiness: u64,
+        #[serde(rename = "disableOOMKiller")]
+        disable_oom_killer: bool,
+        #[serde(rename = "useHierarchy")]
+        use_hierarchy: bool,
+        #[serde(rename = "checkBeforeUpdate")]
+        check_before_update: bool,
+    }
+);
+
+opt_struct!(
+    /// runc's `LinuxCPU`.
+    Cpu {
+        shares: u64,
+        quota: i64,
+        burst: u64,
+        period: u64,
+        #[serde(rename = "realtimeRuntime")]
+        realtime_runtime: i64,
+        #[serde(rename = "realtimePeriod")]
+        realtime_period: u64,
+        cpus: String,
+        mems: String,
+        idle: i64,
+    }
+);
+
+opt_struct!(
+    /// A device cgroup rule.
+    DeviceRule {
+        allow: bool,
+        #[serde(rename = "type")]
+        kind: String,
+        major: i64,
+        minor: i64,
+        access: String,
+    }
+);
+
+/// runc's `LinuxPids`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Pids {
+    pub limit: i64,
+}
+
+/// A hugepage limit.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Hugepage {
+    #[serde(rename = "pageSize")]
+    pub page_size: String,
+    pub limit: u64,
+}
+
+opt_struct!(
+    /// runc's `LinuxResources`, as `update --resources` reads it.
+    Resources {
+        devices: Vec<DeviceRule>,
+        memory: Memory,
+        cpu: Cpu,
+        pids: Pids,
+        #[serde(rename = "blockIO")]
+        block_io: Value,
+        #[serde(rename = "hugepageLimits")]
+        hugepage_limits: Vec<Hugepage>,
+        network: Value,
+        rdma: Value,
+        unified: BTreeMap<String, String>,
+    }
+);
+
+/// Refuse every key not spelt as [`KEYS`] says, by its path.
+fn check_keys(v: &Value, at: &str, pattern: &str, f: &mut Findings) {
+    match v {
+        Value::Object(m) => {
+            let allowed = KEYS.iter().find(|(p, _)| *p == pattern).map(|(_, k)| *k);
+            for (k, child) in m {
+                let path = format!("{at}/{k}");
+                match allowed {
+                    Some(keys) if keys.contains(&k.as_str()) => {
+                        check_keys(child, &path, &format!("{pattern}/{k}"), f);
+                    }
+                    Some(_) => f.refuse(format!(
+                        "update: {path}: unknown resources key (update may change {UPDATE_MAY_CHANGE} only, keys spelt as runc's)"
+                    )),
+                    // Maps of free keys (unified) and refused objects are judged below.
+                    None => {}
+                }
+            }
+        }
+        Value::Array(a) => {
+            for (i, child) in a.iter().enumerate() {
+                check_keys(child, &format!("{at}/{i}"), &format!("{pattern}/*"), f);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Parse a resources document (already through the strict parser) into typed values.
+pub fn parse(v: &Value, f: &mut Findings) -> Option<Resources> {
+    if !v.is_object() {
+        f.refuse("update: the resources JSON is not an object");
+        return None;
+    }
+    let before = f.reasons.len();
+    check_keys(v, "", "", f);
+    if f.reasons.len() > before {
+        return None;
+    }
+    match serde_json::from_value::<Resources>(v.clone()) {
+        Ok(r) => Some(r),
+        Err(e) => {
+            f.refuse(format!("update: the resources JSON: {e}"));
+            None
+        }
+    }
+}
+
+fn empty(v: Option<&Value>) -> bool {
+    v.is_none_or(|v| v.is_null() || v.as_object().is_some_and(serde_json::Map::is_empty))
+}
+
+/// Judge `r` against the container's grant and the policy; `Some` is what runc gets
+/// (the container's own device rules in place of any given, nothing not judged).
+pub fn judge(
+    r: Resources,
+    state: &ContainerState,
+    policy: &Policy,
+    f: &mut Findings,
+) -> Option<Resources> {
+    let before = f.reasons.len();
+    let mut out = Resources::default();
+    if let Some(p) = r.pids {
+        let cap = state
+            .pids_limit
+            .filter(|g| *g > 0)
+            .map_or(policy.pids_limit, |g| g.min(policy.pids_limit));
+        if !(1..=cap).contains(&p.limit) {
+            f.refuse(format!(
+                "/pids/limit: {} is refused: update may set a pids limit of 1..={cap} only (what the container was granted)",
+                p.limit
+            ));
+        }
+        out.pids = Some(p);
+    }
+    if let Some(m) = r.memory {
+        let granted = state.memory_limit.filter(|g| *g > 0);
+        if let Some(l) = m.limit
+            && (l < 0 || granted.is_some_and(|g| l > g))
+        {
+            f.refuse(format!(
+                "/memory/limit: {l} is refused: update may set a memory limit of 1..={} bytes only (0 leaves it)",
+                granted.map_or_else(|| "any".to_string(), |g| g.to_string())
+            ));
+        }
+        if let Some(s) = m.reservation
+            && (s < 0 || granted.is_some_and(|g| s > g))
+        {
+            f.refuse(format!(
+                "/memory/reservation: {s} is refused: 0..=the memory limit only"
+            ));
+        }
+        if let Some(s) = m.swap {
+            let gswap = state.memory_swap.filter(|g| *g > 0);
+            if s < 0 || gswap.is_some_and(|g| s > g) {
+                f.refuse(format!(
+                    "/memory/swap: {s} is refused: update may set a memory+swap limit of 0..={} only",
+                    gswap.map_or_else(|| "any".to_string(), |g| g.to_string())
+                ));
+            }
+        }
+        for (name, v) in [("kernel", m.kernel), ("kernelTCP", m.kernel_tcp)] {
+            if v.is_some_and(|v| v != 0) {
+                f.refuse(format!(
+                    "/memory/{name}: kernel memory limits are refused (update may change {UPDATE_MAY_CHANGE} only)"
+                ));
+            }
+        }
+        if m.disable_oom_killer == Some(true) {
+            f.refuse(
+                "/memory/disableOOMKiller: refused: a container over its limit must be killable",
+            );
+        }
+        if m.swappiness.is_some_and(|s| s > 100) {
+            f.refuse("/memory/swappiness: 0..=100 only");
+        }
+        out.memory = Some(Memory {
+            kernel: None,
+            kernel_tcp: None,
+            ..m
+        });
+    }
+    if let Some(c) = r.cpu {
+        for (name, set) in [
+            (
+                "realtimeRuntime",
+                c.realtime_runtime.is_some_and(|v| v != 0),
+            ),
+            ("realtimePeriod", c.realtime_period.is_some_and(|v| v != 0)),
+        ] {
+            if set {
+                f.refuse(format!(
+                    "/cpu/{name}: refused: real-time CPU time is the host's"
+                ));
+            }
+        }
+        out.cpu = Some(c);
+    }
+    for (i, h) in r.hugepage_limits.iter().flatten().enumerate() {
+        if !page_size_ok(&h.page_size) {
+            f.refuse(format!(
+                "/hugepageLimits/{i}/pageSize: {:?} is not a page size (runc makes a cgroup file name of it)",
+                h.page_size
+            ));
+        }
+    }
+    out.hugepage_limits = r.hugepage_limits;
+    if let Some(u) = r.unified {
+        for (key, value) in &u {
+            let bound = match key.as_str() {
+                "memory.max" => Some(state.memory_limit.filter(|g| *g > 0)),
+                "memory.swap.max" => Some(state.memory_swap.filter(|g| *g > 0)),
+                _ => None,
+            };
+            if !cgroup_file_name_ok(key)
+                || !UNIFIED_TUNABLE.iter().any(|p| key.starts_with(p))
+                || UNIFIED_REFUSED.contains(&key.as_str())
+            {
+                f.refuse(format!(
+                    "/unified/{key}: update may change {UPDATE_MAY_CHANGE} only"
+                ));
+            } else if let Some(granted) = bound
+                && !unified_limit_ok(value, granted)
+            {
+                f.refuse(format!(
+                    "/unified/{key}: {value:?} is refused: at most {} bytes (what the container was granted)",
+                    granted.map_or_else(|| "any".to_string(), |g| g.to_string())
+                ));
+            }
+        }
+        out.unified = Some(u);
+    }
+    for (name, v) in [
+        ("blockIO", &r.block_io),
+        ("network", &r.network),
+        ("rdma", &r.rdma),
+    ] {
+        if !empty(v.as_ref()) {
+            f.refuse(format!(
+                "/{name}: update may change {UPDATE_MAY_CHANGE} only"
+            ));
+        }
+    }
+    if let Some(rules) = r.devices {
+        // containerd's CRI sends a deny-all rule and the device plugin's allows with
+        // every update: accepted when they allow nothing beyond the container's, and
+        // replaced by the container's own rules (re-applied).
+        for (i, rule) in rules.iter().enumerate() {
+            let v = serde_json::to_value(rule).unwrap_or(Value::Null);
+            if !device_rule_within(&v, &state.device_rules) {
+                f.refuse(format!(
+                    "/devices/{i}: update may not allow a device beyond the container's own ({v})"
+                ));
+            }
+        }
+        let own: Result<Vec<DeviceRule>, _> = state
+            .device_rules
+            .iter()
+            .map(|r| serde_json::from_value(r.clone()))
+            .collect();
+        match own {
+            Ok(own) => out.devices = Some(own),
+            Err(e) => f.refuse(format!("the container's own device rules: {e}")),
+        }
+    }
+    (f.reasons.len() == before).then_some(out)
+}
+
+/// go-units' `RAMInBytes` as far as the runtime accepts it: a decimal number of
+/// bytes, with an optional binary unit (k, m, g, t, p; `b` or `ib` after it).
+fn ram_in_bytes(s: &str) -> Option<i64> {
+    let lower = s.to_ascii_lowercase();
+    let digits_end = lower
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(lower.len());
+    let (num, unit) = lower.split_at(digits_end);
+    let n: i64 = num.parse().ok()?;
+    let unit = unit
+        .strip_suffix("ib")
+        .or_else(|| unit.strip_suffix('b'))
+        .unwrap_or(unit);
+    let shift = match unit {
+        "" => 0,
+        "k" => 10,
+        "m" => 20,
+        "g" => 30,
+        "t" => 40,
+        "p" => 50,
+        _ => return None,
+    };
+    n.checked_mul(1i64.checked_shl(shift)?)
+}
+
+/// `update` flags as the same typed resources runc builds from them (runc ignores
+/// every other flag when `--resources` is given; the runtime refuses the mix).
+/// Flags that change isolation rather than tuning are refused.
+pub fn from_flags(sub: &SubArgs, f: &mut Findings) -> Resources {
+    let mut r = Resources::default();
+    let given: Vec<&str> = sub
+        .flags
+        .iter()
+        .map(|fl| fl.name)
+        .filter(|n| *n != "help")
+        .collect();
+    if sub.value("resources").is_some() {
+        if let Some(other) = given.iter().find(|n| **n != "resources") {
+            f.refuse(format!(
+                "update --{other} with --resources is refused: runc would ignore it; put it in the resources JSON"
+            ));
+        }
+        return r;
+    }
+    for flag in ["l3-cache-schema", "mem-bw-schema"] {
+        if let Some(v) = sub.value(flag) {
+            f.refuse(format!(
+                "update --{flag} {v} is refused: cache and memory-bandwidth allocation are host-wide"
+            ));
+        }
+    }
+    for flag in ["blkio-weight", "kernel-memory", "kernel-memory-tcp"] {
+        if let Some(v) = sub.value(flag) {
+            f.refuse(format!(
+                "update --{flag} {v} is refused: update may change {UPDATE_MAY_CHANGE} only"
+            ));
+        }
+    }
+    let mut num = |flag: &str, signed: bool| -> Option<i64> {
+        let v = sub.value(flag)?;
+        let n = v
+            .parse::<i64>()
+            .ok()
+            .filter(|n| signed || *n >= 0)
+            .filter(|_| v.bytes().all(|b| b.is_ascii_digit() || b == b'-'));
+        if n.is_none() {
+            f.refuse(format!(
+                "update --{flag} {v:?} is refused: a decimal number only"
+            ));
+        }
+        n
+    };
+    let u = |n: Option<i64>| n.and_then(|n| u64::try_from(n).ok());
+    let mut cpu = Cpu {
+        shares: u(num("cpu-share", false)),
+        period: u(num("cpu-period", false)),
+        quota: num("cpu-quota", true),
+        realtime_period: u(num("cpu-rt-period", false)),
+        realtime_runtime: num("cpu-rt-runtime", true),
+        idle: num("cpu-idle", true),
+        ..Cpu::default()
+    };
+    let pids = num("pids-limit", true);
+    cpu.cpus = sub.value("cpuset-cpus").map(str::to_string);
+    cpu.mems = sub.value("cpuset-mems").map(str::to_string);
+    if cpu != Cpu::default() {
+        r.cpu = Some(cpu);
+    }
+    if let Some(l) = pids {
+        r.pids = Some(Pids { limit: l });
+    }
+    let mut mem = Memory::default();
+    for (flag, slot) in [
+        ("memory", &mut mem.limit),
+        ("memory-reservation", &mut mem.reservation),
+        ("memory-swap", &mut mem.swap),
+    ] {
+        if let Some(v) = sub.value(flag) {
+            *slot = if v == "-1" { Some(-1) } else { ram_in_bytes(v) };
+            if slot.is_none() {
+                f.refuse(format!(
+                    "update --{flag} {v:?} is refused: bytes, or a number with k, m, g, t or p"
+                ));
+            }
+        }
+    }
+    if mem != Memory::default() {
+        r.memory = Some(mem);
+    }
+    r
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use crate::record::User;
+    use serde_json::json;
+
+    fn state() -> ContainerState {
+        ContainerState {
+            bounding: Vec::new(),
+            apparmor_profile: None,
+            process_label: None,
+            user: User {
+                uid: 1000,
+                gid: 1000,
+                additional_gids: Vec::new(),
+            },
+            lease_env: Vec::new(),
+            device_rules: vec![
+                json!({"allow": false, "access": "rwm"}),
+                json!({"allow": true, "type": "c", "major": 195, "minor": 0, "access": "rwm"}),
+                json!({"allow": true, "type": "c", "major": 1, "minor": 3, "access": "rwm"}),
+            ],
+            pids_limit: Some(100),
+            memory_limit: Some(1 << 30),
+            memory_swap: None,
+        }
+    }
+
+    fn run(doc: &str) -> (Option<Resources>, Vec<String>) {
+        let mut f = Findings::default();
+        let v = crate::bundle::parse_strict(doc.as_bytes()).unwrap();
+        let out = parse(&v, &mut f).and_then(|r| judge(r, &state(), &Policy::default(), &mut f));
+        (out, f.reasons)
+    }
+
+    #[test]
+    fn what_containerd_sends_passes_and_the_containers_rules_are_reapplied() {
+        let (out, reasons) = run(
+            r#"{"memory": {"limit": 1}, "cpu": {"shares": 2, "cpus": "0-1"},
+            "pids": {"limit": 100}, "hugepageLimits": [{"pageSize": "2MB", "limit": 0}],
+            "unified": {"memory.high": "max", "memory.max": "1048576", "memory.swap.max": "0"},
+            "blockIO": {},
+            "devices": [{"allow": false, "access": "rwm"},
+                        {"allow": true, "type": "c", "major": 195, "minor": 0, "access": "rw"}]}"#,
+        );
+        assert!(reasons.is_empty(), "{reasons:?}");
+        let out = serde_json::to_value(out.unwrap()).unwrap();
+        assert_eq!(out["devices"], json!(state().device_rules));
+        assert_eq!(out["memory"], json!({"limit": 1}));
+        assert_eq!(out["pids"], json!({"limit": 100}));
+        assert!(out.get("blockIO").is_none(), "{out}");
+    }
+
+    #[test]
+    fn limits_beyond_the_grant_and_keys_runc_reads_otherwise_are_refused() {
+        for (doc, want) in [
+            (r#"{"pids": {"limit": 101}}"#, "/pids/limit: 101"),
+            (r#"{"pids": {"limit": -1}}"#, "/pids/limit: -1"),
+            (r#"{"pids": {"limit": 0}}"#, "/pids/limit: 0"),
+            (r#"{"pids": {"LIMIT": -1}}"#, "/pids/LIMIT: unknown"),
+            (r#"{"pids": {"Limit": 999999}}"#, "/pids/Limit: unknown"),
+            (r#"{"Pids": {"limit": 1}}"#, "/Pids: unknown"),
+            (r#"{"pids": {"limit": 100.5}}"#, "invalid type"),
+            (
+                r#"{"pids": null, "memory": {"limit": -1}}"#,
+                "/memory/limit: -1",
+            ),
+            (r#"{"memory": {"limit": 2147483648}}"#, "/memory/limit"),
+            (r#"{"memory": {"swap": -1}}"#, "/memory/swap"),
+            (r#"{"memory": {"kernel": 1}}"#, "/memory/kernel"),
+            (
+                r#"{"memory": {"disableOOMKiller": true}}"#,
+                "disableOOMKiller",
+            ),
+            (
+                r#"{"cpu": {"realtimeRuntime": 950000}}"#,
+                "/cpu/realtimeRuntime",
+            ),
+            (
+                r#"{"unified": {"memory.max": "max"}}"#,
+                "/unified/memory.max",
+            ),
+            (r#"{"unified": {"pids.max": "max"}}"#, "/unified/pids.max"),
+            (
+                r#"{"unified": {"memory./../../other/cgroup.procs": "1"}}"#,
+                "/unified/memory./../../other/cgroup.procs",
+            ),
+            (
+                r#"{"hugepageLimits": [{"pageSize": "2MB.limit_in_bytes/../../other/hugetlb.2MB", "limit": 0}]}"#,
+                "/hugepageLimits/0/pageSize",
+            ),
+            (
+                r#"{"unified": {"devices.allow": "a"}}"#,
+                "/unified/devices.allow",
+            ),
+            (r#"{"blockIO": {"weight": 10}}"#, "/blockIO"),
+            (r#"{"network": {"classID": 1}}"#, "/network"),
+            (r#"{"rdma": {"mlx5_0": {"hcaHandles": 1}}}"#, "/rdma"),
+            (r#"{"bogus": 1}"#, "/bogus"),
+            (
+                r#"{"devices": [{"allow": true, "type": "c", "major": 195, "minor": 1, "access": "rw"}]}"#,
+                "/devices/0",
+            ),
+            (
+                r#"{"devices": [{"allow": true, "access": "rwm"}]}"#,
+                "/devices/0",
+            ),
+            (
+                r#"{"devices": [{"allow": false, "Type": "a"}]}"#,
+                "/devices/0/Type",
+            ),
+            (r#"[1]"#, "not an object"),
+        ] {
+            let (out, reasons) = run(doc);
+            assert!(out.is_none(), "{doc} passed");
+            assert!(
+                reasons.iter().any(|r| r.contains(want)),
+                "{doc}: want {want} in {reasons:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn flags_become_the_same_typed_resources() {
+        let sub = |line: &str| {
+            let inv =
+                crate::cli::parse_strings(line.split_whitespace().map(String::from).collect())
+                    .unwrap();
+            inv.command.unwrap().1
+        };
+        let mut f = Findings::default();
+        let r = from_flags(
+            &sub("update --pids-limit 50 --memory 256m --cpu-share 512 --cpuset-cpus 0-1 c1"),
+            &mut f,
+        );
+        assert!(f.reasons.is_empty(), "{:?}", f.reasons);
+        assert_eq!(
+            serde_json::to_value(&r).unwrap(),
+            json!({"pids": {"limit": 50}, "memory": {"limit": 268435456},
+                   "cpu": {"shares": 512, "cpus": "0-1"}})
+        );
+        for (line, want) in [
+            ("update --pids-limit 0x10 c1", "--pids-limit"),
+            ("update --memory 1.5g c1", "--memory"),
+            ("update --kernel-memory 1 c1", "--kernel-memory"),
+            ("update --l3-cache-schema L3:0=1 c1", "--l3-cache-schema"),
+            ("update -r /x --pids-limit 5 c1", "with --resources"),
+        ] {
+            let mut f = Findings::default();
+            from_flags(&sub(line), &mut f);
+            assert!(
+                f.reasons.iter().any(|r| r.contains(want)),
+                "{line}: {:?}",
+                f.reasons
+            );
+        }
+        let mut f = Findings::default();
+        let r = from_flags(&sub("update --pids-limit -1 c1"), &mut f);
+        assert!(f.reasons.is_empty());
+        assert!(judge(r, &state(), &Policy::default(), &mut f).is_none());
+        assert_eq!(ram_in_bytes("1GiB"), Some(1 << 30));
+        assert_eq!(ram_in_bytes("10"), Some(10));
+        assert_eq!(ram_in_bytes("k"), None);
+    }
+}

@@ -1,0 +1,348 @@
+//! What the runtime keeps from a container's create, in its own root-owned state: the
+//! hardened process (its user, groups, capabilities, AppArmor profile and label, the
+//! lease's variables), the lease id, the device rules and the pids and memory limits
+//! as granted. `exec` and `update` judge against this record, never against the
+//! bundle's `config.json`, which whoever owns the bundle can write after the create.
+//!
+//! One 0600 file per container under `<state_dir>/containers/`, named by the SHA-256
+//! of runc's `--root` and the container id, written at create (before runc reads the
+//! spec) by rename, removed at delete. A container without a record (created by runc
+//! directly, or by an older runtime) gets no exec and no update: fail closed.
+
+use crate::private_file::{self, FileError};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+use thiserror::Error;
+
+/// The directory under the state dir.
+pub const DIR: &str = "containers";
+/// The largest record read (a process with a long environment).
+const MAX_BYTES: u64 = 4 * 1024 * 1024;
+/// The record format written by this runtime.
+const VERSION: u32 = 1;
+
+/// Why a record was not read or written.
+#[derive(Debug, Error)]
+pub enum RecordError {
+    #[error(transparent)]
+    File(#[from] FileError),
+    #[error("{path}: not a container record of this runtime: {message}")]
+    Format { path: PathBuf, message: String },
+    #[error(
+        "container {id} has no record of its create under {dir} (it was not created by this runtime, or was deleted): exec and update are refused"
+    )]
+    Missing { id: String, dir: PathBuf },
+    #[error("the hardened spec has no {what}")]
+    Spec { what: &'static str },
+}
+
+/// The user a container's process runs as.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct User {
+    pub uid: u32,
+    pub gid: u32,
+    #[serde(default)]
+    pub additional_gids: Vec<u32>,
+}
+
+/// A created container, as the runtime admitted it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Record {
+    pub version: u32,
+    pub id: String,
+    /// runc's `--root` the container was created under.
+    pub root: String,
+    pub bundle: PathBuf,
+    pub user: User,
+    /// The hardened `process` of config.json (what runc started the container with).
+    pub process: Value,
+    /// The lease the container runs on (`None`: no lease).
+    pub lease_id: Option<String>,
+    /// The lease's variables (`KEY=value`), `TESSERA_LEASE_ID` last.
+    pub lease_env: Vec<String>,
+    /// The device cgroup rules the container was started with.
+    pub devices: Vec<Value>,
+    /// `linux.resources.pids.limit` as granted.
+    pub pids_limit: Option<i64>,
+    /// `linux.resources.memory.limit` as granted (`None`: no limit was set).
+    pub memory_limit: Option<i64>,
+    /// `linux.resources.memory.swap` as granted.
+    pub memory_swap: Option<i64>,
+}
+
+fn u32_at(v: &Value, ptr: &str) -> Option<u32> {
+    v.pointer(ptr)
+        .and_then(Value::as_u64)
+        .and_then(|n| u32::try_from(n).ok())
+}
+
+impl Record {
+    /// The record of a hardened, admitted spec (`full_spec`).
+    pub fn from_spec(
+        id: &str,
+        root: &str,
+        bundle: &Path,
+        spec: &Value,
+        lease_id: Option<&str>,
+        lease_env_keys: &[&str],
+    ) -> Result<Self, RecordError> {
+        let process = spec
+            .get("process")
+            .filter(|p| p.is_object())
+            .cloned()
+            .ok_or(RecordError::Spec { what: "process" })?;
+        // What runc runs the container as: a uid or gid left out is Go's zero, root.
+        let id_at = |ptr: &str, what: &'static str| match process.pointer(ptr) {
+            None | Some(Value::Null) => Ok(0),
+            Some(_) => u32_at(&process, ptr).ok_or(RecordError::Spec { what }),
+        };
+        let user = User {
+            uid: id_at("/user/uid", "valid process.user.uid")?,
+            gid: id_at("/user/gid", "valid process.user.gid")?,
+            additional_gids: match process.pointer("/user/additionalGids") {
+                None | Some(Value::Null) => Vec::new(),
+                Some(Value::Array(a)) => a
+                    .iter()
+                    .map(|g| g.as_u64().and_then(|n| u32::try_from(n).ok()))
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or(RecordError::Spec {
+                        what: "valid process.user.additionalGids",
+                    })?,
+                Some(_) => {
+                    return Err(RecordError::Spec {
+                        what: "valid process.user.additionalGids",
+                    });
+                }
+            },
+        };
+        let mut lease_env = Vec::new();
+        if let Some(lease) = lease_id {
+            lease_env = process
+                .get("env")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .filter(|e| {
+                    lease_env_keys
+                        .iter()
+                        .any(|k| e.starts_with(&format!("{k}=")))
+                })
+                .filter(|e| !e.starts_with("TESSERA_LEASE_ID="))
+                .map(str::to_string)
+                .collect();
+            lease_env.push(format!("TESSERA_LEASE_ID={lease}"));
+        }
+        let res = spec.pointer("/linux/resources");
+        let at = |p: &str| res.and_then(|r| r.pointer(p)).and_then(Value::as_i64);
+        Ok(Self {
+            version: VERSION,
+            id: id.to_string(),
+            root: root.to_string(),
+            bundle: bundle.to_path_buf(),
+            user,
+            process,
+            lease_id: lease_id.map(str::to_string),
+            lease_env,
+            devices: res
+                .and_then(|r| r.get("devices"))
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default(),
+            pids_limit: at("/pids/limit"),
+            memory_limit: at("/memory/limit"),
+            memory_swap: at("/memory/swap"),
+        })
+    }
+}
+
+/// The records under one state dir.
+#[derive(Debug, Clone)]
+pub struct Records {
+    dir: PathBuf,
+}
+
+/// The file name of a container's record: its `--root` and id hashed (both are the
+/// caller's strings; neither becomes a path).
+fn name_of(root: &str, id: &str) -> String {
+    let mut h = Sha256::new();
+    h.update(root.as_bytes());
+    h.update([0]);
+    h.update(id.as_bytes());
+    format!("{}.json", hex::encode(h.finalize()))
+}
+
+impl Records {
+    pub fn new(state_dir: &Path) -> Self {
+        Self {
+            dir: state_dir.join(DIR),
+        }
+    }
+
+    /// The directory the records live in.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Write (or replace) the record of a container. Only root keeps records: any
+    /// other caller gets an error, and its create is refused.
+    pub fn put(&self, r: &Record) -> Result<(), RecordError> {
+        if !private_file::ensure_dir(&self.dir)? {
+            return Err(FileError::NotRootOwned {
+                path: self.dir.clone(),
+            }
+            .into());
+        }
+        let bytes = serde_json::to_vec(r).map_err(|e| RecordError::Format {
+            path: self.dir.join(name_of(&r.root, &r.id)),
+            message: e.to_string(),
+        })?;
+        private_file::write(&self.dir, &name_of(&r.root, &r.id), &bytes)?;
+        Ok(())
+    }
+
+    /// The record of container `id` under runc root `root`; `Missing` when there is
+    /// none.
+    pub fn get(&self, root: &str, id: &str) -> Result<Record, RecordError> {
+        let name = name_of(root, id);
+        let path = self.dir.join(&name);
+        let bytes = match private_file::read(&self.dir, &name, MAX_BYTES) {
+            Ok(Some(b)) => b,
+            Ok(None) => {
+                return Err(RecordError::Missing {
+                    id: id.to_string(),
+                    dir: self.dir.clone(),
+                });
+            }
+            Err(e) if e.is_not_found() => {
+                return Err(RecordError::Missing {
+                    id: id.to_string(),
+                    dir: self.dir.clone(),
+                });
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let r: Record = serde_json::from_slice(&bytes).map_err(|e| RecordError::Format {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
+        if r.version != VERSION || r.root != root || r.id != id {
+            return Err(RecordError::Format {
+                path,
+                message: format!(
+                    "version {} for {:?} under {:?}, not {VERSION} for {id:?} under {root:?}",
+                    r.version, r.id, r.root
+                ),
+            });
+        }
+        Ok(r)
+    }
+
+    /// Forget a container's record (at delete). A record not there is no error.
+    pub fn remove(&self, root: &str, id: &str) -> Result<(), RecordError> {
+        let path = self.dir.join(name_of(root, id));
+        match std::fs::remove_file(&path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(source) => Err(FileError::Io { path, source }.into()),
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn spec() -> Value {
+        json!({
+            "process": {"user": {"uid": 1000, "gid": 1000, "additionalGids": [1000, 44]},
+                        "args": ["sh"],
+                        "env": ["PATH=/bin", "CUDA_VISIBLE_DEVICES=MIG-1", "TESSERA_LEASE_ID=forged"]},
+            "linux": {"resources": {"pids": {"limit": 100}, "memory": {"limit": 1 << 30},
+                                    "devices": [{"allow": false, "access": "rwm"}]}}
+        })
+    }
+
+    #[test]
+    fn a_record_keeps_what_the_create_granted() {
+        let r = Record::from_spec(
+            "c1",
+            "/run/runc",
+            Path::new("/b"),
+            &spec(),
+            Some("l-1"),
+            &["CUDA_VISIBLE_DEVICES", "TESSERA_LEASE_ID"],
+        )
+        .unwrap();
+        assert_eq!(
+            r.user,
+            User {
+                uid: 1000,
+                gid: 1000,
+                additional_gids: vec![1000, 44]
+            }
+        );
+        assert_eq!(r.pids_limit, Some(100));
+        assert_eq!(r.memory_limit, Some(1 << 30));
+        assert_eq!(r.memory_swap, None);
+        assert_eq!(
+            r.lease_env,
+            ["CUDA_VISIBLE_DEVICES=MIG-1", "TESSERA_LEASE_ID=l-1"]
+        );
+        // runc runs a process without a uid or gid as root's: so says the record.
+        let mut no_user = spec();
+        no_user["process"]["user"] = json!({"gid": 5});
+        let r = Record::from_spec("c1", "/r", Path::new("/b"), &no_user, None, &[]).unwrap();
+        assert_eq!((r.user.uid, r.user.gid), (0, 5));
+        no_user["process"]["user"] = json!({"uid": -1});
+        assert!(Record::from_spec("c1", "/r", Path::new("/b"), &no_user, None, &[]).is_err());
+    }
+
+    #[test]
+    fn records_are_root_owned_keyed_by_root_and_id_and_fail_closed() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!(
+                "SKIPPED: records_are_root_owned_keyed_by_root_and_id_and_fail_closed: not root"
+            );
+            return;
+        }
+        let t = tempfile::tempdir().unwrap();
+        let recs = Records::new(t.path());
+        assert!(matches!(
+            recs.get("/run/runc", "c1"),
+            Err(RecordError::Missing { .. })
+        ));
+        let r = Record::from_spec("c1", "/run/runc", Path::new("/b"), &spec(), None, &[]).unwrap();
+        recs.put(&r).unwrap();
+        assert_eq!(recs.get("/run/runc", "c1").unwrap(), r);
+        // Another root, another id: another container.
+        assert!(matches!(
+            recs.get("/run/other", "c1"),
+            Err(RecordError::Missing { .. })
+        ));
+        assert!(matches!(
+            recs.get("/run/runc", "c2"),
+            Err(RecordError::Missing { .. })
+        ));
+        // A record someone else could have written is not trusted.
+        use std::os::unix::fs::PermissionsExt;
+        let file = recs.dir().join(name_of("/run/runc", "c1"));
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(matches!(
+            recs.get("/run/runc", "c1"),
+            Err(RecordError::File(_))
+        ));
+        recs.remove("/run/runc", "c1").unwrap();
+        recs.remove("/run/runc", "c1").unwrap();
+        assert!(matches!(
+            recs.get("/run/runc", "c1"),
+            Err(RecordError::Missing { .. })
+        ));
+    }
+}
