@@ -26,11 +26,14 @@ fn many_gpus() -> String {
 
 const OVERSUBSCRIBE: &str = "[partition]\nmps_oversubscribe = true\n";
 
+/// A 1 % MPS share on its tenant's shared server of the GPU: no control daemon
+/// and directories of its own (20,000 of those take long to make and remove).
 fn tiny_mps() -> pb::Shape {
     pb::Shape {
         kind: Some(pb::shape::Kind::Mps(pb::MpsShape {
             sm_percent: 1,
             memory_bytes: 64 << 20,
+            mode: pb::MpsMode::Shared as i32,
             ..Default::default()
         })),
     }
