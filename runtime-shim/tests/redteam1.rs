@@ -1,0 +1,311 @@
+//! The red team's findings against the runtime (F1-F8), each replayed through the real
+//! runtime and the host's runc and judged by what happened: the ids a process ran
+//! with, the cgroup files the kernel shows, a file written or not, a process alive or
+//! killed. Prints "SKIPPED: <reason>" when not root or runc is missing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+struct Env {
+    dir: tempfile::TempDir,
+    root: PathBuf,
+    config: PathBuf,
+    /// A cgroup parent the policy allows (`/tessera-test/<this>`).
+    cgroup_parent: String,
+    daemon: Option<common::FakeDaemon>,
+}
+
+impl Env {
+    fn new(what: &str) -> Option<Self> {
+        if !common::can_run_as_root(what, &["runc", "busybox"]) {
+            return None;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        common::busybox_rootfs(dir.path());
+        let socket = dir.path().join("tesserad.sock");
+        let n = std::process::id();
+        let cgroup_parent = format!("/tessera-test/rt1-{n}-{}", what.len());
+        let mut answers: HashMap<String, common::Answer> = HashMap::new();
+        for (tok, lease) in [("tok-a", "lease-a"), ("tok-m", "lease-m")] {
+            answers.insert(
+                tok.into(),
+                Ok(common::lease_answer(
+                    lease,
+                    "acme",
+                    &[],
+                    None,
+                    &format!("{cgroup_parent}/{lease}"),
+                )),
+            );
+        }
+        let daemon = common::FakeDaemon::start(&socket, answers);
+        let config = common::runtime_config(dir.path(), &socket, &dir.path().join("no-nvidia"), "");
+        let root = dir.path().join("runc-root");
+        Some(Self {
+            root,
+            config,
+            cgroup_parent,
+            daemon: Some(daemon),
+            dir,
+        })
+    }
+
+    fn state_dir(&self) -> PathBuf {
+        self.dir.path().join("runtime-state")
+    }
+
+    /// A bundle running `args` as `uid:gid` (busybox rootfs inside it).
+    fn bundle(&self, name: &str, args: &[&str], uid: u32) -> (PathBuf, Value) {
+        let b = self.dir.path().join(name);
+        std::fs::create_dir_all(&b).unwrap();
+        let mut spec = common::base_spec(args);
+        spec["root"]["path"] = json!(common::bundle_rootfs(self.dir.path(), &b));
+        spec["process"]["user"] = json!({"uid": uid, "gid": uid});
+        common::write_spec(&b, &spec);
+        (b, spec)
+    }
+
+    /// Run tessera-runtime with `--root root`; stdout/stderr to files (a container
+    /// inherits them).
+    fn runtime_at(&self, root: &str, args: &[&str]) -> Output {
+        let n = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let out_path = self.dir.path().join(format!("out-{n}"));
+        let err_path = self.dir.path().join(format!("err-{n}"));
+        let status = Command::new(common::runtime_bin())
+            .env("TESSERA_RUNTIME_CONFIG", &self.config)
+            .args(["--root", root])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&out_path).unwrap())
+            .stderr(std::fs::File::create(&err_path).unwrap())
+            .status()
+            .unwrap();
+        Output {
+            status,
+            stdout: std::fs::read(&out_path).unwrap(),
+            stderr: std::fs::read(&err_path).unwrap(),
+        }
+    }
+
+    fn runtime(&self, args: &[&str]) -> Output {
+        self.runtime_at(self.root.to_str().unwrap(), args)
+    }
+
+    /// `run -d` a container from `b` under the env's root; panics unless it started.
+    fn started(&self, b: &Path, id: &str) {
+        let out = self.runtime(&["run", "-d", "--bundle", b.to_str().unwrap(), id]);
+        assert!(out.status.success(), "run {id}: {:?}", text(&out));
+    }
+
+    /// `id -u` in container `id` through the runtime, under `root`.
+    fn uid_in(&self, root: &str, id: &str) -> Result<String, String> {
+        let out = self.runtime_at(root, &["exec", id, "id", "-u"]);
+        let (o, e) = text(&out);
+        if out.status.success() {
+            Ok(o.trim().to_string())
+        } else {
+            Err(e)
+        }
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        if let Ok(rd) = std::fs::read_dir(&self.root) {
+            for e in rd.flatten() {
+                let _ = Command::new("runc")
+                    .arg("--root")
+                    .arg(&self.root)
+                    .args(["delete", "-f"])
+                    .arg(e.file_name())
+                    .output();
+            }
+        }
+        if let Ok(rd) = std::fs::read_dir("/sys/fs/cgroup") {
+            for h in rd.flatten() {
+                remove_cgroup_tree(&h.path().join(self.cgroup_parent.trim_start_matches('/')));
+            }
+        }
+        remove_cgroup_tree(
+            &Path::new("/sys/fs/cgroup").join(self.cgroup_parent.trim_start_matches('/')),
+        );
+        self.daemon.take();
+    }
+}
+
+fn remove_cgroup_tree(p: &Path) {
+    if let Ok(rd) = std::fs::read_dir(p) {
+        for e in rd.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_cgroup_tree(&e.path());
+            }
+        }
+    }
+    let _ = std::fs::remove_dir(p);
+}
+
+fn text(out: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// F4: runc reads only the config.json the runtime wrote. The bundle's owner swaps
+/// its own spec (a createRuntime hook that runs `id` on the host) over config.json
+/// each time the file changes after the runtime read it, as the red team did; the
+/// hook never runs, and runc's state names the runtime's own bundle directory.
+#[test]
+fn f4_runc_never_reads_a_spec_from_the_tenants_bundle() {
+    let Some(env) = Env::new("f4 bundle race") else {
+        return;
+    };
+    let pwned = env.dir.path().join("PWNED");
+    let (b, spec) = env.bundle("att", &["sleep", "60"], 1000);
+    let mut evil = spec.clone();
+    evil["hooks"] = json!({"createRuntime": [{"path": "/bin/sh",
+        "args": ["sh", "-c", format!("id > {}", pwned.display())]}]});
+    let evil_bytes = serde_json::to_vec(&evil).unwrap();
+    let good_bytes = std::fs::read(b.join("config.json")).unwrap();
+    for round in 0..4 {
+        std::fs::write(b.join("config.json"), &good_bytes).unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let swapper = {
+            let (b, evil, stop) = (b.clone(), evil_bytes.clone(), stop.clone());
+            std::thread::spawn(move || {
+                use std::os::unix::fs::MetadataExt;
+                let cfg = b.join("config.json");
+                let first = std::fs::symlink_metadata(&cfg).unwrap().ino();
+                let mut swaps = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) && swaps < 50 {
+                    match std::fs::symlink_metadata(&cfg) {
+                        Ok(m)
+                            if m.ino() != first
+                                && std::fs::read(&cfg).ok().as_ref() != Some(&evil) =>
+                        {
+                            let tmp = b.join("evil.tmp");
+                            std::fs::write(&tmp, &evil).unwrap();
+                            std::fs::rename(&tmp, &cfg).unwrap();
+                            swaps += 1;
+                        }
+                        _ => std::thread::yield_now(),
+                    }
+                }
+            })
+        };
+        let id = format!("race{round}");
+        let out = env.runtime(&["create", "--bundle", b.to_str().unwrap(), &id]);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        swapper.join().unwrap();
+        assert!(out.status.success(), "create {id}: {:?}", text(&out));
+        assert!(
+            !pwned.exists(),
+            "round {round}: the tenant's hook ran on the host: {}",
+            std::fs::read_to_string(&pwned).unwrap_or_default()
+        );
+        let st = Command::new("runc")
+            .arg("--root")
+            .arg(&env.root)
+            .args(["state", &id])
+            .output()
+            .unwrap();
+        let st: Value = serde_json::from_slice(&st.stdout).unwrap();
+        let bundle = PathBuf::from(st["bundle"].as_str().unwrap());
+        assert!(
+            bundle.starts_with(env.state_dir()),
+            "runc was given {} as its bundle",
+            bundle.display()
+        );
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(&bundle).unwrap();
+        assert_eq!((m.uid(), m.mode() & 0o777), (0, 0o700));
+        let out = env.runtime(&["delete", "-f", &id]);
+        assert!(out.status.success(), "delete {id}: {:?}", text(&out));
+        assert!(!bundle.exists(), "the own bundle goes with the container");
+    }
+}
+
+/// F1: the record exec and update judge against is the one of the container runc
+/// has: a `--root` spelt through a missing directory or `..` is refused, another
+/// spelling of the same root is the same root, a create of an id that exists is
+/// refused before anything is recorded, a failed create leaves no record, and a
+/// record does not vouch for a container of the same id made later outside the
+/// runtime.
+#[test]
+fn f1_exec_never_uses_a_record_the_attacker_wrote() {
+    let Some(env) = Env::new("f1 record aliasing") else {
+        return;
+    };
+    let root = env.root.to_str().unwrap().to_string();
+    let (vb, _) = env.bundle("victim", &["sleep", "60"], 1000);
+    env.started(&vb, "v1");
+    assert_eq!(env.uid_in(&root, "v1").unwrap(), "1000");
+    let (eb, _) = env.bundle("evil", &["sleep", "60"], 0);
+    let dotdot = format!("{}/nonexistent/../runc-root", env.dir.path().display());
+    let slash = format!("{root}/");
+    let link = env.dir.path().join("root-link");
+    std::os::unix::fs::symlink(&env.root, &link).unwrap();
+    let link = link.to_str().unwrap().to_string();
+    for r in [&dotdot, &slash, &link, &format!("{root}//")] {
+        let out = env.runtime_at(r, &["create", "--bundle", eb.to_str().unwrap(), "v1"]);
+        assert_eq!(out.status.code(), Some(1), "{r}: {:?}", text(&out));
+        // Whatever spelling exec uses, it runs as the victim's user, or not at all.
+        for er in [&root, &slash, &link] {
+            assert_eq!(env.uid_in(er, "v1").unwrap(), "1000", "exec under {er}");
+        }
+        assert!(env.uid_in(&dotdot, "v1").is_err());
+    }
+    // Route two: made and deleted under one spelling, made again by the victim.
+    let (xb, _) = env.bundle("x-evil", &["sleep", "60"], 0);
+    let out = env.runtime_at(
+        &slash,
+        &["run", "-d", "--bundle", xb.to_str().unwrap(), "x2"],
+    );
+    assert!(out.status.success(), "{:?}", text(&out));
+    let out = env.runtime_at(&root, &["delete", "-f", "x2"]);
+    assert!(out.status.success(), "{:?}", text(&out));
+    env.started(&vb, "x2");
+    assert_eq!(env.uid_in(&slash, "x2").unwrap(), "1000");
+    // A create runc fails (no such program) leaves no record and no own bundle.
+    let (fb, _) = env.bundle("fails", &["/no/such/program"], 0);
+    let out = env.runtime(&["create", "--bundle", fb.to_str().unwrap(), "f1"]);
+    assert!(!out.status.success(), "{:?}", text(&out));
+    let recs = tessera_runtime::record::Records::new(&env.state_dir());
+    let canon = std::fs::canonicalize(&env.root).unwrap();
+    assert!(recs.get(canon.to_str().unwrap(), "f1").is_err());
+    assert!(!recs.bundle_dir(canon.to_str().unwrap(), "f1").exists());
+    // A container of a recorded id, deleted and made again by runc directly as root:
+    // the record does not vouch for it.
+    let (ob, _) = env.bundle("outside", &["sleep", "60"], 0);
+    env.started(&vb, "o1");
+    let st = Command::new("runc")
+        .args(["--root", &root, "delete", "-f", "o1"])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let st = Command::new("runc")
+        .args([
+            "--root",
+            &root,
+            "run",
+            "-d",
+            "--bundle",
+            ob.to_str().unwrap(),
+            "o1",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let e = env.uid_in(&root, "o1").unwrap_err();
+    assert!(e.contains("not this container's"), "{e}");
+}
