@@ -309,3 +309,46 @@ fn f1_exec_never_uses_a_record_the_attacker_wrote() {
     let e = env.uid_in(&root, "o1").unwrap_err();
     assert!(e.contains("not this container's"), "{e}");
 }
+
+/// F2: an exec'd process gets no capability outside the container's own set of the
+/// same name. The container (1000:1000) has CAP_SETUID and CAP_SETGID in its
+/// bounding, effective and permitted sets and none ambient; a process JSON asking for
+/// them in all five sets runs with no ambient and no effective capability (as the
+/// container's own user would), so it cannot become root.
+#[test]
+fn f2_exec_gets_no_ambient_capability_the_container_lacks() {
+    let Some(env) = Env::new("f2 exec ambient caps") else {
+        return;
+    };
+    let (b, mut spec) = env.bundle("v2", &["sleep", "60"], 1000);
+    let two = json!(["CAP_SETUID", "CAP_SETGID"]);
+    spec["process"]["capabilities"] = json!({"bounding": two, "effective": two, "permitted": two});
+    common::write_spec(&b, &spec);
+    env.started(&b, "v2");
+    let p = env.dir.path().join("p2.json");
+    std::fs::write(
+        &p,
+        json!({"args": ["sh", "-c", "grep -E '^Cap(Amb|Eff|Inh):' /proc/self/status"],
+               "cwd": "/", "env": ["PATH=/bin"], "user": {"uid": 1000, "gid": 1000},
+               "capabilities": {"bounding": two, "effective": two, "permitted": two,
+                                "inheritable": two, "ambient": two}})
+        .to_string(),
+    )
+    .unwrap();
+    let out = env.runtime(&["exec", "--process", p.to_str().unwrap(), "v2"]);
+    let (o, e) = text(&out);
+    assert!(out.status.success(), "{o} {e}");
+    let caps: Vec<String> = o.split_whitespace().map(str::to_string).collect();
+    assert_eq!(
+        caps,
+        [
+            "CapInh:",
+            "0000000000000000",
+            "CapEff:",
+            "0000000000000000",
+            "CapAmb:",
+            "0000000000000000"
+        ],
+        "the exec'd process's capabilities"
+    );
+}

@@ -17,6 +17,10 @@ use serde_json::{Value, json};
 pub struct ContainerState {
     /// The bounding set.
     pub bounding: Vec<String>,
+    /// The container's own five capability sets, by OCI name (a set left out:
+    /// empty). An exec'd process gets no capability outside the container's set of
+    /// the same name.
+    pub caps: std::collections::BTreeMap<String, Vec<String>>,
     pub apparmor_profile: Option<String>,
     pub process_label: Option<String>,
     /// The user, group and additional groups the container was started with.
@@ -61,6 +65,20 @@ impl ContainerState {
                 .unwrap_or_default()
                 .iter()
                 .map(|c| cap_name(c))
+                .collect(),
+            caps: caps::SETS
+                .iter()
+                .map(|set| {
+                    let own = r
+                        .process
+                        .pointer(&format!("/capabilities/{set}"))
+                        .and_then(strings)
+                        .unwrap_or_default()
+                        .iter()
+                        .map(|c| cap_name(c))
+                        .collect();
+                    ((*set).to_string(), own)
+                })
                 .collect(),
             apparmor_profile: opt("apparmorProfile"),
             process_label: opt("selinuxLabel"),
@@ -279,7 +297,7 @@ pub fn harden_process(
     let reduced = caps::reduce(
         obj.get("capabilities"),
         policy,
-        Some(&state.bounding),
+        Some(&state.caps),
         "exec --process",
         f,
     );
@@ -382,8 +400,17 @@ mod tests {
     use super::*;
 
     fn state() -> ContainerState {
+        let two = vec!["CAP_KILL".to_string(), "CAP_CHOWN".to_string()];
         ContainerState {
-            bounding: vec!["CAP_KILL".into(), "CAP_CHOWN".into()],
+            bounding: two.clone(),
+            caps: [
+                ("bounding", two.clone()),
+                ("effective", two.clone()),
+                ("permitted", two),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect(),
             user: User {
                 uid: 1000,
                 gid: 1000,

@@ -530,6 +530,7 @@ mod tests {
     fn state() -> ContainerState {
         ContainerState {
             bounding: Vec::new(),
+            caps: Default::default(),
             apparmor_profile: None,
             process_label: None,
             user: User {
