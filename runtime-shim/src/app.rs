@@ -729,7 +729,7 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
                         .any(|(a, r)| a.kept && !r.resolution_checked) =>
             {
                 if let Some(c) = client.as_ref()
-                    && let Err(e) = c.unbind(&id)
+                    && let Err(e) = c.unbind(&id, &env.runtime_root())
                 {
                     return refuse_reported(
                         vec![format!("UnbindContainer after an unchecked bind: {e}")],
@@ -802,7 +802,7 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
         if let Some(c) = client.as_ref()
             && !adm.answers.is_empty()
         {
-            let _ = c.unbind(&id);
+            let _ = c.unbind(&id, &env.runtime_root());
         }
         report(
             env,
@@ -956,7 +956,7 @@ fn finish_create(env: &Env, own: &mut OwnBundle<'_>, leased: bool, ok: bool) {
     let _ = own.records.remove_bundle_dir(root, id);
     if leased
         && let Some(c) = env.client()
-        && let Err(e) = c.unbind(id)
+        && let Err(e) = c.unbind(id, root)
     {
         env.log.warn(&format!(
             "tessera-runtime: UnbindContainer {id} after runc's create failed: {e}"
@@ -1004,7 +1004,7 @@ fn bind_all(
             Ok(answer) => bound.push(answer),
             Err(e) => {
                 if i > 0
-                    && let Err(u) = c.unbind(id)
+                    && let Err(u) = c.unbind(id, &env.runtime_root())
                 {
                     env.log.warn(&format!(
                         "tessera-runtime: UnbindContainer {id} after a failed bind: {u}"
@@ -1205,7 +1205,7 @@ fn delete(env: &Env, sub: &SubArgs) -> Outcome {
     {
         if record.lease_id.is_some()
             && let Some(c) = env.client()
-            && let Err(e) = c.unbind(id)
+            && let Err(e) = c.unbind(id, &root)
             && !matches!(e, crate::lease::LeaseError::UnknownToken(_))
         {
             env.log

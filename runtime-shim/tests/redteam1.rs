@@ -55,6 +55,10 @@ impl Env {
         })
     }
 
+    fn daemon(&self) -> &common::FakeDaemon {
+        self.daemon.as_ref().unwrap()
+    }
+
     fn state_dir(&self) -> PathBuf {
         self.dir.path().join("runtime-state")
     }
@@ -351,4 +355,108 @@ fn f2_exec_gets_no_ambient_capability_the_container_lacks() {
         ],
         "the exec'd process's capabilities"
     );
+}
+
+/// The pids in a cgroup, in whichever hierarchy shows it (v1 pids controller, v2).
+fn cgroup_procs(cgroup: &str) -> Option<Vec<String>> {
+    let rel = cgroup.trim_start_matches('/');
+    [
+        "/sys/fs/cgroup/pids",
+        "/sys/fs/cgroup/unified",
+        "/sys/fs/cgroup",
+    ]
+    .iter()
+    .find_map(|h| std::fs::read_to_string(Path::new(h).join(rel).join("cgroup.procs")).ok())
+    .map(|t| t.lines().map(str::to_string).collect())
+}
+
+/// F8: a tenant on its own lease cannot put its container into another tenant's
+/// cgroup (where its lease's release would kill that tenant's processes): a
+/// cgroupsPath that exists is refused, under any root, and nothing is bound.
+#[test]
+fn f8_a_container_never_joins_an_existing_cgroup() {
+    let Some(env) = Env::new("f8 cgroup hijack") else {
+        return;
+    };
+    let cg = format!("{}/vic", env.cgroup_parent);
+    let (vb, mut spec) = env.bundle("vic", &["sleep", "60"], 1000);
+    spec["linux"]["cgroupsPath"] = json!(cg);
+    common::write_spec(&vb, &spec);
+    env.started(&vb, "vic");
+    let before = cgroup_procs(&cg).expect("the victim's cgroup");
+    assert_eq!(before.len(), 1, "{before:?}");
+    let (ab, mut spec) = env.bundle("att", &["sleep", "60"], 1000);
+    spec["linux"]["cgroupsPath"] = json!(cg);
+    spec["annotations"] = json!({"tessera.io/lease-token": "tok-m"});
+    common::write_spec(&ab, &spec);
+    let other = env.dir.path().join("root-b");
+    for root in [other.to_str().unwrap(), env.root.to_str().unwrap()] {
+        let out = env.runtime_at(
+            root,
+            &["run", "-d", "--bundle", ab.to_str().unwrap(), "vic"],
+        );
+        assert_eq!(out.status.code(), Some(1), "{root}: {:?}", text(&out));
+        assert!(text(&out).1.contains("already exists"), "{:?}", text(&out));
+    }
+    assert_eq!(
+        cgroup_procs(&cg).unwrap(),
+        before,
+        "nothing joined the victim's cgroup"
+    );
+    assert!(
+        env.daemon().recorded().binds.is_empty(),
+        "nothing was bound"
+    );
+}
+
+/// F7: only a delete that runc carried out, of the container this root's record
+/// names, unbinds it: a delete under another root, or of a running container without
+/// --force, leaves the lease binding (and exec) as they were. A create runc fails
+/// after the bind is unbound.
+#[test]
+fn f7_a_delete_drops_only_its_own_containers_binding() {
+    let Some(env) = Env::new("f7 delete unbinds") else {
+        return;
+    };
+    let (b, mut spec) = env.bundle("gpu1", &["sleep", "60"], 1000);
+    spec["annotations"] = json!({"tessera.io/lease-token": "tok-a"});
+    common::write_spec(&b, &spec);
+    env.started(&b, "gpu1");
+    assert_eq!(env.daemon().recorded().binds.len(), 1);
+    let empty = env.dir.path().join("empty-root");
+    std::fs::create_dir(&empty).unwrap();
+    // runc's delete --force of a container it does not have succeeds: nothing of
+    // that root is bound, so nothing is unbound.
+    for (root, args, ok) in [
+        (empty.to_str().unwrap(), vec!["delete", "-f", "gpu1"], true),
+        (env.root.to_str().unwrap(), vec!["delete", "gpu1"], false),
+    ] {
+        let out = env.runtime_at(root, &args);
+        assert_eq!(
+            out.status.success(),
+            ok,
+            "{root} {args:?}: {:?}",
+            text(&out)
+        );
+        assert!(
+            env.daemon().recorded().unbinds.is_empty(),
+            "{root} {args:?} unbound"
+        );
+        assert_eq!(
+            env.uid_in(env.root.to_str().unwrap(), "gpu1").unwrap(),
+            "1000"
+        );
+    }
+    let out = env.runtime(&["delete", "-f", "gpu1"]);
+    assert!(out.status.success(), "{:?}", text(&out));
+    assert_eq!(env.daemon().recorded().unbinds, ["gpu1"]);
+    // A create runc refuses (no such program) after the bind: unbound again.
+    let (fb, mut spec) = env.bundle("fails", &["/no/such/program"], 1000);
+    spec["annotations"] = json!({"tessera.io/lease-token": "tok-a"});
+    common::write_spec(&fb, &spec);
+    let out = env.runtime(&["create", "--bundle", fb.to_str().unwrap(), "f7"]);
+    assert!(!out.status.success(), "{:?}", text(&out));
+    let rec = env.daemon().recorded();
+    assert_eq!(rec.binds.len(), 2);
+    assert_eq!(rec.unbinds, ["gpu1", "f7"]);
 }

@@ -960,6 +960,23 @@ fn cgroups_path(spec: &Value, ctx: &Context, ident: &Identity, f: &mut Findings)
         return;
     }
     let shown = format!("/{}", comps.join("/"));
+    // A container's cgroup is its own: runc makes it at create. One that exists
+    // already is another container's (runc would only warn that it is not empty and
+    // join it, and a lease's release would then kill that container too).
+    match identity::cgroup_exists(&comps) {
+        Ok(None) => {}
+        Ok(Some(dir)) => {
+            f.refuse(format!(
+                "{at}: the cgroup {shown} already exists ({}): a container's cgroup is made by runc at its create, never joined",
+                dir.display()
+            ));
+            return;
+        }
+        Err(e) => {
+            f.refuse(format!("{at}: cannot tell whether {shown} exists: {e}"));
+            return;
+        }
+    }
     match ident {
         Identity::Member(sb) => match sb.pod_cgroup() {
             None => f.refuse(format!(
