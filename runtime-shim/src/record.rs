@@ -89,6 +89,8 @@ pub struct Record {
     pub memory_limit: Option<i64>,
     /// `linux.resources.memory.swap` as granted.
     pub memory_swap: Option<i64>,
+    /// `linux.resources.cpu` as granted (quota, period, shares, burst, cpus, mems).
+    pub cpu: Option<crate::harden::update::Cpu>,
     /// The start time (clock ticks after boot) of the runtime process that wrote the
     /// record before runc ran: the container's init started at or after it.
     pub min_start: u64,
@@ -161,7 +163,14 @@ impl Record {
             lease_env.push(format!("TESSERA_LEASE_ID={lease}"));
         }
         let res = spec.pointer("/linux/resources");
-        let at = |p: &str| res.and_then(|r| r.pointer(p)).and_then(Value::as_i64);
+        // The grant as runc reads it: typed, every key spelt as runc's.
+        let typed = match res {
+            Some(r) => crate::harden::update::parse_create(r).map_err(|_| RecordError::Spec {
+                what: "valid linux.resources",
+            })?,
+            None => crate::harden::update::Resources::default(),
+        };
+        let memory = typed.memory.clone().unwrap_or_default();
         Ok(Self {
             version: VERSION,
             id: id.to_string(),
@@ -176,9 +185,10 @@ impl Record {
                 .and_then(Value::as_array)
                 .cloned()
                 .unwrap_or_default(),
-            pids_limit: at("/pids/limit"),
-            memory_limit: at("/memory/limit"),
-            memory_swap: at("/memory/swap"),
+            pids_limit: typed.pids.as_ref().map(|p| p.limit),
+            memory_limit: memory.limit,
+            memory_swap: memory.swap,
+            cpu: typed.cpu.clone(),
             min_start: crate::harden::identity::proc_start_time(std::process::id()).unwrap_or(0),
             instance: None,
         })

@@ -460,3 +460,123 @@ fn f7_a_delete_drops_only_its_own_containers_binding() {
     assert_eq!(rec.binds.len(), 2);
     assert_eq!(rec.unbinds, ["gpu1", "f7"]);
 }
+
+/// A cgroup v1 controller's file of cgroup `cg` (`None` where this host has no such
+/// file: a v2-only host).
+fn v1_file(controller: &str, cg: &str, file: &str) -> Option<String> {
+    std::fs::read_to_string(
+        Path::new("/sys/fs/cgroup")
+            .join(controller)
+            .join(cg.trim_start_matches('/'))
+            .join(file),
+    )
+    .ok()
+    .map(|s| s.trim().to_string())
+}
+
+/// F5: a memory limit spelt `LIMIT` (runc folds it to `limit`, a reader by exact name
+/// sees none) is refused at create; the record keeps the limit runc set, and update
+/// cannot raise it.
+#[test]
+fn f5_a_misspelt_limit_at_create_is_refused_and_update_stays_within_the_grant() {
+    let Some(env) = Env::new("f5 LIMIT at create") else {
+        return;
+    };
+    let cg = format!("{}/v5", env.cgroup_parent);
+    let (b, mut spec) = env.bundle("v5", &["sleep", "60"], 1000);
+    spec["linux"]["cgroupsPath"] = json!(cg);
+    spec["linux"]["resources"]["memory"] = json!({"LIMIT": 67108864});
+    common::write_spec(&b, &spec);
+    let out = env.runtime(&["run", "-d", "--bundle", b.to_str().unwrap(), "v5"]);
+    assert_eq!(out.status.code(), Some(1), "{:?}", text(&out));
+    assert!(
+        text(&out).1.contains("/linux/resources/memory/LIMIT"),
+        "{:?}",
+        text(&out)
+    );
+    assert!(cgroup_procs(&cg).is_none(), "nothing ran");
+    spec["linux"]["resources"]["memory"] = json!({"limit": 67108864});
+    common::write_spec(&b, &spec);
+    env.started(&b, "v5");
+    let limit = || v1_file("memory", &cg, "memory.limit_in_bytes");
+    if limit().is_none() {
+        eprintln!("SKIPPED: f5 update part: no cgroup v1 memory controller");
+        return;
+    }
+    assert_eq!(limit().unwrap(), "67108864");
+    let r = env.dir.path().join("r5.json");
+    std::fs::write(&r, r#"{"memory":{"limit":8589934592}}"#).unwrap();
+    let out = env.runtime(&["update", "-r", r.to_str().unwrap(), "v5"]);
+    assert_eq!(out.status.code(), Some(1), "{:?}", text(&out));
+    assert_eq!(limit().unwrap(), "67108864");
+}
+
+/// F3: update cannot lift the CPU limits of the create (quota -1 or a larger
+/// quota/period, more shares, cpus outside the create's), by JSON, flag or cgroup v2
+/// key; a tighter quota is applied.
+#[test]
+fn f3_update_never_lifts_the_cpu_limits_of_the_create() {
+    let Some(env) = Env::new("f3 update lifts cpu") else {
+        return;
+    };
+    let cg = format!("{}/v3", env.cgroup_parent);
+    let (b, mut spec) = env.bundle("v3", &["sleep", "60"], 1000);
+    spec["linux"]["cgroupsPath"] = json!(cg);
+    spec["linux"]["resources"]["cpu"] =
+        json!({"quota": 20000, "period": 100000, "shares": 2, "cpus": "0", "mems": "0"});
+    common::write_spec(&b, &spec);
+    env.started(&b, "v3");
+    let now = || {
+        (
+            v1_file("cpu", &cg, "cpu.cfs_quota_us"),
+            v1_file("cpu", &cg, "cpu.shares"),
+            v1_file("cpuset", &cg, "cpuset.cpus"),
+        )
+    };
+    if now().0.is_none() {
+        eprintln!("SKIPPED: f3: no cgroup v1 cpu controller");
+        return;
+    }
+    let granted = (
+        Some("20000".to_string()),
+        Some("2".to_string()),
+        Some("0".to_string()),
+    );
+    assert_eq!(now(), granted);
+    let r = env.dir.path().join("r3.json");
+    for doc in [
+        r#"{"cpu":{"quota":-1}}"#,
+        r#"{"cpu":{"quota":40000}}"#,
+        r#"{"cpu":{"period":50000}}"#,
+        r#"{"cpu":{"shares":262144}}"#,
+        r#"{"cpu":{"cpus":"0-1"}}"#,
+        r#"{"cpu":{"quota":-1,"cpus":"0-1","shares":262144}}"#,
+        r#"{"unified":{"cpu.max":"max 100000"}}"#,
+        r#"{"unified":{"cpuset.cpus":"0-1"}}"#,
+    ] {
+        std::fs::write(&r, doc).unwrap();
+        let out = env.runtime(&["update", "-r", r.to_str().unwrap(), "v3"]);
+        assert_eq!(out.status.code(), Some(1), "{doc}: {:?}", text(&out));
+        assert_eq!(now(), granted, "{doc}");
+    }
+    for flags in [
+        vec!["--cpu-quota=-1"],
+        vec!["--cpu-share=100000"],
+        vec!["--cpuset-cpus", "0-1"],
+    ] {
+        let mut argv = vec!["update"];
+        argv.extend(flags.iter().copied());
+        argv.push("v3");
+        let out = env.runtime(&argv);
+        assert_eq!(out.status.code(), Some(1), "{flags:?}: {:?}", text(&out));
+        assert_eq!(now(), granted, "{flags:?}");
+    }
+    std::fs::write(&r, r#"{"cpu":{"quota":10000}}"#).unwrap();
+    let out = env.runtime(&["update", "-r", r.to_str().unwrap(), "v3"]);
+    assert!(out.status.success(), "{:?}", text(&out));
+    assert_eq!(
+        now().0.as_deref(),
+        Some("10000"),
+        "a tighter quota is applied"
+    );
+}

@@ -705,6 +705,13 @@ fn cgroup_file_names(spec: &Value, f: &mut Findings) {
     let Some(res) = spec.pointer("/linux/resources") else {
         return;
     };
+    // Typed as runc reads them (what the record of the create keeps): a key spelt
+    // otherwise than runc's struct field is refused.
+    if let Err(reasons) = super::update::parse_create(res) {
+        for r in reasons {
+            f.refuse(r);
+        }
+    }
     for k in res
         .get("unified")
         .and_then(Value::as_object)

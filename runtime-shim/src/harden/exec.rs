@@ -13,7 +13,7 @@ use crate::record::{Record, User};
 use serde_json::{Value, json};
 
 /// What the runtime recorded about a container at its create.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct ContainerState {
     /// The bounding set.
     pub bounding: Vec<String>,
@@ -21,6 +21,8 @@ pub struct ContainerState {
     /// empty). An exec'd process gets no capability outside the container's set of
     /// the same name.
     pub caps: std::collections::BTreeMap<String, Vec<String>>,
+    /// The CPU resources it was granted (update may not loosen them).
+    pub cpu: Option<super::update::Cpu>,
     pub apparmor_profile: Option<String>,
     pub process_label: Option<String>,
     /// The user, group and additional groups the container was started with.
@@ -80,6 +82,7 @@ impl ContainerState {
                     ((*set).to_string(), own)
                 })
                 .collect(),
+            cpu: r.cpu.clone(),
             apparmor_profile: opt("apparmorProfile"),
             process_label: opt("selinuxLabel"),
             user: r.user.clone(),
