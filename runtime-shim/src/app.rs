@@ -235,13 +235,73 @@ pub fn canonical_root(given: &str, create: bool) -> Result<String, String> {
 }
 
 fn preserve_fds(sub: &SubArgs) -> Result<i32, String> {
-    match sub.value("preserve-fds") {
-        None => Ok(0),
+    let n = match sub.value("preserve-fds") {
+        None => return Ok(0),
         Some(v) => v
             .parse::<i32>()
             .ok()
             .filter(|n| (0..=1024).contains(n))
-            .ok_or_else(|| format!("--preserve-fds {v:?} is not a small number")),
+            .ok_or_else(|| format!("--preserve-fds {v:?} is not a small number"))?,
+    };
+    for fd in 3..3 + n {
+        preserved_fd_ok(fd)?;
+    }
+    Ok(n)
+}
+
+/// A descriptor passed on into the container (`--preserve-fds`) must be a socket, a
+/// pipe or a character device opened for I/O: a directory or a regular file (or an
+/// `O_PATH` descriptor of anything) would give the container a handle on the host's
+/// filesystem outside its rootfs.
+fn preserved_fd_ok(fd: i32) -> Result<(), String> {
+    // SAFETY: fcntl F_GETFL reads the flags of a descriptor number; it changes nothing.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 {
+        // Not open: /dev/null is put there, so that no file the runtime opens later
+        // takes that number and is passed on to the container.
+        use std::os::fd::AsRawFd;
+        let null = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/null")
+            .map_err(|e| format!("--preserve-fds: /dev/null: {e}"))?;
+        // SAFETY: dup2 onto a descriptor number that is not open; `null` stays
+        // valid for the call and is closed after (the copy stays).
+        if unsafe { libc::dup2(null.as_raw_fd(), fd) } < 0 {
+            return Err(format!(
+                "--preserve-fds: fd {fd}: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        return Ok(());
+    }
+    if flags & libc::O_PATH != 0 {
+        return Err(format!(
+            "--preserve-fds: fd {fd} is an O_PATH descriptor: refused"
+        ));
+    }
+    // SAFETY: `st` is a plain C struct that fstat fills in for a descriptor number.
+    let (rc, mode) = unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        (libc::fstat(fd, &mut st), st.st_mode)
+    };
+    if rc != 0 {
+        return Err(format!(
+            "--preserve-fds: fd {fd}: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    match mode & libc::S_IFMT {
+        libc::S_IFSOCK | libc::S_IFIFO | libc::S_IFCHR => Ok(()),
+        libc::S_IFDIR => Err(format!(
+            "--preserve-fds: fd {fd} is a directory: it would reach the host's filesystem from the container"
+        )),
+        libc::S_IFREG => Err(format!(
+            "--preserve-fds: fd {fd} is a regular file: only sockets, pipes and character devices are passed on"
+        )),
+        _ => Err(format!(
+            "--preserve-fds: fd {fd} is not a socket, pipe or character device"
+        )),
     }
 }
 

@@ -580,3 +580,59 @@ fn f3_update_never_lifts_the_cpu_limits_of_the_create() {
         "a tighter quota is applied"
     );
 }
+
+/// F6: `exec --preserve-fds` passes on only sockets, pipes and character devices: a
+/// host directory on fd 3 is refused (the container writes nothing through it), a
+/// pipe still works.
+#[test]
+fn f6_a_preserved_fd_is_never_a_host_directory() {
+    let Some(env) = Env::new("f6 preserve-fds") else {
+        return;
+    };
+    let (b, _) = env.bundle("v6", &["sleep", "60"], 0);
+    env.started(&b, "v6");
+    let hostdir = env.dir.path().join("hostdir");
+    std::fs::create_dir(&hostdir).unwrap();
+    let run_with_fd3 = |fd3: std::fs::File, script: &str| -> Output {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::process::CommandExt;
+        let raw = fd3.as_raw_fd();
+        let mut cmd = Command::new(common::runtime_bin());
+        cmd.env("TESSERA_RUNTIME_CONFIG", &env.config)
+            .args(["--root", env.root.to_str().unwrap()])
+            .args(["exec", "--preserve-fds", "1", "v6", "sh", "-c", script])
+            .stdin(Stdio::null());
+        // SAFETY: dup2 between fork and exec only puts the test's descriptor on fd 3.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::dup2(raw, 3) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let out = cmd.output().unwrap();
+        drop(fd3);
+        out
+    };
+    for fd3 in [
+        std::fs::File::open(&hostdir).unwrap(),
+        std::fs::File::open(env.dir.path().join("runtime.toml")).unwrap(),
+    ] {
+        let out = run_with_fd3(fd3, "echo escaped > /proc/self/fd/3/written");
+        assert_eq!(out.status.code(), Some(1), "{:?}", text(&out));
+        assert!(text(&out).1.contains("--preserve-fds"), "{:?}", text(&out));
+    }
+    assert_eq!(
+        std::fs::read_dir(&hostdir).unwrap().count(),
+        0,
+        "written on the host"
+    );
+    // A pipe is passed on: the container writes into it.
+    let (r, w) = nix::unistd::pipe().unwrap();
+    let out = run_with_fd3(std::fs::File::from(w), "echo through-the-pipe >&3");
+    assert!(out.status.success(), "{:?}", text(&out));
+    let mut got = String::new();
+    std::io::Read::read_to_string(&mut std::fs::File::from(r), &mut got).unwrap();
+    assert_eq!(got.trim(), "through-the-pipe");
+}
