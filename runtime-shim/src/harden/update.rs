@@ -277,10 +277,31 @@ pub fn parse(v: &Value, f: &mut Findings) -> Option<Resources> {
     match serde_json::from_value::<Resources>(v.clone()) {
         Ok(r) => Some(r),
         Err(e) => {
-            f.refuse(format!("update: the resources JSON: {e}"));
+            f.refuse(format!(
+                "update: the resources JSON: {}",
+                without_values(&e.to_string())
+            ));
             None
         }
     }
+}
+
+/// A decoder's message without the value it quotes (`invalid type: string "s3cret",
+/// expected i64` becomes `invalid type: string, expected i64`): the document may be
+/// any file root can read, named by whoever wrote the command line.
+pub fn without_values(msg: &str) -> String {
+    for lead in ["invalid type: ", "invalid value: "] {
+        if let Some(i) = msg.find(lead)
+            && let Some(j) = msg[i..].find(", expected")
+        {
+            let kind = msg[i + lead.len()..i + j]
+                .split([' ', '`', '"'])
+                .next()
+                .unwrap_or("");
+            return format!("{}{lead}{kind}{}", &msg[..i], without_values(&msg[i + j..]));
+        }
+    }
+    msg.to_string()
 }
 
 /// A create's `linux.resources` parsed into the same typed values: every key spelt as
@@ -299,8 +320,12 @@ pub fn parse_create(v: &Value) -> Result<Resources, Vec<String>> {
             .map(|p| format!("/linux/resources{p}: unknown key (keys are spelt as runc's)"))
             .collect());
     }
-    serde_json::from_value::<Resources>(v.clone())
-        .map_err(|e| vec![format!("/linux/resources: {e}")])
+    serde_json::from_value::<Resources>(v.clone()).map_err(|e| {
+        vec![format!(
+            "/linux/resources: {}",
+            without_values(&e.to_string())
+        )]
+    })
 }
 
 /// A cpuset list (`0-3,8`) as its members; `None` when it is not one.
@@ -324,7 +349,8 @@ const DEFAULT_SHARES: u64 = 1024;
 
 /// Judge the CPU part of an update against the create's: no more CPU time per period
 /// (quota -1 or a larger quota/period ratio refused where the create set a quota), no
-/// more shares, no burst beyond the create's, cpus and mems within the create's.
+/// more shares than granted (or the kernel's default 1024, whichever is more), no
+/// burst beyond the create's, cpus and mems within the create's.
 fn judge_cpu(c: &Cpu, granted: Option<&Cpu>, f: &mut Findings) {
     let g = granted.cloned().unwrap_or_default();
     if let Some(gq) = g.quota.filter(|q| *q > 0) {
@@ -339,10 +365,12 @@ fn judge_cpu(c: &Cpu, granted: Option<&Cpu>, f: &mut Findings) {
         }
     }
     if let Some(s) = c.shares {
-        let gs = g.shares.unwrap_or(DEFAULT_SHARES);
+        // Kubernetes' in-place resize raises a container's shares within its pod: up
+        // to the kernel's default (one CPU's weight) is admitted beside the grant.
+        let gs = g.shares.unwrap_or(DEFAULT_SHARES).max(DEFAULT_SHARES);
         if s > gs {
             f.refuse(format!(
-                "/cpu/shares: {s} is refused: at most {gs} (what the container was granted)"
+                "/cpu/shares: {s} is refused: at most {gs} (what the container was granted, or {DEFAULT_SHARES})"
             ));
         }
     }
@@ -700,6 +728,23 @@ mod tests {
     use super::*;
     use crate::record::User;
     use serde_json::json;
+
+    #[test]
+    fn a_refusal_never_quotes_a_value_of_the_document() {
+        let mut f = Findings::default();
+        assert!(parse(&json!({"pids": {"limit": "s3cret"}}), &mut f).is_none());
+        let all = f.reasons.join(" ");
+        assert!(!all.contains("s3cret"), "{all}");
+        assert!(all.contains("invalid type: string, expected i64"), "{all}");
+        let e = parse_create(&json!({"cpu": {"cpus": 7}}))
+            .unwrap_err()
+            .join(" ");
+        assert!(
+            e.contains("invalid type: integer, expected a string"),
+            "{e}"
+        );
+        assert!(!e.contains('7'), "{e}");
+    }
 
     fn state() -> ContainerState {
         ContainerState {
