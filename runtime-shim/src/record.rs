@@ -381,8 +381,10 @@ impl Records {
         Ok(r)
     }
 
-    /// Forget a container's record (at delete). A record not there is no error.
+    /// Forget a container's record (at delete, or after a create runc failed), and its
+    /// lock file. A record not there is no error.
     pub fn remove(&self, root: &str, id: &str) -> Result<(), RecordError> {
+        let _ = std::fs::remove_file(self.dir.join(name_of(root, id).replace(".json", ".lock")));
         let path = self.dir.join(name_of(root, id));
         match std::fs::remove_file(&path) {
             Ok(()) => Ok(()),
