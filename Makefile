@@ -3,7 +3,7 @@
 #   make run      tesserad on simulated GPUs (configs/dev.toml), in the foreground
 #   make test     deps + fmt, clippy, buf + the whole test suite, Python client included (CI runs this as root)
 #   make deps     the Debian packages the tests need, installed only when missing
-#   make lint / fmt / build / bench / install / clean
+#   make lint / fmt / build / bench / install / deb / image / clean
 #   make buf      lint proto/ and check it for breaking changes (buf from npm, under the target dir)
 #   make python   a venv with grpcio (pinned) and Python stubs generated from proto/
 
@@ -74,11 +74,13 @@ PYTHON ?= python3
 # there, or "-" to ask dpkg. python3-venv is added when $(PYTHON) cannot make a venv
 # (Debian's python3 lacks ensurepip without it); npm installs buf. The CRI suite's pods
 # get a CNI bridge without uplink (containernetworking-plugins; iproute2's `ip` removes
-# it afterwards); the podman suite runs Debian's podman 4 and conmon.
+# it afterwards); the podman suite runs Debian's podman 4 and conmon; promtool (from
+# Debian's prometheus package, whose server is stopped again if its install started
+# it) tests the alert rules in deploy/monitoring; lintian checks the Debian package.
 DEPS := runc:runc containerd:containerd busybox-static:- libseccomp-dev:- \
         protobuf-compiler:protoc pkg-config:pkg-config build-essential:cc \
         python3:$(PYTHON) npm:npm containernetworking-plugins:- iproute2:ip \
-        podman:podman conmon:conmon
+        podman:podman conmon:conmon prometheus:promtool lintian:lintian
 
 # Python for the grpcio client test (integration-tests/tests/python_client.rs) and
 # docs/examples/python: a venv this Makefile owns, with the pinned requirements.
@@ -95,7 +97,7 @@ BUF_DIR ?= $(TARGET_DIR)/buf
 BUF := $(BUF_DIR)/node_modules/.bin/buf
 BUF_AGAINST ?= HEAD~1
 
-.PHONY: all run deps test lint fmt build bench install clean help buf buf-install pyvenv python static-runtime-test
+.PHONY: all run deps test lint fmt build bench install deb image clean help buf buf-install pyvenv python static-runtime-test
 
 all: build
 
@@ -129,6 +131,10 @@ deps:
 	  else echo "deps: missing $${missing[*]} and not root (no sudo): install them first" >&2; exit 1; fi; \
 	  "$${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q; \
 	  "$${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$${missing[@]}"; \
+	  if [[ " $${missing[*]} " == *" prometheus "* ]] && pgrep -x prometheus >/dev/null; then \
+	    echo "deps: stopping the prometheus server its package started (only promtool is needed)"; \
+	    "$${sudo[@]}" sh -c 'invoke-rc.d prometheus stop || pkill -x prometheus' || true; \
+	  fi; \
 	fi; \
 	for tool in clippy fmt; do \
 	  if $(CARGO) $$tool --version >/dev/null 2>&1; then continue; fi; \
@@ -278,6 +284,22 @@ install:
 	done; \
 	[ $$found = 1 ] || echo "install: WARNING: no AppArmor profiles under $(CONFIGS)/apparmor" >&2
 	@echo "install: done. Then: systemd-sysusers; systemd-tmpfiles --create; systemctl daemon-reload; systemctl enable --now tesserad"
+
+# The Debian package, from the binaries of PROFILE (`make build` first for dist):
+# $(TARGET_DIR)/deb/tessera_<version>_<arch>.deb. See deploy/debian/build-deb.sh.
+deb:
+	@if [ "$(PROFILE)" = dist ]; then $(MAKE) build; fi
+	deploy/debian/build-deb.sh --profile $(PROFILE) --out $(TARGET_DIR)/deb
+
+# The DaemonSet's image, built with podman from the binaries of PROFILE on a scratch
+# base (no registry): tessera:<version>. deploy/image/stage-rootfs.sh stages it; the
+# registry-based deploy/kubernetes/Dockerfile uses the same script.
+IMAGE ?= localhost/tessera:$(shell sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' Cargo.toml)
+image:
+	@if [ "$(PROFILE)" = dist ]; then $(MAKE) build; fi
+	deploy/image/stage-rootfs.sh $(TARGET_DIR)/$(PROFILE) $(RUNTIME_BIN) $(TARGET_DIR)/image-rootfs
+	podman build --network none -f deploy/image/Containerfile -t $(IMAGE) $(TARGET_DIR)/image-rootfs
+	@podman image inspect --format '$(IMAGE): {{.Size}} bytes' $(IMAGE)
 
 clean:
 	$(CARGO) clean

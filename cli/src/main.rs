@@ -6,6 +6,7 @@
 mod admin;
 mod audit;
 mod client;
+mod docs;
 mod doctor;
 mod lease;
 mod node;
@@ -82,6 +83,17 @@ enum Command {
         #[arg(long, default_value = "/etc/containerd/config.toml")]
         containerd_config: PathBuf,
     },
+    /// Print a shell completion script, e.g. `tessera completion bash >
+    /// /etc/bash_completion.d/tessera` (the Debian package installs them).
+    Completion {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
+    /// Write the man pages (tessera.1 and one page per subcommand) into DIR.
+    Manpages {
+        /// Where to write them (created when missing).
+        dir: PathBuf,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -128,7 +140,9 @@ impl Command {
             | Self::Watch { .. }
             | Self::Reload
             | Self::Audit(_)
-            | Self::Doctor { .. } => Ok(()),
+            | Self::Doctor { .. }
+            | Self::Completion { .. }
+            | Self::Manpages { .. } => Ok(()),
         }
     }
 }
@@ -137,6 +151,18 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     cli.command.validate()?;
     if let Command::Audit(a) = &cli.command {
         return audit::run(a, cli.json);
+    }
+    // Neither needs the daemon.
+    if let Command::Completion { shell } = &cli.command {
+        use clap::CommandFactory;
+        docs::completion(Cli::command(), *shell, &mut std::io::stdout().lock());
+        return Ok(());
+    }
+    if let Command::Manpages { dir } = &cli.command {
+        use clap::CommandFactory;
+        let written = docs::manpages(Cli::command(), dir)?;
+        println!("{} man pages written to {}", written.len(), dir.display());
+        return Ok(());
     }
     if let Command::Doctor { containerd_config } = &cli.command {
         // Needs no daemon: the socket is one of the things it inspects.
@@ -166,7 +192,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Quota(cmd) => admin::quota(&mut daemon, cmd, json).await,
         Command::Reload => admin::reload(&mut daemon, json).await,
         Command::Audit(_) => Ok(()),
-        Command::Doctor { .. } => Ok(()),
+        Command::Doctor { .. } | Command::Completion { .. } | Command::Manpages { .. } => Ok(()),
     }
 }
 
@@ -212,6 +238,41 @@ mod tests {
         assert!(cli.json);
         let cli = Cli::try_parse_from(["tessera", "--json", "gpus"]).unwrap();
         assert!(cli.json);
+    }
+
+    #[test]
+    fn bash_completion_knows_the_subcommands_and_their_flags() {
+        let mut out = Vec::new();
+        docs::completion(Cli::command(), clap_complete::Shell::Bash, &mut out);
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.contains("complete -F _tessera"), "{text}");
+        for word in ["lease", "create", "release", "--tenant", "--mig", "doctor"] {
+            assert!(text.contains(word), "{word} missing");
+        }
+    }
+
+    #[test]
+    fn man_pages_cover_every_subcommand() {
+        let dir = tempfile::tempdir().unwrap();
+        let written = docs::manpages(Cli::command(), dir.path()).unwrap();
+        let names: Vec<String> = written
+            .iter()
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        for want in [
+            "tessera.1",
+            "tessera-lease.1",
+            "tessera-lease-create.1",
+            "tessera-doctor.1",
+        ] {
+            assert!(names.iter().any(|n| n == want), "{want} not in {names:?}");
+        }
+        let create = std::fs::read_to_string(dir.path().join("tessera-lease-create.1")).unwrap();
+        assert!(
+            create.starts_with(".ie") || create.contains(".TH"),
+            "{create}"
+        );
+        assert!(create.contains("tenant"), "{create}");
     }
 
     #[test]

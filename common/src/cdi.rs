@@ -7,9 +7,11 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-/// The CDI version the specs declare (device nodes, mounts and env: 0.3.0 has
-/// them all; 0.6.0 is what current runtimes read).
-pub const CDI_VERSION: &str = "0.6.0";
+/// The CDI version the specs declare: the oldest that has everything they use
+/// (device nodes with host paths, mounts, env: 0.5.0). A reader takes every version up
+/// to its own, and older readers refuse newer specs: Debian 12's podman 4.3 reads
+/// 0.5.0 at most.
+pub const CDI_VERSION: &str = "0.5.0";
 
 #[derive(Debug, thiserror::Error)]
 pub enum CdiError {

@@ -84,6 +84,16 @@ pub struct Config {
     pub audit: AuditConfig,
     pub health: HealthConfig,
     pub kubernetes: KubernetesConfig,
+    pub cdi: CdiConfig,
+}
+
+/// `[cdi]`: a CDI spec for every active lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CdiConfig {
+    /// Write them (default: when `dir` exists at start).
+    pub enabled: bool,
+    /// Where (default /var/run/cdi, where podman and containerd look).
+    pub dir: PathBuf,
 }
 
 /// What happens to leases on a GPU (or MIG instance) that goes unhealthy.
@@ -156,6 +166,9 @@ pub struct AuthConfig {
     /// Rules in order; the first match wins. uid 0 is always admin.
     pub principals: Vec<PrincipalRule>,
     pub tls: Option<TlsConfig>,
+    /// The process whose mount and PID namespaces are the host's (default 1, init):
+    /// a caller in other namespaces is inside a container.
+    pub host_pid: i32,
 }
 
 /// Amounts counted against quotas.
@@ -315,6 +328,8 @@ struct RawConfig {
     health: RawHealth,
     #[serde(default)]
     kubernetes: kubernetes::RawKubernetes,
+    #[serde(default)]
+    cdi: RawCdi,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -323,6 +338,7 @@ struct RawAuth {
     #[serde(default)]
     principals: Vec<RawPrincipal>,
     tls: Option<RawTls>,
+    host_pid: Option<i32>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -398,6 +414,13 @@ struct RawHealth {
 struct RawMetrics {
     listen: Option<String>,
     allow_remote: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCdi {
+    enabled: Option<bool>,
+    dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -711,6 +734,14 @@ impl Config {
             allow_remote,
         };
         let kubernetes = kubernetes::validate_kubernetes(&v, raw.kubernetes, &tenancy, &lease)?;
+        let cdi_dir = raw.cdi.dir.unwrap_or_else(|| PathBuf::from("/var/run/cdi"));
+        if !cdi_dir.is_absolute() {
+            return Err(v.err("cdi.dir", format!("{} is not absolute", cdi_dir.display())));
+        }
+        let cdi = CdiConfig {
+            enabled: raw.cdi.enabled.unwrap_or_else(|| cdi_dir.is_dir()),
+            dir: cdi_dir,
+        };
 
         Ok(Config {
             path: path.to_path_buf(),
@@ -726,6 +757,7 @@ impl Config {
             metrics,
             health,
             kubernetes,
+            cdi,
         })
     }
 }
@@ -792,7 +824,18 @@ fn validate_auth(v: &Validator<'_>, raw: RawAuth) -> Result<AuthConfig, ConfigEr
             })
         }
     };
-    Ok(AuthConfig { principals, tls })
+    let host_pid = raw.host_pid.unwrap_or(1);
+    if host_pid < 1 {
+        return Err(v.err(
+            "auth.host_pid",
+            format!("{host_pid} is not a pid (1 or more)"),
+        ));
+    }
+    Ok(AuthConfig {
+        principals,
+        tls,
+        host_pid,
+    })
 }
 
 fn validate_tenancy(

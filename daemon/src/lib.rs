@@ -2,6 +2,7 @@
 
 pub mod api;
 pub mod audit;
+pub mod cdi;
 pub mod config;
 pub mod gpu;
 pub mod host;

@@ -404,12 +404,14 @@ async fn run(
             .context("opening the audit log")?,
     );
     info!(audit = %audit.path().display(), "audit log opened");
+    tesserad::api::auth::set_host_pid(cfg.auth.host_pid);
     let auth = Arc::new(Authenticator::new(cfg.auth.principals.clone()));
     if cfg.tenancy.tenants.is_empty() {
         warn!("no [tenants] configured: quotas are off, every tenant may use any free capacity");
     }
     let metrics_listen = cfg.metrics.listen;
     let kubernetes = cfg.kubernetes.clone();
+    let cdi = cfg.cdi.clone();
     // The hardware is touched from here on (reconcile, static layout).
     let mgr = LeaseManager::start(cfg, backend, store.clone())?;
     // The device plugin's reservations are leases: made before anything is served.
@@ -458,6 +460,11 @@ async fn run(
     ));
     // The handle the API service records calls and admissions on.
     let metrics = tesserad::metrics::spawn(metrics_listen, mgr.clone(), stop_rx.clone()).await?;
+    if cdi.enabled {
+        tokio::spawn(tesserad::cdi::run(mgr.clone(), cdi, stop_rx.clone()));
+    } else {
+        info!(dir = %cdi.dir.display(), "cdi: no per-lease specs ([cdi] enabled = false, or the directory is absent)");
+    }
     let service = TesseraService::new(mgr.clone(), auth, Some(audit), Some(metrics));
     let plugin_task = device_plugin.map(|p| {
         let on_reload = p.clone();

@@ -25,6 +25,7 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use tracing::{info, warn};
 
@@ -40,6 +41,11 @@ pub const MAX_REASON_LABELS: usize = 64;
 const MAX_LABEL_LEN: usize = 64;
 
 type Labels = Vec<(&'static str, String)>;
+
+/// API call latency buckets: 0.25 ms to about 8 s, doubling.
+fn latency_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.000_25, 2.0, 16))
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum MetricsError {
@@ -112,6 +118,7 @@ pub struct Metrics {
     api_calls: Family<Labels, Counter>,
     admissions: Family<Labels, Counter>,
     lease_events: Family<Labels, Counter>,
+    api_latency: Family<Labels, Histogram, fn() -> Histogram>,
     audit_failures: Counter,
     tenants: Arc<LabelCap>,
     reasons: LabelCap,
@@ -128,6 +135,14 @@ impl Metrics {
             api_calls.clone(),
         );
         let admissions = Family::<Labels, Counter>::default();
+        // Exported from the start at 0, so rate() and the dashboard see the series
+        // before the first container is admitted.
+        admissions
+            .get_or_create(&vec![
+                ("result", "admitted".into()),
+                ("reason", String::new()),
+            ])
+            .inc_by(0);
         registry.register(
             "runtime_admissions",
             "Container admissions reported by tessera-runtime, by result and refusal reason",
@@ -138,6 +153,13 @@ impl Metrics {
             "lease_events",
             "Lease lifecycle events (created, released, expired, revoked, revoking, preempting) by tenant and shape",
             lease_events.clone(),
+        );
+        let api_latency: Family<Labels, Histogram, fn() -> Histogram> =
+            Family::new_with_constructor(latency_histogram);
+        registry.register(
+            "api_call_duration_seconds",
+            "Time from a gRPC request's arrival to its response headers, by RPC (a stream's first answer for WatchLeases)",
+            api_latency.clone(),
         );
         let audit_failures = Counter::default();
         registry.register(
@@ -150,6 +172,7 @@ impl Metrics {
             registry.register_collector(Box::new(NodeCollector {
                 mgr,
                 tenants: tenants.clone(),
+                since_ms: tessera_common::clock::now_ms(),
             }));
         }
         Metrics {
@@ -157,10 +180,19 @@ impl Metrics {
             api_calls,
             admissions,
             lease_events,
+            api_latency,
             audit_failures,
             tenants,
             reasons: LabelCap::new(MAX_REASON_LABELS),
         }
+    }
+
+    /// Observe how long one API call took (`rpc` is one of the API's method names,
+    /// or "other").
+    pub fn record_latency(&self, rpc: &'static str, seconds: f64) {
+        self.api_latency
+            .get_or_create(&vec![("rpc", rpc.to_string())])
+            .observe(seconds);
     }
 
     /// Count one audit record that could not be written.
@@ -335,6 +367,46 @@ pub async fn spawn(
 struct NodeCollector {
     mgr: Arc<LeaseManager>,
     tenants: Arc<LabelCap>,
+    /// When the collector was made (the daemon's start): usage counters count from here.
+    since_ms: i64,
+}
+
+/// A family of f64 counters computed at scrape time.
+fn counter_family(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    values: BTreeMap<Labels, f64>,
+) -> Result<(), std::fmt::Error> {
+    let family = Family::<Labels, Counter<f64>>::default();
+    for (labels, v) in values {
+        family.get_or_create(&labels).inc_by(v);
+    }
+    let e = encoder.encode_descriptor(name, help, None, family.metric_type())?;
+    family.encode(e)
+}
+
+/// One quota resource's amounts as label value and number.
+fn quota_amounts(a: &crate::config::Amounts) -> [(&'static str, i64); 4] {
+    [
+        ("mig_slices", i64::from(a.mig_slices)),
+        ("mps_sm_percent", i64::from(a.mps_sm_percent)),
+        (
+            "memory_bytes",
+            i64::try_from(a.memory_bytes).unwrap_or(i64::MAX),
+        ),
+        ("whole_gpus", i64::from(a.whole_gpus)),
+    ]
+}
+
+/// The state directory's file system: (bytes available to the daemon, size).
+fn state_filesystem(dir: &std::path::Path) -> Option<(u64, u64)> {
+    let st = nix::sys::statvfs::statvfs(dir).ok()?;
+    let frsize = st.fragment_size() as u64;
+    Some((
+        (st.blocks_available() as u64).saturating_mul(frsize),
+        (st.blocks() as u64).saturating_mul(frsize),
+    ))
 }
 
 fn gauge_family(
@@ -349,6 +421,110 @@ fn gauge_family(
     }
     let e = encoder.encode_descriptor(name, help, None, family.metric_type())?;
     family.encode(e)
+}
+
+impl NodeCollector {
+    /// Each configured tenant's quota: what its live leases use, and its guaranteed
+    /// and burst amounts (burst includes active temporary grants). Tenants come from
+    /// the config, so the label is bounded by it.
+    fn encode_tenancy(&self, encoder: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let tenancy = self.mgr.tenancy();
+        let mut used = BTreeMap::new();
+        let mut limit = BTreeMap::new();
+        for (name, q) in &tenancy.tenants {
+            let (_, in_use, extra, _) = self.mgr.quota_of(name);
+            let tenant = crate::names::truncate(name, MAX_LABEL_LEN);
+            for (resource, v) in quota_amounts(&in_use) {
+                used.insert(
+                    vec![("tenant", tenant.clone()), ("resource", resource.into())],
+                    v,
+                );
+            }
+            let burst = crate::lease::quota::add(q.burst, extra);
+            for (kind, amounts) in [("guaranteed", &q.guaranteed), ("burst", &burst)] {
+                for (resource, v) in quota_amounts(amounts) {
+                    limit.insert(
+                        vec![
+                            ("tenant", tenant.clone()),
+                            ("resource", resource.into()),
+                            ("kind", kind.into()),
+                        ],
+                        v,
+                    );
+                }
+            }
+        }
+        gauge_family(
+            encoder,
+            "tenant_quota_used",
+            "What a configured tenant's live leases use, by resource (mig_slices, mps_sm_percent, memory_bytes, whole_gpus)",
+            used,
+        )?;
+        gauge_family(
+            encoder,
+            "tenant_quota_limit",
+            "A configured tenant's quota by resource and kind (guaranteed; burst, temporary grants included)",
+            limit,
+        )
+    }
+
+    /// Partition-seconds per tenant since the daemon started, as GetUsage counts them
+    /// (counters: they restart from zero with the daemon).
+    fn encode_usage(&self, encoder: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Ok(usage) = self.mgr.usage(None, self.since_ms, 0) else {
+            return Ok(());
+        };
+        let mut per: [BTreeMap<Labels, f64>; 5] = Default::default();
+        for u in usage {
+            let labels = vec![("tenant", self.tenants.label(&u.tenant))];
+            // One GPU's worth: a whole GPU, 7 MIG compute slices, 100 % of the SMs.
+            let gpu_seconds =
+                u.whole_gpu_seconds + u.mig_slice_seconds / 7.0 + u.mps_sm_percent_seconds / 100.0;
+            for (i, v) in [
+                gpu_seconds,
+                u.whole_gpu_seconds,
+                u.mig_slice_seconds,
+                u.mps_sm_percent_seconds,
+                u.memory_gib_seconds,
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                *per[i].entry(labels.clone()).or_default() += v;
+            }
+        }
+        let [gpu, whole, mig, mps, mem] = per;
+        counter_family(
+            encoder,
+            "usage_gpu_seconds",
+            "GPU-seconds per tenant since the daemon started: whole GPUs, plus MIG compute slices / 7, plus MPS SM percent / 100",
+            gpu,
+        )?;
+        counter_family(
+            encoder,
+            "usage_whole_gpu_seconds",
+            "Whole-GPU lease seconds per tenant since the daemon started",
+            whole,
+        )?;
+        counter_family(
+            encoder,
+            "usage_mig_slice_seconds",
+            "MIG compute-slice seconds (of 7 per GPU) per tenant since the daemon started",
+            mig,
+        )?;
+        counter_family(
+            encoder,
+            "usage_mps_sm_percent_seconds",
+            "MPS SM-percent seconds (100 = one GPU's SMs) per tenant since the daemon started",
+            mps,
+        )?;
+        counter_family(
+            encoder,
+            "usage_memory_gib_seconds",
+            "Partition memory GiB-seconds per tenant since the daemon started",
+            mem,
+        )
+    }
 }
 
 impl Collector for NodeCollector {
@@ -552,6 +728,27 @@ impl Collector for NodeCollector {
             "Per MIG instance: device memory used by its processes, from NVML",
             mig_mem,
         )?;
+        self.encode_tenancy(&mut encoder)?;
+        self.encode_usage(&mut encoder)?;
+        if let Some((avail, size)) = state_filesystem(&self.mgr.config().daemon.state_dir) {
+            for (name, help, v) in [
+                (
+                    "state_filesystem_avail_bytes",
+                    "Bytes available to the daemon on the file system of its state directory (the lease store, the audit log)",
+                    avail,
+                ),
+                (
+                    "state_filesystem_size_bytes",
+                    "Size of the file system of the daemon's state directory",
+                    size,
+                ),
+            ] {
+                let g = Gauge::<i64>::default();
+                g.set(i64::try_from(v).unwrap_or(i64::MAX));
+                let e = encoder.encode_descriptor(name, help, None, g.metric_type())?;
+                g.encode(e)?;
+            }
+        }
         // One value, no labels: a plain gauge (a family would print `name{} 0`).
         let depth = Gauge::<i64>::default();
         depth.set(i64::try_from(self.mgr.queued_requests()).unwrap_or(i64::MAX));

@@ -24,6 +24,7 @@ const LAYERS: &[&str] = &[
     "usage",     // GPU-seconds accounting through the store
     "lease",     // the lease core
     "audit",     // the audit log
+    "cdi",       // a CDI spec per active lease (a client of lease)
     "metrics",   // Prometheus
     "api",       // tonic, proto, status mapping
     "k8s",       // kubelet device plugin: tonic and kubelet's protos (uses api's unix transport)

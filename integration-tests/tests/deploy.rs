@@ -73,6 +73,19 @@ fn the_daemonset_mounts_kubelet_and_tessera_host_paths_and_is_privileged_only_wh
         assert_eq!(c["securityContext"]["allowPrivilegeEscalation"], false);
     }
     assert_eq!(spec["automountServiceAccountToken"], false);
+    // Callers are identified by their pid: the host's PID namespace.
+    assert_eq!(spec["hostPID"], true);
+    // The init container's command is the image's own installer (deploy/image).
+    let init = &spec["initContainers"][0];
+    let cmd = init["command"][0].as_str().unwrap();
+    let installer = cmd.rsplit('/').next().unwrap();
+    assert!(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../deploy/image")
+            .join(installer)
+            .is_file(),
+        "the init container runs {cmd}, which the image does not have"
+    );
     assert_eq!(
         spec["nodeSelector"]["tessera.io/node"],
         manifest("runtimeclass.yaml")["scheduling"]["nodeSelector"]["tessera.io/node"]
@@ -126,6 +139,13 @@ fn pods_asking_for_tessera_resources_must_use_the_runtime_class() {
         .as_str()
         .unwrap();
     assert!(rule.contains("runtimeClassName == 'tessera'"), "{rule}");
+    // CDI devices named in pod annotations (containerd injects them) count too.
+    assert!(rule.contains("variables.asksTesseraCdi"), "{rule}");
+    let vars = serde_json::to_string(&docs[0]["spec"]["variables"]).unwrap();
+    assert!(
+        vars.contains("cdi.k8s.io/") && vars.contains("tessera.io/"),
+        "{vars}"
+    );
     assert_eq!(docs[1]["spec"]["policyName"], docs[0]["metadata"]["name"]);
     assert_eq!(docs[1]["spec"]["validationActions"][0], "Deny");
 }

@@ -249,7 +249,11 @@ fn parse_exposition(text: &str) -> BTreeMap<String, f64> {
         let value: f64 = value.parse().unwrap_or_else(|_| panic!("value in {line}"));
         let name = series.split('{').next().unwrap();
         assert!(valid_name(name), "{line}");
-        let family = name.strip_suffix("_total").unwrap_or(name);
+        // Counters' samples end in _total, histograms' in _bucket, _count and _sum.
+        let family = ["_total", "_bucket", "_count", "_sum"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s).filter(|f| families.contains(*f)))
+            .unwrap_or(name);
         assert!(
             families.contains(family) || families.contains(name),
             "sample without TYPE: {line}"

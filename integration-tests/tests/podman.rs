@@ -13,7 +13,7 @@
 #[path = "../../runtime-shim/tests/common/mod.rs"]
 mod common;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use tessera_integration_tests::{DEV_GPUS, TestDaemon, create_req, devnodes, rt, shape};
@@ -30,6 +30,11 @@ struct World {
 
 impl World {
     fn new() -> Option<World> {
+        Self::with_config("")
+    }
+
+    /// A world whose daemon's config has `extra` too.
+    fn with_config(extra: &str) -> Option<World> {
         if !common::can_run_as_root(
             "podman end-to-end",
             &["podman", "conmon", "runc", "busybox", "cc"],
@@ -46,7 +51,7 @@ impl World {
         let daemon = TestDaemon::start_with(
             DEV_GPUS,
             &format!(
-                "[devices]\ndev_root = {dev:?}\n[lease]\nmin_ttl = \"1s\"\nrevocation_grace = \"1s\"\n"
+                "[devices]\ndev_root = {dev:?}\n[lease]\nmin_ttl = \"1s\"\nrevocation_grace = \"1s\"\n{extra}"
             ),
         )
         .unwrap();
@@ -371,4 +376,113 @@ fn podman_privileged_and_unknown_tokens_are_refused_in_one_clear_line_and_leave_
         "",
         "podman kept a container"
     );
+}
+
+/// `podman run --device tessera.io/lease=<id>`: the daemon keeps a CDI spec for every
+/// active lease (`[cdi]`), podman injects it, and tessera-runtime takes the lease's
+/// own nodes and mounts as the lease's; a CDI device of another lease refuses. podman
+/// 4 reads CDI specs from /etc/cdi and /var/run/cdi only: the test's specs go there
+/// (each named by its lease id) and are gone when their leases end.
+#[test]
+fn podman_runs_a_container_by_the_leases_cdi_name() {
+    let cdi_dir = Path::new("/var/run/cdi");
+    let made_dir = !cdi_dir.exists();
+    let Some(w) = World::with_config("[cdi]\nenabled = true\ndir = \"/var/run/cdi\"\n") else {
+        return;
+    };
+    let spec_of = |id: &str| cdi_dir.join(format!("tessera.io-lease-{id}.json"));
+    let wait_for = |p: &Path, present: bool| {
+        for _ in 0..200 {
+            if p.exists() == present {
+                return true;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(25));
+        }
+        false
+    };
+    let (a, token) = w.lease(shape::mig("1g.10gb"));
+    let (b, _) = w.lease(shape::mig("1g.10gb"));
+    assert!(
+        wait_for(&spec_of(&a.id), true),
+        "no CDI spec for lease {}",
+        a.id
+    );
+    assert!(
+        wait_for(&spec_of(&b.id), true),
+        "no CDI spec for lease {}",
+        b.id
+    );
+    let part = a.partition.clone().unwrap();
+    let gpu = part.gpu_index;
+    let mig_uuid = part.mig.unwrap().mig_uuid;
+    let ann = format!("tessera.io/lease-token={token}");
+
+    let out = w.podman(&[
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        "--annotation",
+        &ann,
+        "--device",
+        &format!("tessera.io/lease={}", a.id),
+        IMAGE,
+        "sh",
+        "-c",
+        &format!("probe open /dev/nvidia{gpu}; echo CVD=$CUDA_VISIBLE_DEVICES"),
+    ]);
+    let t = text(&out);
+    let result = std::panic::catch_unwind(|| {
+        assert!(
+            out.status.success(),
+            "podman run --device tessera.io/lease=ID: {t}"
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        for want in [
+            format!("open /dev/nvidia{gpu} errno=6"),
+            format!("CVD={mig_uuid}"),
+        ] {
+            assert!(has_line(&stdout, &want), "missing {want:?}: {t}");
+        }
+    });
+    // Another lease's CDI device with this lease's token: refused, nothing runs.
+    let other = w.podman(&[
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        "--annotation",
+        &ann,
+        "--device",
+        &format!("tessera.io/lease={}", b.id),
+        IMAGE,
+        "true",
+    ]);
+    // The spec goes with its lease.
+    rt().block_on(async {
+        let mut c = w.daemon.client().await.unwrap();
+        c.release_lease(tpb::ReleaseLeaseRequest {
+            lease_id: a.id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    });
+    let removed = wait_for(&spec_of(&a.id), false);
+    drop(w);
+    if made_dir {
+        // Leases of the world's daemon that outlived it keep no spec either.
+        let _ = std::fs::remove_file(spec_of(&b.id));
+        let _ = std::fs::remove_dir(cdi_dir);
+    }
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
+    let t = text(&other);
+    assert!(
+        !other.status.success(),
+        "another lease's CDI device ran: {t}"
+    );
+    assert!(t.contains("GPU device node"), "{t}");
+    assert!(removed, "the released lease's CDI spec is still there");
 }

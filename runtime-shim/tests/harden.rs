@@ -880,3 +880,98 @@ fn a_lease_bound_to_a_pod_serves_only_that_pod() {
         );
     }
 }
+
+/// `podman run --device tessera.io/lease=<id>` (or containerd with CDI on) puts the
+/// lease's CDI spec into config.json before the runtime sees it: the lease's own
+/// nodes, device rules and mounts are accepted (and written again by the runtime);
+/// any other GPU node or rule still refuses.
+#[test]
+fn nodes_rules_and_mounts_a_leases_cdi_spec_injects_are_accepted_others_refused() {
+    let Some(mut fx) = Fixture::new(true) else {
+        return;
+    };
+    // The lease's MPS directory exists on a real host (the allowlist checks sources).
+    let pipe = fx.dir.path().join("mps-pipe");
+    std::fs::create_dir_all(&pipe).unwrap();
+    let lease = fx.lease.as_mut().unwrap();
+    lease.mounts[0].source = pipe.to_string_lossy().into_owned();
+    let mps = lease.mounts[0].clone();
+    let mut spec = common::base_spec(&["sh"]);
+    spec["linux"]["devices"] = json!([
+        {"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0, "fileMode": 438, "uid": 0, "gid": 0},
+        {"path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255, "fileMode": 438, "uid": 0, "gid": 0},
+    ]);
+    spec["linux"]["resources"]["devices"] = json!([
+        {"allow": false, "access": "rwm"},
+        {"allow": true, "type": "c", "major": 195, "minor": 0, "access": "rwm"},
+        {"allow": true, "type": "c", "major": 195, "minor": 255, "access": "rw"},
+    ]);
+    spec["mounts"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"destination": mps.destination, "type": "bind", "source": mps.source, "options": ["rbind", "rw"]}));
+    let d = fx.harden(spec.clone());
+    assert!(d.admitted, "{:?}", d.reasons);
+    assert!(
+        d.notes
+            .iter()
+            .filter(|n| n.contains("the lease's CDI spec"))
+            .count()
+            == 5,
+        "{:?}",
+        d.notes
+    );
+    let full = d.full_spec();
+    let nodes: Vec<(&str, i64)> = full["linux"]["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| (n["path"].as_str().unwrap(), n["minor"].as_i64().unwrap()))
+        .collect();
+    assert_eq!(nodes, vec![("/dev/nvidia0", 0), ("/dev/nvidiactl", 255)]);
+    let mps_mounts = full["mounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["destination"] == json!(mps.destination))
+        .count();
+    assert_eq!(
+        mps_mounts, 1,
+        "the lease's mount is made once, by the runtime"
+    );
+
+    // Another GPU's node, under the lease's path or its own: refused.
+    for (node, why) in [
+        (
+            json!({"path": "/dev/nvidia1", "type": "c", "major": 195, "minor": 1}),
+            "GPU device node /dev/nvidia1 (195:1)",
+        ),
+        (
+            json!({"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 1}),
+            "GPU device node /dev/nvidia0 (195:1)",
+        ),
+    ] {
+        let mut s = spec.clone();
+        s["linux"]["devices"].as_array_mut().unwrap().push(node);
+        let d = fx.harden(s);
+        assert!(!d.admitted);
+        assert!(d.reasons.iter().any(|r| r.contains(why)), "{:?}", d.reasons);
+    }
+    // A rule for another GPU, or for every device: refused.
+    for rule in [
+        json!({"allow": true, "type": "c", "major": 195, "minor": 1, "access": "rwm"}),
+        json!({"allow": true, "type": "a", "access": "rwm"}),
+    ] {
+        let mut s = spec.clone();
+        s["linux"]["resources"]["devices"]
+            .as_array_mut()
+            .unwrap()
+            .push(rule);
+        assert!(!fx.harden(s).admitted);
+    }
+    // Without a lease the same nodes are anybody's GPU: refused.
+    let Some(bare) = Fixture::new(false) else {
+        return;
+    };
+    assert!(!bare.harden(spec).admitted);
+}

@@ -3,6 +3,7 @@
 //! config's `[[auth.principals]]` rules (first match wins). An unmapped caller gets
 //! PermissionDenied. uid 0 and the daemon's own uid are always admin.
 
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
 
 use tonic::transport::server::UdsConnectInfo;
@@ -179,25 +180,50 @@ pub fn caller_of<T>(req: &Request<T>) -> Caller {
     Caller::Unknown
 }
 
-/// Whether process `pid` shares the daemon's mount and PID namespaces (and so is not
-/// inside a container). False when it cannot be told (the process is gone).
+/// Whether process `pid` is on the host: it shares the mount and PID namespaces of
+/// the host's init (PID 1 as the daemon sees it, or `[auth] host_pid`), and so is not
+/// inside a container.
+/// False when it cannot be told (the process is gone).
+///
+/// The host is init's namespaces, not the daemon's own: systemd runs tesserad in a
+/// mount namespace of its own (`ProtectSystem=strict`), and the DaemonSet runs it in a
+/// pod's (with `hostPID`, PID 1 is the host's init). Where init's namespaces cannot be
+/// read, the daemon's own stand in.
 pub fn in_host_namespaces(pid: i32) -> bool {
+    in_namespaces_of(HOST_PID.load(Ordering::Relaxed), pid)
+}
+
+/// The process whose namespaces are the host's (`[auth] host_pid`, default 1).
+static HOST_PID: AtomicI32 = AtomicI32::new(1);
+
+/// Set `[auth] host_pid` before the first caller is identified (the daemon's start).
+pub fn set_host_pid(pid: i32) {
+    HOST_PID.store(pid, Ordering::Relaxed);
+}
+
+fn in_namespaces_of(host_pid: i32, pid: i32) -> bool {
     use std::os::unix::fs::MetadataExt;
     const NAMESPACES: [&str; 2] = ["mnt", "pid"];
     let id = |p: String| std::fs::metadata(p).map(|m| (m.dev(), m.ino()));
-    // The daemon's own namespaces do not change: read once (a failed read is not
-    // kept, and nothing is trusted while it fails).
-    static OWN: OnceLock<[(u64, u64); 2]> = OnceLock::new();
-    let own = match OWN.get() {
-        Some(own) => *own,
+    // The host's namespaces do not change: read once (a failed read is not kept, and
+    // nothing is trusted while it fails).
+    static HOST: OnceLock<[(u64, u64); 2]> = OnceLock::new();
+    let host = match HOST.get() {
+        Some(host) => *host,
         None => {
-            let read = |ns: &str| id(format!("/proc/self/ns/{ns}"));
-            match (read(NAMESPACES[0]), read(NAMESPACES[1])) {
-                (Ok(mnt), Ok(pid)) => *OWN.get_or_init(|| [mnt, pid]),
-                _ => return false,
+            let read = |proc: &str| {
+                Some([
+                    id(format!("/proc/{proc}/ns/{}", NAMESPACES[0])).ok()?,
+                    id(format!("/proc/{proc}/ns/{}", NAMESPACES[1])).ok()?,
+                ])
+            };
+            match read(&host_pid.to_string()).or_else(|| read("self")) {
+                Some(ns) => *HOST.get_or_init(|| ns),
+                None => return false,
             }
         }
     };
+    let own = host;
     NAMESPACES
         .iter()
         .zip(own)
@@ -453,7 +479,7 @@ mod tests {
             a.identify(&contained(1000, 1000, vec![])).unwrap().tenant(),
             Some("team-a")
         );
-        // This test process shares the daemon's namespaces with itself.
+        // This test process runs on the host: in the namespaces of PID 1.
         assert!(in_host_namespaces(std::process::id() as i32));
         assert!(
             !in_host_namespaces(i32::MAX),

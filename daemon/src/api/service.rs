@@ -22,6 +22,7 @@ use crate::lease::{CreateRequest, HealthSource, LeaseError, LeaseManager};
 use crate::model::ContainerBinding;
 use tessera_common::clock::now_ms;
 
+pub mod timing;
 pub mod uds_authority;
 
 /// Largest request the daemon decodes (a lease request is a few hundred bytes).
@@ -1084,9 +1085,11 @@ async fn router(service: TesseraService) -> Result<tonic::service::Routes, Serve
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()
         .map_err(|e| ServeError::Reflection(e.to_string()))?;
-    Ok(tonic::service::Routes::new(health_service)
-        .add_service(reflection)
-        .add_service(service.into_server()))
+    let routes = tonic::service::Routes::new(health_service).add_service(reflection);
+    Ok(match service.metrics.clone() {
+        Some(m) => routes.add_service(timing::Timed::new(service.into_server(), m)),
+        None => routes.add_service(service.into_server()),
+    })
 }
 
 /// The start of tonic's answer to a request over the decode limit.

@@ -19,10 +19,9 @@
 //!   are released or added ([`mix::plan`]).
 //!
 //! `kubelet.rs` serves one socket per resource and registers it (again when kubelet
-//! restarts); `service.rs` is the DevicePlugin gRPC service; `cdi.rs` writes the
+//! restarts); `service.rs` is the DevicePlugin gRPC service; `crate::cdi` writes the
 //! per-lease CDI specs.
 
-mod cdi;
 mod kubelet;
 pub mod mix;
 mod service;
@@ -41,12 +40,12 @@ use crate::lease::{CreateRequest, LeaseError, LeaseManager};
 use crate::model::{Lease, LeaseState};
 use crate::store::{K8sDevice, Store, StoreError};
 
-pub use cdi::{CdiError, NvidiaCdi};
+use crate::cdi;
+pub use crate::cdi::{CDI_KIND, CdiError, NvidiaCdi};
 
 /// The annotation tessera-runtime reads the lease token from.
 pub const TOKEN_ANNOTATION: &str = "tessera.io/lease-token";
 /// The CDI kind of the per-lease specs.
-pub const CDI_KIND: &str = "tessera.io/lease";
 /// Labels the plugin puts on its leases.
 pub use crate::names::{
     LABEL_K8S_CLASS as LABEL_CLASS, LABEL_K8S_NAMESPACE as LABEL_NAMESPACE,

@@ -62,10 +62,28 @@ impl LeaseManager {
             return Err(not_found());
         }
         let h = token::hash(tok);
+        let lid = self.lock().tokens.get(&h).cloned().ok_or_else(not_found)?;
+        self.resolve(&lid, true, not_found)
+    }
+
+    /// What a container on live lease `id` gets (device nodes, env, mounts), as
+    /// ResolveToken answers it, without holding the lease: a view (its CDI spec), so
+    /// the lease may still move while no runtime has asked for its devices.
+    pub fn view_devices(&self, id: &str) -> Result<Resolved, LeaseError> {
+        self.resolve(id, false, || LeaseError::NotFound(format!("lease {id}")))
+    }
+
+    /// Resolve lease `lid`; `hold`: a runtime now holds its devices, so it never
+    /// moves again.
+    fn resolve(
+        &self,
+        lid: &str,
+        hold: bool,
+        not_found: impl Fn() -> LeaseError,
+    ) -> Result<Resolved, LeaseError> {
         let (lease, partition, gpu, host) = {
             let mut st = self.lock();
-            let lid = st.tokens.get(&h).ok_or_else(not_found)?;
-            let lease = st.leases.get(lid).cloned().ok_or_else(not_found)?;
+            let lease = st.leases.get(lid).cloned().ok_or_else(&not_found)?;
             if st.moving.contains(&lease.id) {
                 return Err(LeaseError::FailedPrecondition(format!(
                     "lease {} is being moved to another MIG placement; retry in a moment",
@@ -86,7 +104,9 @@ impl LeaseManager {
                     let gpu = gpu_of(&st, &p)?;
                     each.push((p, gpu));
                 }
-                st.resolved.insert(lease.id.clone());
+                if hold {
+                    st.resolved.insert(lease.id.clone());
+                }
                 drop(st);
                 return self.resolve_several(&lease, each);
             }
@@ -115,8 +135,10 @@ impl LeaseManager {
                 })?),
                 None => None,
             };
-            // A runtime now holds these devices: the lease never moves again.
-            st.resolved.insert(lease.id.clone());
+            if hold {
+                // A runtime now holds these devices: the lease never moves again.
+                st.resolved.insert(lease.id.clone());
+            }
             (lease, partition, gpu, host)
         };
         let device = host.as_ref().unwrap_or(&partition);

@@ -5,6 +5,7 @@
 pub mod allowlist;
 pub mod apparmor;
 pub mod caps;
+pub mod cdi;
 pub mod cgroups;
 pub mod devices;
 pub mod exec;
@@ -619,6 +620,7 @@ pub fn harden(mut spec: Value, ctx: &Context) -> Decision {
     if let Err(e) = find_token(&spec) {
         f.refuse(e);
     }
+    cdi::strip_lease_edits(&mut spec, ctx, &mut f);
     let ident = identity::identify(&spec, ctx, &mut f);
     check_tenant_binding(&ident, ctx, &mut f);
     check_lease_pod(&ident, ctx, &mut f);

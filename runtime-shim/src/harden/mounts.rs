@@ -100,7 +100,10 @@ fn is_bind(ty: &str, options: &[String]) -> bool {
 /// spec when the host has one (its mounts only: never its hooks, device nodes or
 /// env; the lease gives the devices), else the configured `driver_libraries`. A spec
 /// that exists but cannot be read, parsed or trusted refuses the container.
-fn driver_files(config: &crate::config::RuntimeConfig, f: &mut Findings) -> Vec<DriverLibrary> {
+pub(crate) fn driver_files(
+    config: &crate::config::RuntimeConfig,
+    f: &mut Findings,
+) -> Vec<DriverLibrary> {
     let candidates = match &config.nvidia_cdi_specs {
         Some(list) => list.clone(),
         None => tessera_common::cdi::nvidia_spec_paths(),
