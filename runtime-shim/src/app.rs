@@ -265,8 +265,24 @@ fn preserved_fd_ok(fd: i32) -> Result<(), String> {
             .write(true)
             .open("/dev/null")
             .map_err(|e| format!("--preserve-fds: /dev/null: {e}"))?;
+        if null.as_raw_fd() == fd {
+            // Opened on that very number (the lowest free one): kept open, and
+            // inherited by runc.
+            use std::os::fd::IntoRawFd;
+            let raw = null.into_raw_fd();
+            // SAFETY: F_SETFD only clears the close-on-exec flag of a descriptor this
+            // process just opened and keeps.
+            if unsafe { libc::fcntl(raw, libc::F_SETFD, 0) } < 0 {
+                return Err(format!(
+                    "--preserve-fds: fd {fd}: {}",
+                    std::io::Error::last_os_error()
+                ));
+            }
+            return Ok(());
+        }
         // SAFETY: dup2 onto a descriptor number that is not open; `null` stays
-        // valid for the call and is closed after (the copy stays).
+        // valid for the call and is closed after (the copy, without close-on-exec,
+        // stays).
         if unsafe { libc::dup2(null.as_raw_fd(), fd) } < 0 {
             return Err(format!(
                 "--preserve-fds: fd {fd}: {}",

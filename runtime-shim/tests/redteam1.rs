@@ -602,10 +602,17 @@ fn f6_a_preserved_fd_is_never_a_host_directory() {
             .args(["--root", env.root.to_str().unwrap()])
             .args(["exec", "--preserve-fds", "1", "v6", "sh", "-c", script])
             .stdin(Stdio::null());
-        // SAFETY: dup2 between fork and exec only puts the test's descriptor on fd 3.
+        // SAFETY: dup2 (or, where the descriptor is fd 3 already, fcntl clearing its
+        // close-on-exec flag) between fork and exec only puts the test's descriptor on
+        // fd 3 for the runtime.
         unsafe {
             cmd.pre_exec(move || {
-                if libc::dup2(raw, 3) < 0 {
+                let rc = if raw == 3 {
+                    libc::fcntl(3, libc::F_SETFD, 0)
+                } else {
+                    libc::dup2(raw, 3)
+                };
+                if rc < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
                 Ok(())
@@ -629,10 +636,34 @@ fn f6_a_preserved_fd_is_never_a_host_directory() {
         "written on the host"
     );
     // A pipe is passed on: the container writes into it.
-    let (r, w) = nix::unistd::pipe().unwrap();
+    // Close-on-exec: no other test's child keeps the write end open.
+    let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
     let out = run_with_fd3(std::fs::File::from(w), "echo through-the-pipe >&3");
     assert!(out.status.success(), "{:?}", text(&out));
     let mut got = String::new();
     std::io::Read::read_to_string(&mut std::fs::File::from(r), &mut got).unwrap();
     assert_eq!(got.trim(), "through-the-pipe");
+    // A number not open is /dev/null in the container, never a file of the runtime's.
+    let mut cmd = Command::new(common::runtime_bin());
+    cmd.env("TESSERA_RUNTIME_CONFIG", &env.config)
+        .args(["--root", env.root.to_str().unwrap()])
+        .args([
+            "exec",
+            "--preserve-fds",
+            "1",
+            "v6",
+            "readlink",
+            "/proc/self/fd/3",
+        ])
+        .stdin(Stdio::null());
+    // SAFETY: close between fork and exec only closes fd 3 of the child.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            libc::close(3);
+            Ok(())
+        });
+    }
+    let out = cmd.output().unwrap();
+    assert!(out.status.success(), "{:?}", text(&out));
+    assert_eq!(text(&out).0.trim(), "/dev/null");
 }
