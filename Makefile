@@ -179,13 +179,13 @@ test: deps
 
 # The runtime as `make build` ships it: built statically, checked to have no program
 # interpreter, then the suites that run it for real (runc, passthrough, allowlist,
-# identity) run again on it.
+# identity, redteam1) run again on it.
 static-runtime-test:
 	$(STATIC_RUNTIME_BUILD)
 	@if readelf -l "$(RUNTIME_DIST)" | grep -q 'program interpreter'; then \
 	  echo "static-runtime-test: $(RUNTIME_DIST) is dynamically linked" >&2; exit 1; fi
 	TESSERA_TEST_RUNTIME="$(abspath $(RUNTIME_DIST))" \
-	  $(CARGO) test -p tessera-runtime --test runc --test passthrough --test allowlist --test identity
+	  $(CARGO) test -p tessera-runtime --test runc --test passthrough --test allowlist --test identity --test redteam1
 
 # The venv is rebuilt when the requirements change.
 $(PYVENV)/.installed: $(PYREQ)

@@ -139,6 +139,7 @@ async fn every_call(c: &mut Client, fx: &Fixture) -> Vec<Answer> {
     out.push(answer(
         c.unbind_container(pb::UnbindContainerRequest {
             container_id: "c-before".into(),
+            ..Default::default()
         })
         .await,
     ));

@@ -161,6 +161,7 @@ fn shared_leases_share_one_server_and_isolated_ones_get_their_own() {
         );
         c.unbind_container(pb::UnbindContainerRequest {
             container_id: "c-1".into(),
+            ..Default::default()
         })
         .await
         .unwrap();

@@ -216,7 +216,8 @@ fn every_rpc_for_every_principal_kind_is_allowed_or_permission_denied_as_documen
             probe!(
                 "UnbindContainer",
                 c.unbind_container(pb::UnbindContainerRequest {
-                    container_id: format!("ctr-{kind}")
+                    container_id: format!("ctr-{kind}"),
+                    ..Default::default()
                 })
             );
             probe!(

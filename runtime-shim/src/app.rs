@@ -62,6 +62,8 @@ struct Env {
     inv: Invocation,
     cfg: RuntimeConfig,
     log: RuncLog,
+    /// runc's `--root` (or its default), canonical where it exists ([`canonical_root`]).
+    root: String,
 }
 
 impl Env {
@@ -109,11 +111,22 @@ impl Env {
     }
 
     fn runtime_root(&self) -> String {
-        self.inv
-            .global
-            .root
-            .clone()
-            .unwrap_or_else(|| RUNC_DEFAULT_ROOT.to_string())
+        self.root.clone()
+    }
+
+    /// The plan to run runc for a create-like command, given the runtime's own bundle
+    /// directory in place of the caller's `--bundle`.
+    fn plan_own_bundle(&self, cmd: Command, sub: &SubArgs, own: &Path, keep: i32) -> Outcome {
+        let mut sub = sub.clone();
+        sub.flags.retain(|f| f.name != "bundle");
+        sub.flags.push(cli::FlagUse {
+            name: "bundle",
+            value: own.to_string_lossy().into_owned(),
+            index: 0,
+            value_index: None,
+        });
+        let args = self.inv.rebuilt_args(cmd, &sub, &[]);
+        self.plan_with_args(args, keep, None)
     }
 
     /// The plan to run runc with the argv the runtime rebuilt from what it parsed
@@ -173,14 +186,138 @@ pub fn check_runtime_binary(path: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// runc's `--root` as the runtime uses it and hands it to runc: absolute, with no `.`
+/// or `..` component, and where it exists, canonical (symlinks resolved once) with
+/// every directory from it up to `/` owned by root (or the caller) and writable by
+/// nobody else (a sticky directory excepted). A create makes a missing root first
+/// (0700, as runc would). Records are keyed by this path, so two spellings of one
+/// root are one root, and no spelling reaches a root through a missing directory.
+pub fn canonical_root(given: &str, create: bool) -> Result<String, String> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    if !given.starts_with('/') {
+        return Err(format!("--root {given:?} is not an absolute path"));
+    }
+    if given.split('/').any(|c| c == "." || c == "..") {
+        return Err(format!("--root {given:?} has a '.' or '..' component"));
+    }
+    let path = Path::new(given);
+    if std::fs::symlink_metadata(path).is_err() {
+        if !create {
+            // Nothing is there for runc to find; it says so itself.
+            return Ok(crate::harden::mounts::normalize(given));
+        }
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .recursive(true)
+            .create(path)
+            .map_err(|e| format!("--root {given}: {e}"))?;
+    }
+    let canon = std::fs::canonicalize(path).map_err(|e| format!("--root {given}: {e}"))?;
+    let euid = nix::unistd::geteuid().as_raw();
+    let mut cur = Some(canon.as_path());
+    while let Some(p) = cur {
+        let m = std::fs::symlink_metadata(p).map_err(|e| format!("--root {}: {e}", p.display()))?;
+        if !m.is_dir() {
+            return Err(format!("--root {}: not a directory", p.display()));
+        }
+        let sticky = m.mode() & 0o1000 != 0;
+        if (m.uid() != 0 && m.uid() != euid) || (m.mode() & 0o022 != 0 && !sticky) {
+            return Err(format!(
+                "--root {given}: {} may be changed by others than root (owner {}, mode {:o})",
+                p.display(),
+                m.uid(),
+                m.mode() & 0o7777
+            ));
+        }
+        cur = p.parent();
+    }
+    Ok(canon.to_string_lossy().into_owned())
+}
+
 fn preserve_fds(sub: &SubArgs) -> Result<i32, String> {
-    match sub.value("preserve-fds") {
-        None => Ok(0),
+    let n = match sub.value("preserve-fds") {
+        None => return Ok(0),
         Some(v) => v
             .parse::<i32>()
             .ok()
             .filter(|n| (0..=1024).contains(n))
-            .ok_or_else(|| format!("--preserve-fds {v:?} is not a small number")),
+            .ok_or_else(|| format!("--preserve-fds {v:?} is not a small number"))?,
+    };
+    for fd in 3..3 + n {
+        preserved_fd_ok(fd)?;
+    }
+    Ok(n)
+}
+
+/// A descriptor passed on into the container (`--preserve-fds`) must be a socket, a
+/// pipe or a character device opened for I/O: a directory or a regular file (or an
+/// `O_PATH` descriptor of anything) would give the container a handle on the host's
+/// filesystem outside its rootfs.
+fn preserved_fd_ok(fd: i32) -> Result<(), String> {
+    // SAFETY: fcntl F_GETFL reads the flags of a descriptor number; it changes nothing.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 {
+        // Not open: /dev/null is put there, so that no file the runtime opens later
+        // takes that number and is passed on to the container.
+        use std::os::fd::AsRawFd;
+        let null = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/null")
+            .map_err(|e| format!("--preserve-fds: /dev/null: {e}"))?;
+        if null.as_raw_fd() == fd {
+            // Opened on that very number (the lowest free one): kept open, and
+            // inherited by runc.
+            use std::os::fd::IntoRawFd;
+            let raw = null.into_raw_fd();
+            // SAFETY: F_SETFD only clears the close-on-exec flag of a descriptor this
+            // process just opened and keeps.
+            if unsafe { libc::fcntl(raw, libc::F_SETFD, 0) } < 0 {
+                return Err(format!(
+                    "--preserve-fds: fd {fd}: {}",
+                    std::io::Error::last_os_error()
+                ));
+            }
+            return Ok(());
+        }
+        // SAFETY: dup2 onto a descriptor number that is not open; `null` stays
+        // valid for the call and is closed after (the copy, without close-on-exec,
+        // stays).
+        if unsafe { libc::dup2(null.as_raw_fd(), fd) } < 0 {
+            return Err(format!(
+                "--preserve-fds: fd {fd}: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        return Ok(());
+    }
+    if flags & libc::O_PATH != 0 {
+        return Err(format!(
+            "--preserve-fds: fd {fd} is an O_PATH descriptor: refused"
+        ));
+    }
+    // SAFETY: `st` is a plain C struct that fstat fills in for a descriptor number.
+    let (rc, mode) = unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        (libc::fstat(fd, &mut st), st.st_mode)
+    };
+    if rc != 0 {
+        return Err(format!(
+            "--preserve-fds: fd {fd}: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    match mode & libc::S_IFMT {
+        libc::S_IFSOCK | libc::S_IFIFO | libc::S_IFCHR => Ok(()),
+        libc::S_IFDIR => Err(format!(
+            "--preserve-fds: fd {fd} is a directory: it would reach the host's filesystem from the container"
+        )),
+        libc::S_IFREG => Err(format!(
+            "--preserve-fds: fd {fd} is a regular file: only sockets, pipes and character devices are passed on"
+        )),
+        _ => Err(format!(
+            "--preserve-fds: fd {fd} is not a socket, pipe or character device"
+        )),
     }
 }
 
@@ -191,7 +328,7 @@ pub fn run(args: Vec<OsString>) -> Outcome {
 
 /// [`run`], started as `argv0` (the config may be found next to it).
 pub fn run_as(argv0: Option<PathBuf>, args: Vec<OsString>) -> Outcome {
-    let inv = match cli::parse(args) {
+    let mut inv = match cli::parse(args) {
         Ok(i) => i,
         Err(e) => {
             eprintln!("tessera-runtime: {e}");
@@ -203,7 +340,34 @@ pub fn run_as(argv0: Option<PathBuf>, args: Vec<OsString>) -> Outcome {
         Ok((c, _)) => c,
         Err(e) => return config_error(&log, &e),
     };
-    let env = Env { inv, cfg, log };
+    let creating = matches!(inv.command, Some((Command::Create | Command::Run, _)));
+    let given = inv
+        .global
+        .root
+        .clone()
+        .unwrap_or_else(|| RUNC_DEFAULT_ROOT.to_string());
+    let root = if inv.global.help_or_version {
+        given
+    } else {
+        match canonical_root(&given, creating) {
+            Ok(r) => r,
+            Err(e) => {
+                let msg = format!("tessera-runtime: {e}");
+                eprintln!("{msg}");
+                log.error(&msg);
+                return Outcome::Exit(EXIT_REFUSED);
+            }
+        }
+    };
+    if inv.global.root.is_some() {
+        inv.global.root = Some(root.clone());
+    }
+    let env = Env {
+        inv,
+        cfg,
+        log,
+        root,
+    };
     let Some((cmd, sub)) = env.inv.command.clone() else {
         if let Some(i) = env.inv.command_index
             && env.inv.argv[i] == "checkpoint"
@@ -498,23 +662,41 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
             );
         }
     }
-    if Path::new(&env.runtime_root()).join(&id).exists() {
+    let root = env.runtime_root();
+    let records = Records::new(&env.cfg.state_dir);
+    // Held until runc has ended and the record says how: no second create of this
+    // root and id runs meanwhile.
+    let _lock = match records.lock(&root, &id) {
+        Ok(l) => l,
+        Err(e) => return env.refuse(&what, &[e.to_string()]),
+    };
+    if std::fs::symlink_metadata(Path::new(&root).join(&id)).is_ok() {
         return env.refuse(
             &what,
-            &[format!(
-                "container {id} already exists under {}",
-                env.runtime_root()
-            )],
+            &[format!("container {id} already exists under {root}")],
         );
     }
-    // The tenant's config.json, read once: from here on runc may be waiting on a FIFO
-    // in its place (crate::early). One that cannot be read is refused below, by admit.
+    // The tenant's config.json, read once. runc never opens it: it gets the runtime's
+    // own bundle directory, whose config.json only the runtime writes (crate::early).
+    // One that cannot be read is refused below, by admit.
     let tenant = bundle::read_with_mode(
         &bundle.join(bundle::CONFIG_JSON),
         env.cfg.policy.max_config_bytes,
     )
     .ok();
-    let plan = match env.plan(keep) {
+    let mut own = match records.fresh_bundle_dir(&root, &id) {
+        Ok(d) => OwnBundle {
+            records: &records,
+            root: &root,
+            id: &id,
+            dir: d,
+            keep: false,
+        },
+        Err(e) => {
+            return env.refuse(&what, &[format!("making the container's own bundle: {e}")]);
+        }
+    };
+    let plan = match env.plan_own_bundle(cmd, sub, &own.dir, keep) {
         Outcome::Exec(p) => p,
         refused => return refused,
     };
@@ -526,23 +708,15 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
         .as_ref()
         .is_some_and(|v| v.cached_and_admitted(&env.cfg.runc_cve_acknowledged));
     let mut early = match &tenant {
-        Some((bytes, mode)) if runc_admitted => {
-            match EarlyRunc::start(&bundle, bytes.clone(), *mode, &plan) {
-                Ok(e) => Some(e),
-                Err(e) => {
-                    let msg = format!(
-                        "tessera-runtime: {what}: runc is started once the spec is decided: {e}"
-                    );
-                    // Putting the tenant's file back failed: an operator should know.
-                    if matches!(e, crate::early::EarlyError::Restore(_)) {
-                        env.log.warn(&msg);
-                    } else {
-                        env.log.info(&msg);
-                    }
-                    None
-                }
+        Some(_) if runc_admitted => match EarlyRunc::start(&own.dir, &plan) {
+            Ok(e) => Some(e),
+            Err(e) => {
+                env.log.info(&format!(
+                    "tessera-runtime: {what}: runc is started once the spec is decided: {e}"
+                ));
+                None
             }
-        }
+        },
         _ => None,
     };
     let tenant_mode = tenant.as_ref().map(|(_, m)| *m);
@@ -567,10 +741,15 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
     // daemon's answer has changed since, or the bind is refused for another reason)
     // forgets that answer and decides again on the daemon's current one.
     let (adm, staged, hardened, lease_id, bound) = loop {
-        let adm = match admit(env, client.as_ref(), &bundle, &id, kept, tenant.as_deref()) {
+        let mut adm = match admit(env, client.as_ref(), &bundle, &id, kept, tenant.as_deref()) {
             Ok(a) => a,
             Err((reasons, lease_id)) => return refuse_reported(reasons, &lease_id),
         };
+        // runc resolves a relative root.path in the bundle it is given, the runtime's
+        // own: the judged path (inside the tenant's bundle) is written absolute.
+        if let Err(e) = absolute_root_path(&mut adm.decision.spec, &bundle) {
+            return refuse_reported(vec![e], "");
+        }
         let lease_id = adm
             .lease
             .as_ref()
@@ -587,20 +766,24 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
                 Ok(None) => {}
             }
         }
-        // The new config.json is written beside the old one, then the daemon records
-        // the binding, and the rename over the tenant's happens only once the
-        // container is bound to every lease. A write that fails binds nothing.
+        // The new config.json is written in the runtime's own bundle (what runc
+        // reads) and beside the tenant's (what the engine sees), then the daemon
+        // records the binding, and the renames happen only once the container is
+        // bound to every lease. A write that fails binds nothing.
         let (staged, hardened) = match adm
             .decision
             .config_json()
             .map_err(|e| format!("{}: {e}", bundle.join(bundle::CONFIG_JSON).display()))
             .and_then(|bytes| {
-                match tenant_mode {
-                    Some(mode) => bundle::stage_with_mode(&bundle, &bytes, mode),
-                    None => bundle::stage(&bundle, &bytes),
-                }
-                .map(|s| (s, bytes))
-                .map_err(|e| e.to_string())
+                let both = || -> Result<_, bundle::BundleError> {
+                    let mine = bundle::stage_with_mode(&own.dir, &bytes, 0o600)?;
+                    let theirs = match tenant_mode {
+                        Some(mode) => bundle::stage_with_mode(&bundle, &bytes, mode),
+                        None => bundle::stage(&bundle, &bytes),
+                    }?;
+                    Ok((mine, theirs))
+                };
+                both().map(|s| (s, bytes)).map_err(|e| e.to_string())
             }) {
             Ok(s) => s,
             Err(e) => return refuse_reported(vec![e], &lease_id),
@@ -622,7 +805,7 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
                         .any(|(a, r)| a.kept && !r.resolution_checked) =>
             {
                 if let Some(c) = client.as_ref()
-                    && let Err(e) = c.unbind(&id)
+                    && let Err(e) = c.unbind(&id, &env.runtime_root())
                 {
                     return refuse_reported(
                         vec![format!("UnbindContainer after an unchecked bind: {e}")],
@@ -678,8 +861,10 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
             .put(&r)
             .map_err(|e| format!("keeping the container's record: {e}"))
     });
+    let (mine, theirs) = staged;
     if let Err(e) = record
-        .and_then(|()| staged.commit().map_err(|e| e.to_string()))
+        .and_then(|()| theirs.commit().map_err(|e| e.to_string()))
+        .and_then(|()| mine.commit().map_err(|e| e.to_string()))
         .and_then(|()| {
             early
                 .as_mut()
@@ -687,10 +872,13 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
         })
     {
         let reasons = vec![e];
+        if let Err(e) = records.remove(&root, &id) {
+            env.log.warn(&format!("tessera-runtime: {what}: {e}"));
+        }
         if let Some(c) = client.as_ref()
             && !adm.answers.is_empty()
         {
-            let _ = c.unbind(&id);
+            let _ = c.unbind(&id, &env.runtime_root());
         }
         report(
             env,
@@ -732,24 +920,123 @@ fn create(env: &Env, cmd: Command, sub: &SubArgs) -> Outcome {
             ));
         }
     }
-    let Some(runc) = early else {
-        // Not dropped: closing the connection and the RPC runtime gracefully is work
-        // that exec makes moot. exec replaces the process image; the socket is
-        // close-on-exec (see `exec_plan`), so the daemon sees it close.
-        std::mem::forget(client);
-        return Outcome::Exec(plan);
-    };
-    // runc runs on; this process waits for it (for `run`, as long as the container),
-    // without a connection to the daemon.
+    let leased = !adm.answers.is_empty();
+    // runc runs as this process's child, so that how its create ended is known: a
+    // create that failed leaves no record, no own bundle and no binding behind.
     drop(client);
+    let runc = match early {
+        Some(r) => r,
+        None => match EarlyRunc::spawn_decided(&plan) {
+            Ok(r) => r,
+            Err(e) => {
+                let reasons = vec![e.to_string()];
+                finish_create(env, &mut own, leased, false);
+                return env.refuse(&what, &reasons);
+            }
+        },
+    };
+    // runc runs on; this process waits for it (for `run`, as long as the container).
     match runc.wait() {
-        Ok(status) => Outcome::Mirror(status),
+        Ok(status) => {
+            finish_create(env, &mut own, leased, status.success());
+            Outcome::Mirror(status)
+        }
         Err(e) => {
             let msg = format!("tessera-runtime: {what}: {e}");
             eprintln!("{msg}");
             env.log.error(&msg);
+            finish_create(env, &mut own, leased, false);
             Outcome::Exit(EXIT_REFUSED)
         }
+    }
+}
+
+/// Make a relative `root.path` (judged inside the tenant's bundle) absolute: the
+/// canonical bundle joined with it.
+fn absolute_root_path(spec: &mut Value, bundle: &Path) -> Result<(), String> {
+    let Some(path) = spec.pointer("/root/path").and_then(Value::as_str) else {
+        return Err("the spec has no root.path".to_string());
+    };
+    if Path::new(path).is_absolute() {
+        return Ok(());
+    }
+    let canon = std::fs::canonicalize(bundle.join(path))
+        .map_err(|e| format!("root.path {}: {e}", bundle.join(path).display()))?;
+    if let Some(root) = spec.get_mut("root").and_then(Value::as_object_mut) {
+        root.insert(
+            "path".to_string(),
+            Value::String(canon.to_string_lossy().into_owned()),
+        );
+    }
+    Ok(())
+}
+
+/// The runtime's own bundle directory of a create: removed when dropped, unless the
+/// container was made.
+struct OwnBundle<'a> {
+    records: &'a Records,
+    root: &'a str,
+    id: &'a str,
+    dir: PathBuf,
+    keep: bool,
+}
+
+impl Drop for OwnBundle<'_> {
+    fn drop(&mut self) {
+        if !self.keep {
+            let _ = self.records.remove_bundle_dir(self.root, self.id);
+        }
+    }
+}
+
+/// After runc's create (or run) ended: a container runc now has under the root,
+/// started after the record was written, gets its init written into the record (exec
+/// and update then check it is still that one). Otherwise (runc failed, or `run` ended
+/// and runc deleted the container) the record and the own bundle are removed and the
+/// container is unbound from its leases.
+fn finish_create(env: &Env, own: &mut OwnBundle<'_>, leased: bool, ok: bool) {
+    let (root, id) = (own.root, own.id);
+    let exists = std::fs::symlink_metadata(Path::new(root).join(id)).is_ok();
+    if ok && exists {
+        // Kept even when the init cannot be read: the record's start time still ties
+        // it to a container made after it.
+        own.keep = true;
+        let state = crate::harden::identity::read_state(Path::new(root), id);
+        match (own.records.get(root, id), state) {
+            (Ok(mut r), Ok(st)) if r.matches(st.init_pid, st.init_start).is_ok() => {
+                r.instance = Some(crate::record::Instance {
+                    init_pid: st.init_pid,
+                    init_start: st.init_start,
+                });
+                if let Err(e) = own.records.put(&r) {
+                    env.log
+                        .warn(&format!("tessera-runtime: recording {id}'s init: {e}"));
+                }
+            }
+            (Ok(_), Ok(_)) => env.log.warn(&format!(
+                "tessera-runtime: {id}: runc's init started before the create's record: not recorded"
+            )),
+            (r, st) => env.log.warn(&format!(
+                "tessera-runtime: recording {id}'s init: {}",
+                r.err()
+                    .map(|e| e.to_string())
+                    .or(st.err())
+                    .unwrap_or_default()
+            )),
+        }
+        return;
+    }
+    if let Err(e) = own.records.remove(root, id) {
+        env.log.warn(&format!("tessera-runtime: {id}: {e}"));
+    }
+    let _ = own.records.remove_bundle_dir(root, id);
+    if leased
+        && let Some(c) = env.client()
+        && let Err(e) = c.unbind(id, root)
+    {
+        env.log.warn(&format!(
+            "tessera-runtime: UnbindContainer {id} after runc's create failed: {e}"
+        ));
     }
 }
 
@@ -793,7 +1080,7 @@ fn bind_all(
             Ok(answer) => bound.push(answer),
             Err(e) => {
                 if i > 0
-                    && let Err(u) = c.unbind(id)
+                    && let Err(u) = c.unbind(id, &env.runtime_root())
                 {
                     env.log.warn(&format!(
                         "tessera-runtime: UnbindContainer {id} after a failed bind: {u}"
@@ -806,11 +1093,20 @@ fn bind_all(
     Ok(bound)
 }
 
-/// The container's record of its create; a refusal's reason when there is none.
+/// The container's record of its create, checked to be the record of the container
+/// runc has under the root now (its init, as runc's state.json says); a refusal's
+/// reason when there is none, or it is another's.
 fn record_of(env: &Env, id: &str) -> Result<Record, String> {
-    Records::new(&env.cfg.state_dir)
-        .get(&env.runtime_root(), id)
-        .map_err(|e| e.to_string())
+    let root = env.runtime_root();
+    let record = Records::new(&env.cfg.state_dir)
+        .get(&root, id)
+        .map_err(|e| e.to_string())?;
+    let state = crate::harden::identity::read_state(Path::new(&root), id)
+        .map_err(|e| format!("container {id}: runc's state: {e}"))?;
+    record
+        .matches(state.init_pid, state.init_start)
+        .map_err(|e| e.to_string())?;
+    Ok(record)
 }
 
 /// Hand runc a document the runtime wrote: a root-owned 0600 file under the state
@@ -961,23 +1257,42 @@ fn delete(env: &Env, sub: &SubArgs) -> Outcome {
     let id = sub.first_positional().unwrap_or_default();
     let records = Records::new(&env.cfg.state_dir);
     let root = env.runtime_root();
-    // A container started without a lease (a pod's sandbox, a container with no token)
-    // was never bound: no call to the daemon for it (a tokio runtime, a connection and
-    // an RPC on every such delete). When that cannot be told (no record), unbind: the
-    // daemon answers for a container it does not know.
-    let leased = records.get(&root, id).ok().map(|r| r.lease_id.is_some());
-    if leased != Some(false)
-        && let Some(c) = env.client()
-        && let Err(e) = c.unbind(id)
-        && !matches!(e, crate::lease::LeaseError::UnknownToken(_))
+    let plan = match env.plan(0) {
+        Outcome::Exec(p) => p,
+        other => return other,
+    };
+    // runc deletes first, as this process's child: only a container runc no longer
+    // has under this root loses its record and its lease bindings, and only the one
+    // this root's record says this runtime bound (a delete under another root, or of
+    // a container runc refuses to delete, unbinds nothing).
+    let status = match EarlyRunc::spawn_decided(&plan).and_then(EarlyRunc::wait) {
+        Ok(s) => s,
+        Err(e) => {
+            let msg = format!("tessera-runtime: delete {id}: {e}");
+            eprintln!("{msg}");
+            env.log.error(&msg);
+            return Outcome::Exit(EXIT_REFUSED);
+        }
+    };
+    let gone = std::fs::symlink_metadata(Path::new(&root).join(id)).is_err();
+    if status.success()
+        && gone
+        && let Ok(record) = records.get(&root, id)
     {
-        env.log
-            .warn(&format!("tessera-runtime: UnbindContainer {id}: {e}"));
+        if record.lease_id.is_some()
+            && let Some(c) = env.client()
+            && let Err(e) = c.unbind(id, &root)
+            && !matches!(e, crate::lease::LeaseError::UnknownToken(_))
+        {
+            env.log
+                .warn(&format!("tessera-runtime: UnbindContainer {id}: {e}"));
+        }
+        if let Err(e) = records.remove(&root, id) {
+            env.log.warn(&format!("tessera-runtime: delete {id}: {e}"));
+        }
+        let _ = records.remove_bundle_dir(&root, id);
     }
-    if let Err(e) = records.remove(&root, id) {
-        env.log.warn(&format!("tessera-runtime: delete {id}: {e}"));
-    }
-    env.plan(0)
+    Outcome::Mirror(status)
 }
 
 fn check(env: &Env, sub: &SubArgs) -> Outcome {

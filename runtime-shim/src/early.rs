@@ -1,33 +1,39 @@
-//! `create` and `run` start runc while the spec is still being judged.
+//! `create` and `run` start runc while the spec is still being judged, and every
+//! create's runc runs as a child of the runtime, which waits for it.
+//!
+//! runc is never given the tenant's bundle: it gets the runtime's own bundle directory
+//! (root's, 0700, under the state dir; see [`crate::record::Records::bundle_dir`]),
+//! whose `config.json` only the runtime writes. Nothing the tenant can write is opened
+//! by runc as its spec.
 //!
 //! runc spends several milliseconds (its Go runtime, its command line) before it opens
-//! the bundle's `config.json`, and the runtime spends about two deciding what that file
-//! will say. The two are done at once:
+//! `config.json`, and the runtime spends about two deciding what that file will say.
+//! The two are done at once:
 //!
-//! 1. The tenant's `config.json` is read, and a FIFO is renamed over its name. The
-//!    runtime holds the FIFO's write end and nothing else does.
-//! 2. runc is started with the caller's arguments. It opens `config.json` and waits in
-//!    its read of the FIFO, having done nothing to the host: before the spec, runc only
-//!    parses its command line and opens its log file.
+//! 1. A FIFO is made as `config.json` in the runtime's own (fresh, empty) bundle
+//!    directory. The runtime holds the FIFO's write end and nothing else does.
+//! 2. runc is started. It opens `config.json` and waits in its read of the FIFO,
+//!    having done nothing to the host: before the spec, runc only parses its command
+//!    line and opens its log file.
 //! 3. The runtime judges the spec, binds the container, and renames the hardened
 //!    `config.json` over the FIFO's name. Then it writes the hardened spec into the FIFO
 //!    and closes it. A runc that opened the FIFO reads the hardened spec from it; one that
 //!    had not opened it yet opens the hardened file. A write that finds no reader (EPIPE)
 //!    means runc has not opened the FIFO, and after the rename it never will.
-//! 4. The runtime waits for runc, passes on the signals sent to it, and exits as runc
-//!    did.
+//! 4. The runtime waits for runc, passes on the signals sent to it, and then records
+//!    how the create ended (see `app::create`) and exits as runc did.
 //!
-//! A refusal kills runc (it has read nothing) and, once runc is reaped, puts the
-//! tenant's `config.json` back, byte for byte. runc is started with `PR_SET_PDEATHSIG`:
-//! a runtime killed before it fed the spec takes runc with it (and one killed later
-//! does too, as killing runc did when the runtime exec'd it), and a runtime that dies
-//! closes the FIFO, so a runc still reading gets an empty spec and fails.
+//! A refusal kills runc (it has read nothing). runc is started with
+//! `PR_SET_PDEATHSIG`: a runtime killed before it fed the spec takes runc with it, and
+//! a runtime that dies closes the FIFO, so a runc still reading gets an empty spec and
+//! fails.
 //!
-//! Where a FIFO cannot be made in the bundle, the runtime decides first and execs runc
-//! after, as before (see [`EarlyRunc::start`]).
+//! Where runc's version is not yet known to be admitted, the runtime decides first,
+//! writes `config.json` in its own bundle, and starts runc after
+//! ([`EarlyRunc::spawn_decided`]).
 
 use crate::app::{ExecPlan, close_fds_above};
-use crate::bundle::{self, BundleError, CONFIG_JSON};
+use crate::bundle::CONFIG_JSON;
 use nix::sys::signal::{SigSet, SigmaskHow, Signal};
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -64,8 +70,6 @@ pub enum EarlyError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("putting the tenant's config.json back: {0}")]
-    Restore(BundleError),
     #[error("waiting for runc (pid {pid}): {source}")]
     Wait { pid: u32, source: std::io::Error },
 }
@@ -76,16 +80,13 @@ pub struct EarlyRunc {
     child: Child,
     /// The FIFO's write end, until the spec is written into it.
     fifo: Option<File>,
-    /// `<bundle>/config.json`.
+    /// `<own bundle>/config.json`.
     config: PathBuf,
-    /// The tenant's `config.json`, to put back on a refusal.
-    tenant: Vec<u8>,
-    mode: u32,
     /// The signal mask before [`EarlyRunc::start`] (restored when runc is killed).
     old_mask: SigSet,
     /// The hardened spec went to runc: nothing to undo.
     fed: bool,
-    /// runc was killed and reaped, and the tenant's file put back.
+    /// runc was killed and reaped.
     aborted: bool,
 }
 
@@ -113,38 +114,30 @@ fn forwarded() -> SigSet {
 }
 
 impl EarlyRunc {
-    /// Put a FIFO in place of `<bundle>/config.json` (whose `tenant` bytes and `mode`
-    /// were read), and start runc as `plan` says. From here until runc has ended, the
+    /// Make `<bundle>/config.json` a FIFO (`bundle`: the runtime's own, fresh bundle
+    /// directory) and start runc as `plan` says. From here until runc has ended, the
     /// signals runc would have got are held and then passed on ([`EarlyRunc::wait`]).
     ///
-    /// On an error nothing is left behind: no FIFO, the tenant's `config.json` in place,
-    /// no runc, the signal mask as it was (but for [`EarlyError::Restore`]: the tenant's
-    /// file could not be put back over the FIFO). The caller then decides first and
-    /// execs runc after.
-    pub fn start(
-        bundle: &Path,
-        tenant: Vec<u8>,
-        mode: u32,
-        plan: &ExecPlan,
-    ) -> Result<Self, EarlyError> {
+    /// On an error nothing is left behind: no FIFO, no runc, the signal mask as it was.
+    /// The caller then decides first and starts runc after.
+    pub fn start(bundle: &Path, plan: &ExecPlan) -> Result<Self, EarlyError> {
         let config = bundle.join(CONFIG_JSON);
-        let tmp = bundle.join(format!(
-            ".{CONFIG_JSON}.tessera-fifo-{:016x}",
-            bundle::temp_suffix()
-        ));
         nix::unistd::mkfifo(
-            &tmp,
+            &config,
             nix::sys::stat::Mode::S_IRUSR | nix::sys::stat::Mode::S_IWUSR,
         )
         .map_err(|source| EarlyError::Fifo {
-            path: tmp.clone(),
+            path: config.clone(),
             source,
         })?;
-        let fifo = match open_write_end(&tmp) {
+        let fifo = match open_write_end(&config) {
             Ok(f) => f,
             Err(source) => {
-                let _ = std::fs::remove_file(&tmp);
-                return Err(EarlyError::Open { path: tmp, source });
+                let _ = std::fs::remove_file(&config);
+                return Err(EarlyError::Open {
+                    path: config,
+                    source,
+                });
             }
         };
         let mut old_mask = SigSet::empty();
@@ -153,34 +146,21 @@ impl EarlyRunc {
             Some(&forwarded()),
             Some(&mut old_mask),
         ) {
-            let _ = std::fs::remove_file(&tmp);
+            let _ = std::fs::remove_file(&config);
             return Err(EarlyError::Mask(e));
-        }
-        let undo = |e: EarlyError| {
-            let _ = std::fs::remove_file(&tmp);
-            let _ =
-                nix::sys::signal::pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&old_mask), None);
-            e
-        };
-        // Renamed over the tenant's file only now: until here a failure leaves it as it
-        // was.
-        if let Err(source) = std::fs::rename(&tmp, &config) {
-            return Err(undo(EarlyError::Rename {
-                path: config,
-                source,
-            }));
         }
         let child = match spawn(plan) {
             Ok(c) => c,
             Err(source) => {
-                // runc never ran: the tenant's file goes back in the FIFO's place.
-                let e = EarlyError::Spawn {
+                let _ = std::fs::remove_file(&config);
+                let _ = nix::sys::signal::pthread_sigmask(
+                    SigmaskHow::SIG_SETMASK,
+                    Some(&old_mask),
+                    None,
+                );
+                return Err(EarlyError::Spawn {
                     path: plan.program.clone(),
                     source,
-                };
-                return Err(match put_back(&config, &tenant, mode) {
-                    Ok(()) => undo(e),
-                    Err(r) => undo(r),
                 });
             }
         };
@@ -188,12 +168,43 @@ impl EarlyRunc {
             child,
             fifo: Some(fifo),
             config,
-            tenant,
-            mode,
             old_mask,
             fed: false,
             aborted: false,
         })
+    }
+
+    /// Start runc as `plan` says once its spec is decided and written (no FIFO), to
+    /// wait for it as for one started early.
+    pub fn spawn_decided(plan: &ExecPlan) -> Result<Self, EarlyError> {
+        let mut old_mask = SigSet::empty();
+        nix::sys::signal::pthread_sigmask(
+            SigmaskHow::SIG_BLOCK,
+            Some(&forwarded()),
+            Some(&mut old_mask),
+        )
+        .map_err(EarlyError::Mask)?;
+        match spawn(plan) {
+            Ok(child) => Ok(Self {
+                child,
+                fifo: None,
+                config: PathBuf::new(),
+                old_mask,
+                fed: true,
+                aborted: false,
+            }),
+            Err(source) => {
+                let _ = nix::sys::signal::pthread_sigmask(
+                    SigmaskHow::SIG_SETMASK,
+                    Some(&old_mask),
+                    None,
+                );
+                Err(EarlyError::Spawn {
+                    path: plan.program.clone(),
+                    source,
+                })
+            }
+        }
     }
 
     /// runc's process id.
@@ -226,8 +237,7 @@ impl EarlyRunc {
         Ok(())
     }
 
-    /// Kill runc, which has read no spec, reap it, and put the tenant's `config.json`
-    /// back in the FIFO's place (in that order: no runc is left to read it).
+    /// Kill runc, which has read no spec, and reap it.
     pub fn abort(&mut self) -> Result<(), EarlyError> {
         if self.aborted {
             return Ok(());
@@ -241,20 +251,11 @@ impl EarlyRunc {
         if let Err(source) = self.child.wait() {
             return Err(EarlyError::Wait { pid, source });
         }
-        // The tenant's file goes back before the FIFO's write end closes: whoever opens
-        // config.json from now on gets the file, and a reader of the FIFO an end of
-        // file, never a FIFO without a writer to wait on.
-        let restored = if self.fed {
-            Ok(())
-        } else {
-            put_back(&self.config, &self.tenant, self.mode)
-        };
         self.fifo = None;
-        // Last: a signal held meanwhile (a SIGTERM) may end the process now, with the
-        // tenant's file back in place.
+        // Last: a signal held meanwhile (a SIGTERM) may end the process now.
         let _ =
             nix::sys::signal::pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&self.old_mask), None);
-        restored
+        Ok(())
     }
 
     /// Wait for runc to end, passing on each signal sent to this process (by `kill`,
@@ -312,7 +313,7 @@ impl EarlyRunc {
 
 impl Drop for EarlyRunc {
     /// Dropped before its spec was fed (a refusal, an early return, a panic): runc is
-    /// killed and the tenant's file put back. The caller reports a refusal itself; an
+    /// killed. The caller reports a refusal itself; an
     /// error here can only go to stderr.
     fn drop(&mut self) {
         if !self.fed
@@ -322,14 +323,6 @@ impl Drop for EarlyRunc {
             eprintln!("tessera-runtime: {e}");
         }
     }
-}
-
-/// The tenant's `config.json` (`tenant`, `mode`) renamed back over `config`, the FIFO.
-fn put_back(config: &Path, tenant: &[u8], mode: u32) -> Result<(), EarlyError> {
-    let bundle = config.parent().unwrap_or(Path::new("."));
-    bundle::stage_with_mode(bundle, tenant, mode)
-        .and_then(bundle::Staged::commit)
-        .map_err(EarlyError::Restore)
 }
 
 /// The FIFO's write end, without waiting for a reader: the FIFO is opened for reading
@@ -410,19 +403,14 @@ pub fn exit_like(status: ExitStatus) -> ! {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
-    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    use std::os::unix::fs::FileTypeExt;
     use std::time::{Duration, Instant};
 
-    const TENANT: &[u8] = b"{\"ociVersion\":\"1.0.2\",\"tenant\":true}";
     const HARDENED: &[u8] = b"{\"ociVersion\":\"1.0.2\",\"hardened\":true}";
 
-    /// A bundle whose config.json is the tenant's, mode 0640.
+    /// The runtime's own (empty) bundle directory.
     fn bundle() -> tempfile::TempDir {
-        let d = tempfile::tempdir().unwrap();
-        let c = d.path().join(CONFIG_JSON);
-        std::fs::write(&c, TENANT).unwrap();
-        std::fs::set_permissions(&c, std::fs::Permissions::from_mode(0o640)).unwrap();
-        d
+        tempfile::tempdir().unwrap()
     }
 
     /// A "runc" that runs `script` in the bundle (`sh -c`).
@@ -468,21 +456,13 @@ mod tests {
     }
 
     fn start(b: &Path, script: &str) -> EarlyRunc {
-        EarlyRunc::start(b, TENANT.to_vec(), 0o640, &plan(b, script)).unwrap()
-    }
-
-    /// config.json is a regular file holding `want`, with the tenant's mode.
-    fn assert_config(b: &Path, want: &[u8]) {
-        assert_eq!(std::fs::read(b.join(CONFIG_JSON)).unwrap(), want);
-        let meta = std::fs::symlink_metadata(b.join(CONFIG_JSON)).unwrap();
-        assert!(meta.file_type().is_file());
-        assert_eq!(meta.permissions().mode() & 0o7777, 0o640);
+        EarlyRunc::start(b, &plan(b, script)).unwrap()
     }
 
     /// What the runtime does once the spec is admitted: the hardened file over
     /// config.json, then into the FIFO.
     fn admit(bundle: &Path, runc: &mut EarlyRunc) {
-        bundle::stage_with_mode(bundle, HARDENED, 0o640)
+        crate::bundle::stage_with_mode(bundle, HARDENED, 0o600)
             .unwrap()
             .commit()
             .unwrap();
@@ -497,8 +477,6 @@ mod tests {
             b,
             "exec 3< config.json\necho opened > marker\ncat <&3 > got\nexit 7",
         );
-        // runc has config.json open, and it is the FIFO: the tenant's spec is not
-        // there to read.
         wait_for(&b.join("marker"));
         let meta = std::fs::symlink_metadata(b.join(CONFIG_JSON)).unwrap();
         assert!(meta.file_type().is_fifo());
@@ -506,7 +484,7 @@ mod tests {
         let status = runc.wait().unwrap();
         assert_eq!(status.code(), Some(7), "runc's exit code is returned");
         assert_eq!(std::fs::read(b.join("got")).unwrap(), HARDENED);
-        assert_config(b, HARDENED);
+        assert_eq!(std::fs::read(b.join(CONFIG_JSON)).unwrap(), HARDENED);
         assert_eq!(names(b), ["config.json", "got", "marker"]);
     }
 
@@ -518,7 +496,6 @@ mod tests {
             b,
             "while [ -p config.json ]; do sleep 0.01; done\ncat config.json > got",
         );
-        // No reader on the FIFO: the write finds none, and runc reads the file.
         admit(b, &mut runc);
         assert!(runc.wait().unwrap().success());
         assert_eq!(std::fs::read(b.join("got")).unwrap(), HARDENED);
@@ -526,7 +503,7 @@ mod tests {
     }
 
     #[test]
-    fn a_refusal_kills_runc_before_it_reads_and_puts_the_tenants_file_back() {
+    fn a_refusal_kills_runc_before_it_reads_anything() {
         let d = bundle();
         let b = d.path();
         let mut runc = start(
@@ -536,16 +513,12 @@ mod tests {
         let pid: i32 = wait_for(&b.join("marker")).trim().parse().unwrap();
         assert_eq!(u32::try_from(pid).unwrap(), runc.pid());
         runc.abort().unwrap();
-        // Killed and reaped, having read nothing.
         assert!(!Path::new(&format!("/proc/{pid}")).exists());
         assert_eq!(std::fs::read(b.join("got")).unwrap(), b"");
-        // The tenant's file, byte for byte, with its mode.
-        assert_config(b, TENANT);
-        assert_eq!(names(b), ["config.json", "got", "marker"]);
     }
 
     #[test]
-    fn dropped_unfed_it_kills_runc_and_puts_the_tenants_file_back() {
+    fn dropped_unfed_it_kills_runc() {
         let d = bundle();
         let b = d.path();
         let runc = start(b, "echo $$ > marker\nexec cat config.json > got");
@@ -553,23 +526,28 @@ mod tests {
         drop(runc);
         assert!(!Path::new(&format!("/proc/{pid}")).exists());
         assert_eq!(std::fs::read(b.join("got")).unwrap(), b"");
-        assert_config(b, TENANT);
     }
 
     #[test]
-    fn a_runc_that_cannot_be_started_leaves_the_bundle_as_it_was() {
+    fn a_runc_that_cannot_be_started_leaves_nothing_behind() {
         let d = bundle();
         let b = d.path();
         let mut p = plan(b, "");
         p.program = b.join("no-such-runc");
-        let e = EarlyRunc::start(b, TENANT.to_vec(), 0o640, &p).unwrap_err();
+        let e = EarlyRunc::start(b, &p).unwrap_err();
         assert!(matches!(e, EarlyError::Spawn { .. }), "{e}");
-        assert_config(b, TENANT);
-        assert_eq!(names(b), ["config.json"]);
-        // No FIFO can be made where the bundle is not a directory: nothing changes.
-        let e =
-            EarlyRunc::start(&b.join("nope"), TENANT.to_vec(), 0o640, &plan(b, "")).unwrap_err();
+        assert!(names(b).is_empty());
+        let e = EarlyRunc::start(&b.join("nope"), &plan(b, "")).unwrap_err();
         assert!(matches!(e, EarlyError::Fifo { .. }), "{e}");
-        assert_eq!(names(b), ["config.json"]);
+    }
+
+    #[test]
+    fn a_runc_started_after_the_decision_is_waited_for() {
+        let d = bundle();
+        let b = d.path();
+        std::fs::write(b.join(CONFIG_JSON), HARDENED).unwrap();
+        let runc = EarlyRunc::spawn_decided(&plan(b, "cat config.json > got\nexit 3")).unwrap();
+        assert_eq!(runc.wait().unwrap().code(), Some(3));
+        assert_eq!(std::fs::read(b.join("got")).unwrap(), HARDENED);
     }
 }

@@ -21,7 +21,10 @@ pub const DIR: &str = "containers";
 /// The largest record read (a process with a long environment).
 const MAX_BYTES: u64 = 4 * 1024 * 1024;
 /// The record format written by this runtime.
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
+/// The directory under the state dir holding each container's own bundle: the
+/// directory runc is given as `--bundle`, with the `config.json` the runtime wrote.
+pub const BUNDLES_DIR: &str = "bundles";
 
 /// Why a record was not read or written.
 #[derive(Debug, Error)]
@@ -36,6 +39,20 @@ pub enum RecordError {
     Missing { id: String, dir: PathBuf },
     #[error("the hardened spec has no {what}")]
     Spec { what: &'static str },
+    #[error(
+        "container {id}: the record of its create is not this container's ({why}): exec and update are refused"
+    )]
+    Instance { id: String, why: String },
+    #[error("container {id} is being created or deleted by another runtime process")]
+    Busy { id: String },
+}
+
+/// The container's init process as runc recorded it once the create succeeded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Instance {
+    pub init_pid: u32,
+    pub init_start: u64,
 }
 
 /// The user a container's process runs as.
@@ -72,6 +89,14 @@ pub struct Record {
     pub memory_limit: Option<i64>,
     /// `linux.resources.memory.swap` as granted.
     pub memory_swap: Option<i64>,
+    /// `linux.resources.cpu` as granted (quota, period, shares, burst, cpus, mems).
+    pub cpu: Option<crate::harden::update::Cpu>,
+    /// The start time (clock ticks after boot) of the runtime process that wrote the
+    /// record before runc ran: the container's init started at or after it.
+    pub min_start: u64,
+    /// The container's init as runc recorded it after a create that succeeded (`None`
+    /// while runc runs, and for `run` in the foreground).
+    pub instance: Option<Instance>,
 }
 
 fn u32_at(v: &Value, ptr: &str) -> Option<u32> {
@@ -138,7 +163,14 @@ impl Record {
             lease_env.push(format!("TESSERA_LEASE_ID={lease}"));
         }
         let res = spec.pointer("/linux/resources");
-        let at = |p: &str| res.and_then(|r| r.pointer(p)).and_then(Value::as_i64);
+        // The grant as runc reads it: typed, every key spelt as runc's.
+        let typed = match res {
+            Some(r) => crate::harden::update::parse_create(r).map_err(|_| RecordError::Spec {
+                what: "valid linux.resources",
+            })?,
+            None => crate::harden::update::Resources::default(),
+        };
+        let memory = typed.memory.clone().unwrap_or_default();
         Ok(Self {
             version: VERSION,
             id: id.to_string(),
@@ -153,11 +185,45 @@ impl Record {
                 .and_then(Value::as_array)
                 .cloned()
                 .unwrap_or_default(),
-            pids_limit: at("/pids/limit"),
-            memory_limit: at("/memory/limit"),
-            memory_swap: at("/memory/swap"),
+            pids_limit: typed.pids.as_ref().map(|p| p.limit),
+            memory_limit: memory.limit,
+            memory_swap: memory.swap,
+            cpu: typed.cpu.clone(),
+            min_start: crate::harden::identity::proc_start_time(std::process::id()).unwrap_or(0),
+            instance: None,
         })
     }
+
+    /// Whether this record is the one of the container runc has under its root now
+    /// (`state`: runc's `state.json` of the id under the canonical root): the init
+    /// runc recorded after the create, or, before that was recorded, an init that
+    /// started after the record was written. A record left by a create that failed,
+    /// or by a container deleted and made again outside the runtime, is not.
+    pub fn matches(&self, init_pid: u32, init_start: u64) -> Result<(), RecordError> {
+        let why = match self.instance {
+            Some(i) if i.init_pid == init_pid && i.init_start == init_start => return Ok(()),
+            Some(i) => format!(
+                "runc's init is pid {init_pid} started at {init_start}, the record's pid {} started at {}",
+                i.init_pid, i.init_start
+            ),
+            None if self.min_start != 0 && init_start >= self.min_start => return Ok(()),
+            None => format!(
+                "runc's init started at {init_start}, before the record was written ({})",
+                self.min_start
+            ),
+        };
+        Err(RecordError::Instance {
+            id: self.id.clone(),
+            why,
+        })
+    }
+}
+
+/// A lock on one (root, id): held by a create from before runc runs until the record
+/// says how it ended, and by a delete. Released when dropped (its fd closes).
+#[derive(Debug)]
+pub struct Lock {
+    _file: std::fs::File,
 }
 
 /// The records under one state dir.
@@ -186,6 +252,79 @@ impl Records {
     /// The directory the records live in.
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// The runtime's own bundle directory for container `id` under the canonical
+    /// `root`: `<state_dir>/bundles/<hash of root and id>`.
+    pub fn bundle_dir(&self, root: &str, id: &str) -> PathBuf {
+        let name = name_of(root, id);
+        let stem = name.trim_end_matches(".json");
+        self.dir
+            .parent()
+            .unwrap_or(Path::new("/"))
+            .join(BUNDLES_DIR)
+            .join(stem)
+    }
+
+    /// Make the runtime's own bundle directory for a create anew: root's, 0700, empty.
+    pub fn fresh_bundle_dir(&self, root: &str, id: &str) -> Result<PathBuf, RecordError> {
+        use std::os::unix::fs::DirBuilderExt;
+        let dir = self.bundle_dir(root, id);
+        let parent = dir.parent().unwrap_or(Path::new("/")).to_path_buf();
+        if !private_file::ensure_dir(&parent)? {
+            return Err(FileError::NotRootOwned { path: parent }.into());
+        }
+        self.remove_bundle_dir(root, id)?;
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|source| FileError::Io {
+                path: dir.clone(),
+                source,
+            })?;
+        private_file::check_dir(&dir)?;
+        Ok(dir)
+    }
+
+    /// Remove the runtime's own bundle directory of a container (no error when gone).
+    pub fn remove_bundle_dir(&self, root: &str, id: &str) -> Result<(), RecordError> {
+        let dir = self.bundle_dir(root, id);
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(source) => Err(FileError::Io { path: dir, source }.into()),
+        }
+    }
+
+    /// Take the lock of (root, id) without waiting: `Busy` when another runtime
+    /// process holds it.
+    pub fn lock(&self, root: &str, id: &str) -> Result<Lock, RecordError> {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::OpenOptionsExt;
+        if !private_file::ensure_dir(&self.dir)? {
+            return Err(FileError::NotRootOwned {
+                path: self.dir.clone(),
+            }
+            .into());
+        }
+        let path = self.dir.join(name_of(root, id).replace(".json", ".lock"));
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&path)
+            .map_err(|source| FileError::Io {
+                path: path.clone(),
+                source,
+            })?;
+        // SAFETY: flock on a descriptor this function owns; it changes no memory.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            return Err(RecordError::Busy { id: id.to_string() });
+        }
+        Ok(Lock { _file: file })
     }
 
     /// Write (or replace) the record of a container. Only root keeps records: any
@@ -242,8 +381,10 @@ impl Records {
         Ok(r)
     }
 
-    /// Forget a container's record (at delete). A record not there is no error.
+    /// Forget a container's record (at delete, or after a create runc failed), and its
+    /// lock file. A record not there is no error.
     pub fn remove(&self, root: &str, id: &str) -> Result<(), RecordError> {
+        let _ = std::fs::remove_file(self.dir.join(name_of(root, id).replace(".json", ".lock")));
         let path = self.dir.join(name_of(root, id));
         match std::fs::remove_file(&path) {
             Ok(()) => Ok(()),

@@ -21,6 +21,10 @@ fn fake_runc(dir: &Path) -> PathBuf {
             // an empty one (the runtime closed it without a spec) ends it.
             "#!/bin/sh\nb=.\nprev=\nfor a in \"$@\"; do if [ \"$prev\" = --bundle ] || [ \"$prev\" = -b ]; then b=$a; fi; case $a in --bundle=*) b=${a#--bundle=};; esac; prev=$a; done\n",
             "case \" $* \" in *\" create \"*|*\" run \"*) IFS= read -r spec < \"$b/config.json\"; if [ -z \"$spec\" ]; then echo 'runc: config.json: unexpected EOF' >&2; exit 1; fi; echo \"spec: $spec\" ;; esac\n",
+            // As runc does under a --root: create and run leave the container's
+            // state.json (this process as its init), delete removes it.
+            "root=/run/runc\nfor a in \"$@\"; do case $a in --root=*) root=${a#--root=};; esac; last=$a; done\n",
+            "if [ \"$root\" != /run/runc ]; then case \" $* \" in *\" create \"*|*\" run \"*) mkdir -p \"$root/$last\"; printf '{\"id\":\"%s\",\"init_process_pid\":%s,\"init_process_start\":%s,\"config\":{\"labels\":[],\"cgroups\":{\"path\":\"\"}}}' \"$last\" $$ \"$(cut -d' ' -f22 /proc/$$/stat)\" > \"$root/$last/state.json\" ;; *\" delete \"*) rm -rf \"$root/$last\" ;; esac; fi\n",
             "echo \"argv: $*\"\nfor f in /proc/$$/fd/*; do echo \"fd: ${f##*/}\"; done\nenv | sort | sed 's/^/env: /'\nfor a in \"$@\"; do case $a in --resources=*|--process=*) f=${a#*=}; echo \"doc: $(cat $f)\"; echo \"mode: $(stat -L -c '%a %u %h' $f)\";; esac; done\n",
         ),
     )
@@ -191,14 +195,22 @@ fn preserve_fds_are_kept() {
 }
 
 /// Create a container through the runtime (the fake runc), so that it has a record.
-fn created(d: &Path, cfg: &Path, id: &str, user: Value) {
+/// Create container `id` under the root `<d>/root` (returned, as `--root=...`), where
+/// the fake runc leaves its state.json.
+fn created(d: &Path, cfg: &Path, id: &str, user: Value) -> String {
     let b = d.join(format!("b-{id}"));
     std::fs::create_dir_all(b.join("rootfs")).unwrap();
     let mut spec = common::base_spec(&["sleep", "60"]);
     spec["process"]["user"] = user;
     common::write_spec(&b, &spec);
-    let out = run(cfg, &["create", "--bundle", b.to_str().unwrap(), id], false);
+    let root = format!("--root={}", d.join("root").display());
+    let out = run(
+        cfg,
+        &[&root, "create", "--bundle", b.to_str().unwrap(), id],
+        false,
+    );
     assert!(out.status.success(), "{out:?}");
+    root
 }
 
 #[test]
@@ -220,7 +232,7 @@ fn update_gives_runc_only_the_runtimes_own_resources_json() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("has no record of its create"));
     assert!(lines(&out, "argv: ").is_empty());
-    created(d.path(), &cfg, &id, json!({"uid": 0, "gid": 0}));
+    let root = created(d.path(), &cfg, &id, json!({"uid": 0, "gid": 0}));
     for (args, stdin_doc, want) in [
         (
             vec!["update", "--resources", r.to_str().unwrap()],
@@ -239,7 +251,8 @@ fn update_gives_runc_only_the_runtimes_own_resources_json() {
             r#"{"memory":{"limit":1048576},"pids":{"limit":50}}"#,
         ),
     ] {
-        let mut argv = args.clone();
+        let mut argv = vec![root.as_str()];
+        argv.extend(args.iter().copied());
         argv.push(&id);
         let out = match stdin_doc {
             None => run(&cfg, &argv, false),
@@ -260,7 +273,7 @@ fn update_gives_runc_only_the_runtimes_own_resources_json() {
         let argv_seen = lines(&out, "argv: ");
         assert_eq!(argv_seen.len(), 1, "{out:?}");
         let (head, tail) = argv_seen[0].split_once("/proc/self/fd/").unwrap();
-        assert_eq!(head, "update --resources=", "{argv_seen:?}");
+        assert_eq!(head, format!("{root} update --resources="), "{argv_seen:?}");
         assert!(tail.ends_with(&format!(" {id}")), "{argv_seen:?}");
         assert_eq!(lines(&out, "doc: "), [want], "{args:?}");
         // Root's own file, private, unlinked.
@@ -278,7 +291,11 @@ fn update_gives_runc_only_the_runtimes_own_resources_json() {
         ),
     ] {
         std::fs::write(&r, doc).unwrap();
-        let out = run(&cfg, &["update", "-r", r.to_str().unwrap(), &id], false);
+        let out = run(
+            &cfg,
+            &[&root, "update", "-r", r.to_str().unwrap(), &id],
+            false,
+        );
         assert_eq!(out.status.code(), Some(1), "{doc}");
         assert!(
             String::from_utf8_lossy(&out.stderr).contains(want),
@@ -287,10 +304,14 @@ fn update_gives_runc_only_the_runtimes_own_resources_json() {
         assert!(lines(&out, "argv: ").is_empty());
     }
     // delete forgets the record: no update after it.
-    let out = run(&cfg, &["delete", &id], false);
+    let out = run(&cfg, &[&root, "delete", &id], false);
     assert!(out.status.success(), "{out:?}");
     std::fs::write(&r, r#"{"memory":{"limit":1048576}}"#).unwrap();
-    let out = run(&cfg, &["update", "-r", r.to_str().unwrap(), &id], false);
+    let out = run(
+        &cfg,
+        &[&root, "update", "-r", r.to_str().unwrap(), &id],
+        false,
+    );
     assert_eq!(out.status.code(), Some(1));
 }
 
@@ -340,7 +361,7 @@ fn exec_gives_runc_a_process_the_runtime_wrote_with_the_containers_user() {
     }
     let (d, cfg) = setup();
     let id = format!("exe-{}", std::process::id());
-    created(
+    let root = created(
         d.path(),
         &cfg,
         &id,
@@ -349,8 +370,7 @@ fn exec_gives_runc_a_process_the_runtime_wrote_with_the_containers_user() {
     let out = run(
         &cfg,
         &[
-            "-root",
-            "/run/runc",
+            &root,
             "exec",
             "-t",
             "-d",
@@ -366,7 +386,8 @@ fn exec_gives_runc_a_process_the_runtime_wrote_with_the_containers_user() {
     let argv_seen = lines(&out, "argv: ");
     let (head, tail) = argv_seen[0].split_once("/proc/self/fd/").unwrap();
     assert_eq!(
-        head, "--root=/run/runc exec --detach --pid-file=/p --process=",
+        head,
+        format!("{root} exec --detach --pid-file=/p --process="),
         "{argv_seen:?}"
     );
     assert!(tail.ends_with(&format!(" {id}")), "{argv_seen:?}");
@@ -384,13 +405,14 @@ fn exec_gives_runc_a_process_the_runtime_wrote_with_the_containers_user() {
         vec!["exec", "--cgroup", "/x"],
         vec!["exec", "-u", "1000", "--user", "1000"],
     ] {
-        let mut argv = line.clone();
+        let mut argv = vec![root.as_str()];
+        argv.extend(line.iter().copied());
         argv.extend([id.as_str(), "id"]);
         let out = run(&cfg, &argv, false);
         assert_eq!(out.status.code(), Some(1), "{line:?}: {out:?}");
         assert!(lines(&out, "argv: ").is_empty());
     }
-    let _ = run(&cfg, &["delete", &id], false);
+    let _ = run(&cfg, &[&root, "delete", &id], false);
 }
 
 #[test]
@@ -949,7 +971,7 @@ fn signals_sent_to_the_runtime_reach_an_early_runc() {
 /// when the runtime exec'd it.
 #[test]
 fn killing_the_runtime_kills_an_early_runc() {
-    let Some((d, cfg, b)) = early_setup("echo $$ > \"$b/../runc.pid\"\nexec sleep 60") else {
+    let Some((d, cfg, b)) = early_setup("echo $$ > \"$b/../../../runc.pid\"\nexec sleep 60") else {
         return;
     };
     let mut child = runtime_cmd(&cfg, &["run", "--bundle", b.to_str().unwrap(), "c1"])

@@ -820,7 +820,10 @@ impl Tessera for TesseraService {
         let r = req.into_inner();
         let result = self
             .mgr
-            .unbind_container(&r.container_id)
+            .unbind_container(
+                &r.container_id,
+                Some(r.runtime_root.as_str()).filter(|s| !s.is_empty()),
+            )
             .await
             .map_err(status)
             .map(|()| Response::new(pb::UnbindContainerResponse {}));

@@ -411,14 +411,23 @@ impl LeaseManager {
     }
 
     /// Forget a container on every lease it is bound to (a container may run on
-    /// several leases: one per device a Kubernetes container asked for).
-    pub async fn unbind_container(&self, container_id: &str) -> Result<(), LeaseError> {
+    /// several leases: one per device a Kubernetes container asked for). With a
+    /// `runtime_root`, only the bindings made under that runc root: a container of
+    /// the same id under another root keeps its own.
+    pub async fn unbind_container(
+        &self,
+        container_id: &str,
+        runtime_root: Option<&str>,
+    ) -> Result<(), LeaseError> {
+        let this = |c: &ContainerBinding| {
+            c.id == container_id && runtime_root.is_none_or(|r| c.runtime_root == r)
+        };
         let unbound: Vec<(Lease, Vec<ContainerBinding>)> = {
             let mut st = self.lock();
             let ids: Vec<String> = st
                 .leases
                 .values()
-                .filter(|l| l.containers.iter().any(|c| c.id == container_id))
+                .filter(|l| l.containers.iter().any(this))
                 .map(|l| l.id.clone())
                 .collect();
             let mut unbound = Vec::with_capacity(ids.len());
@@ -426,13 +435,9 @@ impl LeaseManager {
                 let Some(mut l) = st.leases.get_mut(&id) else {
                     continue;
                 };
-                let gone: Vec<ContainerBinding> = l
-                    .containers
-                    .iter()
-                    .filter(|c| c.id == container_id)
-                    .cloned()
-                    .collect();
-                l.containers.retain(|c| c.id != container_id);
+                let gone: Vec<ContainerBinding> =
+                    l.containers.iter().filter(|c| this(c)).cloned().collect();
+                l.containers.retain(|c| !this(c));
                 unbound.push((l.clone(), gone));
             }
             unbound

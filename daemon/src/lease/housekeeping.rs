@@ -127,7 +127,7 @@ impl LeaseManager {
             {
                 continue;
             }
-            match self.unbind_container(&id).await {
+            match self.unbind_container(&id, Some(&root)).await {
                 Ok(()) => {
                     tracing::info!(lease = %lease, container = %id, runtime_root = %root, "container gone: binding dropped")
                 }

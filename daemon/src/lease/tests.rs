@@ -1075,6 +1075,44 @@ async fn bindings_of_containers_that_are_gone_are_dropped() {
     assert_eq!(ids, ["old-live", "new-gone"]);
 }
 
+/// Unbinding under a runc root forgets only that root's container: another root's
+/// container of the same id keeps its binding (and its lease's release still finds it).
+#[tokio::test]
+async fn unbinding_under_a_root_keeps_another_roots_container_of_the_same_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let mgr = manager(dir.path());
+    let a = mgr.create(mig_request("root-a")).await.unwrap();
+    let b = mgr.create(mig_request("root-b")).await.unwrap();
+    for (l, root, pod) in [(&a, "/run/a", "pod1"), (&b, "/run/b", "pod2")] {
+        let bind = crate::model::ContainerBinding {
+            id: "gpu1".into(),
+            cgroup_path: format!("/kubepods/{pod}/gpu1"),
+            runtime_root: root.into(),
+            ..Default::default()
+        };
+        mgr.bind_container(l.token.as_ref().unwrap(), bind, None)
+            .await
+            .unwrap();
+    }
+    let roots = |id: &str| -> Vec<String> {
+        mgr.get(id)
+            .unwrap()
+            .0
+            .containers
+            .iter()
+            .map(|c| c.runtime_root.clone())
+            .collect()
+    };
+    mgr.unbind_container("gpu1", Some("/run/empty"))
+        .await
+        .unwrap();
+    assert_eq!(roots(&a.lease.id), ["/run/a"]);
+    assert_eq!(roots(&b.lease.id), ["/run/b"]);
+    mgr.unbind_container("gpu1", Some("/run/b")).await.unwrap();
+    assert_eq!(roots(&a.lease.id), ["/run/a"]);
+    assert!(roots(&b.lease.id).is_empty());
+}
+
 /// A container on two leases (two devices of a Kubernetes resource) is forgotten
 /// on both when it is deleted, and the unbinding outlives a restart.
 #[tokio::test]
@@ -1107,7 +1145,7 @@ async fn unbinding_a_container_forgets_it_on_every_lease() {
             .collect()
     };
     assert_eq!(ids(&mgr, &b.lease.id), ["both"]);
-    mgr.unbind_container("both").await.unwrap();
+    mgr.unbind_container("both", None).await.unwrap();
     assert_eq!(ids(&mgr, &a.lease.id), ["other"]);
     assert!(ids(&mgr, &b.lease.id).is_empty());
     mgr.begin_shutdown();

@@ -705,6 +705,13 @@ fn cgroup_file_names(spec: &Value, f: &mut Findings) {
     let Some(res) = spec.pointer("/linux/resources") else {
         return;
     };
+    // Typed as runc reads them (what the record of the create keeps): a key spelt
+    // otherwise than runc's struct field is refused.
+    if let Err(reasons) = super::update::parse_create(res) {
+        for r in reasons {
+            f.refuse(r);
+        }
+    }
     for k in res
         .get("unified")
         .and_then(Value::as_object)
@@ -960,6 +967,23 @@ fn cgroups_path(spec: &Value, ctx: &Context, ident: &Identity, f: &mut Findings)
         return;
     }
     let shown = format!("/{}", comps.join("/"));
+    // A container's cgroup is its own: runc makes it at create. One that exists
+    // already is another container's (runc would only warn that it is not empty and
+    // join it, and a lease's release would then kill that container too).
+    match identity::cgroup_exists(&comps) {
+        Ok(None) => {}
+        Ok(Some(dir)) => {
+            f.refuse(format!(
+                "{at}: the cgroup {shown} already exists ({}): a container's cgroup is made by runc at its create, never joined",
+                dir.display()
+            ));
+            return;
+        }
+        Err(e) => {
+            f.refuse(format!("{at}: cannot tell whether {shown} exists: {e}"));
+            return;
+        }
+    }
     match ident {
         Identity::Member(sb) => match sb.pod_cgroup() {
             None => f.refuse(format!(

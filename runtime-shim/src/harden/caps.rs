@@ -15,11 +15,15 @@ pub const SETS: &[&str] = &[
 
 /// Refuse forbidden capabilities in a `capabilities` object (naming each), and return
 /// the reduced object. `ceiling` further limits what may be kept (for exec: the
-/// container's own set); asking beyond it is refused.
+/// container's own sets, by name): each set is kept within the container's set of the
+/// same name. Asking for a capability outside its bounding set is refused; one in it but
+/// outside the container's effective, permitted, inheritable or ambient set is dropped
+/// from that set (engines send the container's original sets, which the create
+/// reduced).
 pub fn reduce(
     caps: Option<&Value>,
     policy: &Policy,
-    ceiling: Option<&[String]>,
+    ceiling: Option<&std::collections::BTreeMap<String, Vec<String>>>,
     what: &str,
     f: &mut Findings,
 ) -> Value {
@@ -54,12 +58,19 @@ pub fn reduce(
                 f.note(format!("{what}: capability {c} dropped from the {set} set"));
                 continue;
             }
-            if let Some(ceiling) = ceiling
-                && !ceiling.contains(&c)
-            {
-                f.refuse(format!(
-                    "{what} asks for capability {c}, which the container does not have"
-                ));
+            let has = |name: &str| {
+                ceiling.is_none_or(|m| m.get(name).is_some_and(|own| own.contains(&c)))
+            };
+            if !has(set) {
+                if !has("bounding") {
+                    f.refuse(format!(
+                        "{what} asks for capability {c}, which the container does not have"
+                    ));
+                } else {
+                    f.note(format!(
+                        "{what}: capability {c} dropped from the {set} set: not in the container's own {set} set"
+                    ));
+                }
                 continue;
             }
             if !kept.contains(&c) {

@@ -13,10 +13,16 @@ use crate::record::{Record, User};
 use serde_json::{Value, json};
 
 /// What the runtime recorded about a container at its create.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct ContainerState {
     /// The bounding set.
     pub bounding: Vec<String>,
+    /// The container's own five capability sets, by OCI name (a set left out:
+    /// empty). An exec'd process gets no capability outside the container's set of
+    /// the same name.
+    pub caps: std::collections::BTreeMap<String, Vec<String>>,
+    /// The CPU resources it was granted (update may not loosen them).
+    pub cpu: Option<super::update::Cpu>,
     pub apparmor_profile: Option<String>,
     pub process_label: Option<String>,
     /// The user, group and additional groups the container was started with.
@@ -62,6 +68,21 @@ impl ContainerState {
                 .iter()
                 .map(|c| cap_name(c))
                 .collect(),
+            caps: caps::SETS
+                .iter()
+                .map(|set| {
+                    let own = r
+                        .process
+                        .pointer(&format!("/capabilities/{set}"))
+                        .and_then(strings)
+                        .unwrap_or_default()
+                        .iter()
+                        .map(|c| cap_name(c))
+                        .collect();
+                    ((*set).to_string(), own)
+                })
+                .collect(),
+            cpu: r.cpu.clone(),
             apparmor_profile: opt("apparmorProfile"),
             process_label: opt("selinuxLabel"),
             user: r.user.clone(),
@@ -279,7 +300,7 @@ pub fn harden_process(
     let reduced = caps::reduce(
         obj.get("capabilities"),
         policy,
-        Some(&state.bounding),
+        Some(&state.caps),
         "exec --process",
         f,
     );
@@ -382,8 +403,17 @@ mod tests {
     use super::*;
 
     fn state() -> ContainerState {
+        let two = vec!["CAP_KILL".to_string(), "CAP_CHOWN".to_string()];
         ContainerState {
-            bounding: vec!["CAP_KILL".into(), "CAP_CHOWN".into()],
+            bounding: two.clone(),
+            caps: [
+                ("bounding", two.clone()),
+                ("effective", two.clone()),
+                ("permitted", two),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect(),
             user: User {
                 uid: 1000,
                 gid: 1000,

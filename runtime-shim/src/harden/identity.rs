@@ -13,7 +13,7 @@
 //! container that names no sandbox gets none of them.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
@@ -434,6 +434,40 @@ pub fn cgroup_has_processes(comps: &[String]) -> Result<bool, String> {
         }
     }
     Ok(false)
+}
+
+/// The mount points of the cgroup hierarchies (v1 controllers, the v2 tree) whose
+/// root is the host's.
+fn cgroup_mounts() -> Result<Vec<PathBuf>, String> {
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo")
+        .map_err(|e| format!("/proc/self/mountinfo: {e}"))?;
+    Ok(mounts
+        .lines()
+        .filter_map(|line| {
+            let (left, right) = line.split_once(" - ")?;
+            let fstype = right.split_whitespace().next().unwrap_or("");
+            let root = left.split(' ').nth(3)?;
+            let point = left.split(' ').nth(4)?;
+            (matches!(fstype, "cgroup" | "cgroup2") && root == "/").then(|| PathBuf::from(point))
+        })
+        .collect())
+}
+
+/// The first directory of cgroup `comps` that exists in any mounted hierarchy, if
+/// one does.
+pub fn cgroup_exists(comps: &[String]) -> Result<Option<PathBuf>, String> {
+    if comps.is_empty() {
+        return Ok(None);
+    }
+    for point in cgroup_mounts()? {
+        let dir = point.join(comps.join("/"));
+        match std::fs::symlink_metadata(&dir) {
+            Ok(_) => return Ok(Some(dir)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(format!("{}: {e}", dir.display())),
+        }
+    }
+    Ok(None)
 }
 
 /// Whether a process of this host is in the network namespace `(dev, ino)`.

@@ -100,6 +100,38 @@ const KEYS: &[(&str, &[&str])] = &[
         ],
     ),
     ("/pids", &["limit"]),
+    (
+        "/blockIO",
+        &[
+            "weight",
+            "leafWeight",
+            "weightDevice",
+            "throttleReadBpsDevice",
+            "throttleWriteBpsDevice",
+            "throttleReadIOPSDevice",
+            "throttleWriteIOPSDevice",
+        ],
+    ),
+    (
+        "/blockIO/weightDevice/*",
+        &["major", "minor", "weight", "leafWeight"],
+    ),
+    (
+        "/blockIO/throttleReadBpsDevice/*",
+        &["major", "minor", "rate"],
+    ),
+    (
+        "/blockIO/throttleWriteBpsDevice/*",
+        &["major", "minor", "rate"],
+    ),
+    (
+        "/blockIO/throttleReadIOPSDevice/*",
+        &["major", "minor", "rate"],
+    ),
+    (
+        "/blockIO/throttleWriteIOPSDevice/*",
+        &["major", "minor", "rate"],
+    ),
     ("/devices/*", &["allow", "type", "major", "minor", "access"]),
     ("/hugepageLimits/*", &["pageSize", "limit"]),
 ];
@@ -200,8 +232,8 @@ opt_struct!(
     }
 );
 
-/// Refuse every key not spelt as [`KEYS`] says, by its path.
-fn check_keys(v: &Value, at: &str, pattern: &str, f: &mut Findings) {
+/// The paths of every key not spelt as [`KEYS`] says.
+fn unknown_keys(v: &Value, at: &str, pattern: &str, out: &mut Vec<String>) {
     match v {
         Value::Object(m) => {
             let allowed = KEYS.iter().find(|(p, _)| *p == pattern).map(|(_, k)| *k);
@@ -209,19 +241,17 @@ fn check_keys(v: &Value, at: &str, pattern: &str, f: &mut Findings) {
                 let path = format!("{at}/{k}");
                 match allowed {
                     Some(keys) if keys.contains(&k.as_str()) => {
-                        check_keys(child, &path, &format!("{pattern}/{k}"), f);
+                        unknown_keys(child, &path, &format!("{pattern}/{k}"), out);
                     }
-                    Some(_) => f.refuse(format!(
-                        "update: {path}: unknown resources key (update may change {UPDATE_MAY_CHANGE} only, keys spelt as runc's)"
-                    )),
-                    // Maps of free keys (unified) and refused objects are judged below.
+                    Some(_) => out.push(path),
+                    // Maps of free keys (unified) are judged elsewhere.
                     None => {}
                 }
             }
         }
         Value::Array(a) => {
             for (i, child) in a.iter().enumerate() {
-                check_keys(child, &format!("{at}/{i}"), &format!("{pattern}/*"), f);
+                unknown_keys(child, &format!("{at}/{i}"), &format!("{pattern}/*"), out);
             }
         }
         _ => {}
@@ -234,18 +264,187 @@ pub fn parse(v: &Value, f: &mut Findings) -> Option<Resources> {
         f.refuse("update: the resources JSON is not an object");
         return None;
     }
-    let before = f.reasons.len();
-    check_keys(v, "", "", f);
-    if f.reasons.len() > before {
+    let mut unknown = Vec::new();
+    unknown_keys(v, "", "", &mut unknown);
+    if !unknown.is_empty() {
+        for path in unknown {
+            f.refuse(format!(
+                "update: {path}: unknown resources key (update may change {UPDATE_MAY_CHANGE} only, keys spelt as runc's)"
+            ));
+        }
         return None;
     }
     match serde_json::from_value::<Resources>(v.clone()) {
         Ok(r) => Some(r),
         Err(e) => {
-            f.refuse(format!("update: the resources JSON: {e}"));
+            f.refuse(format!(
+                "update: the resources JSON: {}",
+                without_values(&e.to_string())
+            ));
             None
         }
     }
+}
+
+/// A decoder's message without the value it quotes (`invalid type: string "s3cret",
+/// expected i64` becomes `invalid type: string, expected i64`): the document may be
+/// any file root can read, named by whoever wrote the command line.
+pub fn without_values(msg: &str) -> String {
+    for lead in ["invalid type: ", "invalid value: "] {
+        if let Some(i) = msg.find(lead)
+            && let Some(j) = msg[i..].find(", expected")
+        {
+            let kind = msg[i + lead.len()..i + j]
+                .split([' ', '`', '"'])
+                .next()
+                .unwrap_or("");
+            return format!("{}{lead}{kind}{}", &msg[..i], without_values(&msg[i + j..]));
+        }
+    }
+    msg.to_string()
+}
+
+/// A create's `linux.resources` parsed into the same typed values: every key spelt as
+/// runc's Go structs name it (runc matches keys case-insensitively, so `LIMIT` would
+/// be its `limit` while a reader by exact name saw none), every value of its type.
+/// `Err` lists the reasons.
+pub fn parse_create(v: &Value) -> Result<Resources, Vec<String>> {
+    if !v.is_object() {
+        return Err(vec!["/linux/resources: not an object".to_string()]);
+    }
+    let mut unknown = Vec::new();
+    unknown_keys(v, "", "", &mut unknown);
+    if !unknown.is_empty() {
+        return Err(unknown
+            .into_iter()
+            .map(|p| format!("/linux/resources{p}: unknown key (keys are spelt as runc's)"))
+            .collect());
+    }
+    serde_json::from_value::<Resources>(v.clone()).map_err(|e| {
+        vec![format!(
+            "/linux/resources: {}",
+            without_values(&e.to_string())
+        )]
+    })
+}
+
+/// A cpuset list (`0-3,8`) as its members; `None` when it is not one.
+fn cpu_list(s: &str) -> Option<std::collections::BTreeSet<u32>> {
+    let mut out = std::collections::BTreeSet::new();
+    for part in s.trim().split(',').filter(|p| !p.is_empty()) {
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        let (a, b): (u32, u32) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
+        if a > b || b - a > 65536 {
+            return None;
+        }
+        out.extend(a..=b);
+    }
+    Some(out)
+}
+
+/// runc's default CFS period (µs) when a spec gives a quota without one.
+const DEFAULT_PERIOD: u64 = 100_000;
+/// The kernel's default cpu.shares (a spec without shares gets it).
+const DEFAULT_SHARES: u64 = 1024;
+
+/// Judge the CPU part of an update against the create's: no more CPU time per period
+/// (quota -1 or a larger quota/period ratio refused where the create set a quota), no
+/// more shares than granted (or the kernel's default 1024, whichever is more), no
+/// burst beyond the create's, cpus and mems within the create's.
+fn judge_cpu(c: &Cpu, granted: Option<&Cpu>, f: &mut Findings) {
+    let g = granted.cloned().unwrap_or_default();
+    if let Some(gq) = g.quota.filter(|q| *q > 0) {
+        let gp = g.period.filter(|p| *p > 0).unwrap_or(DEFAULT_PERIOD);
+        let q = c.quota.unwrap_or(gq);
+        let p = c.period.filter(|p| *p > 0).unwrap_or(gp);
+        // q/p <= gq/gp, in integers.
+        if q <= 0 || i128::from(q) * i128::from(gp) > i128::from(gq) * i128::from(p) {
+            f.refuse(format!(
+                "/cpu: quota {q} per period {p} is refused: at most {gq} per {gp} (what the container was granted)"
+            ));
+        }
+    }
+    if let Some(s) = c.shares {
+        // Kubernetes' in-place resize raises a container's shares within its pod: up
+        // to the kernel's default (one CPU's weight) is admitted beside the grant.
+        let gs = g.shares.unwrap_or(DEFAULT_SHARES).max(DEFAULT_SHARES);
+        if s > gs {
+            f.refuse(format!(
+                "/cpu/shares: {s} is refused: at most {gs} (what the container was granted, or {DEFAULT_SHARES})"
+            ));
+        }
+    }
+    if let Some(b) = c.burst
+        && b > g.burst.unwrap_or(0)
+    {
+        f.refuse(format!(
+            "/cpu/burst: {b} is refused: at most {} (what the container was granted)",
+            g.burst.unwrap_or(0)
+        ));
+    }
+    for (name, asked, own) in [
+        ("cpus", c.cpus.as_deref(), g.cpus.as_deref()),
+        ("mems", c.mems.as_deref(), g.mems.as_deref()),
+    ] {
+        let Some(asked) = asked.filter(|a| !a.trim().is_empty()) else {
+            continue;
+        };
+        let Some(set) = cpu_list(asked) else {
+            f.refuse(format!("/cpu/{name}: {asked:?} is not a cpuset list"));
+            continue;
+        };
+        if let Some(own) = own.filter(|o| !o.trim().is_empty())
+            && !cpu_list(own).is_some_and(|o| set.is_subset(&o))
+        {
+            f.refuse(format!(
+                "/cpu/{name}: {asked:?} is refused: within {own:?} only (what the container was granted)"
+            ));
+        }
+    }
+}
+
+/// Judge a cgroup v2 `cpu.*` or `cpuset.*` file of an update as its [`Cpu`] field
+/// would be; one that no field bounds is refused.
+fn judge_unified_cpu(key: &str, value: &str, granted: Option<&Cpu>, f: &mut Findings) {
+    let mut c = Cpu::default();
+    match key {
+        "cpu.max" => {
+            let mut it = value.split_whitespace();
+            let q = it.next().unwrap_or("");
+            c.quota = Some(if q == "max" {
+                -1
+            } else {
+                q.parse().unwrap_or(0)
+            });
+            c.period = it.next().and_then(|p| p.parse().ok());
+        }
+        "cpu.weight" => {
+            // runc's conversion of shares to weight, bounded by the granted shares'.
+            let gs = granted
+                .and_then(|g| g.shares)
+                .unwrap_or(DEFAULT_SHARES)
+                .max(2);
+            let gw = 1 + ((gs - 2) * 9999) / 262_142;
+            match value.trim().parse::<u64>() {
+                Ok(w) if w <= gw.max(100) => {}
+                _ => f.refuse(format!(
+                    "/unified/cpu.weight: {value:?} is refused: at most {} (what the container was granted)",
+                    gw.max(100)
+                )),
+            }
+            return;
+        }
+        "cpu.idle" => return,
+        "cpuset.cpus" => c.cpus = Some(value.to_string()),
+        "cpuset.mems" => c.mems = Some(value.to_string()),
+        _ => {
+            f.refuse(format!(
+                "/unified/{key}: refused: no CPU grant bounds it (cpu.max, cpu.weight, cpu.idle, cpuset.cpus and cpuset.mems only)"
+            ));
+            return;
+        }
+    }
+    judge_cpu(&c, granted, f);
 }
 
 fn empty(v: Option<&Value>) -> bool {
@@ -336,6 +535,7 @@ pub fn judge(
                 ));
             }
         }
+        judge_cpu(&c, state.cpu.as_ref(), f);
         out.cpu = Some(c);
     }
     for (i, h) in r.hugepage_limits.iter().flatten().enumerate() {
@@ -361,6 +561,8 @@ pub fn judge(
                 f.refuse(format!(
                     "/unified/{key}: update may change {UPDATE_MAY_CHANGE} only"
                 ));
+            } else if key.starts_with("cpu.") || key.starts_with("cpuset.") {
+                judge_unified_cpu(key, value, state.cpu.as_ref(), f);
             } else if let Some(granted) = bound
                 && !unified_limit_ok(value, granted)
             {
@@ -527,9 +729,28 @@ mod tests {
     use crate::record::User;
     use serde_json::json;
 
+    #[test]
+    fn a_refusal_never_quotes_a_value_of_the_document() {
+        let mut f = Findings::default();
+        assert!(parse(&json!({"pids": {"limit": "s3cret"}}), &mut f).is_none());
+        let all = f.reasons.join(" ");
+        assert!(!all.contains("s3cret"), "{all}");
+        assert!(all.contains("invalid type: string, expected i64"), "{all}");
+        let e = parse_create(&json!({"cpu": {"cpus": 7}}))
+            .unwrap_err()
+            .join(" ");
+        assert!(
+            e.contains("invalid type: integer, expected a string"),
+            "{e}"
+        );
+        assert!(!e.contains('7'), "{e}");
+    }
+
     fn state() -> ContainerState {
         ContainerState {
             bounding: Vec::new(),
+            caps: Default::default(),
+            cpu: None,
             apparmor_profile: None,
             process_label: None,
             user: User {

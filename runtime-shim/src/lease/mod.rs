@@ -506,10 +506,11 @@ impl DaemonClient {
         })
     }
 
-    /// Forget a container (on delete).
-    pub fn unbind(&self, container_id: &str) -> Result<(), LeaseError> {
+    /// Forget a container (on delete), only as bound under runc root `runtime_root`.
+    pub fn unbind(&self, container_id: &str, runtime_root: &str) -> Result<(), LeaseError> {
         let req = pb::UnbindContainerRequest {
             container_id: container_id.to_string(),
+            runtime_root: runtime_root.to_string(),
         };
         self.call(self.timeout, |mut c| async move {
             c.unbind_container(req).await.map(|_| ())
