@@ -406,7 +406,7 @@ pub const TABLE: &[Field] = &[
         "/linux/cgroupsPath",
         Checked,
         false,
-        "inside the pod's cgroup as runc recorded its sandbox (systemd slices expanded), or a configured parent outside Kubernetes; ending in this container",
+        "inside the pod's cgroup as runc recorded its sandbox (systemd slices expanded); a sandbox's directly in its own pod's cgroup below a kubepods root; directly in a configured parent outside Kubernetes; ending in this container",
     ),
     f("/linux/resources", Checked, true, "cgroup limits"),
     f(
