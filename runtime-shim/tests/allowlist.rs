@@ -1076,3 +1076,40 @@ fn a_container_joins_only_its_own_sandboxs_namespaces() {
         reasons(&out2)
     );
 }
+
+/// containerd's sandbox files of a pod (red team 2, finding 5): only for a container
+/// whose bundle is containerd's task directory of its own id under the CRI's runc
+/// root's namespace. The same spec from a bundle anywhere else, or from another id's
+/// task directory, gets none of them.
+#[test]
+fn cri_sandbox_files_only_from_containerds_task_directory() {
+    let h = Host::new();
+    let spec = pod_container(&h);
+    let (code, out) = h.check("own-task-dir", &spec);
+    assert_eq!(code, 0, "{:?}", reasons(&out));
+    let d = h.dir.path();
+    for bundle in [
+        d.join("bundles/elsewhere"),
+        d.join("run-containerd/io.containerd.runtime.v2.task/runc-root/c2"),
+        d.join("run-containerd/io.containerd.runtime.v2.task/other-ns/c1"),
+    ] {
+        std::fs::create_dir_all(bundle.join("rootfs/etc")).unwrap();
+        common::write_spec(&bundle, &spec);
+        let out = Command::new(common::runtime_bin())
+            .env("TESSERA_RUNTIME_CONFIG", &h.config)
+            .arg("--root")
+            .arg(d.join("runc-root"))
+            .args(["check", "--json", "--id", "c1", "--bundle"])
+            .arg(&bundle)
+            .output()
+            .unwrap();
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let r = reasons(&v).join("\n");
+        assert!(!out.status.success(), "{}: admitted", bundle.display());
+        assert!(
+            r.contains(&format!("sandboxes/{SANDBOX}/hostname is not under")),
+            "{}: {r}",
+            bundle.display()
+        );
+    }
+}
