@@ -56,7 +56,10 @@ impl World {
             // Which layer a container runs on, seen from the host.
             std::fs::write(merged.join(format!("{layer}.marker")), "").unwrap();
         }
-        let top = format!("tessera-id-{}", std::process::id());
+        // One kubepods cgroup per world: the tests of this file run in parallel.
+        static WORLDS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = WORLDS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let top = format!("tessera-id-{}-{n}", std::process::id());
         let text = std::fs::read_to_string(&config).unwrap();
         // The runc root stands for the CRI's (containerd's k8s.io), `top` for
         // kubelet's /kubepods.
