@@ -112,7 +112,9 @@ impl World {
             format!(
                 "runc_path = {runc:?}\nstate_dir = {rt_state:?}\ndaemon_socket = {sock:?}\ndaemon_timeout_ms = 3000\nnvidia_proc_root = {proc_root:?}\n\
                  runc_cve_acknowledged = [\"CVE-2025-31133\", \"CVE-2025-52565\", \"CVE-2025-52881\"]\n\
-                 [policy]\napparmor = \"if-available\"\ncontainerd_root = {root:?}\ncontainerd_state = {state:?}\nkubelet_root = {kubelet:?}\n",
+                 [policy]\napparmor = \"if-available\"\ncontainerd_root = {root:?}\ncontainerd_state = {state:?}\nkubelet_root = {kubelet:?}\n\
+                 kubepods_roots = [\"/tessera-e2e-{slot}\", \"e2etessera{pid}.slice\"]\n",
+                pid = std::process::id(),
                 sock = daemon.socket,
                 rt_state = setup.dir.join("runtime-state"),
                 root = setup.root(),

@@ -486,3 +486,117 @@ fn podman_runs_a_container_by_the_leases_cdi_name() {
     assert!(t.contains("GPU device node"), "{t}");
     assert!(removed, "the released lease's CDI spec is still there");
 }
+
+/// Red team 2, findings 3 and 4, with a real podman victim: container ids are unique
+/// per runc root only, so a container created by a direct call under another root
+/// with a podman container's id gets none of that container's: not its layer as
+/// rootfs, not its run directory's files, not its bundle's config.json. Judged by
+/// what runc made (nothing) and by podman's container afterwards (intact).
+#[test]
+fn a_container_of_another_root_gets_nothing_of_the_podman_container_of_its_id() {
+    let Some(w) = World::new() else { return };
+    let out = w.podman(&[
+        "run",
+        "-d",
+        "--network",
+        "none",
+        "--name",
+        "victim",
+        IMAGE,
+        "sleep",
+        "600",
+    ]);
+    assert!(out.status.success(), "podman run: {}", text(&out));
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let d = w.dir.path();
+    let list: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(d.join("graph/vfs-containers/containers.json")).unwrap(),
+    )
+    .unwrap();
+    let layer = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["id"] == id.as_str())
+        .and_then(|c| c["layer"].as_str())
+        .unwrap()
+        .to_string();
+    let victim_root = d.join("graph/vfs/dir").join(&layer);
+    let run_dir = d.join("run/vfs-containers").join(&id).join("userdata");
+    let victim_config = d
+        .join("graph/vfs-containers")
+        .join(&id)
+        .join("userdata/config.json");
+    assert!(run_dir.join("hosts").exists() && victim_config.exists());
+    let attacker_root = d.join("attacker-root");
+    let bind = |src: &Path, dest: &str| {
+        serde_json::json!({"destination": dest, "type": "bind", "source": src,
+                           "options": ["rbind", "rw"]})
+    };
+    let mut failures = Vec::new();
+    for (what, want) in [
+        ("rootfs", "is not this container's own userdata"),
+        ("hosts", "is not under this container's bundle"),
+        ("conmon.pid", "never bind-mounted writable"),
+        ("config.json", "never bind-mounted writable"),
+    ] {
+        let b = d.join("attacker").join(what);
+        let mut spec = common::base_spec(&[
+            "sh",
+            "-c",
+            "echo owned > /victim-was-here; echo 6.6.6.6 x >> /h; sleep 600",
+        ]);
+        spec["root"]["path"] = serde_json::json!(common::bundle_rootfs(d, &b));
+        spec["linux"]["cgroupsPath"] = serde_json::json!(format!("/default/{id}"));
+        match what {
+            "rootfs" => spec["root"]["path"] = serde_json::json!(victim_root),
+            "hosts" => spec["mounts"]
+                .as_array_mut()
+                .unwrap()
+                .push(bind(&run_dir.join("hosts"), "/h")),
+            "conmon.pid" => spec["mounts"]
+                .as_array_mut()
+                .unwrap()
+                .push(bind(&run_dir.join("conmon.pid"), "/h")),
+            _ => spec["mounts"]
+                .as_array_mut()
+                .unwrap()
+                .push(bind(&victim_config, "/h")),
+        }
+        common::write_spec(&b, &spec);
+        let out = Command::new(common::runtime_bin())
+            .env("TESSERA_RUNTIME_CONFIG", d.join("bin/tessera-gpu.toml"))
+            .arg("--root")
+            .arg(&attacker_root)
+            .args(["create", "--bundle"])
+            .arg(&b)
+            .arg(&id)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        if out.status.success() || !err.contains(want) {
+            failures.push(format!("{what}: want {want:?}: {}", text(&out)));
+        }
+        let st = Command::new("runc")
+            .arg("--root")
+            .arg(&attacker_root)
+            .args(["state", &id])
+            .output()
+            .unwrap();
+        if st.status.success() {
+            failures.push(format!("{what}: runc has the attacker's container"));
+            let _ = Command::new("runc")
+                .arg("--root")
+                .arg(&attacker_root)
+                .args(["delete", "--force", &id])
+                .status();
+        }
+    }
+    // podman's container is intact: its layer, its /etc/hosts, its bundle.
+    assert!(!victim_root.join("victim-was-here").exists());
+    let out = w.podman(&["exec", "victim", "cat", "/etc/hosts"]);
+    assert!(out.status.success(), "podman exec: {}", text(&out));
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("6.6.6.6"));
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

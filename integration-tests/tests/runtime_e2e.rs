@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use serde_json::json;
+use serde_json::{Value, json};
 use tessera_integration_tests::{DEV_GPUS, TestDaemon, create_req, devnodes, shape};
 use tessera_proto::v1 as pb;
 
@@ -50,6 +50,14 @@ impl World {
         let proc_root = common::fake_nvidia_proc(dir.path());
         let runtime_config = common::runtime_config(dir.path(), &daemon.socket, &proc_root, "");
         let runc_root = dir.path().join("runc-root");
+        // Its runc root stands for the CRI's (containerd's k8s.io), its kubepods
+        // cgroup for kubelet's /kubepods ([`World::kubepods`]).
+        let mut cfg = std::fs::read_to_string(&runtime_config).unwrap();
+        cfg.push_str(&format!(
+            "cri_runc_roots = [{runc_root:?}]\nkubepods_roots = [\"/kubepods-e2e-{}\"]\n",
+            std::process::id()
+        ));
+        std::fs::write(&runtime_config, cfg).unwrap();
         Some(World {
             daemon,
             dev,
@@ -137,6 +145,11 @@ impl World {
     }
 
     fn runtime(&self, args: &[&str]) -> Output {
+        self.runtime_at(&self.runc_root, args)
+    }
+
+    /// The runtime under runc root `root`.
+    fn runtime_at(&self, root: &Path, args: &[&str]) -> Output {
         let n = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
@@ -147,7 +160,7 @@ impl World {
         let status = Command::new(common::runtime_bin())
             .env("TESSERA_RUNTIME_CONFIG", &self.runtime_config)
             .arg("--root")
-            .arg(&self.runc_root)
+            .arg(root)
             .args(args)
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&out).unwrap())
@@ -925,4 +938,173 @@ fn a_second_start_judges_on_the_kept_answer_and_a_changed_one_is_refused_at_bind
     let now: pb::ResolveTokenResponse =
         prost::Message::decode(&std::fs::read(&kept).unwrap()[..]).unwrap();
     assert_eq!(now.devices, resolved.devices);
+}
+
+/// The containers a lease lists, and the pod it is bound to.
+fn lease_containers(w: &World, r: &tokio::runtime::Runtime, id: &str) -> (Vec<String>, String) {
+    r.block_on(async {
+        let l = w
+            .daemon
+            .client()
+            .await
+            .unwrap()
+            .get_lease(pb::GetLeaseRequest {
+                lease_id: id.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .lease
+            .unwrap();
+        (l.containers.into_iter().map(|c| c.id).collect(), l.pod)
+    })
+}
+
+/// A spec in bundle `name` with `token`, of a pod: `annotations` set, in `cgroup`.
+fn pod_spec(w: &World, name: &str, token: &str, annotations: &Value, cgroup: &str) -> PathBuf {
+    let b = w.bundle(name, &["sleep", "600"], token);
+    let mut spec: Value =
+        serde_json::from_slice(&std::fs::read(b.join("config.json")).unwrap()).unwrap();
+    if token.is_empty() {
+        spec["annotations"] = json!({});
+    }
+    for (k, v) in annotations.as_object().unwrap() {
+        spec["annotations"][k] = v.clone();
+    }
+    spec["linux"]["cgroupsPath"] = json!(cgroup);
+    common::write_spec(&b, &spec);
+    b
+}
+
+/// Red team 2, finding 2, with a real tesserad: a second sandbox claiming pod-a's
+/// uid (in another QoS class under the CRI's root, or anywhere under another root) is
+/// refused, so no container of the attacker's can present itself as pod-a's and take
+/// pod-a's lease; the lease lists pod-a's own container only.
+#[test]
+fn a_forged_sandbox_takes_no_other_pods_lease() {
+    let Some(w) = World::new("") else { return };
+    let r = rt();
+    let (lease, token, resolved) = w.lease(&r, shape::whole());
+    w.mknod_lease_nodes(&resolved);
+    let top = w.kubepods();
+    let pid = std::process::id();
+    let victim_sb = w.sandbox("pod-a");
+    let member = |sb: &str| {
+        json!({"io.kubernetes.cri.container-type": "container",
+        "io.kubernetes.cri.sandbox-id": sb, "io.kubernetes.cri.sandbox-uid": "pod-a"})
+    };
+    let id = format!("e2e-victim-{pid}");
+    let b = pod_spec(
+        &w,
+        "victim",
+        &token,
+        &member(&victim_sb),
+        &format!("/{top}/podpod-a/{id}"),
+    );
+    let out = w.runtime(&["create", "--bundle", b.to_str().unwrap(), &id]);
+    assert!(out.status.success(), "victim: {}", text(&out));
+    let other_root = w.dir.path().join("other-root");
+    let mut failures = Vec::new();
+    for (root, cg, want) in [
+        (
+            &w.runc_root,
+            format!("/{top}/besteffort/podpod-a"),
+            "already has a cgroup",
+        ),
+        (
+            &other_root,
+            format!("/{top}/podpod-a"),
+            "not the CRI's runc root",
+        ),
+    ] {
+        let fsid = format!("e2e-forged-{pid}");
+        let sandbox = json!({"io.kubernetes.cri.container-type": "sandbox",
+            "io.kubernetes.cri.sandbox-id": fsid, "io.kubernetes.cri.sandbox-uid": "pod-a"});
+        let fb = pod_spec(&w, "forged", "", &sandbox, &format!("{cg}/{fsid}"));
+        let out = w.runtime_at(root, &["create", "--bundle", fb.to_str().unwrap(), &fsid]);
+        if out.status.success() || !text(&out).contains(want) {
+            failures.push(format!("forged sandbox in {cg}: {}", text(&out)));
+        }
+        let aid = format!("e2e-attacker-{pid}");
+        let ab = pod_spec(
+            &w,
+            "attacker",
+            &token,
+            &member(&fsid),
+            &format!("{cg}/{aid}"),
+        );
+        let out = w.runtime_at(root, &["create", "--bundle", ab.to_str().unwrap(), &aid]);
+        if out.status.success() {
+            failures.push(format!("attacker's container in {cg}: admitted"));
+            let _ = w.runtime_at(root, &["delete", "--force", &aid]);
+        }
+    }
+    let (containers, pod) = lease_containers(&w, &r, &lease.id);
+    assert_eq!(
+        containers,
+        vec![id.clone()],
+        "the lease lists pod-a's container only"
+    );
+    assert_eq!(pod, "pod-a");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Red team 2, finding 2 (tenant_namespaces), with a real tesserad: a sandbox made
+/// outside the CRI claiming the tenant's namespace gives its containers no pod, so
+/// the tenant's token is refused to them, and the daemon binds nothing.
+#[test]
+fn a_sandbox_made_outside_the_cri_satisfies_no_tenant_namespace() {
+    let Some(w) = World::new("") else { return };
+    let mut cfg = std::fs::read_to_string(&w.runtime_config).unwrap();
+    cfg.push_str("\n[tenant_namespaces]\nteam-a = [\"ns-a\"]\n");
+    std::fs::write(&w.runtime_config, cfg).unwrap();
+    let r = rt();
+    let (lease, token, resolved) = w.lease(&r, shape::whole());
+    w.mknod_lease_nodes(&resolved);
+    let top = w.kubepods();
+    let pid = std::process::id();
+    let other_root = w.dir.path().join("other-root");
+    let sid = format!("e2e-sb-z-{pid}");
+    let sandbox = json!({"io.kubernetes.cri.container-type": "sandbox",
+        "io.kubernetes.cri.sandbox-id": sid, "io.kubernetes.cri.sandbox-uid": "pod-z",
+        "io.kubernetes.cri.sandbox-namespace": "ns-a"});
+    let fb = pod_spec(&w, "sb-z", "", &sandbox, &format!("/{top}/podpod-z/{sid}"));
+    let out = w.runtime_at(
+        &other_root,
+        &["create", "--bundle", fb.to_str().unwrap(), &sid],
+    );
+    assert!(
+        !out.status.success(),
+        "sandbox outside the CRI: {}",
+        text(&out)
+    );
+    assert!(
+        text(&out).contains("not the CRI's runc root"),
+        "{}",
+        text(&out)
+    );
+    let id = format!("e2e-c-z-{pid}");
+    let member = json!({"io.kubernetes.cri.container-type": "container",
+        "io.kubernetes.cri.sandbox-id": sid, "io.kubernetes.cri.sandbox-uid": "pod-z",
+        "io.kubernetes.cri.sandbox-namespace": "ns-a"});
+    let b = pod_spec(&w, "c-z", &token, &member, &format!("/{top}/podpod-z/{id}"));
+    let out = w.runtime_at(
+        &other_root,
+        &["create", "--bundle", b.to_str().unwrap(), &id],
+    );
+    assert!(!out.status.success(), "member: {}", text(&out));
+    // Without pod claims, outside a pod: the tenant binding refuses it.
+    let b = w.bundle("plain", &["sleep", "600"], &token);
+    let out = w.runtime_at(
+        &other_root,
+        &["create", "--bundle", b.to_str().unwrap(), "e2e-plain"],
+    );
+    assert!(!out.status.success(), "plain: {}", text(&out));
+    assert!(
+        text(&out).contains("tenants are bound to Kubernetes namespaces"),
+        "{}",
+        text(&out)
+    );
+    let (containers, _) = lease_containers(&w, &r, &lease.id);
+    assert!(containers.is_empty(), "{containers:?}");
 }

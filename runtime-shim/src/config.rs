@@ -287,6 +287,19 @@ impl RuntimeConfig {
                 return Err(bad(format!("policy.cgroup_parents: {e}")));
             }
         }
+        for root in &p.kubepods_roots {
+            if let Err(e) = crate::harden::identity::parent_components(root) {
+                return Err(bad(format!("policy.kubepods_roots: {e}")));
+            }
+        }
+        for root in &p.cri_runc_roots {
+            if !root.is_absolute() {
+                return Err(bad(format!(
+                    "policy.cri_runc_roots entry {} is not absolute",
+                    root.display()
+                )));
+            }
+        }
         if p.apparmor_profile.is_empty() {
             return Err(bad("policy.apparmor_profile is empty".to_string()));
         }

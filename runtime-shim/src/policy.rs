@@ -220,6 +220,26 @@ pub struct Policy {
     /// as systemd nests slices). A pod's container goes inside its own pod's cgroup.
     #[serde(default = "default_cgroup_parents")]
     pub cgroup_parents: Vec<String>,
+    /// The runc roots (`--root`) of the CRI's own runtime shims (containerd's
+    /// `k8s.io` namespace): only a container created under one of these is a pod's
+    /// (a sandbox, or a container of one). Anything else is outside any pod.
+    #[serde(default = "default_cri_runc_roots")]
+    pub cri_runc_roots: Vec<PathBuf>,
+    /// kubelet's pod cgroup roots (`--cgroup-root` plus `kubepods`): a pod sandbox's
+    /// pod cgroup lies directly below one, in kubelet's QoS layout (`<root>/pod<uid>`,
+    /// `<root>/burstable/pod<uid>`, `<root>/besteffort/pod<uid>`; with systemd,
+    /// `kubepods.slice` gives `kubepods-pod<uid>.slice`,
+    /// `kubepods-burstable-pod<uid>.slice`, `kubepods-besteffort-pod<uid>.slice`).
+    #[serde(default = "default_kubepods_roots")]
+    pub kubepods_roots: Vec<String>,
+}
+
+fn default_cri_runc_roots() -> Vec<PathBuf> {
+    vec![PathBuf::from("/run/containerd/runc/k8s.io")]
+}
+
+fn default_kubepods_roots() -> Vec<String> {
+    caps(&["/kubepods", "kubepods.slice"])
 }
 
 fn default_cgroup_parents() -> Vec<String> {
@@ -292,6 +312,8 @@ impl Default for Policy {
             kubelet_root: default_kubelet_root(),
             bind_sources: Vec::new(),
             cgroup_parents: default_cgroup_parents(),
+            cri_runc_roots: default_cri_runc_roots(),
+            kubepods_roots: default_kubepods_roots(),
         }
     }
 }

@@ -89,7 +89,7 @@ impl Host {
                  [policy]\napparmor = \"if-available\"\n\
                  container_storage_roots = [{}]\ncontainer_run_roots = [{}]\n\
                  containerd_root = {}\ncontainerd_state = {}\nkubelet_root = {}\n\
-                 bind_sources = [{{ path = {}, writable = false }}]\n",
+                 bind_sources = [{{ path = {}, writable = false }}]\ncri_runc_roots = [{}]\n",
                 q("runtime-state"),
                 q("tessera-run/tesserad.sock"),
                 q("storage"),
@@ -98,6 +98,7 @@ impl Host {
                 q("run-containerd"),
                 q("kubelet"),
                 q("shared-ro"),
+                q("runc-root"),
             ),
         )
         .unwrap();
@@ -114,7 +115,33 @@ impl Host {
     }
 
     fn check_id(&self, name: &str, spec: &Value, id: &str) -> (i32, Value) {
-        let b = self.dir.path().join("bundles").join(name);
+        // Where the engine puts the bundle: containerd's task directory of the id
+        // for a CRI container (the runc root's name is the namespace), podman's
+        // userdata in the store for a container on a storage layer, else anywhere.
+        let d = self.dir.path();
+        let cri = spec
+            .pointer("/annotations/io.kubernetes.cri.container-type")
+            .is_some();
+        let podman = spec["root"]["path"]
+            .as_str()
+            .is_some_and(|r| r.starts_with(&self.path("storage/")));
+        let b = if podman {
+            let driver = if spec.to_string().contains("vfs-containers") {
+                "vfs"
+            } else {
+                "overlay"
+            };
+            d.join("storage")
+                .join(format!("{driver}-containers"))
+                .join(id)
+                .join("userdata")
+        } else if cri {
+            d.join("run-containerd/io.containerd.runtime.v2.task/runc-root")
+                .join(id)
+        } else {
+            d.join("bundles").join(name)
+        };
+        let _ = std::fs::remove_dir_all(&b);
         std::fs::create_dir_all(b.join("rootfs/etc")).unwrap();
         // "BUNDLE/" in a case stands for this bundle's path.
         let text = spec
@@ -960,7 +987,7 @@ fn what_real_callers_send_is_admitted() {
     // podman 4: rootfs in its storage, sandbox files in its run root, libpod cgroup.
     let mut pod = common::base_spec(&["sh"]);
     pod["root"]["path"] = json!(h.path("storage/overlay/abc/merged"));
-    pod["linux"]["cgroupsPath"] = json!("machine-libpod.slice:libpod:podctr");
+    pod["linux"]["cgroupsPath"] = json!("machine.slice:libpod:podctr");
     pod["annotations"] =
         json!({"io.container.manager": "libpod", "org.opencontainers.image.stopSignal": "15"});
     bind(
@@ -971,7 +998,9 @@ fn what_real_callers_send_is_admitted() {
     );
     let (code, out) = h.check_id("podman", &pod, "podctr");
     assert_eq!(code, 0, "podman: {:?}", reasons(&out));
-    // podman with the vfs driver (where overlayfs cannot stack): vfs-containers.
+    // podman with the vfs driver (where overlayfs cannot stack): vfs-containers
+    // (its bundle is then vfs-containers/<id>/userdata too).
+    pod["mounts"].as_array_mut().unwrap().pop();
     bind(
         &mut pod,
         &h.path("run-storage/vfs-containers/podctr/userdata/hosts"),
@@ -1046,4 +1075,41 @@ fn a_container_joins_only_its_own_sandboxs_namespaces() {
         "{:?}",
         reasons(&out2)
     );
+}
+
+/// containerd's sandbox files of a pod (red team 2, finding 5): only for a container
+/// whose bundle is containerd's task directory of its own id under the CRI's runc
+/// root's namespace. The same spec from a bundle anywhere else, or from another id's
+/// task directory, gets none of them.
+#[test]
+fn cri_sandbox_files_only_from_containerds_task_directory() {
+    let h = Host::new();
+    let spec = pod_container(&h);
+    let (code, out) = h.check("own-task-dir", &spec);
+    assert_eq!(code, 0, "{:?}", reasons(&out));
+    let d = h.dir.path();
+    for bundle in [
+        d.join("bundles/elsewhere"),
+        d.join("run-containerd/io.containerd.runtime.v2.task/runc-root/c2"),
+        d.join("run-containerd/io.containerd.runtime.v2.task/other-ns/c1"),
+    ] {
+        std::fs::create_dir_all(bundle.join("rootfs/etc")).unwrap();
+        common::write_spec(&bundle, &spec);
+        let out = Command::new(common::runtime_bin())
+            .env("TESSERA_RUNTIME_CONFIG", &h.config)
+            .arg("--root")
+            .arg(d.join("runc-root"))
+            .args(["check", "--json", "--id", "c1", "--bundle"])
+            .arg(&bundle)
+            .output()
+            .unwrap();
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let r = reasons(&v).join("\n");
+        assert!(!out.status.success(), "{}: admitted", bundle.display());
+        assert!(
+            r.contains(&format!("sandboxes/{SANDBOX}/hostname is not under")),
+            "{}: {r}",
+            bundle.display()
+        );
+    }
 }

@@ -32,6 +32,8 @@ impl Fixture {
         )
         .unwrap();
         cfg.nvidia_proc_root = proc_root.clone();
+        // Its runc root stands for the CRI's (containerd's k8s.io).
+        cfg.policy.cri_runc_roots = vec![dir.path().join("runc-root")];
         // The host's own NVIDIA CDI spec (if any) must not change the answers.
         cfg.nvidia_cdi_specs = Some(Vec::new());
         let lease = if with_lease {

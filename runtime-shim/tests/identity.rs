@@ -56,19 +56,27 @@ impl World {
             // Which layer a container runs on, seen from the host.
             std::fs::write(merged.join(format!("{layer}.marker")), "").unwrap();
         }
+        // One kubepods cgroup per world: the tests of this file run in parallel.
+        static WORLDS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = WORLDS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let top = format!("tessera-id-{}-{n}", std::process::id());
         let text = std::fs::read_to_string(&config).unwrap();
+        // The runc root stands for the CRI's (containerd's k8s.io), `top` for
+        // kubelet's /kubepods.
         std::fs::write(
             &config,
             format!(
-                "{text}container_storage_roots = [{:?}]\n",
-                d.join("storage")
+                "{text}container_storage_roots = [{:?}]\ncontainer_run_roots = [{:?}]\ncri_runc_roots = [{:?}]\nkubepods_roots = [\"/{top}\", \"kubepods.slice\"]\n",
+                d.join("storage"),
+                d.join("runroot"),
+                d.join("runc-root"),
             ),
         )
         .unwrap();
         Some(World {
             root: d.join("runc-root"),
             config,
-            top: format!("tessera-id-{}", std::process::id()),
+            top,
             made: Default::default(),
             dir,
         })
@@ -281,7 +289,7 @@ fn cgroups_and_namespaces_follow_the_sandbox_runc_recorded() {
         ),
         (
             "x-no-pod-in-pod-cgroup",
-            "not inside a configured cgroup parent",
+            "directly in a configured cgroup parent",
             Box::new(move |s, _| {
                 s["linux"]["cgroupsPath"] = json!(format!("{pod_a}/x-no-pod-in-pod-cgroup"));
             }),
@@ -403,18 +411,55 @@ fn cgroups_and_namespaces_follow_the_sandbox_runc_recorded() {
     assert!(e.contains("is not running"), "{e}");
 }
 
+/// `tessera-runtime` with `args`, as root under `root`: Ok, or the refusal's stderr.
+fn runtime_at(
+    w: &World,
+    root: &Path,
+    args: &[&str],
+    bundle: &Path,
+    id: &str,
+) -> Result<(), String> {
+    let mut cmd = Command::new(common::runtime_bin());
+    cmd.env("TESSERA_RUNTIME_CONFIG", &w.config)
+        .arg("--root")
+        .arg(root)
+        .args(args)
+        .arg("--bundle")
+        .arg(bundle);
+    if !id.is_empty() {
+        cmd.arg(id);
+    }
+    let out = cmd.stdin(Stdio::null()).output().unwrap();
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
 #[test]
 fn a_storage_rootfs_must_be_the_containers_own_layer() {
     let Some(w) = World::new() else { return };
     let storage = w.dir.path().join("storage");
-    let with_root = |root: PathBuf| {
-        move |s: &mut Value, _: &Path| {
-            s["root"]["path"] = json!(root);
-        }
+    // podman's bundle for a container: its own userdata in the store.
+    let userdata = |id: &str| storage.join("overlay-containers").join(id).join("userdata");
+    let podman_bundle = |id: &str, root: &Path, f: &dyn Fn(&mut Value)| {
+        let b = userdata(id);
+        let mut spec = common::base_spec(&["sleep", "600"]);
+        spec["root"]["path"] = json!(root);
+        spec["linux"]["cgroupsPath"] = json!(format!("/tessera-test/libpod-{id}"));
+        f(&mut spec);
+        common::write_spec(&b, &spec);
+        b
     };
-    // Its own layer, as containers.json records it: admitted, and runc runs on it.
+    // Its own layer, as containers.json records it, from its own userdata bundle:
+    // admitted, and runc runs on it.
     let own = storage.join("overlay/l-own/merged");
-    let b = w.bundle("podman-own", with_root(own.clone()));
+    let b = podman_bundle("podman-own", &own, &|_| {});
     w.create("podman-own", &b).unwrap();
     let pid = w.pid("podman-own").unwrap();
     assert!(Path::new(&format!("/proc/{pid}/root/l-own.marker")).exists());
@@ -422,36 +467,387 @@ fn a_storage_rootfs_must_be_the_containers_own_layer() {
     // Another container's layer, the layer store, the whole storage, a layer's
     // parent: refused.
     let mut failures = Vec::new();
-    for (i, root) in [
+    for root in [
         storage.join("overlay/l-other/merged"),
         storage.join("overlay"),
         storage.clone(),
         storage.join("overlay/l-own"),
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        let id = "podman-own";
-        let b = w.dir.path().join("bundles").join(format!("podman-own-{i}"));
-        let mut spec = common::base_spec(&["sleep", "600"]);
-        spec["root"]["path"] = json!(root);
-        common::write_spec(&b, &spec);
-        let out = Command::new(common::runtime_bin())
-            .env("TESSERA_RUNTIME_CONFIG", &w.config)
-            .arg("--root")
-            .arg(&w.root)
-            .args(["check", "--json", "--id", id, "--bundle"])
-            .arg(&b)
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        if out.status.success() || !text.contains("not this container's own rootfs") {
-            failures.push(format!("{}: {text}", root.display()));
+    ] {
+        let b = podman_bundle("podman-own", &root, &|_| {});
+        match runtime_at(
+            &w,
+            &w.root,
+            &["check", "--json", "--id", "podman-own"],
+            &b,
+            "",
+        ) {
+            Err(e) if e.contains("not this container's own rootfs") => {}
+            r => failures.push(format!("{}: {r:?}", root.display())),
         }
     }
+    // The same id under another runc root (ids are unique per root only), its bundle
+    // elsewhere: podman's container of that id is not this one. Refused, and runc has
+    // nothing; the victim's layer is untouched.
+    let other_root = w.dir.path().join("other-root");
+    let b = w.bundle("podman-other", |s, _| {
+        s["root"]["path"] = json!(storage.join("overlay/l-other/merged"));
+        s["linux"]["cgroupsPath"] = json!("/tessera-test/podman-other");
+    });
+    match runtime_at(&w, &other_root, &["create"], &b, "podman-other") {
+        Err(e) if e.contains("is not this container's own userdata") => {}
+        r => failures.push(format!("podman-other under another root: {r:?}")),
+    }
+    let st = Command::new("runc")
+        .arg("--root")
+        .arg(&other_root)
+        .args(["state", "podman-other"])
+        .stderr(Stdio::null())
+        .output()
+        .unwrap();
+    if st.status.success() {
+        failures.push("runc has podman-other under the other root".into());
+        let _ = Command::new("runc")
+            .arg("--root")
+            .arg(&other_root)
+            .args(["delete", "--force", "podman-other"])
+            .status();
+    }
     // A container the store does not know: refused.
-    let b = w.bundle("podman-unknown", with_root(own));
-    let e = w.create("podman-unknown", &b).unwrap_err();
-    assert!(e.contains("is not in"), "{e}");
+    let b = podman_bundle("podman-unknown", &own, &|_| {});
+    match w.create("podman-unknown", &b) {
+        Err(e) if e.contains("is not in") => {}
+        r => failures.push(format!("podman-unknown: {r:?}")),
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// podman's run directory (`<runroot>/<driver>-containers/<id>/userdata`) holds
+/// conmon's pid files beside the files it writes for the container: a container gets
+/// those (hosts, hostname, resolv.conf, .containerenv) writable, the engine's files
+/// and the directory never; another engine's container directory never writable.
+#[test]
+fn a_podman_run_directory_gives_only_the_containers_own_files() {
+    let Some(w) = World::new() else { return };
+    let d = w.dir.path();
+    let storage = d.join("storage");
+    let run = |id: &str| {
+        d.join("runroot/overlay-containers")
+            .join(id)
+            .join("userdata")
+    };
+    for id in ["podman-own", "podman-other"] {
+        std::fs::create_dir_all(run(id)).unwrap();
+        for f in ["hosts", "conmon.pid", "pidfile", "resolv.conf"] {
+            std::fs::write(run(id).join(f), "42\n").unwrap();
+        }
+    }
+    let bind = |src: PathBuf, dest: &str, rw: bool| {
+        json!({"destination": dest, "type": "bind", "source": src,
+               "options": ["rbind", if rw { "rw" } else { "ro" }]})
+    };
+    let make = |mounts: Vec<Value>| {
+        let b = storage.join("overlay-containers/podman-own/userdata");
+        let mut spec = common::base_spec(&["sleep", "600"]);
+        spec["root"]["path"] = json!(storage.join("overlay/l-own/merged"));
+        spec["linux"]["cgroupsPath"] = json!("/tessera-test/libpod-podman-own");
+        spec["mounts"].as_array_mut().unwrap().extend(mounts);
+        common::write_spec(&b, &spec);
+        b
+    };
+    let mut failures = Vec::new();
+    for (what, m) in [
+        (
+            "conmon.pid rw",
+            bind(run("podman-own").join("conmon.pid"), "/c", true),
+        ),
+        (
+            "pidfile rw",
+            bind(run("podman-own").join("pidfile"), "/c", true),
+        ),
+        ("the run dir rw", bind(run("podman-own"), "/c", true)),
+        (
+            "another's hosts",
+            bind(run("podman-other").join("hosts"), "/c", true),
+        ),
+        (
+            "another's bundle config.json",
+            bind(
+                storage.join("overlay-containers/podman-other/userdata/config.json"),
+                "/c",
+                false,
+            ),
+        ),
+    ] {
+        std::fs::create_dir_all(storage.join("overlay-containers/podman-other/userdata")).unwrap();
+        std::fs::write(
+            storage.join("overlay-containers/podman-other/userdata/config.json"),
+            "{}",
+        )
+        .unwrap();
+        let b = make(vec![m]);
+        match runtime_at(
+            &w,
+            &w.root,
+            &["check", "--json", "--id", "podman-own"],
+            &b,
+            "",
+        ) {
+            Ok(()) => failures.push(format!("{what}: admitted")),
+            Err(e) if e.contains("\"admitted\":true") || e.contains("\"admitted\": true") => {
+                failures.push(format!("{what}: admitted: {e}"))
+            }
+            Err(_) => {}
+        }
+    }
+    // Its own hosts file writable and the run directory read-only: admitted, and
+    // what it writes to /etc/hosts is what the host's file holds; conmon's pid file
+    // is unchanged.
+    let b = make(vec![
+        bind(run("podman-own").join("hosts"), "/etc/hosts", true),
+        bind(run("podman-own"), "/run/podman-run", false),
+    ]);
+    let mut spec: Value =
+        serde_json::from_slice(&std::fs::read(b.join("config.json")).unwrap()).unwrap();
+    spec["process"]["args"] = json!([
+        "sh",
+        "-c",
+        "echo 6.6.6.6 x >> /etc/hosts; echo 1 > /run/podman-run/conmon.pid; sleep 600"
+    ]);
+    common::write_spec(&b, &spec);
+    w.create("podman-own", &b).unwrap();
+    let _ = Command::new("runc")
+        .arg("--root")
+        .arg(&w.root)
+        .args(["start", "podman-own"])
+        .status();
+    let mut hosts = String::new();
+    for _ in 0..200 {
+        hosts = std::fs::read_to_string(run("podman-own").join("hosts")).unwrap();
+        if hosts.contains("6.6.6.6") {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(
+        hosts.contains("6.6.6.6"),
+        "its own hosts file is writable: {hosts}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(run("podman-own").join("conmon.pid")).unwrap(),
+        "42\n",
+        "conmon's pid file is read-only to it"
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// A pod sandbox (findings 1, 2, 8 of the second red team): only under the CRI's runc
+/// root, directly in its own pod's cgroup directly below a kubepods root, that pod's
+/// only pod cgroup (no other QoS class) and still empty. Judged by what runc made.
+#[test]
+fn a_sandbox_is_its_pods_only_one_directly_below_kubepods() {
+    let Some(w) = World::new() else { return };
+    let top = w.top.clone();
+    let pid_a = w.sandbox("sb-a", UID_A);
+    let other_root = w.dir.path().join("other-root");
+    let uid_x = "1d0c8a52-0000-4000-8000-0000000000f1";
+    let uid_w = "1d0c8a52-0000-4000-8000-0000000000f2";
+    let sandbox_spec = |id: &str, uid: &str, cg: String| {
+        let id = id.to_string();
+        let uid = uid.to_string();
+        w.bundle(&id.clone(), move |s, _| {
+            s["annotations"] = json!({
+                "io.kubernetes.cri.container-type": "sandbox",
+                "io.kubernetes.cri.sandbox-id": id,
+                "io.kubernetes.cri.sandbox-uid": uid,
+                "io.kubernetes.cri.sandbox-namespace": "team",
+            });
+            s["linux"]["cgroupsPath"] = json!(cg);
+        })
+    };
+    // kubelet made pod W's cgroup; its sandbox is not started yet.
+    let pod_w = format!("/sys/fs/cgroup/memory/{top}/pod{uid_w}");
+    std::fs::create_dir_all(&pod_w).unwrap();
+    let pa = format!("/{top}/pod{UID_A}");
+    let cases: Vec<(&str, &str, String, &Path, &str)> = vec![
+        // 1: inside another pod, its sandbox, a host slice, outside kubepods.
+        (
+            "sbx1",
+            uid_x,
+            format!("{pa}/pod{uid_x}/sbx1"),
+            &w.root,
+            "directly in its pod's cgroup",
+        ),
+        (
+            "sbx2",
+            uid_x,
+            format!("/{top}/burstable/pod{UID_A}/pod{uid_x}/sbx2"),
+            &w.root,
+            "directly in its pod's cgroup",
+        ),
+        (
+            "sbx3",
+            uid_x,
+            format!("{pa}/sb-a/pod{uid_x}/sbx3"),
+            &w.root,
+            "directly in its pod's cgroup",
+        ),
+        (
+            "sbx4",
+            uid_x,
+            format!("/system.slice/pod{uid_x}/sbx4"),
+            &w.root,
+            "directly in its pod's cgroup",
+        ),
+        (
+            "sbx5",
+            uid_x,
+            format!("/{top}x/pod{uid_x}/sbx5"),
+            &w.root,
+            "directly in its pod's cgroup",
+        ),
+        // 2: pod A's uid again in another QoS class; a fresh pod from another root.
+        (
+            "sbf",
+            UID_A,
+            format!("/{top}/besteffort/pod{UID_A}/sbf"),
+            &w.root,
+            "already has a cgroup",
+        ),
+        (
+            "sby",
+            uid_x,
+            format!("/{top}/pod{uid_x}/sby"),
+            &other_root,
+            "not the CRI's runc root",
+        ),
+        // 8: a sandbox squatting pod W's empty cgroup from another root, or pod W's
+        // uid in another QoS class from the CRI's root.
+        (
+            "sbq",
+            uid_w,
+            format!("/{top}/pod{uid_w}/sbq"),
+            &other_root,
+            "not the CRI's runc root",
+        ),
+        (
+            "sbq2",
+            uid_w,
+            format!("/{top}/burstable/pod{uid_w}/sbq2"),
+            &w.root,
+            "already has a cgroup",
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (id, uid, cg, root, want) in &cases {
+        let b = sandbox_spec(id, uid, cg.clone());
+        match runtime_at(&w, root, &["create"], &b, id) {
+            Ok(()) => failures.push(format!("{id}: admitted")),
+            Err(e) if !e.contains(want) => failures.push(format!("{id}: want {want:?}: {e}")),
+            Err(_) => {}
+        }
+        let st = Command::new("runc")
+            .arg("--root")
+            .arg(root)
+            .args(["state", id])
+            .stderr(Stdio::null())
+            .output()
+            .unwrap();
+        if st.status.success() {
+            failures.push(format!("{id}: runc has it"));
+            let _ = Command::new("runc")
+                .arg("--root")
+                .arg(root)
+                .args(["delete", "--force", id])
+                .status();
+        }
+        let leaf = Path::new("/sys/fs/cgroup/memory").join(cg.trim_start_matches('/'));
+        if leaf.exists() {
+            failures.push(format!("{id}: runc made its cgroup {}", leaf.display()));
+        }
+    }
+    // A container of pod A made under another runc root: no pod, no namespace join.
+    let b = w.bundle("x-other-root", |s, _| {
+        member(s, "sb-a", UID_A);
+        s["linux"]["cgroupsPath"] = json!(format!("{pa}/x-other-root"));
+        s["linux"]["namespaces"][4] =
+            json!({"type": "network", "path": format!("/proc/{pid_a}/ns/net")});
+    });
+    match runtime_at(&w, &other_root, &["create"], &b, "x-other-root") {
+        Err(e) if e.contains("not the CRI's runc root") => {}
+        r => failures.push(format!("x-other-root: {r:?}")),
+    }
+    // systemd's forms (checked, not run: no systemd here): host slices, another
+    // pod's slice, and the one kubelet makes.
+    let uid_sd = uid_x.replace('-', "_");
+    for (cg, ok) in [
+        (format!("system-pod{uid_sd}.slice:cri-containerd:sd"), false),
+        (format!("user-0-pod{uid_sd}.slice:cri-containerd:sd"), false),
+        (
+            format!(
+                "kubepods-burstable-pod{}-pod{uid_sd}.slice:cri-containerd:sd",
+                UID_A.replace('-', "_")
+            ),
+            false,
+        ),
+        (
+            format!("kubepods-besteffort-pod{uid_sd}.slice:cri-containerd:sd"),
+            true,
+        ),
+    ] {
+        let b = sandbox_spec("sd", uid_x, cg.clone());
+        let r = runtime_at(
+            &w,
+            &w.root,
+            &["--systemd-cgroup", "check", "--json", "--id", "sd"],
+            &b,
+            "",
+        );
+        if r.is_ok() != ok {
+            failures.push(format!("systemd {cg}: {r:?}"));
+        }
+    }
+    // The real sandbox of pod W, under the CRI's root: admitted, in pod W's cgroup.
+    let b = sandbox_spec("sb-w", uid_w, format!("/{top}/pod{uid_w}/sb-w"));
+    w.create("sb-w", &b).unwrap();
+    let pid = w.pid("sb-w").unwrap();
+    assert_eq!(memory_cgroup(pid), format!("/{top}/pod{uid_w}/sb-w"));
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Outside a pod (findings 6, 7): a container's cgroup is its own, directly in a
+/// configured parent and named by its id: never inside another container's.
+#[test]
+fn a_container_outside_a_pod_gets_its_own_cgroup_directly_in_a_parent() {
+    let Some(w) = World::new() else { return };
+    let b = w.bundle("octr", |s, _| {
+        s["linux"]["cgroupsPath"] = json!("/tessera-test/octr");
+    });
+    w.create("octr", &b).unwrap();
+    let pid = w.pid("octr").unwrap();
+    assert_eq!(memory_cgroup(pid), "/tessera-test/octr");
+    let mut failures = Vec::new();
+    for (id, cg) in [
+        ("evil", "/tessera-test/octr/evil"),
+        ("evil2", "/tessera-test/x/evil2"),
+        ("evil3", "/tessera-test/octr"),
+        ("evil4", "/tessera-test/pre-evil4"),
+    ] {
+        let b = w.bundle(id, |s, _| s["linux"]["cgroupsPath"] = json!(cg));
+        match w.create(id, &b) {
+            Err(e)
+                if e.contains("directly in a configured cgroup parent")
+                    || e.contains("must end in this container's id") => {}
+            r => failures.push(format!("{id} in {cg}: {r:?}")),
+        }
+        if w.pid(id).is_some() {
+            failures.push(format!("{id}: runc has it"));
+        }
+    }
+    let _ = Command::new("runc")
+        .arg("--root")
+        .arg(&w.root)
+        .args(["delete", "--force", "octr"])
+        .status();
+    let _ = std::fs::remove_dir("/sys/fs/cgroup/memory/tessera-test/octr");
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -58,9 +58,13 @@ fn fixture() -> Option<Fx> {
     }
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
+    // The engines' bundles: containerd's task directory of c1 under the CRI's runc
+    // root ("runc-root" is its namespace), podman's userdata of c1 in its store.
     for sub in [
-        "bundle/rootfs",
-        "bundle/shm",
+        "containerd/io.containerd.runtime.v2.task/runc-root/c1/rootfs",
+        "containerd/io.containerd.runtime.v2.task/runc-root/c1/shm",
+        "storage/overlay-containers/c1/userdata/rootfs",
+        "storage/overlay-containers/c1/userdata/shm",
         "kubelet/pods/aaaa-1111/volumes/v",
         "kubelet/pods/bbbb-2222/volumes/v",
         "containerd/io.containerd.grpc.v1.cri/sandboxes/sb-a",
@@ -73,7 +77,18 @@ fn fixture() -> Option<Fx> {
     ] {
         std::fs::create_dir_all(d.join(sub)).unwrap();
     }
+    std::os::unix::fs::symlink(
+        d.join("containerd/io.containerd.runtime.v2.task/runc-root/c1"),
+        d.join("bundle"),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink(
+        d.join("storage/overlay-containers/c1/userdata"),
+        d.join("podman-bundle"),
+    )
+    .unwrap();
     std::fs::write(d.join("bundle/config.json"), "{}").unwrap();
+    std::fs::write(d.join("podman-bundle/config.json"), "{}").unwrap();
     std::fs::write(
         d.join("run-storage/overlay-containers/c1/userdata/hosts"),
         "",
@@ -156,12 +171,13 @@ fn fixture() -> Option<Fx> {
     let q = |s: &str| format!("{:?}", d.join(s));
     let mut cfg = RuntimeConfig::parse(
         &format!(
-            "[policy]\napparmor = \"if-available\"\ncontainer_storage_roots = [{}]\ncontainer_run_roots = [{}]\ncontainerd_root = {}\ncontainerd_state = {}\nkubelet_root = {}\n",
+            "[policy]\napparmor = \"if-available\"\ncontainer_storage_roots = [{}]\ncontainer_run_roots = [{}]\ncontainerd_root = {}\ncontainerd_state = {}\nkubelet_root = {}\ncri_runc_roots = [{}]\n",
             q("storage"),
             q("run-storage"),
             q("containerd"),
             q("containerd"),
-            q("kubelet")
+            q("kubelet"),
+            q("runc-root")
         ),
         Path::new("props.toml"),
     )
@@ -210,7 +226,7 @@ fn podman_spec(fx: &Fx) -> Value {
             "/etc/hosts",
             "run-storage/overlay-containers/c1/userdata/hosts",
         ),
-        ("/dev/shm", "bundle/shm"),
+        ("/dev/shm", "podman-bundle/shm"),
     ] {
         s["mounts"].as_array_mut().unwrap().push(json!({
             "destination": dest, "type": "bind", "options": ["bind", "rprivate"],
@@ -458,7 +474,11 @@ fn check_invariants(fx: &Fx, s: &Value, id: &str, systemd: bool) -> Result<(), S
         }
     }
     // Mounts.
-    let bundle = std::fs::canonicalize(p(fx, "bundle")).unwrap();
+    let podman = s["root"]["path"]
+        .as_str()
+        .is_some_and(|r| Path::new(r).starts_with(p(fx, "storage")));
+    let bundle =
+        std::fs::canonicalize(p(fx, if podman { "podman-bundle" } else { "bundle" })).unwrap();
     for m in s["mounts"].as_array().unwrap() {
         if m["type"] != "bind" && !m["options"].to_string().contains("bind") {
             continue;
@@ -516,7 +536,7 @@ proptest! {
             for m in &ms {
                 apply(fx, &mut spec, m, &mut systemd);
             }
-            let bundle = p(fx, "bundle");
+            let bundle = p(fx, if podman { "podman-bundle" } else { "bundle" });
             let root = p(fx, "runc-root");
             let ctx = Context {
                 config: &fx.cfg,
@@ -545,7 +565,10 @@ fn the_real_specs_are_admitted() {
     let Some(fx) = fixture() else { return };
     let bundle = p(&fx, "bundle");
     let root = p(&fx, "runc-root");
-    for spec in [cri_spec(&fx), podman_spec(&fx)] {
+    for (spec, bundle) in [
+        (cri_spec(&fx), bundle.clone()),
+        (podman_spec(&fx), p(&fx, "podman-bundle")),
+    ] {
         let ctx = Context {
             config: &fx.cfg,
             seccomp: &fx.profile,

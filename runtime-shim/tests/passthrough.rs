@@ -470,7 +470,7 @@ fn no_token_policy_refuse() {
     std::fs::write(
         &cfg,
         format!(
-            "runc_path = {:?}\nstate_dir = {:?}\nrunc_cve_acknowledged = [\"CVE-2025-31133\", \"CVE-2025-52565\", \"CVE-2025-52881\"]\n[policy]\napparmor = \"if-available\"\nno_token = \"refuse\"\n",
+            "runc_path = {:?}\nstate_dir = {:?}\nrunc_cve_acknowledged = [\"CVE-2025-31133\", \"CVE-2025-52565\", \"CVE-2025-52881\"]\n[policy]\napparmor = \"if-available\"\nno_token = \"refuse\"\ncri_runc_roots = [\"/run/runc\"]\nkubepods_roots = [\"/tessera-passthrough\"]\n",
             d.path().join("fake-runc"),
             d.path().join("runtime-state")
         ),
@@ -497,7 +497,7 @@ fn pod_sandbox_gets_baseline_even_with_the_pods_token() {
     std::fs::write(
         &cfg,
         format!(
-            "runc_path = {:?}\nstate_dir = {:?}\ndaemon_socket = {:?}\nrunc_cve_acknowledged = [\"CVE-2025-31133\", \"CVE-2025-52565\", \"CVE-2025-52881\"]\n[policy]\napparmor = \"if-available\"\nno_token = \"refuse\"\n",
+            "runc_path = {:?}\nstate_dir = {:?}\ndaemon_socket = {:?}\nrunc_cve_acknowledged = [\"CVE-2025-31133\", \"CVE-2025-52565\", \"CVE-2025-52881\"]\n[policy]\napparmor = \"if-available\"\nno_token = \"refuse\"\ncri_runc_roots = [\"/run/runc\"]\nkubepods_roots = [\"/tessera-passthrough\"]\n",
             d.path().join("fake-runc"),
             d.path().join("runtime-state"),
             d.path().join("no-daemon.sock")

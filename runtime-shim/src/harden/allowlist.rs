@@ -406,7 +406,7 @@ pub const TABLE: &[Field] = &[
         "/linux/cgroupsPath",
         Checked,
         false,
-        "inside the pod's cgroup as runc recorded its sandbox (systemd slices expanded), or a configured parent outside Kubernetes; ending in this container",
+        "inside the pod's cgroup as runc recorded its sandbox (systemd slices expanded); a sandbox's directly in its own pod's cgroup below a kubepods root; directly in a configured parent outside Kubernetes; ending in this container",
     ),
     f("/linux/resources", Checked, true, "cgroup limits"),
     f(
@@ -907,8 +907,10 @@ fn namespace_path(ns: &Value, i: usize, ctx: &Context, ident: &Identity, f: &mut
 /// container's own cgroup, ending in its id, and
 /// - a pod's container: strictly inside its pod's cgroup, the parent of the sandbox's
 ///   cgroup as runc recorded it (never the sandbox's own);
-/// - a pod sandbox: inside a cgroup naming its own pod (`pod<uid>`);
-/// - outside Kubernetes: strictly inside a configured parent (policy.cgroup_parents);
+/// - a pod sandbox: directly in its own pod's cgroup below a kubepods root (checked
+///   by [`identity::identify`]);
+/// - outside Kubernetes: directly in a configured parent (policy.cgroup_parents),
+///   named by its id;
 ///
 /// compared as cgroups, systemd slices expanded as systemd nests them. The systemd
 /// form goes with `--systemd-cgroup` and only with it. A spec without one gets the
@@ -919,13 +921,7 @@ fn cgroups_path(spec: &Value, ctx: &Context, ident: &Identity, f: &mut Findings)
         .and_then(Value::as_str)
         .filter(|p| !p.is_empty())
     else {
-        if let Identity::OwnSandbox { pod, .. } = ident {
-            f.refuse(format!(
-                "/linux/cgroupsPath: a pod sandbox names its cgroup, in its pod's (pod{})",
-                pod.uid
-            ));
-        }
-        return;
+        return; // identify() refuses a pod sandbox without one
     };
     let at = "/linux/cgroupsPath";
     let id = ctx.container_id;
@@ -1006,35 +1002,26 @@ fn cgroups_path(spec: &Value, ctx: &Context, ident: &Identity, f: &mut Findings)
                 }
             }
         },
-        Identity::OwnSandbox { pod, .. } => match identity::pod_cgroup_of(&comps, &pod.uid) {
-            None => f.refuse(format!(
-                "{at}: {path:?} ({shown}): a pod sandbox's cgroup lies in its own pod's cgroup (pod{} or ...-pod{}.slice)",
-                pod.uid,
-                pod.uid.replace('-', "_")
-            )),
-            // The sandbox is its pod's first container: a pod cgroup that already
-            // holds processes is another pod's (a sandbox claiming its uid).
-            Some(pod_cg) => match identity::cgroup_has_processes(pod_cg) {
-                Ok(false) => {}
-                Ok(true) => f.refuse(format!(
-                    "{at}: the pod cgroup /{} already holds processes: a pod sandbox is the first of its pod",
-                    pod_cg.join("/")
-                )),
-                Err(e) => f.refuse(format!(
-                    "{at}: cannot tell whether the pod cgroup /{} is empty: {e}",
-                    pod_cg.join("/")
-                )),
-            },
-        },
+        // identify() admitted the sandbox only with its cgroup directly in its own
+        // pod's cgroup below a kubepods root, that pod's only one, still empty.
+        Identity::OwnSandbox { .. } => {}
+        // Outside a pod: the container's own cgroup directly in a configured
+        // parent, named by its id (`<parent>/<id>`, podman's `libpod-<id>`, systemd's
+        // `<prefix>-<id>.scope`), never inside another container's cgroup.
         Identity::Outside => {
             let parents = &ctx.policy().cgroup_parents;
+            let own_name = if systemd {
+                true // `<prefix>-<id>.scope`, checked above
+            } else {
+                last == id || last == format!("libpod-{id}")
+            };
             let inside = parents.iter().any(|p| {
                 identity::parent_components(p)
-                    .is_ok_and(|p| comps.len() > p.len() && comps.starts_with(&p))
+                    .is_ok_and(|p| comps.len() == p.len() + 1 && comps.starts_with(&p))
             });
-            if !inside {
+            if !inside || !own_name {
                 f.refuse(format!(
-                    "{at}: {path:?} ({shown}) is not in a pod (no running sandbox named) and not inside a configured cgroup parent (policy.cgroup_parents: {})",
+                    "{at}: {path:?} ({shown}) is not in a pod (no running sandbox named): it must be directly in a configured cgroup parent (policy.cgroup_parents: {}) and named by this container's id ({id}, libpod-{id}, or slice:prefix:{id} with systemd)",
                     parents.join(", ")
                 ));
             }
@@ -1091,7 +1078,8 @@ fn bind_source_chain(path: &Path) -> Result<(), String> {
 
 /// `root.path`: inside the bundle (containerd, `ctr`), or the container's own rootfs
 /// in a configured container-storage root as the engine recorded it (podman:
-/// [`storage_rootfs`]); root-owned all the way up; runc gets the canonical path.
+/// [`storage_rootfs`]), only when the bundle is that container's own userdata in the
+/// same store; root-owned all the way up; runc gets the canonical path.
 fn root_path(spec: &mut Value, ctx: &Context, f: &mut Findings) {
     let Some(path) = spec.pointer("/root/path").and_then(Value::as_str) else {
         return; // check_root refuses a missing root
@@ -1116,6 +1104,25 @@ fn root_path(spec: &mut Value, ctx: &Context, f: &mut Findings) {
         (true, _) => {}
         (false, Some(r)) => {
             let root = std::fs::canonicalize(r).unwrap_or_else(|_| r.clone());
+            // Ids are unique per runc root only: the store's record of this id is
+            // this container's only when podman runs it, with its own userdata
+            // directory in that store as the bundle.
+            let own_bundle = STORAGE_DRIVERS.iter().any(|d| {
+                bundle
+                    == root
+                        .join(format!("{d}-containers"))
+                        .join(ctx.container_id)
+                        .join("userdata")
+            });
+            if !own_bundle || component(Some(ctx.container_id)).is_none() {
+                f.refuse(format!(
+                    "/root/path: {c} is in the container storage {}, but the bundle {} is not this container's own userdata there (<driver>-containers/{}/userdata)",
+                    root.display(),
+                    bundle.display(),
+                    ctx.container_id
+                ));
+                return;
+            }
             match storage_rootfs(&root, ctx.container_id) {
                 Ok(own) if own == canon => {}
                 Ok(own) => {
@@ -1284,7 +1291,11 @@ pub fn bind_prefixes(ctx: &Context, ident: &Identity) -> Vec<(String, bool)> {
     let bundle = std::fs::canonicalize(ctx.bundle).unwrap_or_else(|_| ctx.bundle.to_path_buf());
     out.push((bundle.to_string_lossy().into_owned(), true));
     let p = ctx.policy();
-    if let Some(sid) = component(ident.sandbox_id()) {
+    // containerd's sandbox files of the pod: only for a container the CRI made (its
+    // bundle is containerd's task directory for this id, under the CRI's runc root).
+    if let Some(sid) = component(ident.sandbox_id())
+        && is_cri_task_bundle(ctx, &bundle)
+    {
         for root in [&p.containerd_root, &p.containerd_state] {
             let dir = root.join("io.containerd.grpc.v1.cri/sandboxes").join(sid);
             out.push((normalize(&dir.to_string_lossy()), true));
@@ -1299,20 +1310,20 @@ pub fn bind_prefixes(ctx: &Context, ident: &Identity) -> Vec<(String, bool)> {
         let dir = p.kubelet_root.join("pods").join(uid);
         out.push((normalize(&dir.to_string_lossy()), true));
     }
-    // podman: the container's own run directory beside its bundle,
-    // `<driver>-containers/<id>/userdata` for containers/storage's drivers.
-    if let Some(id) = component(Some(ctx.container_id)) {
-        for root in p
-            .container_storage_roots
-            .iter()
-            .chain(&p.container_run_roots)
-        {
-            for driver in STORAGE_DRIVERS {
-                let dir = root
-                    .join(format!("{driver}-containers"))
-                    .join(id)
-                    .join("userdata");
-                out.push((normalize(&dir.to_string_lossy()), true));
+    // podman: only when this bundle is the container's own userdata in a
+    // containers-storage store (podman passes `<graphroot>/<driver>-containers/<id>/
+    // userdata` as --bundle): its run directory's files podman writes for the
+    // container (hosts, hostname, resolv.conf, .containerenv) writable, the rest of
+    // that directory (conmon.pid, pidfile, ...) read-only.
+    if let Some(driver) = storage_bundle_driver(ctx, &bundle) {
+        for root in &p.container_run_roots {
+            let dir = root
+                .join(format!("{driver}-containers"))
+                .join(ctx.container_id)
+                .join("userdata");
+            out.push((normalize(&dir.to_string_lossy()), false));
+            for file in RUN_DIR_FILES {
+                out.push((normalize(&dir.join(file).to_string_lossy()), true));
             }
         }
     }
@@ -1320,6 +1331,86 @@ pub fn bind_prefixes(ctx: &Context, ident: &Identity) -> Vec<(String, bool)> {
         out.push((normalize(&b.path.to_string_lossy()), b.writable));
     }
     out
+}
+
+/// The files of podman's run directory (`<runroot>/<driver>-containers/<id>/userdata`)
+/// a container may have writable: what podman writes for the container's /etc and
+/// /run. Never conmon.pid, pidfile or the directory itself.
+pub const RUN_DIR_FILES: &[&str] = &["hosts", "hostname", "resolv.conf", ".containerenv"];
+
+/// Whether `bundle` (canonical) is containerd's task directory of this container
+/// under the CRI's runc root: `<containerd_state>/io.containerd.runtime.v2.task/
+/// <namespace>/<id>`, the namespace being the CRI runc root's last component
+/// (`/run/containerd/runc/k8s.io`: `k8s.io`).
+pub fn is_cri_task_bundle(ctx: &Context, bundle: &Path) -> bool {
+    let Some(root) = identity::trusted_cri_root(ctx.runc_root, ctx.policy()) else {
+        return false;
+    };
+    let Some(ns) = root.file_name() else {
+        return false;
+    };
+    let state = &ctx.policy().containerd_state;
+    let state = std::fs::canonicalize(state).unwrap_or_else(|_| state.clone());
+    component(Some(ctx.container_id)).is_some()
+        && bundle
+            == state
+                .join("io.containerd.runtime.v2.task")
+                .join(ns)
+                .join(ctx.container_id)
+}
+
+/// The containers/storage driver when `bundle` (canonical) is this container's own
+/// userdata directory in a configured store, `<graphroot>/<driver>-containers/<id>/
+/// userdata`: what podman passes as --bundle.
+pub fn storage_bundle_driver(ctx: &Context, bundle: &Path) -> Option<&'static str> {
+    let id = component(Some(ctx.container_id))?;
+    ctx.policy().container_storage_roots.iter().find_map(|r| {
+        let root = std::fs::canonicalize(r).unwrap_or_else(|_| r.clone());
+        STORAGE_DRIVERS.iter().copied().find(|driver| {
+            bundle
+                == root
+                    .join(format!("{driver}-containers"))
+                    .join(id)
+                    .join("userdata")
+        })
+    })
+}
+
+/// Where `path` (canonical) lies in an engine's tree of per-container directories
+/// (containerd's task directories `<containerd_state>/io.containerd.runtime.v2.task/
+/// <ns>/<id>`, containers-storage's `<driver>-containers/<id>/userdata` in its stores
+/// and run roots): the first component below that container's directory, or `""`
+/// when `path` is the directory itself or above it. `None` outside those trees.
+fn engine_file(ctx: &Context, path: &Path) -> Option<String> {
+    let p = ctx.policy();
+    let canon = |r: &Path| std::fs::canonicalize(r).unwrap_or_else(|_| r.to_path_buf());
+    let rel = |base: &Path| -> Option<Vec<String>> {
+        Some(
+            path.strip_prefix(base)
+                .ok()?
+                .components()
+                .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                .collect(),
+        )
+    };
+    // <state>/io.containerd.runtime.v2.task/<ns>/<id>/<file>
+    if let Some(c) = rel(&canon(&p.containerd_state).join("io.containerd.runtime.v2.task")) {
+        return Some(c.get(2).cloned().unwrap_or_default());
+    }
+    for root in p
+        .container_storage_roots
+        .iter()
+        .chain(&p.container_run_roots)
+    {
+        let root = canon(root);
+        for driver in STORAGE_DRIVERS {
+            // <root>/<driver>-containers/<id>/userdata/<file>
+            if let Some(c) = rel(&root.join(format!("{driver}-containers"))) {
+                return Some(c.get(2).cloned().unwrap_or_default());
+            }
+        }
+    }
+    None
 }
 
 /// Files in a bundle that the runtime, runc, containerd's shim or podman's conmon read
@@ -1440,6 +1531,22 @@ fn bind_sources(spec: &mut Value, ctx: &Context, ident: &Identity, f: &mut Findi
                 "{at}: {c} is the bundle's {name}, which the runtime or the engine reads later: never bind-mounted writable"
             ));
             continue;
+        }
+        // Any container's engine directory (another's bundle, podman's run
+        // directory), wherever a prefix allows it: its files are the engine's.
+        if !readonly && let Some(name) = engine_file(ctx, &canon) {
+            if name.is_empty() {
+                f.refuse(format!(
+                    "{at}: {c} is (or holds) a container's directory of the engine: never bind-mounted writable"
+                ));
+                continue;
+            }
+            if BUNDLE_FILES.contains(&name.as_str()) || name.starts_with(".config.json") {
+                f.refuse(format!(
+                    "{at}: {c} is a container's {name}, which the runtime or the engine reads later: never bind-mounted writable"
+                ));
+                continue;
+            }
         }
         let allowed = prefixes
             .iter()

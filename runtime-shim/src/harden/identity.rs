@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use super::{Context, Findings};
+use crate::policy::Policy;
 
 /// containerd CRI's annotation: `sandbox` or `container`.
 pub const CONTAINER_TYPE: &str = "io.kubernetes.cri.container-type";
@@ -80,12 +81,15 @@ pub struct Sandbox {
     pub init_start: u64,
     /// The sandbox's own cgroup, as components below the hierarchy's root.
     pub cgroup: Vec<String>,
+    /// The pod's cgroup: the sandbox's cgroup's parent, directly below a configured
+    /// kubepods root in kubelet's layout for the pod's uid ([`pod_cgroups`]).
+    pub pod_cgroup: Vec<String>,
 }
 
 impl Sandbox {
-    /// The pod's cgroup: the sandbox's cgroup's parent, which names the pod's uid.
+    /// The pod's cgroup, as [`read_sandbox`] found it.
     pub fn pod_cgroup(&self) -> Option<&[String]> {
-        pod_cgroup_of(&self.cgroup, &self.pod.uid)
+        Some(&self.pod_cgroup)
     }
 }
 
@@ -147,7 +151,25 @@ pub fn identify(spec: &Value, ctx: &Context, f: &mut Findings) -> Identity {
         .iter()
         .filter_map(|(k, fact)| annotation(spec, k).map(|v| (*k, *fact, v)))
         .collect();
-    if annotation(spec, CONTAINER_TYPE) == Some("sandbox") {
+    let is_sandbox = annotation(spec, CONTAINER_TYPE) == Some("sandbox");
+    // Only the CRI makes pods: a container made under any other runc root (`ctr`,
+    // podman, a direct call) is in no pod, whatever its spec claims.
+    if (is_sandbox || claimed_sandbox.is_some() || !claims.is_empty())
+        && trusted_cri_root(ctx.runc_root, ctx.policy()).is_none()
+    {
+        f.refuse(format!(
+            "/annotations: the spec names a pod, but --root {} is not the CRI's runc root (policy.cri_runc_roots: {}): only the CRI makes a pod's containers",
+            ctx.runc_root.display(),
+            ctx.policy()
+                .cri_runc_roots
+                .iter()
+                .map(|r| r.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+        return Identity::Outside;
+    }
+    if is_sandbox {
         if claimed_sandbox != Some(id) {
             f.refuse(format!(
                 "/annotations: the spec says it is a pod sandbox ({CONTAINER_TYPE}) but its {SANDBOX_ID} is not its own id {id:?}"
@@ -160,13 +182,15 @@ pub fn identify(spec: &Value, ctx: &Context, f: &mut Findings) -> Identity {
             );
             return Identity::Outside;
         }
-        let pod = own_pod(&claims, f);
-        return match pod {
-            Some(pod) => Identity::OwnSandbox {
-                id: id.to_string(),
-                pod,
-            },
-            None => Identity::Outside,
+        let Some(pod) = own_pod(&claims, f) else {
+            return Identity::Outside;
+        };
+        if !check_own_sandbox(spec, ctx, &pod, f) {
+            return Identity::Outside;
+        }
+        return Identity::OwnSandbox {
+            id: id.to_string(),
+            pod,
         };
     }
     let Some(sid) = claimed_sandbox else {
@@ -183,7 +207,7 @@ pub fn identify(spec: &Value, ctx: &Context, f: &mut Findings) -> Identity {
         f.refuse(format!("{at}: {sid:?} is not another container's id"));
         return Identity::Outside;
     }
-    let sandbox = match read_sandbox(ctx.runc_root, sid) {
+    let sandbox = match read_sandbox(ctx.runc_root, sid, ctx.policy()) {
         Ok(s) => s,
         Err(e) => {
             f.refuse(format!("{at}: the pod sandbox {sid} is not known: {e}"));
@@ -232,7 +256,223 @@ fn own_pod(claims: &[(&str, Fact, &str)], f: &mut Findings) -> Option<Pod> {
         ));
         return None;
     }
+    if !is_pod_uid(&pod.uid) {
+        f.refuse(format!(
+            "/annotations/{}: {:?} is not a pod uid (letters, digits and '-')",
+            SANDBOX_UID.replace('/', "~1"),
+            pod.uid
+        ));
+        return None;
+    }
     Some(pod)
+}
+
+/// A pod uid as Kubernetes makes them (a UUID): letters, digits and `-` only, so that
+/// kubelet's systemd escaping (`-` to `_`) maps no two uids to one slice.
+pub fn is_pod_uid(uid: &str) -> bool {
+    !uid.is_empty()
+        && uid.len() <= 128
+        && uid.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+}
+
+/// The configured CRI runc root (policy.cri_runc_roots) that `root` is, compared
+/// canonically; `None` when it is none of them.
+pub fn trusted_cri_root<'p>(root: &Path, policy: &'p Policy) -> Option<&'p Path> {
+    let canon = canonical_or_planned(root)?;
+    policy
+        .cri_runc_roots
+        .iter()
+        .find(|r| canonical_or_planned(r).is_some_and(|c| c == canon))
+        .map(PathBuf::as_path)
+}
+
+/// `path` canonical; when it does not exist yet (runc makes its root on the first
+/// create of a boot), its nearest existing ancestor canonical with the rest appended,
+/// the rest having no `.` or `..`. `None` for a relative path.
+pub fn canonical_or_planned(path: &Path) -> Option<PathBuf> {
+    if !path.is_absolute() {
+        return None;
+    }
+    if let Ok(c) = std::fs::canonicalize(path) {
+        return Some(c);
+    }
+    let mut rest = Vec::new();
+    let mut cur = path;
+    loop {
+        match cur.components().next_back()? {
+            std::path::Component::Normal(n) => rest.push(n.to_os_string()),
+            _ => return None,
+        }
+        cur = cur.parent()?;
+        if let Ok(c) = std::fs::canonicalize(cur) {
+            return Some(rest.iter().rev().fold(c, |p, n| p.join(n)));
+        }
+    }
+}
+
+/// Every cgroup kubelet could give pod `uid`, one per configured kubepods root and
+/// QoS class: `<root>/pod<uid>`, `<root>/burstable/pod<uid>`,
+/// `<root>/besteffort/pod<uid>`; for a slice root `k.slice`,
+/// `k-pod<uid>.slice`, `k-burstable-pod<uid>.slice`, `k-besteffort-pod<uid>.slice`
+/// (nested as systemd nests them, the uid's `-` written `_`).
+pub fn pod_cgroups(uid: &str, policy: &Policy) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    if !is_pod_uid(uid) {
+        return out;
+    }
+    for root in &policy.kubepods_roots {
+        let Ok(base) = parent_components(root) else {
+            continue;
+        };
+        if let Some(name) = root.strip_suffix(".slice").filter(|_| !root.contains('/')) {
+            let escaped = uid.replace('-', "_");
+            let mut guaranteed = base.clone();
+            guaranteed.push(format!("{name}-pod{escaped}.slice"));
+            out.push(guaranteed);
+            for qos in ["burstable", "besteffort"] {
+                let mut c = base.clone();
+                c.push(format!("{name}-{qos}.slice"));
+                c.push(format!("{name}-{qos}-pod{escaped}.slice"));
+                out.push(c);
+            }
+        } else {
+            let mut guaranteed = base.clone();
+            guaranteed.push(format!("pod{uid}"));
+            out.push(guaranteed);
+            for qos in ["burstable", "besteffort"] {
+                let mut c = base.clone();
+                c.push(qos.to_string());
+                c.push(format!("pod{uid}"));
+                out.push(c);
+            }
+        }
+    }
+    out
+}
+
+/// The pod cgroup of a sandbox cgroup: its parent, when that is one of pod `uid`'s
+/// cgroups in kubelet's layout below a configured kubepods root ([`pod_cgroups`]).
+pub fn pod_cgroup_of<'c>(
+    sandbox_cgroup: &'c [String],
+    uid: &str,
+    policy: &Policy,
+) -> Option<&'c [String]> {
+    let (_, parent) = sandbox_cgroup.split_last()?;
+    pod_cgroups(uid, policy)
+        .iter()
+        .any(|c| c.as_slice() == parent)
+        .then_some(parent)
+}
+
+/// A pod sandbox being created (the CRI's first container of its pod, under a
+/// trusted runc root) must be its pod's only sandbox: its cgroup directly in one of
+/// its pod's cgroups below a configured kubepods root, no other QoS class holding a
+/// cgroup of that pod, that pod cgroup holding no process yet, and no other running
+/// sandbox of the pod under any CRI runc root. `false` (with the reasons) otherwise.
+fn check_own_sandbox(spec: &Value, ctx: &Context, pod: &Pod, f: &mut Findings) -> bool {
+    let at = "/linux/cgroupsPath";
+    let uid = &pod.uid;
+    let Some(path) = spec
+        .pointer(at)
+        .and_then(Value::as_str)
+        .filter(|p| !p.is_empty())
+    else {
+        f.refuse(format!(
+            "{at}: a pod sandbox names its cgroup, in its pod's (pod{uid})"
+        ));
+        return false;
+    };
+    let comps = match cgroup_components(path, ctx.systemd_cgroup) {
+        Ok(c) => c,
+        Err(e) => {
+            f.refuse(format!("{at}: {e}"));
+            return false;
+        }
+    };
+    let policy = ctx.policy();
+    let candidates = pod_cgroups(uid, policy);
+    let Some(pod_cg) = pod_cgroup_of(&comps, uid, policy) else {
+        f.refuse(format!(
+            "{at}: {path:?} (/{}): a pod sandbox's cgroup lies directly in its pod's cgroup, directly below a kubepods root (policy.kubepods_roots: {}), e.g. /{}",
+            comps.join("/"),
+            policy.kubepods_roots.join(", "),
+            candidates.first().map(|c| c.join("/")).unwrap_or_default()
+        ));
+        return false;
+    };
+    let mut ok = true;
+    for other in candidates.iter().filter(|c| c.as_slice() != pod_cg) {
+        match cgroup_exists(other) {
+            Ok(false) => {}
+            Ok(true) => {
+                f.refuse(format!(
+                    "{at}: pod {uid} already has a cgroup /{} (another QoS class): a pod has one pod cgroup",
+                    other.join("/")
+                ));
+                ok = false;
+            }
+            Err(e) => {
+                f.refuse(format!("{at}: {e}"));
+                ok = false;
+            }
+        }
+    }
+    // The sandbox is its pod's first container: a pod cgroup that already holds
+    // processes is another pod's (a sandbox claiming its uid).
+    match cgroup_has_processes(pod_cg) {
+        Ok(false) => {}
+        Ok(true) => {
+            f.refuse(format!(
+                "{at}: the pod cgroup /{} already holds processes: a pod sandbox is the first of its pod",
+                pod_cg.join("/")
+            ));
+            ok = false;
+        }
+        Err(e) => {
+            f.refuse(format!(
+                "{at}: cannot tell whether the pod cgroup /{} is empty: {e}",
+                pod_cg.join("/")
+            ));
+            ok = false;
+        }
+    }
+    if let Some(other) = running_sandbox_of(uid, ctx.container_id, policy) {
+        f.refuse(format!(
+            "/annotations: pod {uid} already has a running sandbox {other}: a pod has one sandbox"
+        ));
+        ok = false;
+    }
+    ok
+}
+
+/// Most containers looked at under one runc root for another sandbox of a pod.
+const MAX_SCANNED: usize = 10_000;
+
+/// A running pod sandbox of pod `uid` other than `except` under any CRI runc root,
+/// as `<root>/<id>`.
+fn running_sandbox_of(uid: &str, except: &str, policy: &Policy) -> Option<String> {
+    for root in &policy.cri_runc_roots {
+        let Ok(rd) = std::fs::read_dir(root) else {
+            continue;
+        };
+        for e in rd.flatten().take(MAX_SCANNED) {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name == except || !is_component(&name) {
+                continue;
+            }
+            let Ok(st) = read_state(root, &name) else {
+                continue;
+            };
+            let label = |k: &str| st.labels.get(k).map(String::as_str);
+            if label(CONTAINER_TYPE) == Some("sandbox")
+                && label(SANDBOX_UID) == Some(uid)
+                && proc_start_time(st.init_pid) == Some(st.init_start)
+            {
+                return Some(format!("{}/{name}", root.display()));
+            }
+        }
+    }
+    None
 }
 
 /// What runc recorded of a container, as far as identity needs it.
@@ -330,7 +570,7 @@ pub fn parse_state(v: &Value) -> Result<RuncState, String> {
 
 /// Read and check runc's record of the pod sandbox `id`: a sandbox by its own
 /// labels, running, with a pod uid and a pod cgroup that names it.
-pub fn read_sandbox(root: &Path, id: &str) -> Result<Sandbox, String> {
+pub fn read_sandbox(root: &Path, id: &str, policy: &Policy) -> Result<Sandbox, String> {
     let st = read_state(root, id)?;
     if st.id != id {
         return Err(format!("runc's record is of {:?}", st.id));
@@ -347,16 +587,17 @@ pub fn read_sandbox(root: &Path, id: &str) -> Result<Sandbox, String> {
         namespace: label(SANDBOX_NAMESPACE).to_string(),
         name: label(SANDBOX_NAME).to_string(),
     };
-    if pod.uid.is_empty() {
+    if !is_pod_uid(&pod.uid) {
         return Err(format!("the sandbox {id} names no pod uid"));
     }
-    if pod_cgroup_of(&st.cgroup, &pod.uid).is_none() {
+    let Some(pod_cgroup) = pod_cgroup_of(&st.cgroup, &pod.uid, policy).map(<[String]>::to_vec)
+    else {
         return Err(format!(
-            "the sandbox {id}'s cgroup /{} is not in a cgroup of its pod {}",
+            "the sandbox {id}'s cgroup /{} is not directly in a cgroup of its pod {} below a kubepods root (policy.kubepods_roots)",
             st.cgroup.join("/"),
             pod.uid
         ));
-    }
+    };
     match proc_start_time(st.init_pid) {
         Some(t) if t == st.init_start => {}
         _ => {
@@ -372,6 +613,7 @@ pub fn read_sandbox(root: &Path, id: &str) -> Result<Sandbox, String> {
         init_pid: st.init_pid,
         init_start: st.init_start,
         cgroup: st.cgroup,
+        pod_cgroup,
     })
 }
 
@@ -413,9 +655,22 @@ pub fn cgroup_has_processes(comps: &[String]) -> Result<bool, String> {
         }
         Ok(false)
     }
+    let mut budget = 4096;
+    for point in cgroup_mounts()? {
+        let dir = point.join(comps.join("/"));
+        if dir.is_dir() && walk(&dir, 0, &mut budget)? {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// The mount points of the cgroup hierarchies mounted at their root (cgroup v1
+/// controllers, the v2 tree), from /proc/self/mountinfo.
+fn cgroup_mounts() -> Result<Vec<PathBuf>, String> {
     let mounts = std::fs::read_to_string("/proc/self/mountinfo")
         .map_err(|e| format!("/proc/self/mountinfo: {e}"))?;
-    let mut budget = 4096;
+    let mut out = Vec::new();
     for line in mounts.lines() {
         // mountinfo: id parent major:minor root mountpoint options ... - fstype source
         let Some((left, right)) = line.split_once(" - ") else {
@@ -425,15 +680,18 @@ pub fn cgroup_has_processes(comps: &[String]) -> Result<bool, String> {
         let (Some(root), Some(point)) = (left.split(' ').nth(3), left.split(' ').nth(4)) else {
             continue;
         };
-        if !matches!(fstype, "cgroup" | "cgroup2") || root != "/" {
-            continue;
-        }
-        let dir = Path::new(point).join(comps.join("/"));
-        if dir.is_dir() && walk(&dir, 0, &mut budget)? {
-            return Ok(true);
+        if matches!(fstype, "cgroup" | "cgroup2") && root == "/" {
+            out.push(PathBuf::from(point));
         }
     }
-    Ok(false)
+    Ok(out)
+}
+
+/// Whether cgroup `comps` exists in any mounted hierarchy.
+pub fn cgroup_exists(comps: &[String]) -> Result<bool, String> {
+    Ok(cgroup_mounts()?
+        .iter()
+        .any(|m| m.join(comps.join("/")).is_dir()))
 }
 
 /// The mount points of the cgroup hierarchies (v1 controllers, the v2 tree) whose
@@ -578,17 +836,6 @@ pub fn parent_components(parent: &str) -> Result<Vec<String>, String> {
     }
 }
 
-/// The pod cgroup of a sandbox cgroup: its parent, when that parent names pod `uid`
-/// (kubelet's `pod<uid>`, or `...-pod<uid with _ for ->.slice` with systemd).
-pub fn pod_cgroup_of<'c>(sandbox_cgroup: &'c [String], uid: &str) -> Option<&'c [String]> {
-    let (_, parent) = sandbox_cgroup.split_last()?;
-    let last = parent.last()?;
-    let cgroupfs = *last == format!("pod{uid}");
-    let systemd_name = format!("pod{}.slice", uid.replace('-', "_"));
-    let systemd = *last == systemd_name || last.ends_with(&format!("-{systemd_name}"));
-    (cgroupfs || systemd).then_some(parent)
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -640,22 +887,48 @@ mod tests {
     }
 
     #[test]
-    fn a_pod_cgroup_names_its_pod() {
+    fn a_pod_cgroup_sits_directly_below_a_kubepods_root() {
+        let p = Policy::default();
         let c = |s: &[&str]| s.iter().map(|x| (*x).to_string()).collect::<Vec<_>>();
         let fs = c(&["kubepods", "burstable", "podu-1", "sb"]);
         assert_eq!(
-            pod_cgroup_of(&fs, "u-1").unwrap(),
+            pod_cgroup_of(&fs, "u-1", &p).unwrap(),
             &c(&["kubepods", "burstable", "podu-1"])[..]
         );
-        assert!(pod_cgroup_of(&fs, "u-2").is_none());
+        assert!(pod_cgroup_of(&fs, "u-2", &p).is_none());
+        assert!(pod_cgroup_of(&c(&["kubepods", "podu-1", "sb"]), "u-1", &p).is_some());
         let sd = c(&[
             "kubepods.slice",
-            "kubepods-podu_1.slice",
+            "kubepods-burstable.slice",
+            "kubepods-burstable-podu_1.slice",
             "cri-containerd-sb.scope",
         ]);
-        assert!(pod_cgroup_of(&sd, "u-1").is_some());
-        // A sandbox in a QoS cgroup (not a pod's) has no pod cgroup.
-        assert!(pod_cgroup_of(&c(&["kubepods", "sb"]), "u-1").is_none());
+        assert!(pod_cgroup_of(&sd, "u-1", &p).is_some());
+        let guaranteed = c(&["kubepods.slice", "kubepods-podu_1.slice", "x-sb.scope"]);
+        assert!(pod_cgroup_of(&guaranteed, "u-1", &p).is_some());
+        // Not below a kubepods root, nested in another pod or sandbox, in a host
+        // slice, or in a QoS cgroup itself: no pod cgroup.
+        for bad in [
+            c(&["kubepods", "sb"]),
+            c(&["rt2top", "burstable", "podu-1", "sb"]),
+            c(&["kubepods", "burstable", "podv", "podu-1", "sb"]),
+            c(&["kubepods", "podv", "sbv", "podu-1", "sb"]),
+            c(&["system.slice", "podu-1", "sb"]),
+            c(&["kubepods", "guaranteed", "podu-1", "sb"]),
+            c(&["system.slice", "system-podu_1.slice", "x-sb.scope"]),
+            c(&[
+                "kubepods.slice",
+                "kubepods-burstable.slice",
+                "kubepods-burstable-podv.slice",
+                "kubepods-burstable-podv-podu_1.slice",
+                "x-sb.scope",
+            ]),
+        ] {
+            assert!(pod_cgroup_of(&bad, "u-1", &p).is_none(), "{bad:?}");
+        }
+        // A uid systemd's escaping would confuse with another is no pod uid.
+        assert!(pod_cgroups("u_1", &p).is_empty());
+        assert_eq!(pod_cgroups("u-1", &p).len(), 6);
     }
 
     #[test]

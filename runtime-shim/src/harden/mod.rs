@@ -579,9 +579,18 @@ fn set_annotations(spec: &mut Value, ctx: &Context, ident: &identity::Identity) 
         return;
     };
     ann.remove(TOKEN_ANNOTATION);
-    // The pod as the sandbox's record names it: what the binding reports (pod_of).
-    if let Some(pod) = ident.pod() {
-        ann.insert(identity::SANDBOX_UID.to_string(), json!(pod.uid));
+    // The pod as the sandbox's record names it: what the binding reports (pod_of)
+    // and what runc records. A container in no pod keeps no pod claim (identify
+    // refused any it could not bear out; none may reach the daemon or runc's record).
+    match ident.pod() {
+        Some(pod) => {
+            ann.insert(identity::SANDBOX_UID.to_string(), json!(pod.uid));
+        }
+        None => {
+            for k in POD_ANNOTATIONS {
+                ann.remove(*k);
+            }
+        }
     }
     match ctx.lease {
         Some(l) => {
