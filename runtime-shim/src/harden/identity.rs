@@ -403,8 +403,8 @@ fn check_own_sandbox(spec: &Value, ctx: &Context, pod: &Pod, f: &mut Findings) -
     let mut ok = true;
     for other in candidates.iter().filter(|c| c.as_slice() != pod_cg) {
         match cgroup_exists(other) {
-            Ok(false) => {}
-            Ok(true) => {
+            Ok(None) => {}
+            Ok(Some(_)) => {
                 f.refuse(format!(
                     "{at}: pod {uid} already has a cgroup /{} (another QoS class): a pod has one pod cgroup",
                     other.join("/")
@@ -663,35 +663,6 @@ pub fn cgroup_has_processes(comps: &[String]) -> Result<bool, String> {
         }
     }
     Ok(false)
-}
-
-/// The mount points of the cgroup hierarchies mounted at their root (cgroup v1
-/// controllers, the v2 tree), from /proc/self/mountinfo.
-fn cgroup_mounts() -> Result<Vec<PathBuf>, String> {
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo")
-        .map_err(|e| format!("/proc/self/mountinfo: {e}"))?;
-    let mut out = Vec::new();
-    for line in mounts.lines() {
-        // mountinfo: id parent major:minor root mountpoint options ... - fstype source
-        let Some((left, right)) = line.split_once(" - ") else {
-            continue;
-        };
-        let fstype = right.split_whitespace().next().unwrap_or("");
-        let (Some(root), Some(point)) = (left.split(' ').nth(3), left.split(' ').nth(4)) else {
-            continue;
-        };
-        if matches!(fstype, "cgroup" | "cgroup2") && root == "/" {
-            out.push(PathBuf::from(point));
-        }
-    }
-    Ok(out)
-}
-
-/// Whether cgroup `comps` exists in any mounted hierarchy.
-pub fn cgroup_exists(comps: &[String]) -> Result<bool, String> {
-    Ok(cgroup_mounts()?
-        .iter()
-        .any(|m| m.join(comps.join("/")).is_dir()))
 }
 
 /// The mount points of the cgroup hierarchies (v1 controllers, the v2 tree) whose
