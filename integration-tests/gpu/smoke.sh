@@ -201,7 +201,9 @@ saw() {
 kept_answer_used() {
     local a=$T/state/audit.jsonl r b
     r=$(grep -c "\"action\":\"ResolveToken\",\"lease\":\"$1\"" "$a")
-    b=$(grep -c "\"action\":\"BindContainer\",\"lease\":\"$1\",\"result\":\"ok\"" "$a")
+    # A bind record names its container between the lease and the result.
+    b=$(grep -E "\"action\":\"BindContainer\",\"lease\":\"$1\",(\"container\":\"[^\"]*\",)?\"result\":\"ok\"" "$a" |
+        grep -cE '"container":"(mps|mps-over)"')
     echo "lease $1: ResolveToken $r, BindContainer ok $b"
     [ "$r" = 1 ] && [ "$b" = 2 ]
 }
@@ -266,7 +268,7 @@ if step lease-mps sh -c "'$BIN/tessera' --json lease create --tenant gpu-check -
             step exec-probe sh -c "'$BIN/tessera-runtime' --root '$T/runc-root' exec exec-c /probe 2 | tee '$T/probe-exec-c.txt'"
             step exec-probe-saw saw exec-c '^PROBE kernel ok' '^PROBE alloc 2.0 GiB ok'
             step exec-id sh -c "'$BIN/tessera-runtime' --root '$T/runc-root' exec exec-c /busybox id | tee '$T/probe-exec-id.txt'"
-            step exec-id-saw grep -q 'uid=1000 gid=1000' "$T/probe-exec-id.txt"
+            step exec-id-saw grep -qE '^uid=1000(\([a-z]+\))? gid=1000(\([a-z]+\))?' "$T/probe-exec-id.txt"
             # An exec asking for root's group is refused.
             if "$BIN/tessera-runtime" --root "$T/runc-root" exec -g 0 exec-c /busybox id; then
                 echo "-- exec-root-group-refused rc=1 (ran)"; FAILED+=(exec-root-group-refused)
