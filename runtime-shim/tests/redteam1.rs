@@ -45,6 +45,13 @@ impl Env {
         }
         let daemon = common::FakeDaemon::start(&socket, answers);
         let config = common::runtime_config(dir.path(), &socket, &dir.path().join("no-nvidia"), "");
+        // Containers outside a pod live directly in a configured parent: this test's.
+        let text = std::fs::read_to_string(&config).unwrap().replace(
+            "\"e2etest.slice\"]",
+            &format!("\"e2etest.slice\", {cgroup_parent:?}]"),
+        );
+        assert!(text.contains(&cgroup_parent), "{text}");
+        std::fs::write(&config, text).unwrap();
         let root = dir.path().join("runc-root");
         Some(Self {
             root,
