@@ -1,4 +1,4 @@
-//! Reference MIG tables (shared/reference/mig-mps.md) as data.
+//! NVIDIA's published MIG profile and placement tables as data.
 //!
 //! The simulator serves these tables; the NVML backend reads the real ones from the
 //! driver and only falls back on [`ci_profiles_for`] to describe the compute-instance

@@ -16,7 +16,7 @@
 //! Deleting the state file models a reboot: MIG instances and MPS daemons are gone,
 //! MIG mode comes back from the config.
 //!
-//! Fidelity notes (see shared/reference/mig-mps.md):
+//! Fidelity notes (NVML's documented behaviour, and what a real H200 answered):
 //! * errors carry the NVML code NVML returns for the same mistake;
 //! * GI ids and CI ids are the lowest free ones (reused), MIG UUIDs are fresh
 //!   `MIG-<uuid v4>` values on every create;

@@ -1,5 +1,5 @@
 //! Test fixtures for the partition module: GI-profile tables of H100-80GB and A100-40GB
-//! (from shared/reference/mig-mps.md) and helpers that build [`GpuView`]s and apply
+//! (from NVIDIA's published MIG profile tables) and helpers that build [`GpuView`]s and apply
 //! planner decisions to them the way the lease manager would.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
