@@ -216,6 +216,11 @@ fn sync(mgr: &LeaseManager, dir: &Path, nvidia: Option<&NvidiaCdi>) -> usize {
     if let Ok(entries) = std::fs::read_dir(dir) {
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
+            // A temporary file of a write that never finished (a daemon killed in it).
+            if name.starts_with(".tessera-cdi-") {
+                let _ = std::fs::remove_file(e.path());
+                continue;
+            }
             let Some(id) = name
                 .strip_prefix(FILE_PREFIX)
                 .and_then(|n| n.strip_suffix(".json"))

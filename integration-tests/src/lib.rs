@@ -341,8 +341,16 @@ impl TestDaemon {
             }
             Backend::Nvml => format!("{extra}\n[devices]\n{FAKE_MAJORS}"),
         };
+        // A test daemon writes no CDI spec unless its test asks: `[cdi]` is on by
+        // default where /var/run/cdi exists, and a test daemon's start would bring
+        // that (the host's) directory in line with its own leases.
+        let cdi_off = if extra.contains("[cdi]") {
+            ""
+        } else {
+            "[cdi]\nenabled = false\n"
+        };
         let text = format!(
-            "[daemon]\nsocket = {:?}\nstate_dir = {:?}\nrun_dir = {:?}\nshutdown_grace = \"3s\"\n\n{gpu_section}\n[sim]\nstate_file = {:?}\n{gpus}\n{extra}\n",
+            "[daemon]\nsocket = {:?}\nstate_dir = {:?}\nrun_dir = {:?}\nshutdown_grace = \"3s\"\n\n{gpu_section}\n[sim]\nstate_file = {:?}\n{gpus}\n{extra}\n{cdi_off}",
             socket,
             dir.path().join("state"),
             dir.path().join("run"),

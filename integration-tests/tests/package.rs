@@ -247,7 +247,7 @@ fn check_installed(files: &[PathBuf]) {
     std::fs::write(
         &config,
         format!(
-            "[daemon]\nsocket = {:?}\nstate_dir = {:?}\nrun_dir = {:?}\n\n[gpu]\nbackend = \"sim\"\n\n[sim]\nstate_file = {:?}\n\n[[sim.gpus]]\nmodel = \"h100-80gb\"\nmig = true\n",
+            "[daemon]\nsocket = {:?}\nstate_dir = {:?}\nrun_dir = {:?}\n\n[gpu]\nbackend = \"sim\"\n\n[sim]\nstate_file = {:?}\n\n[[sim.gpus]]\nmodel = \"h100-80gb\"\nmig = true\n\n[cdi]\nenabled = false\n",
             socket,
             dir.path().join("state"),
             dir.path().join("run"),

@@ -386,7 +386,17 @@ fn podman_privileged_and_unknown_tokens_are_refused_in_one_clear_line_and_leave_
 #[test]
 fn podman_runs_a_container_by_the_leases_cdi_name() {
     let cdi_dir = Path::new("/var/run/cdi");
-    let made_dir = !cdi_dir.exists();
+    /// Takes the directory away again if this test made it, however the test ends:
+    /// test daemons find it there otherwise.
+    struct MadeDir(Option<&'static Path>);
+    impl Drop for MadeDir {
+        fn drop(&mut self) {
+            if let Some(d) = self.0 {
+                let _ = std::fs::remove_dir_all(d);
+            }
+        }
+    }
+    let _made = MadeDir((!cdi_dir.exists()).then_some(Path::new("/var/run/cdi")));
     let Some(w) = World::with_config("[cdi]\nenabled = true\ndir = \"/var/run/cdi\"\n") else {
         return;
     };
@@ -470,11 +480,8 @@ fn podman_runs_a_container_by_the_leases_cdi_name() {
     });
     let removed = wait_for(&spec_of(&a.id), false);
     drop(w);
-    if made_dir {
-        // Leases of the world's daemon that outlived it keep no spec either.
-        let _ = std::fs::remove_file(spec_of(&b.id));
-        let _ = std::fs::remove_dir(cdi_dir);
-    }
+    // Lease b outlived the world's daemon: its spec goes too.
+    let _ = std::fs::remove_file(spec_of(&b.id));
     if let Err(e) = result {
         std::panic::resume_unwind(e);
     }
