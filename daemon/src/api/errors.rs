@@ -28,7 +28,6 @@ pub fn rich(
 /// A domain error as a status: its code, its stable reason and its details.
 pub fn status_of(e: LeaseError) -> Status {
     let msg = e.to_string();
-    let none = ErrorDetails::new;
     match &e {
         LeaseError::InvalidArgument { field, message } => rich(
             Code::InvalidArgument,
@@ -36,104 +35,88 @@ pub fn status_of(e: LeaseError) -> Status {
             "INVALID_ARGUMENT",
             ErrorDetails::with_bad_request_violation(*field, message.clone()),
         ),
-        LeaseError::NotFound(_) => rich(Code::NotFound, msg, "NOT_FOUND", none()),
-        LeaseError::ResourceExhausted(_) => rich(
-            Code::ResourceExhausted,
-            msg,
-            "NO_CAPACITY",
-            ErrorDetails::with_retry_info(Some(Duration::from_secs(5))),
-        ),
+        LeaseError::NotFound(_) => plain(Code::NotFound, msg, "NOT_FOUND"),
+        LeaseError::ResourceExhausted(_) => retry(Code::ResourceExhausted, msg, "NO_CAPACITY", 5),
         LeaseError::QuotaExceeded(m) => rich(
             Code::ResourceExhausted,
-            msg.clone(),
+            msg,
             "QUOTA_EXCEEDED",
             ErrorDetails::with_quota_failure_violation("tenant quota", m.clone()),
         ),
-        LeaseError::BurstWaits(_) => rich(
+        LeaseError::BurstWaits(_) => retry(
             Code::ResourceExhausted,
             msg,
             "BURST_WAITS_FOR_PREEMPTION",
-            ErrorDetails::with_retry_info(Some(Duration::from_secs(1))),
+            1,
         ),
-        LeaseError::FailedPrecondition(m) => rich(
-            Code::FailedPrecondition,
-            msg.clone(),
+        LeaseError::FailedPrecondition(m) => precondition(
+            msg,
             "FAILED_PRECONDITION",
-            ErrorDetails::with_precondition_failure_violation("LEASE_STATE", "lease", m.clone()),
+            ("LEASE_STATE", "lease"),
+            m.clone(),
         ),
-        LeaseError::ResolutionChanged(m) => rich(
-            Code::FailedPrecondition,
-            msg.clone(),
+        LeaseError::ResolutionChanged(m) => precondition(
+            msg,
             "RESOLUTION_CHANGED",
-            ErrorDetails::with_precondition_failure_violation("RESOLUTION", "lease", m.clone()),
+            ("RESOLUTION", "lease"),
+            m.clone(),
         ),
-        LeaseError::Transition(t) => rich(
-            Code::FailedPrecondition,
-            msg.clone(),
-            "ILLEGAL_TRANSITION",
-            ErrorDetails::with_precondition_failure_violation(
-                "LEASE_STATE",
-                t.from.as_str(),
-                msg.clone(),
-            ),
-        ),
-        LeaseError::Devices(_) => rich(
-            Code::FailedPrecondition,
-            msg,
-            "DEVICE_MAJOR_UNKNOWN",
-            none(),
-        ),
-        LeaseError::PermissionDenied(_) => {
-            rich(Code::PermissionDenied, msg, "PERMISSION_DENIED", none())
+        LeaseError::Transition(t) => {
+            let subject = ("LEASE_STATE", t.from.as_str());
+            precondition(msg.clone(), "ILLEGAL_TRANSITION", subject, msg)
         }
-        LeaseError::ShuttingDown => rich(
-            Code::Unavailable,
-            msg,
-            "SHUTTING_DOWN",
-            ErrorDetails::with_retry_info(Some(Duration::from_secs(1))),
-        ),
-        LeaseError::Store(s) if s.is_disk_full() => rich(
-            Code::ResourceExhausted,
-            format!("the daemon's state directory is full: {msg}"),
-            "STATE_DISK_FULL",
-            ErrorDetails::with_retry_info(Some(Duration::from_secs(30))),
-        ),
-        LeaseError::Store(s) if s.is_unwritable() => rich(
-            Code::Unavailable,
-            format!("the daemon's state directory refuses writes: {msg}"),
-            "STATE_UNWRITABLE",
-            ErrorDetails::with_retry_info(Some(Duration::from_secs(30))),
-        ),
-        LeaseError::Store(_) => rich(Code::Internal, msg, "STORE_FAILED", none()),
-        LeaseError::TopologyUnmet(_) => rich(
-            Code::FailedPrecondition,
-            msg.clone(),
-            "TOPOLOGY_UNMET",
-            ErrorDetails::with_precondition_failure_violation("TOPOLOGY", "topology", msg),
-        ),
-        LeaseError::ModeUnavailable(_) => rich(
-            Code::FailedPrecondition,
-            msg.clone(),
-            "GPU_MODE_MISMATCH",
-            ErrorDetails::with_precondition_failure_violation("GPU_MODE", "gpu", msg),
-        ),
-        LeaseError::GpuUnhealthy(_) => rich(
-            Code::FailedPrecondition,
-            msg.clone(),
-            "GPU_UNHEALTHY",
-            ErrorDetails::with_precondition_failure_violation("GPU_HEALTH", "gpu", msg),
-        ),
-        LeaseError::Hardware(g) if hardware_may_recover(g) => rich(
-            Code::Unavailable,
-            msg,
-            "HARDWARE_UNAVAILABLE",
-            ErrorDetails::with_retry_info(Some(Duration::from_secs(5))),
-        ),
-        LeaseError::Hardware(_) => rich(Code::Internal, msg, "HARDWARE_FAILED", none()),
-        LeaseError::Inconsistent(_) => rich(Code::Internal, msg, "INCONSISTENT_RECORDS", none()),
-        LeaseError::Host(_) => rich(Code::Internal, msg, "HOST_OPERATION_FAILED", none()),
-        LeaseError::Task { .. } => rich(Code::Internal, msg, "TASK_FAILED", none()),
+        LeaseError::Devices(_) => plain(Code::FailedPrecondition, msg, "DEVICE_MAJOR_UNKNOWN"),
+        LeaseError::PermissionDenied(_) => plain(Code::PermissionDenied, msg, "PERMISSION_DENIED"),
+        LeaseError::ShuttingDown => retry(Code::Unavailable, msg, "SHUTTING_DOWN", 1),
+        LeaseError::Store(s) => store_status(s, msg),
+        LeaseError::TopologyUnmet(_) => {
+            precondition(msg.clone(), "TOPOLOGY_UNMET", ("TOPOLOGY", "topology"), msg)
+        }
+        LeaseError::ModeUnavailable(_) => {
+            precondition(msg.clone(), "GPU_MODE_MISMATCH", ("GPU_MODE", "gpu"), msg)
+        }
+        LeaseError::GpuUnhealthy(_) => {
+            precondition(msg.clone(), "GPU_UNHEALTHY", ("GPU_HEALTH", "gpu"), msg)
+        }
+        LeaseError::Hardware(g) if hardware_may_recover(g) => {
+            retry(Code::Unavailable, msg, "HARDWARE_UNAVAILABLE", 5)
+        }
+        LeaseError::Hardware(_) => plain(Code::Internal, msg, "HARDWARE_FAILED"),
+        LeaseError::Inconsistent(_) => plain(Code::Internal, msg, "INCONSISTENT_RECORDS"),
+        LeaseError::Host(_) => plain(Code::Internal, msg, "HOST_OPERATION_FAILED"),
+        LeaseError::Task { .. } => plain(Code::Internal, msg, "TASK_FAILED"),
     }
+}
+
+/// A store failure: a full or read-only state directory is the host's state, to
+/// be retried; anything else is the daemon's.
+fn store_status(s: &crate::store::StoreError, msg: String) -> Status {
+    if s.is_disk_full() {
+        let msg = format!("the daemon's state directory is full: {msg}");
+        retry(Code::ResourceExhausted, msg, "STATE_DISK_FULL", 30)
+    } else if s.is_unwritable() {
+        let msg = format!("the daemon's state directory refuses writes: {msg}");
+        retry(Code::Unavailable, msg, "STATE_UNWRITABLE", 30)
+    } else {
+        plain(Code::Internal, msg, "STORE_FAILED")
+    }
+}
+
+/// A status with only its `ErrorInfo`.
+fn plain(code: Code, msg: String, reason: &str) -> Status {
+    rich(code, msg, reason, ErrorDetails::new())
+}
+
+/// A status that tells the caller to retry after `secs` seconds.
+fn retry(code: Code, msg: String, reason: &str, secs: u64) -> Status {
+    let details = ErrorDetails::with_retry_info(Some(Duration::from_secs(secs)));
+    rich(code, msg, reason, details)
+}
+
+/// FAILED_PRECONDITION with a violation of `(kind, subject)`.
+fn precondition(msg: String, reason: &str, (kind, subject): (&str, &str), why: String) -> Status {
+    let details = ErrorDetails::with_precondition_failure_violation(kind, subject, why);
+    rich(Code::FailedPrecondition, msg, reason, details)
 }
 
 /// NVML failures that are the hardware's state now, not a bug of the request or
@@ -154,6 +137,41 @@ fn hardware_may_recover(e: &crate::gpu::GpuError) -> bool {
     ) || matches!(e, crate::gpu::GpuError::Task(_))
 }
 
+/// A request field that does not parse: INVALID_ARGUMENT naming it.
+pub fn bad_field(field: &str, e: impl std::fmt::Display) -> Status {
+    let msg = e.to_string();
+    rich(
+        Code::InvalidArgument,
+        msg.clone(),
+        "INVALID_ARGUMENT",
+        ErrorDetails::with_bad_request_violation(field, msg),
+    )
+}
+
+/// The canonical gRPC name of a status code ("OK", "PERMISSION_DENIED", ...).
+pub fn code_name(code: Code) -> &'static str {
+    use Code::*;
+    match code {
+        Ok => "OK",
+        Cancelled => "CANCELLED",
+        Unknown => "UNKNOWN",
+        InvalidArgument => "INVALID_ARGUMENT",
+        DeadlineExceeded => "DEADLINE_EXCEEDED",
+        NotFound => "NOT_FOUND",
+        AlreadyExists => "ALREADY_EXISTS",
+        PermissionDenied => "PERMISSION_DENIED",
+        ResourceExhausted => "RESOURCE_EXHAUSTED",
+        FailedPrecondition => "FAILED_PRECONDITION",
+        Aborted => "ABORTED",
+        OutOfRange => "OUT_OF_RANGE",
+        Unimplemented => "UNIMPLEMENTED",
+        Internal => "INTERNAL",
+        Unavailable => "UNAVAILABLE",
+        DataLoss => "DATA_LOSS",
+        Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
 /// A refusal made by the API layer itself (a request that does not decode, a
 /// caller without the right): `reason` is the code's name unless the status
 /// already carries an `ErrorInfo`.
@@ -162,7 +180,7 @@ pub fn with_error_info(st: Status) -> Status {
         return st;
     }
     let mut details = st.get_error_details();
-    let reason = super::code_name(st.code());
+    let reason = code_name(st.code());
     details.set_error_info(reason, DOMAIN, HashMap::new());
     Status::with_error_details(st.code(), st.message(), details)
 }
@@ -224,6 +242,12 @@ mod tests {
             (st.code(), info(&st).0.as_str()),
             (Code::Internal, "STORE_FAILED")
         );
+    }
+
+    #[test]
+    fn every_code_has_a_grpc_name() {
+        assert_eq!(code_name(Code::ResourceExhausted), "RESOURCE_EXHAUSTED");
+        assert_eq!(code_name(Code::Unauthenticated), "UNAUTHENTICATED");
     }
 
     #[test]

@@ -14,7 +14,7 @@ use tokio::sync::watch;
 use tokio_stream::StreamExt;
 use tracing::{info, warn};
 
-use crate::api::uds_authority::NormalizeAuthority;
+use crate::api::transport::uds_authority::NormalizeAuthority;
 use crate::config::{RESOURCE_DOMAIN, resource_name};
 
 use super::service::PluginService;
@@ -91,14 +91,8 @@ fn serve(
 }
 
 async fn register(kubelet: &Path, class: &str) -> Result<(), K8sError> {
-    let fail = |message: String| K8sError::Kubelet {
-        socket: kubelet.to_path_buf(),
-        message,
-    };
-    let ch = tokio::time::timeout(KUBELET_TIMEOUT, tessera_common::unix::channel(kubelet))
-        .await
-        .map_err(|_| fail("no answer".into()))?
-        .map_err(|e| fail(e.to_string()))?;
+    let fail = |message| failed(kubelet, message);
+    let ch = connect(kubelet).await?;
     let mut client = dp::registration_client::RegistrationClient::new(ch);
     let req = dp::RegisterRequest {
         version: dp::VERSION.into(),
@@ -188,16 +182,26 @@ pub(super) async fn serve_and_register(plugin: Arc<DevicePlugin>, mut stop: watc
     }
 }
 
-/// PodResources List: device id -> the pod holding it, for tessera.io resources.
-pub(super) async fn pod_holders(socket: &Path) -> Result<BTreeMap<String, Holder>, K8sError> {
-    let fail = |message: String| K8sError::Kubelet {
+/// kubelet at `socket` did not answer as it should.
+fn failed(socket: &Path, message: String) -> K8sError {
+    K8sError::Kubelet {
         socket: socket.to_path_buf(),
         message,
-    };
-    let ch = tokio::time::timeout(KUBELET_TIMEOUT, tessera_common::unix::channel(socket))
+    }
+}
+
+/// A channel to one of kubelet's sockets, within [`KUBELET_TIMEOUT`].
+async fn connect(socket: &Path) -> Result<tonic::transport::Channel, K8sError> {
+    tokio::time::timeout(KUBELET_TIMEOUT, tessera_common::unix::channel(socket))
         .await
-        .map_err(|_| fail("no answer".into()))?
-        .map_err(|e| fail(e.to_string()))?;
+        .map_err(|_| failed(socket, "no answer".into()))?
+        .map_err(|e| failed(socket, e.to_string()))
+}
+
+/// PodResources List: device id -> the pod holding it, for tessera.io resources.
+pub(super) async fn pod_holders(socket: &Path) -> Result<BTreeMap<String, Holder>, K8sError> {
+    let fail = |message| failed(socket, message);
+    let ch = connect(socket).await?;
     let mut client = pr::pod_resources_lister_client::PodResourcesListerClient::new(ch);
     let resp = tokio::time::timeout(KUBELET_TIMEOUT, client.list(pr::ListPodResourcesRequest {}))
         .await

@@ -170,6 +170,48 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Every container request of an Allocate, checked before any device is touched:
+/// at least one device, at most [`MAX_DEVICES_PER_CONTAINER`], none twice.
+fn check_requests(resource: &str, containers: &[Vec<String>]) -> Result<(), K8sError> {
+    let resource = resource.to_string();
+    for ids in containers {
+        if ids.is_empty() {
+            return Err(K8sError::NoDevice { resource });
+        }
+        if ids.len() > MAX_DEVICES_PER_CONTAINER {
+            return Err(K8sError::TooManyDevices {
+                resource,
+                n: ids.len(),
+            });
+        }
+        if let Some((_, id)) = ids
+            .iter()
+            .enumerate()
+            .find(|(i, id)| ids[..*i].contains(id))
+        {
+            return Err(K8sError::RepeatedDevice {
+                device: id.clone(),
+                resource,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Why a device's lease can no longer be handed to a container: gone, ended, or
+/// on an unhealthy GPU; None when it serves.
+fn unusable(lease: Option<&Lease>) -> Option<String> {
+    match lease {
+        None => Some("its lease is gone".to_string()),
+        Some(l) if !l.state().is_live() => Some(format!(
+            "its lease is {}: {}",
+            l.state().as_str(),
+            l.end_reason().unwrap_or("")
+        )),
+        Some(l) => l.unhealthy.clone(),
+    }
+}
+
 impl DevicePlugin {
     /// Load the devices the store remembers, release leases of devices a crash left
     /// unrecorded, and reserve the mix. Serves nothing yet: see [`DevicePlugin::run`].
@@ -556,44 +598,8 @@ impl DevicePlugin {
         containers: &[Vec<String>],
     ) -> Result<Vec<Vec<Allocation>>, K8sError> {
         let resource = resource_name(class);
-        // A device a pod was seen holding may come back for another pod: ask kubelet
-        // now who holds it (the last poll may be a moment old).
-        let asked_held = {
-            let devices = self.devices.lock().await;
-            containers.iter().flatten().any(|id| {
-                devices
-                    .iter()
-                    .any(|d| &d.device_id == id && d.allocated && d.pod.is_some())
-            })
-        };
-        let holders = if asked_held {
-            kubelet::pod_holders(&self.cfg.pod_resources_socket)
-                .await
-                .ok()
-        } else {
-            None
-        };
-        for ids in containers {
-            if ids.is_empty() {
-                return Err(K8sError::NoDevice { resource });
-            }
-            if ids.len() > MAX_DEVICES_PER_CONTAINER {
-                return Err(K8sError::TooManyDevices {
-                    resource,
-                    n: ids.len(),
-                });
-            }
-            if let Some((_, id)) = ids
-                .iter()
-                .enumerate()
-                .find(|(i, id)| ids[..*i].contains(id))
-            {
-                return Err(K8sError::RepeatedDevice {
-                    device: id.clone(),
-                    resource,
-                });
-            }
-        }
+        check_requests(&resource, containers)?;
+        let holders = self.holders_if_held(containers).await;
         let mut devices = self.devices.lock().await;
         let mut out = Vec::with_capacity(containers.len());
         for ids in containers {
@@ -608,46 +614,7 @@ impl DevicePlugin {
                         resource,
                     });
                 };
-                if let Some((ns, pod)) = d.pod.clone().filter(|_| d.allocated) {
-                    let still_held = match &holders {
-                        Some(h) => h.get(id).is_some_and(|x| {
-                            x.namespace == ns && x.pod == pod && x.resource == resource
-                        }),
-                        // kubelet did not answer: the last poll decides.
-                        None => d.unseen_since_ms.is_none(),
-                    };
-                    if !still_held {
-                        self.renew_for_new_pod(d).await?;
-                    }
-                }
-                let lease = self.lease(&d.lease_id);
-                if let Some(reason) = match &lease {
-                    None => Some("its lease is gone".to_string()),
-                    Some(l) if !l.state().is_live() => Some(format!(
-                        "its lease is {}: {}",
-                        l.state().as_str(),
-                        l.end_reason().unwrap_or("")
-                    )),
-                    Some(l) => l.unhealthy.clone(),
-                } {
-                    return Err(K8sError::DeviceEnded {
-                        device: id.clone(),
-                        resource,
-                        reason,
-                    });
-                }
-                if !d.allocated {
-                    d.allocated = true;
-                    d.unseen_since_ms = None;
-                    let rec = d.clone();
-                    self.persist(&rec).await?;
-                    info!(device = %id, resource = %resource, "kubernetes: device allocated");
-                }
-                granted.push(Allocation {
-                    lease_id: d.lease_id.clone(),
-                    token: d.token.clone(),
-                    cdi_device: self.cfg.cdi.then(|| format!("{CDI_KIND}={}", d.lease_id)),
-                });
+                granted.push(self.grant(d, &resource, holders.as_ref()).await?);
             }
             out.push(granted);
         }
@@ -655,6 +622,71 @@ impl DevicePlugin {
         // The pod shows in PodResources in a moment: follow it soon.
         self.wake.notify_one();
         Ok(out)
+    }
+
+    /// A device a pod was seen holding may come back for another pod: when one of
+    /// `containers` asks for such a device, who holds what now, from kubelet (the
+    /// last poll may be a moment old); None when none does or kubelet does not
+    /// answer.
+    async fn holders_if_held(
+        &self,
+        containers: &[Vec<String>],
+    ) -> Option<BTreeMap<String, Holder>> {
+        let asked_held = {
+            let devices = self.devices.lock().await;
+            containers.iter().flatten().any(|id| {
+                devices
+                    .iter()
+                    .any(|d| &d.device_id == id && d.allocated && d.pod.is_some())
+            })
+        };
+        if !asked_held {
+            return None;
+        }
+        kubelet::pod_holders(&self.cfg.pod_resources_socket)
+            .await
+            .ok()
+    }
+
+    /// One device for a container: its lease handed on when another pod asks for
+    /// it, refused when its lease no longer serves, marked allocated.
+    async fn grant(
+        &self,
+        d: &mut K8sDevice,
+        resource: &str,
+        holders: Option<&BTreeMap<String, Holder>>,
+    ) -> Result<Allocation, K8sError> {
+        if let Some((ns, pod)) = d.pod.clone().filter(|_| d.allocated) {
+            let still_held = match holders {
+                Some(h) => h
+                    .get(&d.device_id)
+                    .is_some_and(|x| x.namespace == ns && x.pod == pod && x.resource == resource),
+                // kubelet did not answer: the last poll decides.
+                None => d.unseen_since_ms.is_none(),
+            };
+            if !still_held {
+                self.renew_for_new_pod(d).await?;
+            }
+        }
+        if let Some(reason) = unusable(self.lease(&d.lease_id).as_ref()) {
+            return Err(K8sError::DeviceEnded {
+                device: d.device_id.clone(),
+                resource: resource.to_string(),
+                reason,
+            });
+        }
+        if !d.allocated {
+            d.allocated = true;
+            d.unseen_since_ms = None;
+            let rec = d.clone();
+            self.persist(&rec).await?;
+            info!(device = %d.device_id, resource = %resource, "kubernetes: device allocated");
+        }
+        Ok(Allocation {
+            lease_id: d.lease_id.clone(),
+            token: d.token.clone(),
+            cdi_device: self.cfg.cdi.then(|| format!("{CDI_KIND}={}", d.lease_id)),
+        })
     }
 
     /// GetPreferredAllocation: the devices kubelet must include, then those on the
