@@ -8,6 +8,7 @@
 pub mod auth;
 pub mod convert;
 pub mod errors;
+pub mod oidc;
 pub mod paging;
 mod service;
 mod watch;

@@ -164,6 +164,7 @@ impl TesseraService {
                 "refused".into()
             },
             reasons,
+            oidc: None,
         });
     }
 
@@ -196,6 +197,7 @@ impl TesseraService {
             container: String::new(),
             result: "attempt".into(),
             reasons: vec![],
+            oidc: who.oidc().cloned(),
         };
         let Err(e) = a.record(rec) else {
             return Ok(());
@@ -243,6 +245,7 @@ impl TesseraService {
                 container: String::new(),
                 result: code_name(st.code()),
                 reasons: vec![st.message().to_string()],
+                oidc: caller.oidc().cloned(),
             });
             super::errors::with_error_info(st)
         };
@@ -303,6 +306,7 @@ impl TesseraService {
             container: crate::names::truncate(container, 1024),
             result,
             reasons,
+            oidc: who.oidc().cloned(),
         });
         r
     }
@@ -959,6 +963,7 @@ impl Tessera for TesseraService {
                         r.expires_at_ms
                     ),
                 ],
+                oidc: who.oidc().cloned(),
             });
         }
         out
@@ -1032,6 +1037,7 @@ impl Tessera for TesseraService {
                     container: String::new(),
                     result: format!("{scope} {what} {now}"),
                     reasons: vec![r.reason.clone()],
+                    oidc: who.oidc().cloned(),
                 });
             }
             out
@@ -1193,7 +1199,7 @@ pub struct TlsMaterial {
 
 impl TlsMaterial {
     /// Read and check the files `[auth.tls]` names (before anything is touched).
-    pub fn load(tls: &crate::config::TlsConfig) -> Result<TlsMaterial, ServeError> {
+    pub fn load(tls: &crate::config::TlsConfig, oidc: bool) -> Result<TlsMaterial, ServeError> {
         let read = |p: &Path| {
             std::fs::read(p).map_err(|source| ServeError::Io {
                 path: p.to_path_buf(),
@@ -1201,11 +1207,14 @@ impl TlsMaterial {
             })
         };
         let identity = tonic::transport::Identity::from_pem(read(&tls.cert)?, read(&tls.key)?);
-        let ca = tonic::transport::Certificate::from_pem(read(&tls.client_ca)?);
-        let config = tonic::transport::ServerTlsConfig::new()
-            .identity(identity)
-            .client_ca_root(ca)
-            .client_auth_optional(false);
+        let mut config = tonic::transport::ServerTlsConfig::new().identity(identity);
+        // Without a client CA (only with [auth.oidc]) no certificate is asked for;
+        // with one and [auth.oidc], a caller shows a certificate or a token.
+        if let Some(ca) = &tls.client_ca {
+            config = config
+                .client_ca_root(tonic::transport::Certificate::from_pem(read(ca)?))
+                .client_auth_optional(oidc);
+        }
         // Building the server's TLS settings parses the certificate, the key and
         // the CA: a bad file fails here, not after the daemon said READY.
         builder().tls_config(config.clone())?;
@@ -1246,8 +1255,10 @@ pub async fn serve_tls(
 ) -> Result<(), ServeError> {
     info!(listen = %tls.material.listen, "serving the tessera.v1 API over mutual TLS");
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(tls.listener);
+    let oidc = super::oidc::OidcLayer::new(service.auth.oidc());
     builder()
         .tls_config(tls.material.config)?
+        .layer(oidc)
         .add_routes(router(service).await?)
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await?;
