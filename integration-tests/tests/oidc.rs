@@ -704,3 +704,50 @@ fn a_tenant_creates_lists_and_releases_a_lease_with_a_token_alone_through_the_cl
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Python grpcio with access-token call credentials: the same token works there.
+#[test]
+fn python_grpcio_signs_in_with_access_token_credentials() {
+    use tessera_integration_tests::python::{generate_stubs, pytest, python_or_skip, say};
+    let Some(py) = python_or_skip().unwrap() else {
+        return;
+    };
+    let gen_dir = tempfile::tempdir().unwrap();
+    generate_stubs(&py, gen_dir.path(), &["tessera/v1/tessera.proto"]).unwrap();
+    let r = rt();
+    let s = Setup::start(&r);
+    let token = s.key.sign(&s.claims());
+    let expired = s.key.sign(&with(s.claims(), "exp", json!(now() - 3600)));
+    let target = format!("localhost:{}", s.port);
+    let run = pytest(
+        &py,
+        "integration-tests/python/test_oidc_grpcio.py",
+        gen_dir.path(),
+        &[
+            ("TESSERA_TLS_TARGET", target.as_ref()),
+            ("TESSERA_CA_FILE", s.ca.as_os_str()),
+            ("TESSERA_TOKEN", token.as_ref()),
+            ("TESSERA_EXPIRED", expired.as_ref()),
+        ],
+        Duration::from_secs(120),
+    )
+    .unwrap();
+    let output = &run.output;
+    let Some(status) = run.status else {
+        panic!(
+            "pytest ran past 120 s:\n{output}\n--- tesserad log:\n{}",
+            s.d.log()
+        );
+    };
+    assert!(
+        status.success(),
+        "the grpcio client failed ({status}):\n{output}\n--- tesserad log:\n{}",
+        s.d.log()
+    );
+    say(&format!(
+        "python grpcio OIDC client ({}): {}",
+        py.display(),
+        run.summary()
+    ));
+    assert!(output.contains("2 passed"), "{output}");
+}
