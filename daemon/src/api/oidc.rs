@@ -173,6 +173,10 @@ impl KeySet {
                 skipped += 1;
                 continue;
             };
+            if !usable(&jwk.algorithm) {
+                skipped += 1;
+                continue;
+            }
             let alg = jwk
                 .common
                 .key_algorithm
@@ -208,6 +212,19 @@ impl KeySet {
                 .cloned(),
             None => None,
         }
+    }
+}
+
+/// Whether a JWK is a public key this daemon verifies with: never a shared secret
+/// (`oct`), never an RSA modulus under 2048 bits.
+fn usable(params: &jsonwebtoken::jwk::AlgorithmParameters) -> bool {
+    use jsonwebtoken::jwk::AlgorithmParameters as P;
+    match params {
+        P::RSA(rsa) => base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(rsa.n.trim_end_matches('='))
+            .is_ok_and(|n| n.iter().skip_while(|b| **b == 0).count() >= 256),
+        P::EllipticCurve(_) | P::OctetKeyPair(_) => true,
+        _ => false,
     }
 }
 
@@ -356,6 +373,12 @@ impl Verifier {
             )));
         };
         let alg = jwt_alg(alg);
+        // RFC 7515 4.1.11: extensions marked critical must be understood; none are.
+        if header.contains_key("crit") {
+            return Err(Refusal::token(
+                "its header names critical extensions (crit), which this daemon does not implement",
+            ));
+        }
         let kid = match header.get("kid") {
             None => None,
             Some(Value::String(k)) => Some(k.as_str()),
@@ -942,6 +965,14 @@ mod tests {
         );
         let m = refused(v.verify(&es384).await);
         assert!(m.contains("allowed: RS256, ES256"), "{m}");
+        // A critical header extension nobody here implements.
+        let crit = format!(
+            "{}.{payload}.{}",
+            B64.encode(r#"{"alg":"ES256","kid":"k1","crit":["b64"],"b64":false}"#),
+            parts[2]
+        );
+        let m = refused(v.verify(&crit).await);
+        assert!(m.contains("crit"), "{m}");
         // Not a JWT at all.
         let m = refused(v.verify("not-a-token").await);
         assert!(m.contains("not a JWT"), "{m}");
@@ -977,9 +1008,19 @@ mod tests {
         let mut docs: Vec<Value> = keys.iter().map(Signer::jwk).collect();
         docs.insert(0, json!({"kty": "EC", "use": "enc", "kid": "enc"}));
         docs.insert(0, json!({"kty": "weird", "kid": "weird"}));
+        docs.insert(
+            0,
+            json!({"kty": "oct", "kid": "secret", "k": B64.encode("shared")}),
+        );
+        docs.insert(
+            0,
+            json!({"kty": "RSA", "kid": "rsa-1024", "n": B64.encode([0xc5u8; 128]), "e": "AQAB"}),
+        );
         let set = KeySet::parse(json!({ "keys": docs }).to_string().as_bytes(), 3).unwrap();
         assert_eq!(set.by_kid.len(), 3);
-        assert!(!set.by_kid.contains_key("enc") && !set.by_kid.contains_key("weird"));
+        for skipped in ["enc", "weird", "secret", "rsa-1024"] {
+            assert!(!set.by_kid.contains_key(skipped), "{skipped}");
+        }
         assert!(KeySet::parse(b"[]", 3).is_err());
     }
 
