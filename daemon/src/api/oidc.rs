@@ -291,21 +291,29 @@ impl Verifier {
     }
 
     /// Keep the keys fresh: now (for the discovery document) and every
-    /// `jwks_refresh`, until `stop`.
+    /// `jwks_refresh`, until `stop`. A failed fetch is tried again sooner: after
+    /// 5 s, doubling up to `jwks_refresh`.
     pub async fn run_refresh(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
-        let mut first = matches!(self.cfg.jwks, JwksSource::Discovery { .. });
+        let mut wait = match self.cfg.jwks {
+            JwksSource::Discovery { .. } => Duration::ZERO,
+            JwksSource::File(_) => self.cfg.jwks_refresh,
+        };
+        let mut retry = Duration::from_secs(5);
         loop {
-            if !first {
-                tokio::select! {
-                    _ = tokio::time::sleep(self.cfg.jwks_refresh) => {}
-                    _ = stop.changed() => return,
-                }
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = stop.changed() => return,
             }
-            first = false;
             match self.refresh().await {
-                Ok(n) => info!(issuer = %self.cfg.issuer, keys = n, "oidc: issuer keys loaded"),
+                Ok(n) => {
+                    info!(issuer = %self.cfg.issuer, keys = n, "oidc: issuer keys loaded");
+                    wait = self.cfg.jwks_refresh;
+                    retry = Duration::from_secs(5);
+                }
                 Err(e) => {
-                    warn!(issuer = %self.cfg.issuer, error = %e, "oidc: issuer keys not refreshed; the previous ones stay")
+                    wait = retry.min(self.cfg.jwks_refresh);
+                    retry = retry.saturating_mul(2);
+                    warn!(issuer = %self.cfg.issuer, error = %e, retry_in = ?wait, "oidc: issuer keys not refreshed; the previous ones stay");
                 }
             }
             if *stop.borrow() {
@@ -1141,5 +1149,46 @@ mod tests {
             "{}",
             e.message()
         );
+    }
+
+    /// Until the issuer's keys could be fetched, a token is not judged: the caller
+    /// is told to retry (UNAVAILABLE), not that the token is bad.
+    #[tokio::test]
+    async fn a_token_before_any_keys_could_be_fetched_is_unavailable_not_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca.pem");
+        let pair = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()])
+            .unwrap()
+            .self_signed(&pair)
+            .unwrap();
+        std::fs::write(&ca, cert.pem()).unwrap();
+        // Nothing listens on port 1.
+        let v = Verifier::new(OidcConfig {
+            issuer: "https://127.0.0.1:1/realms/gpu".into(),
+            jwks: JwksSource::Discovery {
+                ca_file: Some(ca.clone()),
+            },
+            ..verifier(&write_one_key(dir.path()), Duration::ZERO)
+                .config()
+                .clone()
+        })
+        .unwrap();
+        let e = v
+            .verify(&Signer::new("k1").sign(&claims()))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code, tonic::Code::Unavailable, "{}", e.message);
+        assert!(e.message.contains("could not be fetched"), "{}", e.message);
+        // A CA file without a certificate stops the start.
+        std::fs::write(&ca, "not a certificate").unwrap();
+        let cfg = v.config().clone();
+        assert!(matches!(Verifier::new(cfg), Err(OidcError::NoCa { .. })));
+    }
+
+    fn write_one_key(dir: &std::path::Path) -> std::path::PathBuf {
+        let path = dir.join("jwks.json");
+        write_jwks(&path, &[&Signer::new("k0")]);
+        path
     }
 }
