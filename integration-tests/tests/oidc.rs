@@ -420,18 +420,20 @@ fn forged_and_unfit_tokens_are_refused_by_name_and_create_nothing() {
         B64.encode(with(s.claims(), "groups", json!(["tessera-admins"])).to_string()),
         parts[2]
     );
-    let cases: Vec<(&str, String, Code, &str)> = vec![
+    let cases: Vec<(&str, String, Code, &str, &str)> = vec![
         (
             "expired",
             s.key.sign(&with(s.claims(), "exp", json!(now() - 3600))),
             Code::Unauthenticated,
             "expired",
+            "TOKEN_EXPIRED",
         ),
         (
             "wrong audience",
             s.key.sign(&with(s.claims(), "aud", json!("grafana"))),
             Code::Unauthenticated,
             "wrong audience",
+            "TOKEN_WRONG_AUDIENCE",
         ),
         (
             "wrong issuer",
@@ -442,46 +444,53 @@ fn forged_and_unfit_tokens_are_refused_by_name_and_create_nothing() {
             )),
             Code::Unauthenticated,
             "wrong issuer",
+            "TOKEN_WRONG_ISSUER",
         ),
         (
             "unknown key",
             stranger.sign(&s.claims()),
             Code::Unauthenticated,
             "does not publish",
+            "TOKEN_UNKNOWN_KEY",
         ),
         (
             "alg none",
             format!("{none_header}.{payload}."),
             Code::Unauthenticated,
             "\"none\" is not accepted",
+            "TOKEN_ALGORITHM_REFUSED",
         ),
         (
             "HS256 with the public key",
             hs256,
             Code::Unauthenticated,
             "\"HS256\" is not accepted",
+            "TOKEN_ALGORITHM_REFUSED",
         ),
         (
             "tampered payload",
             tampered,
             Code::Unauthenticated,
             "bad signature",
+            "TOKEN_BAD_SIGNATURE",
         ),
         (
             "no mapped group",
             s.key.sign(&with(s.claims(), "groups", json!(["staff"]))),
             Code::PermissionDenied,
             "`groups`",
+            "PERMISSION_DENIED",
         ),
         (
             "not a JWT",
             "YWRhOnB3".into(),
             Code::Unauthenticated,
             "not a JWT",
+            "TOKEN_MALFORMED",
         ),
     ];
     r.block_on(async {
-        for (what, token, code, says) in &cases {
+        for (what, token, code, says, reason) in &cases {
             let mut c = s.client(token, None).await;
             let e = c
                 .create_lease(create_req("team-a", shape::mig("1g.10gb")))
@@ -489,6 +498,10 @@ fn forged_and_unfit_tokens_are_refused_by_name_and_create_nothing() {
                 .expect_err(what);
             assert_eq!(e.code(), *code, "{what}: {}", e.message());
             assert!(e.message().contains(says), "{what}: {}", e.message());
+            // Programs read the ErrorInfo reason, not the text.
+            use tonic_types::StatusExt as _;
+            let info = e.get_details_error_info().expect("an ErrorInfo");
+            assert_eq!(info.reason, *reason, "{what}");
             assert!(
                 !e.message().contains(token.as_str()),
                 "{what}: the token is echoed"

@@ -74,13 +74,16 @@ pub struct Verified {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {
     pub code: tonic::Code,
+    /// The status's ErrorInfo reason (`TOKEN_EXPIRED`, ...), for programs.
+    pub reason: &'static str,
     pub message: String,
 }
 
 impl Refusal {
-    fn token(why: impl std::fmt::Display) -> Refusal {
+    fn token(reason: &'static str, why: impl std::fmt::Display) -> Refusal {
         Refusal {
             code: tonic::Code::Unauthenticated,
+            reason,
             message: format!("bearer token refused: {why}"),
         }
     }
@@ -89,6 +92,7 @@ impl Refusal {
     pub fn two_identities(common_name: &str) -> Refusal {
         Refusal {
             code: tonic::Code::PermissionDenied,
+            reason: "TWO_IDENTITIES",
             message: format!(
                 "the call shows two identities, certificate CN={common_name:?} and a bearer token: a caller is one principal, so present one of them"
             ),
@@ -100,12 +104,19 @@ impl Refusal {
     pub fn not_accepted_here() -> Refusal {
         Refusal {
             code: tonic::Code::Unauthenticated,
+            reason: "TOKEN_NOT_ACCEPTED_HERE",
             message: "bearer tokens are accepted only on the TLS listener with [auth.oidc] configured; on the unix socket the caller's uid decides: send no token".into(),
         }
     }
 
     pub fn status(&self) -> tonic::Status {
-        tonic::Status::new(self.code, self.message.clone())
+        use tonic_types::StatusExt as _;
+        let mut details = tonic_types::ErrorDetails::new();
+        details.set_error_info(self.reason, super::errors::DOMAIN, HashMap::new());
+        if self.code == tonic::Code::Unavailable {
+            details.set_retry_info(Some(Duration::from_secs(5)));
+        }
+        tonic::Status::with_error_details(self.code, self.message.clone(), details)
     }
 }
 
@@ -348,24 +359,30 @@ impl Verifier {
         if !keys.loaded {
             return Err(Refusal {
                 code: tonic::Code::Unavailable,
+                reason: "ISSUER_KEYS_UNAVAILABLE",
                 message: "bearer token not checked: the issuer's signing keys could not be fetched yet; retry later".into(),
             });
         }
-        Err(Refusal::token(match kid {
-            Some(kid) => format!("signed with a key the issuer does not publish (kid {kid:?})"),
-            None => "it names no key (kid) and the issuer has several".into(),
-        }))
+        Err(Refusal::token(
+            "TOKEN_UNKNOWN_KEY",
+            match kid {
+                Some(kid) => format!("signed with a key the issuer does not publish (kid {kid:?})"),
+                None => "it names no key (kid) and the issuer has several".into(),
+            },
+        ))
     }
 
     /// Verify `token`: the header, the key, the signature, then the claims.
     pub async fn verify(&self, token: &str) -> Result<Verified, Refusal> {
         if token.len() > MAX_TOKEN_BYTES {
-            return Err(Refusal::token(format!(
-                "longer than {MAX_TOKEN_BYTES} bytes"
-            )));
+            return Err(Refusal::token(
+                "TOKEN_MALFORMED",
+                format!("longer than {MAX_TOKEN_BYTES} bytes"),
+            ));
         }
-        let header = raw_header(token)
-            .ok_or_else(|| Refusal::token("not a JWT (header.payload.signature)"))?;
+        let header = raw_header(token).ok_or_else(|| {
+            Refusal::token("TOKEN_MALFORMED", "not a JWT (header.payload.signature)")
+        })?;
         let alg_name = header.get("alg").and_then(Value::as_str).unwrap_or("");
         let allowed = self
             .cfg
@@ -376,27 +393,30 @@ impl Verifier {
             .join(", ");
         let Some(alg) = OidcAlgorithm::parse(alg_name).filter(|a| self.cfg.algorithms.contains(a))
         else {
-            return Err(Refusal::token(format!(
-                "its algorithm {alg_name:?} is not accepted (allowed: {allowed})"
-            )));
+            return Err(Refusal::token(
+                "TOKEN_ALGORITHM_REFUSED",
+                format!("its algorithm {alg_name:?} is not accepted (allowed: {allowed})"),
+            ));
         };
         let alg = jwt_alg(alg);
         // RFC 7515 4.1.11: extensions marked critical must be understood; none are.
         if header.contains_key("crit") {
             return Err(Refusal::token(
+                "TOKEN_MALFORMED",
                 "its header names critical extensions (crit), which this daemon does not implement",
             ));
         }
         let kid = match header.get("kid") {
             None => None,
             Some(Value::String(k)) => Some(k.as_str()),
-            Some(_) => return Err(Refusal::token("its kid is not a string")),
+            Some(_) => return Err(Refusal::token("TOKEN_MALFORMED", "its kid is not a string")),
         };
         let key = self.key_for(kid).await?;
         if key.alg.is_some_and(|a| a != alg) || key.decoding.family() != alg.family() {
-            return Err(Refusal::token(format!(
-                "its algorithm {alg_name} does not match the key it names"
-            )));
+            return Err(Refusal::token(
+                "TOKEN_ALGORITHM_REFUSED",
+                format!("its algorithm {alg_name} does not match the key it names"),
+            ));
         }
         let mut v = Validation::new(alg);
         v.leeway = self.cfg.leeway.as_secs();
@@ -405,8 +425,11 @@ impl Verifier {
         v.set_issuer(&[&self.cfg.issuer]);
         v.set_audience(&self.cfg.audiences);
         v.set_required_spec_claims(&["exp", "iss", "aud", "sub"]);
-        let data = jsonwebtoken::decode::<Map<String, Value>>(token, &key.decoding, &v)
-            .map_err(|e| Refusal::token(self.why(e.kind())))?;
+        let data =
+            jsonwebtoken::decode::<Map<String, Value>>(token, &key.decoding, &v).map_err(|e| {
+                let (reason, why) = self.why(e.kind());
+                Refusal::token(reason, why)
+            })?;
         let claims = data.claims;
         let now = jsonwebtoken::get_current_timestamp();
         match claims.get("iat") {
@@ -415,17 +438,18 @@ impl Verifier {
                 Some(iat) if iat <= (now + v.leeway) as f64 => {}
                 Some(_) => {
                     return Err(Refusal::token(
+                        "TOKEN_NOT_YET_VALID",
                         "issued in the future (iat), beyond the leeway",
                     ));
                 }
-                None => return Err(Refusal::token("its iat is not a number")),
+                None => return Err(Refusal::token("TOKEN_MALFORMED", "its iat is not a number")),
             },
-            Some(_) => return Err(Refusal::token("its iat is not a number")),
+            Some(_) => return Err(Refusal::token("TOKEN_MALFORMED", "its iat is not a number")),
         }
         let text = |k: &str| claims.get(k).and_then(Value::as_str).map(str::to_string);
-        let subject = text("sub")
-            .filter(|s| !s.is_empty())
-            .ok_or_else(|| Refusal::token("its sub is not a non-empty string"))?;
+        let subject = text("sub").filter(|s| !s.is_empty()).ok_or_else(|| {
+            Refusal::token("TOKEN_MALFORMED", "its sub is not a non-empty string")
+        })?;
         let subject = OidcSubject {
             issuer: self.cfg.issuer.clone(),
             subject,
@@ -439,29 +463,40 @@ impl Verifier {
     }
 
     /// What failed, in words for the caller: which check, not the token's content.
-    fn why(&self, kind: &jsonwebtoken::errors::ErrorKind) -> String {
+    fn why(&self, kind: &jsonwebtoken::errors::ErrorKind) -> (&'static str, String) {
         use jsonwebtoken::errors::ErrorKind as K;
         let leeway = self.cfg.leeway.as_secs();
         match kind {
-            K::ExpiredSignature => {
-                format!("expired (exp is past, beyond the {leeway}s leeway): get a new token")
-            }
-            K::ImmatureSignature => {
-                format!("not valid yet (nbf is ahead, beyond the {leeway}s leeway)")
-            }
-            K::InvalidAudience => format!(
-                "wrong audience: its aud does not name this daemon ({})",
-                self.cfg.audiences.join(", ")
+            K::ExpiredSignature => (
+                "TOKEN_EXPIRED",
+                format!("expired (exp is past, beyond the {leeway}s leeway): get a new token"),
             ),
-            K::InvalidIssuer => format!("wrong issuer: its iss is not {:?}", self.cfg.issuer),
-            K::InvalidSignature => "bad signature".into(),
-            K::MissingRequiredClaim(c) => format!("it has no {c} claim"),
-            K::InvalidClaimFormat(c) => format!("its {c} claim is malformed"),
+            K::ImmatureSignature => (
+                "TOKEN_NOT_YET_VALID",
+                format!("not valid yet (nbf is ahead, beyond the {leeway}s leeway)"),
+            ),
+            K::InvalidAudience => (
+                "TOKEN_WRONG_AUDIENCE",
+                format!(
+                    "wrong audience: its aud does not name this daemon ({})",
+                    self.cfg.audiences.join(", ")
+                ),
+            ),
+            K::InvalidIssuer => (
+                "TOKEN_WRONG_ISSUER",
+                format!("wrong issuer: its iss is not {:?}", self.cfg.issuer),
+            ),
+            K::InvalidSignature => ("TOKEN_BAD_SIGNATURE", "bad signature".into()),
+            K::MissingRequiredClaim(c) => ("TOKEN_MALFORMED", format!("it has no {c} claim")),
+            K::InvalidClaimFormat(c) => ("TOKEN_MALFORMED", format!("its {c} claim is malformed")),
             K::InvalidAlgorithm
             | K::InvalidKeyFormat
             | K::InvalidEcdsaKey
-            | K::InvalidRsaKey(_) => "its algorithm does not match the key it names".into(),
-            _ => "malformed token".into(),
+            | K::InvalidRsaKey(_) => (
+                "TOKEN_ALGORITHM_REFUSED",
+                "its algorithm does not match the key it names".into(),
+            ),
+            _ => ("TOKEN_MALFORMED", "malformed token".into()),
         }
     }
 
@@ -477,6 +512,7 @@ impl Verifier {
             .filter(|t| !t.is_empty());
         let Some(token) = token else {
             return TokenVerdict(Err(Refusal::token(
+                "TOKEN_MALFORMED",
                 "the authorization header is not \"Bearer <token>\"",
             )));
         };
@@ -782,10 +818,19 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let verifier = self.verifier.clone();
         Box::pin(async move {
+            let mut headers = req.headers().get_all(http::header::AUTHORIZATION).iter();
+            let (first, more) = (headers.next().cloned(), headers.next().is_some());
             if let Some(v) = verifier
-                && let Some(h) = req.headers().get(http::header::AUTHORIZATION).cloned()
+                && let Some(h) = first
             {
-                let verdict = v.check_header(&h).await;
+                let verdict = if more {
+                    TokenVerdict(Err(Refusal::token(
+                        "TOKEN_MALFORMED",
+                        "the call carries several authorization headers",
+                    )))
+                } else {
+                    v.check_header(&h).await
+                };
                 req.extensions_mut().insert(verdict);
             }
             inner.call(req).await
@@ -896,6 +941,14 @@ mod tests {
                 .await,
         );
         assert!(m.contains("expired"), "{m}");
+        let e = v
+            .verify(&key.sign(&with(claims(), "exp", json!(now() - 3600))))
+            .await
+            .unwrap_err();
+        assert_eq!(e.reason, "TOKEN_EXPIRED");
+        use tonic_types::StatusExt as _;
+        let st = e.status();
+        assert_eq!(st.get_details_error_info().unwrap().reason, "TOKEN_EXPIRED");
         let m = refused(
             v.verify(&key.sign(&with(claims(), "aud", json!("other-app"))))
                 .await,
@@ -1190,5 +1243,62 @@ mod tests {
         let path = dir.join("jwks.json");
         write_jwks(&path, &[&Signer::new("k0")]);
         path
+    }
+
+    /// The layer judges a request's token before the service sees it; a request
+    /// without one passes untouched, several authorization headers are refused.
+    #[tokio::test]
+    async fn the_layer_puts_its_verdict_on_requests_that_carry_a_token() {
+        use tower::{Layer as _, ServiceExt as _};
+        let dir = tempfile::tempdir().unwrap();
+        let jwks = dir.path().join("jwks.json");
+        let key = Signer::new("k1");
+        write_jwks(&jwks, &[&key]);
+        let svc = OidcLayer::new(Some(verifier(&jwks, Duration::ZERO))).layer(tower::service_fn(
+            |req: http::Request<()>| async move {
+                Ok::<_, std::convert::Infallible>(
+                    req.extensions()
+                        .get::<TokenVerdict>()
+                        .map(|t| t.0.clone().map_err(|r| r.reason)),
+                )
+            },
+        ));
+        let call = |headers: Vec<String>| {
+            let svc = svc.clone();
+            async move {
+                let mut req = http::Request::new(());
+                for h in headers {
+                    req.headers_mut()
+                        .append(http::header::AUTHORIZATION, h.parse().unwrap());
+                }
+                svc.oneshot(req).await.unwrap()
+            }
+        };
+        assert!(call(vec![]).await.is_none());
+        let good = format!("Bearer {}", key.sign(&claims()));
+        let ok = call(vec![good.clone()]).await.unwrap().unwrap();
+        assert_eq!(ok.subject.subject, "u-123");
+        assert_eq!(
+            call(vec![good.replace("Bearer", "bearer")])
+                .await
+                .unwrap()
+                .map(|_| ()),
+            Ok(())
+        );
+        for bad in [
+            vec![good.clone(), good.clone()],
+            vec!["Basic YWRhOnB3".into()],
+        ] {
+            assert_eq!(call(bad).await.unwrap().map(|_| ()), Err("TOKEN_MALFORMED"));
+        }
+        // Without [auth.oidc] a token passes unread (and the service refuses it).
+        let plain =
+            OidcLayer::new(None).layer(tower::service_fn(|req: http::Request<()>| async move {
+                Ok::<_, std::convert::Infallible>(req.extensions().get::<TokenVerdict>().is_some())
+            }));
+        let mut req = http::Request::new(());
+        req.headers_mut()
+            .insert(http::header::AUTHORIZATION, good.parse().unwrap());
+        assert!(!plain.oneshot(req).await.unwrap());
     }
 }
