@@ -698,6 +698,22 @@ fn a_tenant_creates_lists_and_releases_a_lease_with_a_token_alone_through_the_cl
             "{err}"
         );
     }
+    // The rules reload: once team-a's group is renamed in the config, the same
+    // token maps to nothing.
+    let text = std::fs::read_to_string(&s.d.config).unwrap();
+    std::fs::write(
+        &s.d.config,
+        text.replace("values = [\"tessera-team-a\"]", "values = [\"gpu-team-a\"]"),
+    )
+    .unwrap();
+    let (ok, out) = s.d.cli(&["reload"]);
+    assert!(ok && out.contains("2 OIDC rules"), "{out}");
+    let (code, out, err) = tessera(&token, &["lease", "list"]);
+    assert_eq!(code, Some(1), "{out}{err}");
+    assert!(
+        err.contains("PermissionDenied") && err.contains("`groups`"),
+        "{err}"
+    );
     // A token is for the TLS listener only: with the socket, a usage error.
     let out = std::process::Command::new(bin_path("tessera").unwrap())
         .args([
