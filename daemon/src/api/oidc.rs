@@ -462,7 +462,9 @@ impl Verifier {
         })
     }
 
-    /// What failed, in words for the caller: which check, not the token's content.
+    /// What failed, in words for the caller: which check, not the token's content
+    /// nor what this daemon expects (its issuer and audience are the operator's to
+    /// tell, not an unauthenticated caller's to learn).
     fn why(&self, kind: &jsonwebtoken::errors::ErrorKind) -> (&'static str, String) {
         use jsonwebtoken::errors::ErrorKind as K;
         let leeway = self.cfg.leeway.as_secs();
@@ -477,14 +479,11 @@ impl Verifier {
             ),
             K::InvalidAudience => (
                 "TOKEN_WRONG_AUDIENCE",
-                format!(
-                    "wrong audience: its aud does not name this daemon ({})",
-                    self.cfg.audiences.join(", ")
-                ),
+                "wrong audience: its aud does not name this daemon".into(),
             ),
             K::InvalidIssuer => (
                 "TOKEN_WRONG_ISSUER",
-                format!("wrong issuer: its iss is not {:?}", self.cfg.issuer),
+                "wrong issuer: its iss is not the issuer this daemon trusts".into(),
             ),
             K::InvalidSignature => ("TOKEN_BAD_SIGNATURE", "bad signature".into()),
             K::MissingRequiredClaim(c) => ("TOKEN_MALFORMED", format!("it has no {c} claim")),
