@@ -735,11 +735,19 @@ async fn https_get_inner(
         hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
             .await
             .map_err(|e| format!("HTTP: {e}"))?;
-    let driver = tokio::spawn(conn);
-    let authority = uri
-        .authority()
-        .map(|a| a.as_str().to_string())
-        .unwrap_or(host);
+    // The connection's task ends with this fetch, however it ends (the deadline
+    // included).
+    struct AbortOnDrop(tokio::task::JoinHandle<Result<(), hyper::Error>>);
+    impl Drop for AbortOnDrop {
+        fn drop(&mut self) {
+            self.0.abort();
+        }
+    }
+    let _driver = AbortOnDrop(tokio::spawn(conn));
+    let authority = match uri.port_u16() {
+        Some(p) => format!("{host}:{p}"),
+        None => host,
+    };
     let path = uri.path_and_query().map_or("/", |p| p.as_str()).to_string();
     let req = http::Request::get(path)
         .header(http::header::HOST, authority)
@@ -752,7 +760,6 @@ async fn https_get_inner(
         .await
         .map_err(|e| format!("HTTP: {e}"))?;
     if resp.status() != http::StatusCode::OK {
-        driver.abort();
         return Err(format!("HTTP status {}", resp.status()));
     }
     let body = http_body_util::Limited::new(resp.into_body(), MAX_DOCUMENT_BYTES)
@@ -760,7 +767,6 @@ async fn https_get_inner(
         .await
         .map_err(|e| format!("body (at most {MAX_DOCUMENT_BYTES} bytes): {e}"))?
         .to_bytes();
-    driver.abort();
     Ok(body.to_vec())
 }
 
