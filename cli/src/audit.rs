@@ -119,7 +119,7 @@ pub fn run(a: &AuditArgs, json: bool) -> anyhow::Result<()> {
             .unwrap_or_default();
         t.row(vec![
             output::abs_time(r["at_ms"].as_i64().unwrap_or(0)),
-            s("principal"),
+            principal(r),
             s("tenant"),
             s("action"),
             if s("container").is_empty() {
@@ -135,9 +135,32 @@ pub fn run(a: &AuditArgs, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The principal, and for a caller that showed an OIDC token the person it names
+/// (username, else email, else subject): `team-a (ada)`.
+fn principal(r: &serde_json::Value) -> String {
+    let name = r["principal"].as_str().unwrap_or("");
+    let oidc = &r["oidc"];
+    ["preferred_username", "email", "subject"]
+        .iter()
+        .find_map(|k| oidc[k].as_str())
+        .map_or_else(|| name.to_string(), |who| format!("{name} ({who})"))
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
+    #[test]
+    fn a_token_caller_is_shown_with_the_person_it_names() {
+        let r = serde_json::json!({"principal": "team-a", "oidc": {"issuer": "https://idp", "subject": "u-1", "email": "ada@example.com"}});
+        assert_eq!(super::principal(&r), "team-a (ada@example.com)");
+        let r = serde_json::json!({"principal": "team-a", "oidc": {"issuer": "https://idp", "subject": "u-1"}});
+        assert_eq!(super::principal(&r), "team-a (u-1)");
+        assert_eq!(
+            super::principal(&serde_json::json!({"principal": "uid 0"})),
+            "uid 0"
+        );
+    }
+
     use super::*;
 
     fn args() -> AuditArgs {

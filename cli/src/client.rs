@@ -1,11 +1,14 @@
-//! Connection to tesserad over its unix socket, and the mapping of failures to the
-//! messages and exit codes the CLI promises: 1 refused by the daemon, 3 unreachable.
+//! Connection to tesserad over its unix socket, or over its TLS listener with an
+//! OIDC bearer token, and the mapping of failures to the messages and exit codes
+//! the CLI promises: 1 refused by the daemon, 3 unreachable.
 
 use std::error::Error as _;
 use std::path::{Path, PathBuf};
 
 use tessera_proto::v1::tessera_client::TesseraClient;
-use tonic::transport::Channel;
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
 /// The socket tesserad listens on when installed by the systemd unit.
 pub const DEFAULT_SOCKET: &str = "/run/tessera/tesserad.sock";
@@ -64,27 +67,143 @@ fn refusal_text(rpc: &str, status: &tonic::Status) -> String {
     }
 }
 
-/// A connected client plus the socket path, for error messages.
+/// Largest token file read (IdP tokens with many groups are a few KiB).
+const MAX_TOKEN_BYTES: u64 = 16 * 1024;
+
+/// Adds `authorization: Bearer <token>` to every call when there is a token.
+#[derive(Debug, Clone, Default)]
+pub struct Bearer(Option<MetadataValue<Ascii>>);
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(v) = &self.0 {
+            req.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(req)
+    }
+}
+
+impl Bearer {
+    /// The token in `path`: one line of visible ASCII (surrounding whitespace and
+    /// the newline are dropped). Its content is never printed.
+    pub fn from_file(path: &Path) -> Result<Bearer, CliError> {
+        use std::io::Read as _;
+        let usage =
+            |why: String| CliError::Usage(format!("--token-file {}: {why}", path.display()));
+        let mut text = String::new();
+        std::fs::File::open(path)
+            .and_then(|f| f.take(MAX_TOKEN_BYTES + 1).read_to_string(&mut text))
+            .map_err(|e| usage(root_cause(&e)))?;
+        if text.len() as u64 > MAX_TOKEN_BYTES {
+            return Err(usage(format!("longer than {MAX_TOKEN_BYTES} bytes")));
+        }
+        let token = text.trim();
+        if token.is_empty() {
+            return Err(usage("empty".into()));
+        }
+        if !token.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(usage(
+                "not one token (only visible ASCII, no spaces or line breaks)".into(),
+            ));
+        }
+        let value = format!("Bearer {token}")
+            .parse()
+            .map_err(|_| usage("not a valid header value".into()))?;
+        Ok(Bearer(Some(value)))
+    }
+}
+
+/// The client every command uses.
+pub type Client = TesseraClient<InterceptedService<Channel, Bearer>>;
+
+/// Where tesserad is: its unix socket, or its TLS listener (`https://host:port`)
+/// with the CA that signed its certificate (else the system's roots) and a
+/// bearer token.
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub socket: PathBuf,
+    pub addr: Option<String>,
+    pub ca_file: Option<PathBuf>,
+    pub token_file: Option<PathBuf>,
+}
+
+/// A connected client plus where it is connected (the socket path, or the
+/// listener's address), for error messages.
 #[derive(Debug, Clone)]
 pub struct Daemon {
-    pub client: TesseraClient<Channel>,
+    pub client: Client,
     pub socket: PathBuf,
 }
 
 impl Daemon {
-    /// Connects now (not lazily) so that an absent daemon is reported before any work.
+    /// Connects to a socket now (tests; the CLI uses [`Self::connect_to`]).
+    #[cfg(test)]
     pub async fn connect(socket: &Path) -> Result<Self, CliError> {
-        let channel =
-            tessera_common::unix::channel(socket)
-                .await
-                .map_err(|e| CliError::Unreachable {
-                    socket: socket.to_path_buf(),
-                    reason: root_cause(&e.source),
-                    hint: hint_for(&e.source),
-                })?;
-        Ok(Self {
-            client: TesseraClient::new(channel),
+        Self::connect_to(&Target {
             socket: socket.to_path_buf(),
+            addr: None,
+            ca_file: None,
+            token_file: None,
+        })
+        .await
+    }
+
+    /// Connects now (not lazily) so that an absent daemon is reported before any
+    /// work: to the socket, or to the TLS listener when `addr` is set.
+    pub async fn connect_to(target: &Target) -> Result<Self, CliError> {
+        let Some(addr) = &target.addr else {
+            if target.token_file.is_some() {
+                return Err(CliError::Usage(
+                    "a bearer token is sent only to tesserad's TLS listener: set --addr https://HOST:PORT (or TESSERA_ADDR) too; on the unix socket your uid decides".into(),
+                ));
+            }
+            let socket = &target.socket;
+            let channel =
+                tessera_common::unix::channel(socket)
+                    .await
+                    .map_err(|e| CliError::Unreachable {
+                        socket: socket.to_path_buf(),
+                        reason: root_cause(&e.source),
+                        hint: hint_for(&e.source),
+                    })?;
+            return Ok(Self {
+                client: TesseraClient::with_interceptor(channel, Bearer::default()),
+                socket: socket.to_path_buf(),
+            });
+        };
+        if !addr.starts_with("https://") {
+            return Err(CliError::Usage(format!(
+                "--addr {addr:?}: tesserad's network listener is TLS only: https://HOST:PORT"
+            )));
+        }
+        let bearer = match &target.token_file {
+            Some(path) => Bearer::from_file(path)?,
+            None => Bearer::default(),
+        };
+        let mut tls = ClientTlsConfig::new();
+        tls = match &target.ca_file {
+            Some(path) => {
+                let pem = std::fs::read(path).map_err(|e| {
+                    CliError::Usage(format!("--ca-file {}: {}", path.display(), root_cause(&e)))
+                })?;
+                tls.ca_certificate(Certificate::from_pem(pem))
+            }
+            None => tls.with_native_roots(),
+        };
+        let unreachable = |e: &(dyn std::error::Error + 'static)| CliError::Unreachable {
+            socket: PathBuf::from(addr),
+            reason: root_cause(e),
+            hint: HINT_TLS,
+        };
+        let endpoint = Endpoint::from_shared(addr.clone())
+            .map_err(|e| CliError::Usage(format!("--addr {addr:?}: {}", root_cause(&e))))?
+            .tls_config(tls)
+            .map_err(|e| unreachable(&e))?
+            .connect_timeout(std::time::Duration::from_secs(10));
+        let channel = endpoint.connect().await.map_err(|e| unreachable(&e))?;
+        Ok(Self {
+            client: TesseraClient::with_interceptor(channel, bearer),
+            socket: PathBuf::from(addr),
         })
     }
 
@@ -107,6 +226,7 @@ impl Daemon {
 }
 
 const HINT_NOT_RUNNING: &str = "is it running? set --socket or TESSERA_SOCKET";
+const HINT_TLS: &str = "is it running with [auth.tls] there? check --addr, and --ca-file for the CA that signed its certificate";
 const HINT_PERMISSION: &str =
     "the socket is for root and group tessera: run as root or join group tessera";
 
@@ -185,5 +305,51 @@ mod tests {
             err.to_string(),
             "refused (Unimplemented): this tesserad does not implement GetUsage yet: not yet"
         );
+    }
+
+    fn target(addr: Option<&str>, token_file: Option<PathBuf>) -> Target {
+        Target {
+            socket: "/nonexistent/tesserad.sock".into(),
+            addr: addr.map(str::to_string),
+            ca_file: None,
+            token_file,
+        }
+    }
+
+    /// The token file holds one token; what is sent is `Bearer <token>`, and a bad
+    /// file is a usage error naming the file, never showing its content.
+    #[tokio::test]
+    async fn a_token_file_is_one_token_sent_only_to_the_tls_listener() {
+        use tonic::service::Interceptor as _;
+        let dir = tempfile::tempdir().unwrap();
+        let good = dir.path().join("token");
+        std::fs::write(&good, "eyJhbGciOiJFUzI1NiJ9.e30.c2ln\n").unwrap();
+        let mut b = Bearer::from_file(&good).unwrap();
+        let req = b.call(tonic::Request::new(())).unwrap();
+        assert_eq!(
+            req.metadata().get("authorization").unwrap(),
+            "Bearer eyJhbGciOiJFUzI1NiJ9.e30.c2ln"
+        );
+        let bad = dir.path().join("bad");
+        for content in ["", "  \n", "two tokens", "secret-\u{e9}"] {
+            std::fs::write(&bad, content).unwrap();
+            let e = Bearer::from_file(&bad).unwrap_err();
+            assert_eq!(e.exit_code(), EXIT_USAGE, "{content:?}");
+            assert!(e.to_string().contains("--token-file"), "{e}");
+            assert!(!e.to_string().contains("secret"), "{e}");
+        }
+        let e = Bearer::from_file(&dir.path().join("absent")).unwrap_err();
+        assert!(e.to_string().contains("No such file"), "{e}");
+        // A token is never sent over the unix socket.
+        let e = Daemon::connect_to(&target(None, Some(good.clone())))
+            .await
+            .unwrap_err();
+        assert_eq!(e.exit_code(), EXIT_USAGE);
+        assert!(e.to_string().contains("--addr"), "{e}");
+        // The network listener is TLS only.
+        let e = Daemon::connect_to(&target(Some("http://127.0.0.1:1"), Some(good)))
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("TLS only"), "{e}");
     }
 }

@@ -1,4 +1,5 @@
-//! tessera: operator CLI for tesserad, over its gRPC API on a unix socket.
+//! tessera: operator CLI for tesserad, over its gRPC API on a unix socket, or on
+//! its TLS listener with an OIDC bearer token (`--addr`, `--token-file`).
 //!
 //! Exit codes: 0 ok, 1 refused by the daemon (or another failure), 2 usage error,
 //! 3 daemon unreachable.
@@ -30,7 +31,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use crate::client::{CliError, DEFAULT_SOCKET, Daemon, EXIT_REFUSED};
+use crate::client::{CliError, DEFAULT_SOCKET, Daemon, EXIT_REFUSED, Target};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -42,6 +43,17 @@ struct Cli {
     /// tesserad's unix socket.
     #[arg(long, global = true, env = "TESSERA_SOCKET", default_value = DEFAULT_SOCKET)]
     socket: PathBuf,
+    /// tesserad's TLS listener instead of the socket, e.g. https://gpu-node-1:7443.
+    #[arg(long, global = true, env = "TESSERA_ADDR", value_name = "URL")]
+    addr: Option<String>,
+    /// The CA certificate (PEM) that signed the TLS listener's certificate (default:
+    /// the system's roots).
+    #[arg(long, global = true, env = "TESSERA_CA_FILE", value_name = "FILE")]
+    ca_file: Option<PathBuf>,
+    /// A file holding an OIDC token (e.g. from your identity provider's login),
+    /// sent as `authorization: Bearer ...` to the TLS listener.
+    #[arg(long, global = true, env = "TESSERA_TOKEN_FILE", value_name = "FILE")]
+    token_file: Option<PathBuf>,
     /// JSON for scripts instead of tables.
     #[arg(long, global = true)]
     json: bool,
@@ -188,7 +200,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    let mut daemon = Daemon::connect(&cli.socket).await?;
+    let mut daemon = Daemon::connect_to(&Target {
+        socket: cli.socket.clone(),
+        addr: cli.addr.clone(),
+        ca_file: cli.ca_file.clone(),
+        token_file: cli.token_file.clone(),
+    })
+    .await?;
     let json = cli.json;
     match cli.command {
         Command::Gpus => node::gpus(&mut daemon, json).await,

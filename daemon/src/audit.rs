@@ -54,6 +54,23 @@ pub struct Record {
     pub result: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reasons: Vec<String>,
+    /// Who the caller is when it showed an OIDC bearer token: the person or
+    /// service account, as the identity provider names it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oidc: Option<OidcSubject>,
+}
+
+/// The identity an OIDC token vouches for (never the token itself).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OidcSubject {
+    /// `iss`
+    pub issuer: String,
+    /// `sub`
+    pub subject: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub email: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preferred_username: Option<String>,
 }
 
 pub struct AuditLog {
@@ -227,6 +244,7 @@ mod tests {
             container: String::new(),
             result: "ok".into(),
             reasons: vec![],
+            oidc: None,
         }
     }
 

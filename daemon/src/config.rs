@@ -20,6 +20,8 @@ use crate::partition::Strategy;
 
 mod kubernetes;
 pub use kubernetes::{ClassSpec, KubernetesConfig, RESOURCE_DOMAIN, resource_name};
+mod oidc;
+pub use oidc::{ClaimRule, JwksSource, MAX_LEEWAY, OidcAlgorithm, OidcConfig};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -159,7 +161,9 @@ pub struct TlsConfig {
     pub listen: std::net::SocketAddr,
     pub cert: PathBuf,
     pub key: PathBuf,
-    pub client_ca: PathBuf,
+    /// The CA client certificates must chain to. Optional with `[auth.oidc]`: then
+    /// a client certificate is optional too (a caller shows a token instead).
+    pub client_ca: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -167,6 +171,8 @@ pub struct AuthConfig {
     /// Rules in order; the first match wins. uid 0 is always admin.
     pub principals: Vec<PrincipalRule>,
     pub tls: Option<TlsConfig>,
+    /// OIDC bearer tokens on the TLS listener.
+    pub oidc: Option<OidcConfig>,
     /// The process whose mount and PID namespaces are the host's (default 1, init):
     /// a caller in other namespaces is inside a container.
     pub host_pid: i32,
@@ -360,6 +366,7 @@ struct RawAuth {
     #[serde(default)]
     principals: Vec<RawPrincipal>,
     tls: Option<RawTls>,
+    oidc: Option<oidc::RawOidc>,
     host_pid: Option<i32>,
 }
 
@@ -383,7 +390,7 @@ struct RawTls {
     listen: String,
     cert: PathBuf,
     key: PathBuf,
-    client_ca: PathBuf,
+    client_ca: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -873,6 +880,17 @@ fn validate_auth(v: &Validator<'_>, raw: RawAuth) -> Result<AuthConfig, ConfigEr
             cert_cns: p.cert_cns,
         });
     }
+    let oidc = match raw.oidc {
+        None => None,
+        Some(o) => Some(oidc::validate_oidc(v, o)?),
+    };
+    if oidc.is_some() && raw.tls.is_none() {
+        return Err(v.err(
+            "auth.oidc",
+            "bearer tokens are accepted on the TLS listener only: [auth.oidc] needs [auth.tls]"
+                .into(),
+        ));
+    }
     let tls = match raw.tls {
         None => None,
         Some(t) => {
@@ -882,6 +900,13 @@ fn validate_auth(v: &Validator<'_>, raw: RawAuth) -> Result<AuthConfig, ConfigEr
                     format!("{:?} is not an address like 127.0.0.1:7443: {e}", t.listen),
                 )
             })?;
+            if t.client_ca.is_none() && oidc.is_none() {
+                return Err(v.err(
+                    "auth.tls.client_ca",
+                    "required: without [auth.oidc] a client certificate is the only way to say who calls"
+                        .into(),
+                ));
+            }
             Some(TlsConfig {
                 listen,
                 cert: t.cert,
@@ -900,6 +925,7 @@ fn validate_auth(v: &Validator<'_>, raw: RawAuth) -> Result<AuthConfig, ConfigEr
     Ok(AuthConfig {
         principals,
         tls,
+        oidc,
         host_pid,
     })
 }

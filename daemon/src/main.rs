@@ -350,6 +350,8 @@ struct Checked {
     socket_gid: Option<nix::unistd::Gid>,
     /// The TLS listener's certificate, key and client CA, parsed.
     tls: Option<TlsMaterial>,
+    /// `[auth.oidc]`: its CA file or JWKS file read (the issuer not yet asked).
+    oidc: Option<Arc<tesserad::api::oidc::Verifier>>,
 }
 
 /// Everything that can be checked without acting: the socket group exists, the TLS
@@ -368,15 +370,26 @@ fn preflight(cfg: &Config) -> anyhow::Result<Checked> {
         .auth
         .tls
         .as_ref()
-        .map(TlsMaterial::load)
+        .map(|t| TlsMaterial::load(t, cfg.auth.oidc.is_some()))
         .transpose()
         .context("auth.tls")?;
+    let oidc = cfg
+        .auth
+        .oidc
+        .clone()
+        .map(tesserad::api::oidc::Verifier::new)
+        .transpose()
+        .context("auth.oidc")?;
     let dir = &cfg.daemon.state_dir;
     std::fs::create_dir_all(dir)
         .with_context(|| format!("daemon.state_dir: cannot create {}", dir.display()))?;
     tempfile::tempfile_in(dir)
         .with_context(|| format!("daemon.state_dir: {} is not writable", dir.display()))?;
-    Ok(Checked { socket_gid, tls })
+    Ok(Checked {
+        socket_gid,
+        tls,
+        oidc,
+    })
 }
 
 async fn run(
@@ -405,7 +418,11 @@ async fn run(
     );
     info!(audit = %audit.path().display(), "audit log opened");
     tesserad::api::auth::set_host_pid(cfg.auth.host_pid);
-    let auth = Arc::new(Authenticator::new(cfg.auth.principals.clone()));
+    let mut auth = Authenticator::new(cfg.auth.principals.clone());
+    if let Some(v) = &checked.oidc {
+        auth = auth.with_oidc(v.clone());
+    }
+    let auth = Arc::new(auth);
     if cfg.tenancy.tenants.is_empty() {
         warn!("no [tenants] configured: quotas are off, every tenant may use any free capacity");
     }
@@ -451,6 +468,10 @@ async fn run(
     #[cfg(target_env = "gnu")]
     let trim = tokio::spawn(trim_after_bulk_work(mgr.clone(), stop_rx.clone()));
     let health = tokio::spawn(mgr.clone().run_health_watch(stop_rx.clone()));
+    if let Some(v) = &checked.oidc {
+        info!(issuer = %v.config().issuer, "OIDC bearer tokens accepted on the TLS listener");
+        tokio::spawn(v.clone().run_refresh(stop_rx.clone()));
+    }
     // ops: usage records and the Prometheus endpoint ([metrics] listen).
     let catalog_of = mgr.clone();
     let usage = tokio::spawn(tesserad::usage::run_recorder(
@@ -465,7 +486,14 @@ async fn run(
     } else {
         info!(dir = %cdi.dir.display(), "cdi: no per-lease specs ([cdi] enabled = false, or the directory is absent)");
     }
-    let service = TesseraService::new(mgr.clone(), auth, Some(audit), Some(metrics));
+    let service = TesseraService::new(mgr.clone(), auth.clone(), Some(audit), Some(metrics));
+    let oidc_rules = auth.clone();
+    service.on_reload(Arc::new(move |cfg: &Config| {
+        let rules = cfg.auth.oidc.as_ref().map(|o| o.rules.clone());
+        let n = rules.as_ref().map_or(0, Vec::len);
+        oidc_rules.set_oidc_rules(rules.unwrap_or_default());
+        format!("{n} OIDC rules")
+    }));
     let plugin_task = device_plugin.map(|p| {
         let on_reload = p.clone();
         service.on_reload(Arc::new(move |cfg: &Config| {

@@ -1,7 +1,11 @@
 //! Who is calling: peer credentials on the unix socket (SO_PEERCRED), or the client
 //! certificate's common name on the mTLS listener, mapped to a principal by the
-//! config's `[[auth.principals]]` rules (first match wins). An unmapped caller gets
-//! PermissionDenied. uid 0 and the daemon's own uid are always admin.
+//! config's `[[auth.principals]]` rules (first match wins); or, on the TLS listener,
+//! an OIDC bearer token (verified by [`super::oidc`]) mapped by
+//! `[[auth.oidc.rules]]` (first match wins). An unmapped caller gets
+//! PermissionDenied. uid 0 and the daemon's own uid are always admin. A call with
+//! both a client certificate and a token, or a token anywhere else than the TLS
+//! listener with `[auth.oidc]`, is refused.
 
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
@@ -9,22 +13,41 @@ use std::sync::{Arc, OnceLock, RwLock};
 use tonic::transport::server::UdsConnectInfo;
 use tonic::{Request, Status};
 
-use crate::config::{PrincipalRule, Role};
+use super::oidc::{self, Refusal, TokenVerdict, Verified};
+use crate::audit::OidcSubject;
+use crate::config::{ClaimRule, PrincipalRule, Role};
 
-/// An identified caller.
+/// An identified caller. `oidc`: the token's subject, when the caller showed one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Principal {
-    Admin { name: String },
-    Runtime { name: String },
-    Tenant { name: String, tenant: String },
+    Admin {
+        name: String,
+        oidc: Option<Arc<OidcSubject>>,
+    },
+    Runtime {
+        name: String,
+    },
+    Tenant {
+        name: String,
+        tenant: String,
+        oidc: Option<Arc<OidcSubject>>,
+    },
 }
 
 impl Principal {
     pub fn name(&self) -> &str {
         match self {
-            Principal::Admin { name }
+            Principal::Admin { name, .. }
             | Principal::Runtime { name }
             | Principal::Tenant { name, .. } => name,
+        }
+    }
+
+    /// Who the token named, for a caller that showed one (the audit records it).
+    pub fn oidc(&self) -> Option<&OidcSubject> {
+        match self {
+            Principal::Admin { oidc, .. } | Principal::Tenant { oidc, .. } => oidc.as_deref(),
+            Principal::Runtime { .. } => None,
         }
     }
 
@@ -52,6 +75,11 @@ pub enum Caller {
     Cert {
         common_name: String,
     },
+    /// A verified OIDC bearer token (TLS listener).
+    Token(Arc<Verified>),
+    /// A bearer token that was not accepted, or not alone (with a client
+    /// certificate): refused with its status.
+    Refused(Refusal),
     Unknown,
 }
 
@@ -66,7 +94,20 @@ impl Caller {
             } => format!("uid {uid} gid {gid} inside a container"),
             Caller::Unix { uid, gid, .. } => format!("uid {uid} gid {gid}"),
             Caller::Cert { common_name } => format!("certificate CN={common_name:?}"),
+            Caller::Token(t) => format!(
+                "OIDC subject {:?} of {:?}",
+                t.subject.subject, t.subject.issuer
+            ),
+            Caller::Refused(_) => "a caller with a refused bearer token".into(),
             Caller::Unknown => "an unidentified caller".into(),
+        }
+    }
+
+    /// The verified token's subject, when the caller showed one.
+    pub fn oidc(&self) -> Option<&OidcSubject> {
+        match self {
+            Caller::Token(t) => Some(&t.subject),
+            _ => None,
         }
     }
 }
@@ -147,8 +188,24 @@ pub fn peer_groups(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<Vec<u32>>
     }
 }
 
-/// Read a request's caller from its connection.
+/// Read a request's caller from its connection (and its bearer token).
 pub fn caller_of<T>(req: &Request<T>) -> Caller {
+    let cert_cn = || {
+        req.peer_certs()
+            .and_then(|certs| certs.first().and_then(|c| common_name(c.as_ref())))
+    };
+    if let Some(TokenVerdict(verdict)) = req.extensions().get::<TokenVerdict>() {
+        if let Some(cn) = cert_cn() {
+            return Caller::Refused(Refusal::two_identities(&cn));
+        }
+        return match verdict {
+            Ok(t) => Caller::Token(t.clone()),
+            Err(r) => Caller::Refused(r.clone()),
+        };
+    }
+    if req.metadata().contains_key("authorization") {
+        return Caller::Refused(Refusal::not_accepted_here());
+    }
     if let Some(peer) = req.extensions().get::<UnixPeer>()
         && let (Some(cred), Some(contained)) = (peer.info.peer_cred, peer.contained)
     {
@@ -171,10 +228,7 @@ pub fn caller_of<T>(req: &Request<T>) -> Caller {
             contained: cred.pid().is_none_or(|pid| !in_host_namespaces(pid)),
         };
     }
-    if let Some(certs) = req.peer_certs()
-        && let Some(first) = certs.first()
-        && let Some(cn) = common_name(first.as_ref())
-    {
+    if let Some(cn) = cert_cn() {
         return Caller::Cert { common_name: cn };
     }
     Caller::Unknown
@@ -247,6 +301,9 @@ pub fn common_name(der: &[u8]) -> Option<String> {
 #[derive(Debug)]
 pub struct Authenticator {
     rules: RwLock<Arc<Vec<PrincipalRule>>>,
+    /// `[[auth.oidc.rules]]`, and the verifier the TLS listener checks tokens with.
+    oidc_rules: RwLock<Arc<Vec<ClaimRule>>>,
+    oidc: Option<Arc<oidc::Verifier>>,
     own_uid: u32,
 }
 
@@ -254,8 +311,27 @@ impl Authenticator {
     pub fn new(rules: Vec<PrincipalRule>) -> Self {
         Authenticator {
             rules: RwLock::new(Arc::new(rules)),
+            oidc_rules: RwLock::new(Arc::new(Vec::new())),
+            oidc: None,
             own_uid: nix::unistd::geteuid().as_raw(),
         }
+    }
+
+    /// Accept OIDC bearer tokens on the TLS listener, mapped by the verifier's
+    /// configured rules.
+    pub fn with_oidc(mut self, verifier: Arc<oidc::Verifier>) -> Self {
+        self.set_oidc_rules(verifier.config().rules.clone());
+        self.oidc = Some(verifier);
+        self
+    }
+
+    /// The token verifier, when `[auth.oidc]` is configured.
+    pub fn oidc(&self) -> Option<Arc<oidc::Verifier>> {
+        self.oidc.clone()
+    }
+
+    pub fn set_oidc_rules(&self, rules: Vec<ClaimRule>) {
+        *self.oidc_rules.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(rules);
     }
 
     pub fn set_rules(&self, rules: Vec<PrincipalRule>) {
@@ -264,6 +340,11 @@ impl Authenticator {
 
     /// The principal of a caller, or PermissionDenied naming who was refused.
     pub fn identify(&self, caller: &Caller) -> Result<Principal, Status> {
+        match caller {
+            Caller::Refused(r) => return Err(r.status()),
+            Caller::Token(t) => return self.identify_token(t),
+            _ => {}
+        }
         let rules = self.rules.read().unwrap_or_else(|p| p.into_inner()).clone();
         let matched = rules.iter().find(|r| match caller {
             Caller::Unix {
@@ -274,7 +355,7 @@ impl Authenticator {
                     || groups.iter().any(|g| r.gids.contains(g))
             }
             Caller::Cert { common_name } => r.cert_cns.iter().any(|c| c == common_name),
-            Caller::Unknown => false,
+            Caller::Token(_) | Caller::Refused(_) | Caller::Unknown => false,
         });
         let contained = matches!(
             caller,
@@ -294,6 +375,7 @@ impl Authenticator {
             return Ok(match &r.role {
                 Role::Admin => Principal::Admin {
                     name: r.name.clone(),
+                    oidc: None,
                 },
                 Role::Runtime => Principal::Runtime {
                     name: r.name.clone(),
@@ -301,6 +383,7 @@ impl Authenticator {
                 Role::Tenant(t) => Principal::Tenant {
                     name: r.name.clone(),
                     tenant: t.clone(),
+                    oidc: None,
                 },
             });
         }
@@ -313,12 +396,42 @@ impl Authenticator {
         {
             return Ok(Principal::Admin {
                 name: format!("uid {uid}"),
+                oidc: None,
             });
         }
         Err(Status::permission_denied(format!(
             "{} is not mapped to any principal in [[auth.principals]]",
             caller.describe()
         )))
+    }
+}
+
+impl Authenticator {
+    /// A verified token's principal: the first `[[auth.oidc.rules]]` it matches.
+    fn identify_token(&self, t: &Verified) -> Result<Principal, Status> {
+        let rules = self
+            .oidc_rules
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let r = oidc::map_claims(&rules, t).map_err(Status::permission_denied)?;
+        let oidc = Some(t.subject.clone());
+        match &r.role {
+            Role::Admin => Ok(Principal::Admin {
+                name: r.name.clone(),
+                oidc,
+            }),
+            Role::Tenant(tenant) => Ok(Principal::Tenant {
+                name: r.name.clone(),
+                tenant: tenant.clone(),
+                oidc,
+            }),
+            // Refused by the config; never granted by a token.
+            Role::Runtime => Err(Status::permission_denied(format!(
+                "rule {:?} would make a token the runtime, which no token is",
+                r.name
+            ))),
+        }
     }
 }
 
@@ -585,6 +698,7 @@ mod tests {
         let t = Principal::Tenant {
             name: "t".into(),
             tenant: "t".into(),
+            oidc: None,
         };
         assert!(!allowed(Rpc::ResolveToken, &t));
         assert!(!allowed(Rpc::GrantQuota, &t));

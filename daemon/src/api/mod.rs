@@ -12,6 +12,7 @@ pub mod convert;
 mod envelope;
 pub mod errors;
 mod handlers;
+pub mod oidc;
 pub mod paging;
 mod service;
 mod state;

@@ -55,6 +55,12 @@ impl TesseraService {
     }
 
     /// The metrics the calls are counted and timed into, when they are kept.
+    /// The token verifier the TLS listener checks bearer tokens with, when
+    /// `[auth.oidc]` is configured.
+    pub(super) fn token_verifier(&self) -> Option<Arc<super::oidc::Verifier>> {
+        self.api.auth.oidc()
+    }
+
     pub fn metrics(&self) -> Option<Arc<Metrics>> {
         self.api.metrics.clone()
     }

@@ -89,6 +89,7 @@ impl ApiState {
             container: String::new(),
             result,
             reasons: vec![],
+            oidc: None,
         }
     }
 
@@ -119,6 +120,7 @@ impl ApiState {
             container: a.container,
             result: if a.admitted { "admitted" } else { "refused" }.into(),
             reasons: a.reasons,
+            oidc: who.oidc().cloned(),
         });
     }
 

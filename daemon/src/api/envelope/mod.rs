@@ -34,7 +34,7 @@ use tonic_types::StatusExt;
 use super::auth::{self, Principal, Rpc};
 use super::errors::{self, DOMAIN};
 use super::state::ApiState;
-use crate::audit::Record;
+use crate::audit::{OidcSubject, Record};
 use crate::config::AuditOnFailure;
 
 /// One RPC: its request type, what it answers, and the call into the core.
@@ -137,13 +137,14 @@ pub(super) async fn serve<H: Handler>(
     let api = api.clone();
     let call = async move {
         let name = who.name().to_string();
+        let subject = who.oidc().cloned();
         let cx = Call {
             api: api.clone(),
             who,
             deadline,
             req,
         };
-        finish(&api, H::RPC, &name, H::handle(cx).await).map(Response::new)
+        finish(&api, H::RPC, (&name, subject), H::handle(cx).await).map(Response::new)
     };
     if to_end {
         tokio::spawn(call)
@@ -167,6 +168,7 @@ fn begin<T>(api: &ApiState, rpc: Rpc, req: &Request<T>) -> Result<Principal, Sta
         api.count(rpc, st.code());
         let mut rec = ApiState::record(&who, rpc.name(), audit_code(st.code()));
         rec.reasons = vec![st.message().to_string()];
+        rec.oidc = caller.oidc().cloned();
         api.write_audit(rec);
         errors::with_error_info(st)
     };
@@ -198,6 +200,7 @@ fn audit_ahead(api: &ApiState, rpc: Rpc, who: &Principal) -> Result<(), Status> 
     };
     let mut rec = ApiState::record(who.name(), rpc.name(), "attempt".into());
     rec.tenant = who.tenant().unwrap_or_default().to_string();
+    rec.oidc = who.oidc().cloned();
     let Err(e) = a.record(rec) else {
         return Ok(());
     };
@@ -228,8 +231,14 @@ fn audit_ahead(api: &ApiState, rpc: Rpc, who: &Principal) -> Result<(), Status> 
     }
 }
 
-/// The outcome of a call: its error details, its count and its audit records.
-fn finish<R>(api: &ApiState, rpc: Rpc, who: &str, h: Handled<R>) -> Result<R, Status> {
+/// The outcome of a call: its error details, its count and its audit records (each
+/// naming the person behind a token, when the caller showed one).
+fn finish<R>(
+    api: &ApiState,
+    rpc: Rpc,
+    (who, subject): (&str, Option<OidcSubject>),
+    h: Handled<R>,
+) -> Result<R, Status> {
     let r = h.result.map_err(errors::with_error_info);
     api.count(rpc, r.as_ref().err().map_or(tonic::Code::Ok, Status::code));
     if h.record {
@@ -244,10 +253,12 @@ fn finish<R>(api: &ApiState, rpc: Rpc, who: &str, h: Handled<R>) -> Result<R, St
         // longer (the request's limit): the record keeps its start.
         rec.container = crate::names::truncate(&h.about.container, 1024);
         rec.reasons = reasons;
+        rec.oidc = subject.clone();
         api.write_audit(rec);
     }
     if r.is_ok() {
-        for rec in h.then {
+        for mut rec in h.then {
+            rec.oidc = rec.oidc.or_else(|| subject.clone());
             api.write_audit(rec);
         }
     }

@@ -146,7 +146,7 @@ pub struct TlsMaterial {
 
 impl TlsMaterial {
     /// Read and check the files `[auth.tls]` names (before anything is touched).
-    pub fn load(tls: &crate::config::TlsConfig) -> Result<TlsMaterial, ServeError> {
+    pub fn load(tls: &crate::config::TlsConfig, oidc: bool) -> Result<TlsMaterial, ServeError> {
         let read = |p: &Path| {
             std::fs::read(p).map_err(|source| ServeError::Io {
                 path: p.to_path_buf(),
@@ -154,11 +154,14 @@ impl TlsMaterial {
             })
         };
         let identity = tonic::transport::Identity::from_pem(read(&tls.cert)?, read(&tls.key)?);
-        let ca = tonic::transport::Certificate::from_pem(read(&tls.client_ca)?);
-        let config = tonic::transport::ServerTlsConfig::new()
-            .identity(identity)
-            .client_ca_root(ca)
-            .client_auth_optional(false);
+        let mut config = tonic::transport::ServerTlsConfig::new().identity(identity);
+        // Without a client CA (only with [auth.oidc]) no certificate is asked for;
+        // with one and [auth.oidc], a caller shows a certificate or a token.
+        if let Some(ca) = &tls.client_ca {
+            config = config
+                .client_ca_root(tonic::transport::Certificate::from_pem(read(ca)?))
+                .client_auth_optional(oidc);
+        }
         // Building the server's TLS settings parses the certificate, the key and
         // the CA: a bad file fails here, not after the daemon said READY.
         builder().tls_config(config.clone())?;
@@ -190,17 +193,25 @@ pub struct BoundTls {
     listener: tokio::net::TcpListener,
 }
 
-/// Serve the API over TCP with mutual TLS: the client must present a certificate
-/// signed by `client_ca`; its common name selects the principal.
+/// Serve the API over TCP with TLS: the caller presents a certificate signed by
+/// `client_ca` (its common name selects the principal) or, with `[auth.oidc]`, a
+/// bearer token that the token layer verifies before any handler runs.
 pub async fn serve_tls(
     service: TesseraService,
     tls: BoundTls,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
-    info!(listen = %tls.material.listen, "serving the tessera.v1 API over mutual TLS");
+    let oidc = service.token_verifier();
+    let how = if oidc.is_some() {
+        "TLS (client certificates or OIDC bearer tokens)"
+    } else {
+        "mutual TLS"
+    };
+    info!(listen = %tls.material.listen, "serving the tessera.v1 API over {how}");
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(tls.listener);
     builder()
         .tls_config(tls.material.config)?
+        .layer(super::oidc::OidcLayer::new(oidc))
         .add_routes(router(service).await?)
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await?;
