@@ -7,9 +7,12 @@ use crate::model::{ContainerBinding, Lease, LeaseState, PartKind, Partition};
 
 use super::devices::{self, Resolved};
 use super::error::Inconsistency;
+use super::error::LeaseError;
 use super::error::invalid;
+use super::events::EventKind;
+use super::manager::LeaseManager;
+use super::table::State;
 use super::token;
-use super::{EventKind, LeaseError, LeaseManager, State};
 
 impl LeaseManager {
     /// The nvidia-uvm and nvidia-caps majors (config, else `/proc/devices`).

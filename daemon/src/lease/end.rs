@@ -9,8 +9,12 @@ use crate::gpu::{GpuError, MpsMode};
 use crate::model::{IntentOp, Lease, LeaseState, Origin, PartKind, Partition, PartitionState};
 use crate::names::truncate;
 
+use super::enforce;
 use super::error::Inconsistency;
-use super::{EventKind, LeaseError, LeaseManager, State, enforce};
+use super::error::LeaseError;
+use super::events::EventKind;
+use super::manager::LeaseManager;
+use super::table::State;
 
 pub(super) enum HwDestroy {
     Mig { gpu: u32, gi_id: u32 },

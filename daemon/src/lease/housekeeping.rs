@@ -9,7 +9,10 @@ use tracing::warn;
 
 use crate::model::{Lease, LeaseState, Partition, PartitionState};
 
-use super::{EventKind, LeaseError, LeaseManager, mps_dirs};
+use super::error::LeaseError;
+use super::events::EventKind;
+use super::manager::LeaseManager;
+use super::manager::mps_dirs;
 
 /// How long after its bind a container's runtime state must exist (the runtime binds
 /// before runc creates the container).

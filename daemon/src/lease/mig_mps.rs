@@ -12,9 +12,10 @@ use crate::model::{IntentOp, Origin, PartKind, Partition, PartitionState};
 use crate::names::new_id;
 use crate::partition::{self, MigMpsDecision, PlanDecision, Shape};
 
-use super::create::{Ask, HwCreate};
 use super::error::Inconsistency;
-use super::{LeaseError, LeaseManager};
+use super::error::LeaseError;
+use super::manager::LeaseManager;
+use super::plan::{Ask, HwCreate};
 
 /// What setting up a host instance takes.
 enum Setup {

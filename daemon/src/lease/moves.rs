@@ -37,8 +37,10 @@ use crate::partition::{self, Movable, Move};
 /// housekeeping policy moves as many after each grant and each end).
 pub(super) const COMPACT_MOVES_PER_TICK: usize = crate::partition::trace::HOUSEKEEPING_MOVES;
 
+use super::error::LeaseError;
+use super::events::EventKind;
+use super::manager::LeaseManager;
 use super::table::State;
-use super::{EventKind, LeaseError, LeaseManager};
 
 impl LeaseManager {
     /// The MIG instances the planner may move now (see the module doc).
@@ -565,7 +567,7 @@ impl LeaseManager {
             Err(e) => {
                 // A GI made without its CI goes, or is set aside as foreign.
                 if let Some(left) =
-                    super::create::undo_half_or_left(self.backend.as_ref(), new.gpu, &nm)
+                    super::executor::undo_half_or_left(self.backend.as_ref(), new.gpu, &nm)
                 {
                     instances.entry(new.gpu).or_default().push(left);
                 }
@@ -627,7 +629,7 @@ impl LeaseManager {
             Err(e) => {
                 warn!(partition = %old.id, error = %e, "an interrupted move cannot make the instance again at its old place either");
                 if let Some(left) =
-                    super::create::undo_half_or_left(self.backend.as_ref(), old.gpu, &om)
+                    super::executor::undo_half_or_left(self.backend.as_ref(), old.gpu, &om)
                 {
                     instances.entry(old.gpu).or_default().push(left);
                 }

@@ -9,7 +9,11 @@ use tracing::{info, warn};
 use crate::gpu::{HealthCause, MigInstance, MpsMode};
 use crate::model::{IntentOp, Lease, MigPart, PartKind, Partition, PartitionState};
 
-use super::{GpuState, LeaseError, LeaseManager, State, mps_dirs};
+use super::error::LeaseError;
+use super::manager::LeaseManager;
+use super::manager::mps_dirs;
+use super::table::GpuState;
+use super::table::State;
 
 /// The MIG instances of each GPU, as the backend listed them at start.
 pub(super) type Instances = HashMap<u32, Vec<MigInstance>>;
@@ -551,7 +555,7 @@ impl LeaseManager {
                 warn!(partition = %p.id, error = %e, "could not re-create the MIG instance; revoking its lease");
                 // A GI made without its CI goes; one that cannot is found by the
                 // caller's fresh listing and set aside as foreign.
-                super::create::undo_half_or_left(self.backend.as_ref(), p.gpu, m);
+                super::executor::undo_half_or_left(self.backend.as_ref(), p.gpu, m);
                 let mut l2 = p.lease_id.as_ref().and_then(|l| st.leases.get(l).cloned());
                 if let Some(l) = &mut l2 {
                     l.lose(

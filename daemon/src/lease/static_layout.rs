@@ -10,7 +10,9 @@ use crate::names::new_id;
 use crate::partition::{self, PlanDecision, Shape};
 
 use super::error::Inconsistency;
-use super::{GpuState, LeaseError, LeaseManager};
+use super::error::LeaseError;
+use super::manager::LeaseManager;
+use super::table::GpuState;
 
 /// The next instance a static layout still lacks.
 struct Missing {
@@ -179,7 +181,7 @@ impl LeaseManager {
                 // A GI made without its CI goes (else it is set aside as foreign).
                 if let Some(mig) = p.mig()
                     && let Some(left) =
-                        super::create::undo_half_or_left(self.backend.as_ref(), g, mig)
+                        super::executor::undo_half_or_left(self.backend.as_ref(), g, mig)
                 {
                     self.lock().foreign.push(left);
                 }
