@@ -139,28 +139,13 @@ impl LeaseManager {
                 placement,
                 ci_profile_id,
             }) => {
-                let g = st
-                    .gpus
-                    .iter()
-                    .find(|g| g.info.index == gpu)
-                    .ok_or(LeaseError::Inconsistent(Inconsistency::UnknownGpu(gpu)))?;
-                let mut mig = Self::mig_part(g, gi_profile_id, placement, ci_profile_id)?;
-                mig.mps_host = Some(tenant.clone());
-                let p = Partition {
-                    id: new_id("p-"),
-                    gpu,
-                    gpu_uuid: g.info.uuid.clone(),
-                    origin: Origin::Dynamic,
-                    state: PartitionState::Creating,
-                    lease_id: None,
-                    kind: PartKind::Mig(mig),
-                };
                 let hw = HwCreate::Mig {
                     gpu,
                     gi_profile_id,
                     placement,
                     ci_profile_id,
                 };
+                let p = Self::new_host_instance(st, tenant, &hw)?;
                 Ok((p.id.clone(), Some(Setup::New(p, hw))))
             }
             MigMpsDecision::NewHost(other) => {
@@ -174,6 +159,39 @@ impl LeaseManager {
                 }))
             }
         }
+    }
+
+    /// The record (creating) of a new instance that `hw` makes to host `tenant`'s
+    /// MPS shares.
+    fn new_host_instance(st: &State, tenant: &str, hw: &HwCreate) -> Result<Partition, LeaseError> {
+        let HwCreate::Mig {
+            gpu,
+            gi_profile_id,
+            placement,
+            ci_profile_id,
+        } = *hw
+        else {
+            return Err(LeaseError::Inconsistent(Inconsistency::ShapeMismatch {
+                decision: "an MPS share",
+                shape: "an MPS share inside MIG",
+            }));
+        };
+        let g = st
+            .gpus
+            .iter()
+            .find(|g| g.info.index == gpu)
+            .ok_or(LeaseError::Inconsistent(Inconsistency::UnknownGpu(gpu)))?;
+        let mut mig = Self::mig_part(g, gi_profile_id, placement, ci_profile_id)?;
+        mig.mps_host = Some(tenant.to_string());
+        Ok(Partition {
+            id: new_id("p-"),
+            gpu,
+            gpu_uuid: g.info.uuid.clone(),
+            origin: Origin::Dynamic,
+            state: PartitionState::Creating,
+            lease_id: None,
+            kind: PartKind::Mig(mig),
+        })
     }
 
     /// A free static-pool instance, now the tenant's host: its record.

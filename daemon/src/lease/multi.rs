@@ -91,127 +91,133 @@ impl LeaseManager {
             .filter(|l| l.state() == LeaseState::Pending && l.partition_count() > 1)
             .cloned()
             .collect();
-        for mut lease in pending {
+        for lease in pending {
             let parts: Vec<Partition> = lease
                 .partition_ids()
                 .filter_map(|id| st.partitions.get(id).cloned())
                 .collect();
-            let mine: Vec<&crate::model::Intent> = intents
+            let ids: Vec<i64> = intents
                 .iter()
                 .filter(|i| i.lease_id.as_deref() == Some(lease.id.as_str()))
+                .map(|i| i.id)
                 .collect();
-            // Each partition's instance as it stands: complete, half (GI only) or none.
-            let found: Vec<Option<MigInstance>> = parts
-                .iter()
-                .map(|p| {
-                    let m = p.mig()?;
-                    if p.state == PartitionState::Ready {
-                        // Created and recorded: the record knows its ids.
-                        return instances.get(&p.gpu)?.iter().find(|i| {
-                            Some(i.gi_id) == m.gi_id && Some(&i.uuid) == m.uuid.as_ref()
-                        });
-                    }
-                    // One another record names is that record's, never this one's.
-                    instances.get(&p.gpu)?.iter().find(|i| {
-                        i.placement == m.placement
-                            && i.gi_profile_id == m.gi_profile_id
-                            && !super::reconcile::claimed_by_another(st, &p.id, i)
-                    })
-                })
-                .map(|i| i.cloned())
-                .collect();
+            let found = found_at_start(st, instances, &parts);
             let complete = parts.len() == lease.partition_count() as usize
                 && parts.iter().zip(&found).all(|(p, f)| match &p.kind {
                     PartKind::Mig(_) => f.as_ref().is_some_and(|i| i.ci_id.is_some()),
                     _ => true,
                 });
             if complete {
-                let mut ready_parts = Vec::new();
-                for (mut p, f) in parts.into_iter().zip(found) {
-                    ready(&mut p, f);
-                    ready_parts.push(p);
-                }
-                lease.activate()?;
-                let (l2, p2) = (lease.clone(), ready_parts.clone());
-                let ids: Vec<i64> = mine.iter().map(|i| i.id).collect();
-                let i2 = ids.clone();
-                self.store.write_blocking(move |w| {
-                    for p in &p2 {
-                        w.put_partition(p)?;
-                    }
-                    w.put_lease(&l2)?;
-                    for i in &i2 {
-                        w.finish_intent(*i, now, "adopted")?;
-                    }
-                    Ok(())
-                })?;
-                for p in ready_parts {
-                    st.partitions.insert(p.id.clone(), p);
-                }
-                st.leases.insert(lease.id.clone(), lease.clone());
-                resolved.extend(ids);
-                info!(lease = %lease.id, "multi-partition lease found complete at start: adopted");
-                continue;
+                self.adopt_several_at_start(st, lease, parts, found, (&ids, now))?;
+            } else {
+                self.undo_several_at_start(st, instances, lease, (&parts, &found), (&ids, now))?;
             }
-            // All or nothing: undo what exists.
-            let mut kept: HashSet<String> = HashSet::new();
-            for (p, f) in parts.iter().zip(&found) {
-                let Some(inst) = f else { continue };
-                if p.origin != Origin::Dynamic {
-                    continue;
-                }
-                match self.backend.destroy_instance(inst.gpu, inst.gi_id) {
-                    Ok(()) => {
-                        if let Some(list) = instances.get_mut(&inst.gpu) {
-                            list.retain(|i| i.gi_id != inst.gi_id);
-                        }
-                    }
-                    Err(e) => {
-                        warn!(partition = %p.id, gpu = inst.gpu, gi = inst.gi_id, error = %e,
-                            "could not undo an instance of a multi-partition lease a crash left; \
-                             it is left alone as foreign");
-                        kept.insert(p.id.clone());
-                    }
-                }
-            }
-            let reason = format!(
-                "the daemon stopped while creating its {} partitions; all or nothing: \
-                 the instances already made were destroyed",
-                lease.partition_count()
-            );
-            if lease.fail(reason.clone(), now).is_err() {
-                lease.lose(reason, now)?;
-            }
-            let (l2, p2) = (lease.clone(), parts.clone());
-            let ids: Vec<i64> = mine.iter().map(|i| i.id).collect();
-            let i2 = ids.clone();
-            self.store.write_blocking(move |w| {
-                for p in &p2 {
-                    w.give_back_partition(p)?;
-                }
-                w.put_lease(&l2)?;
-                w.delete_tokens(&l2.id)?;
-                for i in &i2 {
-                    w.finish_intent(*i, now, "rolled back")?;
-                }
-                Ok(())
-            })?;
-            for p in &parts {
-                if p.origin == Origin::Static {
-                    if let Some(mut back) = st.partitions.get_mut(&p.id) {
-                        back.lease_id = None;
-                        back.state = PartitionState::Ready;
-                    }
-                } else {
-                    st.partitions.remove(&p.id);
-                }
-            }
-            st.forget_lease(&lease);
             resolved.extend(ids);
-            warn!(lease = %lease.id, kept = kept.len(),
-                "multi-partition lease interrupted by a crash: rolled back");
         }
         Ok(resolved)
+    }
+
+    /// A multi-partition lease whose every instance exists complete: adopted, its
+    /// intents (`ids`) finished.
+    fn adopt_several_at_start(
+        &self,
+        st: &mut State,
+        mut lease: Lease,
+        parts: Vec<Partition>,
+        found: Vec<Option<MigInstance>>,
+        (ids, now): (&[i64], i64),
+    ) -> Result<(), LeaseError> {
+        let mut ready_parts = Vec::new();
+        for (mut p, f) in parts.into_iter().zip(found) {
+            ready(&mut p, f);
+            ready_parts.push(p);
+        }
+        lease.activate()?;
+        let (l2, p2, i2) = (lease.clone(), ready_parts.clone(), ids.to_vec());
+        self.store.write_blocking(move |w| {
+            for p in &p2 {
+                w.put_partition(p)?;
+            }
+            w.put_lease(&l2)?;
+            for i in &i2 {
+                w.finish_intent(*i, now, "adopted")?;
+            }
+            Ok(())
+        })?;
+        for p in ready_parts {
+            st.partitions.insert(p.id.clone(), p);
+        }
+        st.leases.insert(lease.id.clone(), lease.clone());
+        info!(lease = %lease.id, "multi-partition lease found complete at start: adopted");
+        Ok(())
+    }
+
+    /// A multi-partition lease a crash left incomplete, all or nothing: the
+    /// instances of it that exist destroyed (one that cannot be is left alone as
+    /// foreign), its places given back, the lease failed, its intents (`ids`)
+    /// finished.
+    fn undo_several_at_start(
+        &self,
+        st: &mut State,
+        instances: &mut super::reconcile::Instances,
+        mut lease: Lease,
+        (parts, found): (&[Partition], &[Option<MigInstance>]),
+        (ids, now): (&[i64], i64),
+    ) -> Result<(), LeaseError> {
+        let mut kept: HashSet<String> = HashSet::new();
+        for (p, f) in parts.iter().zip(found) {
+            let Some(inst) = f else { continue };
+            if p.origin != Origin::Dynamic {
+                continue;
+            }
+            match self.backend.destroy_instance(inst.gpu, inst.gi_id) {
+                Ok(()) => {
+                    if let Some(list) = instances.get_mut(&inst.gpu) {
+                        list.retain(|i| i.gi_id != inst.gi_id);
+                    }
+                }
+                Err(e) => {
+                    warn!(partition = %p.id, gpu = inst.gpu, gi = inst.gi_id, error = %e,
+                        "could not undo an instance of a multi-partition lease a crash left; \
+                         it is left alone as foreign");
+                    kept.insert(p.id.clone());
+                }
+            }
+        }
+        let reason = format!(
+            "the daemon stopped while creating its {} partitions; all or nothing: \
+             the instances already made were destroyed",
+            lease.partition_count()
+        );
+        if lease.fail(reason.clone(), now).is_err() {
+            lease.lose(reason, now)?;
+        }
+        let (l2, p2, i2) = (lease.clone(), parts.to_vec(), ids.to_vec());
+        self.store.write_blocking(move |w| {
+            for p in &p2 {
+                w.give_back_partition(p)?;
+            }
+            w.put_lease(&l2)?;
+            w.delete_tokens(&l2.id)?;
+            for i in &i2 {
+                w.finish_intent(*i, now, "rolled back")?;
+            }
+            Ok(())
+        })?;
+        for p in parts {
+            if p.origin == Origin::Static {
+                if let Some(mut back) = st.partitions.get_mut(&p.id) {
+                    back.lease_id = None;
+                    back.state = PartitionState::Ready;
+                }
+            } else {
+                st.partitions.remove(&p.id);
+            }
+        }
+        st.forget_lease(&lease);
+        warn!(lease = %lease.id, kept = kept.len(),
+            "multi-partition lease interrupted by a crash: rolled back");
+        Ok(())
     }
 
     /// Every partition of a lease still in the table, in its order; an error when
@@ -231,6 +237,35 @@ impl LeaseManager {
         }
         Ok(parts)
     }
+}
+
+/// Each partition's instance as it stands at start: complete, half (GI only) or
+/// none.
+fn found_at_start(
+    st: &State,
+    instances: &super::reconcile::Instances,
+    parts: &[Partition],
+) -> Vec<Option<MigInstance>> {
+    parts
+        .iter()
+        .map(|p| {
+            let m = p.mig()?;
+            if p.state == PartitionState::Ready {
+                // Created and recorded: the record knows its ids.
+                return instances
+                    .get(&p.gpu)?
+                    .iter()
+                    .find(|i| Some(i.gi_id) == m.gi_id && Some(&i.uuid) == m.uuid.as_ref());
+            }
+            // One another record names is that record's, never this one's.
+            instances.get(&p.gpu)?.iter().find(|i| {
+                i.placement == m.placement
+                    && i.gi_profile_id == m.gi_profile_id
+                    && !super::reconcile::claimed_by_another(st, &p.id, i)
+            })
+        })
+        .map(|i| i.cloned())
+        .collect()
 }
 
 #[cfg(test)]

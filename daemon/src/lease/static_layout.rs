@@ -12,7 +12,7 @@ use crate::partition::{self, PlanDecision, Shape};
 use super::error::Inconsistency;
 use super::error::LeaseError;
 use super::manager::LeaseManager;
-use super::table::GpuState;
+use super::table::{GpuState, State};
 
 /// The next instance a static layout still lacks.
 struct Missing {
@@ -47,23 +47,7 @@ impl LeaseManager {
         want: u32,
     ) -> Result<Option<Missing>, LeaseError> {
         let st = self.lock();
-        let gpu = st
-            .gpus
-            .iter()
-            .find(|g| g.info.index == layout.gpu)
-            .cloned()
-            .ok_or_else(|| {
-                LeaseError::FailedPrecondition(format!(
-                    "static layout names GPU {} which this host does not have",
-                    layout.gpu
-                ))
-            })?;
-        if !gpu.info.mig_current {
-            return Err(LeaseError::FailedPrecondition(format!(
-                "static layout for GPU {} needs MIG mode, which is off (tesserad never toggles it)",
-                layout.gpu
-            )));
-        }
+        let gpu = layout_gpu(&st, layout)?;
         let have = st
             .partitions
             .values()
@@ -195,4 +179,26 @@ impl LeaseManager {
             }
         }
     }
+}
+
+/// The GPU a static layout names, which must be in MIG mode.
+fn layout_gpu(st: &State, layout: &StaticLayout) -> Result<GpuState, LeaseError> {
+    let gpu = st
+        .gpus
+        .iter()
+        .find(|g| g.info.index == layout.gpu)
+        .cloned()
+        .ok_or_else(|| {
+            LeaseError::FailedPrecondition(format!(
+                "static layout names GPU {} which this host does not have",
+                layout.gpu
+            ))
+        })?;
+    if !gpu.info.mig_current {
+        return Err(LeaseError::FailedPrecondition(format!(
+            "static layout for GPU {} needs MIG mode, which is off (tesserad never toggles it)",
+            layout.gpu
+        )));
+    }
+    Ok(gpu)
 }
