@@ -103,6 +103,24 @@ impl LeaseManager {
     /// (`ensure_mig_mps_host`).
     fn decide_mig_mps_share(&self, fit: &Fit<'_>, opts: &PlanOptions) -> Result<Plan, LeaseError> {
         let (st, ask) = (fit.st, fit.ask);
+        match Self::plan_mig_mps_share(st, ask, opts)? {
+            (MigMpsDecision::Join { host, .. }, _) => {
+                let part = self.mig_mps_share_for(st, &host, ask)?;
+                Ok(Plan::Place(Box::new(fit.placement(vec![part]))))
+            }
+            (MigMpsDecision::NewHost(_), profile) => Err(LeaseError::ResourceExhausted(format!(
+                "the {profile} instance set up for this share was taken by another request; retry"
+            ))),
+        }
+    }
+
+    /// Where a share inside MIG of `ask` goes: an instance of its tenant with room,
+    /// or a new host instance; and the MIG profile asked for.
+    pub(super) fn plan_mig_mps_share<'a>(
+        st: &State,
+        ask: &'a Ask<'_>,
+        opts: &PlanOptions,
+    ) -> Result<(MigMpsDecision, &'a str), LeaseError> {
         let Shape::MigMps {
             profile,
             sm_percent,
@@ -114,26 +132,16 @@ impl LeaseManager {
                 shape: "another",
             }));
         };
-        let hosts = Self::mig_mps_hosts(st);
-        let views = Self::placeable_views(st);
-        let host = match partition::plan_mig_mps(
+        let decision = partition::plan_mig_mps(
             profile,
             *sm_percent,
             *memory_bytes,
             &ask.req.tenant,
-            &hosts,
-            &views,
+            &Self::mig_mps_hosts(st),
+            &Self::placeable_views(st),
             opts,
-        )? {
-            MigMpsDecision::Join { host, .. } => host,
-            MigMpsDecision::NewHost(_) => {
-                return Err(LeaseError::ResourceExhausted(format!(
-                    "the {profile} instance set up for this share was taken by another request; retry"
-                )));
-            }
-        };
-        let part = self.mig_mps_share_for(st, &host, ask)?;
-        Ok(Plan::Place(Box::new(fit.placement(vec![part]))))
+        )?;
+        Ok((decision, profile))
     }
 
     /// Several partitions: all placed by topology, else burst leases preempted,

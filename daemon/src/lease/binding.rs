@@ -113,20 +113,33 @@ impl LeaseManager {
             _ => Default::default(),
         };
         let majors = self.device_majors()?;
-        let mut resolved = devices::resolve(
-            &lease,
-            device,
-            gpu.minor,
-            &gpu.uuid,
-            &minors,
-            &self.config.devices,
-            majors,
-            self.config.lease.pids_limit,
-        );
+        let mut resolved = self.devices_of(&lease, device, &gpu, &minors, majors);
         if host.is_some() {
             devices::add_mps_share(&mut resolved, &partition);
         }
         Ok(resolved)
+    }
+
+    /// What a container of `lease` gets of partition `p` on `gpu`, with this
+    /// node's device configuration.
+    fn devices_of(
+        &self,
+        lease: &Lease,
+        p: &Partition,
+        gpu: &crate::gpu::GpuInfo,
+        minors: &crate::gpu::MigMinors,
+        majors: (i64, i64),
+    ) -> Resolved {
+        devices::resolve(
+            lease,
+            p,
+            gpu.minor,
+            &gpu.uuid,
+            minors,
+            &self.config.devices,
+            majors,
+            self.config.lease.pids_limit,
+        )
     }
 
     /// The devices of a multi-partition lease (N whole GPUs or N MIG instances):
@@ -144,18 +157,7 @@ impl LeaseManager {
         let majors = self.device_majors()?;
         let each = parts
             .iter()
-            .map(|(p, gpu)| {
-                devices::resolve(
-                    lease,
-                    p,
-                    gpu.minor,
-                    &gpu.uuid,
-                    &minors,
-                    &self.config.devices,
-                    majors,
-                    self.config.lease.pids_limit,
-                )
-            })
+            .map(|(p, gpu)| self.devices_of(lease, p, gpu, &minors, majors))
             .collect();
         devices::merge_several(each).ok_or_else(|| {
             LeaseError::Inconsistent(Inconsistency::LeaseWithoutPartition(lease.id.clone()))

@@ -18,6 +18,7 @@ use super::error::{LeaseError, invalid};
 use super::manager::LeaseManager;
 use super::plan::{Ask, CreateRequest, Created, Plan};
 use super::queue::{Ticket, queue_key};
+use super::table::State;
 use super::validate::validate_create;
 use super::{quota, token};
 
@@ -216,27 +217,7 @@ impl LeaseManager {
         shape: &Shape,
         gpu_index: Option<u32>,
     ) -> Result<(), LeaseError> {
-        let st = self.lock();
-        // A GPU that could not be read has no known mode: the health check that
-        // follows names why it takes nothing.
-        if let Some(g) = gpu_index
-            && st
-                .gpus
-                .iter()
-                .any(|x| x.info.index == g && x.info.fault.is_some())
-        {
-            return Ok(());
-        }
-        let infos: Vec<&crate::gpu::GpuInfo> = st
-            .gpus
-            .iter()
-            .map(|g| &g.info)
-            .filter(|i| i.fault.is_none())
-            .collect();
-        match crate::partition::mode_unavailable(shape, &infos, gpu_index) {
-            Some(why) => Err(LeaseError::ModeUnavailable(why)),
-            None => Ok(()),
-        }
+        wrong_mode(&self.lock(), shape, gpu_index)
     }
 
     pub(super) async fn replay(&self, lease_id: &str) -> Result<Created, LeaseError> {
@@ -375,5 +356,29 @@ impl LeaseManager {
                 "the {what} did not finish: {e}"
             ))),
         }
+    }
+}
+
+/// [`LeaseManager::refuse_wrong_mode`] over the table `st`.
+fn wrong_mode(st: &State, shape: &Shape, gpu_index: Option<u32>) -> Result<(), LeaseError> {
+    // A GPU that could not be read has no known mode: the health check that
+    // follows names why it takes nothing.
+    if let Some(g) = gpu_index
+        && st
+            .gpus
+            .iter()
+            .any(|x| x.info.index == g && x.info.fault.is_some())
+    {
+        return Ok(());
+    }
+    let infos: Vec<&crate::gpu::GpuInfo> = st
+        .gpus
+        .iter()
+        .map(|g| &g.info)
+        .filter(|i| i.fault.is_none())
+        .collect();
+    match crate::partition::mode_unavailable(shape, &infos, gpu_index) {
+        Some(why) => Err(LeaseError::ModeUnavailable(why)),
+        None => Ok(()),
     }
 }

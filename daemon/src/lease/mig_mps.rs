@@ -10,7 +10,7 @@ use tracing::{info, warn};
 use crate::config::OnRelease;
 use crate::model::{IntentOp, Origin, PartKind, Partition, PartitionState};
 use crate::names::new_id;
-use crate::partition::{self, MigMpsDecision, PlanDecision, Shape};
+use crate::partition::{MigMpsDecision, PlanDecision, Shape};
 
 use super::error::Inconsistency;
 use super::error::LeaseError;
@@ -98,29 +98,10 @@ impl LeaseManager {
         tenancy: &crate::config::TenancyConfig,
         extra: crate::config::Amounts,
     ) -> Result<(String, Option<Setup>), LeaseError> {
-        let Shape::MigMps {
-            profile,
-            sm_percent,
-            memory_bytes,
-        } = &ask.shape
-        else {
-            return Err(LeaseError::Inconsistent(Inconsistency::ShapeMismatch {
-                decision: "an MPS share inside MIG",
-                shape: "another",
-            }));
-        };
         let tenant = &ask.req.tenant;
         Self::admit(st, tenancy, tenant, &ask.shape, 1, extra)?;
         let opts = self.plan_options(ask.req.gpu_index);
-        let decision = partition::plan_mig_mps(
-            profile,
-            *sm_percent,
-            *memory_bytes,
-            tenant,
-            &Self::mig_mps_hosts(st),
-            &Self::placeable_views(st),
-            &opts,
-        )?;
+        let (decision, _) = Self::plan_mig_mps_share(st, ask, &opts)?;
         match decision {
             MigMpsDecision::Join { host, .. } => Ok((host, None)),
             MigMpsDecision::NewHost(PlanDecision::Static { partition_id, .. }) => {

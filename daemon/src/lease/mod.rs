@@ -21,12 +21,17 @@
 //! | `reconcile.rs`, `static_layout.rs` | start: store vs hardware, the operator's static layout |
 //! | `devices.rs`, `token.rs`, `events.rs`, `error.rs` | device nodes of a lease, tokens, events, errors |
 //!
-//! Protocol for every hardware change (invariant 2):
-//! 1. reserve in memory (under the state lock) so no concurrent call takes the same
-//!    placement or share;
-//! 2. durably record the intent (lease + partition + intent row in one commit);
-//! 3. change the hardware;
-//! 4. durably record the outcome and finish the intent;
+//! A CreateLease decides, then acts: `admission.rs` decides a `Plan` from the
+//! table (`&State`) and the request, without locking or changing anything; the
+//! executor (`executor.rs`) runs it. Every placed lease goes through one sequence
+//! (invariant 2):
+//! 1. reserve in memory (under the state lock the decision read the table with)
+//!    so no concurrent call takes the same placement or share;
+//! 2. intent: the lease, its partitions, its token and one intent per hardware
+//!    step in one durable commit;
+//! 3. hardware, each step in order (a failure undoes what was made, all or nothing);
+//! 4. outcome: the partitions ready, the lease active, the intents finished, in one
+//!    commit;
 //! 5. publish in memory and acknowledge.
 //!
 //! A crash between any two steps leaves an open intent that [`LeaseManager::start`]

@@ -29,7 +29,9 @@ impl LeaseManager {
     pub(super) fn ensure_static_layout(&self) -> Result<(), LeaseError> {
         for layout in &self.config.partition.static_layouts {
             for (profile, want) in &layout.devices {
-                while let Some(missing) = self.next_missing(layout, profile, *want)? {
+                loop {
+                    let missing = self.next_missing(&self.lock(), layout, profile, *want)?;
+                    let Some(missing) = missing else { break };
                     self.create_static(missing)?;
                 }
             }
@@ -42,12 +44,12 @@ impl LeaseManager {
     /// or kept) as one of its own.
     fn next_missing(
         &self,
+        st: &State,
         layout: &StaticLayout,
         profile: &str,
         want: u32,
     ) -> Result<Option<Missing>, LeaseError> {
-        let st = self.lock();
-        let gpu = layout_gpu(&st, layout)?;
+        let gpu = layout_gpu(st, layout)?;
         let have = st
             .partitions
             .values()
@@ -61,7 +63,7 @@ impl LeaseManager {
         if have >= want {
             return Ok(None);
         }
-        let mut views = Self::views(&st);
+        let mut views = Self::views(st);
         for v in &mut views {
             for m in &mut v.mig {
                 m.free_static = None;
