@@ -3,7 +3,8 @@
 //!
 //! | file | concern |
 //! |---|---|
-//! | `table.rs` | the in-memory table (GPUs, leases, partitions, tokens) and the planner's view |
+//! | `table.rs`, `index.rs` | the in-memory table (GPUs, leases, partitions, tokens) and its indexes |
+//! | `views.rs` | the planner's view of the table |
 //! | `validate.rs` | checks of a request that need no state |
 //! | `manager.rs` | the manager: the table behind its lock, store, backend; start-up |
 //! | `plan.rs` | a CreateLease request, checked (`Ask`), and the `Plan` decided for it |
@@ -19,7 +20,9 @@
 //! | `need.rs` | ask by need: memory and isolation to the smallest shape that fits now |
 //! | `health.rs` | GPUs and instances out of service: marks, their leases, no new placements |
 //! | `reconcile.rs`, `static_layout.rs` | start: store vs hardware, the operator's static layout |
-//! | `devices.rs`, `token.rs`, `events.rs`, `error.rs` | device nodes of a lease, tokens, events, errors |
+//! | `devices.rs`, `token.rs`, `error.rs` | device nodes of a lease, tokens, errors |
+//! | `events.rs`, `publish.rs` | WatchLeases events and their history; sending them |
+//! | `queue.rs`, `multi.rs`, `mig_mps.rs` | the admission queue; leases of several partitions; MPS inside MIG |
 //!
 //! A CreateLease decides, then acts: `admission.rs` decides a `Plan` from the
 //! table (`&State`) and the request, without locking or changing anything; the

@@ -3,21 +3,18 @@
 //! and whether a pod was given it.
 
 use super::k8s_device::K8sDevice;
-use super::{Store, StoreError, Writer, decode, encode};
+use super::{Store, StoreError, Writer, decode_rows, encode};
 use rusqlite::params;
 
 impl Store {
     /// Every device of the plugin, oldest first.
     pub fn k8s_devices(&self) -> Result<Vec<K8sDevice>, StoreError> {
         self.read(|conn| {
-            let mut stmt = conn.prepare("SELECT device_id, body FROM k8s_devices")?;
-            let rows =
-                stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
-            let mut out: Vec<K8sDevice> = Vec::new();
-            for row in rows {
-                let (id, body) = row?;
-                out.push(decode("k8s device", &id, &body)?);
-            }
+            let mut out: Vec<K8sDevice> = decode_rows(
+                conn,
+                "k8s device",
+                "SELECT device_id, body FROM k8s_devices",
+            )?;
             out.sort_by(|a, b| {
                 (a.created_at_ms, &a.device_id).cmp(&(b.created_at_ms, &b.device_id))
             });

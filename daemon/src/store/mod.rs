@@ -353,21 +353,19 @@ impl Store {
 
     fn read_snapshot(&self) -> Result<Snapshot, StoreError> {
         let conn = self.reader.lock().map_err(|_| StoreError::WriterGone)?;
-        let mut snap = Snapshot::default();
-        let mut stmt = conn.prepare(
-            "SELECT id, body FROM leases WHERE state IN ('pending','active','revoking') ORDER BY created_at_ms",
-        )?;
-        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
-        for row in rows {
-            let (id, body) = row?;
-            snap.leases.push(decode("lease", &id, &body)?);
-        }
-        let mut stmt = conn.prepare("SELECT id, body FROM partitions ORDER BY id")?;
-        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
-        for row in rows {
-            let (id, body) = row?;
-            snap.partitions.push(decode("partition", &id, &body)?);
-        }
+        let mut snap = Snapshot {
+            leases: decode_rows(
+                &conn,
+                "lease",
+                "SELECT id, body FROM leases WHERE state IN ('pending','active','revoking') ORDER BY created_at_ms",
+            )?,
+            partitions: decode_rows(
+                &conn,
+                "partition",
+                "SELECT id, body FROM partitions ORDER BY id",
+            )?,
+            ..Snapshot::default()
+        };
         let mut stmt = conn.prepare(
             "SELECT id, op, partition_id, lease_id, created_at_ms FROM intents WHERE done_at_ms IS NULL ORDER BY id",
         )?;
@@ -512,27 +510,21 @@ impl Store {
     /// Temporary quota grants (expired ones included until pruned).
     pub fn grants(&self) -> Result<Vec<Grant>, StoreError> {
         let conn = self.reader.lock().map_err(|_| StoreError::WriterGone)?;
-        let mut stmt = conn.prepare("SELECT id, body FROM quota_grants ORDER BY expires_at_ms")?;
-        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
-        let mut out = Vec::new();
-        for row in rows {
-            let (id, body) = row?;
-            out.push(decode("grant", &id, &body)?);
-        }
-        Ok(out)
+        decode_rows(
+            &conn,
+            "grant",
+            "SELECT id, body FROM quota_grants ORDER BY expires_at_ms",
+        )
     }
 
     /// The health marks (GPUs and instances out of service).
     pub fn health_marks(&self) -> Result<Vec<HealthMark>, StoreError> {
         let conn = self.reader.lock().map_err(|_| StoreError::WriterGone)?;
-        let mut stmt = conn.prepare("SELECT key, body FROM health_marks ORDER BY key")?;
-        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
-        let mut out = Vec::new();
-        for row in rows {
-            let (key, body) = row?;
-            out.push(decode("health mark", &key, &body)?);
-        }
-        Ok(out)
+        decode_rows(
+            &conn,
+            "health mark",
+            "SELECT key, body FROM health_marks ORDER BY key",
+        )
     }
 
     /// Stop the writer after the queued writes are committed.
@@ -552,6 +544,22 @@ impl Drop for Store {
     fn drop(&mut self) {
         self.close();
     }
+}
+
+/// Every row of `sql` (an id and a JSON body), decoded as `what`.
+fn decode_rows<T: serde::de::DeserializeOwned>(
+    conn: &Connection,
+    what: &'static str,
+    sql: &str,
+) -> Result<Vec<T>, StoreError> {
+    let mut stmt = conn.prepare(sql)?;
+    let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (id, body) = row?;
+        out.push(decode(what, &id, &body)?);
+    }
+    Ok(out)
 }
 
 fn decode<T: serde::de::DeserializeOwned>(
