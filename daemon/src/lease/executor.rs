@@ -350,6 +350,50 @@ impl LeaseManager {
         undo
     }
 
+    /// The intent of a hardware step on partition `p` outside a CreateLease (a
+    /// host instance for MPS shares, the new place of a moved lease): its record
+    /// (already in the table) and the intent, in one durable commit. On failure
+    /// the partition leaves the table again.
+    pub(super) async fn write_partition_intent(
+        &self,
+        p: &Partition,
+        op: IntentOp,
+        lease_id: Option<&str>,
+        now: i64,
+    ) -> Result<i64, LeaseError> {
+        let (p2, lid) = (p.clone(), lease_id.map(str::to_string));
+        let written = self
+            .store
+            .write(move |w| {
+                w.put_partition(&p2)?;
+                w.begin_intent(op, &p2.id, lid.as_deref(), now)
+            })
+            .await;
+        written.map_err(|e| {
+            self.lock().partitions.remove(&p.id);
+            e.into()
+        })
+    }
+
+    /// A step of [`Self::write_partition_intent`] given up before it changed
+    /// anything: the partition's record goes and its intent fails, in one commit,
+    /// then it leaves the table. If the commit fails, both stay for the next start.
+    pub(super) async fn drop_partition_intent(
+        &self,
+        partition_id: &str,
+        intent: i64,
+    ) -> Result<(), StoreError> {
+        let (pid, now) = (partition_id.to_string(), now_ms());
+        self.store
+            .write(move |w| {
+                w.delete_partition(&pid)?;
+                w.finish_intent(intent, now, "failed")
+            })
+            .await?;
+        self.lock().partitions.remove(partition_id);
+        Ok(())
+    }
+
     /// A `Move` plan: the idle leases moved, one after another; the refusal when
     /// one cannot be.
     pub(super) async fn make_room(

@@ -194,21 +194,9 @@ impl LeaseManager {
         p: Partition,
         hw: HwCreate,
     ) -> Result<(), LeaseError> {
-        let (p2, now) = (p.clone(), now_ms());
-        let intent = match self
-            .store
-            .write(move |w| {
-                w.put_partition(&p2)?;
-                w.begin_intent(IntentOp::CreateMig, &p2.id, None, now)
-            })
-            .await
-        {
-            Ok(i) => i,
-            Err(e) => {
-                self.lock().partitions.remove(host);
-                return Err(e.into());
-            }
-        };
+        let intent = self
+            .write_partition_intent(&p, IntentOp::CreateMig, None, now_ms())
+            .await?;
         match self.hw_create(hw).await {
             Ok(inst) => {
                 let mut ready = p;
@@ -244,18 +232,8 @@ impl LeaseManager {
         if undone.is_err() {
             return;
         }
-        let (id, now) = (host.to_string(), now_ms());
-        if let Err(se) = self
-            .store
-            .write(move |w| {
-                w.delete_partition(&id)?;
-                w.finish_intent(intent, now, "failed")
-            })
-            .await
-        {
+        if let Err(se) = self.drop_partition_intent(host, intent).await {
             warn!(partition = %host, error = %se, "could not record a failed MPS host instance; the next start resolves it");
-        } else {
-            self.lock().partitions.remove(host);
         }
     }
 

@@ -218,21 +218,9 @@ impl LeaseManager {
         now: i64,
         why: &'static str,
     ) -> Result<(), LeaseError> {
-        let (p2, lid) = (new.clone(), lease.id.clone());
-        let intent = match self
-            .store
-            .write(move |w| {
-                w.put_partition(&p2)?;
-                w.begin_intent(IntentOp::MoveMig, &p2.id, Some(&lid), now)
-            })
-            .await
-        {
-            Ok(i) => i,
-            Err(e) => {
-                self.lock().partitions.remove(&new.id);
-                return Err(e.into());
-            }
-        };
+        let intent = self
+            .write_partition_intent(&new, IntentOp::MoveMig, Some(&lease.id), now)
+            .await?;
         let (Some(old_mig), Some(new_mig)) = (old.mig().cloned(), new.mig().cloned()) else {
             return Err(LeaseError::Inconsistent(
                 super::error::Inconsistency::ShapeMismatch {
@@ -292,17 +280,8 @@ impl LeaseManager {
         let Err(e) = destroyed else {
             return Ok(());
         };
-        let (pid, now) = (new.id.clone(), now_ms());
-        let undo = self
-            .store
-            .write(move |w| {
-                w.delete_partition(&pid)?;
-                w.finish_intent(intent, now, "failed")
-            })
-            .await;
-        if undo.is_ok() {
-            self.lock().partitions.remove(&new.id);
-        }
+        // If this is not recorded, the next start resolves the open intent.
+        let _ = self.drop_partition_intent(&new.id, intent).await;
         Err(LeaseError::Hardware(e))
     }
 
