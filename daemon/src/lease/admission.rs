@@ -1,71 +1,47 @@
-//! Admission under the state lock: quota, placement, and preemption of burst leases.
+//! The CreateLease decision: quota, placement, preemption of burst leases and moves
+//! of idle ones, as a pure function of the table and the request that returns a
+//! [`Plan`]. Nothing here locks or changes anything: the executor reserves what a
+//! plan places (under the same lock the decision read the table with) and acts.
 
-use std::collections::HashSet;
-use std::time::Duration;
-
-use tokio::sync::broadcast;
-use tracing::{info, warn};
-
-use crate::config::TenancyConfig;
-use crate::model::{Lease, LeaseState, Origin, PartKind};
-use crate::partition::{self, PlanOptions, Shape};
-
-use std::sync::Arc;
-
-use tokio::sync::Notify;
-
-use crate::config::Amounts;
+use crate::config::{Amounts, TenancyConfig};
 use crate::gpu::MpsMode;
 use crate::model::{
-    MigPart, MpsPart, NewLease, Partition, PartitionState, mig_mps_key, shared_mps_key,
+    Lease, LeaseState, MigPart, MpsPart, NewLease, Origin, PartKind, Partition, PartitionState,
+    mig_mps_key, shared_mps_key,
 };
-use crate::partition::{MigMpsDecision, MpsShare, PlanDecision, PlanError};
+use crate::partition::{
+    self, MigMpsDecision, MpsShare, PlanDecision, PlanError, PlanOptions, Shape,
+};
 
-use super::create::{Ask, Reserved};
-use super::error::Inconsistency;
+use super::error::{Inconsistency, LeaseError};
+use super::manager::LeaseManager;
+use super::plan::{Ask, HwCreate, Placement, Plan};
 use super::quota;
-use super::{EventKind, GpuState, HwCreate, LeaseError, LeaseManager, State};
-
-/// Why a reservation attempt has to be tried again (or answered otherwise).
-pub(super) enum Again {
-    /// Preempt these leases, then plan again.
-    Preempt(Vec<String>),
-    /// Capacity is held by teardowns in progress: wait for them, then plan again.
-    WaitTeardowns,
-    /// A call with the same request id reserved first (and may still be creating).
-    SameRequest(String, Option<tokio::sync::futures::OwnedNotified>),
-    /// Move these idle MIG leases, then plan again; the message is the refusal to
-    /// give if a move fails.
-    Move(Vec<partition::Move>, String),
-}
+use super::table::{GpuState, State};
 
 impl LeaseManager {
-    /// Step 1: admission (quota) and placement under the state lock, then the
-    /// reservation in memory so no concurrent call takes the same capacity. A
-    /// request within its tenant's guarantee that does not fit may ask to preempt
-    /// burst leases of other tenants (or to wait for teardowns) first: `Again`.
-    pub(super) fn reserve(
+    /// The decision about `ask` on the table `st`: admission (quota), then
+    /// placement. A request within its tenant's guarantee that does not fit may
+    /// plan to preempt burst leases of other tenants (or to wait for teardowns)
+    /// first; a single MIG instance may plan to move idle leases. `rounds`: how
+    /// many such plans this request has run already (at most 3 each). Reads only
+    /// `st` and the configuration.
+    pub(super) fn decide(
         &self,
+        st: &State,
         ask: &Ask<'_>,
         tenancy: &TenancyConfig,
         extra: Amounts,
         rounds: u32,
-        holding_capacity: bool,
-        notify: &Arc<Notify>,
-    ) -> Result<Result<Reserved, Again>, LeaseError> {
+    ) -> Result<Plan, LeaseError> {
         let req = ask.req;
-        let mut st = self.lock();
-        if holding_capacity {
-            st.preempting = st.preempting.saturating_sub(1);
-        }
         // A concurrent call with the same request id got here first.
         if let Some(rid) = &req.request_id
-            && let Some(lid) = st.requests.get(&(req.tenant.clone(), rid.clone())).cloned()
+            && st.requests.contains_key(&(req.tenant.clone(), rid.clone()))
         {
-            let pending = st.pending.get(&lid).map(|n| n.clone().notified_owned());
-            return Ok(Err(Again::SameRequest(lid, pending)));
+            return Ok(Plan::SameRequest);
         }
-        let admission = Self::admit(&st, tenancy, &req.tenant, &ask.shape, ask.count, extra)?;
+        let admission = Self::admit(st, tenancy, &req.tenant, &ask.shape, ask.count, extra)?;
         let opts = self.plan_options(req.gpu_index);
         if let Some(g) = req.gpu_index
             && let Some(m) = st.unhealthy(g, None)
@@ -75,138 +51,116 @@ impl LeaseManager {
                 m.describe()
             )));
         }
+        let fit = Fit {
+            st,
+            tenancy,
+            ask,
+            admission,
+            rounds,
+        };
         if ask.count > 1 {
-            let views = Self::placeable_views(&st);
-            return match Self::plan_several(&st, ask, &views, &opts) {
-                Ok(decisions) => {
-                    let parts = self.partitions_for_several(&st, ask, decisions)?;
-                    Ok(Ok(self.hold_several(&mut st, ask, admission, parts, notify)))
-                }
-                // Burst leases of other tenants may make room, or room within the
-                // topology asked for; idle leases are not moved for several.
-                Err(refusal @ (PlanError::NoCapacity(_) | PlanError::TopologyUnmet(_))) => {
-                    let fits =
-                        |v: &[partition::GpuView]| Self::plan_several(&st, ask, v, &opts).is_ok();
-                    let victims =
-                        Self::victims_if_allowed(&st, tenancy, ask, admission, rounds, &fits);
-                    Self::preempt_or_refuse(&mut st, victims, refusal)
-                }
-                Err(e) => Err(e.into()),
-            };
+            return self.decide_several(&fit, &opts);
         }
-        if let Shape::MigMps {
-            profile,
-            sm_percent,
-            memory_bytes,
-        } = &ask.shape
-        {
-            // Its host instance was set up before (`ensure_mig_mps_host`): join one.
-            let hosts = Self::mig_mps_hosts(&st);
-            let views = Self::placeable_views(&st);
-            let host = match partition::plan_mig_mps(
-                profile,
-                *sm_percent,
-                *memory_bytes,
-                &req.tenant,
-                &hosts,
-                &views,
-                &opts,
-            )? {
-                MigMpsDecision::Join { host, .. } => host,
-                MigMpsDecision::NewHost(_) => {
-                    return Err(LeaseError::ResourceExhausted(format!(
-                        "the {profile} instance set up for this share was taken by another request; retry"
-                    )));
-                }
-            };
-            let (partition, hw) = self.mig_mps_share_for(&st, &host, ask)?;
-            return Ok(Ok(
-                self.hold_new(&mut st, ask, admission, partition, hw, notify)
-            ));
+        if let Shape::MigMps { .. } = &ask.shape {
+            return self.decide_mig_mps_share(&fit, &opts);
         }
-        let views = Self::placeable_views(&st);
+        self.decide_one(&fit, opts)
+    }
+
+    /// One partition (not a share inside MIG): the planner's place, else idle MIG
+    /// leases moved, else burst leases preempted, else a refusal.
+    fn decide_one(&self, fit: &Fit<'_>, opts: PlanOptions) -> Result<Plan, LeaseError> {
+        let (st, ask) = (fit.st, fit.ask);
+        let views = Self::placeable_views(st);
         // Temporal packing: the planner weighs when the new lease and those present
         // expire (MIG best fit only; other shapes ignore it).
         let opts = PlanOptions {
-            expiry: Some(Self::expiry(&st, ask.now, ask.ttl)),
+            expiry: Some(Self::expiry(st, ask.now, ask.ttl)),
             ..opts
         };
         let decision = match partition::plan(&ask.shape, &views, &opts) {
             Ok(d) => d,
             Err(PlanError::NoCapacity(msg))
                 if self.config.partition.move_idle
-                    && rounds < 3
+                    && fit.rounds < 3
                     && matches!(ask.shape, Shape::Mig { .. }) =>
             {
-                let movable = Self::movable(&st);
+                let movable = Self::movable(st);
                 match partition::plan_with_moves(&ask.shape, &views, &opts, &movable) {
-                    Ok(p) if !p.moves.is_empty() => return Ok(Err(Again::Move(p.moves, msg))),
+                    Ok(p) if !p.moves.is_empty() => return Ok(Plan::Move(p.moves, msg)),
                     Ok(p) => p.decision,
-                    Err(_) => {
-                        return Self::refused_or_preempt(
-                            &mut st,
-                            tenancy,
-                            ask,
-                            admission,
-                            rounds,
-                            (&opts, msg),
-                        );
-                    }
+                    Err(_) => return fit.refused_or_preempt(&opts, msg),
                 }
             }
-            Err(PlanError::NoCapacity(msg)) => {
-                return Self::refused_or_preempt(
-                    &mut st,
-                    tenancy,
-                    ask,
-                    admission,
-                    rounds,
-                    (&opts, msg),
-                );
-            }
+            Err(PlanError::NoCapacity(msg)) => return fit.refused_or_preempt(&opts, msg),
             Err(e) => return Err(e.into()),
         };
-        let (partition, hw) = self.partition_for(&st, decision, ask, &ask.partition_id)?;
-        Ok(Ok(
-            self.hold_new(&mut st, ask, admission, partition, hw, notify)
-        ))
+        let part = self.partition_for(st, decision, ask, &ask.partition_id)?;
+        Ok(Plan::Place(Box::new(fit.placement(vec![part]))))
     }
 
-    /// The new lease on `partition`, held in the table.
-    fn hold_new(
-        &self,
-        st: &mut State,
-        ask: &Ask<'_>,
-        admission: quota::Admission,
-        partition: Partition,
-        hw: Option<HwCreate>,
-        notify: &Arc<Notify>,
-    ) -> Reserved {
-        let req = ask.req;
-        let mut lease = Lease::reserved(
-            NewLease {
-                id: ask.lease_id.clone(),
-                tenant: req.tenant.clone(),
-                shape: ask.shape.clone(),
-                partition_id: partition.id.clone(),
-                gpu: partition.gpu,
-                more_partitions: Vec::new(),
-                created_at_ms: ask.now,
-                ttl_secs: ask.ttl.as_secs(),
-                request_id: req.request_id.clone(),
-                labels: req.labels.clone(),
-                priority_class: ask.priority_class.clone(),
-                burst: admission == quota::Admission::Burst,
-            },
-            hw.is_some(),
-        );
-        lease.pinned_gpu = req.gpu_index.is_some();
-        Self::hold(st, &lease, &partition, notify);
-        Reserved {
-            lease,
-            partition,
-            hw,
-            more: Vec::new(),
+    /// MPS inside MIG: the share joins the host instance set up before
+    /// (`ensure_mig_mps_host`).
+    fn decide_mig_mps_share(&self, fit: &Fit<'_>, opts: &PlanOptions) -> Result<Plan, LeaseError> {
+        let (st, ask) = (fit.st, fit.ask);
+        match Self::plan_mig_mps_share(st, ask, opts)? {
+            (MigMpsDecision::Join { host, .. }, _) => {
+                let part = self.mig_mps_share_for(st, &host, ask)?;
+                Ok(Plan::Place(Box::new(fit.placement(vec![part]))))
+            }
+            (MigMpsDecision::NewHost(_), profile) => Err(LeaseError::ResourceExhausted(format!(
+                "the {profile} instance set up for this share was taken by another request; retry"
+            ))),
+        }
+    }
+
+    /// Where a share inside MIG of `ask` goes: an instance of its tenant with room,
+    /// or a new host instance; and the MIG profile asked for.
+    pub(super) fn plan_mig_mps_share<'a>(
+        st: &State,
+        ask: &'a Ask<'_>,
+        opts: &PlanOptions,
+    ) -> Result<(MigMpsDecision, &'a str), LeaseError> {
+        let Shape::MigMps {
+            profile,
+            sm_percent,
+            memory_bytes,
+        } = &ask.shape
+        else {
+            return Err(LeaseError::Inconsistent(Inconsistency::ShapeMismatch {
+                decision: "an MPS share inside MIG",
+                shape: "another",
+            }));
+        };
+        let decision = partition::plan_mig_mps(
+            profile,
+            *sm_percent,
+            *memory_bytes,
+            &ask.req.tenant,
+            &Self::mig_mps_hosts(st),
+            &Self::placeable_views(st),
+            opts,
+        )?;
+        Ok((decision, profile))
+    }
+
+    /// Several partitions: all placed by topology, else burst leases preempted,
+    /// else a refusal (idle leases are not moved for several).
+    fn decide_several(&self, fit: &Fit<'_>, opts: &PlanOptions) -> Result<Plan, LeaseError> {
+        let (st, ask) = (fit.st, fit.ask);
+        let views = Self::placeable_views(st);
+        match Self::plan_several(st, ask, &views, opts) {
+            Ok(decisions) => {
+                let parts = self.partitions_for_several(st, ask, decisions)?;
+                Ok(Plan::Place(Box::new(fit.placement(parts))))
+            }
+            // Burst leases of other tenants may make room, or room within the
+            // topology asked for.
+            Err(refusal @ (PlanError::NoCapacity(_) | PlanError::TopologyUnmet(_))) => {
+                let fits = |v: &[partition::GpuView]| Self::plan_several(st, ask, v, opts).is_ok();
+                fit.preempt_or_refuse(fit.victims_if_allowed(&fits), refusal)
+            }
+            Err(e) => Err(e.into()),
         }
     }
 
@@ -261,104 +215,6 @@ impl LeaseManager {
             .collect()
     }
 
-    /// The new multi-partition lease on `parts` (the first is its `partition_id`),
-    /// held in the table: pending while any partition needs the hardware changed.
-    fn hold_several(
-        &self,
-        st: &mut State,
-        ask: &Ask<'_>,
-        admission: quota::Admission,
-        mut parts: Vec<(Partition, Option<HwCreate>)>,
-        notify: &Arc<Notify>,
-    ) -> Reserved {
-        let (first, hw) = parts.remove(0);
-        let req = ask.req;
-        let pending = hw.is_some() || parts.iter().any(|(_, h)| h.is_some());
-        let lease = Lease::reserved(
-            NewLease {
-                id: ask.lease_id.clone(),
-                tenant: req.tenant.clone(),
-                shape: ask.shape.clone(),
-                partition_id: first.id.clone(),
-                gpu: first.gpu,
-                more_partitions: parts.iter().map(|(p, _)| p.id.clone()).collect(),
-                created_at_ms: ask.now,
-                ttl_secs: ask.ttl.as_secs(),
-                request_id: req.request_id.clone(),
-                labels: req.labels.clone(),
-                priority_class: ask.priority_class.clone(),
-                burst: admission == quota::Admission::Burst,
-            },
-            pending,
-        );
-        Self::hold(st, &lease, &first, notify);
-        for (p, _) in &parts {
-            st.partitions.insert(p.id.clone(), p.clone());
-        }
-        Reserved {
-            lease,
-            partition: first,
-            hw,
-            more: parts,
-        }
-    }
-
-    /// No room: a guaranteed request may preempt burst leases of other tenants (or
-    /// wait for teardowns in progress) and plan again; anything else is refused.
-    fn refused_or_preempt(
-        st: &mut State,
-        tenancy: &TenancyConfig,
-        ask: &Ask<'_>,
-        admission: quota::Admission,
-        rounds: u32,
-        (opts, msg): (&PlanOptions, String),
-    ) -> Result<Result<Reserved, Again>, LeaseError> {
-        let fits = |v: &[partition::GpuView]| partition::plan(&ask.shape, v, opts).is_ok();
-        let victims = Self::victims_if_allowed(st, tenancy, ask, admission, rounds, &fits);
-        Self::preempt_or_refuse(st, victims, PlanError::NoCapacity(msg))
-    }
-
-    /// The burst leases to preempt so that `fits`, if the request may preempt at
-    /// all (a guaranteed request, preemption on, tenants configured, fewer than 3
-    /// rounds): None when it may not.
-    fn victims_if_allowed(
-        st: &State,
-        tenancy: &TenancyConfig,
-        ask: &Ask<'_>,
-        admission: quota::Admission,
-        rounds: u32,
-        fits: &dyn Fn(&[partition::GpuView]) -> bool,
-    ) -> Option<Vec<String>> {
-        (admission == quota::Admission::Guaranteed
-            && tenancy.preemption
-            && !tenancy.tenants.is_empty()
-            && rounds < 3)
-            .then(|| Self::pick_victims(st, tenancy, &ask.req.tenant, fits))
-    }
-
-    /// Preempt `victims` (or wait for teardowns in progress, which give capacity
-    /// back in a moment), or refuse with `refusal` when there is neither.
-    fn preempt_or_refuse(
-        st: &mut State,
-        victims: Option<Vec<String>>,
-        refusal: PlanError,
-    ) -> Result<Result<Reserved, Again>, LeaseError> {
-        let Some(victims) = victims else {
-            return Err(refusal.into());
-        };
-        if victims.is_empty() && st.tearing_down.is_empty() {
-            return Err(refusal.into());
-        }
-        st.preempting += 1;
-        // Without victims, capacity held by leases being torn down right
-        // now comes back in a moment: wait for that, then retry.
-        Ok(Err(if victims.is_empty() {
-            Again::WaitTeardowns
-        } else {
-            Again::Preempt(victims)
-        }))
-    }
-
     /// Quota admission: guaranteed, burst, or refused. A burst request waits while
     /// capacity is being freed for another tenant's guaranteed request.
     pub(super) fn admit(
@@ -381,19 +237,6 @@ impl LeaseManager {
             ));
         }
         Ok(admission)
-    }
-
-    /// The reservation in the table: the lease (pending or active), its partition,
-    /// its request id, and the notice retries of the same request wait on.
-    fn hold(st: &mut State, lease: &Lease, partition: &Partition, notify: &Arc<Notify>) {
-        st.partitions
-            .insert(partition.id.clone(), partition.clone());
-        st.leases.insert(lease.id.clone(), lease.clone());
-        if let Some(rid) = &lease.request_id {
-            st.requests
-                .insert((lease.tenant.clone(), rid.clone()), lease.id.clone());
-        }
-        st.pending.insert(lease.id.clone(), notify.clone());
     }
 
     /// The partition a planner decision stands for, and the hardware step it needs.
@@ -657,53 +500,92 @@ impl LeaseManager {
             }
         }
     }
+}
 
-    /// Wait (at most `limit`) until the teardowns running now have finished.
-    pub(super) async fn wait_for_teardowns(&self, limit: Duration) {
-        let deadline = tokio::time::Instant::now() + limit;
-        let mut rx = self.events.subscribe();
-        loop {
-            let busy: HashSet<String> = self.lock().tearing_down.clone();
-            if busy.is_empty() {
-                return;
-            }
-            match tokio::time::timeout_at(deadline, rx.recv()).await {
-                Err(_) => return,
-                Ok(Err(broadcast::error::RecvError::Closed)) => return,
-                Ok(_) => {}
-            }
+/// A request admitted, on the table it was decided on.
+struct Fit<'a> {
+    st: &'a State,
+    tenancy: &'a TenancyConfig,
+    ask: &'a Ask<'a>,
+    admission: quota::Admission,
+    rounds: u32,
+}
+
+impl Fit<'_> {
+    /// The new lease on `parts` (the first is its `partition_id`): pending while
+    /// any partition needs the hardware changed.
+    fn placement(&self, parts: Vec<(Partition, Option<HwCreate>)>) -> Placement {
+        let (ask, req) = (self.ask, self.ask.req);
+        let (partition_id, gpu) = parts
+            .first()
+            .map(|(p, _)| (p.id.clone(), p.gpu))
+            .unwrap_or_else(|| (ask.partition_id.clone(), 0));
+        let pending = parts.iter().any(|(_, hw)| hw.is_some());
+        let mut lease = Lease::reserved(
+            NewLease {
+                id: ask.lease_id.clone(),
+                tenant: req.tenant.clone(),
+                shape: ask.shape.clone(),
+                partition_id,
+                gpu,
+                more_partitions: parts.iter().skip(1).map(|(p, _)| p.id.clone()).collect(),
+                created_at_ms: ask.now,
+                ttl_secs: ask.ttl.as_secs(),
+                request_id: req.request_id.clone(),
+                labels: req.labels.clone(),
+                priority_class: ask.priority_class.clone(),
+                burst: self.admission == quota::Admission::Burst,
+            },
+            pending,
+        );
+        // Only a lease of one partition is held to the GPU asked for.
+        if ask.count <= 1 {
+            lease.pinned_gpu = req.gpu_index.is_some();
         }
+        Placement { lease, parts }
     }
 
-    /// Preempt leases (with notice on WatchLeases), waiting for their teardown.
-    pub(super) async fn preempt(&self, victims: &[String], for_tenant: &str) {
-        let grace = self.config.lease.revocation_grace;
-        for id in victims {
-            // A victim still being created is preempted once it exists.
-            let pending = {
-                let st = self.lock();
-                st.pending.get(id).map(|n| n.clone().notified_owned())
-            };
-            if let Some(done) = pending {
-                let _ = tokio::time::timeout(Duration::from_secs(60), done).await;
-            }
-            let Ok((lease, _)) = self.get(id) else {
-                continue;
-            };
-            self.emit(
-                EventKind::Preempting,
-                &lease,
-                None,
-                format!(
-                    "preempted: tenant {for_tenant:?} needs capacity within its guarantee; containers get {}s to stop",
-                    grace.as_secs()
-                ),
-            );
-            let reason = format!("preempted for tenant {for_tenant:?} (burst lease)");
-            match self.end(id, LeaseState::Revoked, &reason).await {
-                Ok(_) => info!(lease = %id, for_tenant, "lease preempted"),
-                Err(e) => warn!(lease = %id, error = %e, "preemption failed"),
-            }
+    /// No room: a guaranteed request may preempt burst leases of other tenants (or
+    /// wait for teardowns in progress) and plan again; anything else is refused.
+    fn refused_or_preempt(&self, opts: &PlanOptions, msg: String) -> Result<Plan, LeaseError> {
+        let fits = |v: &[partition::GpuView]| partition::plan(&self.ask.shape, v, opts).is_ok();
+        self.preempt_or_refuse(self.victims_if_allowed(&fits), PlanError::NoCapacity(msg))
+    }
+
+    /// The burst leases to preempt so that `fits`, if the request may preempt at
+    /// all (a guaranteed request, preemption on, tenants configured, fewer than 3
+    /// rounds): None when it may not.
+    fn victims_if_allowed(
+        &self,
+        fits: &dyn Fn(&[partition::GpuView]) -> bool,
+    ) -> Option<Vec<String>> {
+        let tenancy = self.tenancy;
+        (self.admission == quota::Admission::Guaranteed
+            && tenancy.preemption
+            && !tenancy.tenants.is_empty()
+            && self.rounds < 3)
+            .then(|| LeaseManager::pick_victims(self.st, tenancy, &self.ask.req.tenant, fits))
+    }
+
+    /// Preempt `victims` (or wait for teardowns in progress, which give capacity
+    /// back in a moment), or refuse with `refusal` when there is neither.
+    fn preempt_or_refuse(
+        &self,
+        victims: Option<Vec<String>>,
+        refusal: PlanError,
+    ) -> Result<Plan, LeaseError> {
+        let Some(victims) = victims else {
+            return Err(refusal.into());
+        };
+        if victims.is_empty() && self.st.tearing_down.is_empty() {
+            return Err(refusal.into());
         }
+        // Without victims, capacity held by leases being torn down right now comes
+        // back in a moment: wait for that, then decide again.
+        Ok(if victims.is_empty() {
+            Plan::WaitTeardowns
+        } else {
+            Plan::Preempt(victims)
+        })
     }
 }

@@ -1,15 +1,18 @@
 //! The runtime's side: resolve a token to devices, bind and unbind containers.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::gpu::MpsMode;
 use crate::model::{ContainerBinding, Lease, LeaseState, PartKind, Partition};
 
 use super::devices::{self, Resolved};
 use super::error::Inconsistency;
+use super::error::LeaseError;
 use super::error::invalid;
+use super::events::EventKind;
+use super::manager::LeaseManager;
+use super::table::State;
 use super::token;
-use super::{EventKind, LeaseError, LeaseManager, State};
 
 impl LeaseManager {
     /// The nvidia-uvm and nvidia-caps majors (config, else `/proc/devices`).
@@ -83,20 +86,7 @@ impl LeaseManager {
     ) -> Result<Resolved, LeaseError> {
         let (lease, partition, gpu, host) = {
             let mut st = self.lock();
-            let lease = st.leases.get(lid).cloned().ok_or_else(&not_found)?;
-            if st.moving.contains(&lease.id) {
-                return Err(LeaseError::FailedPrecondition(format!(
-                    "lease {} is being moved to another MIG placement; retry in a moment",
-                    lease.id
-                )));
-            }
-            if lease.state() != LeaseState::Active {
-                return Err(LeaseError::FailedPrecondition(format!(
-                    "lease {} is {}",
-                    lease.id,
-                    lease.state().as_str()
-                )));
-            }
+            let lease = resolvable(&st, lid, &not_found)?;
             if lease.partition_count() > 1 {
                 let parts = Self::lease_partitions(&st, &lease)?;
                 let mut each = Vec::with_capacity(parts.len());
@@ -110,31 +100,7 @@ impl LeaseManager {
                 drop(st);
                 return self.resolve_several(&lease, each);
             }
-            let partition = st
-                .partitions
-                .get(&lease.partition_id)
-                .cloned()
-                .ok_or_else(|| {
-                    LeaseError::Inconsistent(Inconsistency::LeaseWithoutPartition(lease.id.clone()))
-                })?;
-            let gpu = st
-                .gpus
-                .iter()
-                .find(|g| g.info.index == partition.gpu)
-                .map(|g| g.info.clone())
-                .ok_or_else(|| {
-                    LeaseError::Inconsistent(Inconsistency::PartitionOnUnknownGpu {
-                        partition: partition.id.clone(),
-                        gpu: partition.gpu,
-                    })
-                })?;
-            // MPS inside MIG: the container gets its host instance's devices.
-            let host = match partition.mps().and_then(|m| m.host.as_ref()) {
-                Some(h) => Some(st.partitions.get(h).cloned().ok_or_else(|| {
-                    LeaseError::Inconsistent(Inconsistency::UnknownPartition(h.clone()))
-                })?),
-                None => None,
-            };
+            let (partition, gpu, host) = one_partition(&st, &lease)?;
             if hold {
                 // A runtime now holds these devices: the lease never moves again.
                 st.resolved.insert(lease.id.clone());
@@ -147,20 +113,33 @@ impl LeaseManager {
             _ => Default::default(),
         };
         let majors = self.device_majors()?;
-        let mut resolved = devices::resolve(
-            &lease,
-            device,
-            gpu.minor,
-            &gpu.uuid,
-            &minors,
-            &self.config.devices,
-            majors,
-            self.config.lease.pids_limit,
-        );
+        let mut resolved = self.devices_of(&lease, device, &gpu, &minors, majors);
         if host.is_some() {
             devices::add_mps_share(&mut resolved, &partition);
         }
         Ok(resolved)
+    }
+
+    /// What a container of `lease` gets of partition `p` on `gpu`, with this
+    /// node's device configuration.
+    fn devices_of(
+        &self,
+        lease: &Lease,
+        p: &Partition,
+        gpu: &crate::gpu::GpuInfo,
+        minors: &crate::gpu::MigMinors,
+        majors: (i64, i64),
+    ) -> Resolved {
+        devices::resolve(
+            lease,
+            p,
+            gpu.minor,
+            &gpu.uuid,
+            minors,
+            &self.config.devices,
+            majors,
+            self.config.lease.pids_limit,
+        )
     }
 
     /// The devices of a multi-partition lease (N whole GPUs or N MIG instances):
@@ -178,18 +157,7 @@ impl LeaseManager {
         let majors = self.device_majors()?;
         let each = parts
             .iter()
-            .map(|(p, gpu)| {
-                devices::resolve(
-                    lease,
-                    p,
-                    gpu.minor,
-                    &gpu.uuid,
-                    &minors,
-                    &self.config.devices,
-                    majors,
-                    self.config.lease.pids_limit,
-                )
-            })
+            .map(|(p, gpu)| self.devices_of(lease, p, gpu, &minors, majors))
             .collect();
         devices::merge_several(each).ok_or_else(|| {
             LeaseError::Inconsistent(Inconsistency::LeaseWithoutPartition(lease.id.clone()))
@@ -219,30 +187,10 @@ impl LeaseManager {
         uid: Option<u32>,
         check: impl FnOnce(&Resolved) -> Result<(), LeaseError>,
     ) -> Result<Lease, LeaseError> {
-        if binding.id.is_empty() || binding.id.len() > 1024 {
-            return Err(invalid("container_id", "must be 1-1024 characters"));
-        }
-        if binding.cgroup_path.len() > 4096 || binding.runtime_root.len() > 4096 {
-            return Err(invalid(
-                "cgroup_path",
-                "cgroup_path and runtime_root are at most 4096 bytes",
-            ));
-        }
-        // A revocation stops the container through this cgroup: it must be the
-        // container's own, checked now rather than when it is needed.
-        if !binding.cgroup_path.is_empty()
-            && let Err(e) = super::enforce::cgroup_of(&binding)
-        {
-            return Err(invalid("cgroup_path", e.to_string()));
-        }
-        check_termination_log(&binding.termination_log)?;
-        if binding.pod.len() > 256 || binding.pod.chars().any(char::is_control) {
-            return Err(invalid("pod", "at most 256 printable characters"));
-        }
+        check_binding(&binding)?;
         let resolved = self.resolve_token(tok)?;
         check(&resolved)?;
-        let mut pod_claimed = false;
-        let (lease, handed) = {
+        let (lease, handed, pod_claimed) = {
             let mut st = self.lock();
             let n = st
                 .leases
@@ -255,72 +203,46 @@ impl LeaseManager {
                     resolved.lease.id
                 )));
             }
-            let mut handed = None;
-            // A shared server serves one uid (MPS starts a server per uid and makes
-            // other uids wait): the uid of the first container bound to any of its
-            // leases.
-            let server_owner = st.partitions.shared_server_owner(&resolved.partition);
-            if let (Some(uid), Some(mut p)) = (uid, st.partitions.get_mut(&resolved.partition.id))
-                && let PartKind::Mps(m) = &mut p.kind
-            {
-                match m.owner_uid.or(server_owner) {
-                    Some(owner) if owner != uid && m.mode == MpsMode::Shared => {
-                        return Err(LeaseError::FailedPrecondition(format!(
-                            "the shared MPS server of GPU {} serves uid {owner}; a container running as uid {uid} cannot share it (run as uid {owner}, or lease in isolated mode)",
-                            p.gpu
-                        )));
-                    }
-                    Some(owner) if owner != uid => {
-                        return Err(LeaseError::FailedPrecondition(format!(
-                            "this MPS lease serves uid {owner}; a container running as uid {uid} cannot share its MPS server"
-                        )));
-                    }
-                    Some(_) if m.owner_uid.is_some() => {}
-                    Some(_) | None => {
-                        m.owner_uid = Some(uid);
-                        let dirs = (m.pipe_dir.clone(), m.log_dir.clone());
-                        handed = Some((p.clone(), dirs.0, dirs.1));
-                    }
-                }
-            }
+            let handed = hand_mps_server(&mut st, &resolved.partition, uid)?;
             let mut l = st
                 .leases
                 .get_mut(&resolved.lease.id)
                 .ok_or_else(|| LeaseError::NotFound("lease ended".into()))?;
-            // The token belongs to the first pod that uses it; another pod
-            // presenting it (copied from an annotation, say) is refused.
-            // A lease bound to a pod serves that pod only: a container that names
-            // no pod is refused, not let through.
-            if binding.pod.is_empty()
-                && let Some(owner) = &l.pod
-            {
-                return Err(LeaseError::PermissionDenied(format!(
-                    "the token of lease {} is bound to pod {owner}; a container in no pod may not use it",
-                    l.id
-                )));
-            }
-            if !binding.pod.is_empty() {
-                match &l.pod {
-                    Some(owner) if *owner != binding.pod => {
-                        return Err(LeaseError::PermissionDenied(format!(
-                            "the token of lease {} is bound to pod {owner}; pod {} may not use it",
-                            l.id, binding.pod
-                        )));
-                    }
-                    Some(_) => {}
-                    None => {
-                        l.pod = Some(binding.pod.clone());
-                        pod_claimed = true;
-                    }
-                }
-            }
+            let pod_claimed = claim_for_pod(&mut l, &binding.pod)?;
             let previous = l.containers.iter().position(|c| c.id == binding.id);
             let previous = previous.map(|i| l.containers.remove(i));
             l.containers.push(binding.clone());
-            (l.clone(), (handed, previous))
+            (l.clone(), (handed, previous), pod_claimed)
         };
         let (handed, previous) = handed;
-        if let (Some(uid), Some((_, pipe, log))) = (uid, &handed) {
+        if let Err(e) = self.record_binding(&lease, uid, &handed, pod_claimed).await {
+            // Refused: the binding did not happen, in memory either.
+            self.undo_bind(
+                &lease.id,
+                &binding.id,
+                previous,
+                handed.map(|h| h.0),
+                pod_claimed,
+            );
+            return Err(e);
+        }
+        self.emit(EventKind::ContainerBound, &lease, None, binding.id);
+        Ok(lease)
+    }
+
+    /// A binding, durably: the MPS directories handed to `uid` (when its server
+    /// was), then the lease (and the partition's owner). A binding only says which
+    /// containers run, and an OS crash that could lose an unsynced commit ends them
+    /// all: relaxed (no fsync on the runtime's path). What outlives the containers
+    /// is durable: a pod's claim on the token, and the uid an MPS server was handed.
+    async fn record_binding(
+        &self,
+        lease: &Lease,
+        uid: Option<u32>,
+        handed: &Option<Handed>,
+        pod_claimed: bool,
+    ) -> Result<(), LeaseError> {
+        if let (Some(uid), Some((_, pipe, log))) = (uid, handed) {
             for dir in [pipe.parent(), Some(pipe.as_path()), Some(log.as_path())]
                 .into_iter()
                 .flatten()
@@ -336,28 +258,12 @@ impl LeaseManager {
             }
             w.put_lease(&l2)
         };
-        // A binding only says which containers run, and an OS crash that could lose
-        // an unsynced commit ends them all: relaxed (no fsync on the runtime's
-        // path). What outlives the containers is durable: a pod's claim on the
-        // token, and the uid an MPS server was handed.
-        let written = if handed.is_none() && !pod_claimed {
-            self.store.write_relaxed(put).await
+        if handed.is_none() && !pod_claimed {
+            self.store.write_relaxed(put).await?;
         } else {
-            self.store.write(put).await
-        };
-        if let Err(e) = written {
-            // Refused: the binding did not happen, in memory either.
-            self.undo_bind(
-                &lease.id,
-                &binding.id,
-                previous,
-                handed.map(|h| h.0),
-                pod_claimed,
-            );
-            return Err(e.into());
+            self.store.write(put).await?;
         }
-        self.emit(EventKind::ContainerBound, &lease, None, binding.id);
-        Ok(lease)
+        Ok(())
     }
 
     /// Put a lease's bindings (and its MPS partition's owner) back as they were
@@ -512,4 +418,142 @@ fn gpu_of(st: &State, p: &Partition) -> Result<crate::gpu::GpuInfo, LeaseError> 
                 gpu: p.gpu,
             })
         })
+}
+
+/// An MPS partition handed to a container's uid: the partition (its owner set),
+/// its pipe and its log directory.
+type Handed = (Partition, PathBuf, PathBuf);
+
+/// Live lease `lid`, if a runtime may have its devices now: active and not moving.
+fn resolvable(
+    st: &State,
+    lid: &str,
+    not_found: &impl Fn() -> LeaseError,
+) -> Result<Lease, LeaseError> {
+    let lease = st.leases.get(lid).cloned().ok_or_else(not_found)?;
+    if st.moving.contains(&lease.id) {
+        return Err(LeaseError::FailedPrecondition(format!(
+            "lease {} is being moved to another MIG placement; retry in a moment",
+            lease.id
+        )));
+    }
+    if lease.state() != LeaseState::Active {
+        return Err(LeaseError::FailedPrecondition(format!(
+            "lease {} is {}",
+            lease.id,
+            lease.state().as_str()
+        )));
+    }
+    Ok(lease)
+}
+
+/// The partition of a lease of one, its GPU, and (MPS inside MIG) the host
+/// instance whose devices the container gets.
+fn one_partition(
+    st: &State,
+    lease: &Lease,
+) -> Result<(Partition, crate::gpu::GpuInfo, Option<Partition>), LeaseError> {
+    let partition = st
+        .partitions
+        .get(&lease.partition_id)
+        .cloned()
+        .ok_or_else(|| {
+            LeaseError::Inconsistent(Inconsistency::LeaseWithoutPartition(lease.id.clone()))
+        })?;
+    let gpu = gpu_of(st, &partition)?;
+    let host =
+        match partition.mps().and_then(|m| m.host.as_ref()) {
+            Some(h) => Some(st.partitions.get(h).cloned().ok_or_else(|| {
+                LeaseError::Inconsistent(Inconsistency::UnknownPartition(h.clone()))
+            })?),
+            None => None,
+        };
+    Ok((partition, gpu, host))
+}
+
+/// The checks of a binding that need no state.
+fn check_binding(binding: &ContainerBinding) -> Result<(), LeaseError> {
+    if binding.id.is_empty() || binding.id.len() > 1024 {
+        return Err(invalid("container_id", "must be 1-1024 characters"));
+    }
+    if binding.cgroup_path.len() > 4096 || binding.runtime_root.len() > 4096 {
+        return Err(invalid(
+            "cgroup_path",
+            "cgroup_path and runtime_root are at most 4096 bytes",
+        ));
+    }
+    // A revocation stops the container through this cgroup: it must be the
+    // container's own, checked now rather than when it is needed.
+    if !binding.cgroup_path.is_empty()
+        && let Err(e) = super::enforce::cgroup_of(binding)
+    {
+        return Err(invalid("cgroup_path", e.to_string()));
+    }
+    check_termination_log(&binding.termination_log)?;
+    if binding.pod.len() > 256 || binding.pod.chars().any(char::is_control) {
+        return Err(invalid("pod", "at most 256 printable characters"));
+    }
+    Ok(())
+}
+
+/// A container of `uid` on MPS partition `partition`: refused when its server
+/// serves another uid, else the partition handed to `uid` if it was not yet. A
+/// shared server serves one uid (MPS starts a server per uid and makes other uids
+/// wait): the uid of the first container bound to any of its leases.
+fn hand_mps_server(
+    st: &mut State,
+    partition: &Partition,
+    uid: Option<u32>,
+) -> Result<Option<Handed>, LeaseError> {
+    let server_owner = st.partitions.shared_server_owner(partition);
+    let (Some(uid), Some(mut p)) = (uid, st.partitions.get_mut(&partition.id)) else {
+        return Ok(None);
+    };
+    let PartKind::Mps(m) = &mut p.kind else {
+        return Ok(None);
+    };
+    match m.owner_uid.or(server_owner) {
+        Some(owner) if owner != uid && m.mode == MpsMode::Shared => {
+            Err(LeaseError::FailedPrecondition(format!(
+                "the shared MPS server of GPU {} serves uid {owner}; a container running as uid {uid} cannot share it (run as uid {owner}, or lease in isolated mode)",
+                p.gpu
+            )))
+        }
+        Some(owner) if owner != uid => Err(LeaseError::FailedPrecondition(format!(
+            "this MPS lease serves uid {owner}; a container running as uid {uid} cannot share its MPS server"
+        ))),
+        Some(_) if m.owner_uid.is_some() => Ok(None),
+        Some(_) | None => {
+            m.owner_uid = Some(uid);
+            let dirs = (m.pipe_dir.clone(), m.log_dir.clone());
+            Ok(Some((p.clone(), dirs.0, dirs.1)))
+        }
+    }
+}
+
+/// The token belongs to the first pod that uses it; another pod presenting it
+/// (copied from an annotation, say) is refused. A lease bound to a pod serves that
+/// pod only: a container that names no pod is refused, not let through. True when
+/// `pod` claims the lease now.
+fn claim_for_pod(l: &mut Lease, pod: &str) -> Result<bool, LeaseError> {
+    if pod.is_empty() {
+        if let Some(owner) = &l.pod {
+            return Err(LeaseError::PermissionDenied(format!(
+                "the token of lease {} is bound to pod {owner}; a container in no pod may not use it",
+                l.id
+            )));
+        }
+        return Ok(false);
+    }
+    if let Some(owner) = &l.pod {
+        if owner != pod {
+            return Err(LeaseError::PermissionDenied(format!(
+                "the token of lease {} is bound to pod {owner}; pod {pod} may not use it",
+                l.id
+            )));
+        }
+        return Ok(false);
+    }
+    l.pod = Some(pod.to_string());
+    Ok(true)
 }

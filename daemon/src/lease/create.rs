@@ -1,114 +1,50 @@
-//! CreateLease: reserve, record the intent, change the hardware, record the outcome.
+//! CreateLease: check the request, answer a retry of an earlier call, then decide
+//! and act until the lease is placed or refused. The decision (`admission.rs`)
+//! returns a [`Plan`]; the executor (`executor.rs`) runs it. The request and plan
+//! types are in `plan.rs`.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tessera_common::clock::now_ms;
 use tokio::sync::Notify;
-use tracing::{info, warn};
+use tracing::info;
 
 use crate::config::TenancyConfig;
-use crate::gpu::{GpuBackend, GpuError, MigInstance, MpsSpec, NvmlCode};
-use crate::model::{IntentOp, Lease, MigPart, Origin, PartKind, Partition, PartitionState};
 use crate::names::{new_id, truncate};
 use crate::partition::Shape;
-use crate::store::StoreError;
 
-use super::error::{Inconsistency, invalid};
-use super::{Again, EventKind, LeaseError, LeaseManager, mps_dirs, validate_create};
+use super::error::{LeaseError, invalid};
+use super::manager::LeaseManager;
+use super::plan::{Ask, CreateRequest, Created, Plan};
+use super::queue::{Ticket, queue_key};
+use super::table::State;
+use super::validate::validate_create;
 use super::{quota, token};
 
-#[derive(Debug, Clone, Default)]
-pub struct CreateRequest {
-    pub tenant: String,
-    pub shape: Option<Shape>,
-    pub ttl: Option<Duration>,
-    pub request_id: Option<String>,
-    pub labels: BTreeMap<String, String>,
-    pub priority_class: Option<String>,
-    pub gpu_index: Option<u32>,
-    /// Instead of a shape: memory and isolation; the smallest partition that fits
-    /// now is chosen (see `need.rs`).
-    pub need: Option<super::Need>,
-    /// How many partitions of `shape` (0 and 1: one): N whole GPUs or N MIG
-    /// instances of one profile, placed by topology and created all or none.
-    pub count: u32,
-    /// With `count` > 1: how closely the partitions' GPUs must be connected.
-    pub topology: crate::partition::topology::TopologyConstraint,
-}
-
-#[derive(Debug, Clone)]
-pub struct Created {
-    pub lease: Lease,
-    pub partition: Option<Partition>,
-    /// None when the lease was found ended on a retry (no token is issued then).
-    pub token: Option<String>,
-    pub replayed: bool,
-}
-
-/// A hardware step that follows a durable intent.
-pub(super) enum HwCreate {
-    Mig {
-        gpu: u32,
-        gi_profile_id: u32,
-        placement: crate::gpu::Placement,
-        ci_profile_id: Option<u32>,
-    },
-    Mps(MpsSpec),
-}
-
-/// A reservation in memory: the lease, its partition, the hardware step its intent
-/// announces (none for a static or whole-GPU partition), and the token it will get.
-pub(super) struct Reserved {
-    pub(super) lease: Lease,
-    pub(super) partition: Partition,
-    pub(super) hw: Option<HwCreate>,
-    /// A multi-partition lease: its other partitions, each with its hardware step.
-    pub(super) more: Vec<(Partition, Option<HwCreate>)>,
-}
-
-/// What `reserve` needs to know of the request, checked and resolved.
-pub(super) struct Ask<'r> {
-    pub(super) req: &'r CreateRequest,
-    pub(super) shape: Shape,
-    pub(super) ttl: Duration,
-    pub(super) priority_class: String,
-    pub(super) lease_id: String,
-    pub(super) partition_id: String,
-    pub(super) now: i64,
-    /// How many partitions (1 for most leases).
-    pub(super) count: u32,
+/// A request after its checks: new (its shape resolved, and its ttl), or a retry
+/// of an earlier call and the answer to give.
+enum Checked {
+    New(Shape, Duration),
+    Retry(Box<Created>),
 }
 
 impl LeaseManager {
     /// CreateLease. Steps: check the request; answer a retry of an earlier call;
-    /// refuse a shape no GPU's mode can take; reserve capacity under the lock
-    /// (preempting burst leases once where the tenant's guarantee allows); record the
-    /// lease, its token and the intent in one commit; change the hardware; record the
-    /// outcome; publish.
+    /// refuse a shape no GPU's mode can take; then decide and act until a plan
+    /// places the lease (preempting burst leases, moving idle ones or waiting for
+    /// teardowns at most three times each) and the executor runs it: intent,
+    /// hardware, outcome, publish.
     pub async fn create(&self, mut req: CreateRequest) -> Result<Created, LeaseError> {
         if self.shutting_down.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(LeaseError::ShuttingDown);
         }
-        if let Some(need) = req.need.take() {
-            if req.shape.is_some() {
-                return Err(invalid("shape", "give a shape or a need, not both"));
-            }
-            need.validate()?;
-            // A retry answers with the lease the first call got, whatever fits now.
-            if let Some(answer) = self.answer_retry(&req).await? {
-                return Ok(answer);
-            }
-            req.shape = Some(self.resolve_need(&need, req.gpu_index)?);
-        }
-        let (shape, ttl) = validate_create(&req, &self.config.lease)?;
-        if let Some(answer) = self.answer_retry(&req).await? {
-            return Ok(answer);
-        }
+        let (shape, ttl) = match self.check(&mut req).await? {
+            Checked::New(shape, ttl) => (shape, ttl),
+            Checked::Retry(answer) => return Ok(*answer),
+        };
         let tenancy = self.tenancy();
         let priority_class = self.priority_class_of(&req, &tenancy)?;
-        let now = now_ms();
         let ask = Ask {
             req: &req,
             shape,
@@ -116,7 +52,7 @@ impl LeaseManager {
             priority_class,
             lease_id: new_id("l-"),
             partition_id: new_id("p-"),
-            now,
+            now: now_ms(),
             count: req.count.max(1),
         };
         // A shape no GPU's mode can take is refused before anything is held.
@@ -124,40 +60,51 @@ impl LeaseManager {
         // MPS inside MIG: its host instance first (held until the share is reserved).
         let host_claim = self.ensure_mig_mps_host(&ask, &tenancy).await?;
         let notify = Arc::new(Notify::new());
-        let reserved = match self
-            .reserve_with_preemption(&ask, &tenancy, &notify)
-            .await?
-        {
-            Ok(r) => r,
-            Err(answer) => return answer,
+        let extra = self.grants_extra(&req.tenant, ask.now);
+        let (mut rounds, mut holding) = (0u32, false);
+        let placed = loop {
+            let plan = self.reserve(&ask, &tenancy, extra, (rounds, holding), &notify)?;
+            // A preemption or a wait holds the capacity it frees until the next
+            // decision.
+            holding = matches!(plan, Plan::Preempt(_) | Plan::WaitTeardowns);
+            match plan {
+                Plan::Place(placed) => break placed,
+                Plan::Preempt(victims) => self.preempt(&victims, &req.tenant).await,
+                Plan::Move(moves, refusal) => self.make_room(&moves, &refusal).await?,
+                Plan::WaitTeardowns => self.wait_for_teardowns(Duration::from_secs(5)).await,
+                // A call with the same request id reserved first: answered as its
+                // retry, or decided again when that call failed.
+                Plan::SameRequest => match self.answer_retry(&req).await? {
+                    Some(answer) => return Ok(answer),
+                    None => continue,
+                },
+            }
+            rounds += 1;
         };
         drop(host_claim);
-        if !reserved.more.is_empty() {
-            return self.create_several(reserved, now).await;
-        }
-        let tok = token::generate();
-        let tok_hash = token::hash(&tok);
-        let intent = self.record_reservation(&reserved, &tok_hash, now).await?;
-        let Reserved {
-            lease,
-            partition,
-            hw,
-            more: _,
-        } = reserved;
-        let Some(hw) = hw else {
-            // Static-pool partition or whole GPU: nothing to change on the hardware.
-            return Ok(self.publish_created(lease, partition, tok_hash, tok));
-        };
-        let intent = intent.ok_or_else(|| {
-            LeaseError::Inconsistent(Inconsistency::IntentMissing(lease.id.clone()))
-        })?;
-        let result = self.hw_create(hw).await;
-        match result {
-            Ok(inst) => {
-                self.record_created(lease, partition, inst, intent, tok_hash, tok)
-                    .await
+        self.execute(*placed, ask.now).await
+    }
+
+    /// The checks of a request that need no capacity. A request by need is
+    /// answered as a retry before its need is resolved (with the lease the first
+    /// call got, whatever fits now); one by shape after its checks.
+    async fn check(&self, req: &mut CreateRequest) -> Result<Checked, LeaseError> {
+        if let Some(need) = req.need.take() {
+            if req.shape.is_some() {
+                return Err(invalid("shape", "give a shape or a need, not both"));
             }
-            Err(e) => Err(self.record_failed(lease, partition, intent, e).await),
+            need.validate()?;
+            if let Some(answer) = self.answer_retry(req).await? {
+                return Ok(Checked::Retry(Box::new(answer)));
+            }
+            req.shape = Some(self.resolve_need(&need, req.gpu_index)?);
+            let (shape, ttl) = validate_create(req, &self.config.lease)?;
+            return Ok(Checked::New(shape, ttl));
+        }
+        let (shape, ttl) = validate_create(req, &self.config.lease)?;
+        match self.answer_retry(req).await? {
+            Some(answer) => Ok(Checked::Retry(Box::new(answer))),
+            None => Ok(Checked::New(shape, ttl)),
         }
     }
 
@@ -262,57 +209,6 @@ impl LeaseManager {
         Ok(class)
     }
 
-    /// Reserve, preempting or waiting for teardowns at most three times. `Err` is
-    /// the answer to give instead (a concurrent call with the same request id).
-    async fn reserve_with_preemption(
-        &self,
-        ask: &Ask<'_>,
-        tenancy: &TenancyConfig,
-        notify: &Arc<Notify>,
-    ) -> Result<Result<Reserved, Result<Created, LeaseError>>, LeaseError> {
-        let extra = self.grants_extra(&ask.req.tenant, ask.now);
-        let mut rounds = 0;
-        let mut holding_capacity = false;
-        loop {
-            // `reserve` gives back the capacity claim a preemption round made.
-            let step = self.reserve(ask, tenancy, extra, rounds, holding_capacity, notify)?;
-            match step {
-                Ok(r) => return Ok(Ok(r)),
-                Err(Again::Preempt(victims)) => {
-                    rounds += 1;
-                    holding_capacity = true;
-                    self.preempt(&victims, &ask.req.tenant).await;
-                }
-                Err(Again::Move(moves, refusal)) => {
-                    rounds += 1;
-                    for m in &moves {
-                        if let Err(e) = self.move_idle(m, "to make room").await {
-                            warn!(error = %e, "moving an idle lease to make room failed");
-                            return Err(LeaseError::ResourceExhausted(format!(
-                                "{refusal}; moving an idle lease to make room failed: {e}"
-                            )));
-                        }
-                    }
-                }
-                Err(Again::WaitTeardowns) => {
-                    rounds += 1;
-                    holding_capacity = true;
-                    self.wait_for_teardowns(Duration::from_secs(5)).await;
-                }
-                Err(Again::SameRequest(lid, pending)) => {
-                    return Ok(Err(match pending {
-                        // Still being created: wait, then answer as a retry would.
-                        Some(done) => {
-                            done.await;
-                            Box::pin(self.create(ask.req.clone())).await
-                        }
-                        None => self.replay(&lid).await,
-                    }));
-                }
-            }
-        }
-    }
-
     /// ModeUnavailable when no GPU considered (every GPU of the node, healthy or not,
     /// or the one asked for) is in the mode `shape` needs: only an operator's mode
     /// change would let it succeed, so it is not a capacity refusal.
@@ -321,218 +217,7 @@ impl LeaseManager {
         shape: &Shape,
         gpu_index: Option<u32>,
     ) -> Result<(), LeaseError> {
-        let st = self.lock();
-        // A GPU that could not be read has no known mode: the health check that
-        // follows names why it takes nothing.
-        if let Some(g) = gpu_index
-            && st
-                .gpus
-                .iter()
-                .any(|x| x.info.index == g && x.info.fault.is_some())
-        {
-            return Ok(());
-        }
-        let infos: Vec<&crate::gpu::GpuInfo> = st
-            .gpus
-            .iter()
-            .map(|g| &g.info)
-            .filter(|i| i.fault.is_none())
-            .collect();
-        match crate::partition::mode_unavailable(shape, &infos, gpu_index) {
-            Some(why) => Err(LeaseError::ModeUnavailable(why)),
-            None => Ok(()),
-        }
-    }
-
-    /// Step 2: the lease, its partition, its token and (for a hardware step) the
-    /// intent, in one durable commit. On failure the reservation is given back.
-    async fn record_reservation(
-        &self,
-        r: &Reserved,
-        tok_hash: &str,
-        now: i64,
-    ) -> Result<Option<i64>, LeaseError> {
-        let op = match &r.hw {
-            Some(HwCreate::Mig { .. }) => Some(IntentOp::CreateMig),
-            Some(HwCreate::Mps(_)) => Some(IntentOp::StartMps),
-            None => None,
-        };
-        let (l2, p2, h2) = (r.lease.clone(), r.partition.clone(), tok_hash.to_string());
-        let written = self
-            .store
-            .write(move |w| {
-                w.put_lease(&l2)?;
-                w.put_partition(&p2)?;
-                w.add_token(&h2, &l2.id, now)?;
-                op.map(|op| w.begin_intent(op, &p2.id, Some(&l2.id), now))
-                    .transpose()
-            })
-            .await;
-        written.map_err(|e| {
-            self.forget_reservation(&r.lease, &r.partition, true);
-            match e {
-                StoreError::DuplicateRequest { .. } => LeaseError::FailedPrecondition(
-                    "a lease with this request_id is being created concurrently; retry".into(),
-                ),
-                e => e.into(),
-            }
-        })
-    }
-
-    /// Step 5: the lease is known by its token, waiting retries are woken, and
-    /// watchers hear of it.
-    fn publish_created(
-        &self,
-        lease: Lease,
-        partition: Partition,
-        tok_hash: String,
-        tok: String,
-    ) -> Created {
-        let mut st = self.lock();
-        st.partitions
-            .insert(partition.id.clone(), partition.clone());
-        st.leases.insert(lease.id.clone(), lease.clone());
-        st.tokens.insert(tok_hash, lease.id.clone());
-        if let Some(n) = st.pending.remove(&lease.id) {
-            n.notify_waiters();
-        }
-        drop(st);
-        self.emit(EventKind::Created, &lease, Some(&partition), String::new());
-        info!(lease = %lease.id, tenant = %lease.tenant, gpu = lease.gpu, "lease created");
-        Created {
-            lease,
-            partition: Some(partition),
-            token: Some(tok),
-            replayed: false,
-        }
-    }
-
-    /// Step 4 after success: the partition is ready and the lease active, durably.
-    async fn record_created(
-        &self,
-        mut lease: Lease,
-        mut partition: Partition,
-        inst: Option<MigInstance>,
-        intent: i64,
-        tok_hash: String,
-        tok: String,
-    ) -> Result<Created, LeaseError> {
-        partition.state = PartitionState::Ready;
-        if let (PartKind::Mig(m), Some(inst)) = (&mut partition.kind, inst) {
-            m.gi_id = Some(inst.gi_id);
-            m.ci_id = inst.ci_id;
-            m.uuid = Some(inst.uuid);
-        }
-        lease.activate()?;
-        let (l2, p2, now) = (lease.clone(), partition.clone(), now_ms());
-        // If this fails, the hardware exists and the intent stays open: the next
-        // start reconciles it. The reservation is kept so nothing else takes it.
-        self.store
-            .write(move |w| {
-                w.put_partition(&p2)?;
-                w.put_lease(&l2)?;
-                w.finish_intent(intent, now, "done")
-            })
-            .await?;
-        Ok(self.publish_created(lease, partition, tok_hash, tok))
-    }
-
-    /// Step 4 after failure: the lease failed, its placement is given back (after
-    /// destroying a GI the failed create left behind), and the caller hears why.
-    async fn record_failed(
-        &self,
-        mut lease: Lease,
-        partition: Partition,
-        intent: i64,
-        e: GpuError,
-    ) -> LeaseError {
-        let now = now_ms();
-        if let Err(t) = lease.fail(format!("hardware set-up failed: {e}"), now) {
-            return t.into();
-        }
-        // A create can fail after its GI exists (an error between the GI and the CI
-        // step without rollback): destroy that GI before giving the placement back.
-        // If that fails too, the partition row keeps the placement and the intent
-        // stays open for the next start to undo.
-        let undone = match &partition.kind {
-            PartKind::Mig(m) => self.undo_half_create(partition.gpu, m).await,
-            _ => Ok(()),
-        };
-        let mut orphan = partition.clone();
-        orphan.lease_id = None;
-        let (l2, p2, keep) = (lease.clone(), orphan.clone(), undone.is_err());
-        let res = self
-            .store
-            .write(move |w| {
-                w.put_lease(&l2)?;
-                w.delete_tokens(&l2.id)?;
-                if keep {
-                    return w.put_partition(&p2);
-                }
-                w.delete_partition(&p2.id)?;
-                w.finish_intent(intent, now, "failed")
-            })
-            .await;
-        if res.is_ok() {
-            self.forget_reservation(&lease, &partition, false);
-            if let Err(u) = undone {
-                warn!(lease = %lease.id, gpu = partition.gpu, error = %u,
-                    "could not destroy the GI of a failed create; the next start undoes it");
-                self.lock().partitions.insert(orphan.id.clone(), orphan);
-            }
-        }
-        match e.nvml_code() {
-            Some(NvmlCode::InsufficientResources) => LeaseError::ResourceExhausted(format!(
-                "GPU {} has no room for this instance: {e}",
-                partition.gpu
-            )),
-            _ => LeaseError::Hardware(e),
-        }
-    }
-
-    pub(super) async fn undo_half_create(&self, gpu: u32, m: &MigPart) -> Result<(), GpuError> {
-        let backend = self.backend.clone();
-        let m = m.clone();
-        tokio::task::spawn_blocking(move || undo_half(backend.as_ref(), gpu, &m))
-            .await
-            .map_err(|e| GpuError::Task(e.to_string()))?
-    }
-
-    /// `undo_half_create` where nothing records the placement afterwards: if the
-    /// driver refuses, the GI left is set aside as foreign (its slices occupied, no
-    /// lease placed over it) and the operator is told how to remove it.
-    pub(super) async fn undo_half_or_set_aside(&self, gpu: u32, m: &MigPart) {
-        let backend = self.backend.clone();
-        let m = m.clone();
-        match tokio::task::spawn_blocking(move || undo_half_or_left(backend.as_ref(), gpu, &m))
-            .await
-        {
-            Ok(Some(left)) => self.lock().foreign.push(left),
-            Ok(None) => {}
-            Err(e) => warn!(gpu, error = %e,
-                "the check for a MIG instance a failed create may have left half made did not finish; \
-                 the next start sets any such instance aside"),
-        }
-    }
-
-    pub(super) fn forget_reservation(
-        &self,
-        lease: &Lease,
-        partition: &Partition,
-        undo_static: bool,
-    ) {
-        let mut st = self.lock();
-        st.forget_lease(lease);
-        if partition.origin == Origin::Static && undo_static {
-            if let Some(mut p) = st.partitions.get_mut(&partition.id) {
-                p.lease_id = None;
-            }
-        } else {
-            st.partitions.remove(&partition.id);
-        }
-        if let Some(n) = st.pending.remove(&lease.id) {
-            n.notify_waiters();
-        }
+        wrong_mode(&self.lock(), shape, gpu_index)
     }
 
     pub(super) async fn replay(&self, lease_id: &str) -> Result<Created, LeaseError> {
@@ -561,65 +246,139 @@ impl LeaseManager {
         })
     }
 
-    pub(super) async fn hw_create(&self, hw: HwCreate) -> Result<Option<MigInstance>, GpuError> {
-        let (backend, host) = (self.backend.clone(), self.host.clone());
-        let quick = matches!(hw, HwCreate::Mig { .. }) && backend.instance_calls_are_quick();
-        let run = move || match hw {
-            HwCreate::Mig {
-                gpu,
-                gi_profile_id,
-                placement,
-                ci_profile_id,
-            } => backend
-                .create_instance(gpu, gi_profile_id, placement, ci_profile_id)
-                .map(Some),
-            HwCreate::Mps(spec) => {
-                mps_dirs(host.as_ref(), &spec)?;
-                backend.mps_start(&spec).map(|_| None)
-            }
-        };
-        if quick {
-            return run();
+    /// CreateLease calls waiting in the admission queue now.
+    pub fn queued_requests(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// [`LeaseManager::create`], waiting up to `wait` for room when it is refused for
+    /// lack of it (see `queue.rs`). `wait` is at most `lease.max_queue_wait`.
+    pub async fn create_queued(
+        self: &Arc<Self>,
+        req: CreateRequest,
+        wait: Duration,
+    ) -> Result<Created, LeaseError> {
+        let max = self.config.lease.max_queue_wait;
+        if wait > max {
+            return Err(invalid(
+                "queue_wait_ms",
+                format!(
+                    "{} ms is longer than this node's lease.max_queue_wait ({} ms)",
+                    wait.as_millis(),
+                    max.as_millis()
+                ),
+            ));
         }
-        tokio::task::spawn_blocking(run)
-            .await
-            .map_err(|e| GpuError::Task(e.to_string()))?
+        // A shape no GPU's mode can take does not wait (its key may have requests
+        // ahead of it that would make it wait before its first try).
+        if let Some(shape) = &req.shape {
+            self.refuse_wrong_mode(shape, req.gpu_index)?;
+        }
+        let lease = &self.config.lease;
+        match self.queue.enter(
+            queue_key(&req),
+            &req.tenant,
+            lease.max_queued_per_tenant,
+            lease.max_queued,
+        ) {
+            Ok(ticket) => self.wait_for_room(req, wait, ticket).await,
+            // No place to wait: one try, as without a wait.
+            Err(LeaseError::ResourceExhausted(full)) => {
+                match self.create_to_the_end(req, "create").await {
+                    Err(LeaseError::ResourceExhausted(m)) => Err(LeaseError::ResourceExhausted(
+                        format!("{m}; it cannot wait for room: {full}"),
+                    )),
+                    other => other,
+                }
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Holding `ticket`: try whenever it is the oldest of its key and room may have
+    /// come, until a try is not refused for lack of room or `wait` has passed.
+    async fn wait_for_room(
+        self: &Arc<Self>,
+        req: CreateRequest,
+        wait: Duration,
+        ticket: Ticket<'_>,
+    ) -> Result<Created, LeaseError> {
+        let started = Instant::now();
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut refusal = String::new();
+        let mut tries = 0u32;
+        loop {
+            // Registered before the try, so a lease ending during it is not missed.
+            let room = self.queue.room.notified();
+            tokio::pin!(room);
+            room.as_mut().enable();
+            if ticket.first_of_its_key() {
+                tries += 1;
+                match self.create_to_the_end(req.clone(), "queued create").await {
+                    Err(LeaseError::ResourceExhausted(m)) => refusal = m,
+                    other => {
+                        if tries > 1 {
+                            info!(
+                                tenant = %req.tenant,
+                                waited_ms = started.elapsed().as_millis() as u64,
+                                ok = other.is_ok(),
+                                "queued create request served"
+                            );
+                        }
+                        return other;
+                    }
+                }
+            }
+            if tokio::time::timeout_at(deadline, room).await.is_err() {
+                drop(ticket);
+                if refusal.is_empty() {
+                    refusal = "older requests for the same shape were still waiting".into();
+                }
+                return Err(LeaseError::ResourceExhausted(format!(
+                    "no room within the queue wait of {} ms: {refusal}",
+                    wait.as_millis()
+                )));
+            }
+        }
+    }
+
+    /// One [`LeaseManager::create`], run to its end even if the caller goes away: a
+    /// create cut off between its steps would stay half done.
+    async fn create_to_the_end(
+        self: &Arc<Self>,
+        req: CreateRequest,
+        what: &str,
+    ) -> Result<Created, LeaseError> {
+        let this = self.clone();
+        match tokio::spawn(async move { this.create(req).await }).await {
+            Ok(outcome) => outcome,
+            Err(e) => Err(LeaseError::FailedPrecondition(format!(
+                "the {what} did not finish: {e}"
+            ))),
+        }
     }
 }
 
-/// A GI a failed create left without its CI at `m`'s placement (an error between
-/// the GI and the CI step): destroyed. None there is success too.
-pub(super) fn undo_half(backend: &dyn GpuBackend, gpu: u32, m: &MigPart) -> Result<(), GpuError> {
-    let half = backend.instances(gpu)?.into_iter().find(|i| {
-        i.placement == m.placement && i.gi_profile_id == m.gi_profile_id && i.ci_id.is_none()
-    });
-    match half {
-        Some(i) => backend.destroy_instance(gpu, i.gi_id),
+/// [`LeaseManager::refuse_wrong_mode`] over the table `st`.
+fn wrong_mode(st: &State, shape: &Shape, gpu_index: Option<u32>) -> Result<(), LeaseError> {
+    // A GPU that could not be read has no known mode: the health check that
+    // follows names why it takes nothing.
+    if let Some(g) = gpu_index
+        && st
+            .gpus
+            .iter()
+            .any(|x| x.info.index == g && x.info.fault.is_some())
+    {
+        return Ok(());
+    }
+    let infos: Vec<&crate::gpu::GpuInfo> = st
+        .gpus
+        .iter()
+        .map(|g| &g.info)
+        .filter(|i| i.fault.is_none())
+        .collect();
+    match crate::partition::mode_unavailable(shape, &infos, gpu_index) {
+        Some(why) => Err(LeaseError::ModeUnavailable(why)),
         None => Ok(()),
     }
-}
-
-/// [`undo_half`], answering the GI it could not destroy (told to the operator, for
-/// the caller to set aside as foreign).
-pub(super) fn undo_half_or_left(
-    backend: &dyn GpuBackend,
-    gpu: u32,
-    m: &MigPart,
-) -> Option<MigInstance> {
-    let e = undo_half(backend, gpu, m).err()?;
-    let left = backend.instances(gpu).ok().and_then(|all| {
-        all.into_iter().find(|i| {
-            i.placement == m.placement && i.gi_profile_id == m.gi_profile_id && i.ci_id.is_none()
-        })
-    });
-    match &left {
-        Some(i) => warn!(gpu, gi = i.gi_id, error = %e,
-            "could not undo a MIG instance a failed create left half made; \
-             it is left alone as foreign: remove it with `nvidia-smi mig -i {gpu} -dgi -gi {}`",
-            i.gi_id),
-        None => warn!(gpu, error = %e,
-            "could not check for a MIG instance a failed create may have left half made; \
-             the next start sets any such instance aside"),
-    }
-    left
 }

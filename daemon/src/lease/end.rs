@@ -9,8 +9,12 @@ use crate::gpu::{GpuError, MpsMode};
 use crate::model::{IntentOp, Lease, LeaseState, Origin, PartKind, Partition, PartitionState};
 use crate::names::truncate;
 
+use super::enforce;
 use super::error::Inconsistency;
-use super::{EventKind, LeaseError, LeaseManager, State, enforce};
+use super::error::LeaseError;
+use super::events::EventKind;
+use super::manager::LeaseManager;
+use super::table::State;
 
 pub(super) enum HwDestroy {
     Mig { gpu: u32, gi_id: u32 },
@@ -154,6 +158,33 @@ impl LeaseManager {
         if !self.stop_containers(&lease, &partition).await? {
             return Ok(lease);
         }
+        let (parts, failed) = self.destroy_partitions(&lease, steps).await?;
+        if !failed.is_empty() {
+            self.teardown_failed(&lease, &partition, &failed);
+            return Ok(lease);
+        }
+        match self.record_end(lease.clone(), parts, intents).await {
+            Ok(ended) => Ok(ended),
+            Err(e) => {
+                warn!(lease = %lease.id, error = %e, "the end could not be recorded; will retry");
+                self.emit(
+                    EventKind::Revoking,
+                    &lease,
+                    Some(&partition),
+                    format!("torn down; recording the end failed, retrying: {e}"),
+                );
+                Ok(lease)
+            }
+        }
+    }
+
+    /// The hardware step of each partition of a teardown (and an MPS daemon's
+    /// directories): every partition, and those whose step failed with why.
+    async fn destroy_partitions(
+        &self,
+        lease: &Lease,
+        steps: Vec<(Partition, Option<HwDestroy>)>,
+    ) -> Result<(Vec<Partition>, Vec<(String, GpuError)>), LeaseError> {
         let mut parts = Vec::with_capacity(steps.len());
         let mut failed = Vec::new();
         for (p, hw) in steps {
@@ -178,39 +209,29 @@ impl LeaseManager {
             }
             parts.push(p);
         }
-        if !failed.is_empty() {
-            let mut st = self.lock();
-            for (pid, _) in &failed {
-                if let Some(mut p) = st.partitions.get_mut(pid) {
-                    p.state = PartitionState::Destroying;
-                }
-            }
-            if let Some(mut l) = st.leases.get_mut(&lease.id) {
-                *l = lease.clone();
-            }
-            drop(st);
-            let why: Vec<String> = failed.iter().map(|(_, e)| e.to_string()).collect();
-            self.emit(
-                EventKind::Revoking,
-                &lease,
-                Some(&partition),
-                format!("teardown failed, retrying: {}", why.join("; ")),
-            );
-            return Ok(lease);
-        }
-        match self.record_end(lease.clone(), parts, intents).await {
-            Ok(ended) => Ok(ended),
-            Err(e) => {
-                warn!(lease = %lease.id, error = %e, "the end could not be recorded; will retry");
-                self.emit(
-                    EventKind::Revoking,
-                    &lease,
-                    Some(&partition),
-                    format!("torn down; recording the end failed, retrying: {e}"),
-                );
-                Ok(lease)
+        Ok((parts, failed))
+    }
+
+    /// A teardown step failed: the lease stays revoking (its intent open), those
+    /// partitions destroying, and watchers hear why; housekeeping retries.
+    fn teardown_failed(&self, lease: &Lease, partition: &Partition, failed: &[(String, GpuError)]) {
+        let mut st = self.lock();
+        for (pid, _) in failed {
+            if let Some(mut p) = st.partitions.get_mut(pid) {
+                p.state = PartitionState::Destroying;
             }
         }
+        if let Some(mut l) = st.leases.get_mut(&lease.id) {
+            *l = lease.clone();
+        }
+        drop(st);
+        let why: Vec<String> = failed.iter().map(|(_, e)| e.to_string()).collect();
+        self.emit(
+            EventKind::Revoking,
+            lease,
+            Some(partition),
+            format!("teardown failed, retrying: {}", why.join("; ")),
+        );
     }
 
     /// The teardown's intents (one per partition with a hardware step), written

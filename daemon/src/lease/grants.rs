@@ -9,9 +9,10 @@ use crate::config::{Amounts, TenancyConfig, TenantQuota};
 use crate::model::Grant;
 use crate::names::{new_id, validate_tenant};
 
+use super::error::LeaseError;
 use super::error::invalid;
+use super::manager::LeaseManager;
 use super::quota;
-use super::{LeaseError, LeaseManager};
 
 impl LeaseManager {
     /// The tenancy policy in force (quotas, priority classes); replaced on reload.

@@ -15,8 +15,10 @@ use crate::config::OnUnhealthy;
 use crate::gpu::{HealthCause, HealthEvent};
 use crate::model::{HealthMark, LeaseState, PartKind};
 
+use super::error::LeaseError;
+use super::events::EventKind;
+use super::manager::LeaseManager;
 use super::table::State;
-use super::{EventKind, LeaseError, LeaseManager};
 
 /// Where a health change comes from (for the log and the events).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

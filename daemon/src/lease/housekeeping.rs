@@ -9,7 +9,11 @@ use tracing::warn;
 
 use crate::model::{Lease, LeaseState, Partition, PartitionState};
 
-use super::{EventKind, LeaseError, LeaseManager, mps_dirs};
+use super::error::LeaseError;
+use super::events::EventKind;
+use super::manager::LeaseManager;
+use super::plan::HwCreate;
+use super::table::State;
 
 /// How long after its bind a container's runtime state must exist (the runtime binds
 /// before runc creates the container).
@@ -163,79 +167,41 @@ impl LeaseManager {
                 }
                 Err(_) => return,
             };
-        let due: Vec<(Lease, Partition, u32)> = {
-            let mut st = self.lock();
-            // Healthy again for a whole check: forget old failures. A daemon runs
-            // under its key: the lease's id (isolated) or the shared server's.
-            let healthy: Vec<String> = st
-                .mps_backoff
-                .keys()
-                .filter(|id| {
-                    st.leases
-                        .get(id.as_str())
-                        .and_then(|l| st.partitions.get(&l.partition_id))
-                        .and_then(|p| p.mps_daemon_key(id))
-                        .is_none_or(|key| running.contains(&key))
-                })
-                .cloned()
-                .collect();
-            for id in healthy {
-                st.mps_backoff.remove(&id);
-            }
-            st.partitions
-                .values()
-                .filter(|p| p.state == PartitionState::Ready && p.mps().is_some())
-                .filter(|p| {
-                    p.lease_id
-                        .as_deref()
-                        .and_then(|l| p.mps_daemon_key(l))
-                        .is_some_and(|key| !running.contains(&key))
-                })
-                .filter_map(|p| {
-                    let l = st.leases.get(p.lease_id.as_deref()?)?;
-                    (l.state() == LeaseState::Active && !st.tearing_down.contains(&l.id))
-                        .then(|| (l.clone(), p.clone()))
-                })
-                .filter_map(|(l, p)| {
-                    let (n, next) = st.mps_backoff.get(&l.id).copied().unwrap_or((0, 0));
-                    (next <= now).then_some((l, p, n))
-                })
-                .collect()
-        };
+        let due = mps_due(&mut self.lock(), &running, now);
         for (lease, p, attempts) in due {
-            let Some(spec) = p.mps_spec(&lease.id) else {
-                continue;
-            };
-            let m = spec.clone();
-            let (backend, host) = (self.backend.clone(), self.host.clone());
-            let res = tokio::task::spawn_blocking(move || {
-                mps_dirs(host.as_ref(), &spec)?;
-                backend.mps_start(&spec)
-            })
-            .await;
-            let delay = 1000i64 << attempts.min(6);
-            self.lock()
-                .mps_backoff
-                .insert(lease.id.clone(), (attempts + 1, now + delay.min(60_000)));
-            match res {
-                Ok(Ok(_)) => {
-                    warn!(lease = %lease.id, attempt = attempts + 1, "MPS control daemon had died; restarted with the lease's limits");
-                    self.emit(
-                        EventKind::MpsRestarted,
-                        &lease,
-                        Some(&p),
-                        format!(
-                            "MPS control daemon restarted (attempt {}) with {}% SMs and {} MiB",
-                            attempts + 1,
-                            m.sm_percent,
-                            m.memory_bytes >> 20
-                        ),
-                    );
-                }
-                Ok(Err(e)) => {
-                    warn!(lease = %lease.id, error = %e, "restarting the MPS control daemon failed; backing off");
-                }
-                Err(_) => {}
+            self.restart_mps(&lease, &p, attempts, now).await;
+        }
+    }
+
+    /// Start the MPS control daemon of `lease` again (its `attempts`-th restart),
+    /// and when the next may be tried.
+    async fn restart_mps(&self, lease: &Lease, p: &Partition, attempts: u32, now: i64) {
+        let Some(spec) = p.mps_spec(&lease.id) else {
+            return;
+        };
+        let (sm_percent, memory_bytes) = (spec.sm_percent, spec.memory_bytes);
+        let res = self.hw_create(HwCreate::Mps(spec)).await;
+        let delay = 1000i64 << attempts.min(6);
+        self.lock()
+            .mps_backoff
+            .insert(lease.id.clone(), (attempts + 1, now + delay.min(60_000)));
+        match res {
+            Ok(_) => {
+                warn!(lease = %lease.id, attempt = attempts + 1, "MPS control daemon had died; restarted with the lease's limits");
+                self.emit(
+                    EventKind::MpsRestarted,
+                    lease,
+                    Some(p),
+                    format!(
+                        "MPS control daemon restarted (attempt {}) with {}% SMs and {} MiB",
+                        attempts + 1,
+                        sm_percent,
+                        memory_bytes >> 20
+                    ),
+                );
+            }
+            Err(e) => {
+                warn!(lease = %lease.id, error = %e, "restarting the MPS control daemon failed; backing off");
             }
         }
     }
@@ -289,4 +255,45 @@ impl LeaseManager {
             }
         }
     }
+}
+
+/// The MPS leases whose daemon is not `running` and whose backoff has passed, with
+/// their restarts so far; the backoff of daemons healthy again is forgotten. A
+/// daemon runs under its key: the lease's id (isolated) or the shared server's.
+fn mps_due(st: &mut State, running: &HashSet<String>, now: i64) -> Vec<(Lease, Partition, u32)> {
+    // Healthy again for a whole check: forget old failures.
+    let healthy: Vec<String> = st
+        .mps_backoff
+        .keys()
+        .filter(|id| {
+            st.leases
+                .get(id.as_str())
+                .and_then(|l| st.partitions.get(&l.partition_id))
+                .and_then(|p| p.mps_daemon_key(id))
+                .is_none_or(|key| running.contains(&key))
+        })
+        .cloned()
+        .collect();
+    for id in healthy {
+        st.mps_backoff.remove(&id);
+    }
+    st.partitions
+        .values()
+        .filter(|p| p.state == PartitionState::Ready && p.mps().is_some())
+        .filter(|p| {
+            p.lease_id
+                .as_deref()
+                .and_then(|l| p.mps_daemon_key(l))
+                .is_some_and(|key| !running.contains(&key))
+        })
+        .filter_map(|p| {
+            let l = st.leases.get(p.lease_id.as_deref()?)?;
+            (l.state() == LeaseState::Active && !st.tearing_down.contains(&l.id))
+                .then(|| (l.clone(), p.clone()))
+        })
+        .filter_map(|(l, p)| {
+            let (n, next) = st.mps_backoff.get(&l.id).copied().unwrap_or((0, 0));
+            (next <= now).then_some((l, p, n))
+        })
+        .collect()
 }

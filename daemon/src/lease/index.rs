@@ -57,22 +57,128 @@ impl Usage {
     }
 }
 
-/// Leases by id, with what each tenant's live leases use, the active leases by
-/// expiry and the revoking ones (what housekeeping looks at four times a second).
-#[derive(Debug, Default)]
-pub(crate) struct Leases {
-    by_id: HashMap<String, Lease>,
-    used: Indexes,
+/// Records by id with an index of them that follows every change: a record is
+/// counted out of the index before it changes and in again after.
+#[derive(Debug)]
+pub(crate) struct Indexed<T, I> {
+    by_id: HashMap<String, T>,
+    ix: I,
 }
 
+/// What an [`Indexed`] table keeps of its records besides their ids.
+pub(crate) trait Index<T> {
+    fn count_in(&mut self, t: &T);
+    fn count_out(&mut self, t: &T);
+}
+
+impl<T, I: Default> Default for Indexed<T, I> {
+    fn default() -> Self {
+        Indexed {
+            by_id: HashMap::new(),
+            ix: I::default(),
+        }
+    }
+}
+
+impl<T, I: Index<T>> Indexed<T, I> {
+    pub(crate) fn get(&self, id: &str) -> Option<&T> {
+        self.by_id.get(id)
+    }
+
+    pub(crate) fn get_mut(&mut self, id: &str) -> Option<IndexedMut<'_, T, I>> {
+        let item = self.by_id.get_mut(id)?;
+        self.ix.count_out(item);
+        Some(IndexedMut {
+            item,
+            ix: &mut self.ix,
+        })
+    }
+
+    pub(crate) fn insert(&mut self, id: String, item: T) -> Option<T> {
+        let old = self.by_id.remove(&id);
+        if let Some(o) = &old {
+            self.ix.count_out(o);
+        }
+        self.ix.count_in(&item);
+        self.by_id.insert(id, item);
+        old
+    }
+
+    pub(crate) fn remove(&mut self, id: &str) -> Option<T> {
+        let old = self.by_id.remove(id)?;
+        self.ix.count_out(&old);
+        Some(old)
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.by_id.len()
+    }
+
+    pub(crate) fn keys(&self) -> impl Iterator<Item = &String> {
+        self.by_id.keys()
+    }
+
+    pub(crate) fn values(&self) -> impl Iterator<Item = &T> {
+        self.by_id.values()
+    }
+
+    /// Change every record (a rare, whole-table update such as health marks).
+    pub(crate) fn for_each_mut(&mut self, mut f: impl FnMut(&mut T)) {
+        for item in self.by_id.values_mut() {
+            self.ix.count_out(item);
+            f(item);
+            self.ix.count_in(item);
+        }
+    }
+}
+
+/// A record being changed; the index follows when it is dropped.
+pub(crate) struct IndexedMut<'a, T, I: Index<T>> {
+    item: &'a mut T,
+    ix: &'a mut I,
+}
+
+impl<T, I: Index<T>> Deref for IndexedMut<'_, T, I> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        self.item
+    }
+}
+
+impl<T, I: Index<T>> DerefMut for IndexedMut<'_, T, I> {
+    fn deref_mut(&mut self) -> &mut T {
+        self.item
+    }
+}
+
+impl<T, I: Index<T>> Drop for IndexedMut<'_, T, I> {
+    fn drop(&mut self) {
+        self.ix.count_in(self.item);
+    }
+}
+
+/// Leases by id, with what each tenant's live leases use, the active leases by
+/// expiry and the revoking ones (what housekeeping looks at four times a second).
+pub(crate) type Leases = Indexed<Lease, LeaseIndexes>;
+
 #[derive(Debug, Default)]
-struct Indexes {
+pub(crate) struct LeaseIndexes {
     usage: HashMap<String, Usage>,
     active_by_expiry: BTreeSet<(i64, String)>,
     revoking: BTreeSet<String>,
 }
 
-fn count_in(ix: &mut Indexes, l: &Lease) {
+impl Index<Lease> for LeaseIndexes {
+    fn count_in(&mut self, l: &Lease) {
+        count_in(self, l);
+    }
+
+    fn count_out(&mut self, l: &Lease) {
+        count_out(self, l);
+    }
+}
+
+fn count_in(ix: &mut LeaseIndexes, l: &Lease) {
     if l.state().is_live() {
         ix.usage
             .entry(l.tenant.clone())
@@ -90,7 +196,7 @@ fn count_in(ix: &mut Indexes, l: &Lease) {
     }
 }
 
-fn count_out(ix: &mut Indexes, l: &Lease) {
+fn count_out(ix: &mut LeaseIndexes, l: &Lease) {
     if l.state().is_live()
         && let Some(u) = ix.usage.get_mut(&l.tenant)
     {
@@ -111,55 +217,9 @@ fn count_out(ix: &mut Indexes, l: &Lease) {
 }
 
 impl Leases {
-    pub(crate) fn get(&self, id: &str) -> Option<&Lease> {
-        self.by_id.get(id)
-    }
-
-    pub(crate) fn get_mut(&mut self, id: &str) -> Option<LeaseMut<'_>> {
-        let lease = self.by_id.get_mut(id)?;
-        count_out(&mut self.used, lease);
-        Some(LeaseMut {
-            lease,
-            used: &mut self.used,
-        })
-    }
-
-    pub(crate) fn insert(&mut self, id: String, lease: Lease) -> Option<Lease> {
-        let old = self.by_id.remove(&id);
-        if let Some(o) = &old {
-            count_out(&mut self.used, o);
-        }
-        count_in(&mut self.used, &lease);
-        self.by_id.insert(id, lease);
-        old
-    }
-
-    pub(crate) fn remove(&mut self, id: &str) -> Option<Lease> {
-        let old = self.by_id.remove(id)?;
-        count_out(&mut self.used, &old);
-        Some(old)
-    }
-
-    pub(crate) fn len(&self) -> usize {
-        self.by_id.len()
-    }
-
-    pub(crate) fn values(&self) -> impl Iterator<Item = &Lease> {
-        self.by_id.values()
-    }
-
-    /// Change every lease (a rare, whole-table update such as health marks).
-    pub(crate) fn for_each_mut(&mut self, mut f: impl FnMut(&mut Lease)) {
-        for l in self.by_id.values_mut() {
-            count_out(&mut self.used, l);
-            f(l);
-            count_in(&mut self.used, l);
-        }
-    }
-
     /// What `tenant`'s live (pending, active, revoking) leases use.
     pub(crate) fn live_usage(&self, tenant: &str) -> Amounts {
-        self.used
+        self.ix
             .usage
             .get(tenant)
             .map(Usage::amounts)
@@ -168,7 +228,7 @@ impl Leases {
 
     /// The active leases that expire at `at_ms` or before, soonest first.
     pub(crate) fn active_expiring_by(&self, at_ms: i64) -> impl Iterator<Item = &Lease> {
-        self.used
+        self.ix
             .active_by_expiry
             .range(..(at_ms.saturating_add(1), String::new()))
             .filter_map(|(_, id)| self.by_id.get(id))
@@ -176,35 +236,7 @@ impl Leases {
 
     /// The revoking leases.
     pub(crate) fn revoking(&self) -> impl Iterator<Item = &Lease> {
-        self.used
-            .revoking
-            .iter()
-            .filter_map(|id| self.by_id.get(id))
-    }
-}
-
-/// A lease being changed; the indexes follow when it is dropped.
-pub(crate) struct LeaseMut<'a> {
-    lease: &'a mut Lease,
-    used: &'a mut Indexes,
-}
-
-impl Deref for LeaseMut<'_> {
-    type Target = Lease;
-    fn deref(&self) -> &Lease {
-        self.lease
-    }
-}
-
-impl DerefMut for LeaseMut<'_> {
-    fn deref_mut(&mut self) -> &mut Lease {
-        self.lease
-    }
-}
-
-impl Drop for LeaseMut<'_> {
-    fn drop(&mut self) {
-        count_in(self.used, self.lease);
+        self.ix.revoking.iter().filter_map(|id| self.by_id.get(id))
     }
 }
 
@@ -281,10 +313,20 @@ fn shared_owner(p: &Partition) -> Option<(&MpsPart, u32)> {
 }
 
 /// Partitions by id, indexed by GPU.
+pub(crate) type Partitions = Indexed<Partition, ByGpu>;
+
+/// The partitions of each GPU.
 #[derive(Debug, Default)]
-pub(crate) struct Partitions {
-    by_id: HashMap<String, Partition>,
-    by_gpu: HashMap<u32, GpuParts>,
+pub(crate) struct ByGpu(HashMap<u32, GpuParts>);
+
+impl Index<Partition> for ByGpu {
+    fn count_in(&mut self, p: &Partition) {
+        place(&mut self.0, p);
+    }
+
+    fn count_out(&mut self, p: &Partition) {
+        unplace(&mut self.0, p);
+    }
 }
 
 fn share_of(p: &Partition) -> Option<MpsShare> {
@@ -364,50 +406,9 @@ fn unplace(by_gpu: &mut HashMap<u32, GpuParts>, p: &Partition) {
 }
 
 impl Partitions {
-    pub(crate) fn get(&self, id: &str) -> Option<&Partition> {
-        self.by_id.get(id)
-    }
-
-    pub(crate) fn get_mut(&mut self, id: &str) -> Option<PartitionMut<'_>> {
-        let part = self.by_id.get_mut(id)?;
-        unplace(&mut self.by_gpu, part);
-        Some(PartitionMut {
-            part,
-            by_gpu: &mut self.by_gpu,
-        })
-    }
-
-    pub(crate) fn insert(&mut self, id: String, p: Partition) -> Option<Partition> {
-        let old = self.by_id.remove(&id);
-        if let Some(o) = &old {
-            unplace(&mut self.by_gpu, o);
-        }
-        place(&mut self.by_gpu, &p);
-        self.by_id.insert(id, p);
-        old
-    }
-
-    pub(crate) fn remove(&mut self, id: &str) -> Option<Partition> {
-        let old = self.by_id.remove(id)?;
-        unplace(&mut self.by_gpu, &old);
-        Some(old)
-    }
-
-    pub(crate) fn len(&self) -> usize {
-        self.by_id.len()
-    }
-
-    pub(crate) fn keys(&self) -> impl Iterator<Item = &String> {
-        self.by_id.keys()
-    }
-
-    pub(crate) fn values(&self) -> impl Iterator<Item = &Partition> {
-        self.by_id.values()
-    }
-
     /// The MIG and whole-GPU partitions on `gpu`, and the sum of its MPS shares.
     pub(crate) fn on_gpu(&self, gpu: u32) -> (impl Iterator<Item = &Partition>, MpsLoad) {
-        let parts = self.by_gpu.get(&gpu);
+        let parts = self.ix.0.get(&gpu);
         let placed = parts
             .into_iter()
             .flat_map(|g| g.placed.iter())
@@ -421,7 +422,8 @@ impl Partitions {
         gpu: u32,
         key: &str,
     ) -> impl Iterator<Item = &Partition> {
-        self.by_gpu
+        self.ix
+            .0
             .get(&gpu)
             .and_then(|g| g.shared_servers.get(key))
             .into_iter()
@@ -434,7 +436,7 @@ impl Partitions {
     /// a shared-mode share or no other share of its server has a container.
     pub(crate) fn shared_server_owner(&self, p: &Partition) -> Option<u32> {
         let m = p.mps().filter(|m| m.mode == MpsMode::Shared)?;
-        let uids = self.by_gpu.get(&p.gpu)?.shared_owners.get(&m.pipe_dir)?;
+        let uids = self.ix.0.get(&p.gpu)?.shared_owners.get(&m.pipe_dir)?;
         // What the table holds for `p` itself is counted in the index: leave it out.
         let own = self
             .by_id
@@ -445,31 +447,6 @@ impl Partitions {
         uids.iter()
             .find(|&(uid, n)| *n > usize::from(own == Some(*uid)))
             .map(|(uid, _)| *uid)
-    }
-}
-
-/// A partition being changed; the GPU index follows when it is dropped.
-pub(crate) struct PartitionMut<'a> {
-    part: &'a mut Partition,
-    by_gpu: &'a mut HashMap<u32, GpuParts>,
-}
-
-impl Deref for PartitionMut<'_> {
-    type Target = Partition;
-    fn deref(&self) -> &Partition {
-        self.part
-    }
-}
-
-impl DerefMut for PartitionMut<'_> {
-    fn deref_mut(&mut self) -> &mut Partition {
-        self.part
-    }
-}
-
-impl Drop for PartitionMut<'_> {
-    fn drop(&mut self) {
-        place(self.by_gpu, self.part);
     }
 }
 
@@ -724,7 +701,7 @@ mod tests {
         for id in ["a", "c", "d", "i"] {
             parts.remove(id);
         }
-        assert!(parts.by_gpu.is_empty(), "{:?}", parts.by_gpu);
+        assert!(parts.ix.0.is_empty(), "{:?}", parts.ix.0);
     }
 
     #[test]
@@ -766,6 +743,6 @@ mod tests {
         parts.remove("i");
         parts.remove("c");
         assert_eq!(parts.len(), 0);
-        assert!(parts.by_gpu.is_empty(), "{:?}", parts.by_gpu);
+        assert!(parts.ix.0.is_empty(), "{:?}", parts.ix.0);
     }
 }

@@ -10,11 +10,13 @@ use tracing::{info, warn};
 use crate::config::OnRelease;
 use crate::model::{IntentOp, Origin, PartKind, Partition, PartitionState};
 use crate::names::new_id;
-use crate::partition::{self, MigMpsDecision, PlanDecision, Shape};
+use crate::partition::{MigMpsDecision, PlanDecision, Shape};
 
-use super::create::{Ask, HwCreate};
 use super::error::Inconsistency;
-use super::{LeaseError, LeaseManager};
+use super::error::LeaseError;
+use super::manager::LeaseManager;
+use super::plan::{Ask, HwCreate};
+use super::table::State;
 
 /// What setting up a host instance takes.
 enum Setup {
@@ -59,129 +61,146 @@ impl LeaseManager {
             mgr: self,
             host: None,
         };
-        let Shape::MigMps {
-            profile,
-            sm_percent,
-            memory_bytes,
-        } = &ask.shape
-        else {
+        if !matches!(ask.shape, Shape::MigMps { .. }) {
             return Ok(claim);
-        };
+        }
         let tenant = ask.req.tenant.clone();
         let extra = self.grants_extra(&tenant, ask.now);
-        let (host, hw) = {
+        let (host, setup) = {
             let mut st = self.lock();
-            Self::admit(&st, tenancy, &tenant, &ask.shape, 1, extra)?;
-            let opts = self.plan_options(ask.req.gpu_index);
-            let decision = partition::plan_mig_mps(
-                profile,
-                *sm_percent,
-                *memory_bytes,
-                &tenant,
-                &Self::mig_mps_hosts(&st),
-                &Self::placeable_views(&st),
-                &opts,
-            )?;
-            let (host, hw) = match decision {
-                MigMpsDecision::Join { host, .. } => (host, None),
-                MigMpsDecision::NewHost(PlanDecision::Static { partition_id, .. }) => {
-                    // A free pool instance becomes the host: no hardware change.
-                    let mut p = st.partitions.get_mut(&partition_id).ok_or_else(|| {
-                        LeaseError::Inconsistent(Inconsistency::UnknownPartition(
-                            partition_id.clone(),
-                        ))
-                    })?;
-                    if let PartKind::Mig(m) = &mut p.kind {
-                        m.mps_host = Some(tenant.clone());
-                    }
-                    let p2 = p.clone();
-                    (partition_id, Some(Setup::Static(p2)))
+            let (host, setup) = self.decide_mig_mps_host(&st, ask, tenancy, extra)?;
+            // Reserved in the table: a free pool instance marked as the tenant's
+            // host, a new one as being created.
+            match &setup {
+                Some(Setup::Static(p) | Setup::New(p, _)) => {
+                    st.partitions.insert(p.id.clone(), p.clone());
                 }
-                MigMpsDecision::NewHost(PlanDecision::NewMig {
+                None => {}
+            }
+            *st.host_claims.entry(host.clone()).or_default() += 1;
+            claim.host = Some(host.clone());
+            (host, setup)
+        };
+        match setup {
+            None => {}
+            Some(Setup::Static(p)) => self.adopt_static_host(p, &tenant).await?,
+            Some(Setup::New(p, hw)) => self.create_host_instance(&host, p, hw).await?,
+        }
+        Ok(claim)
+    }
+
+    /// The host instance a share of `ask` joins (its partition id), and what
+    /// setting it up takes when it is not there yet. Reads only `st`.
+    fn decide_mig_mps_host(
+        &self,
+        st: &State,
+        ask: &Ask<'_>,
+        tenancy: &crate::config::TenancyConfig,
+        extra: crate::config::Amounts,
+    ) -> Result<(String, Option<Setup>), LeaseError> {
+        let tenant = &ask.req.tenant;
+        Self::admit(st, tenancy, tenant, &ask.shape, 1, extra)?;
+        let opts = self.plan_options(ask.req.gpu_index);
+        let (decision, _) = Self::plan_mig_mps_share(st, ask, &opts)?;
+        match decision {
+            MigMpsDecision::Join { host, .. } => Ok((host, None)),
+            MigMpsDecision::NewHost(PlanDecision::Static { partition_id, .. }) => {
+                // A free pool instance becomes the host: no hardware change.
+                let mut p = st.partitions.get(&partition_id).cloned().ok_or_else(|| {
+                    LeaseError::Inconsistent(Inconsistency::UnknownPartition(partition_id.clone()))
+                })?;
+                if let PartKind::Mig(m) = &mut p.kind {
+                    m.mps_host = Some(tenant.clone());
+                }
+                Ok((partition_id, Some(Setup::Static(p))))
+            }
+            MigMpsDecision::NewHost(PlanDecision::NewMig {
+                gpu,
+                gi_profile_id,
+                placement,
+                ci_profile_id,
+            }) => {
+                let hw = HwCreate::Mig {
                     gpu,
                     gi_profile_id,
                     placement,
                     ci_profile_id,
-                }) => {
-                    let g = st
-                        .gpus
-                        .iter()
-                        .find(|g| g.info.index == gpu)
-                        .ok_or(LeaseError::Inconsistent(Inconsistency::UnknownGpu(gpu)))?;
-                    let mut mig = Self::mig_part(g, gi_profile_id, placement, ci_profile_id)?;
-                    mig.mps_host = Some(tenant.clone());
-                    let p = Partition {
-                        id: new_id("p-"),
-                        gpu,
-                        gpu_uuid: g.info.uuid.clone(),
-                        origin: Origin::Dynamic,
-                        state: PartitionState::Creating,
-                        lease_id: None,
-                        kind: PartKind::Mig(mig),
-                    };
-                    st.partitions.insert(p.id.clone(), p.clone());
-                    let hw = HwCreate::Mig {
-                        gpu,
-                        gi_profile_id,
-                        placement,
-                        ci_profile_id,
-                    };
-                    (p.id.clone(), Some(Setup::New(p, hw)))
-                }
-                MigMpsDecision::NewHost(other) => {
-                    return Err(LeaseError::Inconsistent(Inconsistency::ShapeMismatch {
-                        decision: if matches!(other, PlanDecision::Mps { .. }) {
-                            "an MPS share"
-                        } else {
-                            "a whole GPU"
-                        },
-                        shape: "an MPS share inside MIG",
-                    }));
-                }
-            };
-            *st.host_claims.entry(host.clone()).or_default() += 1;
-            claim.host = Some(host.clone());
-            (host, hw)
-        };
-        let (p, hw) = match hw {
-            None => return Ok(claim),
-            Some(Setup::Static(p2)) => {
-                let id = p2.id.clone();
-                if let Err(e) = self.store.write(move |w| w.put_partition(&p2)).await {
-                    self.give_back_host(&id);
-                    return Err(e.into());
-                }
-                info!(partition = %id, tenant = %tenant, "static MIG instance now hosts MPS shares");
-                return Ok(claim);
+                };
+                let p = Self::new_host_instance(st, tenant, &hw)?;
+                Ok((p.id.clone(), Some(Setup::New(p, hw))))
             }
-            Some(Setup::New(p, hw)) => (p, hw),
-        };
-        // Write-ahead: the instance's record and the intent, then the hardware.
-        let (p2, now) = (p.clone(), now_ms());
-        let intent = match self
-            .store
-            .write(move |w| {
-                w.put_partition(&p2)?;
-                w.begin_intent(IntentOp::CreateMig, &p2.id, None, now)
-            })
-            .await
-        {
-            Ok(i) => i,
-            Err(e) => {
-                self.lock().partitions.remove(&host);
-                return Err(e.into());
+            MigMpsDecision::NewHost(other) => {
+                Err(LeaseError::Inconsistent(Inconsistency::ShapeMismatch {
+                    decision: if matches!(other, PlanDecision::Mps { .. }) {
+                        "an MPS share"
+                    } else {
+                        "a whole GPU"
+                    },
+                    shape: "an MPS share inside MIG",
+                }))
             }
+        }
+    }
+
+    /// The record (creating) of a new instance that `hw` makes to host `tenant`'s
+    /// MPS shares.
+    fn new_host_instance(st: &State, tenant: &str, hw: &HwCreate) -> Result<Partition, LeaseError> {
+        let HwCreate::Mig {
+            gpu,
+            gi_profile_id,
+            placement,
+            ci_profile_id,
+        } = *hw
+        else {
+            return Err(LeaseError::Inconsistent(Inconsistency::ShapeMismatch {
+                decision: "an MPS share",
+                shape: "an MPS share inside MIG",
+            }));
         };
+        let g = st
+            .gpus
+            .iter()
+            .find(|g| g.info.index == gpu)
+            .ok_or(LeaseError::Inconsistent(Inconsistency::UnknownGpu(gpu)))?;
+        let mut mig = Self::mig_part(g, gi_profile_id, placement, ci_profile_id)?;
+        mig.mps_host = Some(tenant.to_string());
+        Ok(Partition {
+            id: new_id("p-"),
+            gpu,
+            gpu_uuid: g.info.uuid.clone(),
+            origin: Origin::Dynamic,
+            state: PartitionState::Creating,
+            lease_id: None,
+            kind: PartKind::Mig(mig),
+        })
+    }
+
+    /// A free static-pool instance, now the tenant's host: its record.
+    async fn adopt_static_host(&self, p: Partition, tenant: &str) -> Result<(), LeaseError> {
+        let id = p.id.clone();
+        if let Err(e) = self.store.write(move |w| w.put_partition(&p)).await {
+            self.give_back_host(&id);
+            return Err(e.into());
+        }
+        info!(partition = %id, tenant = %tenant, "static MIG instance now hosts MPS shares");
+        Ok(())
+    }
+
+    /// A new host instance, write-ahead: its record and the intent, the hardware,
+    /// then the outcome (ready, or the record gone and the half-made GI undone).
+    async fn create_host_instance(
+        &self,
+        host: &str,
+        p: Partition,
+        hw: HwCreate,
+    ) -> Result<(), LeaseError> {
+        let intent = self
+            .write_partition_intent(&p, IntentOp::CreateMig, None, now_ms())
+            .await?;
         match self.hw_create(hw).await {
             Ok(inst) => {
-                let mut ready = p.clone();
-                ready.state = PartitionState::Ready;
-                if let (PartKind::Mig(m), Some(inst)) = (&mut ready.kind, inst) {
-                    m.gi_id = Some(inst.gi_id);
-                    m.ci_id = inst.ci_id;
-                    m.uuid = Some(inst.uuid);
-                    ready.gpu_uuid = p.gpu_uuid.clone();
-                }
+                let mut ready = p;
+                super::executor::ready(&mut ready, inst);
                 let (r2, now) = (ready.clone(), now_ms());
                 // If this fails the instance exists with its intent open: the next
                 // start adopts it, and it stays occupied until then.
@@ -192,31 +211,29 @@ impl LeaseManager {
                     })
                     .await?;
                 info!(partition = %host, gpu = ready.gpu, tenant = %tenant_of(&ready), "MIG instance created to host MPS shares");
-                self.lock().partitions.insert(host, ready);
-                Ok(claim)
+                self.lock().partitions.insert(host.to_string(), ready);
+                Ok(())
             }
             Err(e) => {
-                let undone = match &p.kind {
-                    PartKind::Mig(m) => self.undo_half_create(p.gpu, m).await,
-                    _ => Ok(()),
-                };
-                if undone.is_ok() {
-                    let (id, now) = (host.clone(), now_ms());
-                    if let Err(se) = self
-                        .store
-                        .write(move |w| {
-                            w.delete_partition(&id)?;
-                            w.finish_intent(intent, now, "failed")
-                        })
-                        .await
-                    {
-                        warn!(partition = %host, error = %se, "could not record a failed MPS host instance; the next start resolves it");
-                    } else {
-                        self.lock().partitions.remove(&host);
-                    }
-                }
+                self.undo_host_instance(host, &p, intent).await;
                 Err(LeaseError::Hardware(e))
             }
+        }
+    }
+
+    /// A host instance whose creation failed: the GI a failed call left undone,
+    /// then its record gone and its intent finished. If either fails, the next
+    /// start resolves the open intent.
+    async fn undo_host_instance(&self, host: &str, p: &Partition, intent: i64) {
+        let undone = match &p.kind {
+            PartKind::Mig(m) => self.undo_half_create(p.gpu, m).await,
+            _ => Ok(()),
+        };
+        if undone.is_err() {
+            return;
+        }
+        if let Err(se) = self.drop_partition_intent(host, intent).await {
+            warn!(partition = %host, error = %se, "could not record a failed MPS host instance; the next start resolves it");
         }
     }
 

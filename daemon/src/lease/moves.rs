@@ -37,8 +37,10 @@ use crate::partition::{self, Movable, Move};
 /// housekeeping policy moves as many after each grant and each end).
 pub(super) const COMPACT_MOVES_PER_TICK: usize = crate::partition::trace::HOUSEKEEPING_MOVES;
 
+use super::error::LeaseError;
+use super::events::EventKind;
+use super::manager::LeaseManager;
 use super::table::State;
-use super::{EventKind, LeaseError, LeaseManager};
 
 impl LeaseManager {
     /// The MIG instances the planner may move now (see the module doc).
@@ -110,83 +112,9 @@ impl LeaseManager {
         let now = now_ms();
         let (lease, old, new) = {
             let mut st = self.lock();
-            let movable = Self::movable(&st);
-            if !movable
-                .iter()
-                .any(|m| m.gpu == mv.from_gpu && m.placement == mv.from)
-            {
-                return Err(LeaseError::FailedPrecondition(format!(
-                    "the instance at gpu{} slice {} is no longer idle",
-                    mv.from_gpu, mv.from.start
-                )));
-            }
-            let Some(old) = st
-                .partitions
-                .on_gpu(mv.from_gpu)
-                .0
-                .find(|p| p.mig().is_some_and(|m| m.placement == mv.from) && p.lease_id.is_some())
-                .cloned()
-            else {
-                return Err(LeaseError::FailedPrecondition(
-                    "the instance to move is gone".into(),
-                ));
-            };
-            // The target, planned before the lock was let go, may have been taken
-            // since by a lease created meanwhile: never two instances at one place.
-            let taken = st
-                .partitions
-                .on_gpu(mv.to_gpu)
-                .0
-                .filter(|p| p.id != old.id)
-                .filter_map(|p| p.mig())
-                .map(|m| m.placement)
-                .chain(
-                    st.foreign
-                        .iter()
-                        .filter(|f| f.gpu == mv.to_gpu)
-                        .map(|f| f.placement),
-                )
-                .any(|at| at.overlaps(&mv.to));
-            if taken {
-                return Err(LeaseError::FailedPrecondition(format!(
-                    "gpu{} slice {} was taken since the move was planned",
-                    mv.to_gpu, mv.to.start
-                )));
-            }
-            let lease_id = old.lease_id.clone().unwrap_or_default();
-            let Some(lease) = st.leases.get(&lease_id).cloned() else {
-                return Err(LeaseError::FailedPrecondition(
-                    "the lease to move is gone".into(),
-                ));
-            };
-            let Some(gpu_uuid) = st
-                .gpus
-                .iter()
-                .find(|g| g.info.index == mv.to_gpu)
-                .map(|g| g.info.uuid.clone())
-            else {
-                return Err(LeaseError::Inconsistent(
-                    super::error::Inconsistency::UnknownGpu(mv.to_gpu),
-                ));
-            };
-            let mut kind = old.kind.clone();
-            if let PartKind::Mig(m) = &mut kind {
-                m.placement = mv.to;
-                m.gi_id = None;
-                m.ci_id = None;
-                m.uuid = None;
-            }
-            let new = Partition {
-                id: new_id("p-"),
-                gpu: mv.to_gpu,
-                gpu_uuid,
-                origin: Origin::Dynamic,
-                state: PartitionState::Creating,
-                lease_id: Some(lease_id.clone()),
-                kind,
-            };
+            let (lease, old, new) = Self::decide_move(&st, mv)?;
             st.partitions.insert(new.id.clone(), new.clone());
-            st.moving.insert(lease_id);
+            st.moving.insert(lease.id.clone());
             (lease, old, new)
         };
         let result = self.move_steps(&lease, &old, new, now, why).await;
@@ -194,6 +122,94 @@ impl LeaseManager {
         result
     }
 
+    /// The move `mv` checked against the table as it is now: the lease, its
+    /// partition, and the partition it gets at the target (creating). Reads only
+    /// `st`.
+    fn decide_move(st: &State, mv: &Move) -> Result<(Lease, Partition, Partition), LeaseError> {
+        if !Self::movable(st)
+            .iter()
+            .any(|m| m.gpu == mv.from_gpu && m.placement == mv.from)
+        {
+            return Err(LeaseError::FailedPrecondition(format!(
+                "the instance at gpu{} slice {} is no longer idle",
+                mv.from_gpu, mv.from.start
+            )));
+        }
+        let Some(old) = st
+            .partitions
+            .on_gpu(mv.from_gpu)
+            .0
+            .find(|p| p.mig().is_some_and(|m| m.placement == mv.from) && p.lease_id.is_some())
+            .cloned()
+        else {
+            return Err(LeaseError::FailedPrecondition(
+                "the instance to move is gone".into(),
+            ));
+        };
+        // The target, planned before the lock was let go, may have been taken
+        // since by a lease created meanwhile: never two instances at one place.
+        if Self::target_taken(st, mv, &old.id) {
+            return Err(LeaseError::FailedPrecondition(format!(
+                "gpu{} slice {} was taken since the move was planned",
+                mv.to_gpu, mv.to.start
+            )));
+        }
+        let lease_id = old.lease_id.clone().unwrap_or_default();
+        let Some(lease) = st.leases.get(&lease_id).cloned() else {
+            return Err(LeaseError::FailedPrecondition(
+                "the lease to move is gone".into(),
+            ));
+        };
+        let Some(gpu_uuid) = st
+            .gpus
+            .iter()
+            .find(|g| g.info.index == mv.to_gpu)
+            .map(|g| g.info.uuid.clone())
+        else {
+            return Err(LeaseError::Inconsistent(
+                super::error::Inconsistency::UnknownGpu(mv.to_gpu),
+            ));
+        };
+        let mut kind = old.kind.clone();
+        if let PartKind::Mig(m) = &mut kind {
+            m.placement = mv.to;
+            m.gi_id = None;
+            m.ci_id = None;
+            m.uuid = None;
+        }
+        let new = Partition {
+            id: new_id("p-"),
+            gpu: mv.to_gpu,
+            gpu_uuid,
+            origin: Origin::Dynamic,
+            state: PartitionState::Creating,
+            lease_id: Some(lease_id),
+            kind,
+        };
+        Ok((lease, old, new))
+    }
+
+    /// Whether anything but partition `moving` (a recorded instance or a foreign
+    /// one) overlaps the move's target.
+    fn target_taken(st: &State, mv: &Move, moving: &str) -> bool {
+        st.partitions
+            .on_gpu(mv.to_gpu)
+            .0
+            .filter(|p| p.id != moving)
+            .filter_map(|p| p.mig())
+            .map(|m| m.placement)
+            .chain(
+                st.foreign
+                    .iter()
+                    .filter(|f| f.gpu == mv.to_gpu)
+                    .map(|f| f.placement),
+            )
+            .any(|at| at.overlaps(&mv.to))
+    }
+
+    /// The move, write-ahead: the new partition and a `move_mig` intent; the old
+    /// instance destroyed; the new one created (else the old one again); the
+    /// outcome; publish.
     async fn move_steps(
         &self,
         lease: &Lease,
@@ -202,21 +218,9 @@ impl LeaseManager {
         now: i64,
         why: &'static str,
     ) -> Result<(), LeaseError> {
-        let (p2, lid) = (new.clone(), lease.id.clone());
-        let intent = match self
-            .store
-            .write(move |w| {
-                w.put_partition(&p2)?;
-                w.begin_intent(IntentOp::MoveMig, &p2.id, Some(&lid), now)
-            })
-            .await
-        {
-            Ok(i) => i,
-            Err(e) => {
-                self.lock().partitions.remove(&new.id);
-                return Err(e.into());
-            }
-        };
+        let intent = self
+            .write_partition_intent(&new, IntentOp::MoveMig, Some(&lease.id), now)
+            .await?;
         let (Some(old_mig), Some(new_mig)) = (old.mig().cloned(), new.mig().cloned()) else {
             return Err(LeaseError::Inconsistent(
                 super::error::Inconsistency::ShapeMismatch {
@@ -226,27 +230,7 @@ impl LeaseManager {
             ));
         };
         // Step 3: the old instance goes.
-        let destroyed = match old_mig.gi_id {
-            Some(gi) => {
-                let og = old.gpu;
-                self.blocking(move |b| b.destroy_instance(og, gi)).await
-            }
-            None => Ok(()),
-        };
-        if let Err(e) = destroyed {
-            let (pid, now) = (new.id.clone(), now_ms());
-            let undo = self
-                .store
-                .write(move |w| {
-                    w.delete_partition(&pid)?;
-                    w.finish_intent(intent, now, "failed")
-                })
-                .await;
-            if undo.is_ok() {
-                self.lock().partitions.remove(&new.id);
-            }
-            return Err(LeaseError::Hardware(e));
-        }
+        self.destroy_moved_from(old, &old_mig, &new, intent).await?;
         // Step 4: the new one, else the old one again.
         let (gpu, profile, to, ci) = (
             new.gpu,
@@ -266,15 +250,53 @@ impl LeaseManager {
                 return Err(self.move_back(lease, old, &new, intent, e).await);
             }
         };
-        new.state = PartitionState::Ready;
-        if let PartKind::Mig(m) = &mut new.kind {
-            m.gi_id = Some(inst.gi_id);
-            m.ci_id = inst.ci_id;
-            m.uuid = Some(inst.uuid);
-        }
-        // The lease as it is now (renewals and ends wait for the move, but one that
-        // began just before it may have changed it), pointing at the new partition:
-        // in memory first, then durably.
+        super::executor::ready(&mut new, Some(inst));
+        let moved = self.record_moved(lease, old, &new, intent).await?;
+        let msg = format!(
+            "moved {why}: gpu{} slice {} -> gpu{} slice {} (new MIG device UUID)",
+            old.gpu, old_mig.placement.start, new.gpu, new_mig.placement.start
+        );
+        info!(lease = %moved.id, from_gpu = old.gpu, to_gpu = new.gpu, "idle lease moved");
+        self.emit(EventKind::Moved, &moved, Some(&new), msg);
+        Ok(())
+    }
+
+    /// Step 3 of a move: the old instance destroyed. When it cannot be, the move
+    /// is given up: the new partition's record goes and the intent fails.
+    async fn destroy_moved_from(
+        &self,
+        old: &Partition,
+        old_mig: &crate::model::MigPart,
+        new: &Partition,
+        intent: i64,
+    ) -> Result<(), LeaseError> {
+        let destroyed = match old_mig.gi_id {
+            Some(gi) => {
+                let og = old.gpu;
+                self.blocking(move |b| b.destroy_instance(og, gi)).await
+            }
+            None => Ok(()),
+        };
+        let Err(e) = destroyed else {
+            return Ok(());
+        };
+        // If this is not recorded, the next start resolves the open intent.
+        let _ = self.drop_partition_intent(&new.id, intent).await;
+        Err(LeaseError::Hardware(e))
+    }
+
+    /// The outcome of a move: the lease as it is now (renewals and ends wait for
+    /// the move, but one that began just before it may have changed it), pointing
+    /// at the new partition, in memory first, then durably. If the commit fails,
+    /// memory still follows the hardware and the open intent finishes the move at
+    /// the next start.
+    async fn record_moved(
+        &self,
+        lease: &Lease,
+        old: &Partition,
+        new: &Partition,
+        intent: i64,
+    ) -> Result<Lease, LeaseError> {
         let moved = {
             let mut st = self.lock();
             st.partitions.remove(&old.id);
@@ -289,25 +311,15 @@ impl LeaseManager {
             moved
         };
         let (p2, l2, old_id, done) = (new.clone(), moved.clone(), old.id.clone(), now_ms());
-        let written = self
-            .store
+        self.store
             .write(move |w| {
                 w.delete_partition(&old_id)?;
                 w.put_partition(&p2)?;
                 w.put_lease(&l2)?;
                 w.finish_intent(intent, done, "moved")
             })
-            .await;
-        // If the commit failed, memory still follows the hardware and the open
-        // intent finishes the move at the next start.
-        written?;
-        let msg = format!(
-            "moved {why}: gpu{} slice {} -> gpu{} slice {} (new MIG device UUID)",
-            old.gpu, old_mig.placement.start, new.gpu, new_mig.placement.start
-        );
-        info!(lease = %moved.id, from_gpu = old.gpu, to_gpu = new.gpu, "idle lease moved");
-        self.emit(EventKind::Moved, &moved, Some(&new), msg);
-        Ok(())
+            .await?;
+        Ok(moved)
     }
 
     /// The new instance could not be created: create the old one again. If that fails
@@ -435,7 +447,7 @@ impl LeaseManager {
             .lease_id
             .as_ref()
             .and_then(|l| st.leases.get(l).cloned());
-        let Some(mut lease) = lease else {
+        let Some(lease) = lease else {
             let pid = new.id.clone();
             self.store.write_blocking(move |w| {
                 w.delete_partition(&pid)?;
@@ -468,54 +480,103 @@ impl LeaseManager {
                 let gi = there.gi_id;
                 if let Err(e) = self.backend.destroy_instance(old.gpu, gi) {
                     warn!(lease = %lease.id, error = %e, "an interrupted move cannot destroy the old instance; the lease stays where it was");
-                    let found = instances
-                        .entry(new.gpu)
-                        .or_default()
-                        .iter()
-                        .find(|i| {
-                            i.placement == nm.placement && i.gi_profile_id == nm.gi_profile_id
-                        })
-                        .cloned();
-                    if let Some(inst) = found
-                        && self.backend.destroy_instance(inst.gpu, inst.gi_id).is_ok()
-                    {
-                        instances
-                            .entry(new.gpu)
-                            .or_default()
-                            .retain(|i| i.gi_id != inst.gi_id);
-                    }
-                    // The lease's record names the instance that stays (a move
-                    // back's has a new GI id and UUID).
-                    let mut kept = old.clone();
-                    if let PartKind::Mig(m) = &mut kept.kind
-                        && there.ci_id.is_some()
-                    {
-                        m.gi_id = Some(there.gi_id);
-                        m.ci_id = there.ci_id;
-                        m.uuid = Some(there.uuid.clone());
-                    }
-                    let (pid, k2) = (new.id.clone(), kept.clone());
-                    self.store.write_blocking(move |w| {
-                        w.delete_partition(&pid)?;
-                        w.put_partition(&k2)?;
-                        w.finish_intent(iid, now, "rolled back")
-                    })?;
-                    st.partitions.remove(&new.id);
-                    st.partitions.insert(kept.id.clone(), kept);
-                    return Ok(());
+                    return self.roll_back_move_at_start(
+                        st,
+                        instances,
+                        old,
+                        (new, &nm),
+                        &there,
+                        (iid, now),
+                    );
                 }
                 list.retain(|i| i.gi_id != gi);
             }
         }
-        // Then the new one: adopt it, or create it (one another record names is
-        // that record's: then the place is taken, and creating there fails).
+        let old_id = old.as_ref().map(|p| p.id.clone());
+        match self.new_instance_at_start(st, instances, new, &nm) {
+            Ok(inst) => self.moved_at_start(st, lease, new, inst, old_id, (iid, now)),
+            Err(e) => {
+                // A GI made without its CI goes, or is set aside as foreign.
+                if let Some(left) =
+                    super::executor::undo_half_or_left(self.backend.as_ref(), new.gpu, &nm)
+                {
+                    instances.entry(new.gpu).or_default().push(left);
+                }
+                // Back where it was, as a move that fails while the daemon runs.
+                if let Some(old) = &old
+                    && self.move_back_at_start(st, instances, old, new, iid, now)?
+                {
+                    return Ok(());
+                }
+                warn!(lease = %lease.id, error = %e, "an interrupted move can create the instance neither at its new nor at its old place; the lease is lost");
+                self.lost_in_move_at_start(st, lease, new, old_id, &e, (iid, now))
+            }
+        }
+    }
+
+    /// An interrupted move whose old instance (`there`) cannot be destroyed: the
+    /// new one goes if it was made, and the lease stays on the old one.
+    fn roll_back_move_at_start(
+        &self,
+        st: &mut State,
+        instances: &mut HashMap<u32, Vec<MigInstance>>,
+        old: &Partition,
+        (new, nm): (&Partition, &crate::model::MigPart),
+        there: &MigInstance,
+        (iid, now): (i64, i64),
+    ) -> Result<(), LeaseError> {
+        let found = instances
+            .entry(new.gpu)
+            .or_default()
+            .iter()
+            .find(|i| i.placement == nm.placement && i.gi_profile_id == nm.gi_profile_id)
+            .cloned();
+        if let Some(inst) = found
+            && self.backend.destroy_instance(inst.gpu, inst.gi_id).is_ok()
+        {
+            instances
+                .entry(new.gpu)
+                .or_default()
+                .retain(|i| i.gi_id != inst.gi_id);
+        }
+        // The lease's record names the instance that stays (a move back's has a
+        // new GI id and UUID).
+        let mut kept = old.clone();
+        if let PartKind::Mig(m) = &mut kept.kind
+            && there.ci_id.is_some()
+        {
+            m.gi_id = Some(there.gi_id);
+            m.ci_id = there.ci_id;
+            m.uuid = Some(there.uuid.clone());
+        }
+        let (pid, k2) = (new.id.clone(), kept.clone());
+        self.store.write_blocking(move |w| {
+            w.delete_partition(&pid)?;
+            w.put_partition(&k2)?;
+            w.finish_intent(iid, now, "rolled back")
+        })?;
+        st.partitions.remove(&new.id);
+        st.partitions.insert(kept.id.clone(), kept);
+        Ok(())
+    }
+
+    /// The new instance of an interrupted move: adopted when it exists complete,
+    /// else created (a half-made one destroyed first). One another record names is
+    /// that record's: then the place is taken, and creating there fails.
+    fn new_instance_at_start(
+        &self,
+        st: &State,
+        instances: &mut HashMap<u32, Vec<MigInstance>>,
+        new: &Partition,
+        nm: &crate::model::MigPart,
+    ) -> Result<MigInstance, GpuError> {
         let list = instances.entry(new.gpu).or_default();
         let found = list
             .iter()
             .find(|i| i.placement == nm.placement && i.gi_profile_id == nm.gi_profile_id)
             .filter(|i| !super::reconcile::claimed_by_another(st, &new.id, i))
             .cloned();
-        let inst = match found {
+        match found {
             Some(i) if i.ci_id.is_some() => Ok(i),
             half => {
                 if let Some(h) = half
@@ -534,69 +595,71 @@ impl LeaseManager {
                 }
                 created
             }
-        };
-        let old_id = old.as_ref().map(|p| p.id.clone());
-        match inst {
-            Ok(inst) => {
-                let mut p = new.clone();
-                p.state = PartitionState::Ready;
-                if let PartKind::Mig(m) = &mut p.kind {
-                    m.gi_id = Some(inst.gi_id);
-                    m.ci_id = inst.ci_id;
-                    m.uuid = Some(inst.uuid);
-                }
-                lease.partition_id = p.id.clone();
-                lease.gpu = p.gpu;
-                let (pp, ll, oid) = (p.clone(), lease.clone(), old_id.clone());
-                self.store.write_blocking(move |w| {
-                    if let Some(o) = &oid {
-                        w.delete_partition(o)?;
-                    }
-                    w.put_partition(&pp)?;
-                    w.put_lease(&ll)?;
-                    w.finish_intent(iid, now, "moved")
-                })?;
-                if let Some(o) = &old_id {
-                    st.partitions.remove(o);
-                }
-                st.partitions.insert(p.id.clone(), p);
-                st.leases.insert(lease.id.clone(), lease);
-            }
-            Err(e) => {
-                // A GI made without its CI goes, or is set aside as foreign.
-                if let Some(left) =
-                    super::create::undo_half_or_left(self.backend.as_ref(), new.gpu, &nm)
-                {
-                    instances.entry(new.gpu).or_default().push(left);
-                }
-                // Back where it was, as a move that fails while the daemon runs.
-                if let Some(old) = &old
-                    && self.move_back_at_start(st, instances, old, new, iid, now)?
-                {
-                    return Ok(());
-                }
-                warn!(lease = %lease.id, error = %e, "an interrupted move can create the instance neither at its new nor at its old place; the lease is lost");
-                lease.lose(
-                    format!("its MIG instance was being moved when the daemon stopped and could not be created again: {e}"),
-                    now,
-                )?;
-                let (ll, nid, oid) = (lease.clone(), new.id.clone(), old_id.clone());
-                self.store.write_blocking(move |w| {
-                    if let Some(o) = &oid {
-                        w.delete_partition(o)?;
-                    }
-                    w.delete_partition(&nid)?;
-                    w.put_lease(&ll)?;
-                    w.delete_tokens(&ll.id)?;
-                    w.finish_intent(iid, now, "failed")
-                })?;
-                if let Some(o) = &old_id {
-                    st.partitions.remove(o);
-                }
-                st.partitions.remove(&new.id);
-                st.forget_lease(&lease);
-            }
         }
+    }
+
+    /// An interrupted move finished at start: the lease on the new instance, the
+    /// old record gone.
+    fn moved_at_start(
+        &self,
+        st: &mut State,
+        mut lease: Lease,
+        new: &Partition,
+        inst: MigInstance,
+        old_id: Option<String>,
+        (iid, now): (i64, i64),
+    ) -> Result<(), LeaseError> {
+        let mut p = new.clone();
+        super::executor::ready(&mut p, Some(inst));
+        lease.partition_id = p.id.clone();
+        lease.gpu = p.gpu;
+        let (pp, ll, oid) = (p.clone(), lease.clone(), old_id.clone());
+        self.store.write_blocking(move |w| {
+            if let Some(o) = &oid {
+                w.delete_partition(o)?;
+            }
+            w.put_partition(&pp)?;
+            w.put_lease(&ll)?;
+            w.finish_intent(iid, now, "moved")
+        })?;
+        if let Some(o) = &old_id {
+            st.partitions.remove(o);
+        }
+        st.partitions.insert(p.id.clone(), p);
+        st.leases.insert(lease.id.clone(), lease);
+        Ok(())
+    }
+
+    /// An interrupted move whose instance can be made neither at its new nor at its
+    /// old place: the lease is lost and both records go.
+    fn lost_in_move_at_start(
+        &self,
+        st: &mut State,
+        mut lease: Lease,
+        new: &Partition,
+        old_id: Option<String>,
+        e: &GpuError,
+        (iid, now): (i64, i64),
+    ) -> Result<(), LeaseError> {
+        lease.lose(
+            format!("its MIG instance was being moved when the daemon stopped and could not be created again: {e}"),
+            now,
+        )?;
+        let (ll, nid, oid) = (lease.clone(), new.id.clone(), old_id.clone());
+        self.store.write_blocking(move |w| {
+            if let Some(o) = &oid {
+                w.delete_partition(o)?;
+            }
+            w.delete_partition(&nid)?;
+            w.put_lease(&ll)?;
+            w.delete_tokens(&ll.id)?;
+            w.finish_intent(iid, now, "failed")
+        })?;
+        if let Some(o) = &old_id {
+            st.partitions.remove(o);
+        }
+        st.partitions.remove(&new.id);
+        st.forget_lease(&lease);
         Ok(())
     }
 }
@@ -627,7 +690,7 @@ impl LeaseManager {
             Err(e) => {
                 warn!(partition = %old.id, error = %e, "an interrupted move cannot make the instance again at its old place either");
                 if let Some(left) =
-                    super::create::undo_half_or_left(self.backend.as_ref(), old.gpu, &om)
+                    super::executor::undo_half_or_left(self.backend.as_ref(), old.gpu, &om)
                 {
                     instances.entry(old.gpu).or_default().push(left);
                 }

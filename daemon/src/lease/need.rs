@@ -13,53 +13,10 @@
 
 use crate::partition::{self, Shape};
 
+use super::error::LeaseError;
+use super::manager::LeaseManager;
+use super::plan::{Isolation, Need};
 use super::table::State;
-use super::{LeaseError, LeaseManager, error::invalid};
-
-/// What isolation a need asks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Isolation {
-    /// Its own hardware partition: a MIG instance (or a whole GPU).
-    #[default]
-    Hardware,
-    /// A share of a GPU's SMs and memory under MPS limits.
-    Shared,
-}
-
-/// A request by need.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Need {
-    pub memory_bytes: u64,
-    pub isolation: Isolation,
-    /// With `Isolation::Shared`: the MPS mode of the share.
-    pub mps_mode: crate::gpu::MpsMode,
-}
-
-/// Largest need accepted (no GPU has more).
-const MAX_NEED: u64 = 1 << 40;
-
-impl Need {
-    pub fn validate(&self) -> Result<(), LeaseError> {
-        if self.memory_bytes == 0 || self.memory_bytes > MAX_NEED {
-            return Err(invalid(
-                "need.memory_bytes",
-                "must be more than 0 and at most 1 TiB",
-            ));
-        }
-        Ok(())
-    }
-
-    fn describe(&self) -> String {
-        let what = match self.isolation {
-            Isolation::Hardware => "hardware isolation",
-            Isolation::Shared => "a shared GPU",
-        };
-        format!(
-            "{} of device memory with {what}",
-            tessera_common::size::human(self.memory_bytes)
-        )
-    }
-}
 
 impl LeaseManager {
     /// The smallest concrete shape for `need` that can be placed now (on

@@ -9,8 +9,9 @@ use tessera_common::clock::now_ms;
 use crate::model::{Lease, LeaseState};
 use crate::names::{truncate, validate_tenant};
 
+use super::error::LeaseError;
+use super::manager::LeaseManager;
 use super::validate::validate_labels;
-use super::{LeaseError, LeaseManager};
 
 impl LeaseManager {
     /// Give the active lease `id` to `tenant` (admitted by that tenant's quota like a

@@ -3,10 +3,14 @@
 
 use std::collections::{BTreeMap, HashSet};
 
+use std::sync::Arc;
+
 use super::*;
+use crate::config::Config;
 use crate::model::LeaseState;
 use crate::partition::Shape;
 use crate::store::ListKey;
+use crate::store::Store;
 
 /// A lease core on one A100 without MIG (MPS shares, oversubscribed) and one H100,
 /// keeping `history` events.

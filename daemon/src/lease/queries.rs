@@ -8,7 +8,8 @@ use crate::names::truncate;
 use crate::partition::{self};
 use crate::store::{LeaseQuery, ListKey};
 
-use super::{LeaseError, LeaseManager};
+use super::error::LeaseError;
+use super::manager::LeaseManager;
 
 /// A GPU with its partitions and free capacity (GetNode).
 #[derive(Debug, Clone)]

@@ -14,21 +14,18 @@
 //! cost a try for thousands of waiting calls.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Mutex;
 
 use tokio::sync::Notify;
-use tracing::info;
 
-use super::create::{CreateRequest, Created};
-use super::error::invalid;
-use super::{LeaseError, LeaseManager};
+use super::error::LeaseError;
+use super::plan::CreateRequest;
 use crate::partition::Shape;
 
 #[derive(Debug, Default)]
 pub(super) struct AdmissionQueue {
     waiting: Mutex<Waiting>,
-    room: Notify,
+    pub(super) room: Notify,
 }
 
 #[derive(Debug, Default)]
@@ -54,7 +51,7 @@ impl AdmissionQueue {
 
     /// A place in the queue, unless `tenant` already has `per_tenant` calls waiting
     /// or the queue holds `total`: then the refusal.
-    fn enter(
+    pub(super) fn enter(
         &self,
         key: String,
         tenant: &str,
@@ -82,14 +79,14 @@ impl AdmissionQueue {
 }
 
 /// A place in the queue; dropping it leaves the queue and wakes the others.
-struct Ticket<'q> {
+pub(super) struct Ticket<'q> {
     queue: &'q AdmissionQueue,
     id: u64,
 }
 
 impl Ticket<'_> {
     /// No older ticket has the same key.
-    fn first_of_its_key(&self) -> bool {
+    pub(super) fn first_of_its_key(&self) -> bool {
         let w = self.queue.lock();
         let Some(key) = w
             .tickets
@@ -117,116 +114,11 @@ impl Drop for Ticket<'_> {
 }
 
 /// Requests with the same key are served in arrival order.
-fn queue_key(req: &CreateRequest) -> String {
+pub(super) fn queue_key(req: &CreateRequest) -> String {
     let shape = match &req.shape {
         Some(Shape::Mig { profile, .. }) => format!("mig:{}", profile.to_ascii_lowercase()),
         Some(other) => format!("{other:?}"),
         None => format!("need:{:?}", req.need),
     };
     format!("{shape} x{}", req.count.max(1))
-}
-
-impl LeaseManager {
-    /// CreateLease calls waiting in the admission queue now.
-    pub fn queued_requests(&self) -> usize {
-        self.queue.len()
-    }
-
-    /// [`LeaseManager::create`], waiting up to `wait` for room when it is refused for
-    /// lack of it (see the module doc). `wait` is at most `lease.max_queue_wait`.
-    pub async fn create_queued(
-        self: &Arc<Self>,
-        req: CreateRequest,
-        wait: Duration,
-    ) -> Result<Created, LeaseError> {
-        let max = self.config.lease.max_queue_wait;
-        if wait > max {
-            return Err(invalid(
-                "queue_wait_ms",
-                format!(
-                    "{} ms is longer than this node's lease.max_queue_wait ({} ms)",
-                    wait.as_millis(),
-                    max.as_millis()
-                ),
-            ));
-        }
-        // A shape no GPU's mode can take does not wait (its key may have requests
-        // ahead of it that would make it wait before its first try).
-        if let Some(shape) = &req.shape {
-            self.refuse_wrong_mode(shape, req.gpu_index)?;
-        }
-        let started = Instant::now();
-        let deadline = tokio::time::Instant::now() + wait;
-        let lease = &self.config.lease;
-        let ticket = match self.queue.enter(
-            queue_key(&req),
-            &req.tenant,
-            lease.max_queued_per_tenant,
-            lease.max_queued,
-        ) {
-            Ok(t) => t,
-            // No place to wait: one try, as without a wait.
-            Err(LeaseError::ResourceExhausted(full)) => {
-                let this = self.clone();
-                return match tokio::spawn(async move { this.create(req).await }).await {
-                    Ok(Err(LeaseError::ResourceExhausted(m))) => {
-                        Err(LeaseError::ResourceExhausted(format!(
-                            "{m}; it cannot wait for room: {full}"
-                        )))
-                    }
-                    Ok(other) => other,
-                    Err(e) => Err(LeaseError::FailedPrecondition(format!(
-                        "the create did not finish: {e}"
-                    ))),
-                };
-            }
-            Err(e) => return Err(e),
-        };
-        let mut refusal = String::new();
-        let mut tries = 0u32;
-        loop {
-            // Registered before the try, so a lease ending during it is not missed.
-            let room = self.queue.room.notified();
-            tokio::pin!(room);
-            room.as_mut().enable();
-            if ticket.first_of_its_key() {
-                tries += 1;
-                // Runs to the end even if the caller goes away: a create cut off
-                // between its steps would stay half done.
-                let this = self.clone();
-                let r = req.clone();
-                let outcome = tokio::spawn(async move { this.create(r).await })
-                    .await
-                    .map_err(|e| {
-                        LeaseError::FailedPrecondition(format!(
-                            "the queued create did not finish: {e}"
-                        ))
-                    })?;
-                match outcome {
-                    Err(LeaseError::ResourceExhausted(m)) => refusal = m,
-                    other => {
-                        if tries > 1 {
-                            info!(
-                                tenant = %req.tenant,
-                                waited_ms = started.elapsed().as_millis() as u64,
-                                ok = other.is_ok(),
-                                "queued create request served"
-                            );
-                        }
-                        return other;
-                    }
-                }
-            }
-            if tokio::time::timeout_at(deadline, room).await.is_err() {
-                drop(ticket);
-                if refusal.is_empty() {
-                    refusal = "older requests for the same shape were still waiting".into();
-                }
-                return Err(LeaseError::ResourceExhausted(format!(
-                    "no room within the queue wait of {} ms: {refusal}",
-                    wait.as_millis()
-                )));
-            }
-        }
-    }
 }

@@ -9,7 +9,11 @@ use tracing::{info, warn};
 use crate::gpu::{HealthCause, MigInstance, MpsMode};
 use crate::model::{IntentOp, Lease, MigPart, PartKind, Partition, PartitionState};
 
-use super::{GpuState, LeaseError, LeaseManager, State, mps_dirs};
+use super::error::LeaseError;
+use super::manager::LeaseManager;
+use super::manager::mps_dirs;
+use super::table::GpuState;
+use super::table::State;
 
 /// The MIG instances of each GPU, as the backend listed them at start.
 pub(super) type Instances = HashMap<u32, Vec<MigInstance>>;
@@ -305,53 +309,16 @@ impl LeaseManager {
         };
         let lease = p.lease_id.as_ref().and_then(|l| st.leases.get(l).cloned());
         match intent.op {
-            IntentOp::CreateMig => {
-                let Some(m) = p.mig().cloned() else {
-                    return Ok(());
-                };
-                let list = instances.entry(p.gpu).or_default();
-                // An instance another record names is that record's, never adopted
-                // here (a second record would claim one instance).
-                let found = list
-                    .iter()
-                    .find(|i| i.placement == m.placement && i.gi_profile_id == m.gi_profile_id)
-                    .filter(|i| !claimed_by_another(st, &p.id, i))
-                    .cloned();
-                if let Some(inst) = found.as_ref().filter(|i| i.ci_id.is_some()) {
-                    // Created completely: adopt it.
-                    let mut p2 = p.clone();
-                    if let PartKind::Mig(mm) = &mut p2.kind {
-                        mm.gi_id = Some(inst.gi_id);
-                        mm.ci_id = inst.ci_id;
-                        mm.uuid = Some(inst.uuid.clone());
-                    }
-                    self.adopt_at_start(st, p2, lease, iid, now)?;
-                    report.adopted += 1;
-                    return Ok(());
-                }
-                if let Some(inst) = found {
-                    self.undo_half_created(list, &inst);
-                }
-                self.fail_creation(st, &p, lease, iid, now)?;
-                report.rolled_back += 1;
-            }
-            IntentOp::StartMps => {
-                let lid = p.lease_id.clone().unwrap_or_default();
-                let key = p.mps_daemon_key(&lid).unwrap_or_else(|| lid.clone());
-                let running = self.backend.mps_running()?.contains(&key);
-                if running {
-                    self.adopt_at_start(st, p.clone(), lease, iid, now)?;
-                    report.adopted += 1;
+            IntentOp::CreateMig | IntentOp::StartMps => {
+                let adopted = if matches!(intent.op, IntentOp::CreateMig) {
+                    self.reconcile_create_mig(st, instances, &p, lease, (iid, now))?
                 } else {
-                    // A shared server that other leases hold stays (it is
-                    // restarted for them); an isolated daemon half started goes.
-                    let shared_in_use = p.mps().is_some_and(|m| m.mode == MpsMode::Shared)
-                        && super::end::shared_server_users(st, &p, &key) > 0;
-                    if !shared_in_use {
-                        let _ = self.backend.mps_stop(&key);
-                    }
-                    self.fail_creation(st, &p, lease, iid, now)?;
-                    report.rolled_back += 1;
+                    self.reconcile_start_mps(st, &p, lease, (iid, now))?
+                };
+                match adopted {
+                    Some(true) => report.adopted += 1,
+                    Some(false) => report.rolled_back += 1,
+                    None => {}
                 }
             }
             IntentOp::MoveMig => {
@@ -376,6 +343,71 @@ impl LeaseManager {
             }
         }
         Ok(())
+    }
+
+    /// An open `create_mig` intent: the instance adopted when it was created
+    /// completely (Some(true)), else a half-made one undone and the creation failed
+    /// (Some(false)); None when the partition is not a MIG instance.
+    fn reconcile_create_mig(
+        &self,
+        st: &mut State,
+        instances: &mut Instances,
+        p: &Partition,
+        lease: Option<Lease>,
+        (iid, now): (i64, i64),
+    ) -> Result<Option<bool>, LeaseError> {
+        let Some(m) = p.mig().cloned() else {
+            return Ok(None);
+        };
+        let list = instances.entry(p.gpu).or_default();
+        // An instance another record names is that record's, never adopted here (a
+        // second record would claim one instance).
+        let found = list
+            .iter()
+            .find(|i| i.placement == m.placement && i.gi_profile_id == m.gi_profile_id)
+            .filter(|i| !claimed_by_another(st, &p.id, i))
+            .cloned();
+        if let Some(inst) = found.as_ref().filter(|i| i.ci_id.is_some()) {
+            // Created completely: adopt it.
+            let mut p2 = p.clone();
+            if let PartKind::Mig(mm) = &mut p2.kind {
+                mm.gi_id = Some(inst.gi_id);
+                mm.ci_id = inst.ci_id;
+                mm.uuid = Some(inst.uuid.clone());
+            }
+            self.adopt_at_start(st, p2, lease, iid, now)?;
+            return Ok(Some(true));
+        }
+        if let Some(inst) = found {
+            self.undo_half_created(list, &inst);
+        }
+        self.fail_creation(st, p, lease, iid, now)?;
+        Ok(Some(false))
+    }
+
+    /// An open `start_mps` intent: the daemon adopted when it runs (true), else the
+    /// creation failed (false), stopping an isolated daemon half started. A shared
+    /// server that other leases hold stays (it is restarted for them).
+    fn reconcile_start_mps(
+        &self,
+        st: &mut State,
+        p: &Partition,
+        lease: Option<Lease>,
+        (iid, now): (i64, i64),
+    ) -> Result<Option<bool>, LeaseError> {
+        let lid = p.lease_id.clone().unwrap_or_default();
+        let key = p.mps_daemon_key(&lid).unwrap_or_else(|| lid.clone());
+        if self.backend.mps_running()?.contains(&key) {
+            self.adopt_at_start(st, p.clone(), lease, iid, now)?;
+            return Ok(Some(true));
+        }
+        let shared_in_use = p.mps().is_some_and(|m| m.mode == MpsMode::Shared)
+            && super::end::shared_server_users(st, p, &key) > 0;
+        if !shared_in_use {
+            let _ = self.backend.mps_stop(&key);
+        }
+        self.fail_creation(st, p, lease, iid, now)?;
+        Ok(Some(false))
     }
 
     /// A GI without its CI: our half-done create. Undo it. If the driver refuses,
@@ -551,68 +583,80 @@ impl LeaseManager {
                 warn!(partition = %p.id, error = %e, "could not re-create the MIG instance; revoking its lease");
                 // A GI made without its CI goes; one that cannot is found by the
                 // caller's fresh listing and set aside as foreign.
-                super::create::undo_half_or_left(self.backend.as_ref(), p.gpu, m);
-                let mut l2 = p.lease_id.as_ref().and_then(|l| st.leases.get(l).cloned());
-                if let Some(l) = &mut l2 {
-                    l.lose(
-                        format!("MIG instance vanished and could not be re-created: {e}"),
-                        now,
-                    )?;
-                }
-                // A multi-partition lease is lost whole: its other instances go
-                // too (all or nothing; one that cannot be destroyed stays as foreign).
-                let others: Vec<String> = l2
-                    .iter()
-                    .flat_map(|l| l.partition_ids())
-                    .filter(|id| **id != p.id)
-                    .cloned()
-                    .collect();
-                for o in others.iter().filter_map(|id| st.partitions.get(id)) {
-                    if let (Some(m), crate::model::Origin::Dynamic) = (o.mig(), o.origin)
-                        && let Some(gi) = m.gi_id
-                        && let Err(e) = self.backend.destroy_instance(o.gpu, gi)
-                    {
-                        warn!(partition = %o.id, error = %e,
-                            "could not destroy an instance of a lost multi-partition lease; left alone as foreign");
-                    }
-                }
-                // Static pool instances go back to the pool; dynamic ones go.
-                let freed: Vec<Partition> = others
-                    .iter()
-                    .filter_map(|id| st.partitions.get(id))
-                    .filter(|o| o.origin == crate::model::Origin::Static)
-                    .map(|o| {
-                        let mut f = o.clone();
-                        f.lease_id = None;
-                        f
-                    })
-                    .collect();
-                let (pid, ll, o2, f2) = (p.id.clone(), l2.clone(), others.clone(), freed.clone());
-                self.store.write_blocking(move |w| {
-                    w.delete_partition(&pid)?;
-                    for o in &o2 {
-                        w.delete_partition(o)?;
-                    }
-                    for f in &f2 {
-                        w.put_partition(f)?;
-                    }
-                    if let Some(l) = &ll {
-                        w.put_lease(l)?;
-                        w.delete_tokens(&l.id)?;
-                    }
-                    w.finish_intent(iid, now, "failed")
-                })?;
-                st.partitions.remove(&p.id);
-                for o in &others {
-                    st.partitions.remove(o);
-                }
-                for f in freed {
-                    st.partitions.insert(f.id.clone(), f);
-                }
-                if let Some(l) = l2 {
-                    st.forget_lease(&l);
-                }
+                super::executor::undo_half_or_left(self.backend.as_ref(), p.gpu, m);
+                self.lose_vanished(st, p, &e, (iid, now))?;
             }
+        }
+        Ok(())
+    }
+
+    /// A vanished instance that cannot be made again: its lease is lost, whole (a
+    /// multi-partition lease's other instances go too, all or nothing; one that
+    /// cannot be destroyed stays as foreign), static pool instances go back to the
+    /// pool and dynamic ones go.
+    fn lose_vanished(
+        &self,
+        st: &mut State,
+        p: &Partition,
+        e: &crate::gpu::GpuError,
+        (iid, now): (i64, i64),
+    ) -> Result<(), LeaseError> {
+        let mut l2 = p.lease_id.as_ref().and_then(|l| st.leases.get(l).cloned());
+        if let Some(l) = &mut l2 {
+            l.lose(
+                format!("MIG instance vanished and could not be re-created: {e}"),
+                now,
+            )?;
+        }
+        let others: Vec<String> = l2
+            .iter()
+            .flat_map(|l| l.partition_ids())
+            .filter(|id| **id != p.id)
+            .cloned()
+            .collect();
+        for o in others.iter().filter_map(|id| st.partitions.get(id)) {
+            if let (Some(m), crate::model::Origin::Dynamic) = (o.mig(), o.origin)
+                && let Some(gi) = m.gi_id
+                && let Err(e) = self.backend.destroy_instance(o.gpu, gi)
+            {
+                warn!(partition = %o.id, error = %e,
+                    "could not destroy an instance of a lost multi-partition lease; left alone as foreign");
+            }
+        }
+        let freed: Vec<Partition> = others
+            .iter()
+            .filter_map(|id| st.partitions.get(id))
+            .filter(|o| o.origin == crate::model::Origin::Static)
+            .map(|o| {
+                let mut f = o.clone();
+                f.lease_id = None;
+                f
+            })
+            .collect();
+        let (pid, ll, o2, f2) = (p.id.clone(), l2.clone(), others.clone(), freed.clone());
+        self.store.write_blocking(move |w| {
+            w.delete_partition(&pid)?;
+            for o in &o2 {
+                w.delete_partition(o)?;
+            }
+            for f in &f2 {
+                w.put_partition(f)?;
+            }
+            if let Some(l) = &ll {
+                w.put_lease(l)?;
+                w.delete_tokens(&l.id)?;
+            }
+            w.finish_intent(iid, now, "failed")
+        })?;
+        st.partitions.remove(&p.id);
+        for o in &others {
+            st.partitions.remove(o);
+        }
+        for f in freed {
+            st.partitions.insert(f.id.clone(), f);
+        }
+        if let Some(l) = l2 {
+            st.forget_lease(&l);
         }
         Ok(())
     }

@@ -7,8 +7,10 @@ use tessera_common::clock::now_ms;
 use crate::model::{Lease, LeaseState};
 use crate::names::truncate;
 
+use super::error::LeaseError;
 use super::error::invalid;
-use super::{EventKind, LeaseError, LeaseManager};
+use super::events::EventKind;
+use super::manager::LeaseManager;
 
 impl LeaseManager {
     pub async fn renew(&self, id: &str, ttl: Option<Duration>) -> Result<Lease, LeaseError> {

@@ -10,7 +10,9 @@ use crate::names::new_id;
 use crate::partition::{self, PlanDecision, Shape};
 
 use super::error::Inconsistency;
-use super::{GpuState, LeaseError, LeaseManager};
+use super::error::LeaseError;
+use super::manager::LeaseManager;
+use super::table::{GpuState, State};
 
 /// The next instance a static layout still lacks.
 struct Missing {
@@ -27,7 +29,9 @@ impl LeaseManager {
     pub(super) fn ensure_static_layout(&self) -> Result<(), LeaseError> {
         for layout in &self.config.partition.static_layouts {
             for (profile, want) in &layout.devices {
-                while let Some(missing) = self.next_missing(layout, profile, *want)? {
+                loop {
+                    let missing = self.next_missing(&self.lock(), layout, profile, *want)?;
+                    let Some(missing) = missing else { break };
                     self.create_static(missing)?;
                 }
             }
@@ -40,28 +44,12 @@ impl LeaseManager {
     /// or kept) as one of its own.
     fn next_missing(
         &self,
+        st: &State,
         layout: &StaticLayout,
         profile: &str,
         want: u32,
     ) -> Result<Option<Missing>, LeaseError> {
-        let st = self.lock();
-        let gpu = st
-            .gpus
-            .iter()
-            .find(|g| g.info.index == layout.gpu)
-            .cloned()
-            .ok_or_else(|| {
-                LeaseError::FailedPrecondition(format!(
-                    "static layout names GPU {} which this host does not have",
-                    layout.gpu
-                ))
-            })?;
-        if !gpu.info.mig_current {
-            return Err(LeaseError::FailedPrecondition(format!(
-                "static layout for GPU {} needs MIG mode, which is off (tesserad never toggles it)",
-                layout.gpu
-            )));
-        }
+        let gpu = layout_gpu(st, layout)?;
         let have = st
             .partitions
             .values()
@@ -75,7 +63,7 @@ impl LeaseManager {
         if have >= want {
             return Ok(None);
         }
-        let mut views = Self::views(&st);
+        let mut views = Self::views(st);
         for v in &mut views {
             for m in &mut v.mig {
                 m.free_static = None;
@@ -179,7 +167,7 @@ impl LeaseManager {
                 // A GI made without its CI goes (else it is set aside as foreign).
                 if let Some(mig) = p.mig()
                     && let Some(left) =
-                        super::create::undo_half_or_left(self.backend.as_ref(), g, mig)
+                        super::executor::undo_half_or_left(self.backend.as_ref(), g, mig)
                 {
                     self.lock().foreign.push(left);
                 }
@@ -193,4 +181,26 @@ impl LeaseManager {
             }
         }
     }
+}
+
+/// The GPU a static layout names, which must be in MIG mode.
+fn layout_gpu(st: &State, layout: &StaticLayout) -> Result<GpuState, LeaseError> {
+    let gpu = st
+        .gpus
+        .iter()
+        .find(|g| g.info.index == layout.gpu)
+        .cloned()
+        .ok_or_else(|| {
+            LeaseError::FailedPrecondition(format!(
+                "static layout names GPU {} which this host does not have",
+                layout.gpu
+            ))
+        })?;
+    if !gpu.info.mig_current {
+        return Err(LeaseError::FailedPrecondition(format!(
+            "static layout for GPU {} needs MIG mode, which is off (tesserad never toggles it)",
+            layout.gpu
+        )));
+    }
+    Ok(gpu)
 }

@@ -5,10 +5,15 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use super::*;
+use crate::config::Config;
+use crate::gpu::GpuBackend;
 use crate::model::LeaseState;
 use crate::partition::Shape;
 use crate::store::LeaseQuery;
+use crate::store::Store;
 
 fn manager(dir: &std::path::Path) -> Arc<LeaseManager> {
     manager_and_sim(dir).0

@@ -6,8 +6,9 @@ use std::time::Duration;
 use crate::names::{truncate, validate_tenant};
 use crate::partition::Shape;
 
+use super::error::LeaseError;
 use super::error::invalid;
-use super::{CreateRequest, LeaseError};
+use super::plan::CreateRequest;
 
 /// Most bytes a lease's labels may take in all (keys and values). Every event of a
 /// lease carries a copy of them, and the event buffer holds 4096 events.

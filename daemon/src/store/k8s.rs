@@ -2,43 +2,19 @@
 //! for which lease, its token (Allocate answers the same one every time kubelet asks),
 //! and whether a pod was given it.
 
+use super::k8s_device::K8sDevice;
+use super::{Store, StoreError, Writer, decode_rows, encode};
 use rusqlite::params;
-use serde::{Deserialize, Serialize};
-
-use super::{Store, StoreError, Writer, decode, encode};
-
-/// One advertised device.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct K8sDevice {
-    /// The id kubelet knows (stable across restarts).
-    pub device_id: String,
-    /// The class (`mig-1g.10gb`, `gpu`, `mps-small`): the resource `tessera.io/<class>`.
-    pub class: String,
-    pub lease_id: String,
-    /// The lease's token. Allocate returns it as the container annotation the runtime
-    /// reads; kubelet may ask again (retries, restarts) and must get the same one.
-    pub token: String,
-    /// Allocate was called for it (it no longer counts as free reserved capacity).
-    pub allocated: bool,
-    /// The pod that holds it, as PodResources last said (namespace, name).
-    pub pod: Option<(String, String)>,
-    /// Unix ms since when no pod in PodResources holds it (an allocated device).
-    pub unseen_since_ms: Option<i64>,
-    pub created_at_ms: i64,
-}
 
 impl Store {
     /// Every device of the plugin, oldest first.
     pub fn k8s_devices(&self) -> Result<Vec<K8sDevice>, StoreError> {
         self.read(|conn| {
-            let mut stmt = conn.prepare("SELECT device_id, body FROM k8s_devices")?;
-            let rows =
-                stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
-            let mut out: Vec<K8sDevice> = Vec::new();
-            for row in rows {
-                let (id, body) = row?;
-                out.push(decode("k8s device", &id, &body)?);
-            }
+            let mut out: Vec<K8sDevice> = decode_rows(
+                conn,
+                "k8s device",
+                "SELECT device_id, body FROM k8s_devices",
+            )?;
             out.sort_by(|a, b| {
                 (a.created_at_ms, &a.device_id).cmp(&(b.created_at_ms, &b.device_id))
             });

@@ -19,9 +19,10 @@
 
 pub mod faults;
 mod k8s;
+mod k8s_device;
 mod schema;
 
-pub use k8s::K8sDevice;
+pub use k8s_device::K8sDevice;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -183,27 +184,7 @@ impl Store {
         faults: Option<faults::StoreFaults>,
     ) -> Result<Store, StoreError> {
         std::fs::create_dir_all(state_dir).map_err(io_err(state_dir))?;
-        let lock_path = state_dir.join("tesserad.lock");
-        let lock_file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .map_err(io_err(&lock_path))?;
-        let lock = nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusiveNonblock)
-            .map_err(|(_, errno)| {
-                if errno == nix::errno::Errno::EWOULDBLOCK {
-                    StoreError::Locked {
-                        path: state_dir.to_path_buf(),
-                        lock: lock_path.clone(),
-                    }
-                } else {
-                    StoreError::Io {
-                        path: lock_path.clone(),
-                        source: errno.into(),
-                    }
-                }
-            })?;
+        let lock = lock_state_dir(state_dir)?;
 
         let path = state_dir.join("tessera.db");
         let damaged = |detail: String| StoreError::Damaged {
@@ -216,41 +197,8 @@ impl Store {
         // Taken (and removed) before the database is opened: whatever happens from
         // here on, the next start checks unless this daemon closes cleanly again.
         let clean = CleanClose::take(&path);
-        let writer_conn = Connection::open_with_flags(
-            &path,
-            OpenFlags::SQLITE_OPEN_READ_WRITE
-                | OpenFlags::SQLITE_OPEN_CREATE
-                | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-        )
-        .map_err(|e| damaged(e.to_string()))?;
-        if !clean {
-            let check: String = writer_conn
-                .query_row("PRAGMA quick_check", [], |r| r.get(0))
-                .map_err(|e| damaged(e.to_string()))?;
-            if check != "ok" {
-                return Err(damaged(check));
-            }
-        }
-        writer_conn
-            .pragma_update(None, "journal_mode", "WAL")
-            .map_err(|e| damaged(e.to_string()))?;
-        writer_conn.pragma_update(None, "synchronous", "FULL")?;
-        writer_conn.pragma_update(None, "foreign_keys", "ON")?;
-        // Savepoint journals in memory: they only matter within one transaction.
-        writer_conn.pragma_update(None, "temp_store", "MEMORY")?;
-        writer_conn.set_prepared_statement_cache_capacity(64);
-        writer_conn.busy_timeout(std::time::Duration::from_secs(5))?;
-        schema::migrate(&writer_conn, &path)?;
-
-        let reader = Connection::open_with_flags(
-            &path,
-            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-        )?;
-        reader.busy_timeout(std::time::Duration::from_secs(5))?;
-        // Sorts in memory: loading the live leases at start sorts every row (with its
-        // body) by creation, which spilled to a temp file under /var/tmp with
-        // thousands of leases.
-        reader.pragma_update(None, "temp_store", "MEMORY")?;
+        let writer_conn = open_writer(&path, clean)?;
+        let reader = open_reader(&path)?;
 
         let (tx, rx) = mpsc::channel::<Job>();
         let db = path.clone();
@@ -405,21 +353,19 @@ impl Store {
 
     fn read_snapshot(&self) -> Result<Snapshot, StoreError> {
         let conn = self.reader.lock().map_err(|_| StoreError::WriterGone)?;
-        let mut snap = Snapshot::default();
-        let mut stmt = conn.prepare(
-            "SELECT id, body FROM leases WHERE state IN ('pending','active','revoking') ORDER BY created_at_ms",
-        )?;
-        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
-        for row in rows {
-            let (id, body) = row?;
-            snap.leases.push(decode("lease", &id, &body)?);
-        }
-        let mut stmt = conn.prepare("SELECT id, body FROM partitions ORDER BY id")?;
-        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
-        for row in rows {
-            let (id, body) = row?;
-            snap.partitions.push(decode("partition", &id, &body)?);
-        }
+        let mut snap = Snapshot {
+            leases: decode_rows(
+                &conn,
+                "lease",
+                "SELECT id, body FROM leases WHERE state IN ('pending','active','revoking') ORDER BY created_at_ms",
+            )?,
+            partitions: decode_rows(
+                &conn,
+                "partition",
+                "SELECT id, body FROM partitions ORDER BY id",
+            )?,
+            ..Snapshot::default()
+        };
         let mut stmt = conn.prepare(
             "SELECT id, op, partition_id, lease_id, created_at_ms FROM intents WHERE done_at_ms IS NULL ORDER BY id",
         )?;
@@ -564,27 +510,21 @@ impl Store {
     /// Temporary quota grants (expired ones included until pruned).
     pub fn grants(&self) -> Result<Vec<Grant>, StoreError> {
         let conn = self.reader.lock().map_err(|_| StoreError::WriterGone)?;
-        let mut stmt = conn.prepare("SELECT id, body FROM quota_grants ORDER BY expires_at_ms")?;
-        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
-        let mut out = Vec::new();
-        for row in rows {
-            let (id, body) = row?;
-            out.push(decode("grant", &id, &body)?);
-        }
-        Ok(out)
+        decode_rows(
+            &conn,
+            "grant",
+            "SELECT id, body FROM quota_grants ORDER BY expires_at_ms",
+        )
     }
 
     /// The health marks (GPUs and instances out of service).
     pub fn health_marks(&self) -> Result<Vec<HealthMark>, StoreError> {
         let conn = self.reader.lock().map_err(|_| StoreError::WriterGone)?;
-        let mut stmt = conn.prepare("SELECT key, body FROM health_marks ORDER BY key")?;
-        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
-        let mut out = Vec::new();
-        for row in rows {
-            let (key, body) = row?;
-            out.push(decode("health mark", &key, &body)?);
-        }
-        Ok(out)
+        decode_rows(
+            &conn,
+            "health mark",
+            "SELECT key, body FROM health_marks ORDER BY key",
+        )
     }
 
     /// Stop the writer after the queued writes are committed.
@@ -604,6 +544,22 @@ impl Drop for Store {
     fn drop(&mut self) {
         self.close();
     }
+}
+
+/// Every row of `sql` (an id and a JSON body), decoded as `what`.
+fn decode_rows<T: serde::de::DeserializeOwned>(
+    conn: &Connection,
+    what: &'static str,
+    sql: &str,
+) -> Result<Vec<T>, StoreError> {
+    let mut stmt = conn.prepare(sql)?;
+    let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (id, body) = row?;
+        out.push(decode(what, &id, &body)?);
+    }
+    Ok(out)
 }
 
 fn decode<T: serde::de::DeserializeOwned>(
@@ -711,6 +667,82 @@ impl CleanClose {
     }
 }
 
+/// The state directory's lock, held for as long as the store is open: a second
+/// daemon on the same directory is refused.
+fn lock_state_dir(state_dir: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, StoreError> {
+    let lock_path = state_dir.join("tesserad.lock");
+    let lock_file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(io_err(&lock_path))?;
+    nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusiveNonblock).map_err(
+        |(_, errno)| {
+            if errno == nix::errno::Errno::EWOULDBLOCK {
+                StoreError::Locked {
+                    path: state_dir.to_path_buf(),
+                    lock: lock_path.clone(),
+                }
+            } else {
+                StoreError::Io {
+                    path: lock_path.clone(),
+                    source: errno.into(),
+                }
+            }
+        },
+    )
+}
+
+/// The writer's connection to the database at `path`: checked (`quick_check`)
+/// unless it was closed `clean`, in WAL mode with `synchronous=FULL`, migrated.
+fn open_writer(path: &Path, clean: bool) -> Result<Connection, StoreError> {
+    let damaged = |detail: String| StoreError::Damaged {
+        path: path.to_path_buf(),
+        detail,
+    };
+    let writer_conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(|e| damaged(e.to_string()))?;
+    if !clean {
+        let check: String = writer_conn
+            .query_row("PRAGMA quick_check", [], |r| r.get(0))
+            .map_err(|e| damaged(e.to_string()))?;
+        if check != "ok" {
+            return Err(damaged(check));
+        }
+    }
+    writer_conn
+        .pragma_update(None, "journal_mode", "WAL")
+        .map_err(|e| damaged(e.to_string()))?;
+    writer_conn.pragma_update(None, "synchronous", "FULL")?;
+    writer_conn.pragma_update(None, "foreign_keys", "ON")?;
+    // Savepoint journals in memory: they only matter within one transaction.
+    writer_conn.pragma_update(None, "temp_store", "MEMORY")?;
+    writer_conn.set_prepared_statement_cache_capacity(64);
+    writer_conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    schema::migrate(&writer_conn, path)?;
+    Ok(writer_conn)
+}
+
+/// The read-only connection to the database at `path`.
+fn open_reader(path: &Path) -> Result<Connection, StoreError> {
+    let reader = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    reader.busy_timeout(std::time::Duration::from_secs(5))?;
+    // Sorts in memory: loading the live leases at start sorts every row (with its
+    // body) by creation, which spilled to a temp file under /var/tmp with
+    // thousands of leases.
+    reader.pragma_update(None, "temp_store", "MEMORY")?;
+    Ok(reader)
+}
+
 fn writer_loop(conn: &Connection, rx: mpsc::Receiver<Job>, faults: Option<faults::StoreFaults>) {
     // What the connection's `synchronous` is now (FULL from open).
     let mut synced = true;
@@ -736,63 +768,69 @@ fn writer_loop(conn: &Connection, rx: mpsc::Receiver<Job>, faults: Option<faults
             }
         }
         if durable && !synced {
-            let failed = CommitFailed(
-                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_IOERR),
-                "could not set synchronous=FULL for a durable commit".into(),
+            fail_batch(
+                batch,
+                CommitFailed(
+                    rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_IOERR),
+                    "could not set synchronous=FULL for a durable commit".into(),
+                ),
             );
-            for job in batch {
-                let (_, done) = (job.run)(None);
-                done(Err(failed.clone()));
-            }
             continue;
         }
-        let mut completions = Vec::with_capacity(batch.len());
-        if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
-            let failed = CommitFailed::of(&e);
-            for job in batch {
-                // Run nothing (outside a transaction each statement would commit
-                // on its own): report the failure to every waiter.
-                let (_, done) = (job.run)(None);
-                done(Err(failed.clone()));
+        commit_batch(conn, batch, faults.as_ref());
+    }
+}
+
+/// Every job of `batch` answered with `failed`, none run (outside a transaction
+/// each statement would commit on its own).
+fn fail_batch(batch: Vec<Job>, failed: CommitFailed) {
+    for job in batch {
+        let (_, done) = (job.run)(None);
+        done(Err(failed.clone()));
+    }
+}
+
+/// One transaction for `batch`, each write in its own savepoint, then every job
+/// answered with the commit's result.
+fn commit_batch(conn: &Connection, batch: Vec<Job>, faults: Option<&faults::StoreFaults>) {
+    if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+        fail_batch(batch, CommitFailed::of(&e));
+        return;
+    }
+    let mut completions = Vec::with_capacity(batch.len());
+    let run = |sql: &str| conn.prepare_cached(sql).and_then(|mut s| s.execute([]));
+    for job in batch {
+        // Each write in its own savepoint: one failing write (a duplicate request
+        // id, say) is undone alone, the rest of the batch commits.
+        let sp = run("SAVEPOINT w");
+        let (ok, done) = (job.run)(Some(conn));
+        if sp.is_ok() {
+            if !ok {
+                let _ = run("ROLLBACK TO w");
             }
-            continue;
+            let _ = run("RELEASE w");
         }
-        let run = |sql: &str| conn.prepare_cached(sql).and_then(|mut s| s.execute([]));
-        for job in batch {
-            // Each write in its own savepoint: one failing write (a duplicate
-            // request id, say) is undone alone, the rest of the batch commits.
-            let sp = run("SAVEPOINT w");
-            let (ok, done) = (job.run)(Some(conn));
-            if sp.is_ok() {
-                if !ok {
-                    let _ = run("ROLLBACK TO w");
-                }
-                let _ = run("RELEASE w");
-            }
-            completions.push(done);
-        }
-        let injected = faults
-            .as_ref()
-            .map_or(faults::CommitFault::None, |f| f.commit());
-        let commit = match injected {
-            faults::CommitFault::None => conn
-                .execute_batch("COMMIT")
-                .map_err(|e| CommitFailed::of(&e)),
-            faults::CommitFault::IoError => Err(CommitFailed(
-                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_IOERR),
-                "disk I/O error (injected)".into(),
-            )),
-            faults::CommitFault::DiskFull => Err(CommitFailed(
-                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_FULL),
-                "database or disk is full (injected)".into(),
-            )),
-        };
-        if commit.is_err() {
-            let _ = conn.execute_batch("ROLLBACK");
-        }
-        for done in completions {
-            done(commit.clone());
-        }
+        completions.push(done);
+    }
+    let injected = faults.map_or(faults::CommitFault::None, |f| f.commit());
+    let commit = match injected {
+        faults::CommitFault::None => conn
+            .execute_batch("COMMIT")
+            .map_err(|e| CommitFailed::of(&e)),
+        faults::CommitFault::IoError => Err(CommitFailed(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_IOERR),
+            "disk I/O error (injected)".into(),
+        )),
+        faults::CommitFault::DiskFull => Err(CommitFailed(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_FULL),
+            "database or disk is full (injected)".into(),
+        )),
+    };
+    if commit.is_err() {
+        let _ = conn.execute_batch("ROLLBACK");
+    }
+    for done in completions {
+        done(commit.clone());
     }
 }
 

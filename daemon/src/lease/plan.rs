@@ -1,0 +1,147 @@
+//! What a CreateLease asks and what the decision about it is, before anything is
+//! changed: the request ([`CreateRequest`]), the request checked and resolved
+//! ([`Ask`]), and the [`Plan`] a decision over the table gives for it. The
+//! decision is pure (`admission.rs`); the executor (`executor.rs`) acts on the plan.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::gpu::MpsSpec;
+use crate::model::{IntentOp, Lease, Partition};
+use crate::partition::{self, Shape};
+
+use super::error::{LeaseError, invalid};
+
+#[derive(Debug, Clone, Default)]
+pub struct CreateRequest {
+    pub tenant: String,
+    pub shape: Option<Shape>,
+    pub ttl: Option<Duration>,
+    pub request_id: Option<String>,
+    pub labels: BTreeMap<String, String>,
+    pub priority_class: Option<String>,
+    pub gpu_index: Option<u32>,
+    /// Instead of a shape: memory and isolation; the smallest partition that fits
+    /// now is chosen (see `need.rs`).
+    pub need: Option<Need>,
+    /// How many partitions of `shape` (0 and 1: one): N whole GPUs or N MIG
+    /// instances of one profile, placed by topology and created all or none.
+    pub count: u32,
+    /// With `count` > 1: how closely the partitions' GPUs must be connected.
+    pub topology: crate::partition::topology::TopologyConstraint,
+}
+
+#[derive(Debug, Clone)]
+pub struct Created {
+    pub lease: Lease,
+    pub partition: Option<Partition>,
+    /// None when the lease was found ended on a retry (no token is issued then).
+    pub token: Option<String>,
+    pub replayed: bool,
+}
+
+/// A hardware step that follows a durable intent.
+pub(super) enum HwCreate {
+    Mig {
+        gpu: u32,
+        gi_profile_id: u32,
+        placement: crate::gpu::Placement,
+        ci_profile_id: Option<u32>,
+    },
+    Mps(MpsSpec),
+}
+
+impl HwCreate {
+    /// The intent that announces this step.
+    pub(super) fn intent(&self) -> IntentOp {
+        match self {
+            HwCreate::Mig { .. } => IntentOp::CreateMig,
+            HwCreate::Mps(_) => IntentOp::StartMps,
+        }
+    }
+}
+
+/// A new lease placed: the lease (reserved: pending while any partition needs the
+/// hardware changed) and its partitions in order (the first is its
+/// `partition_id`), each with the hardware step it needs (none for a static-pool
+/// instance or a whole GPU).
+pub(super) struct Placement {
+    pub(super) lease: Lease,
+    pub(super) parts: Vec<(Partition, Option<HwCreate>)>,
+}
+
+/// What the decision needs to know of the request, checked and resolved.
+pub(super) struct Ask<'r> {
+    pub(super) req: &'r CreateRequest,
+    pub(super) shape: Shape,
+    pub(super) ttl: Duration,
+    pub(super) priority_class: String,
+    pub(super) lease_id: String,
+    pub(super) partition_id: String,
+    pub(super) now: i64,
+    /// How many partitions (1 for most leases).
+    pub(super) count: u32,
+}
+
+/// The decision about a request, from a snapshot of the table. A refusal is the
+/// decision's `Err`.
+pub(super) enum Plan {
+    /// Place the new lease: reserve it in the table, then intent, hardware,
+    /// outcome, publish.
+    Place(Box<Placement>),
+    /// Preempt these burst leases of other tenants, then decide again.
+    Preempt(Vec<String>),
+    /// Capacity is held by teardowns in progress: wait for them, then decide again.
+    WaitTeardowns,
+    /// Move these idle MIG leases, then decide again; the message is the refusal
+    /// to give if a move fails.
+    Move(Vec<partition::Move>, String),
+    /// A call with the same request id reserved first (and may still be
+    /// creating): answer as its retry.
+    SameRequest,
+}
+
+/// What isolation a need asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Isolation {
+    /// Its own hardware partition: a MIG instance (or a whole GPU).
+    #[default]
+    Hardware,
+    /// A share of a GPU's SMs and memory under MPS limits.
+    Shared,
+}
+
+/// A request by need.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Need {
+    pub memory_bytes: u64,
+    pub isolation: Isolation,
+    /// With `Isolation::Shared`: the MPS mode of the share.
+    pub mps_mode: crate::gpu::MpsMode,
+}
+
+/// Largest need accepted (no GPU has more).
+const MAX_NEED: u64 = 1 << 40;
+
+impl Need {
+    pub fn validate(&self) -> Result<(), LeaseError> {
+        if self.memory_bytes == 0 || self.memory_bytes > MAX_NEED {
+            return Err(invalid(
+                "need.memory_bytes",
+                "must be more than 0 and at most 1 TiB",
+            ));
+        }
+        Ok(())
+    }
+
+    pub(super) fn describe(&self) -> String {
+        let what = match self.isolation {
+            Isolation::Hardware => "hardware isolation",
+            Isolation::Shared => "a shared GPU",
+        };
+        format!(
+            "{} of device memory with {what}",
+            tessera_common::size::human(self.memory_bytes)
+        )
+    }
+}
