@@ -283,6 +283,24 @@ pub struct PartitionConfig {
     pub expiry_weight: u32,
 }
 
+impl PartitionConfig {
+    /// The planner's options these settings give, for a request that names
+    /// `gpu_index` (or none); the lease core adds the expiries.
+    pub fn plan_options(&self, gpu_index: Option<u32>) -> crate::partition::PlanOptions {
+        crate::partition::PlanOptions {
+            strategy: self.strategy,
+            mps_oversubscribe: self.mps_oversubscribe,
+            dynamic_mig: self.dynamic_mig,
+            gpu_index,
+            temporal: match self.expiry_weight {
+                0 => crate::partition::Temporal::Off,
+                w => crate::partition::Temporal::Weighted(w),
+            },
+            expiry: None,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct LeaseConfig {
     pub default_ttl: Duration,

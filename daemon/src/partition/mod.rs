@@ -16,13 +16,12 @@ pub mod reserve;
 #[cfg(test)]
 pub(crate) mod test_fixtures;
 pub mod topology;
-pub mod trace;
 
 pub use fragmentation::{free_capacity, free_static_counts, used_memory_slices};
 pub use mig_mps::{MigMpsDecision, MigMpsHost, plan_mig_mps};
 pub use planner::{
-    EXPIRY_WEIGHT, Expiry, Movable, Move, MovePlan, PlanDecision, PlanError, PlanOptions, Strategy,
-    Temporal, compact, mode_unavailable, plan, plan_with_moves,
+    COMPACT_MOVES_PER_PASS, EXPIRY_WEIGHT, Expiry, Movable, Move, MovePlan, PlanDecision,
+    PlanError, PlanOptions, Strategy, Temporal, compact, mode_unavailable, plan, plan_with_moves,
 };
 
 use serde::{Deserialize, Serialize};

@@ -751,6 +751,10 @@ pub fn plan_with_moves(
     best.map(|(_, p)| p).ok_or(refusal)
 }
 
+/// Housekeeping (`[partition] compact_idle`) calls [`compact`] at most this many times
+/// per pass: each call moves one idle instance.
+pub const COMPACT_MOVES_PER_PASS: usize = 2;
+
 /// Housekeeping (`[partition] compact_idle`): the one move of an idle instance that
 /// most raises the node's free-space value (best fit's [`capacity_value`] summed over
 /// the GPUs), to any free placement of its profile on a considered GPU of the same

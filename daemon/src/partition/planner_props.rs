@@ -10,7 +10,6 @@ use rand::{Rng, SeedableRng};
 use super::fragmentation::{capacity_value, total_memory_slices, used_memory_slices};
 use super::reserve::{hold, reserve_all};
 use super::test_fixtures::*;
-use super::trace::Repacker;
 use super::{
     Expiry, GpuView, Movable, MovePlan, MpsMode, PlanDecision, PlanError, PlanOptions, Shape,
     Strategy as PlanStrategy, Temporal, compact, plan, plan_with_moves,
@@ -813,28 +812,6 @@ proptest! {
         }
     }
 
-    /// The trace bench's reference accepts every set of instances the planner could lay
-    /// out (it is a true upper bound), on 1 to 3 GPUs.
-    #[test]
-    fn the_repacking_reference_fits_whatever_the_planner_placed(
-        names in prop::collection::vec(0usize..7, 1..40),
-        best_fit in any::<bool>(),
-        n_gpus in 1u32..=3,
-    ) {
-        let mut gpus: Vec<GpuView> = (0..n_gpus).map(h100_mig).collect();
-        let profiles = h100_profiles();
-        let mut counts = vec![0u8; profiles.len()];
-        let mut repacker = Repacker::new(&profiles, n_gpus);
-        for n in names {
-            let shape = mig_shape(NAMES[n]);
-            if let Ok(d) = plan(&shape, &gpus, &options(best_fit)) {
-                apply(&mut gpus, &shape, &d);
-                let i = profiles.iter().position(|p| p.name == NAMES[n]).unwrap();
-                counts[i] += 1;
-                prop_assert!(repacker.fits(&counts, n_gpus), "{counts:?} on {n_gpus} GPUs");
-            }
-        }
-    }
 }
 
 // ---------------------------------------------------------------------------------------

@@ -563,16 +563,7 @@ impl Drop for SimLease {
 async fn connect(
     socket: &Path,
 ) -> Result<pb::tessera_client::TesseraClient<tonic::transport::Channel>> {
-    let path = socket.to_path_buf();
-    let ch = tonic::transport::Endpoint::try_from("http://[::1]:50051")?
-        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
-            let path = path.clone();
-            async move {
-                let s = tokio::net::UnixStream::connect(path).await?;
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
-            }
-        }))
-        .await?;
+    let ch = tessera_common::unix::channel(socket).await?;
     Ok(pb::tessera_client::TesseraClient::new(ch))
 }
 

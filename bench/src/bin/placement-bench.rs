@@ -6,7 +6,7 @@
 //! layout made for the mix, and best fit that moves idle leases when a request would
 //! be refused ("moves": the planner's `plan_with_moves`, what the daemon does by
 //! default). Every policy but the reference runs the daemon's own planner
-//! (`tesserad::partition`). See `tesserad::partition::trace` for the model.
+//! (`tesserad::partition`). See `tessera_bench::trace` for the model.
 //!
 //! Also measured, not the daemon's default: "housekeeping" (moves, and the daemon's
 //! `[partition] compact_idle` after each grant and end), and an admission queue
@@ -31,8 +31,8 @@ use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use clap::Parser;
+use tessera_bench::trace::{self, Durations, Outcome, Policy, TraceSpec, TtlModel};
 use tesserad::gpu::profiles::GpuModel;
-use tesserad::partition::trace::{self, Durations, Outcome, Policy, TraceSpec, TtlModel};
 use tesserad::partition::{PlanOptions, Strategy, Temporal};
 
 #[derive(Parser, Debug)]

@@ -35,7 +35,7 @@
 //!
 //! Each request carries a TTL per [`TtlModel`] (none, exact, or an upper bound of its
 //! duration); planner policies tell the planner each live lease's expiry and the new
-//! one's ([`super::Expiry`], temporal packing), as the daemon does. Leases still end at
+//! one's ([`Expiry`], temporal packing), as the daemon does. Leases still end at
 //! their duration; the reference ignores TTLs.
 //!
 //! The first tenth of the requests warms the node up and is not tallied.
@@ -46,11 +46,13 @@ use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::planner::{Movable, Move, compact, plan_with_moves};
-use super::reserve::{Reservation, hold, reserve};
-use super::{Expiry, GpuView, OccupiedMig, PlanDecision, PlanError, PlanOptions, Shape, plan};
-use crate::gpu::profiles::GpuModel;
-use crate::gpu::{GiProfile, GpuInfo, Placement};
+use tesserad::gpu::profiles::GpuModel;
+use tesserad::gpu::{GiProfile, GpuInfo, Placement};
+use tesserad::partition::reserve::{Reservation, hold, reserve};
+use tesserad::partition::{
+    COMPACT_MOVES_PER_PASS, Expiry, GpuView, Movable, Move, OccupiedMig, PlanDecision, PlanError,
+    PlanOptions, Shape, compact, plan, plan_with_moves,
+};
 
 /// Durations, each with mean 1 (the time unit of a trace).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -83,7 +85,7 @@ pub struct TraceSpec {
 }
 
 /// What a lease's TTL says of its duration. The lease still ends at its duration; the
-/// TTL is what the planner is told ([`super::Expiry`]).
+/// TTL is what the planner is told ([`Expiry`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum TtlModel {
     /// No TTL information (the planner as before).
@@ -507,8 +509,9 @@ struct PlannerServer {
     housekeeping: bool,
 }
 
-/// Housekeeping moves at most this many idle instances per grant or end.
-pub const HOUSEKEEPING_MOVES: usize = 2;
+/// Housekeeping moves at most this many idle instances per grant or end, as the
+/// daemon's housekeeping does per pass.
+pub const HOUSEKEEPING_MOVES: usize = COMPACT_MOVES_PER_PASS;
 
 /// Only requests of at least this many memory slices (3g.40gb, 4g.40gb and 7g.80gb on an
 /// H100) hold a region while they wait: a smaller request fits again as soon as almost
@@ -1195,7 +1198,7 @@ impl Server for Repacker {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
-    use crate::partition::Strategy;
+    use tesserad::partition::Strategy;
 
     fn spec(mix: &[(&str, f64)], load: f64, seed: u64) -> TraceSpec {
         TraceSpec {
@@ -1470,5 +1473,43 @@ mod tests {
                 .iter()
                 .all(|p| p.accepted > 0 && p.accepted < p.offered)
         );
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+        /// The reference accepts every set of instances the planner could lay out (it
+        /// is a true upper bound), on 1 to 3 GPUs.
+        #[test]
+        fn the_repacking_reference_fits_whatever_the_planner_placed(
+            names in proptest::collection::vec(0usize..7, 1..40),
+            best_fit in proptest::prelude::any::<bool>(),
+            n_gpus in 1u32..=3,
+        ) {
+            const NAMES: [&str; 7] =
+                ["1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"];
+            let s = TraceSpec { gpus: n_gpus, ..spec(SMALL, 1.0, 1) };
+            let mut gpus = node(&s);
+            let profiles = s.model.gi_profiles();
+            let mut counts = vec![0u8; profiles.len()];
+            let mut repacker = Repacker::new(&profiles, n_gpus);
+            let opts = PlanOptions {
+                strategy: if best_fit { Strategy::BestFit } else { Strategy::FirstFit },
+                ..PlanOptions::default()
+            };
+            for n in names {
+                let shape = shape_of_name(NAMES[n]);
+                let Ok(PlanDecision::NewMig { gpu, gi_profile_id, placement, .. }) =
+                    plan(&shape, &gpus, &opts)
+                else {
+                    continue;
+                };
+                let g = view(&mut gpus, gpu).unwrap();
+                g.mig.push(OccupiedMig { gi_profile_id, placement, free_static: None });
+                let i = profiles.iter().position(|p| p.name == NAMES[n]).unwrap();
+                counts[i] += 1;
+                proptest::prop_assert!(repacker.fits(&counts, n_gpus), "{counts:?} on {n_gpus} GPUs");
+            }
+        }
     }
 }
