@@ -13,7 +13,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use super::{CiProfile, GiProfile, Placement};
+use super::types::{CiProfile, GiProfile, Placement};
 
 const MIB: u64 = 1024 * 1024;
 

@@ -12,7 +12,7 @@
 
 use super::fragmentation::instance_count;
 use super::planner::Movable;
-use super::{GpuView, OccupiedMig};
+use super::view::{GpuView, OccupiedMig};
 use crate::gpu::Placement;
 
 /// A region held for a waiting request of GI profile `gi_profile_id`.
