@@ -351,22 +351,27 @@ fn ticks(t: f64) -> u64 {
 pub fn run(spec: &TraceSpec, requests: &[Request], policy: &Policy) -> Result<Outcome, TraceError> {
     validate(spec)?;
     let profiles = mix_profiles(spec)?;
-    let mut out = Outcome {
-        profiles: spec
-            .mix
-            .iter()
-            .map(|(name, _)| ProfileTally {
-                name: name.clone(),
-                ..ProfileTally::default()
-            })
-            .collect(),
-        moves: 0,
+    let mut server = server_for(spec, &profiles, policy)?;
+    let max_wait = match policy {
+        Policy::Queued { max_wait, .. } | Policy::ReferenceQueued { max_wait } => Some(*max_wait),
+        _ => None,
     };
-    let warmup = requests.len() / 10;
-    let mut server: Box<dyn Server> = match policy {
-        Policy::Reference => Box::new(Repacker::new(&profiles, spec.gpus)),
+    let granted_at = replay(server.as_mut(), requests, &profiles, max_wait)?;
+    let mut out = tally(spec, requests, &profiles, &granted_at);
+    out.moves = server.moves();
+    Ok(out)
+}
+
+/// The node under `policy`.
+fn server_for(
+    spec: &TraceSpec,
+    profiles: &[GiProfile],
+    policy: &Policy,
+) -> Result<Box<dyn Server>, TraceError> {
+    Ok(match policy {
+        Policy::Reference => Box::new(Repacker::new(profiles, spec.gpus)),
         Policy::ReferenceQueued { .. } => {
-            let mut r = Repacker::new(&profiles, spec.gpus);
+            let mut r = Repacker::new(profiles, spec.gpus);
             r.queue = Some(VecDeque::new());
             Box::new(r)
         }
@@ -377,7 +382,7 @@ pub fn run(spec: &TraceSpec, requests: &[Request], policy: &Policy) -> Result<Ou
             s.housekeeping = true;
             Box::new(s)
         }
-        Policy::Static(o) => Box::new(PlannerServer::with_static_layout(spec, &profiles, o)?),
+        Policy::Static(o) => Box::new(PlannerServer::with_static_layout(spec, profiles, o)?),
         Policy::Queued {
             opts,
             moves,
@@ -391,12 +396,16 @@ pub fn run(spec: &TraceSpec, requests: &[Request], policy: &Policy) -> Result<Ou
             });
             Box::new(s)
         }
-    };
-    let max_wait = match policy {
-        Policy::Queued { max_wait, .. } | Policy::ReferenceQueued { max_wait } => Some(*max_wait),
-        _ => None,
-    };
-    // When each request was granted (tick).
+    })
+}
+
+/// Replay the requests through `server`: when each was granted (tick), if it was.
+fn replay(
+    server: &mut dyn Server,
+    requests: &[Request],
+    profiles: &[GiProfile],
+    max_wait: Option<f64>,
+) -> Result<Vec<Option<u64>>, TraceError> {
     let mut granted_at: Vec<Option<u64>> = vec![None; requests.len()];
     // (tick, kind, request): kind 0 = its lease ends, 1 = its wait times out.
     let mut events: BinaryHeap<Reverse<(u64, u8, usize)>> = BinaryHeap::new();
@@ -430,6 +439,28 @@ pub fn run(spec: &TraceSpec, requests: &[Request], policy: &Policy) -> Result<Ou
             }
         }
     }
+    Ok(granted_at)
+}
+
+/// What was offered and accepted per profile, past the warm-up tenth.
+fn tally(
+    spec: &TraceSpec,
+    requests: &[Request],
+    profiles: &[GiProfile],
+    granted_at: &[Option<u64>],
+) -> Outcome {
+    let mut out = Outcome {
+        profiles: spec
+            .mix
+            .iter()
+            .map(|(name, _)| ProfileTally {
+                name: name.clone(),
+                ..ProfileTally::default()
+            })
+            .collect(),
+        moves: 0,
+    };
+    let warmup = requests.len() / 10;
     for (n, r) in requests.iter().enumerate().skip(warmup) {
         let p = &profiles[r.profile];
         let slice_time = f64::from(p.memory_slices) * r.duration;
@@ -447,8 +478,7 @@ pub fn run(spec: &TraceSpec, requests: &[Request], policy: &Policy) -> Result<Ou
             }
         }
     }
-    out.moves = server.moves();
-    Ok(out)
+    out
 }
 
 trait Server {
@@ -572,6 +602,54 @@ fn shape_of_name(name: &str) -> Shape {
     }
 }
 
+/// One more instance of the static layout: of the profile furthest below its share of
+/// the laid-out slices (`target`) that the planner can still place. False when none
+/// fits.
+fn lay_out_one(
+    gpus: &mut [GpuView],
+    profiles: &[GiProfile],
+    target: &[f64],
+    laid: &mut [u32],
+    layout_opts: &PlanOptions,
+) -> Result<bool, TraceError> {
+    let total: u32 = laid.iter().sum();
+    let mut order: Vec<usize> = (0..profiles.len()).filter(|&i| target[i] > 0.0).collect();
+    let lag = |i: usize| {
+        let have = if total == 0 {
+            0.0
+        } else {
+            f64::from(laid[i]) / f64::from(total)
+        };
+        target[i] - have
+    };
+    order.sort_by(|&a, &b| lag(b).total_cmp(&lag(a)));
+    for i in order {
+        match plan(&shape_of(&profiles[i]), gpus, layout_opts) {
+            Ok(PlanDecision::NewMig {
+                gpu,
+                gi_profile_id,
+                placement,
+                ..
+            }) => {
+                // Held as leased while laying out (else the planner would offer it
+                // as a static instance); freed by the caller.
+                if let Some(v) = view(gpus, gpu) {
+                    v.mig.push(OccupiedMig {
+                        gi_profile_id,
+                        placement,
+                        free_static: None,
+                    });
+                }
+                laid[i] += profiles[i].memory_slices;
+                return Ok(true);
+            }
+            Ok(_) | Err(PlanError::NoCapacity(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(false)
+}
+
 impl PlannerServer {
     fn new(spec: &TraceSpec, opts: PlanOptions, with_moves: bool) -> PlannerServer {
         PlannerServer {
@@ -616,48 +694,8 @@ impl PlannerServer {
             ..opts.clone()
         };
         let mut next_id = 0usize;
-        loop {
-            let total: u32 = laid.iter().sum();
-            let mut order: Vec<usize> = (0..profiles.len()).filter(|&i| target[i] > 0.0).collect();
-            let lag = |i: usize| {
-                let have = if total == 0 {
-                    0.0
-                } else {
-                    f64::from(laid[i]) / f64::from(total)
-                };
-                target[i] - have
-            };
-            order.sort_by(|&a, &b| lag(b).total_cmp(&lag(a)));
-            let mut placed = false;
-            for i in order {
-                match plan(&shape_of(&profiles[i]), &gpus, &layout_opts) {
-                    Ok(PlanDecision::NewMig {
-                        gpu,
-                        gi_profile_id,
-                        placement,
-                        ..
-                    }) => {
-                        // Held as leased while laying out (else the planner would
-                        // offer it as a static instance); freed below.
-                        if let Some(v) = view(&mut gpus, gpu) {
-                            v.mig.push(OccupiedMig {
-                                gi_profile_id,
-                                placement,
-                                free_static: None,
-                            });
-                        }
-                        next_id += 1;
-                        laid[i] += profiles[i].memory_slices;
-                        placed = true;
-                        break;
-                    }
-                    Ok(_) | Err(PlanError::NoCapacity(_)) => {}
-                    Err(e) => return Err(e.into()),
-                }
-            }
-            if !placed {
-                break;
-            }
+        while lay_out_one(&mut gpus, profiles, &target, &mut laid, &layout_opts)? {
+            next_id += 1;
         }
         for m in gpus.iter_mut().flat_map(|g| g.mig.iter_mut()) {
             m.free_static = Some(format!("static-{next_id}"));
