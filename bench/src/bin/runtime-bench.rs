@@ -111,17 +111,20 @@ fn parse_args() -> Result<Args> {
     Ok(a)
 }
 
-fn rootfs(dir: &Path) -> Result<PathBuf> {
-    let rootfs = dir.join("rootfs");
+/// A busybox rootfs in `bundle/rootfs`: each bundle holds its own, as containerd's
+/// do (the runtime admits a rootfs inside the bundle, or a container engine's own in
+/// its storage).
+fn rootfs(bundle: &Path) -> Result<()> {
+    let rootfs = bundle.join("rootfs");
     for d in ["bin", "proc", "sys", "dev", "tmp"] {
         std::fs::create_dir_all(rootfs.join(d)).with_context(|| format!("mkdir {d}"))?;
     }
     std::fs::copy("/bin/busybox", rootfs.join("bin/busybox")).context("copy /bin/busybox")?;
     std::os::unix::fs::symlink("busybox", rootfs.join("bin/true")).context("symlink true")?;
-    Ok(rootfs)
+    Ok(())
 }
 
-fn spec(rootfs: &Path, token: Option<&str>) -> serde_json::Value {
+fn spec(token: Option<&str>) -> serde_json::Value {
     let caps = json!([
         "CAP_CHOWN",
         "CAP_DAC_OVERRIDE",
@@ -143,7 +146,7 @@ fn spec(rootfs: &Path, token: Option<&str>) -> serde_json::Value {
         "process": {"user": {"uid": 0, "gid": 0}, "args": ["/bin/true"], "env": ["PATH=/bin"],
                     "cwd": "/", "capabilities": {"bounding": caps, "effective": caps, "permitted": caps},
                     "noNewPrivileges": true},
-        "root": {"path": rootfs},
+        "root": {"path": "rootfs"},
         "mounts": [
             {"destination": "/proc", "type": "proc", "source": "proc", "options": ["nosuid", "noexec", "nodev"]},
             {"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
@@ -316,7 +319,7 @@ fn runtime_config(path: &Path, runc: &Path, socket: &Path, dir: &Path) -> Result
     std::fs::write(
         path,
         format!(
-            "runc_path = {:?}\ndaemon_socket = {:?}\nnvidia_proc_root = {:?}\nstate_dir = {:?}\nrunc_cve_acknowledged = [{}]\n[policy]\napparmor = \"if-available\"\ncontainer_storage_roots = [{:?}]\n",
+            "runc_path = {:?}\ndaemon_socket = {:?}\nnvidia_proc_root = {:?}\nstate_dir = {:?}\nrunc_cve_acknowledged = [{}]\n[policy]\napparmor = \"if-available\"\n",
             runc,
             socket,
             dir.join("no-nvidia"),
@@ -329,9 +332,6 @@ fn runtime_config(path: &Path, runc: &Path, socket: &Path, dir: &Path) -> Result
                 .map(|c| format!("{c:?}"))
                 .collect::<Vec<_>>()
                 .join(", "),
-            // The rootfs sits beside the bundles (shared by every variant), as a
-            // container engine's storage holds it apart from its bundles.
-            dir,
         ),
     )
     .with_context(|| format!("writing {}", path.display()))
@@ -632,7 +632,6 @@ fn bench(args: &Args, dir: &Path) -> Result<()> {
 
 /// The bundles, configs and specs of every variant.
 fn prepare(args: &Args, dir: &Path) -> Result<Bundles> {
-    let rootfs = rootfs(dir)?;
     let root = dir.join("runc-root");
     let true_bin = find_true()?;
     let config = dir.join("runtime.toml");
@@ -650,7 +649,7 @@ fn prepare(args: &Args, dir: &Path) -> Result<Bundles> {
     tessera_runtime::runc_cves::BinaryKey::of(&true_bin)
         .and_then(|key| cache.store(key, (1, 2, 8)))
         .context("seeding the runc version cache for the runtime-only timing")?;
-    let original_spec = spec(&rootfs, args.token.as_deref());
+    let original_spec = spec(args.token.as_deref());
     let original = serde_json::to_vec(&original_spec)?;
     let bundles: Vec<PathBuf> = ["plain", "containerd", "hardened", "tessera", "alone"]
         .iter()
@@ -659,6 +658,7 @@ fn prepare(args: &Args, dir: &Path) -> Result<Bundles> {
     for b in &bundles {
         std::fs::create_dir_all(b).with_context(|| format!("mkdir {}", b.display()))?;
         std::fs::write(b.join("config.json"), &original)?;
+        rootfs(b)?;
     }
     let [plain, ctrd, hard, tess, alone] = &bundles[..] else {
         bail!("bundle list");
