@@ -6,4 +6,5 @@
 //! The library holds the trace model `placement-bench` replays ([`trace`]); it uses the
 //! daemon's planner through `tesserad`'s public API, as the lease core does.
 
+pub mod reserve;
 pub mod trace;

@@ -46,9 +46,9 @@ use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use crate::reserve::{Reservation, hold, reserve};
 use tesserad::gpu::profiles::GpuModel;
 use tesserad::gpu::{GiProfile, GpuInfo, Placement};
-use tesserad::partition::reserve::{Reservation, hold, reserve};
 use tesserad::partition::{
     COMPACT_MOVES_PER_PASS, Expiry, GpuView, Movable, Move, OccupiedMig, PlanDecision, PlanError,
     PlanOptions, Shape, compact, plan, plan_with_moves,

@@ -12,7 +12,6 @@ pub mod mig_mps;
 pub mod planner;
 #[cfg(test)]
 mod planner_props;
-pub mod reserve;
 #[cfg(test)]
 pub(crate) mod test_fixtures;
 pub mod topology;
