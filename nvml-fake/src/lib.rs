@@ -276,6 +276,24 @@ fn on_gpu(
     ret(call(name, Some(gpu), write, |st| f(st, gpu)))
 }
 
+/// [`on_gpu`] for an entry point that takes a GPU or a MIG device handle.
+fn on_gpu_or_mig(
+    name: &str,
+    device: sys::nvmlDevice_t,
+    bad_args: bool,
+    write: bool,
+    f: impl FnOnce(&mut State, Handle) -> Result<(), Ret>,
+) -> Ret {
+    if bad_args {
+        return INVALID_ARGUMENT;
+    }
+    let h = match gpu_or_mig(device) {
+        Ok(h) => h,
+        Err(e) => return e,
+    };
+    ret(call(name, h.gpu(), write, |st| f(st, h)))
+}
+
 fn mig_on(st: &State, gpu: u32) -> Result<(), Ret> {
     if st.gpus[gpu as usize].mig_current {
         Ok(())
@@ -429,26 +447,25 @@ pub unsafe extern "C" fn nvmlDeviceGetName(
     name: *mut c_char,
     length: c_uint,
 ) -> Ret {
-    if name.is_null() {
-        return INVALID_ARGUMENT;
-    }
-    let h = match gpu_or_mig(device) {
-        Ok(h) => h,
-        Err(e) => return e,
-    };
-    ret(call("nvmlDeviceGetName", h.gpu(), false, |st| {
-        let g = &st.gpus[h.gpu().unwrap_or(0) as usize];
-        let text = match h {
-            Handle::Mig { gi, .. } => {
-                let gi = g.instances.iter().find(|x| x.id == gi).ok_or(NOT_FOUND)?;
-                let row = g.model.gi_row(gi.profile).ok_or(UNKNOWN)?;
-                format!("{} MIG {}", g.model.name(), row.name)
-            }
-            _ => g.model.name().to_owned(),
-        };
-        // SAFETY: non-null, `length` bytes per NVML's contract.
-        unsafe { put_str(name, length, &text) }
-    }))
+    on_gpu_or_mig(
+        "nvmlDeviceGetName",
+        device,
+        name.is_null(),
+        false,
+        |st, h| {
+            let g = &st.gpus[h.gpu().unwrap_or(0) as usize];
+            let text = match h {
+                Handle::Mig { gi, .. } => {
+                    let gi = g.instances.iter().find(|x| x.id == gi).ok_or(NOT_FOUND)?;
+                    let row = g.model.gi_row(gi.profile).ok_or(UNKNOWN)?;
+                    format!("{} MIG {}", g.model.name(), row.name)
+                }
+                _ => g.model.name().to_owned(),
+            };
+            // SAFETY: non-null, `length` bytes per NVML's contract.
+            unsafe { put_str(name, length, &text) }
+        },
+    )
 }
 
 #[unsafe(no_mangle)]
@@ -457,27 +474,26 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
     uuid: *mut c_char,
     length: c_uint,
 ) -> Ret {
-    if uuid.is_null() {
-        return INVALID_ARGUMENT;
-    }
-    let h = match gpu_or_mig(device) {
-        Ok(h) => h,
-        Err(e) => return e,
-    };
-    ret(call("nvmlDeviceGetUUID", h.gpu(), false, |st| {
-        let text = match h {
-            Handle::Mig { gpu, gi, ci } => find_gi(st, gpu, gi)?
-                .cis
-                .iter()
-                .find(|c| c.id == ci)
-                .map(|c| c.uuid.clone())
-                .ok_or(NOT_FOUND)?,
-            Handle::Gpu(g) => st.gpus[g as usize].uuid.clone(),
-            _ => return Err(INVALID_ARGUMENT),
-        };
-        // SAFETY: non-null, `length` bytes per NVML's contract.
-        unsafe { put_str(uuid, length, &text) }
-    }))
+    on_gpu_or_mig(
+        "nvmlDeviceGetUUID",
+        device,
+        uuid.is_null(),
+        false,
+        |st, h| {
+            let text = match h {
+                Handle::Mig { gpu, gi, ci } => find_gi(st, gpu, gi)?
+                    .cis
+                    .iter()
+                    .find(|c| c.id == ci)
+                    .map(|c| c.uuid.clone())
+                    .ok_or(NOT_FOUND)?,
+                Handle::Gpu(g) => st.gpus[g as usize].uuid.clone(),
+                _ => return Err(INVALID_ARGUMENT),
+            };
+            // SAFETY: non-null, `length` bytes per NVML's contract.
+            unsafe { put_str(uuid, length, &text) }
+        },
+    )
 }
 
 #[unsafe(no_mangle)]
@@ -522,45 +538,44 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     device: sys::nvmlDevice_t,
     memory: *mut sys::nvmlMemory_v2_t,
 ) -> Ret {
-    if memory.is_null() {
-        return INVALID_ARGUMENT;
-    }
-    let h = match gpu_or_mig(device) {
-        Ok(h) => h,
-        Err(e) => return e,
-    };
-    ret(call("nvmlDeviceGetMemoryInfo_v2", h.gpu(), false, |st| {
-        let g = &st.gpus[h.gpu().unwrap_or(0) as usize];
-        let (total, gi) = match h {
-            Handle::Mig { gi, .. } => {
-                let x = g.instances.iter().find(|x| x.id == gi).ok_or(NOT_FOUND)?;
-                let row = g.model.gi_row(x.profile).ok_or(UNKNOWN)?;
-                (row.memory_mib << 20, Some(gi))
-            }
-            _ => (g.model.memory_bytes(), None),
-        };
-        let used: u64 = g
-            .processes
-            .iter()
-            .filter(|p| gi.is_none() || p.gi == gi)
-            .map(|p| p.used_memory)
-            .sum();
-        let used = used.min(total);
-        // SAFETY: checked non-null above.
-        unsafe {
-            put(
-                memory,
-                sys::nvmlMemory_v2_t {
-                    version: (*memory).version,
-                    total,
-                    reserved: 0,
-                    free: total - used,
-                    used,
-                },
-            )
-        };
-        Ok(())
-    }))
+    on_gpu_or_mig(
+        "nvmlDeviceGetMemoryInfo_v2",
+        device,
+        memory.is_null(),
+        false,
+        |st, h| {
+            let g = &st.gpus[h.gpu().unwrap_or(0) as usize];
+            let (total, gi) = match h {
+                Handle::Mig { gi, .. } => {
+                    let x = g.instances.iter().find(|x| x.id == gi).ok_or(NOT_FOUND)?;
+                    let row = g.model.gi_row(x.profile).ok_or(UNKNOWN)?;
+                    (row.memory_mib << 20, Some(gi))
+                }
+                _ => (g.model.memory_bytes(), None),
+            };
+            let used: u64 = g
+                .processes
+                .iter()
+                .filter(|p| gi.is_none() || p.gi == gi)
+                .map(|p| p.used_memory)
+                .sum();
+            let used = used.min(total);
+            // SAFETY: checked non-null above.
+            unsafe {
+                put(
+                    memory,
+                    sys::nvmlMemory_v2_t {
+                        version: (*memory).version,
+                        total,
+                        reserved: 0,
+                        free: total - used,
+                        used,
+                    },
+                )
+            };
+            Ok(())
+        },
+    )
 }
 
 #[unsafe(no_mangle)]
@@ -613,50 +628,49 @@ pub unsafe extern "C" fn nvmlDeviceGetAttributes_v2(
     device: sys::nvmlDevice_t,
     attributes: *mut sys::nvmlDeviceAttributes_t,
 ) -> Ret {
-    if attributes.is_null() {
-        return INVALID_ARGUMENT;
-    }
-    let h = match gpu_or_mig(device) {
-        Ok(h) => h,
-        Err(e) => return e,
-    };
-    ret(call("nvmlDeviceGetAttributes_v2", h.gpu(), false, |st| {
-        let g = &st.gpus[h.gpu().unwrap_or(0) as usize];
-        let (sms, gi_slices, ci_slices_, mib) = match h {
-            Handle::Mig { gi, ci, .. } => {
-                let x = g.instances.iter().find(|x| x.id == gi).ok_or(NOT_FOUND)?;
-                let c = x.cis.iter().find(|c| c.id == ci).ok_or(NOT_FOUND)?;
-                let row = g.model.gi_row(x.profile).ok_or(UNKNOWN)?;
-                let sms = if c.slices == row.slices {
-                    row.sm_count
-                } else {
-                    g.model.sm_of_slices(c.slices)
-                };
-                (sms, row.slices, c.slices, row.memory_mib)
-            }
-            // The driver answers attributes for MIG devices only (driver 580 on an
-            // H200 answers NOT_SUPPORTED for the whole GPU).
-            _ => return Err(NOT_SUPPORTED),
-        };
-        // SAFETY: checked non-null above.
-        unsafe {
-            put(
-                attributes,
-                sys::nvmlDeviceAttributes_t {
-                    multiprocessorCount: sms,
-                    sharedCopyEngineCount: 1,
-                    sharedDecoderCount: 1,
-                    sharedEncoderCount: 0,
-                    sharedJpegCount: 0,
-                    sharedOfaCount: 0,
-                    gpuInstanceSliceCount: gi_slices,
-                    computeInstanceSliceCount: ci_slices_,
-                    memorySizeMB: mib,
-                },
-            )
-        };
-        Ok(())
-    }))
+    on_gpu_or_mig(
+        "nvmlDeviceGetAttributes_v2",
+        device,
+        attributes.is_null(),
+        false,
+        |st, h| {
+            let g = &st.gpus[h.gpu().unwrap_or(0) as usize];
+            let (sms, gi_slices, ci_slices_, mib) = match h {
+                Handle::Mig { gi, ci, .. } => {
+                    let x = g.instances.iter().find(|x| x.id == gi).ok_or(NOT_FOUND)?;
+                    let c = x.cis.iter().find(|c| c.id == ci).ok_or(NOT_FOUND)?;
+                    let row = g.model.gi_row(x.profile).ok_or(UNKNOWN)?;
+                    let sms = if c.slices == row.slices {
+                        row.sm_count
+                    } else {
+                        g.model.sm_of_slices(c.slices)
+                    };
+                    (sms, row.slices, c.slices, row.memory_mib)
+                }
+                // The driver answers attributes for MIG devices only (driver 580 on an
+                // H200 answers NOT_SUPPORTED for the whole GPU).
+                _ => return Err(NOT_SUPPORTED),
+            };
+            // SAFETY: checked non-null above.
+            unsafe {
+                put(
+                    attributes,
+                    sys::nvmlDeviceAttributes_t {
+                        multiprocessorCount: sms,
+                        sharedCopyEngineCount: 1,
+                        sharedDecoderCount: 1,
+                        sharedEncoderCount: 0,
+                        sharedJpegCount: 0,
+                        sharedOfaCount: 0,
+                        gpuInstanceSliceCount: gi_slices,
+                        computeInstanceSliceCount: ci_slices_,
+                        memorySizeMB: mib,
+                    },
+                )
+            };
+            Ok(())
+        },
+    )
 }
 
 #[unsafe(no_mangle)]
