@@ -237,7 +237,7 @@ ifeq ($(RUNTIME_STATIC),1)
 endif
 
 # The daemon and the runtime as `make build` ships them (the dist profile), the benchmark
-# tools in release; then tessera-bench
+# tools (the tessera-bench crate, bench/) in release; then tessera-bench
 # (throughput at 1/8/32 clients, the scale curve up to BENCH_PREFILL live leases, RSS,
 # restart), runtime-bench (the lease path against hardened runc) and placement-bench (MIG
 # placement against a free-repacking reference on request traces). Every bench runs
@@ -245,7 +245,7 @@ endif
 # could not measure says so), and the target fails if a bench did.
 bench:
 	$(CARGO) build --profile dist --bin tesserad $(if $(filter 1,$(RUNTIME_STATIC)),,--bin tessera-runtime)
-	$(CARGO) build --release --bin tessera-bench --bin runtime-bench --bin placement-bench
+	$(CARGO) build --release -p tessera-bench --bins
 ifeq ($(RUNTIME_STATIC),1)
 	$(STATIC_RUNTIME_BUILD)
 endif

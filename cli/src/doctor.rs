@@ -230,30 +230,13 @@ pub fn check_mig(f: &HostFacts) -> Check {
     // Through NVML as the daemon reads it, in nvidia-smi's words.
     let from_nvml;
     let out = match &f.nvml {
-        Some(Ok(n)) => {
-            let lost: Vec<String> = n
-                .gpus
-                .iter()
-                .filter_map(|g| g.as_ref().err().cloned())
-                .collect();
-            if !lost.is_empty() {
-                return warn(
-                    NAME,
-                    format!("GPUs that do not answer NVML: {}", lost.join("; ")),
-                    "tesserad serves the others and keeps these out of service until they answer; check dmesg | grep -i xid, and reset or reseat the GPU",
-                );
+        Some(Ok(n)) => match nvml_mig_lines(n) {
+            Ok(lines) => {
+                from_nvml = lines;
+                Some(from_nvml.as_str())
             }
-            let mode = |on: bool| if on { "Enabled" } else { "Disabled" };
-            from_nvml = n
-                .gpus
-                .iter()
-                .filter_map(|g| g.as_ref().ok())
-                .map(|(i, name, cur, pend)| {
-                    format!("{i}, {name}, {}, {}\n", mode(*cur), mode(*pend))
-                })
-                .collect::<String>();
-            Some(from_nvml.as_str())
-        }
+            Err(check) => return check,
+        },
         _ => cmd_stdout(&f.smi_mig),
     };
     let Some(out) = out else {
@@ -263,51 +246,37 @@ pub fn check_mig(f: &HostFacts) -> Check {
             "install the NVIDIA driver; then check with: nvidia-smi -L",
         );
     };
-    let mut on = Vec::new();
-    let mut off = Vec::new();
-    let mut pending = Vec::new();
-    for line in out.lines().filter(|l| !l.trim().is_empty()) {
-        let cols: Vec<&str> = line.split(',').map(str::trim).collect();
-        let (Some(idx), Some(cur)) = (cols.first(), cols.get(2)) else {
-            continue;
-        };
-        let pend = cols.get(3).copied().unwrap_or("");
-        match *cur {
-            "Enabled" => on.push(idx.to_string()),
-            _ => off.push(format!("{idx} ({cur})")),
-        }
-        if !pend.is_empty() && pend != *cur && pend != "[N/A]" {
-            pending.push(format!("{idx} ({cur} -> {pend})"));
-        }
-    }
-    if on.is_empty() && off.is_empty() {
+    let modes = MigModes::of(out);
+    if modes.on.is_empty() && modes.off.is_empty() {
         return fail(
             NAME,
             "nvidia-smi lists no GPUs",
             "check the driver sees the GPUs: nvidia-smi -L, dmesg | grep -i nvrm",
         );
     }
+    let list = |v: &[String]| {
+        if v.is_empty() {
+            "none".to_string()
+        } else {
+            v.join(", ")
+        }
+    };
     let detail = format!(
         "enabled on GPU {}; not on GPU {}",
-        if on.is_empty() {
-            "none".to_string()
-        } else {
-            on.join(", ")
-        },
-        if off.is_empty() {
-            "none".to_string()
-        } else {
-            off.join(", ")
-        }
+        list(&modes.on),
+        list(&modes.off)
     );
-    if !pending.is_empty() {
+    if !modes.pending.is_empty() {
         return warn(
             NAME,
-            format!("{detail}; change pending on GPU {}", pending.join(", ")),
+            format!(
+                "{detail}; change pending on GPU {}",
+                modes.pending.join(", ")
+            ),
             "a MIG mode change needs a GPU reset: stop GPU users, then nvidia-smi -i <N> -r (or reboot)",
         );
     }
-    if on.is_empty() {
+    if modes.on.is_empty() {
         return warn(
             NAME,
             detail,
@@ -315,6 +284,62 @@ pub fn check_mig(f: &HostFacts) -> Check {
         );
     }
     ok(NAME, detail)
+}
+
+/// NVML's MIG modes as nvidia-smi's CSV lines (index, name, current, pending); a
+/// warning when some GPU does not answer NVML.
+fn nvml_mig_lines(n: &NvmlFacts) -> Result<String, Check> {
+    let lost: Vec<String> = n
+        .gpus
+        .iter()
+        .filter_map(|g| g.as_ref().err().cloned())
+        .collect();
+    if !lost.is_empty() {
+        return Err(warn(
+            "MIG mode",
+            format!("GPUs that do not answer NVML: {}", lost.join("; ")),
+            "tesserad serves the others and keeps these out of service until they answer; check dmesg | grep -i xid, and reset or reseat the GPU",
+        ));
+    }
+    let mode = |on: bool| if on { "Enabled" } else { "Disabled" };
+    Ok(n.gpus
+        .iter()
+        .filter_map(|g| g.as_ref().ok())
+        .map(|(i, name, cur, pend)| format!("{i}, {name}, {}, {}\n", mode(*cur), mode(*pend)))
+        .collect())
+}
+
+/// The GPUs with MIG on, off, and with a change pending, from nvidia-smi's
+/// `index, name, mig.mode.current, mig.mode.pending` CSV lines.
+struct MigModes {
+    on: Vec<String>,
+    off: Vec<String>,
+    pending: Vec<String>,
+}
+
+impl MigModes {
+    fn of(out: &str) -> MigModes {
+        let mut m = MigModes {
+            on: Vec::new(),
+            off: Vec::new(),
+            pending: Vec::new(),
+        };
+        for line in out.lines().filter(|l| !l.trim().is_empty()) {
+            let cols: Vec<&str> = line.split(',').map(str::trim).collect();
+            let (Some(idx), Some(cur)) = (cols.first(), cols.get(2)) else {
+                continue;
+            };
+            let pend = cols.get(3).copied().unwrap_or("");
+            match *cur {
+                "Enabled" => m.on.push(idx.to_string()),
+                _ => m.off.push(format!("{idx} ({cur})")),
+            }
+            if !pend.is_empty() && pend != *cur && pend != "[N/A]" {
+                m.pending.push(format!("{idx} ({cur} -> {pend})"));
+            }
+        }
+        m
+    }
 }
 
 /// nvidia-caps major in /proc/devices and the mig-minors file.

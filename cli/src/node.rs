@@ -308,87 +308,97 @@ pub fn node_text(node: &NodeView) -> String {
     }
     for g in &node.gpus {
         out.push('\n');
-        out.push_str(&format!(
-            "GPU {}  {}  {}\n  pci {}  minor {}  memory {}  SMs {}  MIG {}{}\n",
-            g.index,
-            g.name,
-            g.uuid,
-            dash(&g.pci_bus_id),
-            g.minor,
-            human_bytes(g.memory_bytes),
-            g.sm_count,
-            g.mig_mode,
-            if g.whole_leased {
-                "  (leased whole)"
-            } else {
-                ""
-            },
-        ));
-        if g.mig_enabled {
-            out.push_str(&format!("  free slices {}\n", g.free_slices));
-        }
-        out.push_str(&format!(
-            "  MPS used {}% SM, {}{}\n",
-            g.mps_sm_percent_used,
-            human_bytes(g.mps_memory_bytes_used),
-            mps_servers_text(g)
-        ));
-        if !g.peers.is_empty() {
-            // nvidia-smi topo -m style: NV<links> over NVLink, else the PCIe level.
-            let peers: Vec<String> = g
-                .peers
-                .iter()
-                .map(|p| {
-                    if p.nvlinks > 0 {
-                        format!("gpu{} NV{}", p.index, p.nvlinks)
-                    } else {
-                        format!("gpu{} {}", p.index, p.level)
-                    }
-                })
-                .collect();
-            out.push_str(&format!("  peers: {}\n", peers.join(", ")));
-        }
-        if !g.profiles.is_empty() {
-            out.push_str("  free capacity:\n");
-            let mut t = Table::new(&["PROFILE", "ID", "SLICES", "MEMORY", "SMS", "FREE", "MAX"]);
-            for p in &g.profiles {
-                t.row(vec![
-                    p.profile.clone(),
-                    p.gi_profile_id.to_string(),
-                    p.slices.to_string(),
-                    human_bytes(p.memory_bytes),
-                    p.sm_count.to_string(),
-                    p.free.to_string(),
-                    p.max_count.to_string(),
-                ]);
-            }
-            indent(&mut out, &t.render(), "    ");
-        }
-        if g.partitions.is_empty() {
-            out.push_str("  partitions: none\n");
-        } else {
-            out.push_str("  partitions:\n");
-            let mut t = Table::new(&["ID", "KIND", "WHAT", "MEMORY", "ORIGIN", "LEASE"]);
-            for p in &g.partitions {
-                t.row(vec![
-                    p.id.clone(),
-                    p.kind.clone(),
-                    p.describe(),
-                    p.memory_bytes().map_or_else(|| "-".to_owned(), human_bytes),
-                    dash(&p.origin).to_owned(),
-                    match &p.mig {
-                        Some(m) if !m.mps_host_tenant.is_empty() => {
-                            format!("hosts MPS of {}", m.mps_host_tenant)
-                        }
-                        _ if p.lease_id.is_empty() => "free".to_owned(),
-                        _ => p.lease_id.clone(),
-                    },
-                ]);
-            }
-            indent(&mut out, &t.render(), "    ");
-        }
+        gpu_text(&mut out, g);
     }
     out
+}
+
+/// One GPU of `tessera node`: what it is, its MPS load, peers, free capacity and
+/// partitions.
+fn gpu_text(out: &mut String, g: &GpuView) {
+    out.push_str(&format!(
+        "GPU {}  {}  {}\n  pci {}  minor {}  memory {}  SMs {}  MIG {}{}\n",
+        g.index,
+        g.name,
+        g.uuid,
+        dash(&g.pci_bus_id),
+        g.minor,
+        human_bytes(g.memory_bytes),
+        g.sm_count,
+        g.mig_mode,
+        if g.whole_leased {
+            "  (leased whole)"
+        } else {
+            ""
+        },
+    ));
+    if g.mig_enabled {
+        out.push_str(&format!("  free slices {}\n", g.free_slices));
+    }
+    out.push_str(&format!(
+        "  MPS used {}% SM, {}{}\n",
+        g.mps_sm_percent_used,
+        human_bytes(g.mps_memory_bytes_used),
+        mps_servers_text(g)
+    ));
+    if !g.peers.is_empty() {
+        // nvidia-smi topo -m style: NV<links> over NVLink, else the PCIe level.
+        let peers: Vec<String> = g
+            .peers
+            .iter()
+            .map(|p| {
+                if p.nvlinks > 0 {
+                    format!("gpu{} NV{}", p.index, p.nvlinks)
+                } else {
+                    format!("gpu{} {}", p.index, p.level)
+                }
+            })
+            .collect();
+        out.push_str(&format!("  peers: {}\n", peers.join(", ")));
+    }
+    if !g.profiles.is_empty() {
+        out.push_str("  free capacity:\n");
+        let mut t = Table::new(&["PROFILE", "ID", "SLICES", "MEMORY", "SMS", "FREE", "MAX"]);
+        for p in &g.profiles {
+            t.row(vec![
+                p.profile.clone(),
+                p.gi_profile_id.to_string(),
+                p.slices.to_string(),
+                human_bytes(p.memory_bytes),
+                p.sm_count.to_string(),
+                p.free.to_string(),
+                p.max_count.to_string(),
+            ]);
+        }
+        indent(out, &t.render(), "    ");
+    }
+    partitions_text(out, &g.partitions);
+}
+
+fn partitions_text(out: &mut String, partitions: &[PartitionView]) {
+    if partitions.is_empty() {
+        out.push_str("  partitions: none\n");
+        return;
+    }
+    out.push_str("  partitions:\n");
+    let mut t = Table::new(&["ID", "KIND", "WHAT", "MEMORY", "ORIGIN", "LEASE"]);
+    for p in partitions {
+        t.row(vec![
+            p.id.clone(),
+            p.kind.clone(),
+            p.describe(),
+            p.memory_bytes().map_or_else(|| "-".to_owned(), human_bytes),
+            dash(&p.origin).to_owned(),
+            match &p.mig {
+                Some(m) if !m.mps_host_tenant.is_empty() => {
+                    format!("hosts MPS of {}", m.mps_host_tenant)
+                }
+                _ if p.lease_id.is_empty() => "free".to_owned(),
+                _ => p.lease_id.clone(),
+            },
+        ]);
+    }
+    indent(out, &t.render(), "    ");
 }
 
 fn dash(s: &str) -> &str {

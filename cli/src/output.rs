@@ -576,6 +576,25 @@ impl LeaseView {
             ("state", self.state.clone()),
             ("shape", self.shape_text()),
         ];
+        self.partition_lines(&mut kv);
+        self.time_and_label_lines(&mut kv, now_ms);
+        let width = kv.iter().map(|(k, _)| k.len()).max().unwrap_or(0) + 1;
+        let mut out = String::new();
+        for (k, v) in &kv {
+            // An empty key continues the line above (a lease's further partitions).
+            let key = if k.is_empty() {
+                String::new()
+            } else {
+                format!("{k}:")
+            };
+            out.push_str(&format!("{key:<width$} {v}\n"));
+        }
+        self.containers_text(&mut out, now_ms);
+        out
+    }
+
+    /// Its partition, or each of its partitions and their topology.
+    fn partition_lines(&self, kv: &mut Vec<(&str, String)>) {
         if self.partitions.len() > 1 {
             for (i, p) in self.partitions.iter().enumerate() {
                 let mut what = format!("{} on gpu {} ({})", p.describe(), p.gpu_index, p.gpu_uuid);
@@ -604,6 +623,10 @@ impl LeaseView {
         } else {
             kv.push(("partition", "-".to_owned()));
         }
+    }
+
+    /// Its times, priority, burst, request id, labels, end and pod.
+    fn time_and_label_lines(&self, kv: &mut Vec<(&str, String)>, now_ms: i64) {
         kv.push(("created", when(self.created_at_ms, now_ms)));
         kv.push(("expires", when(self.expires_at_ms, now_ms)));
         kv.push(("ttl", short_duration(self.ttl_seconds)));
@@ -634,36 +657,27 @@ impl LeaseView {
         if !self.pod.is_empty() {
             kv.push(("pod", self.pod.clone()));
         }
-        let width = kv.iter().map(|(k, _)| k.len()).max().unwrap_or(0) + 1;
-        let mut out = String::new();
-        for (k, v) in &kv {
-            // An empty key continues the line above (a lease's further partitions).
-            let key = if k.is_empty() {
-                String::new()
-            } else {
-                format!("{k}:")
-            };
-            out.push_str(&format!("{key:<width$} {v}\n"));
-        }
+    }
+
+    fn containers_text(&self, out: &mut String, now_ms: i64) {
         if self.containers.is_empty() {
             out.push_str("containers: none\n");
-        } else {
-            out.push_str("containers:\n");
-            let mut t = Table::new(&["ID", "BOUND", "CGROUP"]);
-            for c in &self.containers {
-                t.row(vec![
-                    c.id.clone(),
-                    rel_time(c.bound_at_ms, now_ms),
-                    c.cgroup_path.clone(),
-                ]);
-            }
-            for line in t.render().lines() {
-                out.push_str("  ");
-                out.push_str(line);
-                out.push('\n');
-            }
+            return;
         }
-        out
+        out.push_str("containers:\n");
+        let mut t = Table::new(&["ID", "BOUND", "CGROUP"]);
+        for c in &self.containers {
+            t.row(vec![
+                c.id.clone(),
+                rel_time(c.bound_at_ms, now_ms),
+                c.cgroup_path.clone(),
+            ]);
+        }
+        for line in t.render().lines() {
+            out.push_str("  ");
+            out.push_str(line);
+            out.push('\n');
+        }
     }
 }
 

@@ -9,6 +9,7 @@
 
 pub mod cdi;
 pub mod clock;
+pub mod mig;
 pub mod procdevices;
 pub mod runc;
 pub mod size;

@@ -19,27 +19,12 @@ use crate::gpu::sim::{SimConfig, SimGpuConfig};
 use crate::partition::Strategy;
 
 mod kubernetes;
+mod validator;
 pub use kubernetes::{ClassSpec, KubernetesConfig, RESOURCE_DOMAIN, resource_name};
 mod oidc;
 pub use oidc::{ClaimRule, JwksSource, MAX_LEEWAY, OidcAlgorithm, OidcConfig};
-
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error("{path}: {source}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{path}: {message}")]
-    Parse { path: PathBuf, message: String },
-    #[error("{path}: field `{field}`: {message}")]
-    Invalid {
-        path: PathBuf,
-        field: String,
-        message: String,
-    },
-}
+pub use validator::ConfigError;
+use validator::Validator;
 
 /// Which GPU backend drives the hardware.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -287,6 +272,24 @@ pub struct PartitionConfig {
     /// Temporal packing: best fit's weight on how far a new lease's expiry extends a
     /// GPU's latest (0 = expiries ignored).
     pub expiry_weight: u32,
+}
+
+impl PartitionConfig {
+    /// The planner's options these settings give, for a request that names
+    /// `gpu_index` (or none); the lease core adds the expiries.
+    pub fn plan_options(&self, gpu_index: Option<u32>) -> crate::partition::PlanOptions {
+        crate::partition::PlanOptions {
+            strategy: self.strategy,
+            mps_oversubscribe: self.mps_oversubscribe,
+            dynamic_mig: self.dynamic_mig,
+            gpu_index,
+            temporal: match self.expiry_weight {
+                0 => crate::partition::Temporal::Off,
+                w => crate::partition::Temporal::Weighted(w),
+            },
+            expiry: None,
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -564,144 +567,11 @@ impl Config {
             message: e.to_string().trim().replace('\n', " "),
         })?;
         let v = Validator { path };
-        let d = raw.daemon;
-        let state_dir = d
-            .state_dir
-            .unwrap_or_else(|| PathBuf::from("/var/lib/tessera"));
-        let run_dir = d.run_dir.unwrap_or_else(|| PathBuf::from("/run/tessera"));
-        let socket = d.socket.unwrap_or_else(|| run_dir.join("tesserad.sock"));
-        let socket_mode = match d.socket_mode {
-            None => 0o660,
-            Some(s) => u32::from_str_radix(s.trim_start_matches("0o"), 8)
-                .ok()
-                .filter(|m| *m <= 0o777 && m & 0o007 == 0)
-                .ok_or_else(|| {
-                    v.err(
-                        "daemon.socket_mode",
-                        format!("{s:?} is not an octal mode without world bits, e.g. \"0660\""),
-                    )
-                })?,
-        };
-        let daemon = DaemonConfig {
-            socket,
-            socket_mode,
-            socket_group: d.socket_group,
-            state_dir,
-            run_dir,
-            shutdown_grace: v.duration("daemon.shutdown_grace", d.shutdown_grace, "10s")?,
-            log_format: d.log_format.unwrap_or_default(),
-            fault_injection: d.fault_injection.unwrap_or(false),
-        };
-
-        let mps_timeout = v.duration("nvml.mps_timeout", raw.nvml.mps_timeout, "10s")?;
-        let mut nvml = crate::gpu::NvmlConfig {
-            library_path: raw.nvml.library_path,
-            ..Default::default()
-        };
-        if let Some(p) = raw.nvml.mig_minors_path {
-            nvml.mig_minors_path = p;
-        }
-        nvml.mps.binary = raw.nvml.mps_control;
-        nvml.mps.state_dir = daemon.run_dir.join("mps-daemons");
-        nvml.mps.timeout_secs = mps_timeout.as_secs().max(1);
-        let gpu = GpuConfig {
-            backend: raw.gpu.backend.unwrap_or(BackendKind::Sim),
-            nvml,
-        };
-
-        let sim = SimSection {
-            // Under the run dir by default: /run is emptied at boot, and real MIG
-            // instances do not survive a reboot either.
-            state_file: raw
-                .sim
-                .state_file
-                .unwrap_or_else(|| daemon.run_dir.join("sim-gpus.json")),
-            gpus: SimConfig {
-                gpus: raw.sim.gpus,
-                seed: raw.sim.seed,
-                state_file: None,
-                faults: raw.sim.faults,
-                topology: raw.sim.topology,
-            },
-        };
-        if gpu.backend == BackendKind::Sim {
-            if sim.gpus.gpus.is_empty() {
-                return Err(v.err(
-                    "sim.gpus",
-                    "backend = \"sim\" needs at least one [[sim.gpus]] entry".into(),
-                ));
-            }
-            sim.gpus
-                .validate()
-                .map_err(|e| v.err("sim.gpus", e.to_string()))?;
-        }
-
-        let p = raw.partition;
-        let mut static_layouts = Vec::new();
-        for (i, s) in p.static_layouts.into_iter().enumerate() {
-            if gpu.backend == BackendKind::Sim && s.gpu as usize >= sim.gpus.gpus.len() {
-                return Err(v.err(
-                    &format!("partition.static[{i}].gpu"),
-                    format!("no simulated GPU with index {}", s.gpu),
-                ));
-            }
-            if static_layouts.iter().any(|l: &StaticLayout| l.gpu == s.gpu) {
-                return Err(v.err(
-                    &format!("partition.static[{i}].gpu"),
-                    format!("GPU {} has two static layouts", s.gpu),
-                ));
-            }
-            for (name, n) in &s.devices {
-                if *n == 0 || *n > 7 {
-                    return Err(v.err(
-                        &format!("partition.static[{i}].devices.{name}"),
-                        format!("count {n} is not in 1..=7"),
-                    ));
-                }
-            }
-            static_layouts.push(StaticLayout {
-                gpu: s.gpu,
-                devices: s.devices,
-            });
-        }
-        let partition = PartitionConfig {
-            strategy: p.strategy.unwrap_or_default(),
-            dynamic_mig: p.dynamic_mig.unwrap_or(true),
-            on_release: p.on_release.unwrap_or_default(),
-            mps_oversubscribe: p.mps_oversubscribe.unwrap_or(false),
-            mps_mode: p.mps_mode.unwrap_or_default(),
-            static_layouts,
-            move_idle: p.move_idle.unwrap_or(true),
-            compact_idle: p.compact_idle.unwrap_or(false),
-            expiry_weight: p.expiry_weight.unwrap_or(crate::partition::EXPIRY_WEIGHT),
-        };
-
-        let l = raw.lease;
-        let lease = LeaseConfig {
-            default_ttl: v.duration("lease.default_ttl", l.default_ttl, "1h")?,
-            max_ttl: v.duration("lease.max_ttl", l.max_ttl, "7d")?,
-            min_ttl: v.duration("lease.min_ttl", l.min_ttl, "1s")?,
-            expiring_notice: v.duration("lease.expiring_notice", l.expiring_notice, "5m")?,
-            revocation_grace: v.duration("lease.revocation_grace", l.revocation_grace, "10s")?,
-            retain_ended: v.duration("lease.retain_ended", l.retain_ended, "30d")?,
-            pids_limit: l.pids_limit.unwrap_or(4096),
-            max_queue_wait: v.duration("lease.max_queue_wait", l.max_queue_wait, "10m")?,
-            max_queued_per_tenant: l.max_queued_per_tenant.unwrap_or(16),
-            max_queued: l.max_queued.unwrap_or(256),
-        };
-        if lease.min_ttl > lease.max_ttl {
-            return Err(v.err("lease.min_ttl", "is longer than lease.max_ttl".into()));
-        }
-        if lease.default_ttl < lease.min_ttl || lease.default_ttl > lease.max_ttl {
-            return Err(v.err(
-                "lease.default_ttl",
-                "must lie between lease.min_ttl and lease.max_ttl".into(),
-            ));
-        }
-        if lease.pids_limit == 0 {
-            return Err(v.err("lease.pids_limit", "must be at least 1".into()));
-        }
-
+        let daemon = daemon_section(&v, raw.daemon)?;
+        let gpu = gpu_section(&v, raw.gpu, raw.nvml, &daemon)?;
+        let sim = sim_section(&v, raw.sim, &daemon, &gpu)?;
+        let partition = partition_section(&v, raw.partition, &gpu, &sim)?;
+        let lease = lease_section(&v, raw.lease)?;
         let devices = DevicesConfig {
             dev_root: raw
                 .devices
@@ -710,111 +580,25 @@ impl Config {
             nvidia_uvm_major: raw.devices.nvidia_uvm_major,
             nvidia_caps_major: raw.devices.nvidia_caps_major,
         };
-
         let auth = validate_auth(&v, raw.auth)?;
         let tenancy = validate_tenancy(&v, raw.tenants, raw.priority_classes, raw.quota)?;
-        for p in &auth.principals {
-            if let Role::Tenant(t) = &p.role
-                && !tenancy.tenants.is_empty()
-                && !tenancy.tenants.contains_key(t)
-            {
-                return Err(v.err(
-                    &format!("auth.principals.{}.tenant", p.name),
-                    format!("tenant {t:?} has no [tenants.{t}] section"),
-                ));
-            }
-        }
-        let audit = AuditConfig {
-            path: raw
-                .audit
-                .path
-                .unwrap_or_else(|| daemon.state_dir.join("audit.jsonl")),
-            max_bytes: match raw.audit.max_size {
-                None => 64 << 20,
-                Some(s) => parse_size(&s).map_err(|e| v.err("audit.max_size", e.to_string()))?,
-            },
-            keep: raw.audit.keep.unwrap_or(5),
-            on_failure: raw.audit.on_failure.unwrap_or_default(),
-        };
+        principals_have_tenants(&v, &auth, &tenancy)?;
+        let audit = audit_section(&v, raw.audit, &daemon)?;
         let health = HealthConfig {
             watch_events: raw.health.watch_events.unwrap_or(true),
             poll_interval: v.duration("health.poll_interval", raw.health.poll_interval, "10s")?,
             on_unhealthy: raw.health.on_unhealthy.unwrap_or_default(),
         };
-        if audit.max_bytes < 4096 {
-            return Err(v.err("audit.max_size", "must be at least 4KiB".into()));
-        }
-        let allow_remote = raw.metrics.allow_remote.unwrap_or(false);
-        let listen = match raw.metrics.listen.as_deref().map(str::trim) {
-            None | Some("") => None,
-            Some(s) => {
-                let addr: std::net::SocketAddr = s.parse().map_err(|_| {
-                    v.err(
-                        "metrics.listen",
-                        format!(
-                            "{s:?} is not an address like \"127.0.0.1:9464\" or \"[::1]:9464\""
-                        ),
-                    )
-                })?;
-                if !addr.ip().is_loopback() && !allow_remote {
-                    return Err(v.err(
-                        "metrics.listen",
-                        format!(
-                            "{addr} is not a loopback address: metrics reveal tenants and usage; set metrics.allow_remote = true to serve them beyond this host"
-                        ),
-                    ));
-                }
-                Some(addr)
-            }
-        };
-        let metrics = MetricsConfig {
-            listen,
-            allow_remote,
-        };
-        let kubernetes = kubernetes::validate_kubernetes(&v, raw.kubernetes, &tenancy, &lease)?;
-        let cdi_dir = raw.cdi.dir.unwrap_or_else(|| PathBuf::from("/var/run/cdi"));
-        if !cdi_dir.is_absolute() {
-            return Err(v.err("cdi.dir", format!("{} is not absolute", cdi_dir.display())));
-        }
-        let cdi = CdiConfig {
-            enabled: raw.cdi.enabled.unwrap_or_else(|| cdi_dir.is_dir()),
-            dir: cdi_dir,
-        };
-        let api = ApiConfig {
-            max_send_message: match raw.api.max_send_message {
-                None => 16 << 20,
-                Some(s) => usize::try_from(
-                    parse_size(&s).map_err(|e| v.err("api.max_send_message", e.to_string()))?,
-                )
-                .unwrap_or(usize::MAX),
-            },
-            watch_queue: raw.api.watch_queue.unwrap_or(4096),
-            watch_history: raw.api.watch_history.unwrap_or(1024),
-            watch_bookmark_interval: v.duration(
-                "api.watch_bookmark_interval",
-                raw.api.watch_bookmark_interval,
-                "30s",
-            )?,
-        };
-        if api.max_send_message < MIN_SEND_MESSAGE {
-            return Err(v.err(
-                "api.max_send_message",
-                "must be at least 1MiB (one lease with every label it may have)".into(),
-            ));
-        }
-        if api.watch_queue == 0 || api.watch_queue > 1 << 20 {
-            return Err(v.err("api.watch_queue", "must be 1 to 1048576 events".into()));
-        }
-        if api.watch_history > 1 << 20 {
-            return Err(v.err("api.watch_history", "must be at most 1048576 events".into()));
-        }
-        if api.watch_bookmark_interval < Duration::from_millis(100) {
-            return Err(v.err(
-                "api.watch_bookmark_interval",
-                "must be at least 100ms".into(),
-            ));
-        }
-
+        let metrics = metrics_section(&v, raw.metrics)?;
+        let declared = |t: &str| tenancy.tenants.is_empty() || tenancy.tenants.contains_key(t);
+        let kubernetes = kubernetes::validate_kubernetes(
+            &v,
+            raw.kubernetes,
+            &declared,
+            lease.min_ttl..=lease.max_ttl,
+        )?;
+        let cdi = cdi_section(&v, raw.cdi)?;
+        let api = api_section(&v, raw.api)?;
         Ok(Config {
             path: path.to_path_buf(),
             daemon,
@@ -833,6 +617,286 @@ impl Config {
             cdi,
         })
     }
+}
+
+fn daemon_section(v: &Validator<'_>, d: RawDaemon) -> Result<DaemonConfig, ConfigError> {
+    let state_dir = d
+        .state_dir
+        .unwrap_or_else(|| PathBuf::from("/var/lib/tessera"));
+    let run_dir = d.run_dir.unwrap_or_else(|| PathBuf::from("/run/tessera"));
+    let socket = d.socket.unwrap_or_else(|| run_dir.join("tesserad.sock"));
+    let socket_mode = match d.socket_mode {
+        None => 0o660,
+        Some(s) => u32::from_str_radix(s.trim_start_matches("0o"), 8)
+            .ok()
+            .filter(|m| *m <= 0o777 && m & 0o007 == 0)
+            .ok_or_else(|| {
+                v.err(
+                    "daemon.socket_mode",
+                    format!("{s:?} is not an octal mode without world bits, e.g. \"0660\""),
+                )
+            })?,
+    };
+    Ok(DaemonConfig {
+        socket,
+        socket_mode,
+        socket_group: d.socket_group,
+        state_dir,
+        run_dir,
+        shutdown_grace: v.duration("daemon.shutdown_grace", d.shutdown_grace, "10s")?,
+        log_format: d.log_format.unwrap_or_default(),
+        fault_injection: d.fault_injection.unwrap_or(false),
+    })
+}
+
+fn gpu_section(
+    v: &Validator<'_>,
+    raw: RawGpu,
+    raw_nvml: RawNvml,
+    daemon: &DaemonConfig,
+) -> Result<GpuConfig, ConfigError> {
+    let mps_timeout = v.duration("nvml.mps_timeout", raw_nvml.mps_timeout, "10s")?;
+    let mut nvml = crate::gpu::NvmlConfig {
+        library_path: raw_nvml.library_path,
+        ..Default::default()
+    };
+    if let Some(p) = raw_nvml.mig_minors_path {
+        nvml.mig_minors_path = p;
+    }
+    nvml.mps.binary = raw_nvml.mps_control;
+    nvml.mps.state_dir = daemon.run_dir.join("mps-daemons");
+    nvml.mps.timeout_secs = mps_timeout.as_secs().max(1);
+    Ok(GpuConfig {
+        backend: raw.backend.unwrap_or(BackendKind::Sim),
+        nvml,
+    })
+}
+
+fn sim_section(
+    v: &Validator<'_>,
+    raw: RawSim,
+    daemon: &DaemonConfig,
+    gpu: &GpuConfig,
+) -> Result<SimSection, ConfigError> {
+    let sim = SimSection {
+        // Under the run dir by default: /run is emptied at boot, and real MIG
+        // instances do not survive a reboot either.
+        state_file: raw
+            .state_file
+            .unwrap_or_else(|| daemon.run_dir.join("sim-gpus.json")),
+        gpus: SimConfig {
+            gpus: raw.gpus,
+            seed: raw.seed,
+            state_file: None,
+            faults: raw.faults,
+            topology: raw.topology,
+        },
+    };
+    if gpu.backend == BackendKind::Sim {
+        if sim.gpus.gpus.is_empty() {
+            return Err(v.err(
+                "sim.gpus",
+                "backend = \"sim\" needs at least one [[sim.gpus]] entry".into(),
+            ));
+        }
+        sim.gpus
+            .validate()
+            .map_err(|e| v.err("sim.gpus", e.to_string()))?;
+    }
+    Ok(sim)
+}
+
+fn partition_section(
+    v: &Validator<'_>,
+    p: RawPartition,
+    gpu: &GpuConfig,
+    sim: &SimSection,
+) -> Result<PartitionConfig, ConfigError> {
+    let mut static_layouts = Vec::new();
+    for (i, s) in p.static_layouts.into_iter().enumerate() {
+        if gpu.backend == BackendKind::Sim && s.gpu as usize >= sim.gpus.gpus.len() {
+            return Err(v.err(
+                &format!("partition.static[{i}].gpu"),
+                format!("no simulated GPU with index {}", s.gpu),
+            ));
+        }
+        if static_layouts.iter().any(|l: &StaticLayout| l.gpu == s.gpu) {
+            return Err(v.err(
+                &format!("partition.static[{i}].gpu"),
+                format!("GPU {} has two static layouts", s.gpu),
+            ));
+        }
+        for (name, n) in &s.devices {
+            if *n == 0 || *n > 7 {
+                return Err(v.err(
+                    &format!("partition.static[{i}].devices.{name}"),
+                    format!("count {n} is not in 1..=7"),
+                ));
+            }
+        }
+        static_layouts.push(StaticLayout {
+            gpu: s.gpu,
+            devices: s.devices,
+        });
+    }
+    Ok(PartitionConfig {
+        strategy: p.strategy.unwrap_or_default(),
+        dynamic_mig: p.dynamic_mig.unwrap_or(true),
+        on_release: p.on_release.unwrap_or_default(),
+        mps_oversubscribe: p.mps_oversubscribe.unwrap_or(false),
+        mps_mode: p.mps_mode.unwrap_or_default(),
+        static_layouts,
+        move_idle: p.move_idle.unwrap_or(true),
+        compact_idle: p.compact_idle.unwrap_or(false),
+        expiry_weight: p.expiry_weight.unwrap_or(crate::partition::EXPIRY_WEIGHT),
+    })
+}
+
+fn lease_section(v: &Validator<'_>, l: RawLease) -> Result<LeaseConfig, ConfigError> {
+    let lease = LeaseConfig {
+        default_ttl: v.duration("lease.default_ttl", l.default_ttl, "1h")?,
+        max_ttl: v.duration("lease.max_ttl", l.max_ttl, "7d")?,
+        min_ttl: v.duration("lease.min_ttl", l.min_ttl, "1s")?,
+        expiring_notice: v.duration("lease.expiring_notice", l.expiring_notice, "5m")?,
+        revocation_grace: v.duration("lease.revocation_grace", l.revocation_grace, "10s")?,
+        retain_ended: v.duration("lease.retain_ended", l.retain_ended, "30d")?,
+        pids_limit: l.pids_limit.unwrap_or(4096),
+        max_queue_wait: v.duration("lease.max_queue_wait", l.max_queue_wait, "10m")?,
+        max_queued_per_tenant: l.max_queued_per_tenant.unwrap_or(16),
+        max_queued: l.max_queued.unwrap_or(256),
+    };
+    if lease.min_ttl > lease.max_ttl {
+        return Err(v.err("lease.min_ttl", "is longer than lease.max_ttl".into()));
+    }
+    if lease.default_ttl < lease.min_ttl || lease.default_ttl > lease.max_ttl {
+        return Err(v.err(
+            "lease.default_ttl",
+            "must lie between lease.min_ttl and lease.max_ttl".into(),
+        ));
+    }
+    if lease.pids_limit == 0 {
+        return Err(v.err("lease.pids_limit", "must be at least 1".into()));
+    }
+    Ok(lease)
+}
+
+/// A tenant principal names a tenant with its own section, when tenants are declared.
+fn principals_have_tenants(
+    v: &Validator<'_>,
+    auth: &AuthConfig,
+    tenancy: &TenancyConfig,
+) -> Result<(), ConfigError> {
+    for p in &auth.principals {
+        if let Role::Tenant(t) = &p.role
+            && !tenancy.tenants.is_empty()
+            && !tenancy.tenants.contains_key(t)
+        {
+            return Err(v.err(
+                &format!("auth.principals.{}.tenant", p.name),
+                format!("tenant {t:?} has no [tenants.{t}] section"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn audit_section(
+    v: &Validator<'_>,
+    raw: RawAudit,
+    daemon: &DaemonConfig,
+) -> Result<AuditConfig, ConfigError> {
+    let audit = AuditConfig {
+        path: raw
+            .path
+            .unwrap_or_else(|| daemon.state_dir.join("audit.jsonl")),
+        max_bytes: match raw.max_size {
+            None => 64 << 20,
+            Some(s) => parse_size(&s).map_err(|e| v.err("audit.max_size", e.to_string()))?,
+        },
+        keep: raw.keep.unwrap_or(5),
+        on_failure: raw.on_failure.unwrap_or_default(),
+    };
+    if audit.max_bytes < 4096 {
+        return Err(v.err("audit.max_size", "must be at least 4KiB".into()));
+    }
+    Ok(audit)
+}
+
+fn metrics_section(v: &Validator<'_>, raw: RawMetrics) -> Result<MetricsConfig, ConfigError> {
+    let allow_remote = raw.allow_remote.unwrap_or(false);
+    let listen = match raw.listen.as_deref().map(str::trim) {
+        None | Some("") => None,
+        Some(s) => {
+            let addr: std::net::SocketAddr = s.parse().map_err(|_| {
+                v.err(
+                    "metrics.listen",
+                    format!("{s:?} is not an address like \"127.0.0.1:9464\" or \"[::1]:9464\""),
+                )
+            })?;
+            if !addr.ip().is_loopback() && !allow_remote {
+                return Err(v.err(
+                    "metrics.listen",
+                    format!(
+                        "{addr} is not a loopback address: metrics reveal tenants and usage; set metrics.allow_remote = true to serve them beyond this host"
+                    ),
+                ));
+            }
+            Some(addr)
+        }
+    };
+    Ok(MetricsConfig {
+        listen,
+        allow_remote,
+    })
+}
+
+fn cdi_section(v: &Validator<'_>, raw: RawCdi) -> Result<CdiConfig, ConfigError> {
+    let dir = raw.dir.unwrap_or_else(|| PathBuf::from("/var/run/cdi"));
+    if !dir.is_absolute() {
+        return Err(v.err("cdi.dir", format!("{} is not absolute", dir.display())));
+    }
+    Ok(CdiConfig {
+        enabled: raw.enabled.unwrap_or_else(|| dir.is_dir()),
+        dir,
+    })
+}
+
+fn api_section(v: &Validator<'_>, raw: RawApi) -> Result<ApiConfig, ConfigError> {
+    let api = ApiConfig {
+        max_send_message: match raw.max_send_message {
+            None => 16 << 20,
+            Some(s) => usize::try_from(
+                parse_size(&s).map_err(|e| v.err("api.max_send_message", e.to_string()))?,
+            )
+            .unwrap_or(usize::MAX),
+        },
+        watch_queue: raw.watch_queue.unwrap_or(4096),
+        watch_history: raw.watch_history.unwrap_or(1024),
+        watch_bookmark_interval: v.duration(
+            "api.watch_bookmark_interval",
+            raw.watch_bookmark_interval,
+            "30s",
+        )?,
+    };
+    if api.max_send_message < MIN_SEND_MESSAGE {
+        return Err(v.err(
+            "api.max_send_message",
+            "must be at least 1MiB (one lease with every label it may have)".into(),
+        ));
+    }
+    if api.watch_queue == 0 || api.watch_queue > 1 << 20 {
+        return Err(v.err("api.watch_queue", "must be 1 to 1048576 events".into()));
+    }
+    if api.watch_history > 1 << 20 {
+        return Err(v.err("api.watch_history", "must be at most 1048576 events".into()));
+    }
+    if api.watch_bookmark_interval < Duration::from_millis(100) {
+        return Err(v.err(
+            "api.watch_bookmark_interval",
+            "must be at least 100ms".into(),
+        ));
+    }
+    Ok(api)
 }
 
 fn validate_auth(v: &Validator<'_>, raw: RawAuth) -> Result<AuthConfig, ConfigError> {
@@ -966,60 +1030,10 @@ fn validate_tenancy(
             format!("{default_class:?} is not in [priority_classes]"),
         ));
     }
-    let amounts = |field: &str, a: RawAmounts| -> Result<Amounts, ConfigError> {
-        let memory_bytes = match a.memory {
-            None => 0,
-            Some(m) => {
-                parse_size(&m).map_err(|e| v.err(&format!("{field}.memory"), e.to_string()))?
-            }
-        };
-        if a.mps_sm_percent > 100 * 64 {
-            return Err(v.err(
-                &format!("{field}.mps_sm_percent"),
-                "is larger than any host".into(),
-            ));
-        }
-        Ok(Amounts {
-            mig_slices: a.mig_slices,
-            mps_sm_percent: a.mps_sm_percent,
-            memory_bytes,
-            whole_gpus: a.whole_gpus,
-        })
-    };
     let mut out = BTreeMap::new();
     for (name, t) in tenants {
-        crate::names::validate_tenant(&name)
-            .map_err(|e| v.err(&format!("tenants.{name}"), e.to_string()))?;
-        let guaranteed = amounts(&format!("tenants.{name}.guaranteed"), t.guaranteed)?;
-        let burst = match t.burst {
-            None => guaranteed,
-            Some(b) => amounts(&format!("tenants.{name}.burst"), b)?,
-        };
-        if burst.mig_slices < guaranteed.mig_slices
-            || burst.mps_sm_percent < guaranteed.mps_sm_percent
-            || burst.memory_bytes < guaranteed.memory_bytes
-            || burst.whole_gpus < guaranteed.whole_gpus
-        {
-            return Err(v.err(
-                &format!("tenants.{name}.burst"),
-                "must be at least the guaranteed amount in every dimension".into(),
-            ));
-        }
-        let class = t.priority_class.unwrap_or_else(|| default_class.clone());
-        if !classes.contains_key(&class) {
-            return Err(v.err(
-                &format!("tenants.{name}.priority_class"),
-                format!("{class:?} is not in [priority_classes]"),
-            ));
-        }
-        out.insert(
-            name,
-            TenantQuota {
-                guaranteed,
-                burst,
-                priority_class: class,
-            },
-        );
+        let quota = tenant_quota(v, &name, t, &classes, &default_class)?;
+        out.insert(name, quota);
     }
     Ok(TenancyConfig {
         tenants: out,
@@ -1029,33 +1043,65 @@ fn validate_tenancy(
     })
 }
 
-struct Validator<'a> {
-    path: &'a Path,
+/// One `[tenants.NAME]` section: its amounts (burst at least guaranteed) and a
+/// priority class of `classes`.
+fn tenant_quota(
+    v: &Validator<'_>,
+    name: &str,
+    t: RawTenant,
+    classes: &BTreeMap<String, i32>,
+    default_class: &str,
+) -> Result<TenantQuota, ConfigError> {
+    crate::names::validate_tenant(name)
+        .map_err(|e| v.err(&format!("tenants.{name}"), e.to_string()))?;
+    let guaranteed = amounts(v, &format!("tenants.{name}.guaranteed"), t.guaranteed)?;
+    let burst = match t.burst {
+        None => guaranteed,
+        Some(b) => amounts(v, &format!("tenants.{name}.burst"), b)?,
+    };
+    if burst.mig_slices < guaranteed.mig_slices
+        || burst.mps_sm_percent < guaranteed.mps_sm_percent
+        || burst.memory_bytes < guaranteed.memory_bytes
+        || burst.whole_gpus < guaranteed.whole_gpus
+    {
+        return Err(v.err(
+            &format!("tenants.{name}.burst"),
+            "must be at least the guaranteed amount in every dimension".into(),
+        ));
+    }
+    let class = t
+        .priority_class
+        .unwrap_or_else(|| default_class.to_string());
+    if !classes.contains_key(&class) {
+        return Err(v.err(
+            &format!("tenants.{name}.priority_class"),
+            format!("{class:?} is not in [priority_classes]"),
+        ));
+    }
+    Ok(TenantQuota {
+        guaranteed,
+        burst,
+        priority_class: class,
+    })
 }
 
-impl Validator<'_> {
-    fn err(&self, field: &str, message: String) -> ConfigError {
-        ConfigError::Invalid {
-            path: self.path.to_path_buf(),
-            field: field.to_string(),
-            message,
-        }
+fn amounts(v: &Validator<'_>, field: &str, a: RawAmounts) -> Result<Amounts, ConfigError> {
+    let memory_bytes = match a.memory {
+        None => 0,
+        Some(m) => parse_size(&m).map_err(|e| v.err(&format!("{field}.memory"), e.to_string()))?,
+    };
+    if a.mps_sm_percent > 100 * 64 {
+        return Err(v.err(
+            &format!("{field}.mps_sm_percent"),
+            "is larger than any host".into(),
+        ));
     }
-
-    fn duration(
-        &self,
-        field: &str,
-        value: Option<String>,
-        default: &str,
-    ) -> Result<Duration, ConfigError> {
-        let s = value.unwrap_or_else(|| default.to_string());
-        humantime::parse_duration(&s).map_err(|e| {
-            self.err(
-                field,
-                format!("{s:?} is not a duration like \"30s\" or \"1h\": {e}"),
-            )
-        })
-    }
+    Ok(Amounts {
+        mig_slices: a.mig_slices,
+        mps_sm_percent: a.mps_sm_percent,
+        memory_bytes,
+        whole_gpus: a.whole_gpus,
+    })
 }
 
 #[cfg(test)]

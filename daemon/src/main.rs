@@ -133,19 +133,7 @@ const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    // SAFETY: mi_option_set only stores an option's value; it is called before any
-    // other thread exists. Freed pages go back to the kernel at once, not after a
-    // second: what keeps RSS at the glibc figure (docs/performance.md).
-    unsafe {
-        libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0);
-    }
-    // SAFETY: mallopt only sets a tunable of the C allocator (SQLite's); it is
-    // called before any other thread exists, and a value it does not accept is
-    // ignored (it returns 0, which is harmless here: glibc's default stays).
-    #[cfg(target_env = "gnu")]
-    unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, MALLOC_ARENAS);
-    }
+    tune_allocators();
     let args = Args::parse();
     let cfg = match Config::load(&args.config) {
         Ok(c) => c,
@@ -162,45 +150,70 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
     };
-    if let Some(Command::Inject { store }) = &args.command {
-        use tesserad::store::faults::{CommitFault, StoreFaults};
-        if !cfg.daemon.fault_injection {
-            eprintln!(
-                "tesserad inject: {} does not set [daemon] fault_injection = true; the daemon would ignore it",
-                args.config.display()
-            );
-            return ExitCode::from(EXIT_CONFIG);
-        }
-        let fault = match store.as_str() {
-            "io-error" => CommitFault::IoError,
-            "disk-full" => CommitFault::DiskFull,
-            _ => CommitFault::None,
-        };
-        let f = StoreFaults::in_run_dir(&cfg.daemon.run_dir);
-        return match f.set(fault) {
-            Ok(()) => {
-                println!("store commits: {store} ({})", f.path().display());
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("tesserad inject: {}: {e}", f.path().display());
-                ExitCode::FAILURE
-            }
-        };
-    }
-    if let Some(Command::Sim(cmd)) = args.command {
-        return match sim_command(&cfg, cmd) {
+    match args.command {
+        Some(Command::Inject { store }) => inject(&cfg, &args.config, &store),
+        Some(Command::Sim(cmd)) => match sim_command(&cfg, cmd) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("tesserad sim: {e:#}");
                 ExitCode::from(EXIT_CONFIG)
             }
-        };
+        },
+        None if args.check_config => {
+            println!("{}: OK", args.config.display());
+            ExitCode::SUCCESS
+        }
+        None => serve(cfg, checked),
     }
-    if args.check_config {
-        println!("{}: OK", args.config.display());
-        return ExitCode::SUCCESS;
+}
+
+/// Both allocators' settings, before any other thread exists.
+fn tune_allocators() {
+    // SAFETY: mi_option_set only stores an option's value; it is called before any
+    // other thread exists. Freed pages go back to the kernel at once, not after a
+    // second: what keeps RSS at the glibc figure (docs/performance.md).
+    unsafe {
+        libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0);
     }
+    // SAFETY: mallopt only sets a tunable of the C allocator (SQLite's); it is
+    // called before any other thread exists, and a value it does not accept is
+    // ignored (it returns 0, which is harmless here: glibc's default stays).
+    #[cfg(target_env = "gnu")]
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, MALLOC_ARENAS);
+    }
+}
+
+/// `tesserad inject --store ...`: tell a running daemon's store to fail its commits.
+fn inject(cfg: &Config, config_path: &std::path::Path, store: &str) -> ExitCode {
+    use tesserad::store::faults::{CommitFault, StoreFaults};
+    if !cfg.daemon.fault_injection {
+        eprintln!(
+            "tesserad inject: {} does not set [daemon] fault_injection = true; the daemon would ignore it",
+            config_path.display()
+        );
+        return ExitCode::from(EXIT_CONFIG);
+    }
+    let fault = match store {
+        "io-error" => CommitFault::IoError,
+        "disk-full" => CommitFault::DiskFull,
+        _ => CommitFault::None,
+    };
+    let f = StoreFaults::in_run_dir(&cfg.daemon.run_dir);
+    match f.set(fault) {
+        Ok(()) => {
+            println!("store commits: {store} ({})", f.path().display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("tesserad inject: {}: {e}", f.path().display());
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The daemon: the store and the backend opened, then served until a signal.
+fn serve(cfg: Config, checked: Checked) -> ExitCode {
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("tesserad")
@@ -432,23 +445,7 @@ async fn run(
     // The hardware is touched from here on (reconcile, static layout).
     let mgr = LeaseManager::start(cfg, backend, store.clone())?;
     // The device plugin's reservations are leases: made before anything is served.
-    let device_plugin = if kubernetes.device_plugin {
-        let p = tesserad::k8s::DevicePlugin::start(mgr.clone(), store.clone(), kubernetes)
-            .await
-            .context("kubernetes device plugin")?;
-        info!(dir = %p.config().device_plugin_dir.display(), "kubernetes device plugin on");
-        Some(p)
-    } else {
-        if let Ok(left) = store.k8s_devices()
-            && !left.is_empty()
-        {
-            warn!(
-                devices = left.len(),
-                "the kubernetes device plugin is off but its devices' leases remain until they expire (kubernetes.lease_ttl) or are released (tessera lease list shows them, label tessera.io/k8s-class)"
-            );
-        }
-        None
-    };
+    let device_plugin = start_device_plugin(&mgr, &store, kubernetes).await?;
 
     // Every listener is bound before READY.
     let listener = tesserad::api::bind_unix(&socket, mode)?;
@@ -463,22 +460,11 @@ async fn run(
     info!(socket = %socket.display(), "serving the tessera.v1 API");
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let housekeeping = tokio::spawn(mgr.clone().run_housekeeping(stop_rx.clone()));
-    let watchdog = tokio::spawn(feed_watchdog(mgr.clone(), stop_rx.clone()));
-    #[cfg(target_env = "gnu")]
-    let trim = tokio::spawn(trim_after_bulk_work(mgr.clone(), stop_rx.clone()));
-    let health = tokio::spawn(mgr.clone().run_health_watch(stop_rx.clone()));
+    let mut tasks = Background::spawn(&mgr, &store, &stop_rx);
     if let Some(v) = &checked.oidc {
         info!(issuer = %v.config().issuer, "OIDC bearer tokens accepted on the TLS listener");
         tokio::spawn(v.clone().run_refresh(stop_rx.clone()));
     }
-    // ops: usage records and the Prometheus endpoint ([metrics] listen).
-    let catalog_of = mgr.clone();
-    let usage = tokio::spawn(tesserad::usage::run_recorder(
-        store.clone(),
-        move || catalog_of.usage_catalog(),
-        stop_rx.clone(),
-    ));
     // The handle the API service records calls and admissions on.
     let metrics = tesserad::metrics::spawn(metrics_listen, mgr.clone(), stop_rx.clone()).await?;
     if cdi.enabled {
@@ -494,7 +480,7 @@ async fn run(
         oidc_rules.set_oidc_rules(rules.unwrap_or_default());
         format!("{n} OIDC rules")
     }));
-    let plugin_task = device_plugin.map(|p| {
+    tasks.plugin = device_plugin.map(|p| {
         let on_reload = p.clone();
         service.on_reload(Arc::new(move |cfg: &Config| {
             on_reload.set_mix(cfg.kubernetes.mix.clone())
@@ -503,6 +489,96 @@ async fn run(
     });
     notify(&[sd_notify::NotifyState::Ready]);
 
+    serve_until_signal(&service, listener, tls, grace, &mgr).await?;
+    let _ = stop_tx.send(true);
+    tasks.join().await;
+    let _ = std::fs::remove_file(&socket);
+    store.close();
+    info!("stopped; leases and partitions are kept for the next start");
+    Ok(())
+}
+
+/// The kubelet device plugin when `[kubernetes] device_plugin` is on; when it is off,
+/// a warning if its devices' leases remain.
+async fn start_device_plugin(
+    mgr: &Arc<LeaseManager>,
+    store: &Arc<Store>,
+    kubernetes: tesserad::config::KubernetesConfig,
+) -> anyhow::Result<Option<Arc<tesserad::k8s::DevicePlugin>>> {
+    if kubernetes.device_plugin {
+        let p = tesserad::k8s::DevicePlugin::start(mgr.clone(), store.clone(), kubernetes)
+            .await
+            .context("kubernetes device plugin")?;
+        info!(dir = %p.config().device_plugin_dir.display(), "kubernetes device plugin on");
+        return Ok(Some(p));
+    }
+    if let Ok(left) = store.k8s_devices()
+        && !left.is_empty()
+    {
+        warn!(
+            devices = left.len(),
+            "the kubernetes device plugin is off but its devices' leases remain until they expire (kubernetes.lease_ttl) or are released (tessera lease list shows them, label tessera.io/k8s-class)"
+        );
+    }
+    Ok(None)
+}
+
+/// The daemon's background tasks, stopped by the stop channel they were given.
+struct Background {
+    housekeeping: tokio::task::JoinHandle<()>,
+    watchdog: tokio::task::JoinHandle<()>,
+    #[cfg(target_env = "gnu")]
+    trim: tokio::task::JoinHandle<()>,
+    health: tokio::task::JoinHandle<()>,
+    usage: tokio::task::JoinHandle<()>,
+    plugin: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Background {
+    fn spawn(
+        mgr: &Arc<LeaseManager>,
+        store: &Arc<Store>,
+        stop_rx: &tokio::sync::watch::Receiver<bool>,
+    ) -> Background {
+        // ops: usage records ([metrics] listen serves the Prometheus endpoint).
+        let catalog_of = mgr.clone();
+        Background {
+            housekeeping: tokio::spawn(mgr.clone().run_housekeeping(stop_rx.clone())),
+            watchdog: tokio::spawn(feed_watchdog(mgr.clone(), stop_rx.clone())),
+            #[cfg(target_env = "gnu")]
+            trim: tokio::spawn(trim_after_bulk_work(mgr.clone(), stop_rx.clone())),
+            health: tokio::spawn(mgr.clone().run_health_watch(stop_rx.clone())),
+            usage: tokio::spawn(tesserad::usage::run_recorder(
+                store.clone(),
+                move || catalog_of.usage_catalog(),
+                stop_rx.clone(),
+            )),
+            plugin: None,
+        }
+    }
+
+    async fn join(self) {
+        let _ = self.housekeeping.await;
+        let _ = self.watchdog.await;
+        #[cfg(target_env = "gnu")]
+        let _ = self.trim.await;
+        let _ = self.health.await;
+        let _ = self.usage.await;
+        if let Some(t) = self.plugin {
+            let _ = t.await;
+        }
+    }
+}
+
+/// Serve the API on the unix socket (and TLS) until SIGTERM or SIGINT (SIGHUP
+/// reloads the config), then drain: in-flight calls get `grace` to finish.
+async fn serve_until_signal(
+    service: &TesseraService,
+    listener: tokio::net::UnixListener,
+    tls: Option<tesserad::api::BoundTls>,
+    grace: Duration,
+    mgr: &LeaseManager,
+) -> anyhow::Result<()> {
     let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
     let mut hup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
@@ -552,19 +628,6 @@ async fn run(
             server.abort();
         }
     }
-    let _ = stop_tx.send(true);
-    let _ = housekeeping.await;
-    let _ = watchdog.await;
-    #[cfg(target_env = "gnu")]
-    let _ = trim.await;
-    let _ = health.await;
-    let _ = usage.await;
-    if let Some(t) = plugin_task {
-        let _ = t.await;
-    }
-    let _ = std::fs::remove_file(&socket);
-    store.close();
-    info!("stopped; leases and partitions are kept for the next start");
     Ok(())
 }
 

@@ -527,8 +527,187 @@ impl NodeCollector {
     }
 }
 
+/// The per-GPU and per-MIG-instance gauge families, filled one GPU at a time.
+#[derive(Default)]
+struct GpuGauges {
+    partitions: BTreeMap<Labels, i64>,
+    healthy: BTreeMap<Labels, i64>,
+    free_slices: BTreeMap<Labels, i64>,
+    free_sm: BTreeMap<Labels, i64>,
+    free_mem: BTreeMap<Labels, i64>,
+    util: BTreeMap<Labels, i64>,
+    mem_used: BTreeMap<Labels, i64>,
+    mig_util: BTreeMap<Labels, i64>,
+    mig_mem: BTreeMap<Labels, i64>,
+}
+
+impl GpuGauges {
+    /// What the lease core knows of `g`: health, partitions, free capacity.
+    fn add_gpu(&mut self, g: &crate::lease::GpuReport) {
+        let gpu = g.info.index.to_string();
+        self.healthy.insert(
+            vec![
+                ("gpu", gpu.clone()),
+                ("uuid", g.info.uuid.clone()),
+                (
+                    "cause",
+                    g.health
+                        .as_ref()
+                        .map(|m| m.cause.code())
+                        .unwrap_or_default(),
+                ),
+            ],
+            i64::from(g.health.is_none()),
+        );
+        for p in &g.partitions {
+            let leased = if p.lease_id.is_some() {
+                "true"
+            } else {
+                "false"
+            };
+            *self
+                .partitions
+                .entry(vec![
+                    ("gpu", gpu.clone()),
+                    ("profile", partition_label(p)),
+                    ("leased", leased.to_string()),
+                ])
+                .or_insert(0) += 1;
+        }
+        let whole_mem = g.info.memory_bytes;
+        let (slices, sm, mem) = if g.whole_leased {
+            (0, 0, 0)
+        } else if g.info.mig_current {
+            // free_slices counts memory slices (8 per GPU).
+            let mem = whole_mem / 8 * u64::from(g.free_slices);
+            (g.free_slices, 0, mem)
+        } else {
+            (
+                0,
+                100u32.saturating_sub(g.mps_sm_percent_used),
+                whole_mem.saturating_sub(g.mps_memory_used),
+            )
+        };
+        self.free_slices
+            .insert(vec![("gpu", gpu.clone())], i64::from(slices));
+        if !g.info.mig_current {
+            self.free_sm
+                .insert(vec![("gpu", gpu.clone())], i64::from(sm));
+        }
+        self.free_mem.insert(vec![("gpu", gpu)], mem as i64);
+    }
+
+    /// What NVML reports of `g`: utilisation and memory, per GPU and per MIG instance.
+    fn add_nvml(&mut self, g: &crate::lease::GpuReport, backend: &dyn crate::gpu::GpuBackend) {
+        let gpu = g.info.index.to_string();
+        if let Ok(u) = backend.utilization(g.info.index) {
+            self.util
+                .insert(vec![("gpu", gpu.clone())], i64::from(u.gpu_percent));
+            self.mem_used
+                .insert(vec![("gpu", gpu.clone())], u.memory_used_bytes as i64);
+        }
+        if !g.info.mig_current {
+            return;
+        }
+        let (Ok(instances), Ok(procs)) = (
+            backend.instances(g.info.index),
+            backend.processes(g.info.index),
+        ) else {
+            return;
+        };
+        for i in instances {
+            let in_gi: Vec<_> = procs.iter().filter(|p| p.gi_id == Some(i.gi_id)).collect();
+            let labels = vec![
+                ("gpu", gpu.clone()),
+                ("gi", i.gi_id.to_string()),
+                (
+                    "profile",
+                    g.profiles
+                        .iter()
+                        .find(|(p, _)| p.id == i.gi_profile_id)
+                        .map(|(p, _)| p.name.clone())
+                        .unwrap_or_else(|| format!("id{}", i.gi_profile_id)),
+                ),
+            ];
+            // NVML reports no SM utilisation for MIG devices: an instance
+            // with compute processes in it counts as busy (100).
+            let busy = if in_gi.is_empty() { 0 } else { 100 };
+            self.mig_util.insert(labels.clone(), busy);
+            self.mig_mem.insert(
+                labels,
+                in_gi.iter().map(|p| p.used_memory_bytes).sum::<u64>() as i64,
+            );
+        }
+    }
+
+    fn encode(self, encoder: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        for (name, help, values) in [
+            (
+                "partitions",
+                "Partitions by GPU, profile (MIG profile, mps, whole_gpu) and whether leased",
+                self.partitions,
+            ),
+            (
+                "gpu_healthy",
+                "1 while the GPU is in service, 0 while it is out of service (cause: xid-N, ecc-dbe, lost, pending-retirement, operator)",
+                self.healthy,
+            ),
+            (
+                "gpu_free_slices",
+                "Free MIG memory slices per GPU (of 8; 0 when MIG is off or the GPU is leased whole)",
+                self.free_slices,
+            ),
+            (
+                "gpu_free_sm_percent",
+                "SM percent not yet given to MPS shares (GPUs without MIG)",
+                self.free_sm,
+            ),
+            (
+                "gpu_free_memory_bytes",
+                "Device memory not yet given to partitions",
+                self.free_mem,
+            ),
+            (
+                "gpu_utilization_percent",
+                "GPU utilisation as NVML reports it",
+                self.util,
+            ),
+            (
+                "gpu_memory_used_bytes",
+                "Device memory used by processes, from NVML",
+                self.mem_used,
+            ),
+            (
+                "mig_instance_utilization_percent",
+                "Per MIG instance: 100 while compute processes run in it, else 0",
+                self.mig_util,
+            ),
+            (
+                "mig_instance_memory_used_bytes",
+                "Per MIG instance: device memory used by its processes, from NVML",
+                self.mig_mem,
+            ),
+        ] {
+            gauge_family(encoder, name, help, values)?;
+        }
+        Ok(())
+    }
+}
+
 impl Collector for NodeCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        self.encode_leases(&mut encoder)?;
+        self.encode_gpus(&mut encoder)?;
+        self.encode_tenancy(&mut encoder)?;
+        self.encode_usage(&mut encoder)?;
+        self.encode_state_filesystem(&mut encoder)?;
+        self.encode_queue(&mut encoder)
+    }
+}
+
+impl NodeCollector {
+    /// Live leases by tenant, shape and state, and the device plugin's leases by pod.
+    fn encode_leases(&self, encoder: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let mut leases: BTreeMap<Labels, i64> = BTreeMap::new();
         let mut pods: BTreeMap<Labels, i64> = BTreeMap::new();
         if let Ok(list) = self.mgr.list(None, None, false) {
@@ -567,169 +746,35 @@ impl Collector for NodeCollector {
             }
         }
         gauge_family(
-            &mut encoder,
+            encoder,
             "leases",
             "Live leases by tenant, shape and state",
             leases,
         )?;
         gauge_family(
-            &mut encoder,
+            encoder,
             "kubernetes_pod_leases",
             "Live leases of the kubelet device plugin held by a pod, by namespace, pod, tenant, resource and lease (1 each)",
             pods,
-        )?;
+        )
+    }
 
-        let node = self.mgr.node();
+    /// Partitions, health, free capacity and NVML's utilisation per GPU and per MIG
+    /// instance.
+    fn encode_gpus(&self, encoder: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let backend = self.mgr.backend();
-        let mut partitions = BTreeMap::new();
-        let mut free_slices = BTreeMap::new();
-        let mut free_sm = BTreeMap::new();
-        let mut free_mem = BTreeMap::new();
-        let mut util = BTreeMap::new();
-        let mut mem_used = BTreeMap::new();
-        let mut mig_util = BTreeMap::new();
-        let mut mig_mem = BTreeMap::new();
-        let mut healthy = BTreeMap::new();
-        for g in &node {
-            let gpu = g.info.index.to_string();
-            healthy.insert(
-                vec![
-                    ("gpu", gpu.clone()),
-                    ("uuid", g.info.uuid.clone()),
-                    (
-                        "cause",
-                        g.health
-                            .as_ref()
-                            .map(|m| m.cause.code())
-                            .unwrap_or_default(),
-                    ),
-                ],
-                i64::from(g.health.is_none()),
-            );
-            for p in &g.partitions {
-                let leased = if p.lease_id.is_some() {
-                    "true"
-                } else {
-                    "false"
-                };
-                *partitions
-                    .entry(vec![
-                        ("gpu", gpu.clone()),
-                        ("profile", partition_label(p)),
-                        ("leased", leased.to_string()),
-                    ])
-                    .or_insert(0) += 1;
-            }
-            let whole_mem = g.info.memory_bytes;
-            let (slices, sm, mem) = if g.whole_leased {
-                (0, 0, 0)
-            } else if g.info.mig_current {
-                // free_slices counts memory slices (8 per GPU).
-                let mem = whole_mem / 8 * u64::from(g.free_slices);
-                (g.free_slices, 0, mem)
-            } else {
-                (
-                    0,
-                    100u32.saturating_sub(g.mps_sm_percent_used),
-                    whole_mem.saturating_sub(g.mps_memory_used),
-                )
-            };
-            free_slices.insert(vec![("gpu", gpu.clone())], i64::from(slices));
-            if !g.info.mig_current {
-                free_sm.insert(vec![("gpu", gpu.clone())], i64::from(sm));
-            }
-            free_mem.insert(vec![("gpu", gpu.clone())], mem as i64);
-            if let Ok(u) = backend.utilization(g.info.index) {
-                util.insert(vec![("gpu", gpu.clone())], i64::from(u.gpu_percent));
-                mem_used.insert(vec![("gpu", gpu.clone())], u.memory_used_bytes as i64);
-            }
-            if g.info.mig_current
-                && let (Ok(instances), Ok(procs)) = (
-                    backend.instances(g.info.index),
-                    backend.processes(g.info.index),
-                )
-            {
-                for i in instances {
-                    let in_gi: Vec<_> = procs.iter().filter(|p| p.gi_id == Some(i.gi_id)).collect();
-                    let labels = vec![
-                        ("gpu", gpu.clone()),
-                        ("gi", i.gi_id.to_string()),
-                        (
-                            "profile",
-                            g.profiles
-                                .iter()
-                                .find(|(p, _)| p.id == i.gi_profile_id)
-                                .map(|(p, _)| p.name.clone())
-                                .unwrap_or_else(|| format!("id{}", i.gi_profile_id)),
-                        ),
-                    ];
-                    // NVML reports no SM utilisation for MIG devices: an instance
-                    // with compute processes in it counts as busy (100).
-                    let busy = if in_gi.is_empty() { 0 } else { 100 };
-                    mig_util.insert(labels.clone(), busy);
-                    mig_mem.insert(
-                        labels,
-                        in_gi.iter().map(|p| p.used_memory_bytes).sum::<u64>() as i64,
-                    );
-                }
-            }
+        let mut gauges = GpuGauges::default();
+        for g in &self.mgr.node() {
+            gauges.add_gpu(g);
+            gauges.add_nvml(g, backend.as_ref());
         }
-        gauge_family(
-            &mut encoder,
-            "partitions",
-            "Partitions by GPU, profile (MIG profile, mps, whole_gpu) and whether leased",
-            partitions,
-        )?;
-        gauge_family(
-            &mut encoder,
-            "gpu_healthy",
-            "1 while the GPU is in service, 0 while it is out of service (cause: xid-N, ecc-dbe, lost, pending-retirement, operator)",
-            healthy,
-        )?;
-        gauge_family(
-            &mut encoder,
-            "gpu_free_slices",
-            "Free MIG memory slices per GPU (of 8; 0 when MIG is off or the GPU is leased whole)",
-            free_slices,
-        )?;
-        gauge_family(
-            &mut encoder,
-            "gpu_free_sm_percent",
-            "SM percent not yet given to MPS shares (GPUs without MIG)",
-            free_sm,
-        )?;
-        gauge_family(
-            &mut encoder,
-            "gpu_free_memory_bytes",
-            "Device memory not yet given to partitions",
-            free_mem,
-        )?;
-        gauge_family(
-            &mut encoder,
-            "gpu_utilization_percent",
-            "GPU utilisation as NVML reports it",
-            util,
-        )?;
-        gauge_family(
-            &mut encoder,
-            "gpu_memory_used_bytes",
-            "Device memory used by processes, from NVML",
-            mem_used,
-        )?;
-        gauge_family(
-            &mut encoder,
-            "mig_instance_utilization_percent",
-            "Per MIG instance: 100 while compute processes run in it, else 0",
-            mig_util,
-        )?;
-        gauge_family(
-            &mut encoder,
-            "mig_instance_memory_used_bytes",
-            "Per MIG instance: device memory used by its processes, from NVML",
-            mig_mem,
-        )?;
-        self.encode_tenancy(&mut encoder)?;
-        self.encode_usage(&mut encoder)?;
+        gauges.encode(encoder)
+    }
+
+    fn encode_state_filesystem(
+        &self,
+        encoder: &mut DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
         if let Some((avail, size)) = state_filesystem(&self.mgr.config().daemon.state_dir) {
             for (name, help, v) in [
                 (
@@ -749,6 +794,10 @@ impl Collector for NodeCollector {
                 g.encode(e)?;
             }
         }
+        Ok(())
+    }
+
+    fn encode_queue(&self, encoder: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
         // One value, no labels: a plain gauge (a family would print `name{} 0`).
         let depth = Gauge::<i64>::default();
         depth.set(i64::try_from(self.mgr.queued_requests()).unwrap_or(i64::MAX));

@@ -256,6 +256,44 @@ fn gpu_or_mig(device: sys::nvmlDevice_t) -> Result<Handle, Ret> {
     }
 }
 
+/// The shape of an entry point on a GPU handle: INVALID_ARGUMENT when `bad_args` (a
+/// null out-pointer, an argument out of range) or `device` is no GPU; otherwise `f`
+/// runs as call `name` on the GPU's index (`write`: it changes the state).
+fn on_gpu(
+    name: &str,
+    device: sys::nvmlDevice_t,
+    bad_args: bool,
+    write: bool,
+    f: impl FnOnce(&mut State, u32) -> Result<(), Ret>,
+) -> Ret {
+    if bad_args {
+        return INVALID_ARGUMENT;
+    }
+    let gpu = match gpu_of(device) {
+        Ok(g) => g,
+        Err(e) => return e,
+    };
+    ret(call(name, Some(gpu), write, |st| f(st, gpu)))
+}
+
+/// [`on_gpu`] for an entry point that takes a GPU or a MIG device handle.
+fn on_gpu_or_mig(
+    name: &str,
+    device: sys::nvmlDevice_t,
+    bad_args: bool,
+    write: bool,
+    f: impl FnOnce(&mut State, Handle) -> Result<(), Ret>,
+) -> Ret {
+    if bad_args {
+        return INVALID_ARGUMENT;
+    }
+    let h = match gpu_or_mig(device) {
+        Ok(h) => h,
+        Err(e) => return e,
+    };
+    ret(call(name, h.gpu(), write, |st| f(st, h)))
+}
+
 fn mig_on(st: &State, gpu: u32) -> Result<(), Ret> {
     if st.gpus[gpu as usize].mig_current {
         Ok(())
@@ -388,18 +426,17 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetIndex(device: sys::nvmlDevice_t, index: *mut c_uint) -> Ret {
-    if index.is_null() {
-        return INVALID_ARGUMENT;
-    }
-    let gpu = match gpu_of(device) {
-        Ok(g) => g,
-        Err(e) => return e,
-    };
-    ret(call("nvmlDeviceGetIndex", Some(gpu), false, |_| {
-        // SAFETY: checked non-null above.
-        unsafe { put(index, gpu) };
-        Ok(())
-    }))
+    on_gpu(
+        "nvmlDeviceGetIndex",
+        device,
+        index.is_null(),
+        false,
+        |_, gpu| {
+            // SAFETY: non-null: on_gpu refused a null one.
+            unsafe { put(index, gpu) };
+            Ok(())
+        },
+    )
 }
 
 // ---- device attributes ----
@@ -410,26 +447,25 @@ pub unsafe extern "C" fn nvmlDeviceGetName(
     name: *mut c_char,
     length: c_uint,
 ) -> Ret {
-    if name.is_null() {
-        return INVALID_ARGUMENT;
-    }
-    let h = match gpu_or_mig(device) {
-        Ok(h) => h,
-        Err(e) => return e,
-    };
-    ret(call("nvmlDeviceGetName", h.gpu(), false, |st| {
-        let g = &st.gpus[h.gpu().unwrap_or(0) as usize];
-        let text = match h {
-            Handle::Mig { gi, .. } => {
-                let gi = g.instances.iter().find(|x| x.id == gi).ok_or(NOT_FOUND)?;
-                let row = g.model.gi_row(gi.profile).ok_or(UNKNOWN)?;
-                format!("{} MIG {}", g.model.name(), row.name)
-            }
-            _ => g.model.name().to_owned(),
-        };
-        // SAFETY: non-null, `length` bytes per NVML's contract.
-        unsafe { put_str(name, length, &text) }
-    }))
+    on_gpu_or_mig(
+        "nvmlDeviceGetName",
+        device,
+        name.is_null(),
+        false,
+        |st, h| {
+            let g = &st.gpus[h.gpu().unwrap_or(0) as usize];
+            let text = match h {
+                Handle::Mig { gi, .. } => {
+                    let gi = g.instances.iter().find(|x| x.id == gi).ok_or(NOT_FOUND)?;
+                    let row = g.model.gi_row(gi.profile).ok_or(UNKNOWN)?;
+                    format!("{} MIG {}", g.model.name(), row.name)
+                }
+                _ => g.model.name().to_owned(),
+            };
+            // SAFETY: non-null, `length` bytes per NVML's contract.
+            unsafe { put_str(name, length, &text) }
+        },
+    )
 }
 
 #[unsafe(no_mangle)]
@@ -438,27 +474,26 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
     uuid: *mut c_char,
     length: c_uint,
 ) -> Ret {
-    if uuid.is_null() {
-        return INVALID_ARGUMENT;
-    }
-    let h = match gpu_or_mig(device) {
-        Ok(h) => h,
-        Err(e) => return e,
-    };
-    ret(call("nvmlDeviceGetUUID", h.gpu(), false, |st| {
-        let text = match h {
-            Handle::Mig { gpu, gi, ci } => find_gi(st, gpu, gi)?
-                .cis
-                .iter()
-                .find(|c| c.id == ci)
-                .map(|c| c.uuid.clone())
-                .ok_or(NOT_FOUND)?,
-            Handle::Gpu(g) => st.gpus[g as usize].uuid.clone(),
-            _ => return Err(INVALID_ARGUMENT),
-        };
-        // SAFETY: non-null, `length` bytes per NVML's contract.
-        unsafe { put_str(uuid, length, &text) }
-    }))
+    on_gpu_or_mig(
+        "nvmlDeviceGetUUID",
+        device,
+        uuid.is_null(),
+        false,
+        |st, h| {
+            let text = match h {
+                Handle::Mig { gpu, gi, ci } => find_gi(st, gpu, gi)?
+                    .cis
+                    .iter()
+                    .find(|c| c.id == ci)
+                    .map(|c| c.uuid.clone())
+                    .ok_or(NOT_FOUND)?,
+                Handle::Gpu(g) => st.gpus[g as usize].uuid.clone(),
+                _ => return Err(INVALID_ARGUMENT),
+            };
+            // SAFETY: non-null, `length` bytes per NVML's contract.
+            unsafe { put_str(uuid, length, &text) }
+        },
+    )
 }
 
 #[unsafe(no_mangle)]
@@ -466,18 +501,17 @@ pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(
     device: sys::nvmlDevice_t,
     minor: *mut c_uint,
 ) -> Ret {
-    if minor.is_null() {
-        return INVALID_ARGUMENT;
-    }
-    let gpu = match gpu_of(device) {
-        Ok(g) => g,
-        Err(e) => return e,
-    };
-    ret(call("nvmlDeviceGetMinorNumber", Some(gpu), false, |_| {
-        // SAFETY: checked non-null above.
-        unsafe { put(minor, gpu) };
-        Ok(())
-    }))
+    on_gpu(
+        "nvmlDeviceGetMinorNumber",
+        device,
+        minor.is_null(),
+        false,
+        |_, gpu| {
+            // SAFETY: non-null: on_gpu refused a null one.
+            unsafe { put(minor, gpu) };
+            Ok(())
+        },
+    )
 }
 
 #[unsafe(no_mangle)]
@@ -485,18 +519,17 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
     device: sys::nvmlDevice_t,
     pci: *mut sys::nvmlPciInfo_t,
 ) -> Ret {
-    if pci.is_null() {
-        return INVALID_ARGUMENT;
-    }
-    let gpu = match gpu_of(device) {
-        Ok(g) => g,
-        Err(e) => return e,
-    };
-    ret(call("nvmlDeviceGetPciInfo_v3", Some(gpu), false, |_| {
-        // SAFETY: checked non-null above.
-        unsafe { put(pci, pci_info(gpu)) };
-        Ok(())
-    }))
+    on_gpu(
+        "nvmlDeviceGetPciInfo_v3",
+        device,
+        pci.is_null(),
+        false,
+        |_, gpu| {
+            // SAFETY: non-null: on_gpu refused a null one.
+            unsafe { put(pci, pci_info(gpu)) };
+            Ok(())
+        },
+    )
 }
 
 /// Memory of a GPU, or of a MIG device (its GI's memory).
@@ -505,45 +538,44 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     device: sys::nvmlDevice_t,
     memory: *mut sys::nvmlMemory_v2_t,
 ) -> Ret {
-    if memory.is_null() {
-        return INVALID_ARGUMENT;
-    }
-    let h = match gpu_or_mig(device) {
-        Ok(h) => h,
-        Err(e) => return e,
-    };
-    ret(call("nvmlDeviceGetMemoryInfo_v2", h.gpu(), false, |st| {
-        let g = &st.gpus[h.gpu().unwrap_or(0) as usize];
-        let (total, gi) = match h {
-            Handle::Mig { gi, .. } => {
-                let x = g.instances.iter().find(|x| x.id == gi).ok_or(NOT_FOUND)?;
-                let row = g.model.gi_row(x.profile).ok_or(UNKNOWN)?;
-                (row.memory_mib << 20, Some(gi))
-            }
-            _ => (g.model.memory_bytes(), None),
-        };
-        let used: u64 = g
-            .processes
-            .iter()
-            .filter(|p| gi.is_none() || p.gi == gi)
-            .map(|p| p.used_memory)
-            .sum();
-        let used = used.min(total);
-        // SAFETY: checked non-null above.
-        unsafe {
-            put(
-                memory,
-                sys::nvmlMemory_v2_t {
-                    version: (*memory).version,
-                    total,
-                    reserved: 0,
-                    free: total - used,
-                    used,
-                },
-            )
-        };
-        Ok(())
-    }))
+    on_gpu_or_mig(
+        "nvmlDeviceGetMemoryInfo_v2",
+        device,
+        memory.is_null(),
+        false,
+        |st, h| {
+            let g = &st.gpus[h.gpu().unwrap_or(0) as usize];
+            let (total, gi) = match h {
+                Handle::Mig { gi, .. } => {
+                    let x = g.instances.iter().find(|x| x.id == gi).ok_or(NOT_FOUND)?;
+                    let row = g.model.gi_row(x.profile).ok_or(UNKNOWN)?;
+                    (row.memory_mib << 20, Some(gi))
+                }
+                _ => (g.model.memory_bytes(), None),
+            };
+            let used: u64 = g
+                .processes
+                .iter()
+                .filter(|p| gi.is_none() || p.gi == gi)
+                .map(|p| p.used_memory)
+                .sum();
+            let used = used.min(total);
+            // SAFETY: checked non-null above.
+            unsafe {
+                put(
+                    memory,
+                    sys::nvmlMemory_v2_t {
+                        version: (*memory).version,
+                        total,
+                        reserved: 0,
+                        free: total - used,
+                        used,
+                    },
+                )
+            };
+            Ok(())
+        },
+    )
 }
 
 #[unsafe(no_mangle)]
@@ -552,22 +584,21 @@ pub unsafe extern "C" fn nvmlDeviceGetMigMode(
     current: *mut c_uint,
     pending: *mut c_uint,
 ) -> Ret {
-    if current.is_null() || pending.is_null() {
-        return INVALID_ARGUMENT;
-    }
-    let gpu = match gpu_of(device) {
-        Ok(g) => g,
-        Err(e) => return e,
-    };
-    ret(call("nvmlDeviceGetMigMode", Some(gpu), false, |st| {
-        let g = &st.gpus[gpu as usize];
-        // SAFETY: both checked non-null above.
-        unsafe {
-            put(current, c_uint::from(g.mig_current));
-            put(pending, c_uint::from(g.mig_pending));
-        }
-        Ok(())
-    }))
+    on_gpu(
+        "nvmlDeviceGetMigMode",
+        device,
+        current.is_null() || pending.is_null(),
+        false,
+        |st, gpu| {
+            let g = &st.gpus[gpu as usize];
+            // SAFETY: both checked non-null above.
+            unsafe {
+                put(current, c_uint::from(g.mig_current));
+                put(pending, c_uint::from(g.mig_pending));
+            }
+            Ok(())
+        },
+    )
 }
 
 /// Pending mode only: it applies at the next GPU reset (`nvml-fake-ctl reset`).
@@ -577,19 +608,18 @@ pub unsafe extern "C" fn nvmlDeviceSetMigMode(
     mode: c_uint,
     activation: *mut Ret,
 ) -> Ret {
-    if activation.is_null() || mode > 1 {
-        return INVALID_ARGUMENT;
-    }
-    let gpu = match gpu_of(device) {
-        Ok(g) => g,
-        Err(e) => return e,
-    };
-    ret(call("nvmlDeviceSetMigMode", Some(gpu), true, |st| {
-        st.gpus[gpu as usize].mig_pending = mode == 1;
-        // SAFETY: checked non-null above.
-        unsafe { put(activation, SUCCESS) };
-        Ok(())
-    }))
+    on_gpu(
+        "nvmlDeviceSetMigMode",
+        device,
+        activation.is_null() || mode > 1,
+        true,
+        |st, gpu| {
+            st.gpus[gpu as usize].mig_pending = mode == 1;
+            // SAFETY: non-null: on_gpu refused a null one.
+            unsafe { put(activation, SUCCESS) };
+            Ok(())
+        },
+    )
 }
 
 /// Attributes: NVML answers them for MIG devices only.
@@ -598,50 +628,49 @@ pub unsafe extern "C" fn nvmlDeviceGetAttributes_v2(
     device: sys::nvmlDevice_t,
     attributes: *mut sys::nvmlDeviceAttributes_t,
 ) -> Ret {
-    if attributes.is_null() {
-        return INVALID_ARGUMENT;
-    }
-    let h = match gpu_or_mig(device) {
-        Ok(h) => h,
-        Err(e) => return e,
-    };
-    ret(call("nvmlDeviceGetAttributes_v2", h.gpu(), false, |st| {
-        let g = &st.gpus[h.gpu().unwrap_or(0) as usize];
-        let (sms, gi_slices, ci_slices_, mib) = match h {
-            Handle::Mig { gi, ci, .. } => {
-                let x = g.instances.iter().find(|x| x.id == gi).ok_or(NOT_FOUND)?;
-                let c = x.cis.iter().find(|c| c.id == ci).ok_or(NOT_FOUND)?;
-                let row = g.model.gi_row(x.profile).ok_or(UNKNOWN)?;
-                let sms = if c.slices == row.slices {
-                    row.sm_count
-                } else {
-                    g.model.sm_of_slices(c.slices)
-                };
-                (sms, row.slices, c.slices, row.memory_mib)
-            }
-            // The driver answers attributes for MIG devices only (driver 580 on an
-            // H200 answers NOT_SUPPORTED for the whole GPU).
-            _ => return Err(NOT_SUPPORTED),
-        };
-        // SAFETY: checked non-null above.
-        unsafe {
-            put(
-                attributes,
-                sys::nvmlDeviceAttributes_t {
-                    multiprocessorCount: sms,
-                    sharedCopyEngineCount: 1,
-                    sharedDecoderCount: 1,
-                    sharedEncoderCount: 0,
-                    sharedJpegCount: 0,
-                    sharedOfaCount: 0,
-                    gpuInstanceSliceCount: gi_slices,
-                    computeInstanceSliceCount: ci_slices_,
-                    memorySizeMB: mib,
-                },
-            )
-        };
-        Ok(())
-    }))
+    on_gpu_or_mig(
+        "nvmlDeviceGetAttributes_v2",
+        device,
+        attributes.is_null(),
+        false,
+        |st, h| {
+            let g = &st.gpus[h.gpu().unwrap_or(0) as usize];
+            let (sms, gi_slices, ci_slices_, mib) = match h {
+                Handle::Mig { gi, ci, .. } => {
+                    let x = g.instances.iter().find(|x| x.id == gi).ok_or(NOT_FOUND)?;
+                    let c = x.cis.iter().find(|c| c.id == ci).ok_or(NOT_FOUND)?;
+                    let row = g.model.gi_row(x.profile).ok_or(UNKNOWN)?;
+                    let sms = if c.slices == row.slices {
+                        row.sm_count
+                    } else {
+                        g.model.sm_of_slices(c.slices)
+                    };
+                    (sms, row.slices, c.slices, row.memory_mib)
+                }
+                // The driver answers attributes for MIG devices only (driver 580 on an
+                // H200 answers NOT_SUPPORTED for the whole GPU).
+                _ => return Err(NOT_SUPPORTED),
+            };
+            // SAFETY: checked non-null above.
+            unsafe {
+                put(
+                    attributes,
+                    sys::nvmlDeviceAttributes_t {
+                        multiprocessorCount: sms,
+                        sharedCopyEngineCount: 1,
+                        sharedDecoderCount: 1,
+                        sharedEncoderCount: 0,
+                        sharedJpegCount: 0,
+                        sharedOfaCount: 0,
+                        gpuInstanceSliceCount: gi_slices,
+                        computeInstanceSliceCount: ci_slices_,
+                        memorySizeMB: mib,
+                    },
+                )
+            };
+            Ok(())
+        },
+    )
 }
 
 #[unsafe(no_mangle)]
@@ -649,25 +678,19 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
     device: sys::nvmlDevice_t,
     utilization: *mut sys::nvmlUtilization_t,
 ) -> Ret {
-    if utilization.is_null() {
-        return INVALID_ARGUMENT;
-    }
-    let gpu = match gpu_of(device) {
-        Ok(g) => g,
-        Err(e) => return e,
-    };
-    ret(call(
+    on_gpu(
         "nvmlDeviceGetUtilizationRates",
-        Some(gpu),
+        device,
+        utilization.is_null(),
         false,
-        |st| {
+        |st, gpu| {
             let g = &st.gpus[gpu as usize];
             if g.mig_current {
                 // NVML reports no utilisation with MIG enabled.
                 return Err(NOT_SUPPORTED);
             }
             let busy = if g.processes.is_empty() { 0 } else { 100 };
-            // SAFETY: checked non-null above.
+            // SAFETY: non-null: on_gpu refused a null one.
             unsafe {
                 put(
                     utilization,
@@ -679,7 +702,7 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
             };
             Ok(())
         },
-    ))
+    )
 }
 
 /// Processes with a compute context; `*count` in: the buffer's size, out: how many
@@ -690,20 +713,14 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
     count: *mut c_uint,
     infos: *mut sys::nvmlProcessInfo_t,
 ) -> Ret {
-    if count.is_null() {
-        return INVALID_ARGUMENT;
-    }
-    let gpu = match gpu_of(device) {
-        Ok(g) => g,
-        Err(e) => return e,
-    };
-    ret(call(
+    on_gpu(
         "nvmlDeviceGetComputeRunningProcesses_v3",
-        Some(gpu),
+        device,
+        count.is_null(),
         false,
-        |st| {
+        |st, gpu| {
             let procs = &st.gpus[gpu as usize].processes;
-            // SAFETY: checked non-null above.
+            // SAFETY: non-null: on_gpu refused a null one.
             let room = unsafe { *count } as usize;
             // SAFETY: as above.
             unsafe { put(count, procs.len() as c_uint) };
@@ -723,7 +740,7 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
             }
             Ok(())
         },
-    ))
+    )
 }
 
 #[unsafe(no_mangle)]
@@ -812,19 +829,18 @@ pub unsafe extern "C" fn nvmlDeviceGetNvLinkState(
     link: c_uint,
     active: *mut sys::nvmlEnableState_t,
 ) -> Ret {
-    if active.is_null() {
-        return INVALID_ARGUMENT;
-    }
-    let gpu = match gpu_of(device) {
-        Ok(g) => g,
-        Err(e) => return e,
-    };
-    ret(call("nvmlDeviceGetNvLinkState", Some(gpu), false, |st| {
-        let up = nvlink_remote(st, gpu, link)?.is_some();
-        // SAFETY: checked non-null above.
-        unsafe { put(active, c_uint::from(up)) };
-        Ok(())
-    }))
+    on_gpu(
+        "nvmlDeviceGetNvLinkState",
+        device,
+        active.is_null(),
+        false,
+        |st, gpu| {
+            let up = nvlink_remote(st, gpu, link)?.is_some();
+            // SAFETY: non-null: on_gpu refused a null one.
+            unsafe { put(active, c_uint::from(up)) };
+            Ok(())
+        },
+    )
 }
 
 #[unsafe(no_mangle)]
@@ -833,27 +849,21 @@ pub unsafe extern "C" fn nvmlDeviceGetNvLinkRemotePciInfo_v2(
     link: c_uint,
     pci: *mut sys::nvmlPciInfo_t,
 ) -> Ret {
-    if pci.is_null() {
-        return INVALID_ARGUMENT;
-    }
-    let gpu = match gpu_of(device) {
-        Ok(g) => g,
-        Err(e) => return e,
-    };
-    ret(call(
+    on_gpu(
         "nvmlDeviceGetNvLinkRemotePciInfo_v2",
-        Some(gpu),
+        device,
+        pci.is_null(),
         false,
-        |st| {
+        |st, gpu| {
             let id = nvlink_remote(st, gpu, link)?.ok_or(NOT_SUPPORTED)?;
             let mut info = pci_info(0);
             info.busId = c_name::<32>(&id);
             info.busIdLegacy = c_name::<16>(&id[4..]);
-            // SAFETY: checked non-null above.
+            // SAFETY: non-null: on_gpu refused a null one.
             unsafe { put(pci, info) };
             Ok(())
         },
-    ))
+    )
 }
 
 /// Peer-to-peer over NVLink: every pair on an HGX board, the bridged pairs of
@@ -901,24 +911,18 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceProfileInfoV(
     profile: c_uint,
     info: *mut sys::nvmlGpuInstanceProfileInfo_v2_t,
 ) -> Ret {
-    if info.is_null() {
-        return INVALID_ARGUMENT;
-    }
-    let gpu = match gpu_of(device) {
-        Ok(g) => g,
-        Err(e) => return e,
-    };
-    ret(call(
+    on_gpu(
         "nvmlDeviceGetGpuInstanceProfileInfoV",
-        Some(gpu),
+        device,
+        info.is_null(),
         false,
-        |st| {
+        |st, gpu| {
             // Answered with MIG disabled too, as the real driver does.
             let model = st.gpus[gpu as usize].model;
             let row = model.gi_row(profile).ok_or(NOT_SUPPORTED)?;
             // The real driver writes version 0 back (seen on an H200, driver 580).
             let version = 0;
-            // SAFETY: checked non-null above.
+            // SAFETY: non-null: on_gpu refused a null one.
             unsafe {
                 put(
                     info,
@@ -953,7 +957,7 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceProfileInfoV(
             };
             Ok(())
         },
-    ))
+    )
 }
 
 /// Possible placements: a null buffer asks for the count; otherwise every placement
@@ -965,18 +969,12 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstancePossiblePlacements_v2(
     placements: *mut sys::nvmlGpuInstancePlacement_t,
     count: *mut c_uint,
 ) -> Ret {
-    if count.is_null() {
-        return INVALID_ARGUMENT;
-    }
-    let gpu = match gpu_of(device) {
-        Ok(g) => g,
-        Err(e) => return e,
-    };
-    ret(call(
+    on_gpu(
         "nvmlDeviceGetGpuInstancePossiblePlacements_v2",
-        Some(gpu),
+        device,
+        count.is_null(),
         false,
-        |st| {
+        |st, gpu| {
             // Answered with MIG disabled too, as the real driver does.
             let row = st.gpus[gpu as usize]
                 .model
@@ -984,11 +982,11 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstancePossiblePlacements_v2(
                 .ok_or(NOT_SUPPORTED)?;
             let n = row.starts.len();
             if placements.is_null() {
-                // SAFETY: checked non-null above.
+                // SAFETY: non-null: on_gpu refused a null one.
                 unsafe { put(count, n as c_uint) };
                 return Ok(());
             }
-            // SAFETY: checked non-null above.
+            // SAFETY: non-null: on_gpu refused a null one.
             let room = unsafe { *count } as usize;
             // SAFETY: as above.
             unsafe { put(count, n as c_uint) };
@@ -1007,7 +1005,7 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstancePossiblePlacements_v2(
             }
             Ok(())
         },
-    ))
+    )
 }
 
 fn overlaps(a_start: u32, a_size: u32, b_start: u32, b_size: u32) -> bool {
@@ -1142,39 +1140,38 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstances(
     gis: *mut sys::nvmlGpuInstance_t,
     count: *mut c_uint,
 ) -> Ret {
-    if gis.is_null() || count.is_null() {
-        return INVALID_ARGUMENT;
-    }
-    let gpu = match gpu_of(device) {
-        Ok(g) => g,
-        Err(e) => return e,
-    };
-    ret(call("nvmlDeviceGetGpuInstances", Some(gpu), false, |st| {
-        // With MIG disabled there are none (SUCCESS, 0), as the real driver answers.
-        let g = &st.gpus[gpu as usize];
-        let row = g
-            .model
-            .gi_row_by_driver_id(profile)
-            .ok_or(INVALID_ARGUMENT)?;
-        let ids: Vec<u32> = g
-            .instances
-            .iter()
-            .filter(|x| x.profile == row.id)
-            .map(|x| x.id)
-            .collect();
-        // SAFETY: checked non-null above.
-        let room = unsafe { *count } as usize;
-        // SAFETY: as above.
-        unsafe { put(count, ids.len() as c_uint) };
-        if ids.len() > room {
-            return Err(INSUFFICIENT_SIZE);
-        }
-        for (i, id) in ids.iter().enumerate() {
-            // SAFETY: i < room entries of the caller's buffer.
-            unsafe { gis.add(i).write(Handle::Gi { gpu, gi: *id }.ptr()) };
-        }
-        Ok(())
-    }))
+    on_gpu(
+        "nvmlDeviceGetGpuInstances",
+        device,
+        gis.is_null() || count.is_null(),
+        false,
+        |st, gpu| {
+            // With MIG disabled there are none (SUCCESS, 0), as the real driver answers.
+            let g = &st.gpus[gpu as usize];
+            let row = g
+                .model
+                .gi_row_by_driver_id(profile)
+                .ok_or(INVALID_ARGUMENT)?;
+            let ids: Vec<u32> = g
+                .instances
+                .iter()
+                .filter(|x| x.profile == row.id)
+                .map(|x| x.id)
+                .collect();
+            // SAFETY: non-null: on_gpu refused a null one.
+            let room = unsafe { *count } as usize;
+            // SAFETY: as above.
+            unsafe { put(count, ids.len() as c_uint) };
+            if ids.len() > room {
+                return Err(INSUFFICIENT_SIZE);
+            }
+            for (i, id) in ids.iter().enumerate() {
+                // SAFETY: i < room entries of the caller's buffer.
+                unsafe { gis.add(i).write(Handle::Gi { gpu, gi: *id }.ptr()) };
+            }
+            Ok(())
+        },
+    )
 }
 
 fn gi_of(h: sys::nvmlGpuInstance_t) -> Result<(u32, u32), Ret> {
@@ -1190,25 +1187,19 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceById(
     id: c_uint,
     gi: *mut sys::nvmlGpuInstance_t,
 ) -> Ret {
-    if gi.is_null() {
-        return INVALID_ARGUMENT;
-    }
-    let gpu = match gpu_of(device) {
-        Ok(g) => g,
-        Err(e) => return e,
-    };
-    ret(call(
+    on_gpu(
         "nvmlDeviceGetGpuInstanceById",
-        Some(gpu),
+        device,
+        gi.is_null(),
         false,
-        |st| {
+        |st, gpu| {
             mig_on(st, gpu)?;
             find_gi(st, gpu, id)?;
-            // SAFETY: checked non-null above.
+            // SAFETY: non-null: on_gpu refused a null one.
             unsafe { put(gi, Handle::Gi { gpu, gi: id }.ptr()) };
             Ok(())
         },
-    ))
+    )
 }
 
 #[unsafe(no_mangle)]
@@ -1540,28 +1531,22 @@ pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(
     device: sys::nvmlDevice_t,
     count: *mut c_uint,
 ) -> Ret {
-    if count.is_null() {
-        return INVALID_ARGUMENT;
-    }
-    let gpu = match gpu_of(device) {
-        Ok(g) => g,
-        Err(e) => return e,
-    };
-    ret(call(
+    on_gpu(
         "nvmlDeviceGetMaxMigDeviceCount",
-        Some(gpu),
+        device,
+        count.is_null(),
         false,
-        |st| {
+        |st, gpu| {
             let n = if st.gpus[gpu as usize].mig_current {
                 MAX_MIG_DEVICES
             } else {
                 0
             };
-            // SAFETY: checked non-null above.
+            // SAFETY: non-null: on_gpu refused a null one.
             unsafe { put(count, n) };
             Ok(())
         },
-    ))
+    )
 }
 
 #[unsafe(no_mangle)]
@@ -1570,29 +1555,23 @@ pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
     index: c_uint,
     mig: *mut sys::nvmlDevice_t,
 ) -> Ret {
-    if mig.is_null() {
-        return INVALID_ARGUMENT;
-    }
-    let gpu = match gpu_of(device) {
-        Ok(g) => g,
-        Err(e) => return e,
-    };
-    ret(call(
+    on_gpu(
         "nvmlDeviceGetMigDeviceHandleByIndex",
-        Some(gpu),
+        device,
+        mig.is_null(),
         false,
-        |st| {
+        |st, gpu| {
             // With MIG disabled there is no MIG device: NOT_FOUND, as the real driver
             // answers (seen on an H200, driver 580).
             if index >= MAX_MIG_DEVICES {
                 return Err(INVALID_ARGUMENT);
             }
             let &(gi, ci) = mig_devices(st, gpu).get(index as usize).ok_or(NOT_FOUND)?;
-            // SAFETY: checked non-null above.
+            // SAFETY: non-null: on_gpu refused a null one.
             unsafe { put(mig, Handle::Mig { gpu, gi, ci }.ptr()) };
             Ok(())
         },
-    ))
+    )
 }
 
 fn mig_ids(device: sys::nvmlDevice_t) -> Result<(u32, u32, u32), Ret> {
@@ -1699,23 +1678,17 @@ pub unsafe extern "C" fn nvmlDeviceGetSupportedEventTypes(
     device: sys::nvmlDevice_t,
     types: *mut c_ulonglong,
 ) -> Ret {
-    if types.is_null() {
-        return INVALID_ARGUMENT;
-    }
-    let gpu = match gpu_of(device) {
-        Ok(g) => g,
-        Err(e) => return e,
-    };
-    ret(call(
+    on_gpu(
         "nvmlDeviceGetSupportedEventTypes",
-        Some(gpu),
+        device,
+        types.is_null(),
         false,
-        |_| {
-            // SAFETY: checked non-null above.
+        |_, _| {
+            // SAFETY: non-null: on_gpu refused a null one.
             unsafe { put(types, HEALTH_EVENTS) };
             Ok(())
         },
-    ))
+    )
 }
 
 #[unsafe(no_mangle)]

@@ -1,6 +1,6 @@
-//! The GPU models the fake serves and their MIG tables, from NVIDIA's published
-//! profile and placement tables (the MIG user guide): A100-SXM4-40GB/80GB,
-//! H100-SXM5-80GB, H200-141GB.
+//! The GPU models the fake serves: A100-SXM4-40GB/80GB, H100-SXM5-80GB, H200-141GB.
+//! Their MIG tables (NVIDIA's published profile and placement tables) are
+//! `tessera_common::mig`, the daemon's simulator's too.
 
 use serde::{Deserialize, Serialize};
 
@@ -16,24 +16,8 @@ pub enum Model {
     H200_141,
 }
 
-/// One GPU-instance profile.
-#[derive(Debug, Clone, Copy)]
-pub struct GiRow {
-    /// `NVML_GPU_INSTANCE_PROFILE_*`: what nvmlDeviceGetGpuInstanceProfileInfoV takes.
-    pub id: u32,
-    /// The driver's id of the profile (`nvmlGpuInstanceProfileInfo_t.id`), what the
-    /// placement, create and list calls take and `nvmlGpuInstanceInfo_t.profileId`
-    /// says: not the index (a real H200 on driver 580: 1g 19, 1g+me 20, 1g with two
-    /// memory slices 15, 2g 14, 3g 9, 4g 5, 7g 0; the same ids on A100 and H100).
-    pub driver_id: u32,
-    pub slices: u32,
-    pub memory_slices: u32,
-    pub memory_mib: u64,
-    pub sm_count: u32,
-    pub max_count: u32,
-    pub starts: &'static [u32],
-    pub name: &'static str,
-}
+use tessera_common::mig::MigModel;
+pub use tessera_common::mig::{GiRow, ci_layout, ci_profile_id};
 
 impl Model {
     pub fn parse(s: &str) -> Option<Model> {
@@ -55,29 +39,26 @@ impl Model {
         }
     }
 
-    pub fn name(self) -> &'static str {
+    /// The model's row in the MIG tables.
+    fn mig(self) -> MigModel {
         match self {
-            Model::A100_40 => "NVIDIA A100-SXM4-40GB",
-            Model::A100_80 => "NVIDIA A100-SXM4-80GB",
-            Model::H100_80 => "NVIDIA H100 80GB HBM3",
-            Model::H200_141 => "NVIDIA H200",
+            Model::A100_40 => MigModel::A100Sxm40Gb,
+            Model::A100_80 => MigModel::A100Sxm80Gb,
+            Model::H100_80 => MigModel::H100Hbm3_80Gb,
+            Model::H200_141 => MigModel::H200_141Gb,
         }
+    }
+
+    pub fn name(self) -> &'static str {
+        self.mig().marketing_name()
     }
 
     pub fn memory_bytes(self) -> u64 {
-        let gib: u64 = match self {
-            Model::A100_40 => 40,
-            Model::A100_80 | Model::H100_80 => 80,
-            Model::H200_141 => 141,
-        };
-        gib << 30
+        self.mig().memory_bytes()
     }
 
     pub fn sm_count(self) -> u32 {
-        match self {
-            Model::A100_40 | Model::A100_80 => 108,
-            Model::H100_80 | Model::H200_141 => 132,
-        }
+        self.mig().sm_count()
     }
 
     /// NVLinks per GPU (NVLink 3 on A100: 12; NVLink 4 on H100/H200: 18).
@@ -90,77 +71,11 @@ impl Model {
 
     /// The GI profiles: 1g, 1g+me, 1g (2 memory slices), 2g, 3g, 4g, 7g.
     pub fn gi_rows(self) -> [GiRow; 7] {
-        // (name, MiB, SMs) per row.
-        let t: [(&'static str, u64, u32); 7] = match self {
-            Model::A100_40 => [
-                ("1g.5gb", 4864, 14),
-                ("1g.5gb+me", 4864, 14),
-                ("1g.10gb", 9856, 14),
-                ("2g.10gb", 9856, 28),
-                ("3g.20gb", 19968, 42),
-                ("4g.20gb", 20096, 56),
-                ("7g.40gb", 40448, 98),
-            ],
-            Model::A100_80 => [
-                ("1g.10gb", 9728, 14),
-                ("1g.10gb+me", 9728, 14),
-                ("1g.20gb", 19968, 14),
-                ("2g.20gb", 19968, 28),
-                ("3g.40gb", 40192, 42),
-                ("4g.40gb", 40192, 56),
-                ("7g.80gb", 80640, 98),
-            ],
-            Model::H100_80 => [
-                ("1g.10gb", 9984, 16),
-                ("1g.10gb+me", 9984, 16),
-                ("1g.20gb", 20096, 26),
-                ("2g.20gb", 20096, 32),
-                ("3g.40gb", 40448, 60),
-                ("4g.40gb", 40448, 64),
-                ("7g.80gb", 81152, 132),
-            ],
-            Model::H200_141 => [
-                ("1g.18gb", 16384, 16),
-                ("1g.18gb+me", 16384, 16),
-                ("1g.35gb", 33280, 26),
-                ("2g.35gb", 33280, 32),
-                ("3g.71gb", 71424, 60),
-                ("4g.71gb", 71424, 64),
-                ("7g.141gb", 143360, 132),
-            ],
-        };
-        let row = |i: usize, id, slices, memory_slices, max_count, starts| GiRow {
-            id,
-            driver_id: match id {
-                0 => 19,
-                7 => 20,
-                9 => 15,
-                1 => 14,
-                2 => 9,
-                3 => 5,
-                _ => 0,
-            },
-            slices,
-            memory_slices,
-            memory_mib: t[i].1,
-            sm_count: t[i].2,
-            max_count,
-            starts,
-            name: t[i].0,
-        };
-        [
-            row(0, 0, 1, 1, 7, &[0, 1, 2, 3, 4, 5, 6]),
-            row(1, 7, 1, 1, 1, &[0, 1, 2, 3, 4, 5, 6]),
-            row(2, 9, 1, 2, 4, &[0, 2, 4, 6]),
-            row(3, 1, 2, 2, 3, &[0, 2, 4]),
-            row(4, 2, 3, 4, 2, &[0, 4]),
-            row(5, 3, 4, 4, 1, &[0]),
-            row(6, 4, 7, 8, 1, &[0]),
-        ]
+        self.mig().gi_rows()
     }
 
     pub fn gi_row(self, profile: u32) -> Option<GiRow> {
-        self.gi_rows().into_iter().find(|r| r.id == profile)
+        self.mig().gi_row(profile)
     }
 
     /// The row of the driver's profile id (`nvmlGpuInstanceProfileInfo_t.id`).
@@ -179,22 +94,7 @@ impl Model {
     /// SMs of an n-slice compute instance smaller than its GI (those of the plain
     /// n-slice GI profile).
     pub fn sm_of_slices(self, slices: u32) -> u32 {
-        self.gi_rows()
-            .iter()
-            .find(|r| r.slices == slices && matches!(r.id, 0..=4))
-            .map_or(0, |r| r.sm_count)
-    }
-}
-
-/// `NVML_COMPUTE_INSTANCE_PROFILE_*` of an n-slice CI.
-pub fn ci_profile_id(slices: u32) -> Option<u32> {
-    match slices {
-        1 => Some(0),
-        2 => Some(1),
-        3 => Some(2),
-        4 => Some(3),
-        7 => Some(4),
-        _ => None,
+        self.mig().sm_of_slices(slices)
     }
 }
 
@@ -207,17 +107,5 @@ pub fn ci_slices(profile: u32) -> Option<u32> {
         3 => Some(4),
         4 => Some(7),
         _ => None,
-    }
-}
-
-/// (CI compute slices, max count) allowed in a GI of `gi_slices`.
-pub fn ci_layout(gi_slices: u32) -> &'static [(u32, u32)] {
-    match gi_slices {
-        1 => &[(1, 1)],
-        2 => &[(1, 2), (2, 1)],
-        3 => &[(1, 3), (2, 1), (3, 1)],
-        4 => &[(1, 4), (2, 2), (4, 1)],
-        7 => &[(1, 7), (2, 3), (3, 2), (4, 1), (7, 1)],
-        _ => &[],
     }
 }

@@ -2,6 +2,7 @@
 //! partition classes, the namespace-to-tenant map and the CDI spec directory.
 
 use std::collections::BTreeMap;
+use std::ops::RangeInclusive;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -11,7 +12,7 @@ use tessera_common::size::parse_size;
 use crate::names::validate_tenant;
 use crate::partition::Shape;
 
-use super::{ConfigError, LeaseConfig, TenancyConfig, Validator};
+use super::validator::{ConfigError, Validator};
 
 /// The domain of every extended resource the plugin advertises.
 pub const RESOURCE_DOMAIN: &str = "tessera.io";
@@ -141,35 +142,109 @@ fn mig_profile_ok(p: &str) -> bool {
         && gb.bytes().all(|b| b.is_ascii_digit())
 }
 
+/// `[kubernetes]`, validated. `tenant_declared` says whether a tenant may be used when
+/// quotas are on (it has a `[tenants.NAME]` section, or no tenant has one); the
+/// plugin's lease TTL must lie within `ttl` (lease.min_ttl..=lease.max_ttl).
 pub(super) fn validate_kubernetes(
     v: &Validator<'_>,
     raw: RawKubernetes,
-    tenancy: &TenancyConfig,
-    lease: &LeaseConfig,
+    tenant_declared: &dyn Fn(&str) -> bool,
+    ttl: RangeInclusive<Duration>,
 ) -> Result<KubernetesConfig, ConfigError> {
     let d = KubernetesConfig::default();
     let device_plugin = raw.device_plugin.unwrap_or(false);
-    let known_tenant = |field: &str, t: &str| -> Result<(), ConfigError> {
-        validate_tenant(t).map_err(|e| v.err(field, e.to_string()))?;
-        // Quotas on: the plugin's tenants need theirs (only when it runs).
-        if device_plugin && !tenancy.tenants.is_empty() && !tenancy.tenants.contains_key(t) {
-            return Err(v.err(field, format!("tenant {t:?} has no [tenants.{t}] section")));
+    let default_tenant = raw.default_tenant.unwrap_or(d.default_tenant);
+    let tenants = Tenants {
+        v,
+        device_plugin,
+        declared: tenant_declared,
+    };
+    tenants.check(&default_tenant, &raw.namespaces)?;
+    let mps = mps_classes(v, raw.mps_classes)?;
+    let mix = mix(v, raw.mix, &mps)?;
+    let (release_grace, poll_interval, lease_ttl) = timing(
+        v,
+        [raw.release_grace, raw.poll_interval, raw.lease_ttl],
+        d.lease_ttl,
+        ttl,
+    )?;
+    let k = KubernetesConfig {
+        device_plugin,
+        device_plugin_dir: raw.device_plugin_dir.unwrap_or(d.device_plugin_dir),
+        pod_resources_socket: raw.pod_resources_socket.unwrap_or(d.pod_resources_socket),
+        default_tenant,
+        namespaces: raw.namespaces,
+        release_grace,
+        poll_interval,
+        lease_ttl,
+        mix,
+        cdi: raw.cdi.unwrap_or(true),
+        cdi_dir: raw.cdi_dir.unwrap_or(d.cdi_dir),
+    };
+    for (field, p) in [
+        ("kubernetes.device_plugin_dir", &k.device_plugin_dir),
+        ("kubernetes.pod_resources_socket", &k.pod_resources_socket),
+        ("kubernetes.cdi_dir", &k.cdi_dir),
+    ] {
+        if !p.is_absolute() {
+            return Err(v.err(field, format!("{} is not an absolute path", p.display())));
+        }
+    }
+    if k.device_plugin && k.mix.values().all(|c| c.count == 0) {
+        return Err(v.err(
+            "kubernetes.mix",
+            "device_plugin = true needs at least one class with a count, e.g. \"mig-1g.10gb\" = 2"
+                .into(),
+        ));
+    }
+    Ok(k)
+}
+
+/// The tenants `[kubernetes]` names: valid names, and with quotas on, tenants with
+/// a section of their own (only when the plugin runs).
+struct Tenants<'a> {
+    v: &'a Validator<'a>,
+    device_plugin: bool,
+    declared: &'a dyn Fn(&str) -> bool,
+}
+
+impl Tenants<'_> {
+    fn check(
+        &self,
+        default_tenant: &str,
+        namespaces: &BTreeMap<String, String>,
+    ) -> Result<(), ConfigError> {
+        self.known("kubernetes.default_tenant", default_tenant)?;
+        for (ns, t) in namespaces {
+            if !label_ok(ns) {
+                return Err(self.v.err(
+                    &format!("kubernetes.namespaces.{ns}"),
+                    "a namespace is 1-63 characters of a-z, 0-9, '-' or '.'".into(),
+                ));
+            }
+            self.known(&format!("kubernetes.namespaces.{ns}"), t)?;
         }
         Ok(())
-    };
-    let default_tenant = raw.default_tenant.unwrap_or(d.default_tenant);
-    known_tenant("kubernetes.default_tenant", &default_tenant)?;
-    for (ns, t) in &raw.namespaces {
-        if !label_ok(ns) {
-            return Err(v.err(
-                &format!("kubernetes.namespaces.{ns}"),
-                "a namespace is 1-63 characters of a-z, 0-9, '-' or '.'".into(),
-            ));
-        }
-        known_tenant(&format!("kubernetes.namespaces.{ns}"), t)?;
     }
+
+    fn known(&self, field: &str, t: &str) -> Result<(), ConfigError> {
+        validate_tenant(t).map_err(|e| self.v.err(field, e.to_string()))?;
+        if self.device_plugin && !(self.declared)(t) {
+            return Err(self
+                .v
+                .err(field, format!("tenant {t:?} has no [tenants.{t}] section")));
+        }
+        Ok(())
+    }
+}
+
+/// `[[kubernetes.mps_classes]]`: name -> the MPS shape of its devices.
+fn mps_classes(
+    v: &Validator<'_>,
+    raw: Vec<RawMpsClass>,
+) -> Result<BTreeMap<String, Shape>, ConfigError> {
     let mut mps = BTreeMap::new();
-    for (i, c) in raw.mps_classes.into_iter().enumerate() {
+    for (i, c) in raw.into_iter().enumerate() {
         let field = |k: &str| format!("kubernetes.mps_classes[{i}].{k}");
         if !label_ok(&c.name) || c.name.len() > 40 {
             return Err(v.err(
@@ -207,37 +282,19 @@ pub(super) fn validate_kubernetes(
             return Err(v.err(&field("name"), format!("{:?} is defined twice", c.name)));
         }
     }
+    Ok(mps)
+}
+
+/// `[kubernetes.mix]`: class -> its shape and how many devices are kept reserved.
+fn mix(
+    v: &Validator<'_>,
+    raw: BTreeMap<String, u32>,
+    mps: &BTreeMap<String, Shape>,
+) -> Result<BTreeMap<String, ClassSpec>, ConfigError> {
     let mut mix = BTreeMap::new();
-    for (class, count) in raw.mix {
+    for (class, count) in raw {
         let field = format!("kubernetes.mix.{class}");
-        let shape = if class == "gpu" {
-            Shape::WholeGpu
-        } else if let Some(p) = class.strip_prefix("mig-") {
-            if !mig_profile_ok(p) {
-                return Err(v.err(
-                    &field,
-                    format!(
-                        "{p:?} is not a MIG profile name like \"1g.10gb\" (profiles with '+' cannot be resource names)"
-                    ),
-                ));
-            }
-            Shape::Mig {
-                profile: p.to_string(),
-                compute_profile: None,
-            }
-        } else if let Some(n) = class.strip_prefix("mps-") {
-            mps.get(n).cloned().ok_or_else(|| {
-                v.err(
-                    &field,
-                    format!("no [[kubernetes.mps_classes]] entry is named {n:?}"),
-                )
-            })?
-        } else {
-            return Err(v.err(
-                &field,
-                "a class is \"gpu\", \"mig-<profile>\" (e.g. mig-1g.10gb) or \"mps-<name>\" of [[kubernetes.mps_classes]]".into(),
-            ));
-        };
+        let shape = class_shape(v, &field, &class, mps)?;
         if !label_ok(&class) {
             return Err(v.err(
                 &field,
@@ -252,16 +309,64 @@ pub(super) fn validate_kubernetes(
         }
         mix.insert(class, ClassSpec { shape, count });
     }
-    let release_grace = v.duration("kubernetes.release_grace", raw.release_grace, "30s")?;
-    let poll_interval = v.duration("kubernetes.poll_interval", raw.poll_interval, "2s")?;
+    Ok(mix)
+}
+
+/// The shape a class name stands for: `gpu`, `mig-<profile>` or `mps-<name>`.
+fn class_shape(
+    v: &Validator<'_>,
+    field: &str,
+    class: &str,
+    mps: &BTreeMap<String, Shape>,
+) -> Result<Shape, ConfigError> {
+    if class == "gpu" {
+        Ok(Shape::WholeGpu)
+    } else if let Some(p) = class.strip_prefix("mig-") {
+        if !mig_profile_ok(p) {
+            return Err(v.err(
+                field,
+                format!(
+                    "{p:?} is not a MIG profile name like \"1g.10gb\" (profiles with '+' cannot be resource names)"
+                ),
+            ));
+        }
+        Ok(Shape::Mig {
+            profile: p.to_string(),
+            compute_profile: None,
+        })
+    } else if let Some(n) = class.strip_prefix("mps-") {
+        mps.get(n).cloned().ok_or_else(|| {
+            v.err(
+                field,
+                format!("no [[kubernetes.mps_classes]] entry is named {n:?}"),
+            )
+        })
+    } else {
+        Err(v.err(
+            field,
+            "a class is \"gpu\", \"mig-<profile>\" (e.g. mig-1g.10gb) or \"mps-<name>\" of [[kubernetes.mps_classes]]".into(),
+        ))
+    }
+}
+
+/// (release_grace, poll_interval, lease_ttl) from their settings: the TTL within
+/// `ttl` and at least 4 poll intervals (the poll renews the leases).
+fn timing(
+    v: &Validator<'_>,
+    [release_grace, poll_interval, lease_ttl]: [Option<String>; 3],
+    default_ttl: Duration,
+    ttl: RangeInclusive<Duration>,
+) -> Result<(Duration, Duration, Duration), ConfigError> {
+    let release_grace = v.duration("kubernetes.release_grace", release_grace, "30s")?;
+    let poll_interval = v.duration("kubernetes.poll_interval", poll_interval, "2s")?;
     if poll_interval < Duration::from_millis(100) {
         return Err(v.err("kubernetes.poll_interval", "must be at least 100ms".into()));
     }
-    let lease_ttl = match raw.lease_ttl {
+    let lease_ttl = match lease_ttl {
         Some(s) => v.duration("kubernetes.lease_ttl", Some(s), "24h")?,
-        None => d.lease_ttl.min(lease.max_ttl),
+        None => default_ttl.min(*ttl.end()),
     };
-    if lease_ttl < lease.min_ttl || lease_ttl > lease.max_ttl {
+    if !ttl.contains(&lease_ttl) {
         return Err(v.err(
             "kubernetes.lease_ttl",
             "must lie between lease.min_ttl and lease.max_ttl".into(),
@@ -273,36 +378,7 @@ pub(super) fn validate_kubernetes(
             "must be at least 4 poll intervals (leases are renewed by the poll)".into(),
         ));
     }
-    let k = KubernetesConfig {
-        device_plugin,
-        device_plugin_dir: raw.device_plugin_dir.unwrap_or(d.device_plugin_dir),
-        pod_resources_socket: raw.pod_resources_socket.unwrap_or(d.pod_resources_socket),
-        default_tenant,
-        namespaces: raw.namespaces,
-        release_grace,
-        poll_interval,
-        lease_ttl,
-        mix,
-        cdi: raw.cdi.unwrap_or(true),
-        cdi_dir: raw.cdi_dir.unwrap_or(d.cdi_dir),
-    };
-    for (field, p) in [
-        ("kubernetes.device_plugin_dir", &k.device_plugin_dir),
-        ("kubernetes.pod_resources_socket", &k.pod_resources_socket),
-        ("kubernetes.cdi_dir", &k.cdi_dir),
-    ] {
-        if !p.is_absolute() {
-            return Err(v.err(field, format!("{} is not an absolute path", p.display())));
-        }
-    }
-    if k.device_plugin && k.mix.values().all(|c| c.count == 0) {
-        return Err(v.err(
-            "kubernetes.mix",
-            "device_plugin = true needs at least one class with a count, e.g. \"mig-1g.10gb\" = 2"
-                .into(),
-        ));
-    }
-    Ok(k)
+    Ok((release_grace, poll_interval, lease_ttl))
 }
 
 #[cfg(test)]

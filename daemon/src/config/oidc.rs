@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::{ConfigError, Role, Validator};
+use super::Role;
+use super::validator::{ConfigError, Validator};
 
 /// Most leeway accepted on `exp`, `nbf` and `iat`: clock skew, not a grace period.
 pub const MAX_LEEWAY: Duration = Duration::from_secs(300);

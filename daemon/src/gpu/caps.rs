@@ -11,7 +11,7 @@
 //!
 //! and the published values fit minor = 3 + gpu*135 + gi*9 (+ 1 + ci for a CI).
 
-use super::MigMinors;
+use super::types::MigMinors;
 
 /// Minor of `config` (grants create/destroy of all instances: never for tenants).
 pub const CONFIG_MINOR: u32 = 1;

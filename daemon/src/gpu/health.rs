@@ -76,17 +76,6 @@ impl HealthCause {
         )
     }
 
-    /// The cause a failed hardware query stands for: fallen off the bus for
-    /// `GPU_IS_LOST`, the failing query otherwise.
-    pub fn of_error(e: &super::GpuError) -> HealthCause {
-        match e.nvml_code() {
-            Some(super::NvmlCode::GpuIsLost) => HealthCause::Lost,
-            _ => HealthCause::Nvml {
-                error: e.to_string(),
-            },
-        }
-    }
-
     /// Stable short name, used as the `cause` label and the reason in events.
     pub fn code(&self) -> String {
         match self {

@@ -20,13 +20,16 @@ use nvml_wrapper::error::NvmlError;
 use nvml_wrapper_sys::bindings as sys;
 use serde::{Deserialize, Serialize};
 
+use super::backend::GpuBackend;
+use super::caps;
 use super::health::{HealthCause, HealthEvent};
 use super::profiles::{self, GpuModel};
-use super::{
-    CiProfile, GiProfile, GpuBackend, GpuError, GpuInfo, GpuProcess, MigInstance, MigMinors,
-    MpsDaemon, MpsSpec, NvmlCode, Placement, Utilization, caps,
+use super::topology::{GpuLink, TopologyLevel};
+use super::types::{
+    CiProfile, GiProfile, GpuError, GpuInfo, GpuProcess, MigInstance, MigMinors, NvmlCode,
+    Placement, Utilization,
 };
-use crate::mps::{MpsConfig, MpsControl};
+use crate::mps::{MpsConfig, MpsControl, MpsDaemon, MpsSpec};
 
 /// Where the driver lists the nvidia-caps minors.
 pub const MIG_MINORS_PATH: &str = "/proc/driver/nvidia-caps/mig-minors";
@@ -973,23 +976,23 @@ impl GpuBackend for NvmlBackend {
             .map_err(|e| e.into_gpu_error(lease_id))
     }
 
-    fn topology(&self, a: u32, b: u32) -> Result<super::GpuLink, GpuError> {
+    fn topology(&self, a: u32, b: u32) -> Result<GpuLink, GpuError> {
         use nvml_wrapper::enum_wrappers::device::TopologyLevel as Nvml;
         use nvml_wrapper::enum_wrappers::device::{P2pCapabilitiesIndex, P2pStatus};
         let (da, db) = (self.device(a)?, self.device(b)?);
         if a == b {
-            return Ok(super::GpuLink {
-                level: super::TopologyLevel::Internal,
+            return Ok(GpuLink {
+                level: TopologyLevel::Internal,
                 nvlinks: 0,
             });
         }
         let level = match da.topology_common_ancestor(self.device(b)?) {
-            Ok(Nvml::Internal) => super::TopologyLevel::Internal,
-            Ok(Nvml::Single) => super::TopologyLevel::Single,
-            Ok(Nvml::Multiple) => super::TopologyLevel::Multiple,
-            Ok(Nvml::HostBridge) => super::TopologyLevel::HostBridge,
-            Ok(Nvml::Node) => super::TopologyLevel::Node,
-            Ok(Nvml::System) => super::TopologyLevel::System,
+            Ok(Nvml::Internal) => TopologyLevel::Internal,
+            Ok(Nvml::Single) => TopologyLevel::Single,
+            Ok(Nvml::Multiple) => TopologyLevel::Multiple,
+            Ok(Nvml::HostBridge) => TopologyLevel::HostBridge,
+            Ok(Nvml::Node) => TopologyLevel::Node,
+            Ok(Nvml::System) => TopologyLevel::System,
             Err(e) => return Err(wrap("nvmlDeviceGetTopologyCommonAncestor")(e)),
         };
         // NVLinks: those of `a` whose remote end is `b` (a bridge); through
@@ -1016,7 +1019,7 @@ impl GpuBackend for NvmlBackend {
             (0, false) => 0,
             (n, _) => n,
         };
-        Ok(super::GpuLink { level, nvlinks })
+        Ok(GpuLink { level, nvlinks })
     }
 
     fn mps_daemons(&self) -> Result<Vec<MpsDaemon>, GpuError> {

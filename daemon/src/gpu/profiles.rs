@@ -13,7 +13,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use super::{CiProfile, GiProfile, Placement};
+use super::types::{CiProfile, GiProfile, Placement};
 
 const MIB: u64 = 1024 * 1024;
 
@@ -22,48 +22,11 @@ pub const MEMORY_SLICES: u32 = 8;
 /// Compute slices per GPU.
 pub const COMPUTE_SLICES: u32 = 7;
 
-/// `NVML_GPU_INSTANCE_PROFILE_1_SLICE`.
-pub const GI_PROFILE_1_SLICE: u32 = 0;
-/// `NVML_GPU_INSTANCE_PROFILE_2_SLICE`.
-pub const GI_PROFILE_2_SLICE: u32 = 1;
-/// `NVML_GPU_INSTANCE_PROFILE_3_SLICE`.
-pub const GI_PROFILE_3_SLICE: u32 = 2;
-/// `NVML_GPU_INSTANCE_PROFILE_4_SLICE`.
-pub const GI_PROFILE_4_SLICE: u32 = 3;
-/// `NVML_GPU_INSTANCE_PROFILE_7_SLICE`.
-pub const GI_PROFILE_7_SLICE: u32 = 4;
-/// `NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1` (1 slice + all media engines, "+me").
-pub const GI_PROFILE_1_SLICE_REV1: u32 = 7;
-/// `NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2` (1 compute slice, 2 memory slices).
-pub const GI_PROFILE_1_SLICE_REV2: u32 = 9;
-
-/// `NVML_COMPUTE_INSTANCE_PROFILE_<N>_SLICE` for N compute slices, per NVML's numbering
-/// (1c=0, 2c=1, 3c=2, 4c=3, 7c=4, 8c=5, 6c=6).
-pub fn ci_profile_id(slices: u32) -> Option<u32> {
-    match slices {
-        1 => Some(0),
-        2 => Some(1),
-        3 => Some(2),
-        4 => Some(3),
-        7 => Some(4),
-        8 => Some(5),
-        6 => Some(6),
-        _ => None,
-    }
-}
-
-/// The compute-instance profiles a GI with `gi_slices` compute slices allows, as
-/// (CI compute slices, max count), from the reference table.
-pub fn ci_layout(gi_slices: u32) -> &'static [(u32, u32)] {
-    match gi_slices {
-        1 => &[(1, 1)],
-        2 => &[(1, 2), (2, 1)],
-        3 => &[(1, 3), (2, 1), (3, 1)],
-        4 => &[(1, 4), (2, 2), (4, 1)],
-        7 => &[(1, 7), (2, 3), (3, 2), (4, 1), (7, 1)],
-        _ => &[],
-    }
-}
+use tessera_common::mig::MigModel;
+pub use tessera_common::mig::{
+    GI_PROFILE_1_SLICE, GI_PROFILE_1_SLICE_REV1, GI_PROFILE_1_SLICE_REV2, GI_PROFILE_2_SLICE,
+    GI_PROFILE_3_SLICE, GI_PROFILE_4_SLICE, GI_PROFILE_7_SLICE, ci_layout, ci_profile_id,
+};
 
 /// A GI profile's placements: one per start slice, each `memory_slices` wide.
 pub fn placements_at(starts: &[u32], memory_slices: u32) -> Vec<Placement> {
@@ -122,20 +85,6 @@ pub enum GpuModel {
 #[error("unknown GPU model {0:?}: expected one of a100-40gb, a100-80gb, h100-80gb, h200-141gb")]
 pub struct UnknownModel(pub String);
 
-/// One row of the reference GI table for one model.
-struct Row {
-    id: u32,
-    slices: u32,
-    memory_slices: u32,
-    /// Short memory label in the profile name ("10gb").
-    label: &'static str,
-    memory_mib: u64,
-    sm_count: u32,
-    max_count: u32,
-    starts: &'static [u32],
-    media_extensions: bool,
-}
-
 impl GpuModel {
     pub const ALL: [GpuModel; 4] = [
         GpuModel::A100Sxm40Gb,
@@ -144,24 +93,24 @@ impl GpuModel {
         GpuModel::H200_141Gb,
     ];
 
+    /// The model's row in the MIG tables.
+    fn mig(self) -> MigModel {
+        match self {
+            GpuModel::A100Sxm40Gb => MigModel::A100Sxm40Gb,
+            GpuModel::A100Sxm80Gb => MigModel::A100Sxm80Gb,
+            GpuModel::H100Hbm3_80Gb => MigModel::H100Hbm3_80Gb,
+            GpuModel::H200_141Gb => MigModel::H200_141Gb,
+        }
+    }
+
     /// The short name used in the daemon config ("h100-80gb").
     pub fn short_name(self) -> &'static str {
-        match self {
-            GpuModel::A100Sxm40Gb => "a100-40gb",
-            GpuModel::A100Sxm80Gb => "a100-80gb",
-            GpuModel::H100Hbm3_80Gb => "h100-80gb",
-            GpuModel::H200_141Gb => "h200-141gb",
-        }
+        self.mig().short_name()
     }
 
     /// The name NVML reports (`nvmlDeviceGetName`).
     pub fn marketing_name(self) -> &'static str {
-        match self {
-            GpuModel::A100Sxm40Gb => "NVIDIA A100-SXM4-40GB",
-            GpuModel::A100Sxm80Gb => "NVIDIA A100-SXM4-80GB",
-            GpuModel::H100Hbm3_80Gb => "NVIDIA H100 80GB HBM3",
-            GpuModel::H200_141Gb => "NVIDIA H200",
-        }
+        self.mig().marketing_name()
     }
 
     /// Parse a short name ("h100-80gb", case-insensitive) or a marketing name.
@@ -173,146 +122,28 @@ impl GpuModel {
     }
 
     pub fn memory_bytes(self) -> u64 {
-        let gib = match self {
-            GpuModel::A100Sxm40Gb => 40,
-            GpuModel::A100Sxm80Gb | GpuModel::H100Hbm3_80Gb => 80,
-            GpuModel::H200_141Gb => 141,
-        };
-        gib * 1024 * MIB
+        self.mig().memory_bytes()
     }
 
     pub fn sm_count(self) -> u32 {
-        match self {
-            GpuModel::A100Sxm40Gb | GpuModel::A100Sxm80Gb => 108,
-            GpuModel::H100Hbm3_80Gb | GpuModel::H200_141Gb => 132,
-        }
-    }
-
-    fn rows(self) -> [Row; 7] {
-        // (label, MiB, SMs) per profile id, in table order: 0, 7, 9, 1, 2, 3, 4.
-        // Memory in the reference is in GiB with two decimals (nvidia-smi rounds MiB
-        // values): 9.62 GiB is 9856 MiB, 19.62 GiB is 20096 MiB.
-        let t: [(&'static str, u64, u32); 7] = match self {
-            GpuModel::A100Sxm40Gb => [
-                ("5gb", 4864, 14),
-                ("5gb", 4864, 14),
-                ("10gb", 9856, 14),
-                ("10gb", 9856, 28),
-                ("20gb", 19968, 42),
-                ("20gb", 20096, 56),
-                ("40gb", 40448, 98),
-            ],
-            // 1g.20gb and 7g.80gb are marked unconfirmed in the reference; the values
-            // are those NVIDIA's MIG user guide lists (19.50 and 78.75 GiB).
-            GpuModel::A100Sxm80Gb => [
-                ("10gb", 9728, 14),
-                ("10gb", 9728, 14),
-                ("20gb", 19968, 14),
-                ("20gb", 19968, 28),
-                ("40gb", 40192, 42),
-                ("40gb", 40192, 56),
-                ("80gb", 80640, 98),
-            ],
-            GpuModel::H100Hbm3_80Gb => [
-                ("10gb", 9984, 16),
-                ("10gb", 9984, 16),
-                ("20gb", 20096, 26),
-                ("20gb", 20096, 32),
-                ("40gb", 40448, 60),
-                ("40gb", 40448, 64),
-                ("80gb", 81152, 132),
-            ],
-            // As a real H200 (driver 580.159.04) reports them: 32.5 and 69.75 GiB
-            // for the 35gb and 71gb profiles, 140 GiB for the 7g.
-            GpuModel::H200_141Gb => [
-                ("18gb", 16384, 16),
-                ("18gb", 16384, 16),
-                ("35gb", 33280, 26),
-                ("35gb", 33280, 32),
-                ("71gb", 71424, 60),
-                ("71gb", 71424, 64),
-                ("141gb", 143360, 132),
-            ],
-        };
-        let row = |i: usize,
-                   id: u32,
-                   slices: u32,
-                   memory_slices: u32,
-                   max_count: u32,
-                   starts: &'static [u32],
-                   media_extensions: bool| Row {
-            id,
-            slices,
-            memory_slices,
-            label: t[i].0,
-            memory_mib: t[i].1,
-            sm_count: t[i].2,
-            max_count,
-            starts,
-            media_extensions,
-        };
-        [
-            row(
-                0,
-                GI_PROFILE_1_SLICE,
-                1,
-                1,
-                7,
-                &[0, 1, 2, 3, 4, 5, 6],
-                false,
-            ),
-            row(
-                1,
-                GI_PROFILE_1_SLICE_REV1,
-                1,
-                1,
-                1,
-                &[0, 1, 2, 3, 4, 5, 6],
-                true,
-            ),
-            row(2, GI_PROFILE_1_SLICE_REV2, 1, 2, 4, &[0, 2, 4, 6], false),
-            row(3, GI_PROFILE_2_SLICE, 2, 2, 3, &[0, 2, 4], false),
-            row(4, GI_PROFILE_3_SLICE, 3, 4, 2, &[0, 4], false),
-            row(5, GI_PROFILE_4_SLICE, 4, 4, 1, &[0], false),
-            row(6, GI_PROFILE_7_SLICE, 7, 8, 1, &[0], false),
-        ]
-    }
-
-    /// SM count of the plain n-slice GI profile (what an n-slice CI gets).
-    fn sm_of_slices(self, slices: u32) -> u32 {
-        let id = match slices {
-            1 => GI_PROFILE_1_SLICE,
-            2 => GI_PROFILE_2_SLICE,
-            3 => GI_PROFILE_3_SLICE,
-            4 => GI_PROFILE_4_SLICE,
-            7 => GI_PROFILE_7_SLICE,
-            _ => return 0,
-        };
-        self.rows()
-            .iter()
-            .find(|r| r.id == id)
-            .map_or(0, |r| r.sm_count)
+        self.mig().sm_count()
     }
 
     /// The GI profiles of this model, in the reference table's order.
     pub fn gi_profiles(self) -> Vec<GiProfile> {
-        self.rows()
+        let mig = self.mig();
+        mig.gi_rows()
             .iter()
             .map(|r| GiProfile {
                 id: r.id,
-                name: format!(
-                    "{}g.{}{}",
-                    r.slices,
-                    r.label,
-                    if r.media_extensions { "+me" } else { "" }
-                ),
+                name: r.name.to_string(),
                 slices: r.slices,
                 memory_slices: r.memory_slices,
                 memory_bytes: r.memory_mib * MIB,
                 sm_count: r.sm_count,
                 max_count: r.max_count,
                 placements: placements_at(r.starts, r.memory_slices),
-                ci_profiles: ci_profiles_for(r.slices, r.sm_count, |n| self.sm_of_slices(n)),
+                ci_profiles: ci_profiles_for(r.slices, r.sm_count, |n| mig.sm_of_slices(n)),
                 media_extensions: r.media_extensions,
             })
             .collect()

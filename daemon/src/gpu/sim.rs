@@ -38,13 +38,17 @@ use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use super::backend::GpuBackend;
+use super::caps;
 use super::health::{HealthCause, HealthEvent};
 use super::profiles::GpuModel;
 pub use super::sim_control::{CallFault, SimControl};
-use super::{
-    GiProfile, GpuBackend, GpuError, GpuInfo, GpuProcess, MigInstance, MigMinors, MpsDaemon,
-    MpsSpec, NvmlCode, Placement, Utilization, caps,
+use super::topology::{GpuLink, SimTopology};
+use super::types::{
+    GiProfile, GpuError, GpuInfo, GpuProcess, MigInstance, MigMinors, NvmlCode, Placement,
+    Utilization,
 };
+use crate::mps::{MpsDaemon, MpsSpec};
 
 /// Driver version the simulator reports.
 pub const SIM_DRIVER_VERSION: &str = "sim-580.65.06";
@@ -101,7 +105,7 @@ pub struct SimConfig {
     /// The board modelled: how the GPUs connect (PCIe switches, NUMA nodes,
     /// NVLink), as NVML's topology queries report it.
     #[serde(default)]
-    pub topology: super::SimTopology,
+    pub topology: SimTopology,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -1420,7 +1424,7 @@ impl GpuBackend for SimBackend {
         })
     }
 
-    fn topology(&self, a: u32, b: u32) -> Result<super::GpuLink, GpuError> {
+    fn topology(&self, a: u32, b: u32) -> Result<GpuLink, GpuError> {
         self.control.before("topology", Some(a))?;
         // The board's wiring is the config's (the state file holds the same GPUs,
         // checked when it is loaded): no state lock or read per pair, which a start

@@ -20,7 +20,7 @@ use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 
 use super::health::{HealthCause, HealthEvent};
-use super::{GpuError, NvmlCode};
+use super::types::{GpuError, NvmlCode};
 
 /// The simulated calls a fault can target (the `GpuBackend` methods), and `*`.
 pub const CALLS: &[&str] = &[

@@ -35,7 +35,7 @@ use crate::partition::{self, Movable, Move};
 
 /// Housekeeping moves at most this many idle leases per pass (the trace bench's
 /// housekeeping policy moves as many after each grant and each end).
-pub(super) const COMPACT_MOVES_PER_TICK: usize = crate::partition::trace::HOUSEKEEPING_MOVES;
+pub(super) const COMPACT_MOVES_PER_TICK: usize = crate::partition::COMPACT_MOVES_PER_PASS;
 
 use super::error::LeaseError;
 use super::events::EventKind;

@@ -4,24 +4,14 @@
 use std::time::Duration;
 
 use crate::model::{PartKind, PartitionState};
-use crate::partition::{Expiry, GpuView, MigMpsHost, MpsShare, OccupiedMig, PlanOptions, Temporal};
+use crate::partition::{Expiry, GpuView, MigMpsHost, MpsShare, OccupiedMig, PlanOptions};
 
 use super::manager::LeaseManager;
 use super::table::State;
 
 impl LeaseManager {
     pub(super) fn plan_options(&self, gpu_index: Option<u32>) -> PlanOptions {
-        PlanOptions {
-            strategy: self.config.partition.strategy,
-            mps_oversubscribe: self.config.partition.mps_oversubscribe,
-            dynamic_mig: self.config.partition.dynamic_mig,
-            gpu_index,
-            temporal: match self.config.partition.expiry_weight {
-                0 => Temporal::Off,
-                w => Temporal::Weighted(w),
-            },
-            expiry: None,
-        }
+        self.config.partition.plan_options(gpu_index)
     }
 
     /// When a new lease of `ttl` granted at `now_ms` would expire, and per GPU the

@@ -18,7 +18,7 @@
 
 use crate::gpu::{GiProfile, Placement};
 
-use super::{GpuView, OccupiedMig};
+use super::view::{GpuView, OccupiedMig};
 
 /// Number of instances of GI profile `profile_id` present (leased, pending or free static).
 pub fn instance_count(mig: &[OccupiedMig], profile_id: u32) -> u32 {

@@ -8,8 +8,8 @@
 //! instance hosts one tenant: its server's limits are client-side and a fault in one
 //! client reaches all of them.
 
-use super::planner::{PlanDecision, PlanError, PlanOptions, Strategy, plan};
-use super::{GpuView, MpsShare, Shape};
+use super::planner::{PlanDecision, PlanError, PlanOptions, Strategy, check_mps_share, plan};
+use super::view::{GpuView, MpsShare, Shape};
 
 /// A MIG instance that hosts MPS shares.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,16 +48,7 @@ pub fn plan_mig_mps(
     gpus: &[GpuView],
     opts: &PlanOptions,
 ) -> Result<MigMpsDecision, PlanError> {
-    if !(1..=100).contains(&sm_percent) {
-        return Err(PlanError::InvalidShape(format!(
-            "MPS sm_percent must be 1..=100, got {sm_percent}"
-        )));
-    }
-    if memory_bytes == 0 {
-        return Err(PlanError::InvalidShape(
-            "MPS memory_bytes must be greater than 0".to_string(),
-        ));
-    }
+    check_mps_share(sm_percent, memory_bytes)?;
     // The profile must exist and hold the share at all.
     let known = gpus
         .iter()
@@ -71,6 +62,38 @@ pub fn plan_mig_mps(
             p.name, p.memory_bytes
         )));
     }
+    if let Some(join) = join_host(profile, sm_percent, memory_bytes, tenant, hosts, gpus, opts) {
+        return Ok(join);
+    }
+    let shape = Shape::Mig {
+        profile: profile.to_string(),
+        compute_profile: None,
+    };
+    match plan(&shape, gpus, opts) {
+        Ok(d @ (PlanDecision::NewMig { .. } | PlanDecision::Static { .. })) => {
+            Ok(MigMpsDecision::NewHost(d))
+        }
+        Ok(other) => Err(PlanError::InvalidShape(format!(
+            "a MIG profile was planned as {other:?}"
+        ))),
+        Err(PlanError::NoCapacity(msg)) => Err(PlanError::NoCapacity(format!(
+            "no {profile} instance of tenant {tenant} has room for {sm_percent}% SMs and {memory_bytes} bytes, and no new one can be placed: {msg}"
+        ))),
+        Err(e) => Err(e),
+    }
+}
+
+/// The ready host of `tenant` and `profile` on a placeable GPU that admits the share,
+/// chosen by the strategy.
+fn join_host(
+    profile: &str,
+    sm_percent: u32,
+    memory_bytes: u64,
+    tenant: &str,
+    hosts: &[MigMpsHost],
+    gpus: &[GpuView],
+    opts: &PlanOptions,
+) -> Option<MigMpsDecision> {
     let placeable = |gpu: u32| {
         gpus.iter().any(|g| g.info.index == gpu) && opts.gpu_index.is_none_or(|i| i == gpu)
     };
@@ -101,28 +124,10 @@ pub fn plan_mig_mps(
         Strategy::FirstFit => fitting.iter().min_by_key(|(_, _, g, id)| (*g, *id)),
         Strategy::BestFit => fitting.iter().min(),
     };
-    if let Some((_, _, gpu, host)) = chosen {
-        return Ok(MigMpsDecision::Join {
-            gpu: *gpu,
-            host: (*host).to_string(),
-        });
-    }
-    let shape = Shape::Mig {
-        profile: profile.to_string(),
-        compute_profile: None,
-    };
-    match plan(&shape, gpus, opts) {
-        Ok(d @ (PlanDecision::NewMig { .. } | PlanDecision::Static { .. })) => {
-            Ok(MigMpsDecision::NewHost(d))
-        }
-        Ok(other) => Err(PlanError::InvalidShape(format!(
-            "a MIG profile was planned as {other:?}"
-        ))),
-        Err(PlanError::NoCapacity(msg)) => Err(PlanError::NoCapacity(format!(
-            "no {profile} instance of tenant {tenant} has room for {sm_percent}% SMs and {memory_bytes} bytes, and no new one can be placed: {msg}"
-        ))),
-        Err(e) => Err(e),
-    }
+    chosen.map(|(_, _, gpu, host)| MigMpsDecision::Join {
+        gpu: *gpu,
+        host: (*host).to_string(),
+    })
 }
 
 #[cfg(test)]

@@ -94,7 +94,8 @@ use super::fragmentation::{
     below_max_count, capacity_value, free_placements, instance_count, total_memory_slices,
     used_memory_slices,
 };
-use super::{GpuView, MpsMode, OccupiedMig, Shape};
+use super::view::{GpuView, OccupiedMig, Shape};
+use crate::gpu::MpsMode;
 use crate::gpu::{GiProfile, Placement};
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -388,7 +389,50 @@ fn plan_mig(
 ) -> Result<PlanDecision, PlanError> {
     // Why each considered GPU cannot take the instance, for the NoCapacity message.
     let mut reasons: Vec<String> = Vec::new();
+    let mig_gpus = mig_enabled(gpus, profile_name, &mut reasons)?;
+    let offering = offering(&mig_gpus, profile_name, &mut reasons)?;
+    let targets = mig_targets(&offering, profile_name, compute_profile, &mut reasons)?;
 
+    // The static pool first (whole-GI requests only).
+    if compute_profile.is_none()
+        && allow_static
+        && let Some(decision) = free_static(&targets)
+    {
+        return Ok(decision);
+    }
+    if !opts.dynamic_mig {
+        return Err(static_pool_refusal(
+            profile_name,
+            compute_profile,
+            &targets,
+            reasons,
+        ));
+    }
+
+    // Every feasible placement for a new instance, by GPU.
+    let mut blocked: Vec<String> = Vec::new();
+    let feasible = feasible_placements(&targets, &mut blocked);
+    blocked.extend(reasons);
+    match choose_placement(feasible, opts) {
+        Some((t, placement)) => Ok(PlanDecision::NewMig {
+            gpu: t.view.info.index,
+            gi_profile_id: t.profile.id,
+            placement,
+            ci_profile_id: t.ci_profile_id,
+        }),
+        None => Err(PlanError::NoCapacity(format!(
+            "no free placement for {profile_name} on any MIG-enabled GPU ({})",
+            blocked.join("; ")
+        ))),
+    }
+}
+
+/// The considered GPUs with MIG on and not held whole; why each other one is not.
+fn mig_enabled<'a>(
+    gpus: &[&'a GpuView],
+    profile_name: &str,
+    reasons: &mut Vec<String>,
+) -> Result<Vec<&'a GpuView>, PlanError> {
     let mut mig_gpus: Vec<&GpuView> = Vec::new();
     for g in gpus {
         if !g.info.mig_current {
@@ -405,7 +449,15 @@ fn plan_mig(
             reasons.join("; ")
         )));
     }
+    Ok(mig_gpus)
+}
 
+/// The MIG GPUs that offer the GI profile, with it; UnknownProfile when none does.
+fn offering<'a>(
+    mig_gpus: &[&'a GpuView],
+    profile_name: &str,
+    reasons: &mut Vec<String>,
+) -> Result<Vec<(&'a GpuView, &'a GiProfile)>, PlanError> {
     let offering: Vec<(&GpuView, &GiProfile)> = mig_gpus
         .iter()
         .filter_map(|g| g.gi_profile(profile_name).map(|p| (*g, p)))
@@ -426,16 +478,25 @@ fn plan_mig(
             },
         });
     }
-    for g in &mig_gpus {
+    for g in mig_gpus {
         if !offering.iter().any(|(o, _)| o.info.index == g.info.index) {
             reasons.push(format!("{}: does not offer {profile_name}", gpu_name(g)));
         }
     }
+    Ok(offering)
+}
 
-    // Resolve the CI profile on each GPU offering the GI profile.
+/// The CI profile resolved on each GPU offering the GI profile; InvalidShape when no
+/// GPU offers the compute profile inside it.
+fn mig_targets<'a>(
+    offering: &[(&'a GpuView, &'a GiProfile)],
+    profile_name: &str,
+    compute_profile: Option<&str>,
+    reasons: &mut Vec<String>,
+) -> Result<Vec<MigTarget<'a>>, PlanError> {
     let mut targets: Vec<MigTarget> = Vec::new();
     let mut allowed_ci: Vec<&str> = Vec::new();
-    for (view, gp) in &offering {
+    for (view, gp) in offering {
         let ci_profile_id = match compute_profile {
             None => None,
             Some(c) => match gp.ci_profile(c) {
@@ -469,59 +530,69 @@ fn plan_mig(
             }
         )));
     }
+    Ok(targets)
+}
 
-    // The static pool first (whole-GI requests only).
-    if compute_profile.is_none() && allow_static {
-        let taken = targets
-            .iter()
-            .flat_map(|t| {
-                t.view.mig.iter().filter_map(move |m| match &m.free_static {
-                    Some(id) if m.gi_profile_id == t.profile.id => {
-                        Some((t.view.info.index, m.placement.start, id))
-                    }
-                    _ => None,
-                })
+/// The free static-pool instance of the profile on the lowest GPU and start.
+fn free_static(targets: &[MigTarget]) -> Option<PlanDecision> {
+    let (gpu, _, id) = targets
+        .iter()
+        .flat_map(|t| {
+            t.view.mig.iter().filter_map(move |m| match &m.free_static {
+                Some(id) if m.gi_profile_id == t.profile.id => {
+                    Some((t.view.info.index, m.placement.start, id))
+                }
+                _ => None,
             })
-            .min();
-        if let Some((gpu, _, id)) = taken {
-            return Ok(PlanDecision::Static {
-                gpu,
-                partition_id: id.clone(),
-            });
-        }
-    }
+        })
+        .min()?;
+    Some(PlanDecision::Static {
+        gpu,
+        partition_id: id.clone(),
+    })
+}
 
-    if !opts.dynamic_mig {
-        if let Some(c) = compute_profile {
-            return Err(PlanError::InvalidShape(format!(
-                "compute profile {c:?} needs a new MIG instance, but dynamic MIG is disabled \
-                 on this node and static-pool partitions are whole GPU instances"
-            )));
-        }
-        return Err(PlanError::NoCapacity(format!(
-            "no free static-pool {profile_name} partition, and dynamic MIG is disabled on this \
-             node ({})",
-            join(
-                targets
-                    .iter()
-                    .map(|t| {
-                        let n = instance_count(&t.view.mig, t.profile.id);
-                        format!(
-                            "{}: {n} static-pool or leased {} instance{}, none free",
-                            gpu_name(t.view),
-                            t.profile.name,
-                            if n == 1 { "" } else { "s" }
-                        )
-                    })
-                    .chain(reasons)
-            )
-        )));
+/// The refusal when dynamic MIG is off and the static pool has no free instance.
+fn static_pool_refusal(
+    profile_name: &str,
+    compute_profile: Option<&str>,
+    targets: &[MigTarget],
+    reasons: Vec<String>,
+) -> PlanError {
+    if let Some(c) = compute_profile {
+        return PlanError::InvalidShape(format!(
+            "compute profile {c:?} needs a new MIG instance, but dynamic MIG is disabled \
+             on this node and static-pool partitions are whole GPU instances"
+        ));
     }
+    PlanError::NoCapacity(format!(
+        "no free static-pool {profile_name} partition, and dynamic MIG is disabled on this \
+         node ({})",
+        join(
+            targets
+                .iter()
+                .map(|t| {
+                    let n = instance_count(&t.view.mig, t.profile.id);
+                    format!(
+                        "{}: {n} static-pool or leased {} instance{}, none free",
+                        gpu_name(t.view),
+                        t.profile.name,
+                        if n == 1 { "" } else { "s" }
+                    )
+                })
+                .chain(reasons)
+        )
+    ))
+}
 
-    // Every feasible placement for a new instance, by GPU.
-    let mut feasible: Vec<(&MigTarget, Vec<Placement>)> = Vec::new();
-    let mut blocked: Vec<String> = Vec::new();
-    for t in &targets {
+/// Every free placement of a new instance on each target below its `max_count`; why
+/// each other target has none goes to `blocked`.
+fn feasible_placements<'t, 'a>(
+    targets: &'t [MigTarget<'a>],
+    blocked: &mut Vec<String>,
+) -> Vec<(&'t MigTarget<'a>, Vec<Placement>)> {
+    let mut feasible = Vec::new();
+    for t in targets {
         if !below_max_count(&t.view.mig, t.profile) {
             blocked.push(format!(
                 "{}: already {} {} instances (max {})",
@@ -546,9 +617,15 @@ fn plan_mig(
         }
         feasible.push((t, free));
     }
-    blocked.extend(reasons);
+    feasible
+}
 
-    let chosen = match opts.strategy {
+/// The placement the strategy picks among the feasible ones.
+fn choose_placement<'t, 'a>(
+    feasible: Vec<(&'t MigTarget<'a>, Vec<Placement>)>,
+    opts: &PlanOptions,
+) -> Option<(&'t MigTarget<'a>, Placement)> {
+    match opts.strategy {
         Strategy::FirstFit => feasible
             .into_iter()
             .flat_map(|(t, free)| free.into_iter().map(move |p| (t, p)))
@@ -562,18 +639,6 @@ fn plan_mig(
             })
             .min_by_key(|(k, _, _)| *k)
             .map(|(_, t, p)| (t, p)),
-    };
-    match chosen {
-        Some((t, placement)) => Ok(PlanDecision::NewMig {
-            gpu: t.view.info.index,
-            gi_profile_id: t.profile.id,
-            placement,
-            ci_profile_id: t.ci_profile_id,
-        }),
-        None => Err(PlanError::NoCapacity(format!(
-            "no free placement for {profile_name} on any MIG-enabled GPU ({})",
-            blocked.join("; ")
-        ))),
     }
 }
 
@@ -751,6 +816,10 @@ pub fn plan_with_moves(
     best.map(|(_, p)| p).ok_or(refusal)
 }
 
+/// Housekeeping (`[partition] compact_idle`) calls [`compact`] at most this many times
+/// per pass: each call moves one idle instance.
+pub const COMPACT_MOVES_PER_PASS: usize = 2;
+
 /// Housekeeping (`[partition] compact_idle`): the one move of an idle instance that
 /// most raises the node's free-space value (best fit's [`capacity_value`] summed over
 /// the GPUs), to any free placement of its profile on a considered GPU of the same
@@ -774,75 +843,86 @@ pub fn compact(gpus: &[GpuView], opts: &PlanOptions, movable: &[Movable]) -> Opt
         let Some(g) = considered.iter().find(|g| g.info.index == m.gpu) else {
             continue;
         };
-        let Some(inst) = g
-            .mig
-            .iter()
-            .find(|i| i.placement == m.placement && i.free_static.is_none())
-        else {
-            continue;
-        };
-        let Some(name) = g
-            .profiles
-            .iter()
-            .find(|p| p.id == inst.gi_profile_id)
-            .map(|p| p.name.as_str())
-        else {
-            continue;
-        };
-        let from_before = capacity_value(&g.profiles, &g.mig);
-        let without: Vec<OccupiedMig> = g
-            .mig
-            .iter()
-            .filter(|i| i.placement != m.placement)
-            .cloned()
-            .collect();
-        // Only to a GPU of the same model: the lease keeps its GI and CI profiles.
-        for t in considered.iter().filter(|t| t.info.name == g.info.name) {
-            let Some(tp) = t
-                .profiles
-                .iter()
-                .find(|p| p.name.eq_ignore_ascii_case(name) && p.id == inst.gi_profile_id)
-            else {
-                continue;
-            };
-            let same = t.info.index == g.info.index;
-            // The target's instances once the move is done, but for the new one.
-            let base: &[OccupiedMig] = if same { &without } else { &t.mig };
-            if !below_max_count(base, tp) {
-                continue;
-            }
-            for to in free_placements(tp, &t.mig) {
-                let mut after = base.to_vec();
-                after.push(OccupiedMig {
-                    gi_profile_id: tp.id,
-                    placement: to,
-                    free_static: None,
-                });
-                let (before, after) = if same {
-                    (from_before, capacity_value(&t.profiles, &after))
-                } else {
-                    (
-                        from_before + capacity_value(&t.profiles, &t.mig),
-                        capacity_value(&g.profiles, &without) + capacity_value(&t.profiles, &after),
-                    )
-                };
-                let gain = after.saturating_sub(before);
-                if gain > 0 && best.as_ref().is_none_or(|(b, _)| gain > *b) {
-                    best = Some((
-                        gain,
-                        Move {
-                            from_gpu: m.gpu,
-                            from: m.placement,
-                            gi_profile_id: tp.id,
-                            to_gpu: t.info.index,
-                            to,
-                        },
-                    ));
-                }
+        for (gain, mv) in compaction_moves(g, m, &considered) {
+            if gain > 0 && best.as_ref().is_none_or(|(b, _)| gain > *b) {
+                best = Some((gain, mv));
             }
         }
     }
     best.map(|(_, mv)| mv)
+}
+
+/// Every move of the idle instance `m` on `g` to a free placement of its profile on a
+/// considered GPU of the same model, with what it gains in free-space value (in the
+/// order [`compact`] weighs them). None when `m` is no leased instance of a known
+/// profile.
+fn compaction_moves(g: &GpuView, m: &Movable, considered: &[&GpuView]) -> Vec<(u64, Move)> {
+    let Some(inst) = g
+        .mig
+        .iter()
+        .find(|i| i.placement == m.placement && i.free_static.is_none())
+    else {
+        return Vec::new();
+    };
+    let Some(name) = g
+        .profiles
+        .iter()
+        .find(|p| p.id == inst.gi_profile_id)
+        .map(|p| p.name.as_str())
+    else {
+        return Vec::new();
+    };
+    let from_before = capacity_value(&g.profiles, &g.mig);
+    let without: Vec<OccupiedMig> = g
+        .mig
+        .iter()
+        .filter(|i| i.placement != m.placement)
+        .cloned()
+        .collect();
+    let mut out = Vec::new();
+    // Only to a GPU of the same model: the lease keeps its GI and CI profiles.
+    for t in considered.iter().filter(|t| t.info.name == g.info.name) {
+        let Some(tp) = t
+            .profiles
+            .iter()
+            .find(|p| p.name.eq_ignore_ascii_case(name) && p.id == inst.gi_profile_id)
+        else {
+            continue;
+        };
+        let same = t.info.index == g.info.index;
+        // The target's instances once the move is done, but for the new one.
+        let base: &[OccupiedMig] = if same { &without } else { &t.mig };
+        if !below_max_count(base, tp) {
+            continue;
+        }
+        for to in free_placements(tp, &t.mig) {
+            let mut after = base.to_vec();
+            after.push(OccupiedMig {
+                gi_profile_id: tp.id,
+                placement: to,
+                free_static: None,
+            });
+            let (before, after) = if same {
+                (from_before, capacity_value(&t.profiles, &after))
+            } else {
+                (
+                    from_before + capacity_value(&t.profiles, &t.mig),
+                    capacity_value(&g.profiles, &without) + capacity_value(&t.profiles, &after),
+                )
+            };
+            out.push((
+                after.saturating_sub(before),
+                Move {
+                    from_gpu: m.gpu,
+                    from: m.placement,
+                    gi_profile_id: tp.id,
+                    to_gpu: t.info.index,
+                    to,
+                },
+            ));
+        }
+    }
+    out
 }
 
 /// How a move plan ranks: (moves, memory slices moved, best-fit loss, GPU, start).
@@ -880,6 +960,37 @@ fn relocate(
         placement,
         free_static: None,
     });
+    let (moves, moved_slices) = place_blockers(g, blockers, &mut views, opts)?;
+    let key = (
+        moves.len(),
+        moved_slices,
+        loss,
+        g.info.index,
+        placement.start,
+    );
+    Some((
+        key,
+        MovePlan {
+            moves,
+            decision: PlanDecision::NewMig {
+                gpu: g.info.index,
+                gi_profile_id: gp.id,
+                placement,
+                ci_profile_id,
+            },
+        },
+    ))
+}
+
+/// Each blocker on `g` placed again by the strategy, largest first, on `views` (which
+/// gain each placed one): the moves and the memory slices moved. None when a blocker
+/// fits nowhere.
+fn place_blockers(
+    g: &GpuView,
+    blockers: &[&OccupiedMig],
+    views: &mut [GpuView],
+    opts: &PlanOptions,
+) -> Option<(Vec<Move>, u32)> {
     let mut order: Vec<&OccupiedMig> = blockers.to_vec();
     order.sort_by_key(|b| (std::cmp::Reverse(b.placement.size), b.placement.start));
     let relocate_opts = PlanOptions {
@@ -897,7 +1008,7 @@ fn relocate(
             .find(|p| p.id == b.gi_profile_id)?
             .name
             .clone();
-        let considered = considered_gpus(&views, None).ok()?;
+        let considered = considered_gpus(views, None).ok()?;
         let d = plan_mig(&name, None, &considered, &relocate_opts, false).ok()?;
         let PlanDecision::NewMig {
             gpu,
@@ -926,25 +1037,7 @@ fn relocate(
             to,
         });
     }
-    let key = (
-        moves.len(),
-        moved_slices,
-        loss,
-        g.info.index,
-        placement.start,
-    );
-    Some((
-        key,
-        MovePlan {
-            moves,
-            decision: PlanDecision::NewMig {
-                gpu: g.info.index,
-                gi_profile_id: gp.id,
-                placement,
-                ci_profile_id,
-            },
-        },
-    ))
+    Some((moves, moved_slices))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -957,65 +1050,15 @@ fn plan_mps(
     gpus: &[&GpuView],
     opts: &PlanOptions,
 ) -> Result<PlanDecision, PlanError> {
-    if !(1..=100).contains(&sm_percent) {
-        return Err(PlanError::InvalidShape(format!(
-            "MPS sm_percent must be 1..=100, got {sm_percent}"
-        )));
-    }
-    if memory_bytes == 0 {
-        return Err(PlanError::InvalidShape(
-            "MPS memory_bytes must be greater than 0".to_string(),
-        ));
-    }
-    let asked_sm = u64::from(sm_percent);
+    check_mps_share(sm_percent, memory_bytes)?;
     let asked_mem = u128::from(memory_bytes);
 
     let mut reasons: Vec<String> = Vec::new();
     // (SM percent left, memory left, index) of every GPU that admits the share.
-    let mut fitting: Vec<(i64, u128, u32)> = Vec::new();
-    for g in gpus {
-        let name = gpu_name(g);
-        if g.info.mig_current {
-            reasons.push(format!("{name}: MIG enabled"));
-            continue;
-        }
-        if g.whole_leased {
-            reasons.push(format!("{name}: held by a whole-GPU lease"));
-            continue;
-        }
-        // One mode per GPU at a time: an isolated lease's guarantee (its own
-        // server, limits it cannot loosen) holds next to other isolated servers,
-        // but a shared server beside them would time-slice against them too and
-        // the shared leases would lose the concurrency they asked for.
-        if let Some(other) = g.mps.other_mode(mode) {
-            reasons.push(format!(
-                "MPS on {name}: serves {other} shares, {mode} asked"
-            ));
-            continue;
-        }
-        let used_sm = g.mps.sm_percent;
-        let used_mem = g.mps.memory_bytes;
-        let total_mem = u128::from(g.info.memory_bytes);
-        let sm_ok = opts.mps_oversubscribe || used_sm + asked_sm <= 100;
-        let mem_ok = used_mem + asked_mem <= total_mem;
-        if !sm_ok {
-            reasons.push(format!(
-                "MPS on {name}: {used_sm}% of SMs already admitted, {sm_percent}% asked"
-            ));
-        }
-        if !mem_ok {
-            reasons.push(format!(
-                "MPS on {name}: {} of {} memory already admitted, {} asked",
-                fmt_bytes(used_mem),
-                fmt_bytes(total_mem),
-                fmt_bytes(asked_mem)
-            ));
-        }
-        if sm_ok && mem_ok {
-            let sm_left = 100i64.saturating_sub(i64::try_from(used_sm).unwrap_or(i64::MAX));
-            fitting.push((sm_left, total_mem - used_mem, g.info.index));
-        }
-    }
+    let fitting: Vec<(i64, u128, u32)> = gpus
+        .iter()
+        .filter_map(|g| mps_room(g, sm_percent, memory_bytes, mode, opts, &mut reasons))
+        .collect();
     let chosen = match opts.strategy {
         Strategy::FirstFit => fitting.iter().min_by_key(|(_, _, i)| *i),
         Strategy::BestFit => fitting.iter().min(),
@@ -1032,6 +1075,77 @@ fn plan_mps(
             }
         ))),
     }
+}
+
+/// An MPS share asks for 1 to 100 % of the SMs and some memory.
+pub(super) fn check_mps_share(sm_percent: u32, memory_bytes: u64) -> Result<(), PlanError> {
+    if !(1..=100).contains(&sm_percent) {
+        return Err(PlanError::InvalidShape(format!(
+            "MPS sm_percent must be 1..=100, got {sm_percent}"
+        )));
+    }
+    if memory_bytes == 0 {
+        return Err(PlanError::InvalidShape(
+            "MPS memory_bytes must be greater than 0".to_string(),
+        ));
+    }
+    Ok(())
+}
+
+/// (SM percent left, memory left, index) of `g` when it admits the share; else why
+/// not, in `reasons`.
+fn mps_room(
+    g: &GpuView,
+    sm_percent: u32,
+    memory_bytes: u64,
+    mode: MpsMode,
+    opts: &PlanOptions,
+    reasons: &mut Vec<String>,
+) -> Option<(i64, u128, u32)> {
+    let asked_sm = u64::from(sm_percent);
+    let asked_mem = u128::from(memory_bytes);
+    let name = gpu_name(g);
+    if g.info.mig_current {
+        reasons.push(format!("{name}: MIG enabled"));
+        return None;
+    }
+    if g.whole_leased {
+        reasons.push(format!("{name}: held by a whole-GPU lease"));
+        return None;
+    }
+    // One mode per GPU at a time: an isolated lease's guarantee (its own
+    // server, limits it cannot loosen) holds next to other isolated servers,
+    // but a shared server beside them would time-slice against them too and
+    // the shared leases would lose the concurrency they asked for.
+    if let Some(other) = g.mps.other_mode(mode) {
+        reasons.push(format!(
+            "MPS on {name}: serves {other} shares, {mode} asked"
+        ));
+        return None;
+    }
+    let used_sm = g.mps.sm_percent;
+    let used_mem = g.mps.memory_bytes;
+    let total_mem = u128::from(g.info.memory_bytes);
+    let sm_ok = opts.mps_oversubscribe || used_sm + asked_sm <= 100;
+    let mem_ok = used_mem + asked_mem <= total_mem;
+    if !sm_ok {
+        reasons.push(format!(
+            "MPS on {name}: {used_sm}% of SMs already admitted, {sm_percent}% asked"
+        ));
+    }
+    if !mem_ok {
+        reasons.push(format!(
+            "MPS on {name}: {} of {} memory already admitted, {} asked",
+            fmt_bytes(used_mem),
+            fmt_bytes(total_mem),
+            fmt_bytes(asked_mem)
+        ));
+    }
+    if !(sm_ok && mem_ok) {
+        return None;
+    }
+    let sm_left = 100i64.saturating_sub(i64::try_from(used_sm).unwrap_or(i64::MAX));
+    Some((sm_left, total_mem - used_mem, g.info.index))
 }
 
 fn fmt_bytes(b: u128) -> String {

@@ -8,9 +8,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::fragmentation::{capacity_value, total_memory_slices, used_memory_slices};
-use super::reserve::{hold, reserve_all};
 use super::test_fixtures::*;
-use super::trace::Repacker;
 use super::{
     Expiry, GpuView, Movable, MovePlan, MpsMode, PlanDecision, PlanError, PlanOptions, Shape,
     Strategy as PlanStrategy, Temporal, compact, plan, plan_with_moves,
@@ -746,95 +744,6 @@ proptest! {
         }
     }
 
-    /// Reservations of waiting requests never overlap one another on a GPU, never go
-    /// past a profile's `max_count` (instances that stay plus regions held), and with
-    /// them held the planner (moves included) puts nothing, new or moved, into any.
-    #[test]
-    fn nothing_is_placed_into_a_region_held_for_a_waiting_request(
-        layout in prop::collection::vec((0usize..7, any::<bool>()), 0..30),
-        waiting in prop::collection::vec(0usize..7, 1..6),
-        asks in prop::collection::vec((0usize..7, any::<bool>()), 1..20),
-    ) {
-        let mut gpus = vec![h100_mig(0), h100_mig(1), h100_mig(2)];
-        let mut movable: Vec<Movable> = Vec::new();
-        for (n, idle) in layout {
-            let shape = mig_shape(NAMES[n]);
-            if let Ok(d @ PlanDecision::NewMig { gpu, placement, .. }) =
-                plan(&shape, &gpus, &options(true))
-            {
-                apply(&mut gpus, &shape, &d);
-                if idle {
-                    movable.push(Movable { gpu, placement });
-                }
-            }
-        }
-        let held = reserve_all(waiting.iter().map(|&n| NAMES[n]), &gpus, &movable);
-        for (i, a) in held.iter().enumerate() {
-            for b in &held[i + 1..] {
-                prop_assert!(!(a.gpu == b.gpu && a.placement.overlaps(&b.placement)), "{a:?} {b:?}");
-            }
-            let g = gpus.iter().find(|g| g.info.index == a.gpu).unwrap();
-            let p = profile(&g.profiles, a.gi_profile_id);
-            // Once every region's present instances are gone and each is served.
-            let staying = g.mig.iter()
-                .filter(|m| m.gi_profile_id == p.id)
-                .filter(|m| !held.iter().any(|r| r.gpu == a.gpu && r.placement.overlaps(&m.placement)))
-                .count();
-            let regions = held.iter().filter(|r| r.gpu == a.gpu && r.gi_profile_id == p.id).count();
-            prop_assert!(u32::try_from(staying + regions).unwrap() <= p.max_count, "{a:?}");
-        }
-        let mut view = hold(&gpus, &held);
-        for (n, best_fit) in asks {
-            let shape = mig_shape(NAMES[n]);
-            let Ok(MovePlan { moves, decision }) =
-                plan_with_moves(&shape, &view, &options(best_fit), &movable)
-            else {
-                continue;
-            };
-            let PlanDecision::NewMig { gpu, placement, gi_profile_id, .. } = decision else {
-                return Err(TestCaseError::fail(format!("{decision:?}")));
-            };
-            for r in &held {
-                prop_assert!(!(r.gpu == gpu && r.placement.overlaps(&placement)), "new {placement:?} in {r:?}");
-                for m in &moves {
-                    prop_assert!(!(r.gpu == m.to_gpu && r.placement.overlaps(&m.to)), "moved {m:?} into {r:?}");
-                    prop_assert!(!(r.gpu == m.from_gpu && r.placement == m.from), "moved a reservation {m:?}");
-                }
-            }
-            for m in &moves {
-                let src = view_mut(&mut view, m.from_gpu);
-                src.mig.retain(|i| i.placement != m.from);
-                view_mut(&mut view, m.to_gpu).mig.push(OccupiedMig {
-                    gi_profile_id: m.gi_profile_id, placement: m.to, free_static: None,
-                });
-                movable.retain(|v| !(v.gpu == m.from_gpu && v.placement == m.from));
-            }
-            view_mut(&mut view, gpu).mig.push(OccupiedMig { gi_profile_id, placement, free_static: None });
-        }
-    }
-
-    /// The trace bench's reference accepts every set of instances the planner could lay
-    /// out (it is a true upper bound), on 1 to 3 GPUs.
-    #[test]
-    fn the_repacking_reference_fits_whatever_the_planner_placed(
-        names in prop::collection::vec(0usize..7, 1..40),
-        best_fit in any::<bool>(),
-        n_gpus in 1u32..=3,
-    ) {
-        let mut gpus: Vec<GpuView> = (0..n_gpus).map(h100_mig).collect();
-        let profiles = h100_profiles();
-        let mut counts = vec![0u8; profiles.len()];
-        let mut repacker = Repacker::new(&profiles, n_gpus);
-        for n in names {
-            let shape = mig_shape(NAMES[n]);
-            if let Ok(d) = plan(&shape, &gpus, &options(best_fit)) {
-                apply(&mut gpus, &shape, &d);
-                let i = profiles.iter().position(|p| p.name == NAMES[n]).unwrap();
-                counts[i] += 1;
-                prop_assert!(repacker.fits(&counts, n_gpus), "{counts:?} on {n_gpus} GPUs");
-            }
-        }
-    }
 }
 
 // ---------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::planner::{PlanDecision, PlanError, PlanOptions, plan};
-use super::{GpuView, OccupiedMig, Shape};
+use super::view::{GpuView, OccupiedMig, Shape};
 use crate::gpu::{GpuLink, TopologyLevel};
 
 /// How closely the GPUs of a multi-partition lease must be connected. Partitions on

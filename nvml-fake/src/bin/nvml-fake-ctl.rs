@@ -52,35 +52,10 @@ fn run(mut args: Vec<String>) -> Result<(), String> {
     };
     let rest = &args[1..];
     if cmd == "init" {
-        let mut gpus = Vec::new();
-        let mut board = state::Board::default();
-        for spec in rest {
-            if let Some(name) = spec.strip_prefix("--board=") {
-                board =
-                    state::Board::parse(name).ok_or_else(|| format!("unknown board {name:?}"))?;
-                continue;
-            }
-            let (model, mig) = match spec.strip_suffix(":mig") {
-                Some(m) => (m, true),
-                None => (spec.as_str(), false),
-            };
-            let model =
-                nvidia_ml::parse_model(model).ok_or_else(|| format!("unknown model {model:?}"))?;
-            gpus.push((model, mig));
-        }
-        let mut st = State::new(&gpus);
-        st.board = board;
-        return state::write_state(&path, &st).map_err(|e| e.to_string());
+        return init(&path, rest);
     }
     let mut locked = state::lock(&path).map_err(|e| e.to_string())?;
     let st = &mut locked.state;
-    let gpu_arg = |i: usize, st: &State| -> Result<usize, String> {
-        let g: usize = num(rest.get(i), "GPU index")?;
-        if g >= st.gpus.len() {
-            return Err(format!("no GPU {g}"));
-        }
-        Ok(g)
-    };
     match cmd.as_str() {
         "show" => {
             let text = serde_json::to_string_pretty(st).map_err(|e| e.to_string())?;
@@ -89,24 +64,69 @@ fn run(mut args: Vec<String>) -> Result<(), String> {
         }
         "minors" => {
             let out = rest.first().ok_or("minors needs a path")?;
-            let mut text = String::from("config 1\nmonitor 2\n");
-            for g in 0..st.gpus.len() as u32 {
-                for gi in 0..15u32 {
-                    let m = 3 + g * 135 + gi * 9;
-                    text.push_str(&format!("gpu{g}/gi{gi}/access {m}\n"));
-                    for ci in 0..8u32 {
-                        text.push_str(&format!("gpu{g}/gi{gi}/ci{ci}/access {}\n", m + 1 + ci));
-                    }
-                }
-            }
-            return std::fs::write(out, text).map_err(|e| format!("{out}: {e}"));
+            return std::fs::write(out, minors_text(st.gpus.len() as u32))
+                .map_err(|e| format!("{out}: {e}"));
         }
+        _ => change(&cmd, rest, st)?,
+    }
+    locked.save().map_err(|e| e.to_string())
+}
+
+/// `init [--board=B] MODEL[:mig]...`: fresh GPUs.
+fn init(path: &std::path::Path, rest: &[String]) -> Result<(), String> {
+    let mut gpus = Vec::new();
+    let mut board = state::Board::default();
+    for spec in rest {
+        if let Some(name) = spec.strip_prefix("--board=") {
+            board = state::Board::parse(name).ok_or_else(|| format!("unknown board {name:?}"))?;
+            continue;
+        }
+        let (model, mig) = match spec.strip_suffix(":mig") {
+            Some(m) => (m, true),
+            None => (spec.as_str(), false),
+        };
+        let model =
+            nvidia_ml::parse_model(model).ok_or_else(|| format!("unknown model {model:?}"))?;
+        gpus.push((model, mig));
+    }
+    let mut st = State::new(&gpus);
+    st.board = board;
+    state::write_state(path, &st).map_err(|e| e.to_string())
+}
+
+/// The driver's mig-minors table for `gpus` GPUs.
+fn minors_text(gpus: u32) -> String {
+    let mut text = String::from("config 1\nmonitor 2\n");
+    for g in 0..gpus {
+        for gi in 0..15u32 {
+            let m = 3 + g * 135 + gi * 9;
+            text.push_str(&format!("gpu{g}/gi{gi}/access {m}\n"));
+            for ci in 0..8u32 {
+                text.push_str(&format!("gpu{g}/gi{gi}/ci{ci}/access {}\n", m + 1 + ci));
+            }
+        }
+    }
+    text
+}
+
+/// The GPU index argument at `i`, checked against the GPUs there are.
+fn gpu_arg(rest: &[String], i: usize, st: &State) -> Result<usize, String> {
+    let g: usize = num(rest.get(i), "GPU index")?;
+    if g >= st.gpus.len() {
+        return Err(format!("no GPU {g}"));
+    }
+    Ok(g)
+}
+
+/// A command that changes the hardware's state.
+fn change(cmd: &str, rest: &[String], st: &mut State) -> Result<(), String> {
+    match cmd {
         "lose" | "restore" => {
-            let g = gpu_arg(0, st)?;
+            let g = gpu_arg(rest, 0, st)?;
             st.gpus[g].lost = cmd == "lose";
         }
         "xid" => {
-            let g = gpu_arg(0, st)?;
+            let g = gpu_arg(rest, 0, st)?;
             st.events.push(Event {
                 gpu: g as u32,
                 xid: Some(num(rest.get(1), "XID")?),
@@ -114,63 +134,69 @@ fn run(mut args: Vec<String>) -> Result<(), String> {
             });
         }
         "ecc" => {
-            let g = gpu_arg(0, st)?;
+            let g = gpu_arg(rest, 0, st)?;
             st.events.push(Event {
                 gpu: g as u32,
                 xid: None,
                 gi: None,
             });
         }
-        "fail" | "hang" => {
-            let call = rest.first().ok_or("missing CALL")?.clone();
-            let v: u64 = num(rest.get(1), "CODE or MS")?;
-            st.faults.push(Fault {
-                call,
-                gpu: opt(rest.get(2), "GPU")?,
-                code: if cmd == "fail" {
-                    u32::try_from(v).map_err(|_| "bad CODE")?
-                } else {
-                    0
-                },
-                hang_ms: if cmd == "hang" { v } else { 0 },
-                times: opt(rest.get(3), "TIMES")?,
-            });
-        }
+        "fail" | "hang" => st.faults.push(fault(cmd, rest)?),
         "clear-faults" => match opt::<u32>(rest.first(), "GPU")? {
             Some(g) => st.faults.retain(|f| f.gpu != Some(g)),
             None => st.faults.clear(),
         },
-        "process" => {
-            let g = gpu_arg(0, st)?;
-            st.gpus[g].processes.push(Process {
-                pid: num(rest.get(1), "PID")?,
-                used_memory: num(rest.get(2), "BYTES")?,
-                gi: opt(rest.get(3), "GI")?,
-                ci: opt(rest.get(4), "CI")?,
-            });
-        }
-        "remove-process" => {
-            let g = gpu_arg(0, st)?;
-            let pid: u32 = num(rest.get(1), "PID")?;
-            let before = st.gpus[g].processes.len();
-            st.gpus[g].processes.retain(|p| p.pid != pid);
-            if st.gpus[g].processes.len() == before {
-                return Err(format!("pid {pid} is not running on GPU {g}"));
-            }
-        }
-        "clear-processes" => {
-            let g = gpu_arg(0, st)?;
-            st.gpus[g].processes.clear();
-        }
+        "process" | "remove-process" | "clear-processes" => processes(cmd, rest, st)?,
         "rows" => {
-            let g = gpu_arg(0, st)?;
+            let g = gpu_arg(rest, 0, st)?;
             let how = rest.get(1).map(String::as_str);
             st.gpus[g].rows_pending = how == Some("pending");
             st.gpus[g].rows_failed = how == Some("failed");
         }
         other => return Err(format!("unknown command {other:?}")),
     }
-    locked.save().map_err(|e| e.to_string())
+    Ok(())
+}
+
+/// `fail CALL CODE [GPU [TIMES]]` or `hang CALL MS [GPU [TIMES]]`.
+fn fault(cmd: &str, rest: &[String]) -> Result<Fault, String> {
+    let call = rest.first().ok_or("missing CALL")?.clone();
+    let v: u64 = num(rest.get(1), "CODE or MS")?;
+    Ok(Fault {
+        call,
+        gpu: opt(rest.get(2), "GPU")?,
+        code: if cmd == "fail" {
+            u32::try_from(v).map_err(|_| "bad CODE")?
+        } else {
+            0
+        },
+        hang_ms: if cmd == "hang" { v } else { 0 },
+        times: opt(rest.get(3), "TIMES")?,
+    })
+}
+
+/// `process GPU PID BYTES [GI CI]`, `remove-process GPU PID`, `clear-processes GPU`.
+fn processes(cmd: &str, rest: &[String], st: &mut State) -> Result<(), String> {
+    let g = gpu_arg(rest, 0, st)?;
+    let procs = &mut st.gpus[g].processes;
+    match cmd {
+        "process" => procs.push(Process {
+            pid: num(rest.get(1), "PID")?,
+            used_memory: num(rest.get(2), "BYTES")?,
+            gi: opt(rest.get(3), "GI")?,
+            ci: opt(rest.get(4), "CI")?,
+        }),
+        "remove-process" => {
+            let pid: u32 = num(rest.get(1), "PID")?;
+            let before = procs.len();
+            procs.retain(|p| p.pid != pid);
+            if procs.len() == before {
+                return Err(format!("pid {pid} is not running on GPU {g}"));
+            }
+        }
+        _ => procs.clear(),
+    }
+    Ok(())
 }
 
 fn main() -> ExitCode {

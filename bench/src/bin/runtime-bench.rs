@@ -111,17 +111,20 @@ fn parse_args() -> Result<Args> {
     Ok(a)
 }
 
-fn rootfs(dir: &Path) -> Result<PathBuf> {
-    let rootfs = dir.join("rootfs");
+/// A busybox rootfs in `bundle/rootfs`: each bundle holds its own, as containerd's
+/// do (the runtime admits a rootfs inside the bundle, or a container engine's own in
+/// its storage).
+fn rootfs(bundle: &Path) -> Result<()> {
+    let rootfs = bundle.join("rootfs");
     for d in ["bin", "proc", "sys", "dev", "tmp"] {
         std::fs::create_dir_all(rootfs.join(d)).with_context(|| format!("mkdir {d}"))?;
     }
     std::fs::copy("/bin/busybox", rootfs.join("bin/busybox")).context("copy /bin/busybox")?;
     std::os::unix::fs::symlink("busybox", rootfs.join("bin/true")).context("symlink true")?;
-    Ok(rootfs)
+    Ok(())
 }
 
-fn spec(rootfs: &Path, token: Option<&str>) -> serde_json::Value {
+fn spec(token: Option<&str>) -> serde_json::Value {
     let caps = json!([
         "CAP_CHOWN",
         "CAP_DAC_OVERRIDE",
@@ -143,7 +146,7 @@ fn spec(rootfs: &Path, token: Option<&str>) -> serde_json::Value {
         "process": {"user": {"uid": 0, "gid": 0}, "args": ["/bin/true"], "env": ["PATH=/bin"],
                     "cwd": "/", "capabilities": {"bounding": caps, "effective": caps, "permitted": caps},
                     "noNewPrivileges": true},
-        "root": {"path": rootfs},
+        "root": {"path": "rootfs"},
         "mounts": [
             {"destination": "/proc", "type": "proc", "source": "proc", "options": ["nosuid", "noexec", "nodev"]},
             {"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
@@ -316,7 +319,7 @@ fn runtime_config(path: &Path, runc: &Path, socket: &Path, dir: &Path) -> Result
     std::fs::write(
         path,
         format!(
-            "runc_path = {:?}\ndaemon_socket = {:?}\nnvidia_proc_root = {:?}\nstate_dir = {:?}\nrunc_cve_acknowledged = [{}]\n[policy]\napparmor = \"if-available\"\ncontainer_storage_roots = [{:?}]\n",
+            "runc_path = {:?}\ndaemon_socket = {:?}\nnvidia_proc_root = {:?}\nstate_dir = {:?}\nrunc_cve_acknowledged = [{}]\n[policy]\napparmor = \"if-available\"\n",
             runc,
             socket,
             dir.join("no-nvidia"),
@@ -329,9 +332,6 @@ fn runtime_config(path: &Path, runc: &Path, socket: &Path, dir: &Path) -> Result
                 .map(|c| format!("{c:?}"))
                 .collect::<Vec<_>>()
                 .join(", "),
-            // The rootfs sits beside the bundles (shared by every variant), as a
-            // container engine's storage holds it apart from its bundles.
-            dir,
         ),
     )
     .with_context(|| format!("writing {}", path.display()))
@@ -501,8 +501,19 @@ impl SimLease {
             }
             std::thread::sleep(Duration::from_millis(20));
         };
-        let created = rt
-            .block_on(client.create_lease(pb::CreateLeaseRequest {
+        let devices = rt.block_on(me.take_lease(&mut client))?;
+        me.make_device_nodes(&devices)?;
+        Ok(me)
+    }
+
+    /// An MPS lease of the bench's own: its id and token kept, the devices it
+    /// resolves to returned.
+    async fn take_lease(
+        &mut self,
+        client: &mut pb::tessera_client::TesseraClient<tonic::transport::Channel>,
+    ) -> Result<Vec<pb::DeviceNode>> {
+        let created = client
+            .create_lease(pb::CreateLeaseRequest {
                 tenant: "bench".into(),
                 shape: Some(pb::Shape {
                     kind: Some(pb::shape::Kind::Mps(pb::MpsShape {
@@ -512,25 +523,32 @@ impl SimLease {
                     })),
                 }),
                 ..Default::default()
-            }))
+            })
+            .await
             .context("CreateLease")?
             .into_inner();
-        me.lease_id = created.lease.map(|l| l.id).unwrap_or_default();
-        me.token = created.token;
-        let resolved = rt
-            .block_on(client.resolve_token(pb::ResolveTokenRequest {
-                token: me.token.clone(),
-            }))
+        self.lease_id = created.lease.map(|l| l.id).unwrap_or_default();
+        self.token = created.token;
+        let resolved = client
+            .resolve_token(pb::ResolveTokenRequest {
+                token: self.token.clone(),
+            })
+            .await
             .context("ResolveToken")?
             .into_inner();
-        // The nodes the driver would have made on a GPU host.
-        for dev in &resolved.devices {
+        Ok(resolved.devices)
+    }
+
+    /// The nodes the driver would have made on a GPU host, under the daemon's
+    /// `dev_root`.
+    fn make_device_nodes(&self, devices: &[pb::DeviceNode]) -> Result<()> {
+        for dev in devices {
             let p = Path::new(&dev.host_path);
-            if !p.starts_with(&me.dev_root) {
+            if !p.starts_with(&self.dev_root) {
                 bail!(
                     "the lease's device {} is outside {}",
                     p.display(),
-                    me.dev_root.display()
+                    self.dev_root.display()
                 );
             }
             if p.exists() {
@@ -548,7 +566,7 @@ impl SimLease {
             )
             .with_context(|| format!("mknod {}", p.display()))?;
         }
-        Ok(me)
+        Ok(())
     }
 }
 
@@ -563,21 +581,57 @@ impl Drop for SimLease {
 async fn connect(
     socket: &Path,
 ) -> Result<pb::tessera_client::TesseraClient<tonic::transport::Channel>> {
-    let path = socket.to_path_buf();
-    let ch = tonic::transport::Endpoint::try_from("http://[::1]:50051")?
-        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
-            let path = path.clone();
-            async move {
-                let s = tokio::net::UnixStream::connect(path).await?;
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
-            }
-        }))
-        .await?;
+    let ch = tessera_common::unix::channel(socket).await?;
     Ok(pb::tessera_client::TesseraClient::new(ch))
 }
 
+/// What every timed start uses: the bundles of each variant, runc's root, the
+/// tenant's spec, the runtime's two configs and where it keeps its answer.
+struct Bundles {
+    root: PathBuf,
+    root_s: String,
+    plain: PathBuf,
+    ctrd: PathBuf,
+    hard: PathBuf,
+    tess: PathBuf,
+    alone: PathBuf,
+    alone_s: String,
+    /// The tenant's spec, as each run starts from it.
+    original: Vec<u8>,
+    config: PathBuf,
+    config_true: PathBuf,
+    true_bin: PathBuf,
+    /// The runtime's kept answer for the lease's token (with a lease).
+    kept: Option<PathBuf>,
+}
+
 fn bench(args: &Args, dir: &Path) -> Result<()> {
-    let rootfs = rootfs(dir)?;
+    let b = prepare(args, dir)?;
+    let env: [(&str, &Path); 1] = [("TESSERA_RUNTIME_CONFIG", &b.config)];
+    let mut times: Vec<Vec<Sample>> = vec![Vec::new(); VARIANTS.len()];
+    // Warm-up (page cache, binaries).
+    time_run(&args.runc, &b.root, &b.plain, "warm-0", &[])?;
+    std::fs::write(b.tess.join("config.json"), &b.original)?;
+    time_run(&args.runtime, &b.root, &b.tess, "warm-1", &env)?;
+    runtime_delete(&args.runtime, &b.root_s, "warm-1", &env)?;
+    // A fresh order each iteration, from a fixed seed: what a start costs here depends
+    // on what ran just before it (see IDLE_BEFORE), and a fixed rotation gives each
+    // variant the same predecessors every time, which moved the goal's ratio by 0.05
+    // to 0.1 (docs/performance.md).
+    let mut rng = SplitMix64(0x7e55_e7a0);
+    let mut order: Vec<usize> = (0..VARIANTS.len()).collect();
+    for i in 0..args.iterations {
+        rng.shuffle(&mut order);
+        for &v in &order {
+            let took = time_variant(args, &b, v, &format!("v{v}-{i}"))?;
+            times[v].push(took);
+        }
+    }
+    report(args, dir, &times)
+}
+
+/// The bundles, configs and specs of every variant.
+fn prepare(args: &Args, dir: &Path) -> Result<Bundles> {
     let root = dir.join("runc-root");
     let true_bin = find_true()?;
     let config = dir.join("runtime.toml");
@@ -595,7 +649,7 @@ fn bench(args: &Args, dir: &Path) -> Result<()> {
     tessera_runtime::runc_cves::BinaryKey::of(&true_bin)
         .and_then(|key| cache.store(key, (1, 2, 8)))
         .context("seeding the runc version cache for the runtime-only timing")?;
-    let original_spec = spec(&rootfs, args.token.as_deref());
+    let original_spec = spec(args.token.as_deref());
     let original = serde_json::to_vec(&original_spec)?;
     let bundles: Vec<PathBuf> = ["plain", "containerd", "hardened", "tessera", "alone"]
         .iter()
@@ -604,6 +658,7 @@ fn bench(args: &Args, dir: &Path) -> Result<()> {
     for b in &bundles {
         std::fs::create_dir_all(b).with_context(|| format!("mkdir {}", b.display()))?;
         std::fs::write(b.join("config.json"), &original)?;
+        rootfs(b)?;
     }
     let [plain, ctrd, hard, tess, alone] = &bundles[..] else {
         bail!("bundle list");
@@ -628,81 +683,84 @@ fn bench(args: &Args, dir: &Path) -> Result<()> {
         ctrd.join("config.json"),
         serde_json::to_vec(&containerd_like_spec(&original_spec, tenant_seccomp))?,
     )?;
-
-    let env: [(&str, &Path); 1] = [("TESSERA_RUNTIME_CONFIG", &config)];
-    let env_true: [(&str, &Path); 1] = [("TESSERA_RUNTIME_CONFIG", &config_true)];
-    let root_s = root.to_string_lossy().into_owned();
-    let alone_s = alone.to_string_lossy().into_owned();
-    let mut times: Vec<Vec<Sample>> = vec![Vec::new(); VARIANTS.len()];
-    // Warm-up (page cache, binaries).
-    time_run(&args.runc, &root, plain, "warm-0", &[])?;
-    std::fs::write(tess.join("config.json"), &original)?;
-    time_run(&args.runtime, &root, tess, "warm-1", &env)?;
-    runtime_delete(&args.runtime, &root_s, "warm-1", &env)?;
-    // A fresh order each iteration, from a fixed seed: what a start costs here depends
-    // on what ran just before it (see IDLE_BEFORE), and a fixed rotation gives each
-    // variant the same predecessors every time, which moved the goal's ratio by 0.05
-    // to 0.1 (docs/performance.md).
     // The runtime keeps the daemon's answer for the lease's token after a start, so
     // later starts bind without asking first; the last variant removes it.
     let kept = args
         .token
         .as_deref()
         .map(|t| tessera_runtime::lease::cache::AnswerCache::new(&state_dir(dir)).path_of(t));
-    let mut rng = SplitMix64(0x7e55_e7a0);
-    let mut order: Vec<usize> = (0..VARIANTS.len()).collect();
-    for i in 0..args.iterations {
-        rng.shuffle(&mut order);
-        for &v in &order {
-            let id = format!("v{v}-{i}");
-            let took = match v {
-                0 => time_run(&args.runc, &root, plain, &id, &[])?,
-                1 => time_run(&args.runc, &root, ctrd, &id, &[])?,
-                2 => time_run(&args.runc, &root, hard, &id, &[])?,
-                3 | 8 => {
-                    // The last variant: a start with no answer kept from an earlier
-                    // one (the first start on a lease): ResolveToken, then
-                    // BindContainer. Every earlier start kept one, so a missing file
-                    // means this variant would time the kept path.
-                    if let (8, Some(kept)) = (v, &kept) {
-                        std::fs::remove_file(kept).with_context(|| {
-                            format!("removing the runtime's kept answer {}", kept.display())
-                        })?;
-                    }
-                    // Each run starts from the tenant's spec (not timed).
-                    std::fs::write(tess.join("config.json"), &original)?;
-                    let t = time_run(&args.runtime, &root, tess, &id, &env)?;
-                    runtime_delete(&args.runtime, &root_s, &id, &env)?;
-                    t
-                }
-                4 => {
-                    std::fs::write(alone.join("config.json"), &original)?;
-                    let t = time_run(&args.runtime, &root, alone, &id, &env_true)?;
-                    runtime_delete(&args.runtime, &root_s, &id, &env_true)?;
-                    t
-                }
-                5 => {
-                    // From the tenant's spec too: `run` above rewrote this bundle's
-                    // config.json into the hardened spec, which lists the lease's GPU
-                    // devices itself and so is (rightly) refused by check.
-                    std::fs::write(alone.join("config.json"), &original)?;
-                    time_cmd(
-                        &args.runtime,
-                        &["--root", &root_s, "check", "--json", "--bundle", &alone_s],
-                        &env,
-                    )?
-                }
-                6 => time_cmd(&true_bin, &[], &[])?,
-                _ => {
-                    // The baseline again, from an idle machine: tessera-runtime's own
-                    // runc follows its waits on the daemon.
-                    std::thread::sleep(IDLE_BEFORE);
-                    time_run(&args.runc, &root, hard, &id, &[])?
-                }
-            };
-            times[v].push(took);
+    Ok(Bundles {
+        root_s: root.to_string_lossy().into_owned(),
+        root,
+        plain: plain.clone(),
+        ctrd: ctrd.clone(),
+        hard: hard.clone(),
+        tess: tess.clone(),
+        alone_s: alone.to_string_lossy().into_owned(),
+        alone: alone.clone(),
+        original,
+        config,
+        config_true,
+        true_bin,
+        kept,
+    })
+}
+
+/// One timed start of variant `v` (container id `id`).
+fn time_variant(args: &Args, b: &Bundles, v: usize, id: &str) -> Result<Sample> {
+    let env: [(&str, &Path); 1] = [("TESSERA_RUNTIME_CONFIG", &b.config)];
+    let env_true: [(&str, &Path); 1] = [("TESSERA_RUNTIME_CONFIG", &b.config_true)];
+    Ok(match v {
+        0 => time_run(&args.runc, &b.root, &b.plain, id, &[])?,
+        1 => time_run(&args.runc, &b.root, &b.ctrd, id, &[])?,
+        2 => time_run(&args.runc, &b.root, &b.hard, id, &[])?,
+        3 | 8 => {
+            // The last variant: a start with no answer kept from an earlier
+            // one (the first start on a lease): ResolveToken, then
+            // BindContainer. Every earlier start kept one, so a missing file
+            // means this variant would time the kept path.
+            if let (8, Some(kept)) = (v, &b.kept) {
+                std::fs::remove_file(kept).with_context(|| {
+                    format!("removing the runtime's kept answer {}", kept.display())
+                })?;
+            }
+            // Each run starts from the tenant's spec (not timed).
+            std::fs::write(b.tess.join("config.json"), &b.original)?;
+            let t = time_run(&args.runtime, &b.root, &b.tess, id, &env)?;
+            runtime_delete(&args.runtime, &b.root_s, id, &env)?;
+            t
         }
-    }
+        4 => {
+            std::fs::write(b.alone.join("config.json"), &b.original)?;
+            let t = time_run(&args.runtime, &b.root, &b.alone, id, &env_true)?;
+            runtime_delete(&args.runtime, &b.root_s, id, &env_true)?;
+            t
+        }
+        5 => {
+            // From the tenant's spec too: `run` above rewrote this bundle's
+            // config.json into the hardened spec, which lists the lease's GPU
+            // devices itself and so is (rightly) refused by check.
+            std::fs::write(b.alone.join("config.json"), &b.original)?;
+            time_cmd(
+                &args.runtime,
+                &[
+                    "--root", &b.root_s, "check", "--json", "--bundle", &b.alone_s,
+                ],
+                &env,
+            )?
+        }
+        6 => time_cmd(&b.true_bin, &[], &[])?,
+        _ => {
+            // The baseline again, from an idle machine: tessera-runtime's own
+            // runc follows its waits on the daemon.
+            std::thread::sleep(IDLE_BEFORE);
+            time_run(&args.runc, &b.root, &b.hard, id, &[])?
+        }
+    })
+}
+
+/// The medians, ratios and interval printed, and written to `--results`.
+fn report(args: &Args, dir: &Path, times: &[Vec<Sample>]) -> Result<()> {
     let med_of = |f: fn(&Sample) -> Duration| -> Vec<Duration> {
         times
             .iter()
@@ -754,43 +812,52 @@ fn bench(args: &Args, dir: &Path) -> Result<()> {
         ms(cpu[7]) - ms(cpu[2])
     );
     if let Some(path) = &args.results {
-        let mode = if args.token.is_some() {
-            "lease"
-        } else {
-            "nolease"
-        };
-        let mut lines = String::new();
-        for (key, v) in [
-            ("runc_ms", ms(med[0])),
-            ("runc_containerd_default_ms", ms(med[1])),
-            ("runc_hardened_ms", ms(med[2])),
-            ("tessera_runtime_ms", ms(med[3])),
-            ("runtime_alone_ms", ms(med[4].saturating_sub(med[6]))),
-            ("check_ms", ms(med[5])),
-            ("runc_hardened_after_idle_ms", ms(med[7])),
-            ("ratio_wall_vs_runc", ratio(&med, 3, 0)),
-            ("ratio_wall_vs_containerd_default", ratio(&med, 3, 1)),
-            ("ratio_wall_vs_hardened_runc", ratio(&med, 3, 2)),
-            ("ratio_wall_vs_hardened_runc_lo", lo),
-            ("ratio_wall_vs_hardened_runc_hi", hi),
-            ("ratio_cpu_vs_hardened_runc", ratio(&cpu, 3, 2)),
-            ("tessera_runtime_unkept_ms", ms(med[8])),
-            ("ratio_wall_unkept_vs_hardened_runc", ratio(&med, 8, 2)),
-        ] {
-            lines.push_str(&format!("runtime.{mode}.{key} {v}\n"));
-        }
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .and_then(|mut f| f.write_all(lines.as_bytes()))
-            .with_context(|| format!("writing {}", path.display()))?;
+        write_results(path, args.token.is_some(), &med, &cpu, (lo, hi))?;
     }
     if fs_kind(dir) != "tmpfs" {
         println!(
             "note: the bundles are not on tmpfs, so runc's state writes reach the disk; containerd keeps bundles under /run (tmpfs): try --workdir on a tmpfs"
         );
     }
+    Ok(())
+}
+
+/// The medians and ratios appended to `path` as `key value` lines.
+fn write_results(
+    path: &Path,
+    lease: bool,
+    med: &[Duration],
+    cpu: &[Duration],
+    (lo, hi): (f64, f64),
+) -> Result<()> {
+    let ratio = |v: &[Duration], a: usize, b: usize| v[a].as_secs_f64() / v[b].as_secs_f64();
+    let mode = if lease { "lease" } else { "nolease" };
+    let mut lines = String::new();
+    for (key, v) in [
+        ("runc_ms", ms(med[0])),
+        ("runc_containerd_default_ms", ms(med[1])),
+        ("runc_hardened_ms", ms(med[2])),
+        ("tessera_runtime_ms", ms(med[3])),
+        ("runtime_alone_ms", ms(med[4].saturating_sub(med[6]))),
+        ("check_ms", ms(med[5])),
+        ("runc_hardened_after_idle_ms", ms(med[7])),
+        ("ratio_wall_vs_runc", ratio(med, 3, 0)),
+        ("ratio_wall_vs_containerd_default", ratio(med, 3, 1)),
+        ("ratio_wall_vs_hardened_runc", ratio(med, 3, 2)),
+        ("ratio_wall_vs_hardened_runc_lo", lo),
+        ("ratio_wall_vs_hardened_runc_hi", hi),
+        ("ratio_cpu_vs_hardened_runc", ratio(cpu, 3, 2)),
+        ("tessera_runtime_unkept_ms", ms(med[8])),
+        ("ratio_wall_unkept_vs_hardened_runc", ratio(med, 8, 2)),
+    ] {
+        lines.push_str(&format!("runtime.{mode}.{key} {v}\n"));
+    }
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .and_then(|mut f| f.write_all(lines.as_bytes()))
+        .with_context(|| format!("writing {}", path.display()))?;
     Ok(())
 }
 

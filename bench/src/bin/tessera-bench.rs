@@ -590,81 +590,100 @@ fn throughput(
         "CPU ms/cy"
     );
     let pid = daemon.as_ref().and_then(Daemon::pid);
-    rt.block_on(async {
-        for &n in &args.clients {
-            // The daemon's own CPU per cycle: what other work on a shared machine
-            // disturbs far less than rates and latencies.
-            let cpu0 = pid.map(cpu_time).transpose()?;
-            let stop_at = Instant::now() + Duration::from_secs(args.seconds);
-            let shape = Arc::new(shape(&args.shape));
-            let mut tasks = Vec::new();
-            for i in 0..n {
-                let mut c = connect(&socket).await?;
-                let shape = shape.clone();
-                tasks.push(tokio::spawn(async move {
-                    let mut samples = Vec::new();
-                    let tenant = format!("bench-{i}");
-                    while Instant::now() < stop_at {
-                        samples.push(cycle(&mut c, &tenant, &shape).await?);
-                    }
-                    Ok::<_, anyhow::Error>(samples)
-                }));
+    let shape = Arc::new(shape(&args.shape));
+    for &n in &args.clients {
+        // The daemon's own CPU per cycle: what other work on a shared machine
+        // disturbs far less than rates and latencies.
+        let cpu0 = pid.map(cpu_time).transpose()?;
+        let (all, secs) = rt.block_on(run_clients(&socket, n, args.seconds, &shape))?;
+        let cpu_per_cycle = match (pid, cpu0) {
+            (Some(pid), Some(cpu0)) => {
+                Some(cpu_time(pid)?.saturating_sub(cpu0) / all.len().max(1) as u32)
             }
-            let start = Instant::now();
-            let mut all = Vec::new();
-            for t in tasks {
-                all.extend(t.await??);
-            }
-            let secs = start.elapsed().as_secs_f64();
-            let (cyc, cre, rel) = (
-                sorted(&all, |s| s.cycle),
-                sorted(&all, |s| s.create),
-                sorted(&all, |s| s.release),
-            );
-            let pair = |v: &[Duration]| {
-                format!(
-                    "{:>8.2} /{:>7.2}",
-                    ms(percentile(v, 0.50)),
-                    ms(percentile(v, 0.99))
-                )
-            };
-            let rate = all.len() as f64 / secs;
-            let cpu_per_cycle = match (pid, cpu0) {
-                (Some(pid), Some(cpu0)) => {
-                    Some(cpu_time(pid)?.saturating_sub(cpu0) / all.len().max(1) as u32)
-                }
-                _ => None,
-            };
-            println!(
-                "{:>7} {:>8} {:>9.0} | {} | {} | {} | {:>9}",
-                n,
-                all.len(),
-                rate,
-                pair(&cyc),
-                pair(&cre),
-                pair(&rel),
-                cpu_per_cycle.map_or("-".into(), |c| format!("{:.3}", ms(c))),
-            );
-            if let Some(c) = cpu_per_cycle {
-                results.put(
-                    &format!("throughput.{n}.daemon_cpu_us_per_cycle"),
-                    c.as_secs_f64() * 1e6,
-                )?;
-            }
-            results.put(&format!("throughput.{n}.cycles_per_s"), rate)?;
-            results.put(
-                &format!("throughput.{n}.create_p99_ms"),
-                ms(percentile(&cre, 0.99)),
-            )?;
-            results.put(
-                &format!("throughput.{n}.cycle_p99_ms"),
-                ms(percentile(&cyc, 0.99)),
-            )?;
-        }
-        Ok::<_, anyhow::Error>(())
-    })?;
+            _ => None,
+        };
+        clients_row(n, &all, secs, cpu_per_cycle, results)?;
+    }
     drop(daemon);
     Ok(())
+}
+
+/// `n` clients, each on its own connection, running create+release cycles for
+/// `seconds`: every cycle's sample, and how long they ran.
+async fn run_clients(
+    socket: &Path,
+    n: usize,
+    seconds: u64,
+    shape: &Arc<pb::Shape>,
+) -> anyhow::Result<(Vec<Sample>, f64)> {
+    let stop_at = Instant::now() + Duration::from_secs(seconds);
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        let mut c = connect(socket).await?;
+        let shape = shape.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut samples = Vec::new();
+            let tenant = format!("bench-{i}");
+            while Instant::now() < stop_at {
+                samples.push(cycle(&mut c, &tenant, &shape).await?);
+            }
+            Ok::<_, anyhow::Error>(samples)
+        }));
+    }
+    let start = Instant::now();
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await??);
+    }
+    Ok((all, start.elapsed().as_secs_f64()))
+}
+
+/// The throughput row of `n` clients, printed and recorded.
+fn clients_row(
+    n: usize,
+    all: &[Sample],
+    secs: f64,
+    cpu_per_cycle: Option<Duration>,
+    results: &mut Results,
+) -> anyhow::Result<()> {
+    let (cyc, cre, rel) = (
+        sorted(all, |s| s.cycle),
+        sorted(all, |s| s.create),
+        sorted(all, |s| s.release),
+    );
+    let pair = |v: &[Duration]| {
+        format!(
+            "{:>8.2} /{:>7.2}",
+            ms(percentile(v, 0.50)),
+            ms(percentile(v, 0.99))
+        )
+    };
+    let rate = all.len() as f64 / secs;
+    println!(
+        "{:>7} {:>8} {:>9.0} | {} | {} | {} | {:>9}",
+        n,
+        all.len(),
+        rate,
+        pair(&cyc),
+        pair(&cre),
+        pair(&rel),
+        cpu_per_cycle.map_or("-".into(), |c| format!("{:.3}", ms(c))),
+    );
+    if let Some(c) = cpu_per_cycle {
+        results.put(
+            &format!("throughput.{n}.daemon_cpu_us_per_cycle"),
+            c.as_secs_f64() * 1e6,
+        )?;
+    }
+    results.put(&format!("throughput.{n}.cycles_per_s"), rate)?;
+    results.put(
+        &format!("throughput.{n}.create_p99_ms"),
+        ms(percentile(&cre, 0.99)),
+    )?;
+    results.put(
+        &format!("throughput.{n}.cycle_p99_ms"),
+        ms(percentile(&cyc, 0.99)),
+    )
 }
 
 /// Create leases that stay live until `target` are, with 16 clients.
@@ -698,17 +717,82 @@ async fn fill(socket: &Path, live: usize, target: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The scale curve: CreateLease rate, RSS and restart time against live leases.
-fn curve(args: &Args, rt: &tokio::runtime::Runtime, results: &mut Results) -> anyhow::Result<()> {
-    let dir = tempfile::Builder::new()
-        .prefix("tessera-bench-curve")
-        .tempdir()?;
-    let mut notes: Vec<String> = Vec::new();
-    let mut daemon = Daemon::start(
-        &default_tesserad(args)?,
-        dir.path(),
-        &sim_gpus(args.curve_gpus, "a100-80gb", false),
+/// One client's create+release cycles for `seconds` (at least 10).
+async fn one_client(socket: &Path, seconds: f64, shape: &pb::Shape) -> anyhow::Result<Vec<Sample>> {
+    let mut c = connect(socket).await?;
+    let mut v = Vec::new();
+    let stop_at = Instant::now() + Duration::from_secs_f64(seconds);
+    while Instant::now() < stop_at || v.len() < 10 {
+        v.push(cycle(&mut c, "curve", shape).await?);
+    }
+    Ok(v)
+}
+
+/// Restart the daemon with `point` live leases: how long until it served, its RSS
+/// then; GetNode and a full paged listing timed after it (in `notes`).
+fn restart_at(
+    daemon: &mut Daemon,
+    point: usize,
+    results: &mut Results,
+    notes: &mut Vec<String>,
+) -> anyhow::Result<(Duration, u64)> {
+    let took = daemon.restart()?;
+    let rss_after = rss_bytes(daemon.pid().context("the daemon is not running")?)?;
+    results.put(&format!("curve.{point}.restart_ms"), ms(took))?;
+    let node = daemon.time_get_node()?;
+    results.put(&format!("curve.{point}.get_node_ms"), ms(node))?;
+    let (list, leases, pages, largest) = daemon.time_list_all()?;
+    results.put(&format!("curve.{point}.list_all_ms"), ms(list))?;
+    results.put(&format!("curve.{point}.list_largest_bytes"), largest as f64)?;
+    notes.push(format!(
+        "restart with {point} live leases: {:.1} ms to serving; then GetNode (every partition) answered in {:.1} ms, \
+         and a full paged ListLeases ({leases} leases, {pages} pages, the largest answer {:.0} KiB) took {:.1} ms",
+        ms(took),
+        ms(node),
+        largest as f64 / 1024.0,
+        ms(list)
+    ));
+    results.put(
+        &format!("curve.{point}.rss_after_restart_bytes"),
+        rss_after as f64,
     )?;
+    Ok((took, rss_after))
+}
+
+/// The scale curve: CreateLease rate, RSS and restart time against live leases.
+/// One client's CreateLease rate at a point: 1 / the median latency (the median
+/// resists the other work of a shared machine better than the mean), and the mean-based
+/// rate printed beside it.
+fn point_rates(samples: &[Sample], sorted_creates: &[Duration]) -> (f64, f64) {
+    let rate = 1.0 / percentile(sorted_creates, 0.50).as_secs_f64().max(1e-9);
+    let create_time: Duration = samples.iter().map(|s| s.create).sum();
+    (rate, samples.len() as f64 / create_time.as_secs_f64())
+}
+
+/// A point's figures in the results.
+fn record_point(
+    results: &mut Results,
+    point: usize,
+    [rate, mean_rate]: [f64; 2],
+    cpu_per_cycle: Duration,
+    sorted_creates: &[Duration],
+    rss: u64,
+) -> anyhow::Result<()> {
+    results.put(&format!("curve.{point}.create_per_s"), rate)?;
+    results.put(&format!("curve.{point}.create_per_s_mean"), mean_rate)?;
+    results.put(
+        &format!("curve.{point}.daemon_cpu_us_per_cycle"),
+        cpu_per_cycle.as_secs_f64() * 1e6,
+    )?;
+    results.put(
+        &format!("curve.{point}.create_p99_ms"),
+        ms(percentile(sorted_creates, 0.99)),
+    )?;
+    results.put(&format!("curve.{point}.rss_bytes"), rss as f64)
+}
+
+/// The scale curve's title and column heads.
+fn curve_header(args: &Args) {
     println!();
     println!(
         "scale: {} simulated A100-80GB, MPS leases (1% SM, 64 MiB) kept live; at each point one client \
@@ -733,6 +817,19 @@ fn curve(args: &Args, rt: &tokio::runtime::Runtime, results: &mut Results) -> an
         "then MiB",
         "fill s"
     );
+}
+
+fn curve(args: &Args, rt: &tokio::runtime::Runtime, results: &mut Results) -> anyhow::Result<()> {
+    let dir = tempfile::Builder::new()
+        .prefix("tessera-bench-curve")
+        .tempdir()?;
+    let mut notes: Vec<String> = Vec::new();
+    let mut daemon = Daemon::start(
+        &default_tesserad(args)?,
+        dir.path(),
+        &sim_gpus(args.curve_gpus, "a100-80gb", false),
+    )?;
+    curve_header(args);
     let mut live = 0usize;
     let mut base = None;
     let shape = small_mps();
@@ -744,55 +841,14 @@ fn curve(args: &Args, rt: &tokio::runtime::Runtime, results: &mut Results) -> an
         let pid = daemon.pid().context("the daemon is not running")?;
         let rss = rss_bytes(pid)?;
         let cpu0 = cpu_time(pid)?;
-        let samples = rt.block_on(async {
-            let mut c = connect(&daemon.socket).await?;
-            let mut v = Vec::new();
-            let stop_at = Instant::now() + Duration::from_secs_f64(args.curve_seconds);
-            while Instant::now() < stop_at || v.len() < 10 {
-                v.push(cycle(&mut c, "curve", &shape).await?);
-            }
-            Ok::<_, anyhow::Error>(v)
-        })?;
+        let samples = rt.block_on(one_client(&daemon.socket, args.curve_seconds, &shape))?;
         let cpu_per_cycle = cpu_time(pid)?.saturating_sub(cpu0) / samples.len().max(1) as u32;
         let cre = sorted(&samples, |s| s.create);
-        // One client's rate, 1 / median latency: the median resists the other work of
-        // a shared machine better than the mean (printed beside it).
-        let rate = 1.0 / percentile(&cre, 0.50).as_secs_f64().max(1e-9);
-        let create_time: Duration = samples.iter().map(|s| s.create).sum();
-        let mean_rate = samples.len() as f64 / create_time.as_secs_f64();
+        let (rate, mean_rate) = point_rates(&samples, &cre);
         let base_rate = *base.get_or_insert(rate);
-        results.put(&format!("curve.{point}.create_per_s"), rate)?;
-        results.put(&format!("curve.{point}.create_per_s_mean"), mean_rate)?;
-        results.put(
-            &format!("curve.{point}.daemon_cpu_us_per_cycle"),
-            cpu_per_cycle.as_secs_f64() * 1e6,
-        )?;
-        results.put(
-            &format!("curve.{point}.create_p99_ms"),
-            ms(percentile(&cre, 0.99)),
-        )?;
-        results.put(&format!("curve.{point}.rss_bytes"), rss as f64)?;
+        record_point(results, point, [rate, mean_rate], cpu_per_cycle, &cre, rss)?;
         let (restart, rss_after) = if args.restart_at.contains(&point) {
-            let took = daemon.restart()?;
-            let rss_after = rss_bytes(daemon.pid().context("the daemon is not running")?)?;
-            results.put(&format!("curve.{point}.restart_ms"), ms(took))?;
-            let node = daemon.time_get_node()?;
-            results.put(&format!("curve.{point}.get_node_ms"), ms(node))?;
-            let (list, leases, pages, largest) = daemon.time_list_all()?;
-            results.put(&format!("curve.{point}.list_all_ms"), ms(list))?;
-            results.put(&format!("curve.{point}.list_largest_bytes"), largest as f64)?;
-            notes.push(format!(
-                "restart with {point} live leases: {:.1} ms to serving; then GetNode (every partition) answered in {:.1} ms, \
-                 and a full paged ListLeases ({leases} leases, {pages} pages, the largest answer {:.0} KiB) took {:.1} ms",
-                ms(took),
-                ms(node),
-                largest as f64 / 1024.0,
-                ms(list)
-            ));
-            results.put(
-                &format!("curve.{point}.rss_after_restart_bytes"),
-                rss_after as f64,
-            )?;
+            let (took, rss_after) = restart_at(&mut daemon, point, results, &mut notes)?;
             (format!("{:.1}", ms(took)), format!("{:.1}", mib(rss_after)))
         } else {
             ("-".into(), "-".into())
@@ -835,11 +891,47 @@ fn curve(args: &Args, rt: &tokio::runtime::Runtime, results: &mut Results) -> an
     Ok(())
 }
 
-/// The goals of issues 16 and 17, checked against the figures of `--results` files.
+/// One goal: (measure, goal text, measured text, met?).
+type Goal = (&'static str, &'static str, Option<String>, bool);
+
+/// The goals, checked against the figures of `--results` files.
 fn report(files: &[String]) -> anyhow::Result<()> {
     if files.is_empty() {
         bail!("report needs the results file(s) the benches wrote (--results)");
     }
+    let v = read_results(files)?;
+    let get = |k: &str| v.get(k).copied();
+    let mut rows = daemon_goals(&get);
+    rows.extend(runtime_and_placement_goals(&get));
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    println!();
+    println!("goals ({cores} cores, load average now {}):", loadavg());
+    println!("{:<60} {:<26} {:<30} result", "measure", "goal", "measured");
+    let mut met = 0;
+    for (name, goal, got, ok) in &rows {
+        let verdict = match (got, ok) {
+            (None, _) => "not measured",
+            (Some(_), true) => "met",
+            (Some(_), false) => "NOT MET",
+        };
+        met += usize::from(*ok);
+        println!(
+            "{name:<60} {goal:<26} {:<30} {verdict}",
+            got.as_deref().unwrap_or("-")
+        );
+    }
+    println!("{met} of {} goals met", rows.len());
+    if let Some(list) = get("curve.10000.list_all_ms") {
+        let largest = get("curve.10000.list_largest_bytes").unwrap_or(0.0) / 1024.0;
+        println!(
+            "full paged ListLeases of 10,000 leases: {list:.0} ms (the largest answer {largest:.0} KiB)"
+        );
+    }
+    Ok(())
+}
+
+/// The `key value` lines of the results files (a later file's value wins).
+fn read_results(files: &[String]) -> anyhow::Result<BTreeMap<String, f64>> {
     let mut v: BTreeMap<String, f64> = BTreeMap::new();
     for f in files {
         let text = std::fs::read_to_string(f).with_context(|| f.clone())?;
@@ -854,11 +946,13 @@ fn report(files: &[String]) -> anyhow::Result<()> {
             v.insert(k.to_owned(), val);
         }
     }
-    let get = |k: &str| v.get(k).copied();
+    Ok(v)
+}
+
+/// The daemon's goals: the scale curve, RSS, restart and throughput.
+fn daemon_goals(get: &dyn Fn(&str) -> Option<f64>) -> Vec<Goal> {
     let ratio = |a: &str, b: &str| Some(get(a)? / get(b)?);
-    // (measure, goal text, measured text, met?)
-    type Row = (&'static str, &'static str, Option<String>, bool);
-    let mut rows: Vec<Row> = Vec::new();
+    let mut rows: Vec<Goal> = Vec::new();
     let r5 = ratio("curve.5000.create_per_s", "curve.0.create_per_s");
     rows.push((
         "CreateLease rate, 5,000 live vs none",
@@ -902,6 +996,12 @@ fn report(files: &[String]) -> anyhow::Result<()> {
             .map(|(r, p)| format!("{r:.0}/s, p99 create {p:.1} ms")),
         rate.zip(p99).is_some_and(|(r, p)| r >= 3000.0 && p <= 10.0),
     ));
+    rows
+}
+
+/// The runtime's goal and MIG placement's.
+fn runtime_and_placement_goals(get: &dyn Fn(&str) -> Option<f64>) -> Vec<Goal> {
+    let mut rows: Vec<Goal> = Vec::new();
     let rt = get("runtime.lease.ratio_wall_vs_hardened_runc");
     // The run's 95% interval (runtime-bench's bootstrap) beside the median's ratio,
     // which alone decides the goal.
@@ -935,31 +1035,7 @@ fn report(files: &[String]) -> anyhow::Result<()> {
         least.map(|r| format!("{r:.3}")),
         least.is_some_and(|r| r >= 0.8),
     ));
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    println!();
-    println!("goals ({cores} cores, load average now {}):", loadavg());
-    println!("{:<60} {:<26} {:<30} result", "measure", "goal", "measured");
-    let mut met = 0;
-    for (name, goal, got, ok) in &rows {
-        let verdict = match (got, ok) {
-            (None, _) => "not measured",
-            (Some(_), true) => "met",
-            (Some(_), false) => "NOT MET",
-        };
-        met += usize::from(*ok);
-        println!(
-            "{name:<60} {goal:<26} {:<30} {verdict}",
-            got.as_deref().unwrap_or("-")
-        );
-    }
-    println!("{met} of {} goals met", rows.len());
-    if let Some(list) = get("curve.10000.list_all_ms") {
-        let largest = get("curve.10000.list_largest_bytes").unwrap_or(0.0) / 1024.0;
-        println!(
-            "full paged ListLeases of 10,000 leases: {list:.0} ms (the largest answer {largest:.0} KiB)"
-        );
-    }
-    Ok(())
+    rows
 }
 
 /// The 1, 5 and 15 minute load averages, to show what else the machine was doing.

@@ -1,8 +1,8 @@
-//! Reservations for MIG requests that wait in an admission queue.
+//! Reservations for MIG requests that wait in the trace model's admission queue (its
+//! "queue-reserve" policy; the daemon's own admission queue holds no regions).
 //!
-//! A request the planner refuses may wait for room (see the trace model and the
-//! daemon's admission queue). While it waits, one (GPU, placement) is *reserved* for
-//! it: the region whose present instances are the least to wait for (fewest memory
+//! A request the planner refuses may wait for room. While it waits, one (GPU,
+//! placement) is *reserved* for it: the region whose present instances are the least to wait for (fewest memory
 //! slices held by instances that cannot move, then fewest slices in all, then the
 //! lower GPU and start). No new instance may overlap a reserved region, so leases
 //! ending there bring the waiting request closer to fitting instead of being taken by
@@ -10,10 +10,9 @@
 //! does not delay the waiting request). [`hold`] makes the planner see reservations as
 //! present instances that never move.
 
-use super::fragmentation::instance_count;
-use super::planner::Movable;
-use super::{GpuView, OccupiedMig};
-use crate::gpu::Placement;
+use tesserad::gpu::Placement;
+use tesserad::partition::fragmentation::instance_count;
+use tesserad::partition::{GpuView, Movable, OccupiedMig};
 
 /// A region held for a waiting request of GI profile `gi_profile_id`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -131,8 +130,101 @@ pub fn hold(gpus: &[GpuView], held: &[Reservation]) -> Vec<GpuView> {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
-    use crate::partition::test_fixtures::*;
-    use crate::partition::{PlanDecision, PlanOptions, plan};
+    use proptest::prelude::*;
+    use tesserad::gpu::profiles::GpuModel;
+    use tesserad::gpu::{GiProfile, GpuInfo};
+    use tesserad::partition::{
+        MovePlan, PlanDecision, PlanOptions, Shape, Strategy, plan, plan_with_moves,
+    };
+
+    /// An empty H100-80GB with MIG on.
+    fn h100_mig(index: u32) -> GpuView {
+        let m = GpuModel::H100Hbm3_80Gb;
+        GpuView {
+            info: GpuInfo {
+                index,
+                uuid: format!("GPU-reserve-{index}"),
+                name: m.marketing_name().to_string(),
+                memory_bytes: m.memory_bytes(),
+                minor: index,
+                pci_bus_id: format!("00000000:{:02X}:00.0", 0x10 + index),
+                mig_current: true,
+                mig_pending: true,
+                sm_count: m.sm_count(),
+                fault: None,
+            },
+            profiles: m.gi_profiles(),
+            mig: Vec::new(),
+            mps: Default::default(),
+            whole_leased: false,
+        }
+    }
+
+    /// A leased instance of profile `name` at memory slice `start` of `view`'s GPU.
+    fn occ(view: &GpuView, name: &str, start: u32) -> OccupiedMig {
+        let p = view.profiles.iter().find(|p| p.name == name).unwrap();
+        OccupiedMig {
+            gi_profile_id: p.id,
+            placement: Placement {
+                start,
+                size: p.memory_slices,
+            },
+            free_static: None,
+        }
+    }
+
+    fn mig_shape(profile: &str) -> Shape {
+        Shape::Mig {
+            profile: profile.to_string(),
+            compute_profile: None,
+        }
+    }
+
+    fn view_mut(gpus: &mut [GpuView], index: u32) -> &mut GpuView {
+        gpus.iter_mut().find(|g| g.info.index == index).unwrap()
+    }
+
+    fn profile(profiles: &[GiProfile], id: u32) -> &GiProfile {
+        profiles.iter().find(|p| p.id == id).unwrap()
+    }
+
+    /// A new instance the planner decided, as the lease core would add it.
+    fn apply(gpus: &mut [GpuView], decision: &PlanDecision) {
+        if let PlanDecision::NewMig {
+            gpu,
+            gi_profile_id,
+            placement,
+            ..
+        } = decision
+        {
+            view_mut(gpus, *gpu).mig.push(OccupiedMig {
+                gi_profile_id: *gi_profile_id,
+                placement: *placement,
+                free_static: None,
+            });
+        }
+    }
+
+    const NAMES: [&str; 7] = [
+        "1g.10gb",
+        "1g.10gb+me",
+        "1g.20gb",
+        "2g.20gb",
+        "3g.40gb",
+        "4g.40gb",
+        "7g.80gb",
+    ];
+
+    fn options(best_fit: bool) -> PlanOptions {
+        PlanOptions {
+            strategy: if best_fit {
+                Strategy::BestFit
+            } else {
+                Strategy::FirstFit
+            },
+            ..PlanOptions::default()
+        }
+    }
 
     #[test]
     fn a_7g_waits_for_the_gpu_with_the_least_to_end() {
@@ -188,7 +280,7 @@ mod tests {
                 !(gpu == 0 && placement.overlaps(&r.placement)),
                 "{placement:?}"
             );
-            apply(&mut held, &shape, &d);
+            apply(&mut held, &d);
         }
         assert!(plan(&shape, &held, &PlanOptions::default()).is_err());
         // A 4g would only fit in the held region: refused while the request waits.
@@ -199,5 +291,76 @@ mod tests {
         assert!(
             matches!(d, PlanDecision::NewMig { gpu: 0, placement, .. } if placement == r.placement)
         );
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Reservations of waiting requests never overlap one another on a GPU, never go
+    /// past a profile's `max_count` (instances that stay plus regions held), and with
+    /// them held the planner (moves included) puts nothing, new or moved, into any.
+    #[test]
+    fn nothing_is_placed_into_a_region_held_for_a_waiting_request(
+        layout in prop::collection::vec((0usize..7, any::<bool>()), 0..30),
+        waiting in prop::collection::vec(0usize..7, 1..6),
+        asks in prop::collection::vec((0usize..7, any::<bool>()), 1..20),
+    ) {
+        let mut gpus = vec![h100_mig(0), h100_mig(1), h100_mig(2)];
+        let mut movable: Vec<Movable> = Vec::new();
+        for (n, idle) in layout {
+            let shape = mig_shape(NAMES[n]);
+            if let Ok(d @ PlanDecision::NewMig { gpu, placement, .. }) =
+                plan(&shape, &gpus, &options(true))
+            {
+                apply(&mut gpus, &d);
+                if idle {
+                    movable.push(Movable { gpu, placement });
+                }
+            }
+        }
+        let held = reserve_all(waiting.iter().map(|&n| NAMES[n]), &gpus, &movable);
+        for (i, a) in held.iter().enumerate() {
+            for b in &held[i + 1..] {
+                prop_assert!(!(a.gpu == b.gpu && a.placement.overlaps(&b.placement)), "{a:?} {b:?}");
+            }
+            let g = gpus.iter().find(|g| g.info.index == a.gpu).unwrap();
+            let p = profile(&g.profiles, a.gi_profile_id);
+            // Once every region's present instances are gone and each is served.
+            let staying = g.mig.iter()
+                .filter(|m| m.gi_profile_id == p.id)
+                .filter(|m| !held.iter().any(|r| r.gpu == a.gpu && r.placement.overlaps(&m.placement)))
+                .count();
+            let regions = held.iter().filter(|r| r.gpu == a.gpu && r.gi_profile_id == p.id).count();
+            prop_assert!(u32::try_from(staying + regions).unwrap() <= p.max_count, "{a:?}");
+        }
+        let mut view = hold(&gpus, &held);
+        for (n, best_fit) in asks {
+            let shape = mig_shape(NAMES[n]);
+            let Ok(MovePlan { moves, decision }) =
+                plan_with_moves(&shape, &view, &options(best_fit), &movable)
+            else {
+                continue;
+            };
+            let PlanDecision::NewMig { gpu, placement, gi_profile_id, .. } = decision else {
+                return Err(TestCaseError::fail(format!("{decision:?}")));
+            };
+            for r in &held {
+                prop_assert!(!(r.gpu == gpu && r.placement.overlaps(&placement)), "new {placement:?} in {r:?}");
+                for m in &moves {
+                    prop_assert!(!(r.gpu == m.to_gpu && r.placement.overlaps(&m.to)), "moved {m:?} into {r:?}");
+                    prop_assert!(!(r.gpu == m.from_gpu && r.placement == m.from), "moved a reservation {m:?}");
+                }
+            }
+            for m in &moves {
+                let src = view_mut(&mut view, m.from_gpu);
+                src.mig.retain(|i| i.placement != m.from);
+                view_mut(&mut view, m.to_gpu).mig.push(OccupiedMig {
+                    gi_profile_id: m.gi_profile_id, placement: m.to, free_static: None,
+                });
+                movable.retain(|v| !(v.gpu == m.from_gpu && v.placement == m.from));
+            }
+            view_mut(&mut view, gpu).mig.push(OccupiedMig { gi_profile_id, placement, free_static: None });
+        }
+    }
     }
 }

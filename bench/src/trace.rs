@@ -35,7 +35,7 @@
 //!
 //! Each request carries a TTL per [`TtlModel`] (none, exact, or an upper bound of its
 //! duration); planner policies tell the planner each live lease's expiry and the new
-//! one's ([`super::Expiry`], temporal packing), as the daemon does. Leases still end at
+//! one's ([`Expiry`], temporal packing), as the daemon does. Leases still end at
 //! their duration; the reference ignores TTLs.
 //!
 //! The first tenth of the requests warms the node up and is not tallied.
@@ -46,11 +46,13 @@ use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::planner::{Movable, Move, compact, plan_with_moves};
-use super::reserve::{Reservation, hold, reserve};
-use super::{Expiry, GpuView, OccupiedMig, PlanDecision, PlanError, PlanOptions, Shape, plan};
-use crate::gpu::profiles::GpuModel;
-use crate::gpu::{GiProfile, GpuInfo, Placement};
+use crate::reserve::{Reservation, hold, reserve};
+use tesserad::gpu::profiles::GpuModel;
+use tesserad::gpu::{GiProfile, GpuInfo, Placement};
+use tesserad::partition::{
+    COMPACT_MOVES_PER_PASS, Expiry, GpuView, Movable, Move, OccupiedMig, PlanDecision, PlanError,
+    PlanOptions, Shape, compact, plan, plan_with_moves,
+};
 
 /// Durations, each with mean 1 (the time unit of a trace).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -83,7 +85,7 @@ pub struct TraceSpec {
 }
 
 /// What a lease's TTL says of its duration. The lease still ends at its duration; the
-/// TTL is what the planner is told ([`super::Expiry`]).
+/// TTL is what the planner is told ([`Expiry`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum TtlModel {
     /// No TTL information (the planner as before).
@@ -349,22 +351,27 @@ fn ticks(t: f64) -> u64 {
 pub fn run(spec: &TraceSpec, requests: &[Request], policy: &Policy) -> Result<Outcome, TraceError> {
     validate(spec)?;
     let profiles = mix_profiles(spec)?;
-    let mut out = Outcome {
-        profiles: spec
-            .mix
-            .iter()
-            .map(|(name, _)| ProfileTally {
-                name: name.clone(),
-                ..ProfileTally::default()
-            })
-            .collect(),
-        moves: 0,
+    let mut server = server_for(spec, &profiles, policy)?;
+    let max_wait = match policy {
+        Policy::Queued { max_wait, .. } | Policy::ReferenceQueued { max_wait } => Some(*max_wait),
+        _ => None,
     };
-    let warmup = requests.len() / 10;
-    let mut server: Box<dyn Server> = match policy {
-        Policy::Reference => Box::new(Repacker::new(&profiles, spec.gpus)),
+    let granted_at = replay(server.as_mut(), requests, &profiles, max_wait)?;
+    let mut out = tally(spec, requests, &profiles, &granted_at);
+    out.moves = server.moves();
+    Ok(out)
+}
+
+/// The node under `policy`.
+fn server_for(
+    spec: &TraceSpec,
+    profiles: &[GiProfile],
+    policy: &Policy,
+) -> Result<Box<dyn Server>, TraceError> {
+    Ok(match policy {
+        Policy::Reference => Box::new(Repacker::new(profiles, spec.gpus)),
         Policy::ReferenceQueued { .. } => {
-            let mut r = Repacker::new(&profiles, spec.gpus);
+            let mut r = Repacker::new(profiles, spec.gpus);
             r.queue = Some(VecDeque::new());
             Box::new(r)
         }
@@ -375,7 +382,7 @@ pub fn run(spec: &TraceSpec, requests: &[Request], policy: &Policy) -> Result<Ou
             s.housekeeping = true;
             Box::new(s)
         }
-        Policy::Static(o) => Box::new(PlannerServer::with_static_layout(spec, &profiles, o)?),
+        Policy::Static(o) => Box::new(PlannerServer::with_static_layout(spec, profiles, o)?),
         Policy::Queued {
             opts,
             moves,
@@ -389,12 +396,16 @@ pub fn run(spec: &TraceSpec, requests: &[Request], policy: &Policy) -> Result<Ou
             });
             Box::new(s)
         }
-    };
-    let max_wait = match policy {
-        Policy::Queued { max_wait, .. } | Policy::ReferenceQueued { max_wait } => Some(*max_wait),
-        _ => None,
-    };
-    // When each request was granted (tick).
+    })
+}
+
+/// Replay the requests through `server`: when each was granted (tick), if it was.
+fn replay(
+    server: &mut dyn Server,
+    requests: &[Request],
+    profiles: &[GiProfile],
+    max_wait: Option<f64>,
+) -> Result<Vec<Option<u64>>, TraceError> {
     let mut granted_at: Vec<Option<u64>> = vec![None; requests.len()];
     // (tick, kind, request): kind 0 = its lease ends, 1 = its wait times out.
     let mut events: BinaryHeap<Reverse<(u64, u8, usize)>> = BinaryHeap::new();
@@ -428,6 +439,28 @@ pub fn run(spec: &TraceSpec, requests: &[Request], policy: &Policy) -> Result<Ou
             }
         }
     }
+    Ok(granted_at)
+}
+
+/// What was offered and accepted per profile, past the warm-up tenth.
+fn tally(
+    spec: &TraceSpec,
+    requests: &[Request],
+    profiles: &[GiProfile],
+    granted_at: &[Option<u64>],
+) -> Outcome {
+    let mut out = Outcome {
+        profiles: spec
+            .mix
+            .iter()
+            .map(|(name, _)| ProfileTally {
+                name: name.clone(),
+                ..ProfileTally::default()
+            })
+            .collect(),
+        moves: 0,
+    };
+    let warmup = requests.len() / 10;
     for (n, r) in requests.iter().enumerate().skip(warmup) {
         let p = &profiles[r.profile];
         let slice_time = f64::from(p.memory_slices) * r.duration;
@@ -445,8 +478,7 @@ pub fn run(spec: &TraceSpec, requests: &[Request], policy: &Policy) -> Result<Ou
             }
         }
     }
-    out.moves = server.moves();
-    Ok(out)
+    out
 }
 
 trait Server {
@@ -507,8 +539,9 @@ struct PlannerServer {
     housekeeping: bool,
 }
 
-/// Housekeeping moves at most this many idle instances per grant or end.
-pub const HOUSEKEEPING_MOVES: usize = 2;
+/// Housekeeping moves at most this many idle instances per grant or end, as the
+/// daemon's housekeeping does per pass.
+pub const HOUSEKEEPING_MOVES: usize = COMPACT_MOVES_PER_PASS;
 
 /// Only requests of at least this many memory slices (3g.40gb, 4g.40gb and 7g.80gb on an
 /// H100) hold a region while they wait: a smaller request fits again as soon as almost
@@ -569,6 +602,54 @@ fn shape_of_name(name: &str) -> Shape {
     }
 }
 
+/// One more instance of the static layout: of the profile furthest below its share of
+/// the laid-out slices (`target`) that the planner can still place. False when none
+/// fits.
+fn lay_out_one(
+    gpus: &mut [GpuView],
+    profiles: &[GiProfile],
+    target: &[f64],
+    laid: &mut [u32],
+    layout_opts: &PlanOptions,
+) -> Result<bool, TraceError> {
+    let total: u32 = laid.iter().sum();
+    let mut order: Vec<usize> = (0..profiles.len()).filter(|&i| target[i] > 0.0).collect();
+    let lag = |i: usize| {
+        let have = if total == 0 {
+            0.0
+        } else {
+            f64::from(laid[i]) / f64::from(total)
+        };
+        target[i] - have
+    };
+    order.sort_by(|&a, &b| lag(b).total_cmp(&lag(a)));
+    for i in order {
+        match plan(&shape_of(&profiles[i]), gpus, layout_opts) {
+            Ok(PlanDecision::NewMig {
+                gpu,
+                gi_profile_id,
+                placement,
+                ..
+            }) => {
+                // Held as leased while laying out (else the planner would offer it
+                // as a static instance); freed by the caller.
+                if let Some(v) = view(gpus, gpu) {
+                    v.mig.push(OccupiedMig {
+                        gi_profile_id,
+                        placement,
+                        free_static: None,
+                    });
+                }
+                laid[i] += profiles[i].memory_slices;
+                return Ok(true);
+            }
+            Ok(_) | Err(PlanError::NoCapacity(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(false)
+}
+
 impl PlannerServer {
     fn new(spec: &TraceSpec, opts: PlanOptions, with_moves: bool) -> PlannerServer {
         PlannerServer {
@@ -613,48 +694,8 @@ impl PlannerServer {
             ..opts.clone()
         };
         let mut next_id = 0usize;
-        loop {
-            let total: u32 = laid.iter().sum();
-            let mut order: Vec<usize> = (0..profiles.len()).filter(|&i| target[i] > 0.0).collect();
-            let lag = |i: usize| {
-                let have = if total == 0 {
-                    0.0
-                } else {
-                    f64::from(laid[i]) / f64::from(total)
-                };
-                target[i] - have
-            };
-            order.sort_by(|&a, &b| lag(b).total_cmp(&lag(a)));
-            let mut placed = false;
-            for i in order {
-                match plan(&shape_of(&profiles[i]), &gpus, &layout_opts) {
-                    Ok(PlanDecision::NewMig {
-                        gpu,
-                        gi_profile_id,
-                        placement,
-                        ..
-                    }) => {
-                        // Held as leased while laying out (else the planner would
-                        // offer it as a static instance); freed below.
-                        if let Some(v) = view(&mut gpus, gpu) {
-                            v.mig.push(OccupiedMig {
-                                gi_profile_id,
-                                placement,
-                                free_static: None,
-                            });
-                        }
-                        next_id += 1;
-                        laid[i] += profiles[i].memory_slices;
-                        placed = true;
-                        break;
-                    }
-                    Ok(_) | Err(PlanError::NoCapacity(_)) => {}
-                    Err(e) => return Err(e.into()),
-                }
-            }
-            if !placed {
-                break;
-            }
+        while lay_out_one(&mut gpus, profiles, &target, &mut laid, &layout_opts)? {
+            next_id += 1;
         }
         for m in gpus.iter_mut().flat_map(|g| g.mig.iter_mut()) {
             m.free_static = Some(format!("static-{next_id}"));
@@ -1195,7 +1236,7 @@ impl Server for Repacker {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
-    use crate::partition::Strategy;
+    use tesserad::partition::Strategy;
 
     fn spec(mix: &[(&str, f64)], load: f64, seed: u64) -> TraceSpec {
         TraceSpec {
@@ -1470,5 +1511,43 @@ mod tests {
                 .iter()
                 .all(|p| p.accepted > 0 && p.accepted < p.offered)
         );
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+        /// The reference accepts every set of instances the planner could lay out (it
+        /// is a true upper bound), on 1 to 3 GPUs.
+        #[test]
+        fn the_repacking_reference_fits_whatever_the_planner_placed(
+            names in proptest::collection::vec(0usize..7, 1..40),
+            best_fit in proptest::prelude::any::<bool>(),
+            n_gpus in 1u32..=3,
+        ) {
+            const NAMES: [&str; 7] =
+                ["1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"];
+            let s = TraceSpec { gpus: n_gpus, ..spec(SMALL, 1.0, 1) };
+            let mut gpus = node(&s);
+            let profiles = s.model.gi_profiles();
+            let mut counts = vec![0u8; profiles.len()];
+            let mut repacker = Repacker::new(&profiles, n_gpus);
+            let opts = PlanOptions {
+                strategy: if best_fit { Strategy::BestFit } else { Strategy::FirstFit },
+                ..PlanOptions::default()
+            };
+            for n in names {
+                let shape = shape_of_name(NAMES[n]);
+                let Ok(PlanDecision::NewMig { gpu, gi_profile_id, placement, .. }) =
+                    plan(&shape, &gpus, &opts)
+                else {
+                    continue;
+                };
+                let g = view(&mut gpus, gpu).unwrap();
+                g.mig.push(OccupiedMig { gi_profile_id, placement, free_static: None });
+                let i = profiles.iter().position(|p| p.name == NAMES[n]).unwrap();
+                counts[i] += 1;
+                proptest::prop_assert!(repacker.fits(&counts, n_gpus), "{counts:?} on {n_gpus} GPUs");
+            }
+        }
     }
 }

@@ -6,7 +6,7 @@
 //! layout made for the mix, and best fit that moves idle leases when a request would
 //! be refused ("moves": the planner's `plan_with_moves`, what the daemon does by
 //! default). Every policy but the reference runs the daemon's own planner
-//! (`tesserad::partition`). See `tesserad::partition::trace` for the model.
+//! (`tesserad::partition`). See `tessera_bench::trace` for the model.
 //!
 //! Also measured, not the daemon's default: "housekeeping" (moves, and the daemon's
 //! `[partition] compact_idle` after each grant and end), and an admission queue
@@ -31,8 +31,8 @@ use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use clap::Parser;
+use tessera_bench::trace::{self, Durations, Outcome, Policy, TraceSpec, TtlModel};
 use tesserad::gpu::profiles::GpuModel;
-use tesserad::partition::trace::{self, Durations, Outcome, Policy, TraceSpec, TtlModel};
 use tesserad::partition::{PlanOptions, Strategy, Temporal};
 
 #[derive(Parser, Debug)]
@@ -211,6 +211,36 @@ struct Summary {
     moves: u64,
 }
 
+impl Summary {
+    /// One policy's outcome `o` on one trace (`label`), against `reference`.
+    fn record(&mut self, o: &Outcome, reference: &Outcome, label: &str) -> f64 {
+        let ratio = o.accepted_slice_time() / reference.accepted_slice_time();
+        self.ratios.push(ratio);
+        self.moves += o.moves;
+        for p in &o.profiles {
+            let e = self.per_profile.entry(p.name.clone()).or_default();
+            e.0 += p.accepted;
+            e.1 += p.offered;
+            self.waits
+                .entry(p.name.clone())
+                .or_default()
+                .extend_from_slice(&p.waits);
+        }
+        for (p, r) in o.profiles.iter().zip(&reference.profiles) {
+            if r.accepted == 0 {
+                continue;
+            }
+            // Accepted share relative to the reference's for this profile.
+            #[allow(clippy::cast_precision_loss)]
+            let rel = p.accepted as f64 / r.accepted as f64;
+            if self.least_profile.as_ref().is_none_or(|(v, _)| rel < *v) {
+                self.least_profile = Some((rel, format!("{} ({label})", p.name)));
+            }
+        }
+        ratio
+    }
+}
+
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let model = GpuModel::from_name(&args.model)
@@ -220,23 +250,9 @@ fn main() -> anyhow::Result<()> {
     } else {
         args.mixes.clone()
     };
-    let laws: Vec<(String, Durations)> = args
-        .durations
-        .iter()
-        .map(|d| match d.as_str() {
-            "exp" => Ok((d.clone(), Durations::Exponential)),
-            "pareto" => Ok((d.clone(), Durations::Pareto { alpha: 1.5 })),
-            other => bail!("unknown duration law {other:?}: exp or pareto"),
-        })
-        .collect::<anyhow::Result<_>>()?;
+    let laws = duration_laws(&args.durations)?;
     let policies = policies(&args)?;
-    let ttl = match args.ttl.as_str() {
-        "none" => TtlModel::None,
-        "exact" => TtlModel::Exact,
-        "upper" => TtlModel::Upper,
-        "loose" => TtlModel::Loose,
-        other => bail!("unknown TTL model {other:?}: none, exact, upper or loose"),
-    };
+    let ttl = ttl_model(&args.ttl)?;
     let mut summary: Vec<Summary> = policies.iter().map(|_| Summary::default()).collect();
     println!(
         "placement-bench: {} {model}, {} requests per trace, idle start-up {} of the mean \
@@ -259,81 +275,96 @@ fn main() -> anyhow::Result<()> {
                         startup: args.startup,
                         ttl,
                     };
-                    let requests = trace::generate(&spec)?;
-                    let outcomes: Vec<Outcome> = policies
-                        .iter()
-                        .map(|(_, p)| trace::run(&spec, &requests, p))
-                        .collect::<Result<_, _>>()?;
-                    let reference = &outcomes[0];
-                    if !args.quiet {
-                        println!();
-                        println!("mix {mix_name}, load {load}, {law_name} durations, seed {seed}");
-                        print!("  {:<14} {:>6} {:>9}", "policy", "ratio", "accepted");
-                        for p in &reference.profiles {
-                            print!(" {:>10}", p.name);
-                        }
-                        println!(" {:>6}", "moves");
-                    }
-                    // A queued policy is measured against the reference with the same
-                    // queue; every other policy (that reference too) against the plain one.
-                    let queued_reference = policies
-                        .iter()
-                        .position(|(_, p)| matches!(p, Policy::ReferenceQueued { .. }));
-                    for (i, o) in outcomes.iter().enumerate() {
-                        let reference = match (&policies[i].1, queued_reference) {
-                            (Policy::Queued { .. }, Some(q)) => &outcomes[q],
-                            _ => reference,
-                        };
-                        let ratio = o.accepted_slice_time() / reference.accepted_slice_time();
-                        let s = &mut summary[i];
-                        s.ratios.push(ratio);
-                        s.moves += o.moves;
-                        for p in &o.profiles {
-                            let e = s.per_profile.entry(p.name.clone()).or_default();
-                            e.0 += p.accepted;
-                            e.1 += p.offered;
-                            s.waits
-                                .entry(p.name.clone())
-                                .or_default()
-                                .extend_from_slice(&p.waits);
-                        }
-                        for (p, r) in o.profiles.iter().zip(&reference.profiles) {
-                            if r.accepted == 0 {
-                                continue;
-                            }
-                            // Accepted share relative to the reference's for this profile.
-                            #[allow(clippy::cast_precision_loss)]
-                            let rel = p.accepted as f64 / r.accepted as f64;
-                            if s.least_profile.as_ref().is_none_or(|(v, _)| rel < *v) {
-                                s.least_profile = Some((
-                                    rel,
-                                    format!(
-                                        "{} ({mix_name}, load {load}, {law_name}, seed {seed})",
-                                        p.name
-                                    ),
-                                ));
-                            }
-                        }
-                        if !args.quiet {
-                            print!(
-                                "  {:<14} {:>6.3} {:>9.3}",
-                                policies[i].0,
-                                ratio,
-                                share(
-                                    o.profiles.iter().map(|p| p.accepted).sum(),
-                                    o.profiles.iter().map(|p| p.offered).sum()
-                                )
-                            );
-                            for p in &o.profiles {
-                                print!(" {:>10.3}", share(p.accepted, p.offered));
-                            }
-                            println!(" {:>6}", o.moves);
-                        }
-                    }
+                    let label = format!("{mix_name}, load {load}, {law_name}, seed {seed}");
+                    let header =
+                        format!("mix {mix_name}, load {load}, {law_name} durations, seed {seed}");
+                    run_trace(&args, &policies, &spec, [&header, &label], &mut summary)?;
                 }
             }
         }
     }
+    print_shares(&args, &policies, &summary);
+    print_summary(&args, &policies, &summary)
+}
+
+fn duration_laws(names: &[String]) -> anyhow::Result<Vec<(String, Durations)>> {
+    names
+        .iter()
+        .map(|d| match d.as_str() {
+            "exp" => Ok((d.clone(), Durations::Exponential)),
+            "pareto" => Ok((d.clone(), Durations::Pareto { alpha: 1.5 })),
+            other => bail!("unknown duration law {other:?}: exp or pareto"),
+        })
+        .collect()
+}
+
+fn ttl_model(name: &str) -> anyhow::Result<TtlModel> {
+    Ok(match name {
+        "none" => TtlModel::None,
+        "exact" => TtlModel::Exact,
+        "upper" => TtlModel::Upper,
+        "loose" => TtlModel::Loose,
+        other => bail!("unknown TTL model {other:?}: none, exact, upper or loose"),
+    })
+}
+
+/// Every policy on one trace: its rows under `header` (unless `--quiet`) and its part
+/// of the summary (`label` names the trace there).
+fn run_trace(
+    args: &Args,
+    policies: &[(String, Policy)],
+    spec: &TraceSpec,
+    [header, label]: [&str; 2],
+    summary: &mut [Summary],
+) -> anyhow::Result<()> {
+    let requests = trace::generate(spec)?;
+    let outcomes: Vec<Outcome> = policies
+        .iter()
+        .map(|(_, p)| trace::run(spec, &requests, p))
+        .collect::<Result<_, _>>()?;
+    let reference = &outcomes[0];
+    if !args.quiet {
+        println!();
+        println!("{header}");
+        print!("  {:<14} {:>6} {:>9}", "policy", "ratio", "accepted");
+        for p in &reference.profiles {
+            print!(" {:>10}", p.name);
+        }
+        println!(" {:>6}", "moves");
+    }
+    // A queued policy is measured against the reference with the same queue; every
+    // other policy (that reference too) against the plain one.
+    let queued_reference = policies
+        .iter()
+        .position(|(_, p)| matches!(p, Policy::ReferenceQueued { .. }));
+    for (i, o) in outcomes.iter().enumerate() {
+        let reference = match (&policies[i].1, queued_reference) {
+            (Policy::Queued { .. }, Some(q)) => &outcomes[q],
+            _ => reference,
+        };
+        let ratio = summary[i].record(o, reference, label);
+        if !args.quiet {
+            print!(
+                "  {:<14} {:>6.3} {:>9.3}",
+                policies[i].0,
+                ratio,
+                share(
+                    o.profiles.iter().map(|p| p.accepted).sum(),
+                    o.profiles.iter().map(|p| p.offered).sum()
+                )
+            );
+            for p in &o.profiles {
+                print!(" {:>10.3}", share(p.accepted, p.offered));
+            }
+            println!(" {:>6}", o.moves);
+        }
+    }
+    Ok(())
+}
+
+/// The share of requests each policy accepted per profile, and the queued policies'
+/// waits.
+fn print_shares(args: &Args, policies: &[(String, Policy)], summary: &[Summary]) {
     println!();
     println!("share of requests accepted per profile, all traces:");
     print!("  {:<14}", "policy");
@@ -345,44 +376,53 @@ fn main() -> anyhow::Result<()> {
         print!(" {n:>10}");
     }
     println!();
-    for ((name, _), s) in policies.iter().zip(&summary) {
+    for ((name, _), s) in policies.iter().zip(summary) {
         print!("  {name:<14}");
         for (a, o) in s.per_profile.values() {
             print!(" {:>10.3}", share(*a, *o));
         }
         println!();
     }
-    if policies
+    if !policies
         .iter()
         .any(|(_, p)| matches!(p, Policy::Queued { .. }))
     {
-        println!();
-        println!(
-            "wait of the accepted requests per profile, mean / p99, in mean durations \
-             (queue wait at most {}):",
-            args.queue_wait
-        );
-        print!("  {:<14}", "policy");
-        for n in &names {
-            print!(" {n:>15}");
-        }
-        println!();
-        for ((name, p), s) in policies.iter().zip(&summary) {
-            if !matches!(p, Policy::Queued { .. }) {
-                continue;
-            }
-            print!("  {name:<14}");
-            for w in s.waits.values() {
-                #[allow(clippy::cast_precision_loss)]
-                let mean = w.iter().sum::<f64>() / w.len().max(1) as f64;
-                print!(
-                    " {:>15}",
-                    format!("{mean:.4}/{:.4}", trace::percentile(w, 0.99))
-                );
-            }
-            println!();
-        }
+        return;
     }
+    println!();
+    println!(
+        "wait of the accepted requests per profile, mean / p99, in mean durations \
+         (queue wait at most {}):",
+        args.queue_wait
+    );
+    print!("  {:<14}", "policy");
+    for n in &names {
+        print!(" {n:>15}");
+    }
+    println!();
+    for ((name, p), s) in policies.iter().zip(summary) {
+        if !matches!(p, Policy::Queued { .. }) {
+            continue;
+        }
+        print!("  {name:<14}");
+        for w in s.waits.values() {
+            #[allow(clippy::cast_precision_loss)]
+            let mean = w.iter().sum::<f64>() / w.len().max(1) as f64;
+            print!(
+                " {:>15}",
+                format!("{mean:.4}/{:.4}", trace::percentile(w, 0.99))
+            );
+        }
+        println!();
+    }
+}
+
+/// The summary table, and its figures appended to `--results`.
+fn print_summary(
+    args: &Args,
+    policies: &[(String, Policy)],
+    summary: &[Summary],
+) -> anyhow::Result<()> {
     println!();
     println!(
         "summary over {} traces (ratio to the reference; least-served profile: its accepted \
@@ -409,7 +449,7 @@ fn main() -> anyhow::Result<()> {
         Strategy::BestFit => "moves",
         Strategy::FirstFit => "first-fit",
     };
-    for ((name, _), s) in policies.iter().zip(&summary) {
+    for ((name, _), s) in policies.iter().zip(summary) {
         let min = s.ratios.iter().copied().fold(f64::INFINITY, f64::min);
         #[allow(clippy::cast_precision_loss)]
         let mean = s.ratios.iter().sum::<f64>() / s.ratios.len().max(1) as f64;
