@@ -21,7 +21,9 @@ use crate::partition::Strategy;
 mod kubernetes;
 mod validator;
 pub use kubernetes::{ClassSpec, KubernetesConfig, RESOURCE_DOMAIN, resource_name};
+mod auth;
 mod oidc;
+pub use auth::{AuthConfig, PrincipalRule, Role, TlsConfig};
 pub use oidc::{ClaimRule, JwksSource, MAX_LEEWAY, OidcAlgorithm, OidcConfig};
 pub use validator::ConfigError;
 use validator::Validator;
@@ -117,50 +119,6 @@ pub enum AuditOnFailure {
     Refuse,
     /// Go on, with an error log line and `tessera_audit_failures_total`.
     Log,
-}
-
-/// What a caller may do (see `api::auth`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Role {
-    /// Everything.
-    Admin,
-    /// ResolveToken, container binding and admission reports only.
-    Runtime,
-    /// Its own tenant's leases, usage and quota only.
-    Tenant(String),
-}
-
-/// A mapping from unix credentials or a client certificate to a principal.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PrincipalRule {
-    pub name: String,
-    pub role: Role,
-    pub uids: Vec<u32>,
-    pub gids: Vec<u32>,
-    /// Client certificate common names (mTLS listener).
-    pub cert_cns: Vec<String>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TlsConfig {
-    pub listen: std::net::SocketAddr,
-    pub cert: PathBuf,
-    pub key: PathBuf,
-    /// The CA client certificates must chain to. Optional with `[auth.oidc]`: then
-    /// a client certificate is optional too (a caller shows a token instead).
-    pub client_ca: Option<PathBuf>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AuthConfig {
-    /// Rules in order; the first match wins. uid 0 is always admin.
-    pub principals: Vec<PrincipalRule>,
-    pub tls: Option<TlsConfig>,
-    /// OIDC bearer tokens on the TLS listener.
-    pub oidc: Option<OidcConfig>,
-    /// The process whose mount and PID namespaces are the host's (default 1, init):
-    /// a caller in other namespaces is inside a container.
-    pub host_pid: i32,
 }
 
 /// Amounts counted against quotas.
@@ -342,7 +300,7 @@ struct RawConfig {
     #[serde(default)]
     devices: RawDevices,
     #[serde(default)]
-    auth: RawAuth,
+    auth: auth::RawAuth,
     #[serde(default)]
     tenants: BTreeMap<String, RawTenant>,
     #[serde(default)]
@@ -361,39 +319,6 @@ struct RawConfig {
     kubernetes: kubernetes::RawKubernetes,
     #[serde(default)]
     cdi: RawCdi,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawAuth {
-    #[serde(default)]
-    principals: Vec<RawPrincipal>,
-    tls: Option<RawTls>,
-    oidc: Option<oidc::RawOidc>,
-    host_pid: Option<i32>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawPrincipal {
-    name: String,
-    role: String,
-    tenant: Option<String>,
-    #[serde(default)]
-    uids: Vec<u32>,
-    #[serde(default)]
-    gids: Vec<u32>,
-    #[serde(default)]
-    cert_cns: Vec<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawTls {
-    listen: String,
-    cert: PathBuf,
-    key: PathBuf,
-    client_ca: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -580,7 +505,7 @@ impl Config {
             nvidia_uvm_major: raw.devices.nvidia_uvm_major,
             nvidia_caps_major: raw.devices.nvidia_caps_major,
         };
-        let auth = validate_auth(&v, raw.auth)?;
+        let auth = auth::validate_auth(&v, raw.auth)?;
         let tenancy = validate_tenancy(&v, raw.tenants, raw.priority_classes, raw.quota)?;
         principals_have_tenants(&v, &auth, &tenancy)?;
         let audit = audit_section(&v, raw.audit, &daemon)?;
@@ -897,101 +822,6 @@ fn api_section(v: &Validator<'_>, raw: RawApi) -> Result<ApiConfig, ConfigError>
         ));
     }
     Ok(api)
-}
-
-fn validate_auth(v: &Validator<'_>, raw: RawAuth) -> Result<AuthConfig, ConfigError> {
-    let mut principals = Vec::new();
-    for (i, p) in raw.principals.into_iter().enumerate() {
-        let field = |k: &str| format!("auth.principals[{i}].{k}");
-        if p.name.is_empty() || p.name.len() > 64 {
-            return Err(v.err(&field("name"), "must be 1-64 characters".into()));
-        }
-        let role = match (p.role.as_str(), p.tenant) {
-            ("admin", None) => Role::Admin,
-            ("runtime", None) => Role::Runtime,
-            ("tenant", Some(t)) => {
-                crate::names::validate_tenant(&t)
-                    .map_err(|e| v.err(&field("tenant"), e.to_string()))?;
-                Role::Tenant(t)
-            }
-            ("tenant", None) => {
-                return Err(v.err(&field("tenant"), "role \"tenant\" needs a tenant".into()));
-            }
-            ("admin" | "runtime", Some(_)) => {
-                return Err(v.err(
-                    &field("tenant"),
-                    "only role \"tenant\" takes a tenant".into(),
-                ));
-            }
-            (other, _) => {
-                return Err(v.err(
-                    &field("role"),
-                    format!("{other:?} is not one of admin, runtime, tenant"),
-                ));
-            }
-        };
-        if p.uids.is_empty() && p.gids.is_empty() && p.cert_cns.is_empty() {
-            return Err(v.err(
-                &field("uids"),
-                "a principal needs at least one of uids, gids or cert_cns".into(),
-            ));
-        }
-        principals.push(PrincipalRule {
-            name: p.name,
-            role,
-            uids: p.uids,
-            gids: p.gids,
-            cert_cns: p.cert_cns,
-        });
-    }
-    let oidc = match raw.oidc {
-        None => None,
-        Some(o) => Some(oidc::validate_oidc(v, o)?),
-    };
-    if oidc.is_some() && raw.tls.is_none() {
-        return Err(v.err(
-            "auth.oidc",
-            "bearer tokens are accepted on the TLS listener only: [auth.oidc] needs [auth.tls]"
-                .into(),
-        ));
-    }
-    let tls = match raw.tls {
-        None => None,
-        Some(t) => {
-            let listen: std::net::SocketAddr = t.listen.parse().map_err(|e| {
-                v.err(
-                    "auth.tls.listen",
-                    format!("{:?} is not an address like 127.0.0.1:7443: {e}", t.listen),
-                )
-            })?;
-            if t.client_ca.is_none() && oidc.is_none() {
-                return Err(v.err(
-                    "auth.tls.client_ca",
-                    "required: without [auth.oidc] a client certificate is the only way to say who calls"
-                        .into(),
-                ));
-            }
-            Some(TlsConfig {
-                listen,
-                cert: t.cert,
-                key: t.key,
-                client_ca: t.client_ca,
-            })
-        }
-    };
-    let host_pid = raw.host_pid.unwrap_or(1);
-    if host_pid < 1 {
-        return Err(v.err(
-            "auth.host_pid",
-            format!("{host_pid} is not a pid (1 or more)"),
-        ));
-    }
-    Ok(AuthConfig {
-        principals,
-        tls,
-        oidc,
-        host_pid,
-    })
 }
 
 fn validate_tenancy(

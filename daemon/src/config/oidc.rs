@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::Role;
+use super::auth::Role;
 use super::validator::{ConfigError, Validator};
 
 /// Most leeway accepted on `exp`, `nbf` and `iat`: clock skew, not a grace period.
