@@ -23,8 +23,10 @@ mod validator;
 pub use kubernetes::{ClassSpec, KubernetesConfig, RESOURCE_DOMAIN, resource_name};
 mod auth;
 mod oidc;
-pub use auth::{AuthConfig, PrincipalRule, Role, TlsConfig};
+mod role;
+pub use auth::{AuthConfig, PrincipalRule, TlsConfig};
 pub use oidc::{ClaimRule, JwksSource, MAX_LEEWAY, OidcAlgorithm, OidcConfig};
+pub use role::Role;
 pub use validator::ConfigError;
 use validator::Validator;
 

@@ -6,18 +6,8 @@ use std::path::PathBuf;
 use serde::Deserialize;
 
 use super::oidc::{self, OidcConfig};
+use super::role::Role;
 use super::validator::{ConfigError, Validator};
-
-/// What a caller may do (see `api::auth`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Role {
-    /// Everything.
-    Admin,
-    /// ResolveToken, container binding and admission reports only.
-    Runtime,
-    /// Its own tenant's leases, usage and quota only.
-    Tenant(String),
-}
 
 /// A mapping from unix credentials or a client certificate to a principal.
 #[derive(Debug, Clone, PartialEq, Eq)]

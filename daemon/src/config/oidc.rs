@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::auth::Role;
+use super::role::Role;
 use super::validator::{ConfigError, Validator};
 
 /// Most leeway accepted on `exp`, `nbf` and `iat`: clock skew, not a grace period.
@@ -152,7 +152,60 @@ pub(super) fn validate_oidc(v: &Validator<'_>, raw: RawOidc) -> Result<OidcConfi
         (Some(path), None) => JwksSource::File(path),
         (None, ca_file) => JwksSource::Discovery { ca_file },
     };
-    let issuer = raw.issuer;
+    let issuer = validate_issuer(v, raw.issuer, &jwks)?;
+    let audiences = match raw.audience {
+        AudienceList::One(a) => vec![a],
+        AudienceList::Many(a) => a,
+    };
+    if audiences.is_empty() || audiences.iter().any(String::is_empty) {
+        return Err(v.err(
+            &f("audience"),
+            "needs at least one non-empty audience (the client id the IdP puts in `aud`)".into(),
+        ));
+    }
+    let algorithms = validate_algorithms(v, raw.algorithms)?;
+    let leeway = v.duration(&f("leeway"), raw.leeway, "30s")?;
+    if leeway > MAX_LEEWAY {
+        return Err(v.err(
+            &f("leeway"),
+            format!("at most {}s: it is for clock skew", MAX_LEEWAY.as_secs()),
+        ));
+    }
+    let jwks_refresh = v.duration(&f("jwks_refresh"), raw.jwks_refresh, "1h")?;
+    if jwks_refresh < Duration::from_secs(60) {
+        return Err(v.err(&f("jwks_refresh"), "at least 1m".into()));
+    }
+    let jwks_min_refetch = v.duration(&f("jwks_min_refetch"), raw.jwks_min_refetch, "30s")?;
+    let max_keys = raw.max_keys.unwrap_or(32);
+    if !(1..=1024).contains(&max_keys) {
+        return Err(v.err(&f("max_keys"), "must be 1-1024".into()));
+    }
+    let rules = raw
+        .rules
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| validate_rule(v, i, r))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(OidcConfig {
+        issuer,
+        audiences,
+        algorithms,
+        leeway,
+        jwks,
+        jwks_refresh,
+        jwks_min_refetch,
+        max_keys,
+        rules,
+    })
+}
+
+/// The issuer: an https:// URL when its keys are fetched.
+fn validate_issuer(
+    v: &Validator<'_>,
+    issuer: String,
+    jwks: &JwksSource,
+) -> Result<String, ConfigError> {
+    let f = |k: &str| format!("auth.oidc.{k}");
     if issuer.is_empty() || issuer.len() > 1024 {
         return Err(v.err(&f("issuer"), "must be 1-1024 characters".into()));
     }
@@ -167,17 +220,15 @@ pub(super) fn validate_oidc(v: &Validator<'_>, raw: RawOidc) -> Result<OidcConfi
             ));
         }
     }
-    let audiences = match raw.audience {
-        AudienceList::One(a) => vec![a],
-        AudienceList::Many(a) => a,
-    };
-    if audiences.is_empty() || audiences.iter().any(String::is_empty) {
-        return Err(v.err(
-            &f("audience"),
-            "needs at least one non-empty audience (the client id the IdP puts in `aud`)".into(),
-        ));
-    }
-    let algorithms = match raw.algorithms {
+    Ok(issuer)
+}
+
+fn validate_algorithms(
+    v: &Validator<'_>,
+    names: Option<Vec<String>>,
+) -> Result<Vec<OidcAlgorithm>, ConfigError> {
+    let f = |k: &str| format!("auth.oidc.{k}");
+    Ok(match names {
         None => vec![OidcAlgorithm::RS256, OidcAlgorithm::ES256],
         Some(names) => {
             if names.is_empty() {
@@ -205,84 +256,58 @@ pub(super) fn validate_oidc(v: &Validator<'_>, raw: RawOidc) -> Result<OidcConfi
             }
             out
         }
-    };
-    let leeway = v.duration(&f("leeway"), raw.leeway, "30s")?;
-    if leeway > MAX_LEEWAY {
+    })
+}
+
+/// One `[[auth.oidc.rules]]` entry.
+fn validate_rule(v: &Validator<'_>, i: usize, r: RawRule) -> Result<ClaimRule, ConfigError> {
+    let field = |k: &str| format!("auth.oidc.rules[{i}].{k}");
+    if r.name.is_empty() || r.name.len() > 64 {
+        return Err(v.err(&field("name"), "must be 1-64 characters".into()));
+    }
+    if r.claim.is_empty() || r.claim.len() > 256 {
+        return Err(v.err(&field("claim"), "must be 1-256 characters".into()));
+    }
+    if r.values.is_empty() || r.values.iter().any(String::is_empty) {
         return Err(v.err(
-            &f("leeway"),
-            format!("at most {}s: it is for clock skew", MAX_LEEWAY.as_secs()),
+            &field("values"),
+            "needs at least one non-empty value".into(),
         ));
     }
-    let jwks_refresh = v.duration(&f("jwks_refresh"), raw.jwks_refresh, "1h")?;
-    if jwks_refresh < Duration::from_secs(60) {
-        return Err(v.err(&f("jwks_refresh"), "at least 1m".into()));
-    }
-    let jwks_min_refetch = v.duration(&f("jwks_min_refetch"), raw.jwks_min_refetch, "30s")?;
-    let max_keys = raw.max_keys.unwrap_or(32);
-    if !(1..=1024).contains(&max_keys) {
-        return Err(v.err(&f("max_keys"), "must be 1-1024".into()));
-    }
-    let mut rules = Vec::new();
-    for (i, r) in raw.rules.into_iter().enumerate() {
-        let field = |k: &str| format!("auth.oidc.rules[{i}].{k}");
-        if r.name.is_empty() || r.name.len() > 64 {
-            return Err(v.err(&field("name"), "must be 1-64 characters".into()));
+    let role = match (r.role.as_str(), r.tenant) {
+        ("admin", None) => Role::Admin,
+        ("tenant", Some(t)) => {
+            crate::names::validate_tenant(&t)
+                .map_err(|e| v.err(&field("tenant"), e.to_string()))?;
+            Role::Tenant(t)
         }
-        if r.claim.is_empty() || r.claim.len() > 256 {
-            return Err(v.err(&field("claim"), "must be 1-256 characters".into()));
+        ("tenant", None) => {
+            return Err(v.err(&field("tenant"), "role \"tenant\" needs a tenant".into()));
         }
-        if r.values.is_empty() || r.values.iter().any(String::is_empty) {
+        ("admin", Some(_)) => {
             return Err(v.err(
-                &field("values"),
-                "needs at least one non-empty value".into(),
+                &field("tenant"),
+                "only role \"tenant\" takes a tenant".into(),
             ));
         }
-        let role = match (r.role.as_str(), r.tenant) {
-            ("admin", None) => Role::Admin,
-            ("tenant", Some(t)) => {
-                crate::names::validate_tenant(&t)
-                    .map_err(|e| v.err(&field("tenant"), e.to_string()))?;
-                Role::Tenant(t)
-            }
-            ("tenant", None) => {
-                return Err(v.err(&field("tenant"), "role \"tenant\" needs a tenant".into()));
-            }
-            ("admin", Some(_)) => {
-                return Err(v.err(
-                    &field("tenant"),
-                    "only role \"tenant\" takes a tenant".into(),
-                ));
-            }
-            ("runtime", _) => {
-                return Err(v.err(
-                    &field("role"),
-                    "a token is never the runtime (it calls on the node's unix socket): admin or tenant".into(),
-                ));
-            }
-            (other, _) => {
-                return Err(v.err(
-                    &field("role"),
-                    format!("{other:?} is not one of admin, tenant"),
-                ));
-            }
-        };
-        rules.push(ClaimRule {
-            name: r.name,
-            claim: r.claim,
-            values: r.values,
-            role,
-        });
-    }
-    Ok(OidcConfig {
-        issuer,
-        audiences,
-        algorithms,
-        leeway,
-        jwks,
-        jwks_refresh,
-        jwks_min_refetch,
-        max_keys,
-        rules,
+        ("runtime", _) => {
+            return Err(v.err(
+                &field("role"),
+                "a token is never the runtime (it calls on the node's unix socket): admin or tenant".into(),
+            ));
+        }
+        (other, _) => {
+            return Err(v.err(
+                &field("role"),
+                format!("{other:?} is not one of admin, tenant"),
+            ));
+        }
+    };
+    Ok(ClaimRule {
+        name: r.name,
+        claim: r.claim,
+        values: r.values,
+        role,
     })
 }
 
