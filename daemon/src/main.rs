@@ -405,6 +405,38 @@ fn preflight(cfg: &Config) -> anyhow::Result<Checked> {
     })
 }
 
+/// Who may call: the configured principals and, with `[auth.oidc]`, the token
+/// verifier preflight built.
+fn authenticator(cfg: &Config, checked: &Checked) -> Arc<Authenticator> {
+    tesserad::api::auth::set_host_pid(cfg.auth.host_pid);
+    let mut auth = Authenticator::new(cfg.auth.principals.clone());
+    if let Some(v) = &checked.oidc {
+        auth = auth.with_oidc(v.clone());
+    }
+    Arc::new(auth)
+}
+
+/// `[auth.oidc]`: the issuer's keys kept fresh until stop; the claim rules follow
+/// `tessera reload`.
+fn serve_tokens(
+    oidc: Option<&Arc<tesserad::api::oidc::Verifier>>,
+    service: &TesseraService,
+    auth: &Arc<Authenticator>,
+    stop_rx: &tokio::sync::watch::Receiver<bool>,
+) {
+    if let Some(v) = oidc {
+        info!(issuer = %v.config().issuer, "OIDC bearer tokens accepted on the TLS listener");
+        tokio::spawn(v.clone().run_refresh(stop_rx.clone()));
+    }
+    let oidc_rules = auth.clone();
+    service.on_reload(Arc::new(move |cfg: &Config| {
+        let rules = cfg.auth.oidc.as_ref().map(|o| o.rules.clone());
+        let n = rules.as_ref().map_or(0, Vec::len);
+        oidc_rules.set_oidc_rules(rules.unwrap_or_default());
+        format!("{n} OIDC rules")
+    }));
+}
+
 async fn run(
     cfg: Config,
     checked: Checked,
@@ -430,12 +462,7 @@ async fn run(
             .context("opening the audit log")?,
     );
     info!(audit = %audit.path().display(), "audit log opened");
-    tesserad::api::auth::set_host_pid(cfg.auth.host_pid);
-    let mut auth = Authenticator::new(cfg.auth.principals.clone());
-    if let Some(v) = &checked.oidc {
-        auth = auth.with_oidc(v.clone());
-    }
-    let auth = Arc::new(auth);
+    let auth = authenticator(&cfg, &checked);
     if cfg.tenancy.tenants.is_empty() {
         warn!("no [tenants] configured: quotas are off, every tenant may use any free capacity");
     }
@@ -461,10 +488,6 @@ async fn run(
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut tasks = Background::spawn(&mgr, &store, &stop_rx);
-    if let Some(v) = &checked.oidc {
-        info!(issuer = %v.config().issuer, "OIDC bearer tokens accepted on the TLS listener");
-        tokio::spawn(v.clone().run_refresh(stop_rx.clone()));
-    }
     // The handle the API service records calls and admissions on.
     let metrics = tesserad::metrics::spawn(metrics_listen, mgr.clone(), stop_rx.clone()).await?;
     if cdi.enabled {
@@ -473,13 +496,7 @@ async fn run(
         info!(dir = %cdi.dir.display(), "cdi: no per-lease specs ([cdi] enabled = false, or the directory is absent)");
     }
     let service = TesseraService::new(mgr.clone(), auth.clone(), Some(audit), Some(metrics));
-    let oidc_rules = auth.clone();
-    service.on_reload(Arc::new(move |cfg: &Config| {
-        let rules = cfg.auth.oidc.as_ref().map(|o| o.rules.clone());
-        let n = rules.as_ref().map_or(0, Vec::len);
-        oidc_rules.set_oidc_rules(rules.unwrap_or_default());
-        format!("{n} OIDC rules")
-    }));
+    serve_tokens(checked.oidc.as_ref(), &service, &auth, &stop_rx);
     tasks.plugin = device_plugin.map(|p| {
         let on_reload = p.clone();
         service.on_reload(Arc::new(move |cfg: &Config| {

@@ -372,17 +372,12 @@ impl Verifier {
         ))
     }
 
-    /// Verify `token`: the header, the key, the signature, then the claims.
-    pub async fn verify(&self, token: &str) -> Result<Verified, Refusal> {
-        if token.len() > MAX_TOKEN_BYTES {
-            return Err(Refusal::token(
-                "TOKEN_MALFORMED",
-                format!("longer than {MAX_TOKEN_BYTES} bytes"),
-            ));
-        }
-        let header = raw_header(token).ok_or_else(|| {
-            Refusal::token("TOKEN_MALFORMED", "not a JWT (header.payload.signature)")
-        })?;
+    /// The token's algorithm, if configured, and the key id it names; a header with
+    /// critical extensions is refused.
+    fn algorithm_and_kid<'h>(
+        &self,
+        header: &'h Map<String, Value>,
+    ) -> Result<(jsonwebtoken::Algorithm, Option<&'h str>), Refusal> {
         let alg_name = header.get("alg").and_then(Value::as_str).unwrap_or("");
         let allowed = self
             .cfg
@@ -398,7 +393,6 @@ impl Verifier {
                 format!("its algorithm {alg_name:?} is not accepted (allowed: {allowed})"),
             ));
         };
-        let alg = jwt_alg(alg);
         // RFC 7515 4.1.11: extensions marked critical must be understood; none are.
         if header.contains_key("crit") {
             return Err(Refusal::token(
@@ -411,6 +405,22 @@ impl Verifier {
             Some(Value::String(k)) => Some(k.as_str()),
             Some(_) => return Err(Refusal::token("TOKEN_MALFORMED", "its kid is not a string")),
         };
+        Ok((jwt_alg(alg), kid))
+    }
+
+    /// Verify `token`: the header, the key, the signature, then the claims.
+    pub async fn verify(&self, token: &str) -> Result<Verified, Refusal> {
+        if token.len() > MAX_TOKEN_BYTES {
+            return Err(Refusal::token(
+                "TOKEN_MALFORMED",
+                format!("longer than {MAX_TOKEN_BYTES} bytes"),
+            ));
+        }
+        let header = raw_header(token).ok_or_else(|| {
+            Refusal::token("TOKEN_MALFORMED", "not a JWT (header.payload.signature)")
+        })?;
+        let (alg, kid) = self.algorithm_and_kid(&header)?;
+        let alg_name = format!("{alg:?}");
         let key = self.key_for(kid).await?;
         if key.alg.is_some_and(|a| a != alg) || key.decoding.family() != alg.family() {
             return Err(Refusal::token(
@@ -431,21 +441,7 @@ impl Verifier {
                 Refusal::token(reason, why)
             })?;
         let claims = data.claims;
-        let now = jsonwebtoken::get_current_timestamp();
-        match claims.get("iat") {
-            None => {}
-            Some(Value::Number(n)) => match n.as_f64() {
-                Some(iat) if iat <= (now + v.leeway) as f64 => {}
-                Some(_) => {
-                    return Err(Refusal::token(
-                        "TOKEN_NOT_YET_VALID",
-                        "issued in the future (iat), beyond the leeway",
-                    ));
-                }
-                None => return Err(Refusal::token("TOKEN_MALFORMED", "its iat is not a number")),
-            },
-            Some(_) => return Err(Refusal::token("TOKEN_MALFORMED", "its iat is not a number")),
-        }
+        check_iat(&claims, v.leeway)?;
         let text = |k: &str| claims.get(k).and_then(Value::as_str).map(str::to_string);
         let subject = text("sub").filter(|s| !s.is_empty()).ok_or_else(|| {
             Refusal::token("TOKEN_MALFORMED", "its sub is not a non-empty string")
@@ -841,6 +837,26 @@ where
             inner.call(req).await
         })
     }
+}
+
+/// `iat`, when present, is a number not beyond now plus the leeway.
+fn check_iat(claims: &Map<String, Value>, leeway: u64) -> Result<(), Refusal> {
+    let now = jsonwebtoken::get_current_timestamp();
+    match claims.get("iat") {
+        None => {}
+        Some(Value::Number(n)) => match n.as_f64() {
+            Some(iat) if iat <= (now + leeway) as f64 => {}
+            Some(_) => {
+                return Err(Refusal::token(
+                    "TOKEN_NOT_YET_VALID",
+                    "issued in the future (iat), beyond the leeway",
+                ));
+            }
+            None => return Err(Refusal::token("TOKEN_MALFORMED", "its iat is not a number")),
+        },
+        Some(_) => return Err(Refusal::token("TOKEN_MALFORMED", "its iat is not a number")),
+    }
+    Ok(())
 }
 
 #[cfg(test)]
