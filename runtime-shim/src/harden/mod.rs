@@ -22,12 +22,11 @@ use crate::policy::Policy;
 use serde_json::{Map, Value, json};
 use std::path::Path;
 
-/// The annotation carrying the lease token.
-pub const TOKEN_ANNOTATION: &str = "tessera.io/lease-token";
-/// The env variable (in `process.env`) that may carry the lease token instead.
-pub const TOKEN_ENV: &str = "TESSERA_LEASE_TOKEN";
-/// The annotation the runtime adds with the lease id.
-pub const LEASE_ID_ANNOTATION: &str = "tessera.io/lease-id";
+/// The annotation carrying the lease token, the env variable (in `process.env`) that
+/// may carry it instead, and the annotation the runtime adds with the lease id.
+pub use tessera_common::contract::{
+    LEASE_ID_ANNOTATION, LEASE_TOKEN_ANNOTATION as TOKEN_ANNOTATION, LEASE_TOKEN_ENV as TOKEN_ENV,
+};
 /// The CRI annotation with the pod's namespace.
 pub const SANDBOX_NAMESPACE_ANNOTATION: &str = "io.kubernetes.cri.sandbox-namespace";
 
@@ -244,9 +243,20 @@ pub fn check_shape(spec: &Value, f: &mut Findings) -> bool {
     f.reasons.len() == before
 }
 
+/// Why the spec's lease token cannot be told.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TokenError {
+    #[error("process.env sets {TOKEN_ENV} to different tokens")]
+    TwoInEnv,
+    #[error("the annotation {TOKEN_ANNOTATION} and {TOKEN_ENV} name different tokens")]
+    Disagree,
+    #[error("the lease token is empty")]
+    Empty,
+}
+
 /// Where the lease token is, if anywhere: the annotation, or `TESSERA_LEASE_TOKEN` in
 /// `process.env`. Two different tokens are an error.
-pub fn find_token(spec: &Value) -> Result<Option<String>, String> {
+pub fn find_token(spec: &Value) -> Result<Option<String>, TokenError> {
     let from_annotation = spec
         .pointer(&format!(
             "/annotations/{}",
@@ -265,23 +275,18 @@ pub fn find_token(spec: &Value) -> Result<Option<String>, String> {
         .collect();
     env_tokens.dedup();
     if env_tokens.len() > 1 {
-        return Err(format!("process.env sets {TOKEN_ENV} to different tokens"));
+        return Err(TokenError::TwoInEnv);
     }
     let from_env = env_tokens.pop();
     match (from_annotation, from_env) {
-        (Some(a), Some(e)) if a != e => Err(format!(
-            "the annotation {TOKEN_ANNOTATION} and {TOKEN_ENV} name different tokens"
-        )),
-        (Some(t), _) | (None, Some(t)) if t.trim().is_empty() => {
-            Err("the lease token is empty".to_string())
-        }
+        (Some(a), Some(e)) if a != e => Err(TokenError::Disagree),
+        (Some(t), _) | (None, Some(t)) if t.trim().is_empty() => Err(TokenError::Empty),
         (Some(t), _) | (None, Some(t)) => Ok(Some(t)),
         (None, None) => Ok(None),
     }
 }
 
-/// How a refusal of a privileged container begins.
-pub const PRIVILEGED_REFUSAL: &str = "privileged containers are not allowed";
+pub use crate::refusal::{PRIVILEGED_REFUSAL, line as refusal_line};
 
 /// The one reason to show for a privileged container (`podman --privileged`,
 /// Kubernetes `securityContext.privileged`): its spec allows every device in the
@@ -317,30 +322,6 @@ pub fn privileged(spec: &Value) -> Option<String> {
     Some(format!(
         "{PRIVILEGED_REFUSAL} (the spec asks for {asks}: podman/docker --privileged or Kubernetes securityContext.privileged); run it unprivileged, the lease's GPU is given without privileges"
     ))
-}
-
-/// The one line a refusal is shown as (stderr and runc's log, which containerd and
-/// conmon read): a privileged container's single reason, or every reason joined,
-/// without line breaks. `true` when reasons were left out of the line.
-pub fn refusal_line(what: &str, reasons: &[String]) -> (String, bool) {
-    let flat = |r: &str| r.replace(['\n', '\r'], " ");
-    if let Some(p) = reasons.iter().find(|r| r.starts_with(PRIVILEGED_REFUSAL)) {
-        let more = reasons.len() - 1;
-        let tail = if more > 0 {
-            format!(" [{more} more reason(s): tessera-runtime check lists them]")
-        } else {
-            String::new()
-        };
-        return (
-            format!("tessera-runtime: {what} refused: {}{tail}", flat(p)),
-            more > 0,
-        );
-    }
-    let all: Vec<String> = reasons.iter().map(|r| flat(r)).collect();
-    (
-        format!("tessera-runtime: {what} refused: {}", all.join("; ")),
-        false,
-    )
 }
 
 fn annotation<'v>(spec: &'v Value, key: &str) -> Option<&'v str> {
@@ -627,7 +608,7 @@ pub fn harden(mut spec: Value, ctx: &Context) -> Decision {
     }
     allowlist::walk(&spec, "", &mut f);
     if let Err(e) = find_token(&spec) {
-        f.refuse(e);
+        f.refuse(e.to_string());
     }
     cdi::strip_lease_edits(&mut spec, ctx, &mut f);
     let ident = identity::identify(&spec, ctx, &mut f);
