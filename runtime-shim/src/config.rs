@@ -283,12 +283,12 @@ impl RuntimeConfig {
             }
         }
         for parent in &p.cgroup_parents {
-            if let Err(e) = crate::harden::identity::parent_components(parent) {
+            if let Err(e) = crate::cgroup_names::parent_components(parent) {
                 return Err(bad(format!("policy.cgroup_parents: {e}")));
             }
         }
         for root in &p.kubepods_roots {
-            if let Err(e) = crate::harden::identity::parent_components(root) {
+            if let Err(e) = crate::cgroup_names::parent_components(root) {
                 return Err(bad(format!("policy.kubepods_roots: {e}")));
             }
         }

@@ -12,6 +12,7 @@
 
 pub mod app;
 pub mod bundle;
+pub mod cgroup_names;
 pub mod cli;
 pub mod commands;
 pub mod config;
@@ -26,6 +27,7 @@ pub mod policy;
 pub mod private_file;
 pub mod record;
 pub mod refusal;
+pub mod resources;
 pub mod runc_cves;
 pub mod runc_root;
 pub mod runclog;

@@ -90,7 +90,7 @@ pub struct Record {
     /// `linux.resources.memory.swap` as granted.
     pub memory_swap: Option<i64>,
     /// `linux.resources.cpu` as granted (quota, period, shares, burst, cpus, mems).
-    pub cpu: Option<crate::harden::update::Cpu>,
+    pub cpu: Option<crate::resources::Cpu>,
     /// The start time (clock ticks after boot) of the runtime process that wrote the
     /// record before runc ran: the container's init started at or after it.
     pub min_start: u64,
@@ -165,10 +165,10 @@ impl Record {
         let res = spec.pointer("/linux/resources");
         // The grant as runc reads it: typed, every key spelt as runc's.
         let typed = match res {
-            Some(r) => crate::harden::update::parse_create(r).map_err(|_| RecordError::Spec {
+            Some(r) => crate::resources::parse_create(r).map_err(|_| RecordError::Spec {
                 what: "valid linux.resources",
             })?,
-            None => crate::harden::update::Resources::default(),
+            None => crate::resources::Resources::default(),
         };
         let memory = typed.memory.clone().unwrap_or_default();
         Ok(Self {
@@ -189,7 +189,7 @@ impl Record {
             memory_limit: memory.limit,
             memory_swap: memory.swap,
             cpu: typed.cpu.clone(),
-            min_start: crate::harden::identity::proc_start_time(std::process::id()).unwrap_or(0),
+            min_start: crate::host::proc_start_time(std::process::id()).unwrap_or(0),
             instance: None,
         })
     }

@@ -5,6 +5,7 @@
 
 use crate::cli::{self, Command, Invocation, SubArgs};
 use crate::config::RuntimeConfig;
+use crate::host::HostFacts;
 use crate::lease::DaemonClient;
 use crate::plan::{EXIT_REFUSED, ExecPlan, Outcome, RUNC_PATH_ENV, check_runtime_binary};
 use crate::private_file::FileError;
@@ -201,11 +202,10 @@ impl Session {
     pub fn record_of(&self, id: &str) -> Result<Record, SessionError> {
         let record = self.records().get(&self.root, id)?;
         let state =
-            crate::harden::identity::read_state(Path::new(&self.root), id).map_err(|reason| {
-                SessionError::RuncState {
-                    id: id.to_string(),
-                    reason,
-                }
+            crate::harden::identity::read_state(&HostFacts::default(), Path::new(&self.root), id)
+                .map_err(|reason| SessionError::RuncState {
+                id: id.to_string(),
+                reason,
             })?;
         record.matches(state.init_pid, state.init_start)?;
         Ok(record)

@@ -8,6 +8,7 @@ use crate::bundle::{self, BundleError, Staged};
 use crate::cli::{Command, SubArgs};
 use crate::early::{EarlyError, EarlyRunc};
 use crate::harden::exec as hexec;
+use crate::host::HostFacts;
 use crate::lease::cache::AnswerCache;
 use crate::lease::{DaemonClient, LeaseError};
 use crate::pipeline::admit::{Admission, admit};
@@ -580,7 +581,7 @@ fn finish_create(s: &Session, own: &mut OwnBundle<'_>, leased: bool, ok: bool) {
 
 /// Write the container's init (runc's state.json) into its record.
 fn record_init(s: &Session, records: &Records, root: &str, id: &str) {
-    let state = crate::harden::identity::read_state(Path::new(root), id);
+    let state = crate::harden::identity::read_state(&HostFacts::default(), Path::new(root), id);
     match (records.get(root, id), state) {
         (Ok(mut r), Ok(st)) if r.matches(st.init_pid, st.init_start).is_ok() => {
             r.instance = Some(crate::record::Instance {

@@ -7,14 +7,14 @@
 //! the fields it lets through live beside it ([`check`], and the sibling modules:
 //! namespaces, caps, mounts, devices, cgroups, seccomp, apparmor).
 
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 
+use super::base::{Context, Findings, strings};
 use super::identity::{self, Identity};
 use super::mounts::{is_under, normalize};
-use super::{Context, Findings, strings};
+use crate::host::HostView;
 
 /// What the runtime does with a field.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -707,7 +707,7 @@ fn cgroup_file_names(spec: &Value, f: &mut Findings) {
     };
     // Typed as runc reads them (what the record of the create keeps): a key spelt
     // otherwise than runc's struct field is refused.
-    if let Err(reasons) = super::update::parse_create(res) {
+    if let Err(reasons) = crate::resources::parse_create(res) {
         for r in reasons {
             f.refuse(r);
         }
@@ -718,7 +718,7 @@ fn cgroup_file_names(spec: &Value, f: &mut Findings) {
         .into_iter()
         .flat_map(|m| m.keys())
     {
-        if !super::update::cgroup_file_name_ok(k) {
+        if !crate::resources::cgroup_file_name_ok(k) {
             f.refuse(format!(
                 "/linux/resources/unified/{}: not a cgroup file name",
                 escape(k)
@@ -733,7 +733,7 @@ fn cgroup_file_names(spec: &Value, f: &mut Findings) {
         .enumerate()
     {
         let size = h.get("pageSize").and_then(Value::as_str).unwrap_or("");
-        if !super::update::page_size_ok(size) {
+        if !crate::resources::page_size_ok(size) {
             f.refuse(format!(
                 "/linux/resources/hugepageLimits/{i}/pageSize: {size:?} is not a page size"
             ));
@@ -840,7 +840,7 @@ fn namespace_path(ns: &Value, i: usize, ctx: &Context, ident: &Identity, f: &mut
         "user" => return,
         _ => {}
     }
-    let name = super::namespaces::proc_name(ty).unwrap_or("?");
+    let name = crate::host::proc_name(ty).unwrap_or("?");
     let n = normalize(path);
     let parts: Vec<&str> = n.trim_start_matches('/').split('/').collect();
     let proc_pid = (parts.len() == 4 && parts[0] == "proc" && parts[2] == "ns" && parts[3] == name)
@@ -863,7 +863,7 @@ fn namespace_path(ns: &Value, i: usize, ctx: &Context, ident: &Identity, f: &mut
         }
         // The CRI makes a fresh netns for each sandbox: one a process is already in
         // is another pod's.
-        match std::fs::metadata(path) {
+        match ctx.host.stat(Path::new(path)) {
             Ok(m) if identity::netns_in_use(m.dev(), m.ino()) => f.refuse(format!(
                 "{at}: the netns {path} is already another pod's (a process is in it); a pod sandbox joins a fresh one"
             )),
@@ -1029,42 +1029,18 @@ fn cgroups_path(spec: &Value, ctx: &Context, ident: &Identity, f: &mut Findings)
     }
 }
 
-/// Whether every ancestor of `path` (and `path` itself) is owned by root and not
-/// writable by group or others (a sticky directory, like /tmp, may be world-writable):
-/// then nothing but root can swap a component between the check and runc's mount.
-pub fn root_owned_chain(path: &Path) -> Result<(), String> {
-    let mut cur = Some(path);
-    while let Some(p) = cur {
-        let m = std::fs::symlink_metadata(p).map_err(|e| format!("{}: {e}", p.display()))?;
-        if m.uid() != 0 {
-            return Err(format!(
-                "{} is owned by uid {}, not root",
-                p.display(),
-                m.uid()
-            ));
-        }
-        let mode = m.mode();
-        let sticky = mode & 0o1000 != 0;
-        if mode & 0o022 != 0 && !(sticky && m.is_dir()) {
-            return Err(format!(
-                "{} is writable by others (mode {:o})",
-                p.display(),
-                mode & 0o7777
-            ));
-        }
-        cur = p.parent();
-    }
-    Ok(())
-}
+pub use crate::host::root_owned_chain;
 
 /// A bind source: root-owned, below directories as [`root_owned_chain`] wants them. A
 /// regular file may itself be writable by others: kubelet makes every container's
 /// termination-log file 0666 so that a non-root process can write its message, and
 /// writing a file's content cannot swap a component of its path.
-fn bind_source_chain(path: &Path) -> Result<(), String> {
-    let m = std::fs::symlink_metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+fn bind_source_chain(host: &dyn HostView, path: &Path) -> Result<(), String> {
+    let m = host
+        .lstat(path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
     if !m.is_file() {
-        return root_owned_chain(path);
+        return root_owned_chain(host, path);
     }
     if m.uid() != 0 {
         return Err(format!(
@@ -1073,7 +1049,7 @@ fn bind_source_chain(path: &Path) -> Result<(), String> {
             m.uid()
         ));
     }
-    path.parent().map_or(Ok(()), root_owned_chain)
+    path.parent().map_or(Ok(()), |p| root_owned_chain(host, p))
 }
 
 /// `root.path`: inside the bundle (containerd, `ctr`), or the container's own rootfs
@@ -1089,10 +1065,13 @@ fn root_path(spec: &mut Value, ctx: &Context, f: &mut Findings) {
     } else {
         ctx.bundle.join(path)
     };
-    let Ok(canon) = std::fs::canonicalize(&full) else {
+    let Ok(canon) = ctx.host.canonicalize(&full) else {
         return; // check_root reports it
     };
-    let bundle = std::fs::canonicalize(ctx.bundle).unwrap_or_else(|_| ctx.bundle.to_path_buf());
+    let bundle = ctx
+        .host
+        .canonicalize(ctx.bundle)
+        .unwrap_or_else(|_| ctx.bundle.to_path_buf());
     let c = canon.to_string_lossy().into_owned();
     let inside_bundle = canon != bundle && canon.starts_with(&bundle);
     let storage = ctx
@@ -1103,7 +1082,7 @@ fn root_path(spec: &mut Value, ctx: &Context, f: &mut Findings) {
     match (inside_bundle, storage) {
         (true, _) => {}
         (false, Some(r)) => {
-            let root = std::fs::canonicalize(r).unwrap_or_else(|_| r.clone());
+            let root = ctx.host.canonicalize(r).unwrap_or_else(|_| r.clone());
             // Ids are unique per runc root only: the store's record of this id is
             // this container's only when podman runs it, with its own userdata
             // directory in that store as the bundle.
@@ -1123,7 +1102,7 @@ fn root_path(spec: &mut Value, ctx: &Context, f: &mut Findings) {
                 ));
                 return;
             }
-            match storage_rootfs(&root, ctx.container_id) {
+            match storage_rootfs(ctx.host, &root, ctx.container_id) {
                 Ok(own) if own == canon => {}
                 Ok(own) => {
                     f.refuse(format!(
@@ -1150,7 +1129,7 @@ fn root_path(spec: &mut Value, ctx: &Context, f: &mut Findings) {
             return;
         }
     }
-    if let Err(e) = root_owned_chain(&canon) {
+    if let Err(e) = root_owned_chain(ctx.host, &canon) {
         f.refuse(format!("/root/path: {e}"));
         return;
     }
@@ -1178,14 +1157,14 @@ fn layer_rootfs(root: &Path, driver: &str, layer: &str) -> Option<PathBuf> {
 /// Container `id`'s own rootfs in the containers/storage store at `root` (canonical):
 /// the layer `<driver>-containers/containers.json` (root-owned, read without
 /// following a symlink) records for this id, where the driver mounts it.
-pub fn storage_rootfs(root: &Path, id: &str) -> Result<PathBuf, String> {
+pub fn storage_rootfs(host: &dyn HostView, root: &Path, id: &str) -> Result<PathBuf, String> {
     if component(Some(id)).is_none() {
         return Err(format!("{id:?} is not a container id"));
     }
     let mut seen = Vec::new();
     for driver in ["overlay", "vfs", "btrfs"] {
         let file = root.join(format!("{driver}-containers/containers.json"));
-        if std::fs::symlink_metadata(&file).is_err() {
+        if host.lstat(&file).is_err() {
             continue;
         }
         let (bytes, mode) =
@@ -1193,7 +1172,7 @@ pub fn storage_rootfs(root: &Path, id: &str) -> Result<PathBuf, String> {
         if mode & 0o022 != 0 {
             return Err(format!("{} is writable by others", file.display()));
         }
-        root_owned_chain(&file)?;
+        root_owned_chain(host, &file)?;
         let list: Value =
             serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", file.display()))?;
         let layer = list
@@ -1288,7 +1267,10 @@ const STORAGE_DRIVERS: &[&str] = &["overlay", "vfs", "btrfs", "zfs", "aufs", "de
 /// spec's claims: a container outside a pod gets none.
 pub fn bind_prefixes(ctx: &Context, ident: &Identity) -> Vec<(String, bool)> {
     let mut out = Vec::new();
-    let bundle = std::fs::canonicalize(ctx.bundle).unwrap_or_else(|_| ctx.bundle.to_path_buf());
+    let bundle = ctx
+        .host
+        .canonicalize(ctx.bundle)
+        .unwrap_or_else(|_| ctx.bundle.to_path_buf());
     out.push((bundle.to_string_lossy().into_owned(), true));
     let p = ctx.policy();
     // containerd's sandbox files of the pod: only for a container the CRI made (its
@@ -1343,14 +1325,17 @@ pub const RUN_DIR_FILES: &[&str] = &["hosts", "hostname", "resolv.conf", ".conta
 /// <namespace>/<id>`, the namespace being the CRI runc root's last component
 /// (`/run/containerd/runc/k8s.io`: `k8s.io`).
 pub fn is_cri_task_bundle(ctx: &Context, bundle: &Path) -> bool {
-    let Some(root) = identity::trusted_cri_root(ctx.runc_root, ctx.policy()) else {
+    let Some(root) = identity::trusted_cri_root(ctx.host, ctx.runc_root, ctx.policy()) else {
         return false;
     };
     let Some(ns) = root.file_name() else {
         return false;
     };
     let state = &ctx.policy().containerd_state;
-    let state = std::fs::canonicalize(state).unwrap_or_else(|_| state.clone());
+    let state = ctx
+        .host
+        .canonicalize(state)
+        .unwrap_or_else(|_| state.clone());
     component(Some(ctx.container_id)).is_some()
         && bundle
             == state
@@ -1365,7 +1350,7 @@ pub fn is_cri_task_bundle(ctx: &Context, bundle: &Path) -> bool {
 pub fn storage_bundle_driver(ctx: &Context, bundle: &Path) -> Option<&'static str> {
     let id = component(Some(ctx.container_id))?;
     ctx.policy().container_storage_roots.iter().find_map(|r| {
-        let root = std::fs::canonicalize(r).unwrap_or_else(|_| r.clone());
+        let root = ctx.host.canonicalize(r).unwrap_or_else(|_| r.clone());
         STORAGE_DRIVERS.iter().copied().find(|driver| {
             bundle
                 == root
@@ -1383,7 +1368,7 @@ pub fn storage_bundle_driver(ctx: &Context, bundle: &Path) -> Option<&'static st
 /// when `path` is the directory itself or above it. `None` outside those trees.
 fn engine_file(ctx: &Context, path: &Path) -> Option<String> {
     let p = ctx.policy();
-    let canon = |r: &Path| std::fs::canonicalize(r).unwrap_or_else(|_| r.to_path_buf());
+    let canon = |r: &Path| ctx.host.canonicalize(r).unwrap_or_else(|_| r.to_path_buf());
     let rel = |base: &Path| -> Option<Vec<String>> {
         Some(
             path.strip_prefix(base)
@@ -1447,7 +1432,10 @@ fn own_paths(ctx: &Context) -> Vec<String> {
     ];
     // runc's state (the records identity is read from) and the runtime's own.
     for dir in [ctx.runc_root, ctx.config.state_dir.as_path()] {
-        let c = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+        let c = ctx
+            .host
+            .canonicalize(dir)
+            .unwrap_or_else(|_| dir.to_path_buf());
         v.push(normalize(&c.to_string_lossy()));
     }
     if let Some(dir) = ctx.config.daemon_socket.parent() {
@@ -1462,7 +1450,10 @@ fn own_paths(ctx: &Context) -> Vec<String> {
 /// between this check and its mount.
 fn bind_sources(spec: &mut Value, ctx: &Context, ident: &Identity, f: &mut Findings) {
     let prefixes = bind_prefixes(ctx, ident);
-    let bundle = std::fs::canonicalize(ctx.bundle).unwrap_or_else(|_| ctx.bundle.to_path_buf());
+    let bundle = ctx
+        .host
+        .canonicalize(ctx.bundle)
+        .unwrap_or_else(|_| ctx.bundle.to_path_buf());
     let bundle = normalize(&bundle.to_string_lossy());
     let own = own_paths(ctx);
     let rootfs = spec.pointer("/root/path").and_then(Value::as_str).map(|p| {
@@ -1499,7 +1490,7 @@ fn bind_sources(spec: &mut Value, ctx: &Context, ident: &Identity, f: &mut Findi
             f.refuse(format!("{at}: {source} is inside the container's rootfs"));
             continue;
         }
-        let canon = match std::fs::canonicalize(source) {
+        let canon = match ctx.host.canonicalize(Path::new(source)) {
             Ok(c) => c,
             Err(e) => {
                 f.refuse(format!("{at}: {source}: {e}"));
@@ -1568,7 +1559,7 @@ fn bind_sources(spec: &mut Value, ctx: &Context, ident: &Identity, f: &mut Findi
             }
             Some(_) => {}
         }
-        if let Err(e) = bind_source_chain(&canon) {
+        if let Err(e) = bind_source_chain(ctx.host, &canon) {
             f.refuse(format!("{at}: {e}"));
             continue;
         }

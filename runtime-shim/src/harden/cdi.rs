@@ -11,8 +11,8 @@
 
 use serde_json::Value;
 
+use super::base::{Context, Findings, strings};
 use super::mounts::normalize;
-use super::{Context, Findings, strings};
 
 /// Take the lease's own CDI edits out of `spec`, noting each.
 pub fn strip_lease_edits(spec: &mut Value, ctx: &Context, f: &mut Findings) {

@@ -3,7 +3,7 @@
 //! none goes under the lease's parent. A pids limit is always set, and the tenant may
 //! not write device, pids or cgroup-core files through `resources.unified`.
 
-use super::{Context, Findings};
+use super::base::{Context, Findings};
 use serde_json::{Value, json};
 
 /// Unified (cgroup v2) key prefixes a tenant spec may not set.
@@ -81,7 +81,7 @@ pub fn apply(spec: &mut Value, ctx: &Context, f: &mut Findings) {
         } else {
             match cgroups_path(&lease.cgroup_parent, id, ctx.systemd_cgroup) {
                 Ok(p) => {
-                    if let Some(linux) = super::obj_entry(spec, "linux") {
+                    if let Some(linux) = super::base::obj_entry(spec, "linux") {
                         linux.insert("cgroupsPath".to_string(), json!(p));
                     }
                 }
@@ -90,7 +90,7 @@ pub fn apply(spec: &mut Value, ctx: &Context, f: &mut Findings) {
         }
     }
     if let Some(linux) = spec.get_mut("linux")
-        && let Some(res) = super::obj_entry(linux, "resources")
+        && let Some(res) = super::base::obj_entry(linux, "resources")
         && let Some(pids) = res
             .entry("pids")
             .or_insert_with(|| json!({}))

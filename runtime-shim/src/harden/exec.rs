@@ -6,7 +6,8 @@
 //! capability beyond the container's bounding set, `noNewPrivileges` forced, the
 //! container's own AppArmor profile and SELinux label, the lease's variables.
 
-use super::{Findings, caps, strings};
+use super::base::{Findings, strings};
+use super::caps;
 use crate::cli::SubArgs;
 use crate::policy::{Policy, cap_name};
 use crate::record::{Record, User};
@@ -22,7 +23,7 @@ pub struct ContainerState {
     /// the same name.
     pub caps: std::collections::BTreeMap<String, Vec<String>>,
     /// The CPU resources it was granted (update may not loosen them).
-    pub cpu: Option<super::update::Cpu>,
+    pub cpu: Option<crate::resources::Cpu>,
     pub apparmor_profile: Option<String>,
     pub process_label: Option<String>,
     /// The user, group and additional groups the container was started with.
@@ -107,7 +108,7 @@ impl ContainerState {
 pub fn lease_id_of(spec: &Value) -> Option<&str> {
     spec.pointer(&format!(
         "/annotations/{}",
-        super::LEASE_ID_ANNOTATION.replace('/', "~1")
+        super::base::LEASE_ID_ANNOTATION.replace('/', "~1")
     ))
     .and_then(Value::as_str)
 }
@@ -590,7 +591,7 @@ mod tests {
     #[test]
     fn an_exec_keeps_a_shared_mps_leases_limits() {
         let spec = json!({
-            "annotations": {super::super::LEASE_ID_ANNOTATION: "l-1"},
+            "annotations": {super::super::base::LEASE_ID_ANNOTATION: "l-1"},
             "process": {"user": {"uid": 1000, "gid": 1000}, "args": ["sleep"], "env": [
                 "PATH=/bin",
                 "CUDA_MPS_PIPE_DIRECTORY=/run/nvidia-mps",

@@ -17,7 +17,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use super::{Context, Findings};
+use super::base::{Context, Findings};
+use crate::host::HostView;
 use crate::policy::Policy;
 
 /// containerd CRI's annotation: `sandbox` or `container`.
@@ -155,7 +156,7 @@ pub fn identify(spec: &Value, ctx: &Context, f: &mut Findings) -> Identity {
     // Only the CRI makes pods: a container made under any other runc root (`ctr`,
     // podman, a direct call) is in no pod, whatever its spec claims.
     if (is_sandbox || claimed_sandbox.is_some() || !claims.is_empty())
-        && trusted_cri_root(ctx.runc_root, ctx.policy()).is_none()
+        && trusted_cri_root(ctx.host, ctx.runc_root, ctx.policy()).is_none()
     {
         f.refuse(format!(
             "/annotations: the spec names a pod, but --root {} is not the CRI's runc root (policy.cri_runc_roots: {}): only the CRI makes a pod's containers",
@@ -176,7 +177,7 @@ pub fn identify(spec: &Value, ctx: &Context, f: &mut Findings) -> Identity {
             ));
             return Identity::Outside;
         }
-        if !super::is_cri_sandbox(spec, id, ctx.policy()) {
+        if !super::base::is_cri_sandbox(spec, id, ctx.policy()) {
             f.refuse(
                 "/annotations: the spec says it is a pod sandbox but asks for devices or forbidden capabilities a sandbox never has",
             );
@@ -207,7 +208,7 @@ pub fn identify(spec: &Value, ctx: &Context, f: &mut Findings) -> Identity {
         f.refuse(format!("{at}: {sid:?} is not another container's id"));
         return Identity::Outside;
     }
-    let sandbox = match read_sandbox(ctx.runc_root, sid, ctx.policy()) {
+    let sandbox = match read_sandbox(ctx.host, ctx.runc_root, sid, ctx.policy()) {
         Ok(s) => s,
         Err(e) => {
             f.refuse(format!("{at}: the pod sandbox {sid} is not known: {e}"));
@@ -277,23 +278,27 @@ pub fn is_pod_uid(uid: &str) -> bool {
 
 /// The configured CRI runc root (policy.cri_runc_roots) that `root` is, compared
 /// canonically; `None` when it is none of them.
-pub fn trusted_cri_root<'p>(root: &Path, policy: &'p Policy) -> Option<&'p Path> {
-    let canon = canonical_or_planned(root)?;
+pub fn trusted_cri_root<'p>(
+    host: &dyn HostView,
+    root: &Path,
+    policy: &'p Policy,
+) -> Option<&'p Path> {
+    let canon = canonical_or_planned(host, root)?;
     policy
         .cri_runc_roots
         .iter()
-        .find(|r| canonical_or_planned(r).is_some_and(|c| c == canon))
+        .find(|r| canonical_or_planned(host, r).is_some_and(|c| c == canon))
         .map(PathBuf::as_path)
 }
 
 /// `path` canonical; when it does not exist yet (runc makes its root on the first
 /// create of a boot), its nearest existing ancestor canonical with the rest appended,
 /// the rest having no `.` or `..`. `None` for a relative path.
-pub fn canonical_or_planned(path: &Path) -> Option<PathBuf> {
+pub fn canonical_or_planned(host: &dyn HostView, path: &Path) -> Option<PathBuf> {
     if !path.is_absolute() {
         return None;
     }
-    if let Ok(c) = std::fs::canonicalize(path) {
+    if let Ok(c) = host.canonicalize(path) {
         return Some(c);
     }
     let mut rest = Vec::new();
@@ -304,7 +309,7 @@ pub fn canonical_or_planned(path: &Path) -> Option<PathBuf> {
             _ => return None,
         }
         cur = cur.parent()?;
-        if let Ok(c) = std::fs::canonicalize(cur) {
+        if let Ok(c) = host.canonicalize(cur) {
             return Some(rest.iter().rev().fold(c, |p, n| p.join(n)));
         }
     }
@@ -436,7 +441,7 @@ fn check_own_sandbox(spec: &Value, ctx: &Context, pod: &Pod, f: &mut Findings) -
             ok = false;
         }
     }
-    if let Some(other) = running_sandbox_of(uid, ctx.container_id, policy) {
+    if let Some(other) = running_sandbox_of(ctx.host, uid, ctx.container_id, policy) {
         f.refuse(format!(
             "/annotations: pod {uid} already has a running sandbox {other}: a pod has one sandbox"
         ));
@@ -450,7 +455,12 @@ const MAX_SCANNED: usize = 10_000;
 
 /// A running pod sandbox of pod `uid` other than `except` under any CRI runc root,
 /// as `<root>/<id>`.
-fn running_sandbox_of(uid: &str, except: &str, policy: &Policy) -> Option<String> {
+fn running_sandbox_of(
+    host: &dyn HostView,
+    uid: &str,
+    except: &str,
+    policy: &Policy,
+) -> Option<String> {
     for root in &policy.cri_runc_roots {
         let Ok(rd) = std::fs::read_dir(root) else {
             continue;
@@ -460,7 +470,7 @@ fn running_sandbox_of(uid: &str, except: &str, policy: &Policy) -> Option<String
             if name == except || !is_component(&name) {
                 continue;
             }
-            let Ok(st) = read_state(root, &name) else {
+            let Ok(st) = read_state(host, root, &name) else {
                 continue;
             };
             let label = |k: &str| st.labels.get(k).map(String::as_str);
@@ -490,18 +500,20 @@ pub struct RuncState {
 /// Read runc's record of container `id` under `root`: `<root>/<id>/state.json`,
 /// without following a symlink, at most [`MAX_STATE_BYTES`], root-owned and writable
 /// by nobody else all the way up.
-pub fn read_state(root: &Path, id: &str) -> Result<RuncState, String> {
+pub fn read_state(host: &dyn HostView, root: &Path, id: &str) -> Result<RuncState, String> {
     if !is_component(id) {
         return Err(format!("{id:?} is not a container id"));
     }
-    let root = std::fs::canonicalize(root).map_err(|e| format!("{}: {e}", root.display()))?;
+    let root = host
+        .canonicalize(root)
+        .map_err(|e| format!("{}: {e}", root.display()))?;
     let path = root.join(id).join("state.json");
     let (bytes, mode) =
         crate::bundle::read_with_mode(&path, MAX_STATE_BYTES).map_err(|e| e.to_string())?;
     if mode & 0o022 != 0 {
         return Err(format!("{} is writable by others", path.display()));
     }
-    super::allowlist::root_owned_chain(&path)?;
+    crate::host::root_owned_chain(host, &path)?;
     let v: Value =
         serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
     parse_state(&v).map_err(|e| format!("{}: {e}", path.display()))
@@ -570,8 +582,13 @@ pub fn parse_state(v: &Value) -> Result<RuncState, String> {
 
 /// Read and check runc's record of the pod sandbox `id`: a sandbox by its own
 /// labels, running, with a pod uid and a pod cgroup that names it.
-pub fn read_sandbox(root: &Path, id: &str, policy: &Policy) -> Result<Sandbox, String> {
-    let st = read_state(root, id)?;
+pub fn read_sandbox(
+    host: &dyn HostView,
+    root: &Path,
+    id: &str,
+    policy: &Policy,
+) -> Result<Sandbox, String> {
+    let st = read_state(host, root, id)?;
     if st.id != id {
         return Err(format!("runc's record is of {:?}", st.id));
     }
@@ -617,18 +634,7 @@ pub fn read_sandbox(root: &Path, id: &str, policy: &Policy) -> Result<Sandbox, S
     })
 }
 
-/// A live process's start time (clock ticks after boot), from /proc/<pid>/stat;
-/// `None` when it is gone or a zombie (dead, not yet reaped: its namespaces are gone).
-pub fn proc_start_time(pid: u32) -> Option<u64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let (_, rest) = text.rsplit_once(')')?;
-    // After the command: field 3 (state) onwards; the start time is field 22.
-    let mut fields = rest.split_whitespace();
-    if matches!(fields.next(), Some("Z" | "X" | "x")) {
-        return None;
-    }
-    fields.nth(18)?.parse().ok()
-}
+pub use crate::host::proc_start_time;
 
 /// Whether any process is in cgroup `comps` or below it, in any mounted hierarchy
 /// (cgroup v1 controllers, the v2 tree). `Err` when it cannot be told.
@@ -718,94 +724,9 @@ pub fn netns_in_use(dev: u64, ino: u64) -> bool {
         })
 }
 
-/// A cgroupfs `cgroupsPath` as components: absolute, no empty, `.` or `..` component.
-pub fn cgroupfs_components(path: &str) -> Result<Vec<String>, String> {
-    let rest = path
-        .strip_prefix('/')
-        .ok_or_else(|| format!("{path:?} is not absolute"))?;
-    if rest.is_empty() {
-        return Err(format!("{path:?} is the root cgroup"));
-    }
-    rest.split('/')
-        .map(|c| {
-            if c.is_empty() || c == "." || c == ".." || c.contains('\0') {
-                Err(format!(
-                    "{path:?} has an empty, '.' or '..' component (it is not a clean path)"
-                ))
-            } else {
-                Ok(c.to_string())
-            }
-        })
-        .collect()
-}
-
-/// A systemd slice name as the cgroups systemd nests it in: `a-b-c.slice` lives at
-/// `a.slice/a-b.slice/a-b-c.slice`.
-pub fn expand_slice(slice: &str) -> Result<Vec<String>, String> {
-    let name = slice
-        .strip_suffix(".slice")
-        .ok_or_else(|| format!("{slice:?} is not a slice"))?;
-    if name == "-" {
-        return Err(format!("{slice:?} is the root slice"));
-    }
-    let valid = !name.is_empty()
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
-    if !valid || name.split('-').any(str::is_empty) {
-        return Err(format!("{slice:?} is not a plain slice name"));
-    }
-    let mut out = Vec::new();
-    let mut prefix = String::new();
-    for part in name.split('-') {
-        if !prefix.is_empty() {
-            prefix.push('-');
-        }
-        prefix.push_str(part);
-        out.push(format!("{prefix}.slice"));
-    }
-    Ok(out)
-}
-
-/// A systemd `cgroupsPath` (`slice:prefix:name`) as the components of the scope
-/// systemd makes for it (`<expanded slice>/<prefix>-<name>.scope`).
-pub fn systemd_components(path: &str) -> Result<Vec<String>, String> {
-    let parts: Vec<&str> = path.split(':').collect();
-    let [slice, prefix, name] = parts.as_slice() else {
-        return Err(format!("{path:?} is not slice:prefix:name"));
-    };
-    let plain = |s: &str| {
-        !s.is_empty()
-            && s.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-    };
-    if !plain(prefix) || !plain(name) || name.ends_with(".slice") {
-        return Err(format!(
-            "{path:?}: the prefix and name must be plain and name a scope"
-        ));
-    }
-    let mut c = expand_slice(slice)?;
-    c.push(format!("{prefix}-{name}.scope"));
-    Ok(c)
-}
-
-/// A `cgroupsPath` as components, in the driver's form.
-pub fn cgroup_components(path: &str, systemd: bool) -> Result<Vec<String>, String> {
-    if systemd {
-        systemd_components(path)
-    } else {
-        cgroupfs_components(path)
-    }
-}
-
-/// An operator-configured cgroup parent (`/a/b` or `a-b.slice`) as components.
-pub fn parent_components(parent: &str) -> Result<Vec<String>, String> {
-    if parent.ends_with(".slice") && !parent.contains('/') {
-        expand_slice(parent)
-    } else {
-        cgroupfs_components(parent)
-    }
-}
+pub use crate::cgroup_names::{
+    cgroup_components, cgroupfs_components, expand_slice, parent_components, systemd_components,
+};
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]

@@ -3,10 +3,12 @@
 //! (nosuid,nodev,noexec) and the driver libraries (read-only, from host paths in the
 //! runtime config, never from the image). runc performs every mount.
 
-use super::{Context, Findings, strings};
+use super::base::{Context, Findings, strings};
 use crate::config::DriverLibrary;
+use crate::host::HostView;
 use crate::policy::Policy;
 use serde_json::{Value, json};
+use std::path::Path;
 
 /// Lexically normalise an absolute path: collapse `//`, `.` and `..` (never touching the
 /// filesystem).
@@ -35,10 +37,10 @@ pub fn is_under(path: &str, base: &str) -> bool {
 /// The host forms of a mount source to check: as written (normalised) and, when it
 /// exists on the host, canonical (a host symlink to /proc...). Host paths only: the
 /// rootfs is never looked at.
-fn host_forms(source: &str) -> Vec<String> {
+fn host_forms(host: &dyn HostView, source: &str) -> Vec<String> {
     let lexical = normalize(source);
     let mut forms = vec![lexical.clone()];
-    if let Ok(c) = std::fs::canonicalize(&lexical) {
+    if let Ok(c) = host.canonicalize(Path::new(&lexical)) {
         let c = c.to_string_lossy().into_owned();
         if c != lexical {
             forms.push(c);
@@ -49,8 +51,8 @@ fn host_forms(source: &str) -> Vec<String> {
 
 /// Why a bind-mount source is not allowed, if it is not: a GPU node, inside a sensitive
 /// tree, or a protected file or one of its ancestor directories.
-pub fn sensitive_hit(source: &str, policy: &Policy) -> Option<String> {
-    for form in host_forms(source) {
+pub fn sensitive_hit(host: &dyn HostView, source: &str, policy: &Policy) -> Option<String> {
+    for form in host_forms(host, source) {
         if form.starts_with("/dev/nvidia") {
             return Some(format!("GPU device path {form}"));
         }
@@ -72,8 +74,8 @@ pub fn sensitive_hit(source: &str, policy: &Policy) -> Option<String> {
 
 /// Why a lease mount source is not acceptable: a shared directory (one MPS pipe dir per
 /// lease, never the host-wide one or /dev/shm) or a protected file's ancestor.
-fn lease_mount_problem(source: &str, policy: &Policy) -> Option<String> {
-    for form in host_forms(source) {
+fn lease_mount_problem(host: &dyn HostView, source: &str, policy: &Policy) -> Option<String> {
+    for form in host_forms(host, source) {
         for shared in ["/tmp/nvidia-mps", "/dev", "/proc", "/sys"] {
             if is_under(&form, shared) {
                 return Some(format!("under {shared}"));
@@ -171,7 +173,7 @@ pub fn apply(spec: &mut Value, ctx: &Context, f: &mut Findings) {
                 f.refuse(format!(
                     "bind mount {dest} has a relative source {source:?}"
                 ));
-            } else if let Some(hit) = sensitive_hit(source, policy) {
+            } else if let Some(hit) = sensitive_hit(ctx.host, source, policy) {
                 f.refuse(format!(
                     "bind mount of sensitive host path {source} ({hit}) onto {dest}"
                 ));
@@ -206,7 +208,7 @@ pub fn apply(spec: &mut Value, ctx: &Context, f: &mut Findings) {
                 ));
                 continue;
             }
-            if let Some(hit) = lease_mount_problem(&src, policy) {
+            if let Some(hit) = lease_mount_problem(ctx.host, &src, policy) {
                 f.refuse(format!(
                     "the lease's mount source {} is a shared or sensitive host path ({hit})",
                     m.source
@@ -237,7 +239,7 @@ pub fn apply(spec: &mut Value, ctx: &Context, f: &mut Findings) {
                 .unwrap_or(&lib.source)
                 .to_string_lossy()
                 .into_owned();
-            match std::fs::symlink_metadata(&lib.source) {
+            match ctx.host.lstat(&lib.source) {
                 Ok(_) => list.push(json!({
                     "destination": dest, "type": "bind", "source": src,
                     "options": ["bind", "ro", "nosuid", "nodev"],

@@ -25,12 +25,9 @@ pub enum ResolveError {
     Lease(#[from] LeaseError),
     #[error("two tokens name the same lease {0}")]
     SameLease(String),
-    #[error("the token of lease {lease} is bound to pod {bound}; pod {pod} may not use it")]
-    OtherPod {
-        lease: String,
-        bound: String,
-        pod: String,
-    },
+    /// A lease's token is bound to another pod than the container's (`why` says so).
+    #[error("{why}")]
+    OtherPod { lease: String, why: String },
 }
 
 impl ResolveError {
@@ -140,11 +137,12 @@ fn check_distinct(resolved: &[ResolvedLease], pod: Option<&str>) -> Result<(), R
     if let (true, Some(pod)) = (resolved.len() > 1, pod) {
         for l in resolved {
             if !l.pod.is_empty() && l.pod != pod {
-                return Err(ResolveError::OtherPod {
-                    lease: l.lease_id.clone(),
-                    bound: l.pod.clone(),
-                    pod: pod.to_string(),
-                });
+                let why = format!(
+                    "the token of lease {} is bound to pod {}; pod {pod} may not use it",
+                    l.lease_id, l.pod
+                );
+                let lease = l.lease_id.clone();
+                return Err(ResolveError::OtherPod { lease, why });
             }
         }
     }
