@@ -41,7 +41,7 @@ pub struct ContainerState {
 
 /// The environment variables the runtime sets from a lease.
 pub const LEASE_ENV_KEYS: &[&str] = &[
-    "TESSERA_LEASE_ID",
+    tessera_common::contract::LEASE_ID_ENV,
     "CUDA_VISIBLE_DEVICES",
     "NVIDIA_VISIBLE_DEVICES",
     "CUDA_MPS_PIPE_DIRECTORY",
