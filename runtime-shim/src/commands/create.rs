@@ -114,12 +114,8 @@ pub fn run(s: &Session, cmd: Command, sub: &SubArgs) -> Outcome {
         Ok(l) => l,
         Err(e) => return s.refuse(&what, &e.into()),
     };
-    if std::fs::symlink_metadata(Path::new(&root).join(&id)).is_ok() {
-        let exists = CreateError::Exists {
-            id: id.clone(),
-            root: root.clone(),
-        };
-        return s.refuse(&what, &exists.into());
+    if let Err(r) = check_free(&root, &id) {
+        return s.refuse(&what, &r);
     }
     // The tenant's config.json, read once. runc never opens it: it gets the runtime's
     // own bundle directory, whose config.json only the runtime writes (crate::early).
@@ -147,7 +143,7 @@ pub fn run(s: &Session, cmd: Command, sub: &SubArgs) -> Outcome {
     // anything is bound, written or run.
     let cache = crate::runc_cves::VersionCache::new(&s.cfg.state_dir);
     let mut runc_version = Some(crate::runc_cves::start(&s.cfg.runc_path, Some(&cache)));
-    let mut early = start_early(
+    let early = start_early(
         s,
         &what,
         tenant.is_some(),
@@ -166,20 +162,28 @@ pub fn run(s: &Session, cmd: Command, sub: &SubArgs) -> Outcome {
         client: client.as_ref(),
         answers: AnswerCache::new(&s.cfg.state_dir),
     };
-    let decision = create.decide(tenant.as_deref(), tenant_mode, &own.dir, &mut runc_version);
-    let (decided, staged) = match decision {
-        Ok(d) => d,
-        Err(r) => return s.refuse_reported(client.as_ref(), &id, cmd.name(), &what, &r),
+    let tenant = (tenant.as_deref(), tenant_mode);
+    let written = create.decide_and_write(tenant, &own.dir, &mut runc_version, early, &records);
+    let (early, leased) = match written {
+        Ok(w) => w,
+        Err(out) => return out,
     };
-    if let Err(r) = create.commit(&decided, staged, early.as_mut(), &records) {
-        return s.refuse(&what, &r);
-    }
-    create.keep_answers(&decided);
-    let leased = !decided.adm.answers.is_empty();
     // runc runs as this process's child, so that how its create ended is known: a
     // create that failed leaves no record, no own bundle and no binding behind.
     drop(client);
     run_runc(s, &what, early, &plan, &mut own, leased)
+}
+
+/// No container of this id is under the root (runc would refuse the create).
+fn check_free(root: &str, id: &str) -> Result<(), Refusal> {
+    if std::fs::symlink_metadata(Path::new(root).join(id)).is_ok() {
+        let exists = CreateError::Exists {
+            id: id.to_string(),
+            root: root.to_string(),
+        };
+        return Err(exists.into());
+    }
+    Ok(())
 }
 
 /// Start runc now, to wait for the spec in a FIFO, when runc's version is known to be
@@ -274,6 +278,28 @@ struct Create<'a> {
 }
 
 impl Create<'_> {
+    /// Decide, then write what was decided (see [`Create::commit`]), then keep the
+    /// daemon's answers. The early runc (if any) is handed back with whether the
+    /// container is leased; a refusal is how the runtime ends (the early runc, dropped
+    /// with it, is killed).
+    fn decide_and_write(
+        &self,
+        (tenant, tenant_mode): (Option<&[u8]>, Option<u32>),
+        own_dir: &Path,
+        runc_version: &mut Option<Pending>,
+        mut early: Option<EarlyRunc>,
+        records: &Records,
+    ) -> Result<(Option<EarlyRunc>, bool), Outcome> {
+        let s = self.s;
+        let (decided, staged) = self
+            .decide(tenant, tenant_mode, own_dir, runc_version)
+            .map_err(|r| s.refuse_reported(self.client, self.id, self.cmd.name(), self.what, &r))?;
+        self.commit(&decided, staged, early.as_mut(), records)
+            .map_err(|r| s.refuse(self.what, &r))?;
+        self.keep_answers(&decided);
+        Ok((early, !decided.adm.answers.is_empty()))
+    }
+
     /// Admit, stage and bind. At most twice: a bind refused on an answer kept from an
     /// earlier start (the daemon's answer has changed since, or the bind is refused for
     /// another reason) forgets that answer and decides again on the daemon's current

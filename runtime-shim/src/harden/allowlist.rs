@@ -923,45 +923,10 @@ fn cgroups_path(spec: &Value, ctx: &Context, ident: &Identity, f: &mut Findings)
     else {
         return; // identify() refuses a pod sandbox without one
     };
+    let Some(comps) = own_cgroup(path, ctx, f) else {
+        return;
+    };
     let at = "/linux/cgroupsPath";
-    let id = ctx.container_id;
-    if path.contains(':') && !ctx.systemd_cgroup {
-        f.refuse(format!(
-            "{at}: {path:?} is systemd's slice:prefix:name form, but the runtime was not given --systemd-cgroup (set SystemdCgroup = true in containerd's runtime options, or use a cgroupfs path)"
-        ));
-        return;
-    }
-    let systemd = ctx.systemd_cgroup;
-    let comps = match identity::cgroup_components(path, systemd) {
-        Ok(c) => c,
-        Err(e) => {
-            f.refuse(format!(
-                "{at}: {e}{}",
-                if systemd {
-                    " (--systemd-cgroup takes systemd's slice:prefix:name form)"
-                } else {
-                    ""
-                }
-            ));
-            return;
-        }
-    };
-    let last = comps.last().map(String::as_str).unwrap_or("");
-    let own_leaf = if systemd {
-        path.rsplit(':').next() == Some(id)
-    } else {
-        last == id || last.ends_with(&format!("-{id}")) || last.ends_with(&format!("-{id}.scope"))
-    };
-    if !own_leaf
-        || comps
-            .first()
-            .is_some_and(|c| c == "tessera" || c == "tessera.slice")
-    {
-        f.refuse(format!(
-            "{at}: {path:?} must end in this container's id ({id}) and lie outside the runtime's lease tree"
-        ));
-        return;
-    }
     let shown = format!("/{}", comps.join("/"));
     // A container's cgroup is its own: runc makes it at create. One that exists
     // already is another container's (runc would only warn that it is not empty and
@@ -980,6 +945,68 @@ fn cgroups_path(spec: &Value, ctx: &Context, ident: &Identity, f: &mut Findings)
             return;
         }
     }
+    check_placement(path, &comps, &shown, ctx, ident, f);
+}
+
+/// `cgroupsPath` as components, in the driver's form, ending in this container's id
+/// and outside the runtime's lease tree.
+fn own_cgroup(path: &str, ctx: &Context, f: &mut Findings) -> Option<Vec<String>> {
+    let at = "/linux/cgroupsPath";
+    let id = ctx.container_id;
+    if path.contains(':') && !ctx.systemd_cgroup {
+        f.refuse(format!(
+            "{at}: {path:?} is systemd's slice:prefix:name form, but the runtime was not given --systemd-cgroup (set SystemdCgroup = true in containerd's runtime options, or use a cgroupfs path)"
+        ));
+        return None;
+    }
+    let systemd = ctx.systemd_cgroup;
+    let comps = match identity::cgroup_components(path, systemd) {
+        Ok(c) => c,
+        Err(e) => {
+            f.refuse(format!(
+                "{at}: {e}{}",
+                if systemd {
+                    " (--systemd-cgroup takes systemd's slice:prefix:name form)"
+                } else {
+                    ""
+                }
+            ));
+            return None;
+        }
+    };
+    let last = comps.last().map(String::as_str).unwrap_or("");
+    let own_leaf = if systemd {
+        path.rsplit(':').next() == Some(id)
+    } else {
+        last == id || last.ends_with(&format!("-{id}")) || last.ends_with(&format!("-{id}.scope"))
+    };
+    if !own_leaf
+        || comps
+            .first()
+            .is_some_and(|c| c == "tessera" || c == "tessera.slice")
+    {
+        f.refuse(format!(
+            "{at}: {path:?} must end in this container's id ({id}) and lie outside the runtime's lease tree"
+        ));
+        return None;
+    }
+    Some(comps)
+}
+
+/// The container's cgroup is where its identity puts it: inside its pod's cgroup, or
+/// directly in a configured parent outside a pod.
+fn check_placement(
+    path: &str,
+    comps: &[String],
+    shown: &str,
+    ctx: &Context,
+    ident: &Identity,
+    f: &mut Findings,
+) {
+    let at = "/linux/cgroupsPath";
+    let id = ctx.container_id;
+    let systemd = ctx.systemd_cgroup;
+    let last = comps.last().map(String::as_str).unwrap_or("");
     match ident {
         Identity::Member(sb) => match sb.pod_cgroup() {
             None => f.refuse(format!(
@@ -1449,122 +1476,149 @@ fn own_paths(ctx: &Context) -> Vec<String> {
 /// root-owned; runc is handed that canonical path, so no component can be swapped
 /// between this check and its mount.
 fn bind_sources(spec: &mut Value, ctx: &Context, ident: &Identity, f: &mut Findings) {
-    let prefixes = bind_prefixes(ctx, ident);
     let bundle = ctx
         .host
         .canonicalize(ctx.bundle)
         .unwrap_or_else(|_| ctx.bundle.to_path_buf());
-    let bundle = normalize(&bundle.to_string_lossy());
-    let own = own_paths(ctx);
-    let rootfs = spec.pointer("/root/path").and_then(Value::as_str).map(|p| {
-        let full = if Path::new(p).is_absolute() {
-            PathBuf::from(p)
-        } else {
-            ctx.bundle.join(p)
-        };
-        normalize(&full.to_string_lossy())
-    });
+    let scope = BindScope {
+        prefixes: bind_prefixes(ctx, ident),
+        bundle: normalize(&bundle.to_string_lossy()),
+        own: own_paths(ctx),
+        rootfs: spec.pointer("/root/path").and_then(Value::as_str).map(|p| {
+            let full = if Path::new(p).is_absolute() {
+                PathBuf::from(p)
+            } else {
+                ctx.bundle.join(p)
+            };
+            normalize(&full.to_string_lossy())
+        }),
+    };
     let Some(list) = spec.get_mut("mounts").and_then(Value::as_array_mut) else {
         return;
     };
     for (i, m) in list.iter_mut().enumerate() {
+        if let Some(c) = scope.judge(i, m, ctx, f)
+            && let Some(o) = m.as_object_mut()
+        {
+            o.insert("source".into(), json!(c));
+        }
+    }
+}
+
+/// Where a container's bind sources may come from, and what they may never be.
+struct BindScope {
+    /// Allowed prefixes, each with whether it may be bound writable.
+    prefixes: Vec<(String, bool)>,
+    /// The bundle, canonical.
+    bundle: String,
+    /// Tessera's own paths.
+    own: Vec<String>,
+    /// The container's rootfs (as written), normalized.
+    rootfs: Option<String>,
+}
+
+impl BindScope {
+    /// A bind mount's source judged: its canonical path, to write in its place; `None`
+    /// for a mount that is not a bind mount or is refused.
+    fn judge(&self, i: usize, m: &Value, ctx: &Context, f: &mut Findings) -> Option<String> {
         let ty = m.get("type").and_then(Value::as_str).unwrap_or("");
         let options = m.get("options").and_then(strings).unwrap_or_default();
         let bind = ty == "bind" || options.iter().any(|o| o == "bind" || o == "rbind");
         if !bind {
-            continue;
+            return None;
         }
         let at = format!("/mounts/{i}/source");
         let Some(source) = m.get("source").and_then(Value::as_str) else {
             f.refuse(format!("{at}: a bind mount needs a source"));
-            continue;
+            return None;
         };
         if !source.starts_with('/') {
-            continue; // mounts.rs refuses relative sources
+            return None; // mounts.rs refuses relative sources
         }
         // Never resolve a path inside the container's rootfs as root: its symlinks
         // are the tenant's.
-        if let Some(rootfs) = &rootfs
+        if let Some(rootfs) = &self.rootfs
             && is_under(&normalize(source), rootfs)
         {
             f.refuse(format!("{at}: {source} is inside the container's rootfs"));
-            continue;
+            return None;
         }
         let canon = match ctx.host.canonicalize(Path::new(source)) {
             Ok(c) => c,
             Err(e) => {
                 f.refuse(format!("{at}: {source}: {e}"));
-                continue;
+                return None;
             }
         };
         let c = canon.to_string_lossy().into_owned();
-        if let Some(o) = own.iter().find(|o| is_under(&c, o)) {
-            f.refuse(format!("{at}: {c} is under Tessera's own {o}"));
-            continue;
-        }
         let readonly = options.iter().any(|o| o == "ro");
-        if is_under(&bundle, &c) {
-            f.refuse(format!(
-                "{at}: {c} is the bundle or a directory above it: the runtime and the engine keep files there that they trust later"
-            ));
-            continue;
+        let refused = self
+            .protected(&c, &canon, readonly, ctx)
+            .or_else(|| self.not_allowed(&c, readonly))
+            .or_else(|| bind_source_chain(ctx.host, &canon).err());
+        if let Some(why) = refused {
+            f.refuse(format!("{at}: {why}"));
+            return None;
         }
-        if is_under(&c, &bundle)
+        Some(c)
+    }
+
+    /// Why `c` may never be bound (writable): Tessera's own paths, the bundle or above
+    /// it, a file of the bundle or of any container's engine directory.
+    fn protected(&self, c: &str, canon: &Path, readonly: bool, ctx: &Context) -> Option<String> {
+        if let Some(o) = self.own.iter().find(|o| is_under(c, o)) {
+            return Some(format!("{c} is under Tessera's own {o}"));
+        }
+        let bundle = &self.bundle;
+        if is_under(bundle, c) {
+            return Some(format!(
+                "{c} is the bundle or a directory above it: the runtime and the engine keep files there that they trust later"
+            ));
+        }
+        if is_under(c, bundle)
             && !readonly
-            && let Some(name) = Path::new(&c)
-                .strip_prefix(&bundle)
+            && let Some(name) = Path::new(c)
+                .strip_prefix(bundle)
                 .ok()
                 .and_then(|rel| rel.components().next())
                 .map(|first| first.as_os_str().to_string_lossy().into_owned())
             && (BUNDLE_FILES.contains(&name.as_str()) || name.starts_with(".config.json"))
         {
-            f.refuse(format!(
-                "{at}: {c} is the bundle's {name}, which the runtime or the engine reads later: never bind-mounted writable"
+            return Some(format!(
+                "{c} is the bundle's {name}, which the runtime or the engine reads later: never bind-mounted writable"
             ));
-            continue;
         }
         // Any container's engine directory (another's bundle, podman's run
         // directory), wherever a prefix allows it: its files are the engine's.
-        if !readonly && let Some(name) = engine_file(ctx, &canon) {
-            if name.is_empty() {
-                f.refuse(format!(
-                    "{at}: {c} is (or holds) a container's directory of the engine: never bind-mounted writable"
-                ));
-                continue;
-            }
-            if BUNDLE_FILES.contains(&name.as_str()) || name.starts_with(".config.json") {
-                f.refuse(format!(
-                    "{at}: {c} is a container's {name}, which the runtime or the engine reads later: never bind-mounted writable"
-                ));
-                continue;
-            }
+        let name = (!readonly).then(|| engine_file(ctx, canon)).flatten()?;
+        if name.is_empty() {
+            return Some(format!(
+                "{c} is (or holds) a container's directory of the engine: never bind-mounted writable"
+            ));
         }
-        let allowed = prefixes
+        (BUNDLE_FILES.contains(&name.as_str()) || name.starts_with(".config.json")).then(|| {
+            format!(
+                "{c} is a container's {name}, which the runtime or the engine reads later: never bind-mounted writable"
+            )
+        })
+    }
+
+    /// Why `c` is not under an allowed prefix (writable where it is bound writable).
+    fn not_allowed(&self, c: &str, readonly: bool) -> Option<String> {
+        let allowed = self
+            .prefixes
             .iter()
-            .filter(|(p, _)| is_under(&c, p))
+            .filter(|(p, _)| is_under(c, p))
             .map(|(_, w)| *w)
             .max();
         match allowed {
-            None => {
-                f.refuse(format!(
-                    "{at}: {c} is not under this container's bundle, its pod's sandbox or kubelet directories, or an operator-allowed prefix (policy.bind_sources)"
-                ));
-                continue;
-            }
-            Some(false) if !readonly => {
-                f.refuse(format!(
-                    "{at}: {c} may be bind-mounted read-only only (add \"ro\")"
-                ));
-                continue;
-            }
-            Some(_) => {}
-        }
-        if let Err(e) = bind_source_chain(ctx.host, &canon) {
-            f.refuse(format!("{at}: {e}"));
-            continue;
-        }
-        if let Some(o) = m.as_object_mut() {
-            o.insert("source".into(), json!(c));
+            None => Some(format!(
+                "{c} is not under this container's bundle, its pod's sandbox or kubelet directories, or an operator-allowed prefix (policy.bind_sources)"
+            )),
+            Some(false) if !readonly => Some(format!(
+                "{c} may be bind-mounted read-only only (add \"ro\")"
+            )),
+            Some(_) => None,
         }
     }
 }

@@ -10,6 +10,7 @@ use super::exec::{ContainerState, device_rule_within};
 use crate::cli::SubArgs;
 use crate::policy::Policy;
 use serde_json::Value;
+use std::collections::BTreeMap;
 
 /// What `update` may change: CPU (with cpuset), memory (up to what the container was
 /// granted), pids (likewise) and hugepages. Everything else is isolation, not tuning,
@@ -202,64 +203,11 @@ pub fn judge(
     let before = f.reasons.len();
     let mut out = Resources::default();
     if let Some(p) = r.pids {
-        let cap = state
-            .pids_limit
-            .filter(|g| *g > 0)
-            .map_or(policy.pids_limit, |g| g.min(policy.pids_limit));
-        if !(1..=cap).contains(&p.limit) {
-            f.refuse(format!(
-                "/pids/limit: {} is refused: update may set a pids limit of 1..={cap} only (what the container was granted)",
-                p.limit
-            ));
-        }
+        judge_pids(&p, state, policy, f);
         out.pids = Some(p);
     }
     if let Some(m) = r.memory {
-        let granted = state.memory_limit.filter(|g| *g > 0);
-        if let Some(l) = m.limit
-            && (l < 0 || granted.is_some_and(|g| l > g))
-        {
-            f.refuse(format!(
-                "/memory/limit: {l} is refused: update may set a memory limit of 1..={} bytes only (0 leaves it)",
-                granted.map_or_else(|| "any".to_string(), |g| g.to_string())
-            ));
-        }
-        if let Some(s) = m.reservation
-            && (s < 0 || granted.is_some_and(|g| s > g))
-        {
-            f.refuse(format!(
-                "/memory/reservation: {s} is refused: 0..=the memory limit only"
-            ));
-        }
-        if let Some(s) = m.swap {
-            let gswap = state.memory_swap.filter(|g| *g > 0);
-            if s < 0 || gswap.is_some_and(|g| s > g) {
-                f.refuse(format!(
-                    "/memory/swap: {s} is refused: update may set a memory+swap limit of 0..={} only",
-                    gswap.map_or_else(|| "any".to_string(), |g| g.to_string())
-                ));
-            }
-        }
-        for (name, v) in [("kernel", m.kernel), ("kernelTCP", m.kernel_tcp)] {
-            if v.is_some_and(|v| v != 0) {
-                f.refuse(format!(
-                    "/memory/{name}: kernel memory limits are refused (update may change {UPDATE_MAY_CHANGE} only)"
-                ));
-            }
-        }
-        if m.disable_oom_killer == Some(true) {
-            f.refuse(
-                "/memory/disableOOMKiller: refused: a container over its limit must be killable",
-            );
-        }
-        if m.swappiness.is_some_and(|s| s > 100) {
-            f.refuse("/memory/swappiness: 0..=100 only");
-        }
-        out.memory = Some(Memory {
-            kernel: None,
-            kernel_tcp: None,
-            ..m
-        });
+        out.memory = Some(judge_memory(m, state, f));
     }
     if let Some(c) = r.cpu {
         for (name, set) in [
@@ -288,30 +236,7 @@ pub fn judge(
     }
     out.hugepage_limits = r.hugepage_limits;
     if let Some(u) = r.unified {
-        for (key, value) in &u {
-            let bound = match key.as_str() {
-                "memory.max" => Some(state.memory_limit.filter(|g| *g > 0)),
-                "memory.swap.max" => Some(state.memory_swap.filter(|g| *g > 0)),
-                _ => None,
-            };
-            if !cgroup_file_name_ok(key)
-                || !UNIFIED_TUNABLE.iter().any(|p| key.starts_with(p))
-                || UNIFIED_REFUSED.contains(&key.as_str())
-            {
-                f.refuse(format!(
-                    "/unified/{key}: update may change {UPDATE_MAY_CHANGE} only"
-                ));
-            } else if key.starts_with("cpu.") || key.starts_with("cpuset.") {
-                judge_unified_cpu(key, value, state.cpu.as_ref(), f);
-            } else if let Some(granted) = bound
-                && !unified_limit_ok(value, granted)
-            {
-                f.refuse(format!(
-                    "/unified/{key}: {value:?} is refused: at most {} bytes (what the container was granted)",
-                    granted.map_or_else(|| "any".to_string(), |g| g.to_string())
-                ));
-            }
-        }
+        judge_unified(&u, state, f);
         out.unified = Some(u);
     }
     for (name, v) in [
@@ -326,28 +251,131 @@ pub fn judge(
         }
     }
     if let Some(rules) = r.devices {
-        // containerd's CRI sends a deny-all rule and the device plugin's allows with
-        // every update: accepted when they allow nothing beyond the container's, and
-        // replaced by the container's own rules (re-applied).
-        for (i, rule) in rules.iter().enumerate() {
-            let v = serde_json::to_value(rule).unwrap_or(Value::Null);
-            if !device_rule_within(&v, &state.device_rules) {
-                f.refuse(format!(
-                    "/devices/{i}: update may not allow a device beyond the container's own ({v})"
-                ));
-            }
-        }
-        let own: Result<Vec<DeviceRule>, _> = state
-            .device_rules
-            .iter()
-            .map(|r| serde_json::from_value(r.clone()))
-            .collect();
-        match own {
-            Ok(own) => out.devices = Some(own),
-            Err(e) => f.refuse(format!("the container's own device rules: {e}")),
-        }
+        out.devices = judge_devices(&rules, state, f);
     }
     (f.reasons.len() == before).then_some(out)
+}
+
+/// A pids limit within what the container was granted (and the policy's).
+fn judge_pids(p: &Pids, state: &ContainerState, policy: &Policy, f: &mut Findings) {
+    let cap = state
+        .pids_limit
+        .filter(|g| *g > 0)
+        .map_or(policy.pids_limit, |g| g.min(policy.pids_limit));
+    if !(1..=cap).contains(&p.limit) {
+        f.refuse(format!(
+            "/pids/limit: {} is refused: update may set a pids limit of 1..={cap} only (what the container was granted)",
+            p.limit
+        ));
+    }
+}
+
+/// Memory limits within what the container was granted, no kernel memory limit, an
+/// OOM killer kept; what runc gets (kernel limits left out).
+fn judge_memory(m: Memory, state: &ContainerState, f: &mut Findings) -> Memory {
+    let granted = state.memory_limit.filter(|g| *g > 0);
+    if let Some(l) = m.limit
+        && (l < 0 || granted.is_some_and(|g| l > g))
+    {
+        f.refuse(format!(
+            "/memory/limit: {l} is refused: update may set a memory limit of 1..={} bytes only (0 leaves it)",
+            granted.map_or_else(|| "any".to_string(), |g| g.to_string())
+        ));
+    }
+    if let Some(s) = m.reservation
+        && (s < 0 || granted.is_some_and(|g| s > g))
+    {
+        f.refuse(format!(
+            "/memory/reservation: {s} is refused: 0..=the memory limit only"
+        ));
+    }
+    if let Some(s) = m.swap {
+        let gswap = state.memory_swap.filter(|g| *g > 0);
+        if s < 0 || gswap.is_some_and(|g| s > g) {
+            f.refuse(format!(
+                "/memory/swap: {s} is refused: update may set a memory+swap limit of 0..={} only",
+                gswap.map_or_else(|| "any".to_string(), |g| g.to_string())
+            ));
+        }
+    }
+    for (name, v) in [("kernel", m.kernel), ("kernelTCP", m.kernel_tcp)] {
+        if v.is_some_and(|v| v != 0) {
+            f.refuse(format!(
+                "/memory/{name}: kernel memory limits are refused (update may change {UPDATE_MAY_CHANGE} only)"
+            ));
+        }
+    }
+    if m.disable_oom_killer == Some(true) {
+        f.refuse("/memory/disableOOMKiller: refused: a container over its limit must be killable");
+    }
+    if m.swappiness.is_some_and(|s| s > 100) {
+        f.refuse("/memory/swappiness: 0..=100 only");
+    }
+    Memory {
+        kernel: None,
+        kernel_tcp: None,
+        ..m
+    }
+}
+
+/// cgroup v2 files: the same resources only, within what the container was granted.
+fn judge_unified(u: &BTreeMap<String, String>, state: &ContainerState, f: &mut Findings) {
+    for (key, value) in u {
+        let bound = match key.as_str() {
+            "memory.max" => Some(state.memory_limit.filter(|g| *g > 0)),
+            "memory.swap.max" => Some(state.memory_swap.filter(|g| *g > 0)),
+            _ => None,
+        };
+        if !cgroup_file_name_ok(key)
+            || !UNIFIED_TUNABLE.iter().any(|p| key.starts_with(p))
+            || UNIFIED_REFUSED.contains(&key.as_str())
+        {
+            f.refuse(format!(
+                "/unified/{key}: update may change {UPDATE_MAY_CHANGE} only"
+            ));
+        } else if key.starts_with("cpu.") || key.starts_with("cpuset.") {
+            judge_unified_cpu(key, value, state.cpu.as_ref(), f);
+        } else if let Some(granted) = bound
+            && !unified_limit_ok(value, granted)
+        {
+            f.refuse(format!(
+                "/unified/{key}: {value:?} is refused: at most {} bytes (what the container was granted)",
+                granted.map_or_else(|| "any".to_string(), |g| g.to_string())
+            ));
+        }
+    }
+}
+
+/// The device rules of an update allow nothing beyond the container's own; runc gets
+/// the container's own (re-applied).
+fn judge_devices(
+    rules: &[DeviceRule],
+    state: &ContainerState,
+    f: &mut Findings,
+) -> Option<Vec<DeviceRule>> {
+    // containerd's CRI sends a deny-all rule and the device plugin's allows with
+    // every update: accepted when they allow nothing beyond the container's, and
+    // replaced by the container's own rules (re-applied).
+    for (i, rule) in rules.iter().enumerate() {
+        let v = serde_json::to_value(rule).unwrap_or(Value::Null);
+        if !device_rule_within(&v, &state.device_rules) {
+            f.refuse(format!(
+                "/devices/{i}: update may not allow a device beyond the container's own ({v})"
+            ));
+        }
+    }
+    let own: Result<Vec<DeviceRule>, _> = state
+        .device_rules
+        .iter()
+        .map(|r| serde_json::from_value(r.clone()))
+        .collect();
+    match own {
+        Ok(own) => Some(own),
+        Err(e) => {
+            f.refuse(format!("the container's own device rules: {e}"));
+            None
+        }
+    }
 }
 
 /// go-units' `RAMInBytes` as far as the runtime accepts it: a decimal number of
@@ -394,20 +422,7 @@ pub fn from_flags(sub: &SubArgs, f: &mut Findings) -> Resources {
         }
         return r;
     }
-    for flag in ["l3-cache-schema", "mem-bw-schema"] {
-        if let Some(v) = sub.value(flag) {
-            f.refuse(format!(
-                "update --{flag} {v} is refused: cache and memory-bandwidth allocation are host-wide"
-            ));
-        }
-    }
-    for flag in ["blkio-weight", "kernel-memory", "kernel-memory-tcp"] {
-        if let Some(v) = sub.value(flag) {
-            f.refuse(format!(
-                "update --{flag} {v} is refused: update may change {UPDATE_MAY_CHANGE} only"
-            ));
-        }
-    }
+    refuse_other_flags(sub, f);
     let mut num = |flag: &str, signed: bool| -> Option<i64> {
         let v = sub.value(flag)?;
         let n = v
@@ -441,6 +456,31 @@ pub fn from_flags(sub: &SubArgs, f: &mut Findings) -> Resources {
     if let Some(l) = pids {
         r.pids = Some(Pids { limit: l });
     }
+    r.memory = memory_from_flags(sub, f);
+    r
+}
+
+/// The flags of what update may not change are refused.
+fn refuse_other_flags(sub: &SubArgs, f: &mut Findings) {
+    for flag in ["l3-cache-schema", "mem-bw-schema"] {
+        if let Some(v) = sub.value(flag) {
+            f.refuse(format!(
+                "update --{flag} {v} is refused: cache and memory-bandwidth allocation are host-wide"
+            ));
+        }
+    }
+    for flag in ["blkio-weight", "kernel-memory", "kernel-memory-tcp"] {
+        if let Some(v) = sub.value(flag) {
+            f.refuse(format!(
+                "update --{flag} {v} is refused: update may change {UPDATE_MAY_CHANGE} only"
+            ));
+        }
+    }
+}
+
+/// The memory flags (`--memory`, `--memory-reservation`, `--memory-swap`) as runc's
+/// `LinuxMemory`; `None` when none is given.
+fn memory_from_flags(sub: &SubArgs, f: &mut Findings) -> Option<Memory> {
     let mut mem = Memory::default();
     for (flag, slot) in [
         ("memory", &mut mem.limit),
@@ -456,10 +496,7 @@ pub fn from_flags(sub: &SubArgs, f: &mut Findings) -> Resources {
             }
         }
     }
-    if mem != Memory::default() {
-        r.memory = Some(mem);
-    }
-    r
+    (mem != Memory::default()).then_some(mem)
 }
 
 #[cfg(test)]
