@@ -814,6 +814,25 @@ pub fn process_fields(p: &Value, at: &str, policy: &crate::policy::Policy, f: &m
 /// recorded it ([`Identity::Member`]): `<pid>` must be the sandbox's init process,
 /// still the one runc started (same start time). A CNI netns file (under /run/netns)
 /// only for a pod sandbox itself.
+/// A CNI netns file (`/run/netns/<name>`): for the pod sandbox only, and a fresh one.
+fn join_netns(at: &str, path: &str, ctx: &Context, ident: &Identity, f: &mut Findings) {
+    if !matches!(ident, Identity::OwnSandbox { .. }) {
+        f.refuse(format!(
+            "{at}: a CNI netns file ({path}) is for the pod sandbox only; a container joins its sandbox's namespaces"
+        ));
+        return;
+    }
+    // The CRI makes a fresh netns for each sandbox: one a process is already in
+    // is another pod's.
+    match ctx.host.stat(Path::new(path)) {
+        Ok(m) if identity::netns_in_use(m.dev(), m.ino()) => f.refuse(format!(
+            "{at}: the netns {path} is already another pod's (a process is in it); a pod sandbox joins a fresh one"
+        )),
+        Ok(_) => {}
+        Err(e) => f.refuse(format!("{at}: {path}: {e}")),
+    }
+}
+
 fn namespace_path(ns: &Value, i: usize, ctx: &Context, ident: &Identity, f: &mut Findings) {
     let ty = ns.get("type").and_then(Value::as_str).unwrap_or("");
     let Some(path) = ns
@@ -855,21 +874,7 @@ fn namespace_path(ns: &Value, i: usize, ctx: &Context, ident: &Identity, f: &mut
             .is_some_and(|d| d == Path::new("/run/netns") || d == Path::new("/var/run/netns"))
         && Path::new(&n).file_name().is_some();
     if netns_form {
-        if !matches!(ident, Identity::OwnSandbox { .. }) {
-            f.refuse(format!(
-                "{at}: a CNI netns file ({path}) is for the pod sandbox only; a container joins its sandbox's namespaces"
-            ));
-            return;
-        }
-        // The CRI makes a fresh netns for each sandbox: one a process is already in
-        // is another pod's.
-        match ctx.host.stat(Path::new(path)) {
-            Ok(m) if identity::netns_in_use(m.dev(), m.ino()) => f.refuse(format!(
-                "{at}: the netns {path} is already another pod's (a process is in it); a pod sandbox joins a fresh one"
-            )),
-            Ok(_) => {}
-            Err(e) => f.refuse(format!("{at}: {path}: {e}")),
-        }
+        join_netns(&at, path, ctx, ident, f);
         return;
     }
     let Some(pid) = proc_pid else {
@@ -1109,43 +1114,9 @@ fn root_path(spec: &mut Value, ctx: &Context, f: &mut Findings) {
     match (inside_bundle, storage) {
         (true, _) => {}
         (false, Some(r)) => {
-            let root = ctx.host.canonicalize(r).unwrap_or_else(|_| r.clone());
-            // Ids are unique per runc root only: the store's record of this id is
-            // this container's only when podman runs it, with its own userdata
-            // directory in that store as the bundle.
-            let own_bundle = STORAGE_DRIVERS.iter().any(|d| {
-                bundle
-                    == root
-                        .join(format!("{d}-containers"))
-                        .join(ctx.container_id)
-                        .join("userdata")
-            });
-            if !own_bundle || component(Some(ctx.container_id)).is_none() {
-                f.refuse(format!(
-                    "/root/path: {c} is in the container storage {}, but the bundle {} is not this container's own userdata there (<driver>-containers/{}/userdata)",
-                    root.display(),
-                    bundle.display(),
-                    ctx.container_id
-                ));
+            if let Some(why) = in_own_storage(ctx, r, &canon, &bundle) {
+                f.refuse(why);
                 return;
-            }
-            match storage_rootfs(ctx.host, &root, ctx.container_id) {
-                Ok(own) if own == canon => {}
-                Ok(own) => {
-                    f.refuse(format!(
-                        "/root/path: {c} is not this container's own rootfs in {} ({} by the engine's record)",
-                        root.display(),
-                        own.display()
-                    ));
-                    return;
-                }
-                Err(e) => {
-                    f.refuse(format!(
-                        "/root/path: {c} is in the container storage {}, but this container's rootfs there is not known: {e}",
-                        root.display()
-                    ));
-                    return;
-                }
             }
         }
         (false, None) => {
@@ -1166,6 +1137,47 @@ fn root_path(spec: &mut Value, ctx: &Context, f: &mut Findings) {
     if !same && let Some(root) = spec.get_mut("root").and_then(Value::as_object_mut) {
         root.insert("path".into(), json!(c));
     }
+}
+
+/// Why `canon`, a `root.path` under the container-storage root `r`, is not this
+/// container's own rootfs there (the bundle its own userdata, the engine's record).
+fn in_own_storage(ctx: &Context, r: &Path, canon: &Path, bundle: &Path) -> Option<String> {
+    let c = canon.to_string_lossy();
+    let root = ctx.host.canonicalize(r).unwrap_or_else(|_| r.to_path_buf());
+    // Ids are unique per runc root only: the store's record of this id is
+    // this container's only when podman runs it, with its own userdata
+    // directory in that store as the bundle.
+    let own_bundle = STORAGE_DRIVERS.iter().any(|d| {
+        root.join(format!("{d}-containers"))
+            .join(ctx.container_id)
+            .join("userdata")
+            == bundle
+    });
+    if !own_bundle || component(Some(ctx.container_id)).is_none() {
+        return Some(format!(
+            "/root/path: {c} is in the container storage {}, but the bundle {} is not this container's own userdata there (<driver>-containers/{}/userdata)",
+            root.display(),
+            bundle.display(),
+            ctx.container_id
+        ));
+    }
+    match storage_rootfs(ctx.host, &root, ctx.container_id) {
+        Ok(own) if own == canon => {}
+        Ok(own) => {
+            return Some(format!(
+                "/root/path: {c} is not this container's own rootfs in {} ({} by the engine's record)",
+                root.display(),
+                own.display()
+            ));
+        }
+        Err(e) => {
+            return Some(format!(
+                "/root/path: {c} is in the container storage {}, but this container's rootfs there is not known: {e}",
+                root.display()
+            ));
+        }
+    }
+    None
 }
 
 /// Largest containers-storage `containers.json` read.

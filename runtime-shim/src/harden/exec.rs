@@ -269,6 +269,46 @@ fn exec_user(asked: Option<&Value>, state: &ContainerState, f: &mut Findings) ->
     user
 }
 
+/// The process's AppArmor profile is the container's (another is noted and replaced);
+/// another SELinux label is refused.
+fn check_lsm(obj: &serde_json::Map<String, Value>, state: &ContainerState, f: &mut Findings) {
+    let asked_aa = obj
+        .get("apparmorProfile")
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty());
+    if let Some(a) = asked_aa
+        && Some(a) != state.apparmor_profile.as_deref()
+    {
+        // containerd sends the profile of the original spec (CRI's default profile, say);
+        // the process gets the container's own, whatever it asked for.
+        f.note(format!(
+            "exec --process AppArmor profile {a} replaced by the container's"
+        ));
+    }
+    let asked_label = obj
+        .get("selinuxLabel")
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty());
+    if let Some(l) = asked_label
+        && Some(l) != state.process_label.as_deref()
+    {
+        f.refuse(format!(
+            "exec --process asks for SELinux label {l}, not the container's"
+        ));
+    }
+}
+
+/// The process's variables with the lease's in place of any of the same name.
+fn with_lease_env(env: Option<&Value>, lease_env: &[String]) -> Vec<String> {
+    let mut env = env.and_then(strings).unwrap_or_default();
+    for e in lease_env {
+        let key = e.split('=').next().unwrap_or_default();
+        env.retain(|x| !x.starts_with(&format!("{key}=")));
+        env.push(e.clone());
+    }
+    env
+}
+
 /// Validate and harden an exec process JSON.
 pub fn harden_process(
     mut process: Value,
@@ -305,40 +345,12 @@ pub fn harden_process(
         "exec --process",
         f,
     );
-    let asked_aa = obj
-        .get("apparmorProfile")
-        .and_then(Value::as_str)
-        .filter(|s| !s.is_empty());
-    if let Some(a) = asked_aa
-        && Some(a) != state.apparmor_profile.as_deref()
-    {
-        // containerd sends the profile of the original spec (CRI's default profile, say);
-        // the process gets the container's own, whatever it asked for.
-        f.note(format!(
-            "exec --process AppArmor profile {a} replaced by the container's"
-        ));
-    }
-    let asked_label = obj
-        .get("selinuxLabel")
-        .and_then(Value::as_str)
-        .filter(|s| !s.is_empty());
-    if let Some(l) = asked_label
-        && Some(l) != state.process_label.as_deref()
-    {
-        f.refuse(format!(
-            "exec --process asks for SELinux label {l}, not the container's"
-        ));
-    }
+    check_lsm(obj, state, f);
     if let Some(obj) = process.as_object_mut() {
         // kubectl exec, exec probes and podman exec see the lease like the init
         // process: its variables win over the process JSON's.
         if !state.lease_env.is_empty() {
-            let mut env = obj.get("env").and_then(strings).unwrap_or_default();
-            for e in &state.lease_env {
-                let key = e.split('=').next().unwrap_or_default();
-                env.retain(|x| !x.starts_with(&format!("{key}=")));
-                env.push(e.clone());
-            }
+            let env = with_lease_env(obj.get("env"), &state.lease_env);
             obj.insert("env".to_string(), json!(env));
         }
         obj.insert("user".to_string(), user);

@@ -146,7 +146,6 @@ pub fn is_component(s: &str) -> bool {
 /// Who the container `ctx.container_id` with `spec` is; a claim that runc's state does
 /// not bear out is refused (and the container is then `Outside`).
 pub fn identify(spec: &Value, ctx: &Context, f: &mut Findings) -> Identity {
-    let id = ctx.container_id;
     let claimed_sandbox = annotation(spec, SANDBOX_ID);
     let claims: Vec<(&str, Fact, &str)> = POD_CLAIMS
         .iter()
@@ -171,28 +170,7 @@ pub fn identify(spec: &Value, ctx: &Context, f: &mut Findings) -> Identity {
         return Identity::Outside;
     }
     if is_sandbox {
-        if claimed_sandbox != Some(id) {
-            f.refuse(format!(
-                "/annotations: the spec says it is a pod sandbox ({CONTAINER_TYPE}) but its {SANDBOX_ID} is not its own id {id:?}"
-            ));
-            return Identity::Outside;
-        }
-        if !super::base::is_cri_sandbox(spec, id, ctx.policy()) {
-            f.refuse(
-                "/annotations: the spec says it is a pod sandbox but asks for devices or forbidden capabilities a sandbox never has",
-            );
-            return Identity::Outside;
-        }
-        let Some(pod) = own_pod(&claims, f) else {
-            return Identity::Outside;
-        };
-        if !check_own_sandbox(spec, ctx, &pod, f) {
-            return Identity::Outside;
-        }
-        return Identity::OwnSandbox {
-            id: id.to_string(),
-            pod,
-        };
+        return identify_sandbox(spec, ctx, claimed_sandbox, &claims, f);
     }
     let Some(sid) = claimed_sandbox else {
         if let Some((k, _, _)) = claims.first() {
@@ -203,6 +181,52 @@ pub fn identify(spec: &Value, ctx: &Context, f: &mut Findings) -> Identity {
         }
         return Identity::Outside;
     };
+    identify_member(ctx, sid, &claims, f)
+}
+
+/// A spec that says it is a pod sandbox: its own, the CRI's, for one pod that has no
+/// other running sandbox.
+fn identify_sandbox(
+    spec: &Value,
+    ctx: &Context,
+    claimed_sandbox: Option<&str>,
+    claims: &[(&str, Fact, &str)],
+    f: &mut Findings,
+) -> Identity {
+    let id = ctx.container_id;
+    if claimed_sandbox != Some(id) {
+        f.refuse(format!(
+            "/annotations: the spec says it is a pod sandbox ({CONTAINER_TYPE}) but its {SANDBOX_ID} is not its own id {id:?}"
+        ));
+        return Identity::Outside;
+    }
+    if !super::base::is_cri_sandbox(spec, id, ctx.policy()) {
+        f.refuse(
+            "/annotations: the spec says it is a pod sandbox but asks for devices or forbidden capabilities a sandbox never has",
+        );
+        return Identity::Outside;
+    }
+    let Some(pod) = own_pod(claims, f) else {
+        return Identity::Outside;
+    };
+    if !check_own_sandbox(spec, ctx, &pod, f) {
+        return Identity::Outside;
+    }
+    Identity::OwnSandbox {
+        id: id.to_string(),
+        pod,
+    }
+}
+
+/// A container of the pod of running sandbox `sid`, as runc's record of it says; what
+/// the spec claims of the pod must be what that record says.
+fn identify_member(
+    ctx: &Context,
+    sid: &str,
+    claims: &[(&str, Fact, &str)],
+    f: &mut Findings,
+) -> Identity {
+    let id = ctx.container_id;
     let at = format!("/annotations/{}", SANDBOX_ID.replace('/', "~1"));
     if !is_component(sid) || sid == id {
         f.refuse(format!("{at}: {sid:?} is not another container's id"));
@@ -216,7 +240,7 @@ pub fn identify(spec: &Value, ctx: &Context, f: &mut Findings) -> Identity {
         }
     };
     let mut ok = true;
-    for (k, fact, v) in &claims {
+    for (k, fact, v) in claims {
         let have = sandbox.pod.fact(*fact);
         if *v != have {
             f.refuse(format!(

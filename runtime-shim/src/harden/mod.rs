@@ -53,6 +53,17 @@ impl PartialEq for BuiltinText {
 }
 
 impl Decision {
+    /// Refused before any hardening, for the reasons in `f`.
+    fn refused(f: Findings, spec: Value) -> Self {
+        Self {
+            admitted: false,
+            reasons: f.reasons,
+            notes: f.notes,
+            spec,
+            builtin_seccomp: None,
+        }
+    }
+
     /// The hardened spec as config.json: the built-in seccomp profile written where
     /// its placeholder is.
     pub fn config_json(&self) -> serde_json::Result<Vec<u8>> {
@@ -437,22 +448,10 @@ pub fn harden(mut spec: Value, ctx: &Context) -> Decision {
     let mut f = Findings::default();
     if !spec.is_object() {
         f.refuse("the spec is not a JSON object");
-        return Decision {
-            admitted: false,
-            reasons: f.reasons,
-            notes: f.notes,
-            spec,
-            builtin_seccomp: None,
-        };
+        return Decision::refused(f, spec);
     }
     if !check_shape(&spec, &mut f) {
-        return Decision {
-            admitted: false,
-            reasons: f.reasons,
-            notes: f.notes,
-            spec,
-            builtin_seccomp: None,
-        };
+        return Decision::refused(f, spec);
     }
     allowlist::walk(&spec, "", &mut f);
     if let Err(e) = find_token(&spec) {
