@@ -582,7 +582,7 @@ pub fn parse_state(v: &Value) -> Result<RuncState, String> {
         } else {
             s("parent")
         };
-        let mut c = expand_slice(parent)?;
+        let mut c = expand_slice(parent).map_err(|e| e.to_string())?;
         let name = s("name");
         if name.ends_with(".slice") {
             c.push(name.to_string());
@@ -593,7 +593,7 @@ pub fn parse_state(v: &Value) -> Result<RuncState, String> {
     } else if s("path").is_empty() {
         Vec::new()
     } else {
-        cgroupfs_components(s("path"))?
+        cgroupfs_components(s("path")).map_err(|e| e.to_string())?
     };
     Ok(RuncState {
         id,
