@@ -6,6 +6,7 @@
 //! [`RecordingHost`] wraps another view, records every path it is asked about and can
 //! answer for some paths itself.
 
+use crate::bundle::BundleError;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
@@ -30,6 +31,24 @@ pub trait HostView: std::fmt::Debug {
     fn canonicalize(&self, path: &Path) -> std::io::Result<PathBuf>;
     /// Whether (dev, ino) is the host's namespace of OCI type `ty` ([`is_host_namespace`]).
     fn is_host_namespace(&self, ty: &str, dev: u64, ino: u64) -> std::io::Result<bool>;
+    /// A live process's start time ([`proc_start_time`]).
+    fn proc_start_time(&self, pid: u32) -> Option<u64>;
+    /// The text of a host file (a cgroup's `cgroup.procs`, `/proc/self/mountinfo`).
+    fn read_to_string(&self, path: &Path) -> std::io::Result<String>;
+    /// The entries of a host directory (a runc root, a cgroup, `/proc`).
+    fn read_dir(&self, path: &Path) -> std::io::Result<Vec<HostEntry>>;
+    /// A regular host file read without following a symlink at its last component,
+    /// at most `max` bytes, with its permission bits ([`crate::bundle::read_with_mode`]).
+    fn read_file(&self, path: &Path, max: u64) -> Result<(Vec<u8>, u32), BundleError>;
+}
+
+/// An entry of a host directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostEntry {
+    pub name: String,
+    pub path: PathBuf,
+    /// A directory (not a symlink to one).
+    pub is_dir: bool,
 }
 
 /// What a host path is: the part of its metadata the hardening judges.
@@ -136,6 +155,25 @@ impl HostView for HostFacts {
     fn is_host_namespace(&self, ty: &str, dev: u64, ino: u64) -> std::io::Result<bool> {
         is_host_namespace(ty, dev, ino)
     }
+    fn proc_start_time(&self, pid: u32) -> Option<u64> {
+        proc_start_time(pid)
+    }
+    fn read_to_string(&self, path: &Path) -> std::io::Result<String> {
+        std::fs::read_to_string(path)
+    }
+    fn read_dir(&self, path: &Path) -> std::io::Result<Vec<HostEntry>> {
+        Ok(std::fs::read_dir(path)?
+            .flatten()
+            .map(|e| HostEntry {
+                name: e.file_name().to_string_lossy().into_owned(),
+                path: e.path(),
+                is_dir: e.file_type().is_ok_and(|t| t.is_dir()),
+            })
+            .collect())
+    }
+    fn read_file(&self, path: &Path, max: u64) -> Result<(Vec<u8>, u32), BundleError> {
+        crate::bundle::read_with_mode(path, max)
+    }
 }
 
 /// A host view for tests: answers from `inner`, except for the paths given an answer
@@ -212,6 +250,21 @@ impl<H: HostView> HostView for RecordingHost<H> {
     }
     fn is_host_namespace(&self, ty: &str, dev: u64, ino: u64) -> std::io::Result<bool> {
         self.inner.is_host_namespace(ty, dev, ino)
+    }
+    fn proc_start_time(&self, pid: u32) -> Option<u64> {
+        self.inner.proc_start_time(pid)
+    }
+    fn read_to_string(&self, path: &Path) -> std::io::Result<String> {
+        self.asked.borrow_mut().push(path.to_path_buf());
+        self.inner.read_to_string(path)
+    }
+    fn read_dir(&self, path: &Path) -> std::io::Result<Vec<HostEntry>> {
+        self.asked.borrow_mut().push(path.to_path_buf());
+        self.inner.read_dir(path)
+    }
+    fn read_file(&self, path: &Path, max: u64) -> Result<(Vec<u8>, u32), BundleError> {
+        self.asked.borrow_mut().push(path.to_path_buf());
+        self.inner.read_file(path, max)
     }
 }
 

@@ -825,7 +825,7 @@ fn join_netns(at: &str, path: &str, ctx: &Context, ident: &Identity, f: &mut Fin
     // The CRI makes a fresh netns for each sandbox: one a process is already in
     // is another pod's.
     match ctx.host.stat(Path::new(path)) {
-        Ok(m) if identity::netns_in_use(m.dev(), m.ino()) => f.refuse(format!(
+        Ok(m) if identity::netns_in_use(ctx.host, m.dev(), m.ino()) => f.refuse(format!(
             "{at}: the netns {path} is already another pod's (a process is in it); a pod sandbox joins a fresh one"
         )),
         Ok(_) => {}
@@ -899,7 +899,7 @@ fn namespace_path(ns: &Value, i: usize, ctx: &Context, ident: &Identity, f: &mut
             "{at}: process {pid} is not the pod sandbox's ({} runs as {})",
             sandbox.id, sandbox.init_pid
         ));
-    } else if identity::proc_start_time(pid) != Some(sandbox.init_start) {
+    } else if ctx.host.proc_start_time(pid) != Some(sandbox.init_start) {
         f.refuse(format!(
             "{at}: process {pid} is no longer the pod sandbox {}'s init process",
             sandbox.id
@@ -936,7 +936,7 @@ fn cgroups_path(spec: &Value, ctx: &Context, ident: &Identity, f: &mut Findings)
     // A container's cgroup is its own: runc makes it at create. One that exists
     // already is another container's (runc would only warn that it is not empty and
     // join it, and a lease's release would then kill that container too).
-    match identity::cgroup_exists(&comps) {
+    match identity::cgroup_exists(ctx.host, &comps) {
         Ok(None) => {}
         Ok(Some(dir)) => {
             f.refuse(format!(
@@ -1206,8 +1206,9 @@ pub fn storage_rootfs(host: &dyn HostView, root: &Path, id: &str) -> Result<Path
         if host.lstat(&file).is_err() {
             continue;
         }
-        let (bytes, mode) =
-            crate::bundle::read_with_mode(&file, MAX_CONTAINERS_JSON).map_err(|e| e.to_string())?;
+        let (bytes, mode) = host
+            .read_file(&file, MAX_CONTAINERS_JSON)
+            .map_err(|e| e.to_string())?;
         if mode & 0o022 != 0 {
             return Err(format!("{} is writable by others", file.display()));
         }

@@ -431,7 +431,7 @@ fn check_own_sandbox(spec: &Value, ctx: &Context, pod: &Pod, f: &mut Findings) -
     };
     let mut ok = true;
     for other in candidates.iter().filter(|c| c.as_slice() != pod_cg) {
-        match cgroup_exists(other) {
+        match cgroup_exists(ctx.host, other) {
             Ok(None) => {}
             Ok(Some(_)) => {
                 f.refuse(format!(
@@ -448,7 +448,7 @@ fn check_own_sandbox(spec: &Value, ctx: &Context, pod: &Pod, f: &mut Findings) -
     }
     // The sandbox is its pod's first container: a pod cgroup that already holds
     // processes is another pod's (a sandbox claiming its uid).
-    match cgroup_has_processes(pod_cg) {
+    match cgroup_has_processes(ctx.host, pod_cg) {
         Ok(false) => {}
         Ok(true) => {
             f.refuse(format!(
@@ -486,11 +486,11 @@ fn running_sandbox_of(
     policy: &Policy,
 ) -> Option<String> {
     for root in &policy.cri_runc_roots {
-        let Ok(rd) = std::fs::read_dir(root) else {
+        let Ok(rd) = host.read_dir(root) else {
             continue;
         };
-        for e in rd.flatten().take(MAX_SCANNED) {
-            let name = e.file_name().to_string_lossy().into_owned();
+        for e in rd.into_iter().take(MAX_SCANNED) {
+            let name = e.name;
             if name == except || !is_component(&name) {
                 continue;
             }
@@ -500,7 +500,7 @@ fn running_sandbox_of(
             let label = |k: &str| st.labels.get(k).map(String::as_str);
             if label(CONTAINER_TYPE) == Some("sandbox")
                 && label(SANDBOX_UID) == Some(uid)
-                && proc_start_time(st.init_pid) == Some(st.init_start)
+                && host.proc_start_time(st.init_pid) == Some(st.init_start)
             {
                 return Some(format!("{}/{name}", root.display()));
             }
@@ -532,8 +532,9 @@ pub fn read_state(host: &dyn HostView, root: &Path, id: &str) -> Result<RuncStat
         .canonicalize(root)
         .map_err(|e| format!("{}: {e}", root.display()))?;
     let path = root.join(id).join("state.json");
-    let (bytes, mode) =
-        crate::bundle::read_with_mode(&path, MAX_STATE_BYTES).map_err(|e| e.to_string())?;
+    let (bytes, mode) = host
+        .read_file(&path, MAX_STATE_BYTES)
+        .map_err(|e| e.to_string())?;
     if mode & 0o022 != 0 {
         return Err(format!("{} is writable by others", path.display()));
     }
@@ -639,7 +640,7 @@ pub fn read_sandbox(
             pod.uid
         ));
     };
-    match proc_start_time(st.init_pid) {
+    match host.proc_start_time(st.init_pid) {
         Some(t) if t == st.init_start => {}
         _ => {
             return Err(format!(
@@ -662,8 +663,13 @@ pub use crate::host::proc_start_time;
 
 /// Whether any process is in cgroup `comps` or below it, in any mounted hierarchy
 /// (cgroup v1 controllers, the v2 tree). `Err` when it cannot be told.
-pub fn cgroup_has_processes(comps: &[String]) -> Result<bool, String> {
-    fn walk(dir: &Path, depth: usize, budget: &mut usize) -> Result<bool, String> {
+pub fn cgroup_has_processes(host: &dyn HostView, comps: &[String]) -> Result<bool, String> {
+    fn walk(
+        host: &dyn HostView,
+        dir: &Path,
+        depth: usize,
+        budget: &mut usize,
+    ) -> Result<bool, String> {
         if depth > 16 || *budget == 0 {
             return Err(format!(
                 "{} is too deep or too wide to look at",
@@ -672,23 +678,25 @@ pub fn cgroup_has_processes(comps: &[String]) -> Result<bool, String> {
         }
         *budget -= 1;
         let procs = dir.join("cgroup.procs");
-        match std::fs::read_to_string(&procs) {
+        match host.read_to_string(&procs) {
             Ok(t) if t.trim().is_empty() => {}
             Ok(_) => return Ok(true),
             Err(e) => return Err(format!("{}: {e}", procs.display())),
         }
-        let rd = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        for e in rd.flatten() {
-            if e.file_type().is_ok_and(|t| t.is_dir()) && walk(&e.path(), depth + 1, budget)? {
+        let rd = host
+            .read_dir(dir)
+            .map_err(|e| format!("{}: {e}", dir.display()))?;
+        for e in rd {
+            if e.is_dir && walk(host, &e.path, depth + 1, budget)? {
                 return Ok(true);
             }
         }
         Ok(false)
     }
     let mut budget = 4096;
-    for point in cgroup_mounts()? {
+    for point in cgroup_mounts(host)? {
         let dir = point.join(comps.join("/"));
-        if dir.is_dir() && walk(&dir, 0, &mut budget)? {
+        if host.stat(&dir).is_ok_and(|m| m.is_dir()) && walk(host, &dir, 0, &mut budget)? {
             return Ok(true);
         }
     }
@@ -697,8 +705,9 @@ pub fn cgroup_has_processes(comps: &[String]) -> Result<bool, String> {
 
 /// The mount points of the cgroup hierarchies (v1 controllers, the v2 tree) whose
 /// root is the host's.
-fn cgroup_mounts() -> Result<Vec<PathBuf>, String> {
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo")
+fn cgroup_mounts(host: &dyn HostView) -> Result<Vec<PathBuf>, String> {
+    let mounts = host
+        .read_to_string(Path::new("/proc/self/mountinfo"))
         .map_err(|e| format!("/proc/self/mountinfo: {e}"))?;
     Ok(mounts
         .lines()
@@ -714,13 +723,13 @@ fn cgroup_mounts() -> Result<Vec<PathBuf>, String> {
 
 /// The first directory of cgroup `comps` that exists in any mounted hierarchy, if
 /// one does.
-pub fn cgroup_exists(comps: &[String]) -> Result<Option<PathBuf>, String> {
+pub fn cgroup_exists(host: &dyn HostView, comps: &[String]) -> Result<Option<PathBuf>, String> {
     if comps.is_empty() {
         return Ok(None);
     }
-    for point in cgroup_mounts()? {
+    for point in cgroup_mounts(host)? {
         let dir = point.join(comps.join("/"));
-        match std::fs::symlink_metadata(&dir) {
+        match host.lstat(&dir) {
             Ok(_) => return Ok(Some(dir)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(format!("{}: {e}", dir.display())),
@@ -730,21 +739,15 @@ pub fn cgroup_exists(comps: &[String]) -> Result<Option<PathBuf>, String> {
 }
 
 /// Whether a process of this host is in the network namespace `(dev, ino)`.
-pub fn netns_in_use(dev: u64, ino: u64) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    let Ok(rd) = std::fs::read_dir("/proc") else {
+pub fn netns_in_use(host: &dyn HostView, dev: u64, ino: u64) -> bool {
+    let Ok(rd) = host.read_dir(Path::new("/proc")) else {
         return true;
     };
-    rd.flatten()
-        .filter(|e| {
-            e.file_name()
-                .to_string_lossy()
-                .bytes()
-                .all(|b| b.is_ascii_digit())
-        })
+    rd.iter()
+        .filter(|e| e.name.bytes().all(|b| b.is_ascii_digit()))
         .any(|e| {
-            std::fs::metadata(e.path().join("ns/net"))
-                .is_ok_and(|m| (m.dev(), m.ino()) == (dev, ino))
+            host.stat(&e.path.join("ns/net"))
+                .is_ok_and(|m| (m.dev, m.ino) == (dev, ino))
         })
 }
 
