@@ -42,6 +42,20 @@ pub trait HostView: std::fmt::Debug {
     fn read_file(&self, path: &Path, max: u64) -> Result<(Vec<u8>, u32), BundleError>;
 }
 
+/// Why a host path is not one only root can change.
+#[derive(Debug, thiserror::Error)]
+pub enum ChainError {
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{} is owned by uid {uid}, not root", path.display())]
+    NotRoot { path: PathBuf, uid: u32 },
+    #[error("{} is writable by others (mode {mode:o})", path.display())]
+    Writable { path: PathBuf, mode: u32 },
+}
+
 /// An entry of a host directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostEntry {
@@ -375,25 +389,26 @@ pub fn is_host_namespace(ty: &str, dev: u64, ino: u64) -> std::io::Result<bool> 
 /// Whether every ancestor of `path` (and `path` itself) is owned by root and not
 /// writable by group or others (a sticky directory, like /tmp, may be world-writable):
 /// then nothing but root can swap a component between the check and runc's mount.
-pub fn root_owned_chain(host: &dyn HostView, path: &Path) -> Result<(), String> {
+pub fn root_owned_chain(host: &dyn HostView, path: &Path) -> Result<(), ChainError> {
     let mut cur = Some(path);
     while let Some(p) = cur {
-        let m = host.lstat(p).map_err(|e| format!("{}: {e}", p.display()))?;
+        let m = host.lstat(p).map_err(|source| ChainError::Io {
+            path: p.to_path_buf(),
+            source,
+        })?;
         if m.uid() != 0 {
-            return Err(format!(
-                "{} is owned by uid {}, not root",
-                p.display(),
-                m.uid()
-            ));
+            return Err(ChainError::NotRoot {
+                path: p.to_path_buf(),
+                uid: m.uid(),
+            });
         }
         let mode = m.mode();
         let sticky = mode & 0o1000 != 0;
         if mode & 0o022 != 0 && !(sticky && m.is_dir()) {
-            return Err(format!(
-                "{} is writable by others (mode {:o})",
-                p.display(),
-                mode & 0o7777
-            ));
+            return Err(ChainError::Writable {
+                path: p.to_path_buf(),
+                mode: mode & 0o7777,
+            });
         }
         cur = p.parent();
     }

@@ -27,7 +27,10 @@ pub enum SessionError {
     #[error(transparent)]
     Record(#[from] RecordError),
     #[error("container {id}: runc's state: {reason}")]
-    RuncState { id: String, reason: String },
+    RuncState {
+        id: String,
+        reason: crate::harden::identity::RuncStateError,
+    },
     #[error("writing the document for runc: {0}")]
     Document(#[source] FileError),
 }

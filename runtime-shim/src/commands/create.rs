@@ -626,7 +626,7 @@ fn record_init(s: &Session, records: &Records, root: &str, id: &str) {
             "tessera-runtime: recording {id}'s init: {}",
             r.err()
                 .map(|e| e.to_string())
-                .or(st.err())
+                .or(st.err().map(|e| e.to_string()))
                 .unwrap_or_default()
         )),
     }

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use super::base::{Context, Findings, strings};
 use super::identity::{self, Identity};
 use super::mounts::{is_under, normalize};
-use crate::host::HostView;
+use crate::host::{ChainError, HostView};
 
 /// What the runtime does with a field.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1067,19 +1067,19 @@ pub use crate::host::root_owned_chain;
 /// regular file may itself be writable by others: kubelet makes every container's
 /// termination-log file 0666 so that a non-root process can write its message, and
 /// writing a file's content cannot swap a component of its path.
-fn bind_source_chain(host: &dyn HostView, path: &Path) -> Result<(), String> {
-    let m = host
-        .lstat(path)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+fn bind_source_chain(host: &dyn HostView, path: &Path) -> Result<(), ChainError> {
+    let m = host.lstat(path).map_err(|source| ChainError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
     if !m.is_file() {
         return root_owned_chain(host, path);
     }
     if m.uid() != 0 {
-        return Err(format!(
-            "{} is owned by uid {}, not root",
-            path.display(),
-            m.uid()
-        ));
+        return Err(ChainError::NotRoot {
+            path: path.to_path_buf(),
+            uid: m.uid(),
+        });
     }
     path.parent().map_or(Ok(()), |p| root_owned_chain(host, p))
 }
@@ -1212,7 +1212,7 @@ pub fn storage_rootfs(host: &dyn HostView, root: &Path, id: &str) -> Result<Path
         if mode & 0o022 != 0 {
             return Err(format!("{} is writable by others", file.display()));
         }
-        root_owned_chain(host, &file)?;
+        root_owned_chain(host, &file).map_err(|e| e.to_string())?;
         let list: Value =
             serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", file.display()))?;
         let layer = list
@@ -1568,7 +1568,11 @@ impl BindScope {
         let refused = self
             .protected(&c, &canon, readonly, ctx)
             .or_else(|| self.not_allowed(&c, readonly))
-            .or_else(|| bind_source_chain(ctx.host, &canon).err());
+            .or_else(|| {
+                bind_source_chain(ctx.host, &canon)
+                    .err()
+                    .map(|e| e.to_string())
+            });
         if let Some(why) = refused {
             f.refuse(format!("{at}: {why}"));
             return None;

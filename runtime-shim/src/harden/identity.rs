@@ -524,44 +524,83 @@ pub struct RuncState {
 /// Read runc's record of container `id` under `root`: `<root>/<id>/state.json`,
 /// without following a symlink, at most [`MAX_STATE_BYTES`], root-owned and writable
 /// by nobody else all the way up.
-pub fn read_state(host: &dyn HostView, root: &Path, id: &str) -> Result<RuncState, String> {
+pub fn read_state(host: &dyn HostView, root: &Path, id: &str) -> Result<RuncState, RuncStateError> {
     if !is_component(id) {
-        return Err(format!("{id:?} is not a container id"));
+        return Err(RuncStateError::NotAnId(id.to_string()));
     }
     let root = host
         .canonicalize(root)
-        .map_err(|e| format!("{}: {e}", root.display()))?;
+        .map_err(|source| RuncStateError::Root {
+            path: root.to_path_buf(),
+            source,
+        })?;
     let path = root.join(id).join("state.json");
-    let (bytes, mode) = host
-        .read_file(&path, MAX_STATE_BYTES)
-        .map_err(|e| e.to_string())?;
+    let (bytes, mode) = host.read_file(&path, MAX_STATE_BYTES)?;
     if mode & 0o022 != 0 {
-        return Err(format!("{} is writable by others", path.display()));
+        return Err(RuncStateError::Writable(path));
     }
     crate::host::root_owned_chain(host, &path)?;
-    let v: Value =
-        serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
-    parse_state(&v).map_err(|e| format!("{}: {e}", path.display()))
+    let v: Value = match serde_json::from_slice(&bytes) {
+        Ok(v) => v,
+        Err(source) => return Err(RuncStateError::Json { path, source }),
+    };
+    parse_state(&v).map_err(|reason| RuncStateError::Fields { path, reason })
+}
+
+/// Why runc's record of a container cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum RuncStateError {
+    #[error("{0:?} is not a container id")]
+    NotAnId(String),
+    #[error("{}: {source}", path.display())]
+    Root {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    File(#[from] crate::bundle::BundleError),
+    #[error("{} is writable by others", .0.display())]
+    Writable(PathBuf),
+    #[error(transparent)]
+    Chain(#[from] crate::host::ChainError),
+    #[error("{}: {source}", path.display())]
+    Json {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+    #[error("{}: {reason}", path.display())]
+    Fields { path: PathBuf, reason: StateError },
+}
+
+/// What a runc state document lacks.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("no {0}")]
+    Missing(&'static str),
+    #[error("the label {0} is there twice")]
+    LabelTwice(String),
+    #[error(transparent)]
+    Cgroup(#[from] crate::cgroup_names::CgroupNameError),
 }
 
 /// The identity-bearing fields of a runc state document.
-pub fn parse_state(v: &Value) -> Result<RuncState, String> {
+pub fn parse_state(v: &Value) -> Result<RuncState, StateError> {
     let id = v
         .get("id")
         .and_then(Value::as_str)
-        .ok_or("no id")?
+        .ok_or(StateError::Missing("id"))?
         .to_string();
     let init_pid = v
         .get("init_process_pid")
         .and_then(Value::as_u64)
         .and_then(|p| u32::try_from(p).ok())
         .filter(|p| *p > 1)
-        .ok_or("no init_process_pid")?;
+        .ok_or(StateError::Missing("init_process_pid"))?;
     let init_start = v
         .get("init_process_start")
         .and_then(Value::as_u64)
-        .ok_or("no init_process_start")?;
-    let config = v.get("config").ok_or("no config")?;
+        .ok_or(StateError::Missing("init_process_start"))?;
+    let config = v.get("config").ok_or(StateError::Missing("config"))?;
     let mut labels = BTreeMap::new();
     for l in config
         .get("labels")
@@ -572,10 +611,12 @@ pub fn parse_state(v: &Value) -> Result<RuncState, String> {
         if let Some((k, val)) = l.as_str().and_then(|l| l.split_once('='))
             && labels.insert(k.to_string(), val.to_string()).is_some()
         {
-            return Err(format!("the label {k} is there twice"));
+            return Err(StateError::LabelTwice(k.to_string()));
         }
     }
-    let cg = config.get("cgroups").ok_or("no cgroups")?;
+    let cg = config
+        .get("cgroups")
+        .ok_or(StateError::Missing("cgroups"))?;
     let s = |k: &str| cg.get(k).and_then(Value::as_str).unwrap_or("");
     let cgroup = if cg.get("Systemd").and_then(Value::as_bool) == Some(true) {
         let parent = if s("parent").is_empty() {
@@ -583,7 +624,7 @@ pub fn parse_state(v: &Value) -> Result<RuncState, String> {
         } else {
             s("parent")
         };
-        let mut c = expand_slice(parent).map_err(|e| e.to_string())?;
+        let mut c = expand_slice(parent)?;
         let name = s("name");
         if name.ends_with(".slice") {
             c.push(name.to_string());
@@ -594,7 +635,7 @@ pub fn parse_state(v: &Value) -> Result<RuncState, String> {
     } else if s("path").is_empty() {
         Vec::new()
     } else {
-        cgroupfs_components(s("path")).map_err(|e| e.to_string())?
+        cgroupfs_components(s("path"))?
     };
     Ok(RuncState {
         id,
@@ -613,7 +654,7 @@ pub fn read_sandbox(
     id: &str,
     policy: &Policy,
 ) -> Result<Sandbox, String> {
-    let st = read_state(host, root, id)?;
+    let st = read_state(host, root, id).map_err(|e| e.to_string())?;
     if st.id != id {
         return Err(format!("runc's record is of {:?}", st.id));
     }
