@@ -13,21 +13,28 @@ pub const UNIFIED_FORBIDDEN: &[&str] = &["devices.", "pids.", "cgroup.", "rdma."
 /// names no cgroup.
 pub const SYSTEMD_SLICE: &str = "tessera.slice";
 
+/// Why a lease's cgroup parent cannot hold its container.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ParentError {
+    #[error("the lease's cgroup parent {0:?} is not a clean path")]
+    NotClean(String),
+    #[error("the lease's cgroup parent is the root cgroup")]
+    Root,
+}
+
 /// The cgroupsPath for a container whose spec names none: under the lease's `parent`
 /// (cgroupfs), or `tessera.slice:tessera:<id>` (systemd: the lease's containers
 /// are found through their bindings, not through a tree).
-pub fn cgroups_path(parent: &str, id: &str, systemd: bool) -> Result<String, String> {
+pub fn cgroups_path(parent: &str, id: &str, systemd: bool) -> Result<String, ParentError> {
     if systemd {
         return Ok(format!("{SYSTEMD_SLICE}:tessera:{id}"));
     }
     if parent.split('/').any(|c| c == ".." || c == ".") || parent.contains('\0') {
-        return Err(format!(
-            "the lease's cgroup parent {parent:?} is not a clean path"
-        ));
+        return Err(ParentError::NotClean(parent.to_string()));
     }
     let p = super::mounts::normalize(parent);
     if p == "/" {
-        return Err("the lease's cgroup parent is the root cgroup".to_string());
+        return Err(ParentError::Root);
     }
     Ok(format!("{p}/{id}"))
 }
@@ -85,7 +92,7 @@ pub fn apply(spec: &mut Value, ctx: &Context, f: &mut Findings) {
                         linux.insert("cgroupsPath".to_string(), json!(p));
                     }
                 }
-                Err(e) => f.refuse(e),
+                Err(e) => f.refuse(e.to_string()),
             }
         }
     }

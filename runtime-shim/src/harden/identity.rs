@@ -572,6 +572,41 @@ pub enum RuncStateError {
     Fields { path: PathBuf, reason: StateError },
 }
 
+/// Why a pod sandbox is not known.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error(transparent)]
+    State(#[from] RuncStateError),
+    #[error("runc's record is of {0:?}")]
+    OtherRecord(String),
+    #[error("{id} is not a pod sandbox by its own record ({CONTAINER_TYPE}={container_type:?})")]
+    NotSandbox { id: String, container_type: String },
+    #[error("the sandbox {0} names no pod uid")]
+    NoPodUid(String),
+    #[error(
+        "the sandbox {id}'s cgroup /{cgroup} is not directly in a cgroup of its pod {pod} below a kubepods root (policy.kubepods_roots)"
+    )]
+    NotInPodCgroup {
+        id: String,
+        cgroup: String,
+        pod: String,
+    },
+    #[error("the sandbox {id} is not running (its init process {init_pid} is gone)")]
+    NotRunning { id: String, init_pid: u32 },
+}
+
+/// Why the cgroup hierarchies cannot be looked at.
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    #[error("{} is too deep or too wide to look at", .0.display())]
+    TooBig(PathBuf),
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
 /// What a runc state document lacks.
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
@@ -653,17 +688,17 @@ pub fn read_sandbox(
     root: &Path,
     id: &str,
     policy: &Policy,
-) -> Result<Sandbox, String> {
-    let st = read_state(host, root, id).map_err(|e| e.to_string())?;
+) -> Result<Sandbox, SandboxError> {
+    let st = read_state(host, root, id)?;
     if st.id != id {
-        return Err(format!("runc's record is of {:?}", st.id));
+        return Err(SandboxError::OtherRecord(st.id));
     }
     let label = |k: &str| st.labels.get(k).map(String::as_str).unwrap_or("");
     if label(CONTAINER_TYPE) != "sandbox" || label(SANDBOX_ID) != id {
-        return Err(format!(
-            "{id} is not a pod sandbox by its own record ({CONTAINER_TYPE}={:?})",
-            label(CONTAINER_TYPE)
-        ));
+        return Err(SandboxError::NotSandbox {
+            id: id.to_string(),
+            container_type: label(CONTAINER_TYPE).to_string(),
+        });
     }
     let pod = Pod {
         uid: label(SANDBOX_UID).to_string(),
@@ -671,23 +706,23 @@ pub fn read_sandbox(
         name: label(SANDBOX_NAME).to_string(),
     };
     if !is_pod_uid(&pod.uid) {
-        return Err(format!("the sandbox {id} names no pod uid"));
+        return Err(SandboxError::NoPodUid(id.to_string()));
     }
     let Some(pod_cgroup) = pod_cgroup_of(&st.cgroup, &pod.uid, policy).map(<[String]>::to_vec)
     else {
-        return Err(format!(
-            "the sandbox {id}'s cgroup /{} is not directly in a cgroup of its pod {} below a kubepods root (policy.kubepods_roots)",
-            st.cgroup.join("/"),
-            pod.uid
-        ));
+        return Err(SandboxError::NotInPodCgroup {
+            id: id.to_string(),
+            cgroup: st.cgroup.join("/"),
+            pod: pod.uid,
+        });
     };
     match host.proc_start_time(st.init_pid) {
         Some(t) if t == st.init_start => {}
         _ => {
-            return Err(format!(
-                "the sandbox {id} is not running (its init process {} is gone)",
-                st.init_pid
-            ));
+            return Err(SandboxError::NotRunning {
+                id: id.to_string(),
+                init_pid: st.init_pid,
+            });
         }
     }
     Ok(Sandbox {
@@ -704,29 +739,32 @@ pub use crate::host::proc_start_time;
 
 /// Whether any process is in cgroup `comps` or below it, in any mounted hierarchy
 /// (cgroup v1 controllers, the v2 tree). `Err` when it cannot be told.
-pub fn cgroup_has_processes(host: &dyn HostView, comps: &[String]) -> Result<bool, String> {
+pub fn cgroup_has_processes(host: &dyn HostView, comps: &[String]) -> Result<bool, CgroupError> {
     fn walk(
         host: &dyn HostView,
         dir: &Path,
         depth: usize,
         budget: &mut usize,
-    ) -> Result<bool, String> {
+    ) -> Result<bool, CgroupError> {
         if depth > 16 || *budget == 0 {
-            return Err(format!(
-                "{} is too deep or too wide to look at",
-                dir.display()
-            ));
+            return Err(CgroupError::TooBig(dir.to_path_buf()));
         }
         *budget -= 1;
         let procs = dir.join("cgroup.procs");
         match host.read_to_string(&procs) {
             Ok(t) if t.trim().is_empty() => {}
             Ok(_) => return Ok(true),
-            Err(e) => return Err(format!("{}: {e}", procs.display())),
+            Err(source) => {
+                return Err(CgroupError::Io {
+                    path: procs,
+                    source,
+                });
+            }
         }
-        let rd = host
-            .read_dir(dir)
-            .map_err(|e| format!("{}: {e}", dir.display()))?;
+        let rd = host.read_dir(dir).map_err(|source| CgroupError::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?;
         for e in rd {
             if e.is_dir && walk(host, &e.path, depth + 1, budget)? {
                 return Ok(true);
@@ -746,10 +784,13 @@ pub fn cgroup_has_processes(host: &dyn HostView, comps: &[String]) -> Result<boo
 
 /// The mount points of the cgroup hierarchies (v1 controllers, the v2 tree) whose
 /// root is the host's.
-fn cgroup_mounts(host: &dyn HostView) -> Result<Vec<PathBuf>, String> {
+fn cgroup_mounts(host: &dyn HostView) -> Result<Vec<PathBuf>, CgroupError> {
     let mounts = host
         .read_to_string(Path::new("/proc/self/mountinfo"))
-        .map_err(|e| format!("/proc/self/mountinfo: {e}"))?;
+        .map_err(|source| CgroupError::Io {
+            path: PathBuf::from("/proc/self/mountinfo"),
+            source,
+        })?;
     Ok(mounts
         .lines()
         .filter_map(|line| {
@@ -764,7 +805,10 @@ fn cgroup_mounts(host: &dyn HostView) -> Result<Vec<PathBuf>, String> {
 
 /// The first directory of cgroup `comps` that exists in any mounted hierarchy, if
 /// one does.
-pub fn cgroup_exists(host: &dyn HostView, comps: &[String]) -> Result<Option<PathBuf>, String> {
+pub fn cgroup_exists(
+    host: &dyn HostView,
+    comps: &[String],
+) -> Result<Option<PathBuf>, CgroupError> {
     if comps.is_empty() {
         return Ok(None);
     }
@@ -773,7 +817,7 @@ pub fn cgroup_exists(host: &dyn HostView, comps: &[String]) -> Result<Option<Pat
         match host.lstat(&dir) {
             Ok(_) => return Ok(Some(dir)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(format!("{}: {e}", dir.display())),
+            Err(source) => return Err(CgroupError::Io { path: dir, source }),
         }
     }
     Ok(None)
