@@ -1180,6 +1180,30 @@ fn in_own_storage(ctx: &Context, r: &Path, canon: &Path, bundle: &Path) -> Optio
     None
 }
 
+/// Why a container's rootfs in a containers-storage store is not known.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    #[error("{0:?} is not a container id")]
+    NotAnId(String),
+    #[error(transparent)]
+    File(#[from] crate::bundle::BundleError),
+    #[error("{} is writable by others", .0.display())]
+    Writable(PathBuf),
+    #[error(transparent)]
+    Chain(#[from] ChainError),
+    #[error("{}: {source}", path.display())]
+    Json {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+    #[error("{}: layer {layer:?} is not a plain id", path.display())]
+    Layer { path: PathBuf, layer: String },
+    #[error("no <driver>-containers/containers.json (overlay, vfs or btrfs)")]
+    NoStore,
+    #[error("{id} is not in {files}")]
+    NotIn { id: String, files: String },
+}
+
 /// Largest containers-storage `containers.json` read.
 const MAX_CONTAINERS_JSON: u64 = 64 * 1024 * 1024;
 
@@ -1196,9 +1220,9 @@ fn layer_rootfs(root: &Path, driver: &str, layer: &str) -> Option<PathBuf> {
 /// Container `id`'s own rootfs in the containers/storage store at `root` (canonical):
 /// the layer `<driver>-containers/containers.json` (root-owned, read without
 /// following a symlink) records for this id, where the driver mounts it.
-pub fn storage_rootfs(host: &dyn HostView, root: &Path, id: &str) -> Result<PathBuf, String> {
+pub fn storage_rootfs(host: &dyn HostView, root: &Path, id: &str) -> Result<PathBuf, StorageError> {
     if component(Some(id)).is_none() {
-        return Err(format!("{id:?} is not a container id"));
+        return Err(StorageError::NotAnId(id.to_string()));
     }
     let mut seen = Vec::new();
     for driver in ["overlay", "vfs", "btrfs"] {
@@ -1206,15 +1230,15 @@ pub fn storage_rootfs(host: &dyn HostView, root: &Path, id: &str) -> Result<Path
         if host.lstat(&file).is_err() {
             continue;
         }
-        let (bytes, mode) = host
-            .read_file(&file, MAX_CONTAINERS_JSON)
-            .map_err(|e| e.to_string())?;
+        let (bytes, mode) = host.read_file(&file, MAX_CONTAINERS_JSON)?;
         if mode & 0o022 != 0 {
-            return Err(format!("{} is writable by others", file.display()));
+            return Err(StorageError::Writable(file));
         }
-        root_owned_chain(host, &file).map_err(|e| e.to_string())?;
-        let list: Value =
-            serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", file.display()))?;
+        root_owned_chain(host, &file)?;
+        let list: Value = match serde_json::from_slice(&bytes) {
+            Ok(v) => v,
+            Err(source) => return Err(StorageError::Json { path: file, source }),
+        };
         let layer = list
             .as_array()
             .into_iter()
@@ -1227,14 +1251,22 @@ pub fn storage_rootfs(host: &dyn HostView, root: &Path, id: &str) -> Result<Path
                     return Ok(p);
                 }
             }
-            Some(l) => return Err(format!("{}: layer {l:?} is not a plain id", file.display())),
+            Some(l) => {
+                return Err(StorageError::Layer {
+                    path: file.clone(),
+                    layer: l.to_string(),
+                });
+            }
             None => seen.push(file.display().to_string()),
         }
     }
     if seen.is_empty() {
-        Err("no <driver>-containers/containers.json (overlay, vfs or btrfs)".to_string())
+        Err(StorageError::NoStore)
     } else {
-        Err(format!("{id} is not in {}", seen.join(", ")))
+        Err(StorageError::NotIn {
+            id: id.to_string(),
+            files: seen.join(", "),
+        })
     }
 }
 
