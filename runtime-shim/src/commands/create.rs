@@ -358,7 +358,7 @@ impl Create<'_> {
                 s.log.warn(n);
             }
             match verdict.result {
-                Err(reason) => return Err(Refusal::one(reason).on_lease(adm.lease_id())),
+                Err(unfixed) => return Err(Refusal::from(unfixed).on_lease(adm.lease_id())),
                 Ok(Some(warning)) => s.log.warn(&warning),
                 Ok(None) => {}
             }

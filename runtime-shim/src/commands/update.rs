@@ -24,7 +24,7 @@ pub enum ResourcesError {
     #[error("update: {0}")]
     File(#[from] bundle::BundleError),
     #[error("update: {0}")]
-    Json(String),
+    Json(#[from] serde_json::Error),
 }
 
 pub fn run(s: &Session, sub: &SubArgs) -> Outcome {
@@ -75,7 +75,7 @@ fn asked(sub: &SubArgs, f: &mut Findings) -> Option<hupdate::Resources> {
             // runc ignores every other flag with --resources: refused.
             hupdate::from_flags(sub, f);
             read_resources(r)
-                .and_then(|b| bundle::parse_strict(&b).map_err(ResourcesError::Json))
+                .and_then(|b| Ok(bundle::parse_strict(&b)?))
                 .map_err(|e| f.refuse(e.to_string()))
                 .ok()
                 .and_then(|v| hupdate::parse(&v, f))
