@@ -29,7 +29,7 @@ pub use pb::runtime_service_client::RuntimeServiceClient;
 /// The runtime handler (RuntimeClass handler) tessera-runtime is registered as.
 pub const HANDLER: &str = "tessera";
 /// The annotation carrying a lease token (what the device plugin's Allocate returns).
-pub const TOKEN_ANNOTATION: &str = "tessera.io/lease-token";
+pub use tessera_common::contract::LEASE_TOKEN_ANNOTATION as TOKEN_ANNOTATION;
 /// The CRI plugin's namespace in containerd.
 pub const K8S_NS: &str = "k8s.io";
 /// The sandbox (pause) image: busybox sleeping, built locally.

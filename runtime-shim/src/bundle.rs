@@ -205,11 +205,10 @@ impl<'de> Visitor<'de> for StrictVisitor<'_> {
 /// Parse JSON text, refusing anywhere in the document two keys of one object that
 /// runc's Go decoder would read as one: equal, or equal after [`go_fold`]. The
 /// refusal names the object's JSON pointer and both keys.
-pub fn parse_strict(bytes: &[u8]) -> Result<Value, String> {
+pub fn parse_strict(bytes: &[u8]) -> Result<Value, serde_json::Error> {
     let mut de = serde_json::Deserializer::from_slice(bytes);
-    let v = de::DeserializeSeed::deserialize(StrictSeed(&Seg::Root), &mut de)
-        .map_err(|e| e.to_string())?;
-    de.end().map_err(|e| e.to_string())?;
+    let v = de::DeserializeSeed::deserialize(StrictSeed(&Seg::Root), &mut de)?;
+    de.end()?;
     Ok(v)
 }
 
@@ -268,9 +267,9 @@ pub fn load_json(path: &Path, max: u64) -> Result<Value, BundleError> {
 
 /// Parse `bytes`, read from `path`, as a JSON object (duplicate keys refused).
 pub fn parse_object(path: &Path, bytes: &[u8]) -> Result<Value, BundleError> {
-    let v = parse_strict(bytes).map_err(|message| BundleError::Json {
+    let v = parse_strict(bytes).map_err(|e| BundleError::Json {
         path: path.to_path_buf(),
-        message,
+        message: e.to_string(),
     })?;
     if !v.is_object() {
         return Err(BundleError::NotObject {
@@ -406,13 +405,14 @@ mod tests {
 
     #[test]
     fn duplicate_keys_are_refused_at_any_depth() {
-        let e = parse_strict(br#"{"a":1,"a":2}"#).unwrap_err();
+        let e = parse_strict(br#"{"a":1,"a":2}"#).unwrap_err().to_string();
         assert!(e.contains("/: duplicate key \"a\""), "{e}");
         assert!(
             parse_strict(
                 br#"{"process":{"capabilities":{"bounding":[],"bounding":["CAP_SYS_ADMIN"]}}}"#
             )
             .unwrap_err()
+            .to_string()
             .contains("bounding")
         );
         assert!(parse_strict(br#"[{"x":1},{"x":1,"x":1}]"#).is_err());
@@ -454,7 +454,7 @@ mod tests {
             // Dotless and dotted I: some Go versions fold them with i.
             ("{\"uid\":1,\"u\\u0131d\":0}", "/", ("uid", "u\u{131}d")),
         ] {
-            let e = parse_strict(doc.as_bytes()).unwrap_err();
+            let e = parse_strict(doc.as_bytes()).unwrap_err().to_string();
             assert!(e.starts_with(&format!("{at}: keys ")), "{doc}: {e}");
             assert!(
                 e.contains(&format!("{:?} and {:?}", pair.0, pair.1)),

@@ -524,62 +524,58 @@ fn parse_flags(
             i += 1;
             continue;
         };
-        let Some(spec) = specs.iter().find(|s| s.names.contains(&name)) else {
-            return Err(CliError::UnknownFlag {
-                command: command.to_string(),
-                flag: tok.clone(),
-            });
-        };
-        let canonical = spec.names[0];
-        if !spec.repeatable && out.flags.iter().any(|f| f.name == canonical) {
-            return Err(CliError::Repeated {
-                command: command.to_string(),
-                flag: canonical.to_string(),
-            });
-        }
-        match spec.kind {
-            Kind::Bool => {
-                let value = match inline {
-                    Some(v) => parse_bool(command, tok, v)?,
-                    None => true,
-                };
-                out.flags.push(FlagUse {
-                    name: canonical,
-                    value: value.to_string(),
-                    index: i,
-                    value_index: None,
-                });
-                i += 1;
-            }
-            Kind::Value => match inline {
-                Some(v) => {
-                    out.flags.push(FlagUse {
-                        name: canonical,
-                        value: v.to_string(),
-                        index: i,
-                        value_index: None,
-                    });
-                    i += 1;
-                }
-                None => {
-                    let Some(v) = argv.get(i + 1) else {
-                        return Err(CliError::MissingValue {
-                            command: command.to_string(),
-                            flag: tok.clone(),
-                        });
-                    };
-                    out.flags.push(FlagUse {
-                        name: canonical,
-                        value: v.clone(),
-                        index: i,
-                        value_index: Some(i + 1),
-                    });
-                    i += 2;
-                }
-            },
-        }
+        let flag = flag_use(command, argv, i, (name, inline), specs, &out.flags)?;
+        i = flag.value_index.unwrap_or(flag.index) + 1;
+        out.flags.push(flag);
     }
     Ok((out, i))
+}
+
+/// The flag at `argv[i]` (`name`, with its `inline` value if `--name=value`): known to
+/// the command, not repeated unless it may be, with its value (the next argument
+/// for a value flag given without one).
+fn flag_use(
+    command: &str,
+    argv: &[String],
+    i: usize,
+    (name, inline): (&str, Option<&str>),
+    specs: &[FlagSpec],
+    seen: &[FlagUse],
+) -> Result<FlagUse, CliError> {
+    let tok = &argv[i];
+    let Some(spec) = specs.iter().find(|s| s.names.contains(&name)) else {
+        return Err(CliError::UnknownFlag {
+            command: command.to_string(),
+            flag: tok.clone(),
+        });
+    };
+    let canonical = spec.names[0];
+    if !spec.repeatable && seen.iter().any(|f| f.name == canonical) {
+        return Err(CliError::Repeated {
+            command: command.to_string(),
+            flag: canonical.to_string(),
+        });
+    }
+    let (value, value_index) = match (spec.kind, inline) {
+        (Kind::Bool, Some(v)) => (parse_bool(command, tok, v)?.to_string(), None),
+        (Kind::Bool, None) => (true.to_string(), None),
+        (Kind::Value, Some(v)) => (v.to_string(), None),
+        (Kind::Value, None) => {
+            let Some(v) = argv.get(i + 1) else {
+                return Err(CliError::MissingValue {
+                    command: command.to_string(),
+                    flag: tok.clone(),
+                });
+            };
+            (v.clone(), Some(i + 1))
+        }
+    };
+    Ok(FlagUse {
+        name: canonical,
+        value,
+        index: i,
+        value_index,
+    })
 }
 
 /// Parse the arguments after the program name.

@@ -230,6 +230,25 @@ impl RuntimeConfig {
     }
 
     fn validate(&self, path: &Path) -> Result<(), ConfigError> {
+        self.validate_paths(path)?;
+        self.validate_policy(path)?;
+        let bad = |message: String| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            message,
+        };
+        for name in &self.env_passthrough {
+            if name.is_empty() || name.contains('=') || name == "PATH" {
+                return Err(bad(format!(
+                    "env_passthrough entry {name:?} is not allowed"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The runtime's own paths are absolute (runc, the daemon's socket, the state
+    /// dir, the NVIDIA CDI specs, the driver libraries) and the daemon's timeout set.
+    fn validate_paths(&self, path: &Path) -> Result<(), ConfigError> {
         let bad = |message: String| ConfigError::Invalid {
             path: path.to_path_buf(),
             message,
@@ -267,6 +286,15 @@ impl RuntimeConfig {
                 )));
             }
         }
+        Ok(())
+    }
+
+    /// The policy is one a container can be judged by.
+    fn validate_policy(&self, path: &Path) -> Result<(), ConfigError> {
+        let bad = |message: String| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            message,
+        };
         let p = &self.policy;
         if p.pids_limit <= 0 {
             return Err(bad("policy.pids_limit must be positive".to_string()));
@@ -283,12 +311,12 @@ impl RuntimeConfig {
             }
         }
         for parent in &p.cgroup_parents {
-            if let Err(e) = crate::harden::identity::parent_components(parent) {
+            if let Err(e) = crate::cgroup_names::parent_components(parent) {
                 return Err(bad(format!("policy.cgroup_parents: {e}")));
             }
         }
         for root in &p.kubepods_roots {
-            if let Err(e) = crate::harden::identity::parent_components(root) {
+            if let Err(e) = crate::cgroup_names::parent_components(root) {
                 return Err(bad(format!("policy.kubepods_roots: {e}")));
             }
         }
@@ -302,13 +330,6 @@ impl RuntimeConfig {
         }
         if p.apparmor_profile.is_empty() {
             return Err(bad("policy.apparmor_profile is empty".to_string()));
-        }
-        for name in &self.env_passthrough {
-            if name.is_empty() || name.contains('=') || name == "PATH" {
-                return Err(bad(format!(
-                    "env_passthrough entry {name:?} is not allowed"
-                )));
-            }
         }
         Ok(())
     }

@@ -21,7 +21,7 @@
 //!    had not opened it yet opens the hardened file. A write that finds no reader (EPIPE)
 //!    means runc has not opened the FIFO, and after the rename it never will.
 //! 4. The runtime waits for runc, passes on the signals sent to it, and then records
-//!    how the create ended (see `app::create`) and exits as runc did.
+//!    how the create ended (see `commands::create`) and exits as runc did.
 //!
 //! A refusal kills runc (it has read nothing). runc is started with
 //! `PR_SET_PDEATHSIG`: a runtime killed before it fed the spec takes runc with it, and
@@ -32,8 +32,8 @@
 //! writes `config.json` in its own bundle, and starts runc after
 //! ([`EarlyRunc::spawn_decided`]).
 
-use crate::app::{ExecPlan, close_fds_above};
 use crate::bundle::CONFIG_JSON;
+use crate::plan::{ExecPlan, close_fds_above};
 use nix::sys::signal::{SigSet, SigmaskHow, Signal};
 use std::fs::{File, OpenOptions};
 use std::io::Write;

@@ -1,12 +1,323 @@
-//! Facts about the host the hardening needs, read once from host paths (never from a
-//! container's rootfs): AppArmor, GPU device majors, and the driver's /proc entries (for
-//! masking); and the runtime's own (the host's) namespaces, read only when a spec names
-//! a namespace path to join.
+//! The host as the hardening reads it, behind one trait ([`HostView`]) that tests
+//! replace: facts read once from host paths (never from a container's rootfs: AppArmor,
+//! GPU device majors, and the driver's /proc entries, for masking), and the host paths
+//! a spec names (bind sources, device nodes, namespace files, the bundle), looked at
+//! without following anything into a rootfs. [`HostFacts`] is this host;
+//! [`RecordingHost`] wraps another view, records every path it is asked about and can
+//! answer for some paths itself.
 
-use crate::harden::apparmor::AppArmorHost;
-use crate::harden::namespaces::proc_name;
-use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use crate::bundle::BundleError;
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+/// The host as the hardening sees it. Every read of the host the hardening makes goes
+/// through this trait, so that `harden` is a function of (spec, grant, host view).
+pub trait HostView: std::fmt::Debug {
+    /// AppArmor on this host.
+    fn apparmor(&self) -> &AppArmorHost;
+    /// The majors of the host's "nvidia*" character devices.
+    fn gpu_majors(&self) -> &[i64];
+    /// The driver's GPUs (`<nvidia_proc_root>/gpus/`): bus id and device minor.
+    fn nvidia_gpus(&self) -> &[(String, Option<i64>)];
+    /// The driver's capability files, relative to `<nvidia_proc_root>/capabilities/`.
+    fn nvidia_capabilities(&self) -> &[String];
+    /// `lstat(2)` of a host path (a symlink is described, not followed).
+    fn lstat(&self, path: &Path) -> std::io::Result<PathInfo>;
+    /// `stat(2)` of a host path (symlinks followed).
+    fn stat(&self, path: &Path) -> std::io::Result<PathInfo>;
+    /// The host path with every symlink resolved.
+    fn canonicalize(&self, path: &Path) -> std::io::Result<PathBuf>;
+    /// Whether (dev, ino) is the host's namespace of OCI type `ty` ([`is_host_namespace`]).
+    fn is_host_namespace(&self, ty: &str, dev: u64, ino: u64) -> std::io::Result<bool>;
+    /// A live process's start time ([`proc_start_time`]).
+    fn proc_start_time(&self, pid: u32) -> Option<u64>;
+    /// The text of a host file (a cgroup's `cgroup.procs`, `/proc/self/mountinfo`).
+    fn read_to_string(&self, path: &Path) -> std::io::Result<String>;
+    /// The entries of a host directory (a runc root, a cgroup, `/proc`).
+    fn read_dir(&self, path: &Path) -> std::io::Result<Vec<HostEntry>>;
+    /// A regular host file read without following a symlink at its last component,
+    /// at most `max` bytes, with its permission bits ([`crate::bundle::read_with_mode`]).
+    fn read_file(&self, path: &Path, max: u64) -> Result<(Vec<u8>, u32), BundleError>;
+}
+
+/// Why a host path is not one only root can change.
+#[derive(Debug, thiserror::Error)]
+pub enum ChainError {
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{} is owned by uid {uid}, not root", path.display())]
+    NotRoot { path: PathBuf, uid: u32 },
+    #[error("{} is writable by others (mode {mode:o})", path.display())]
+    Writable { path: PathBuf, mode: u32 },
+}
+
+/// An entry of a host directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostEntry {
+    pub name: String,
+    pub path: PathBuf,
+    /// A directory (not a symlink to one).
+    pub is_dir: bool,
+}
+
+/// What a host path is: the part of its metadata the hardening judges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PathInfo {
+    pub kind: PathKind,
+    pub uid: u32,
+    /// The mode bits, file type included (as `st_mode`).
+    pub mode: u32,
+    pub dev: u64,
+    pub ino: u64,
+    /// The device number of a device node.
+    pub rdev: u64,
+}
+
+/// The type of a host path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PathKind {
+    Dir,
+    File,
+    Symlink,
+    CharDevice,
+    BlockDevice,
+    Other,
+}
+
+impl PathInfo {
+    /// What `m` says.
+    pub fn of(m: &std::fs::Metadata) -> Self {
+        let t = m.file_type();
+        let kind = if t.is_dir() {
+            PathKind::Dir
+        } else if t.is_file() {
+            PathKind::File
+        } else if t.is_symlink() {
+            PathKind::Symlink
+        } else if t.is_char_device() {
+            PathKind::CharDevice
+        } else if t.is_block_device() {
+            PathKind::BlockDevice
+        } else {
+            PathKind::Other
+        };
+        Self {
+            kind,
+            uid: m.uid(),
+            mode: m.mode(),
+            dev: m.dev(),
+            ino: m.ino(),
+            rdev: m.rdev(),
+        }
+    }
+    pub fn uid(&self) -> u32 {
+        self.uid
+    }
+    pub fn mode(&self) -> u32 {
+        self.mode
+    }
+    pub fn dev(&self) -> u64 {
+        self.dev
+    }
+    pub fn ino(&self) -> u64 {
+        self.ino
+    }
+    pub fn rdev(&self) -> u64 {
+        self.rdev
+    }
+    pub fn is_dir(&self) -> bool {
+        self.kind == PathKind::Dir
+    }
+    pub fn is_file(&self) -> bool {
+        self.kind == PathKind::File
+    }
+    pub fn is_symlink(&self) -> bool {
+        self.kind == PathKind::Symlink
+    }
+    pub fn is_char_device(&self) -> bool {
+        self.kind == PathKind::CharDevice
+    }
+}
+
+impl HostView for HostFacts {
+    fn apparmor(&self) -> &AppArmorHost {
+        &self.apparmor
+    }
+    fn gpu_majors(&self) -> &[i64] {
+        HostFacts::gpu_majors(self)
+    }
+    fn nvidia_gpus(&self) -> &[(String, Option<i64>)] {
+        &self.nvidia_gpus
+    }
+    fn nvidia_capabilities(&self) -> &[String] {
+        &self.nvidia_capabilities
+    }
+    fn lstat(&self, path: &Path) -> std::io::Result<PathInfo> {
+        std::fs::symlink_metadata(path).map(|m| PathInfo::of(&m))
+    }
+    fn stat(&self, path: &Path) -> std::io::Result<PathInfo> {
+        std::fs::metadata(path).map(|m| PathInfo::of(&m))
+    }
+    fn canonicalize(&self, path: &Path) -> std::io::Result<PathBuf> {
+        std::fs::canonicalize(path)
+    }
+    fn is_host_namespace(&self, ty: &str, dev: u64, ino: u64) -> std::io::Result<bool> {
+        is_host_namespace(ty, dev, ino)
+    }
+    fn proc_start_time(&self, pid: u32) -> Option<u64> {
+        proc_start_time(pid)
+    }
+    fn read_to_string(&self, path: &Path) -> std::io::Result<String> {
+        std::fs::read_to_string(path)
+    }
+    fn read_dir(&self, path: &Path) -> std::io::Result<Vec<HostEntry>> {
+        Ok(std::fs::read_dir(path)?
+            .flatten()
+            .map(|e| HostEntry {
+                name: e.file_name().to_string_lossy().into_owned(),
+                path: e.path(),
+                is_dir: e.file_type().is_ok_and(|t| t.is_dir()),
+            })
+            .collect())
+    }
+    fn read_file(&self, path: &Path, max: u64) -> Result<(Vec<u8>, u32), BundleError> {
+        crate::bundle::read_with_mode(path, max)
+    }
+}
+
+/// A host view for tests: answers from `inner`, except for the paths given an answer
+/// of their own ([`RecordingHost::with_path`]), and records every path asked about.
+#[derive(Debug)]
+pub struct RecordingHost<H> {
+    pub inner: H,
+    /// Paths answered here: `lstat` and `stat` say this (a missing path: `None`).
+    given: BTreeMap<PathBuf, Option<PathInfo>>,
+    asked: RefCell<Vec<PathBuf>>,
+}
+
+impl<H: HostView> RecordingHost<H> {
+    pub fn new(inner: H) -> Self {
+        Self {
+            inner,
+            given: BTreeMap::new(),
+            asked: RefCell::new(Vec::new()),
+        }
+    }
+
+    /// Answer for `path` with `info` (`None`: it does not exist).
+    #[must_use]
+    pub fn with_path(mut self, path: impl Into<PathBuf>, info: Option<PathInfo>) -> Self {
+        self.given.insert(path.into(), info);
+        self
+    }
+
+    /// Every path asked about, in order.
+    pub fn asked(&self) -> Vec<PathBuf> {
+        self.asked.borrow().clone()
+    }
+
+    fn answer(
+        &self,
+        path: &Path,
+        real: impl FnOnce() -> std::io::Result<PathInfo>,
+    ) -> std::io::Result<PathInfo> {
+        self.asked.borrow_mut().push(path.to_path_buf());
+        match self.given.get(path) {
+            Some(Some(info)) => Ok(*info),
+            Some(None) => Err(std::io::Error::from(std::io::ErrorKind::NotFound)),
+            None => real(),
+        }
+    }
+}
+
+impl<H: HostView> HostView for RecordingHost<H> {
+    fn apparmor(&self) -> &AppArmorHost {
+        self.inner.apparmor()
+    }
+    fn gpu_majors(&self) -> &[i64] {
+        self.inner.gpu_majors()
+    }
+    fn nvidia_gpus(&self) -> &[(String, Option<i64>)] {
+        self.inner.nvidia_gpus()
+    }
+    fn nvidia_capabilities(&self) -> &[String] {
+        self.inner.nvidia_capabilities()
+    }
+    fn lstat(&self, path: &Path) -> std::io::Result<PathInfo> {
+        self.answer(path, || self.inner.lstat(path))
+    }
+    fn stat(&self, path: &Path) -> std::io::Result<PathInfo> {
+        self.answer(path, || self.inner.stat(path))
+    }
+    fn canonicalize(&self, path: &Path) -> std::io::Result<PathBuf> {
+        self.asked.borrow_mut().push(path.to_path_buf());
+        match self.given.get(path) {
+            Some(Some(_)) => Ok(path.to_path_buf()),
+            Some(None) => Err(std::io::Error::from(std::io::ErrorKind::NotFound)),
+            None => self.inner.canonicalize(path),
+        }
+    }
+    fn is_host_namespace(&self, ty: &str, dev: u64, ino: u64) -> std::io::Result<bool> {
+        self.inner.is_host_namespace(ty, dev, ino)
+    }
+    fn proc_start_time(&self, pid: u32) -> Option<u64> {
+        self.inner.proc_start_time(pid)
+    }
+    fn read_to_string(&self, path: &Path) -> std::io::Result<String> {
+        self.asked.borrow_mut().push(path.to_path_buf());
+        self.inner.read_to_string(path)
+    }
+    fn read_dir(&self, path: &Path) -> std::io::Result<Vec<HostEntry>> {
+        self.asked.borrow_mut().push(path.to_path_buf());
+        self.inner.read_dir(path)
+    }
+    fn read_file(&self, path: &Path, max: u64) -> Result<(Vec<u8>, u32), BundleError> {
+        self.asked.borrow_mut().push(path.to_path_buf());
+        self.inner.read_file(path, max)
+    }
+}
+
+/// What the host offers of AppArmor.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct AppArmorHost {
+    /// The LSM is enabled (/sys/module/apparmor/parameters/enabled is "Y").
+    pub enabled: bool,
+    /// Names of loaded profiles, when readable.
+    pub loaded: Option<Vec<String>>,
+}
+
+/// OCI namespace type -> the name under `/proc/<pid>/ns/`.
+pub fn proc_name(oci: &str) -> Option<&'static str> {
+    Some(match oci {
+        "pid" => "pid",
+        "network" => "net",
+        "mount" => "mnt",
+        "ipc" => "ipc",
+        "uts" => "uts",
+        "user" => "user",
+        "cgroup" => "cgroup",
+        "time" => "time",
+        _ => return None,
+    })
+}
+
+/// A live process's start time (clock ticks after boot), from /proc/<pid>/stat;
+/// `None` when it is gone or a zombie (dead, not yet reaped: its namespaces are gone).
+pub fn proc_start_time(pid: u32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = text.rsplit_once(')')?;
+    // After the command: field 3 (state) onwards; the start time is field 22.
+    let mut fields = rest.split_whitespace();
+    if matches!(fields.next(), Some("Z" | "X" | "x")) {
+        return None;
+    }
+    fields.nth(18)?.parse().ok()
+}
 
 /// What the hardening knows about the host.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -73,6 +384,35 @@ pub fn is_host_namespace(ty: &str, dev: u64, ino: u64) -> std::io::Result<bool> 
     let m = std::fs::metadata(&own)
         .map_err(|e| std::io::Error::new(e.kind(), format!("the host's own {own}: {e}")))?;
     Ok((m.dev(), m.ino()) == (dev, ino))
+}
+
+/// Whether every ancestor of `path` (and `path` itself) is owned by root and not
+/// writable by group or others (a sticky directory, like /tmp, may be world-writable):
+/// then nothing but root can swap a component between the check and runc's mount.
+pub fn root_owned_chain(host: &dyn HostView, path: &Path) -> Result<(), ChainError> {
+    let mut cur = Some(path);
+    while let Some(p) = cur {
+        let m = host.lstat(p).map_err(|source| ChainError::Io {
+            path: p.to_path_buf(),
+            source,
+        })?;
+        if m.uid() != 0 {
+            return Err(ChainError::NotRoot {
+                path: p.to_path_buf(),
+                uid: m.uid(),
+            });
+        }
+        let mode = m.mode();
+        let sticky = mode & 0o1000 != 0;
+        if mode & 0o022 != 0 && !(sticky && m.is_dir()) {
+            return Err(ChainError::Writable {
+                path: p.to_path_buf(),
+                mode: mode & 0o7777,
+            });
+        }
+        cur = p.parent();
+    }
+    Ok(())
 }
 
 /// A /proc file (its size shows as 0) read with a page-sized buffer: the kernel makes

@@ -90,7 +90,7 @@ pub struct Record {
     /// `linux.resources.memory.swap` as granted.
     pub memory_swap: Option<i64>,
     /// `linux.resources.cpu` as granted (quota, period, shares, burst, cpus, mems).
-    pub cpu: Option<crate::harden::update::Cpu>,
+    pub cpu: Option<crate::resources::Cpu>,
     /// The start time (clock ticks after boot) of the runtime process that wrote the
     /// record before runc ran: the container's init started at or after it.
     pub min_start: u64,
@@ -103,6 +103,54 @@ fn u32_at(v: &Value, ptr: &str) -> Option<u32> {
     v.pointer(ptr)
         .and_then(Value::as_u64)
         .and_then(|n| u32::try_from(n).ok())
+}
+
+/// The user, group and additional groups runc runs the container as.
+fn user_of(process: &Value) -> Result<User, RecordError> {
+    // What runc runs the container as: a uid or gid left out is Go's zero, root.
+    let id_at = |ptr: &str, what: &'static str| match process.pointer(ptr) {
+        None | Some(Value::Null) => Ok(0),
+        Some(_) => u32_at(process, ptr).ok_or(RecordError::Spec { what }),
+    };
+    Ok(User {
+        uid: id_at("/user/uid", "valid process.user.uid")?,
+        gid: id_at("/user/gid", "valid process.user.gid")?,
+        additional_gids: match process.pointer("/user/additionalGids") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|g| g.as_u64().and_then(|n| u32::try_from(n).ok()))
+                .collect::<Option<Vec<_>>>()
+                .ok_or(RecordError::Spec {
+                    what: "valid process.user.additionalGids",
+                })?,
+            Some(_) => {
+                return Err(RecordError::Spec {
+                    what: "valid process.user.additionalGids",
+                });
+            }
+        },
+    })
+}
+
+/// The lease's variables of the process (`KEY=value`), `TESSERA_LEASE_ID` last.
+fn lease_env_of(process: &Value, lease: &str, lease_env_keys: &[&str]) -> Vec<String> {
+    let mut lease_env: Vec<String> = process
+        .get("env")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .filter(|e| {
+            lease_env_keys
+                .iter()
+                .any(|k| e.starts_with(&format!("{k}=")))
+        })
+        .filter(|e| !e.starts_with("TESSERA_LEASE_ID="))
+        .map(str::to_string)
+        .collect();
+    lease_env.push(format!("TESSERA_LEASE_ID={lease}"));
+    lease_env
 }
 
 impl Record {
@@ -120,55 +168,17 @@ impl Record {
             .filter(|p| p.is_object())
             .cloned()
             .ok_or(RecordError::Spec { what: "process" })?;
-        // What runc runs the container as: a uid or gid left out is Go's zero, root.
-        let id_at = |ptr: &str, what: &'static str| match process.pointer(ptr) {
-            None | Some(Value::Null) => Ok(0),
-            Some(_) => u32_at(&process, ptr).ok_or(RecordError::Spec { what }),
-        };
-        let user = User {
-            uid: id_at("/user/uid", "valid process.user.uid")?,
-            gid: id_at("/user/gid", "valid process.user.gid")?,
-            additional_gids: match process.pointer("/user/additionalGids") {
-                None | Some(Value::Null) => Vec::new(),
-                Some(Value::Array(a)) => a
-                    .iter()
-                    .map(|g| g.as_u64().and_then(|n| u32::try_from(n).ok()))
-                    .collect::<Option<Vec<_>>>()
-                    .ok_or(RecordError::Spec {
-                        what: "valid process.user.additionalGids",
-                    })?,
-                Some(_) => {
-                    return Err(RecordError::Spec {
-                        what: "valid process.user.additionalGids",
-                    });
-                }
-            },
-        };
-        let mut lease_env = Vec::new();
-        if let Some(lease) = lease_id {
-            lease_env = process
-                .get("env")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .filter_map(Value::as_str)
-                .filter(|e| {
-                    lease_env_keys
-                        .iter()
-                        .any(|k| e.starts_with(&format!("{k}=")))
-                })
-                .filter(|e| !e.starts_with("TESSERA_LEASE_ID="))
-                .map(str::to_string)
-                .collect();
-            lease_env.push(format!("TESSERA_LEASE_ID={lease}"));
-        }
+        let user = user_of(&process)?;
+        let lease_env = lease_id.map_or_else(Vec::new, |lease| {
+            lease_env_of(&process, lease, lease_env_keys)
+        });
         let res = spec.pointer("/linux/resources");
         // The grant as runc reads it: typed, every key spelt as runc's.
         let typed = match res {
-            Some(r) => crate::harden::update::parse_create(r).map_err(|_| RecordError::Spec {
+            Some(r) => crate::resources::parse_create(r).map_err(|_| RecordError::Spec {
                 what: "valid linux.resources",
             })?,
-            None => crate::harden::update::Resources::default(),
+            None => crate::resources::Resources::default(),
         };
         let memory = typed.memory.clone().unwrap_or_default();
         Ok(Self {
@@ -189,7 +199,7 @@ impl Record {
             memory_limit: memory.limit,
             memory_swap: memory.swap,
             cpu: typed.cpu.clone(),
-            min_start: crate::harden::identity::proc_start_time(std::process::id()).unwrap_or(0),
+            min_start: crate::host::proc_start_time(std::process::id()).unwrap_or(0),
             instance: None,
         })
     }

@@ -41,6 +41,18 @@ pub enum CacheError {
     Format { path: PathBuf, message: String },
 }
 
+/// A runc that lacks fixes nobody acknowledged: refused.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error(
+    "runc {shown} lacks the fixes for {missing} (runc 1.2.8, 1.3.3, 1.4.0): upgrade runc, or if this build carries backports name them in runtime.toml's runc_cve_acknowledged"
+)]
+pub struct Unfixed {
+    /// The version (`1.1.5`, or "of unknown version").
+    pub shown: String,
+    /// The CVEs, joined with ", ".
+    pub missing: String,
+}
+
 /// The identity of a runc binary: what changes when it is replaced or rewritten.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -153,7 +165,7 @@ impl VersionCache {
 /// The CVEs `runc` lacks fixes for and nobody acknowledged: `Err` refuses the
 /// container naming them; `Ok(Some)` is a warning to log each time an
 /// acknowledgement is relied on. Always asks runc (no cache).
-pub fn check(runc: &Path, acknowledged: &[String]) -> Result<Option<String>, String> {
+pub fn check(runc: &Path, acknowledged: &[String]) -> Result<Option<String>, Unfixed> {
     start(runc, None).judge(acknowledged).result
 }
 
@@ -223,7 +235,7 @@ pub struct Pending {
 #[derive(Debug)]
 pub struct Verdict {
     /// See [`judge`].
-    pub result: Result<Option<String>, String>,
+    pub result: Result<Option<String>, Unfixed>,
     /// Warnings about the cache (ignored as untrusted, or not written), to log.
     pub cache_notes: Vec<String>,
     /// Whether the version came from the cache.
@@ -280,7 +292,7 @@ impl Pending {
 pub fn judge(
     version: Option<(u64, u64, u64)>,
     acknowledged: &[String],
-) -> Result<Option<String>, String> {
+) -> Result<Option<String>, Unfixed> {
     let shown = version.map_or_else(
         || "of unknown version".to_string(),
         |(a, b, c)| format!("{a}.{b}.{c}"),
@@ -292,10 +304,10 @@ pub fn judge(
         .filter(|c| !acknowledged.iter().any(|a| a == c))
         .collect();
     if !missing.is_empty() {
-        return Err(format!(
-            "runc {shown} lacks the fixes for {} (runc 1.2.8, 1.3.3, 1.4.0): upgrade runc, or if this build carries backports name them in runtime.toml's runc_cve_acknowledged",
-            missing.join(", ")
-        ));
+        return Err(Unfixed {
+            shown,
+            missing: missing.join(", "),
+        });
     }
     Ok((!unfixed.is_empty()).then(|| {
         format!(
@@ -314,13 +326,13 @@ mod tests {
 
     #[test]
     fn a_vulnerable_runc_is_refused_unless_each_cve_is_acknowledged() {
-        let e = judge(Some((1, 1, 5)), &[]).unwrap_err();
+        let e = judge(Some((1, 1, 5)), &[]).unwrap_err().to_string();
         assert!(
             e.contains("CVE-2025-31133") && e.contains("runc_cve_acknowledged"),
             "{e}"
         );
         let some = vec!["CVE-2025-31133".to_string()];
-        let e = judge(Some((1, 1, 5)), &some).unwrap_err();
+        let e = judge(Some((1, 1, 5)), &some).unwrap_err().to_string();
         assert!(
             !e.contains("CVE-2025-31133,") && e.contains("CVE-2025-52565"),
             "{e}"
@@ -386,7 +398,7 @@ mod tests {
         fake_runc(&runc, "1.1.5");
         let third = verdict(&runc, &cache);
         assert!(!third.cached, "{third:?}");
-        let e = third.result.unwrap_err();
+        let e = third.result.unwrap_err().to_string();
         assert!(e.contains("runc 1.1.5 lacks"), "{e}");
         assert_eq!(times_asked(&runc), 2);
         // ... and that answer is cached too: still refused, without asking.

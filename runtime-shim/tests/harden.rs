@@ -977,3 +977,54 @@ fn nodes_rules_and_mounts_a_leases_cdi_spec_injects_are_accepted_others_refused(
     };
     assert!(!bare.harden(spec).admitted);
 }
+
+/// The hardening reads the host only through the view it is given: a view that says
+/// the lease's node is missing refuses a spec the real host admits, and nothing below
+/// the container's rootfs is ever looked at.
+#[test]
+fn the_host_is_read_through_the_host_view_only() {
+    use tessera_runtime::host::{HostView, RecordingHost};
+    let Some(fx) = Fixture::new(true) else { return };
+    let spec = || {
+        let mut spec = common::base_spec(&["sh"]);
+        spec["annotations"] = json!({"tessera.io/lease-token": "tok"});
+        spec
+    };
+    let harden_on = |host: &dyn HostView| {
+        let ctx = Context {
+            config: &fx.cfg,
+            seccomp: &fx.profile,
+            host,
+            lease: fx.lease.as_ref(),
+            container_id: "c1",
+            systemd_cgroup: false,
+            bundle: &fx.bundle,
+            runc_root: &fx.runc_root(),
+        };
+        harden::harden(spec(), &ctx)
+    };
+    let real = RecordingHost::new(fx.host.clone());
+    let d = harden_on(&real);
+    assert!(d.admitted, "{:?}", d.reasons);
+    let node = fx.lease.as_ref().unwrap().devices[0].host_path.clone();
+    assert!(real.asked().contains(&node), "{:?}", real.asked());
+    let rootfs = fx.bundle.join("rootfs");
+    assert!(
+        !real
+            .asked()
+            .iter()
+            .any(|p| p.starts_with(&rootfs) && *p != rootfs),
+        "a path inside the rootfs was looked at: {:?}",
+        real.asked()
+    );
+    let without_node = RecordingHost::new(fx.host.clone()).with_path(&node, None);
+    let d = harden_on(&without_node);
+    assert!(
+        d.reasons.iter().any(|r| r.contains(&format!(
+            "the lease's device {} is missing on the host",
+            node.display()
+        ))),
+        "{:?}",
+        d.reasons
+    );
+}

@@ -43,14 +43,14 @@ use crate::store::{K8sDevice, Store, StoreError};
 use crate::cdi;
 pub use crate::cdi::{CDI_KIND, CdiError, NvidiaCdi};
 
-/// The annotation tessera-runtime reads the lease token from.
-pub const TOKEN_ANNOTATION: &str = "tessera.io/lease-token";
 /// The CDI kind of the per-lease specs.
 /// Labels the plugin puts on its leases.
 pub use crate::names::{
     LABEL_K8S_CLASS as LABEL_CLASS, LABEL_K8S_NAMESPACE as LABEL_NAMESPACE,
     LABEL_K8S_POD as LABEL_POD,
 };
+/// The annotation tessera-runtime reads the lease token from.
+pub use tessera_common::contract::LEASE_TOKEN_ANNOTATION as TOKEN_ANNOTATION;
 
 #[derive(Debug, thiserror::Error)]
 pub enum K8sError {

@@ -7,14 +7,14 @@
 //! the fields it lets through live beside it ([`check`], and the sibling modules:
 //! namespaces, caps, mounts, devices, cgroups, seccomp, apparmor).
 
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 
+use super::base::{Context, Findings, strings};
 use super::identity::{self, Identity};
 use super::mounts::{is_under, normalize};
-use super::{Context, Findings, strings};
+use crate::host::{ChainError, HostView};
 
 /// What the runtime does with a field.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -707,7 +707,7 @@ fn cgroup_file_names(spec: &Value, f: &mut Findings) {
     };
     // Typed as runc reads them (what the record of the create keeps): a key spelt
     // otherwise than runc's struct field is refused.
-    if let Err(reasons) = super::update::parse_create(res) {
+    if let Err(reasons) = crate::resources::parse_create(res) {
         for r in reasons {
             f.refuse(r);
         }
@@ -718,7 +718,7 @@ fn cgroup_file_names(spec: &Value, f: &mut Findings) {
         .into_iter()
         .flat_map(|m| m.keys())
     {
-        if !super::update::cgroup_file_name_ok(k) {
+        if !crate::resources::cgroup_file_name_ok(k) {
             f.refuse(format!(
                 "/linux/resources/unified/{}: not a cgroup file name",
                 escape(k)
@@ -733,7 +733,7 @@ fn cgroup_file_names(spec: &Value, f: &mut Findings) {
         .enumerate()
     {
         let size = h.get("pageSize").and_then(Value::as_str).unwrap_or("");
-        if !super::update::page_size_ok(size) {
+        if !crate::resources::page_size_ok(size) {
             f.refuse(format!(
                 "/linux/resources/hugepageLimits/{i}/pageSize: {size:?} is not a page size"
             ));
@@ -814,6 +814,25 @@ pub fn process_fields(p: &Value, at: &str, policy: &crate::policy::Policy, f: &m
 /// recorded it ([`Identity::Member`]): `<pid>` must be the sandbox's init process,
 /// still the one runc started (same start time). A CNI netns file (under /run/netns)
 /// only for a pod sandbox itself.
+/// A CNI netns file (`/run/netns/<name>`): for the pod sandbox only, and a fresh one.
+fn join_netns(at: &str, path: &str, ctx: &Context, ident: &Identity, f: &mut Findings) {
+    if !matches!(ident, Identity::OwnSandbox { .. }) {
+        f.refuse(format!(
+            "{at}: a CNI netns file ({path}) is for the pod sandbox only; a container joins its sandbox's namespaces"
+        ));
+        return;
+    }
+    // The CRI makes a fresh netns for each sandbox: one a process is already in
+    // is another pod's.
+    match ctx.host.stat(Path::new(path)) {
+        Ok(m) if identity::netns_in_use(ctx.host, m.dev(), m.ino()) => f.refuse(format!(
+            "{at}: the netns {path} is already another pod's (a process is in it); a pod sandbox joins a fresh one"
+        )),
+        Ok(_) => {}
+        Err(e) => f.refuse(format!("{at}: {path}: {e}")),
+    }
+}
+
 fn namespace_path(ns: &Value, i: usize, ctx: &Context, ident: &Identity, f: &mut Findings) {
     let ty = ns.get("type").and_then(Value::as_str).unwrap_or("");
     let Some(path) = ns
@@ -840,7 +859,7 @@ fn namespace_path(ns: &Value, i: usize, ctx: &Context, ident: &Identity, f: &mut
         "user" => return,
         _ => {}
     }
-    let name = super::namespaces::proc_name(ty).unwrap_or("?");
+    let name = crate::host::proc_name(ty).unwrap_or("?");
     let n = normalize(path);
     let parts: Vec<&str> = n.trim_start_matches('/').split('/').collect();
     let proc_pid = (parts.len() == 4 && parts[0] == "proc" && parts[2] == "ns" && parts[3] == name)
@@ -855,21 +874,7 @@ fn namespace_path(ns: &Value, i: usize, ctx: &Context, ident: &Identity, f: &mut
             .is_some_and(|d| d == Path::new("/run/netns") || d == Path::new("/var/run/netns"))
         && Path::new(&n).file_name().is_some();
     if netns_form {
-        if !matches!(ident, Identity::OwnSandbox { .. }) {
-            f.refuse(format!(
-                "{at}: a CNI netns file ({path}) is for the pod sandbox only; a container joins its sandbox's namespaces"
-            ));
-            return;
-        }
-        // The CRI makes a fresh netns for each sandbox: one a process is already in
-        // is another pod's.
-        match std::fs::metadata(path) {
-            Ok(m) if identity::netns_in_use(m.dev(), m.ino()) => f.refuse(format!(
-                "{at}: the netns {path} is already another pod's (a process is in it); a pod sandbox joins a fresh one"
-            )),
-            Ok(_) => {}
-            Err(e) => f.refuse(format!("{at}: {path}: {e}")),
-        }
+        join_netns(&at, path, ctx, ident, f);
         return;
     }
     let Some(pid) = proc_pid else {
@@ -894,7 +899,7 @@ fn namespace_path(ns: &Value, i: usize, ctx: &Context, ident: &Identity, f: &mut
             "{at}: process {pid} is not the pod sandbox's ({} runs as {})",
             sandbox.id, sandbox.init_pid
         ));
-    } else if identity::proc_start_time(pid) != Some(sandbox.init_start) {
+    } else if ctx.host.proc_start_time(pid) != Some(sandbox.init_start) {
         f.refuse(format!(
             "{at}: process {pid} is no longer the pod sandbox {}'s init process",
             sandbox.id
@@ -923,13 +928,41 @@ fn cgroups_path(spec: &Value, ctx: &Context, ident: &Identity, f: &mut Findings)
     else {
         return; // identify() refuses a pod sandbox without one
     };
+    let Some(comps) = own_cgroup(path, ctx, f) else {
+        return;
+    };
+    let at = "/linux/cgroupsPath";
+    let shown = format!("/{}", comps.join("/"));
+    // A container's cgroup is its own: runc makes it at create. One that exists
+    // already is another container's (runc would only warn that it is not empty and
+    // join it, and a lease's release would then kill that container too).
+    match identity::cgroup_exists(ctx.host, &comps) {
+        Ok(None) => {}
+        Ok(Some(dir)) => {
+            f.refuse(format!(
+                "{at}: the cgroup {shown} already exists ({}): a container's cgroup is made by runc at its create, never joined",
+                dir.display()
+            ));
+            return;
+        }
+        Err(e) => {
+            f.refuse(format!("{at}: cannot tell whether {shown} exists: {e}"));
+            return;
+        }
+    }
+    check_placement(path, &comps, &shown, ctx, ident, f);
+}
+
+/// `cgroupsPath` as components, in the driver's form, ending in this container's id
+/// and outside the runtime's lease tree.
+fn own_cgroup(path: &str, ctx: &Context, f: &mut Findings) -> Option<Vec<String>> {
     let at = "/linux/cgroupsPath";
     let id = ctx.container_id;
     if path.contains(':') && !ctx.systemd_cgroup {
         f.refuse(format!(
             "{at}: {path:?} is systemd's slice:prefix:name form, but the runtime was not given --systemd-cgroup (set SystemdCgroup = true in containerd's runtime options, or use a cgroupfs path)"
         ));
-        return;
+        return None;
     }
     let systemd = ctx.systemd_cgroup;
     let comps = match identity::cgroup_components(path, systemd) {
@@ -943,7 +976,7 @@ fn cgroups_path(spec: &Value, ctx: &Context, ident: &Identity, f: &mut Findings)
                     ""
                 }
             ));
-            return;
+            return None;
         }
     };
     let last = comps.last().map(String::as_str).unwrap_or("");
@@ -960,26 +993,25 @@ fn cgroups_path(spec: &Value, ctx: &Context, ident: &Identity, f: &mut Findings)
         f.refuse(format!(
             "{at}: {path:?} must end in this container's id ({id}) and lie outside the runtime's lease tree"
         ));
-        return;
+        return None;
     }
-    let shown = format!("/{}", comps.join("/"));
-    // A container's cgroup is its own: runc makes it at create. One that exists
-    // already is another container's (runc would only warn that it is not empty and
-    // join it, and a lease's release would then kill that container too).
-    match identity::cgroup_exists(&comps) {
-        Ok(None) => {}
-        Ok(Some(dir)) => {
-            f.refuse(format!(
-                "{at}: the cgroup {shown} already exists ({}): a container's cgroup is made by runc at its create, never joined",
-                dir.display()
-            ));
-            return;
-        }
-        Err(e) => {
-            f.refuse(format!("{at}: cannot tell whether {shown} exists: {e}"));
-            return;
-        }
-    }
+    Some(comps)
+}
+
+/// The container's cgroup is where its identity puts it: inside its pod's cgroup, or
+/// directly in a configured parent outside a pod.
+fn check_placement(
+    path: &str,
+    comps: &[String],
+    shown: &str,
+    ctx: &Context,
+    ident: &Identity,
+    f: &mut Findings,
+) {
+    let at = "/linux/cgroupsPath";
+    let id = ctx.container_id;
+    let systemd = ctx.systemd_cgroup;
+    let last = comps.last().map(String::as_str).unwrap_or("");
     match ident {
         Identity::Member(sb) => match sb.pod_cgroup() {
             None => f.refuse(format!(
@@ -1029,51 +1061,27 @@ fn cgroups_path(spec: &Value, ctx: &Context, ident: &Identity, f: &mut Findings)
     }
 }
 
-/// Whether every ancestor of `path` (and `path` itself) is owned by root and not
-/// writable by group or others (a sticky directory, like /tmp, may be world-writable):
-/// then nothing but root can swap a component between the check and runc's mount.
-pub fn root_owned_chain(path: &Path) -> Result<(), String> {
-    let mut cur = Some(path);
-    while let Some(p) = cur {
-        let m = std::fs::symlink_metadata(p).map_err(|e| format!("{}: {e}", p.display()))?;
-        if m.uid() != 0 {
-            return Err(format!(
-                "{} is owned by uid {}, not root",
-                p.display(),
-                m.uid()
-            ));
-        }
-        let mode = m.mode();
-        let sticky = mode & 0o1000 != 0;
-        if mode & 0o022 != 0 && !(sticky && m.is_dir()) {
-            return Err(format!(
-                "{} is writable by others (mode {:o})",
-                p.display(),
-                mode & 0o7777
-            ));
-        }
-        cur = p.parent();
-    }
-    Ok(())
-}
+pub use crate::host::root_owned_chain;
 
 /// A bind source: root-owned, below directories as [`root_owned_chain`] wants them. A
 /// regular file may itself be writable by others: kubelet makes every container's
 /// termination-log file 0666 so that a non-root process can write its message, and
 /// writing a file's content cannot swap a component of its path.
-fn bind_source_chain(path: &Path) -> Result<(), String> {
-    let m = std::fs::symlink_metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+fn bind_source_chain(host: &dyn HostView, path: &Path) -> Result<(), ChainError> {
+    let m = host.lstat(path).map_err(|source| ChainError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
     if !m.is_file() {
-        return root_owned_chain(path);
+        return root_owned_chain(host, path);
     }
     if m.uid() != 0 {
-        return Err(format!(
-            "{} is owned by uid {}, not root",
-            path.display(),
-            m.uid()
-        ));
+        return Err(ChainError::NotRoot {
+            path: path.to_path_buf(),
+            uid: m.uid(),
+        });
     }
-    path.parent().map_or(Ok(()), root_owned_chain)
+    path.parent().map_or(Ok(()), |p| root_owned_chain(host, p))
 }
 
 /// `root.path`: inside the bundle (containerd, `ctr`), or the container's own rootfs
@@ -1089,10 +1097,13 @@ fn root_path(spec: &mut Value, ctx: &Context, f: &mut Findings) {
     } else {
         ctx.bundle.join(path)
     };
-    let Ok(canon) = std::fs::canonicalize(&full) else {
+    let Ok(canon) = ctx.host.canonicalize(&full) else {
         return; // check_root reports it
     };
-    let bundle = std::fs::canonicalize(ctx.bundle).unwrap_or_else(|_| ctx.bundle.to_path_buf());
+    let bundle = ctx
+        .host
+        .canonicalize(ctx.bundle)
+        .unwrap_or_else(|_| ctx.bundle.to_path_buf());
     let c = canon.to_string_lossy().into_owned();
     let inside_bundle = canon != bundle && canon.starts_with(&bundle);
     let storage = ctx
@@ -1103,43 +1114,9 @@ fn root_path(spec: &mut Value, ctx: &Context, f: &mut Findings) {
     match (inside_bundle, storage) {
         (true, _) => {}
         (false, Some(r)) => {
-            let root = std::fs::canonicalize(r).unwrap_or_else(|_| r.clone());
-            // Ids are unique per runc root only: the store's record of this id is
-            // this container's only when podman runs it, with its own userdata
-            // directory in that store as the bundle.
-            let own_bundle = STORAGE_DRIVERS.iter().any(|d| {
-                bundle
-                    == root
-                        .join(format!("{d}-containers"))
-                        .join(ctx.container_id)
-                        .join("userdata")
-            });
-            if !own_bundle || component(Some(ctx.container_id)).is_none() {
-                f.refuse(format!(
-                    "/root/path: {c} is in the container storage {}, but the bundle {} is not this container's own userdata there (<driver>-containers/{}/userdata)",
-                    root.display(),
-                    bundle.display(),
-                    ctx.container_id
-                ));
+            if let Some(why) = in_own_storage(ctx, r, &canon, &bundle) {
+                f.refuse(why);
                 return;
-            }
-            match storage_rootfs(&root, ctx.container_id) {
-                Ok(own) if own == canon => {}
-                Ok(own) => {
-                    f.refuse(format!(
-                        "/root/path: {c} is not this container's own rootfs in {} ({} by the engine's record)",
-                        root.display(),
-                        own.display()
-                    ));
-                    return;
-                }
-                Err(e) => {
-                    f.refuse(format!(
-                        "/root/path: {c} is in the container storage {}, but this container's rootfs there is not known: {e}",
-                        root.display()
-                    ));
-                    return;
-                }
             }
         }
         (false, None) => {
@@ -1150,7 +1127,7 @@ fn root_path(spec: &mut Value, ctx: &Context, f: &mut Findings) {
             return;
         }
     }
-    if let Err(e) = root_owned_chain(&canon) {
+    if let Err(e) = root_owned_chain(ctx.host, &canon) {
         f.refuse(format!("/root/path: {e}"));
         return;
     }
@@ -1160,6 +1137,71 @@ fn root_path(spec: &mut Value, ctx: &Context, f: &mut Findings) {
     if !same && let Some(root) = spec.get_mut("root").and_then(Value::as_object_mut) {
         root.insert("path".into(), json!(c));
     }
+}
+
+/// Why `canon`, a `root.path` under the container-storage root `r`, is not this
+/// container's own rootfs there (the bundle its own userdata, the engine's record).
+fn in_own_storage(ctx: &Context, r: &Path, canon: &Path, bundle: &Path) -> Option<String> {
+    let c = canon.to_string_lossy();
+    let root = ctx.host.canonicalize(r).unwrap_or_else(|_| r.to_path_buf());
+    // Ids are unique per runc root only: the store's record of this id is
+    // this container's only when podman runs it, with its own userdata
+    // directory in that store as the bundle.
+    let own_bundle = STORAGE_DRIVERS.iter().any(|d| {
+        root.join(format!("{d}-containers"))
+            .join(ctx.container_id)
+            .join("userdata")
+            == bundle
+    });
+    if !own_bundle || component(Some(ctx.container_id)).is_none() {
+        return Some(format!(
+            "/root/path: {c} is in the container storage {}, but the bundle {} is not this container's own userdata there (<driver>-containers/{}/userdata)",
+            root.display(),
+            bundle.display(),
+            ctx.container_id
+        ));
+    }
+    match storage_rootfs(ctx.host, &root, ctx.container_id) {
+        Ok(own) if own == canon => {}
+        Ok(own) => {
+            return Some(format!(
+                "/root/path: {c} is not this container's own rootfs in {} ({} by the engine's record)",
+                root.display(),
+                own.display()
+            ));
+        }
+        Err(e) => {
+            return Some(format!(
+                "/root/path: {c} is in the container storage {}, but this container's rootfs there is not known: {e}",
+                root.display()
+            ));
+        }
+    }
+    None
+}
+
+/// Why a container's rootfs in a containers-storage store is not known.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    #[error("{0:?} is not a container id")]
+    NotAnId(String),
+    #[error(transparent)]
+    File(#[from] crate::bundle::BundleError),
+    #[error("{} is writable by others", .0.display())]
+    Writable(PathBuf),
+    #[error(transparent)]
+    Chain(#[from] ChainError),
+    #[error("{}: {source}", path.display())]
+    Json {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+    #[error("{}: layer {layer:?} is not a plain id", path.display())]
+    Layer { path: PathBuf, layer: String },
+    #[error("no <driver>-containers/containers.json (overlay, vfs or btrfs)")]
+    NoStore,
+    #[error("{id} is not in {files}")]
+    NotIn { id: String, files: String },
 }
 
 /// Largest containers-storage `containers.json` read.
@@ -1178,24 +1220,25 @@ fn layer_rootfs(root: &Path, driver: &str, layer: &str) -> Option<PathBuf> {
 /// Container `id`'s own rootfs in the containers/storage store at `root` (canonical):
 /// the layer `<driver>-containers/containers.json` (root-owned, read without
 /// following a symlink) records for this id, where the driver mounts it.
-pub fn storage_rootfs(root: &Path, id: &str) -> Result<PathBuf, String> {
+pub fn storage_rootfs(host: &dyn HostView, root: &Path, id: &str) -> Result<PathBuf, StorageError> {
     if component(Some(id)).is_none() {
-        return Err(format!("{id:?} is not a container id"));
+        return Err(StorageError::NotAnId(id.to_string()));
     }
     let mut seen = Vec::new();
     for driver in ["overlay", "vfs", "btrfs"] {
         let file = root.join(format!("{driver}-containers/containers.json"));
-        if std::fs::symlink_metadata(&file).is_err() {
+        if host.lstat(&file).is_err() {
             continue;
         }
-        let (bytes, mode) =
-            crate::bundle::read_with_mode(&file, MAX_CONTAINERS_JSON).map_err(|e| e.to_string())?;
+        let (bytes, mode) = host.read_file(&file, MAX_CONTAINERS_JSON)?;
         if mode & 0o022 != 0 {
-            return Err(format!("{} is writable by others", file.display()));
+            return Err(StorageError::Writable(file));
         }
-        root_owned_chain(&file)?;
-        let list: Value =
-            serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", file.display()))?;
+        root_owned_chain(host, &file)?;
+        let list: Value = match serde_json::from_slice(&bytes) {
+            Ok(v) => v,
+            Err(source) => return Err(StorageError::Json { path: file, source }),
+        };
         let layer = list
             .as_array()
             .into_iter()
@@ -1208,14 +1251,22 @@ pub fn storage_rootfs(root: &Path, id: &str) -> Result<PathBuf, String> {
                     return Ok(p);
                 }
             }
-            Some(l) => return Err(format!("{}: layer {l:?} is not a plain id", file.display())),
+            Some(l) => {
+                return Err(StorageError::Layer {
+                    path: file.clone(),
+                    layer: l.to_string(),
+                });
+            }
             None => seen.push(file.display().to_string()),
         }
     }
     if seen.is_empty() {
-        Err("no <driver>-containers/containers.json (overlay, vfs or btrfs)".to_string())
+        Err(StorageError::NoStore)
     } else {
-        Err(format!("{id} is not in {}", seen.join(", ")))
+        Err(StorageError::NotIn {
+            id: id.to_string(),
+            files: seen.join(", "),
+        })
     }
 }
 
@@ -1288,7 +1339,10 @@ const STORAGE_DRIVERS: &[&str] = &["overlay", "vfs", "btrfs", "zfs", "aufs", "de
 /// spec's claims: a container outside a pod gets none.
 pub fn bind_prefixes(ctx: &Context, ident: &Identity) -> Vec<(String, bool)> {
     let mut out = Vec::new();
-    let bundle = std::fs::canonicalize(ctx.bundle).unwrap_or_else(|_| ctx.bundle.to_path_buf());
+    let bundle = ctx
+        .host
+        .canonicalize(ctx.bundle)
+        .unwrap_or_else(|_| ctx.bundle.to_path_buf());
     out.push((bundle.to_string_lossy().into_owned(), true));
     let p = ctx.policy();
     // containerd's sandbox files of the pod: only for a container the CRI made (its
@@ -1343,14 +1397,17 @@ pub const RUN_DIR_FILES: &[&str] = &["hosts", "hostname", "resolv.conf", ".conta
 /// <namespace>/<id>`, the namespace being the CRI runc root's last component
 /// (`/run/containerd/runc/k8s.io`: `k8s.io`).
 pub fn is_cri_task_bundle(ctx: &Context, bundle: &Path) -> bool {
-    let Some(root) = identity::trusted_cri_root(ctx.runc_root, ctx.policy()) else {
+    let Some(root) = identity::trusted_cri_root(ctx.host, ctx.runc_root, ctx.policy()) else {
         return false;
     };
     let Some(ns) = root.file_name() else {
         return false;
     };
     let state = &ctx.policy().containerd_state;
-    let state = std::fs::canonicalize(state).unwrap_or_else(|_| state.clone());
+    let state = ctx
+        .host
+        .canonicalize(state)
+        .unwrap_or_else(|_| state.clone());
     component(Some(ctx.container_id)).is_some()
         && bundle
             == state
@@ -1365,7 +1422,7 @@ pub fn is_cri_task_bundle(ctx: &Context, bundle: &Path) -> bool {
 pub fn storage_bundle_driver(ctx: &Context, bundle: &Path) -> Option<&'static str> {
     let id = component(Some(ctx.container_id))?;
     ctx.policy().container_storage_roots.iter().find_map(|r| {
-        let root = std::fs::canonicalize(r).unwrap_or_else(|_| r.clone());
+        let root = ctx.host.canonicalize(r).unwrap_or_else(|_| r.clone());
         STORAGE_DRIVERS.iter().copied().find(|driver| {
             bundle
                 == root
@@ -1383,7 +1440,7 @@ pub fn storage_bundle_driver(ctx: &Context, bundle: &Path) -> Option<&'static st
 /// when `path` is the directory itself or above it. `None` outside those trees.
 fn engine_file(ctx: &Context, path: &Path) -> Option<String> {
     let p = ctx.policy();
-    let canon = |r: &Path| std::fs::canonicalize(r).unwrap_or_else(|_| r.to_path_buf());
+    let canon = |r: &Path| ctx.host.canonicalize(r).unwrap_or_else(|_| r.to_path_buf());
     let rel = |base: &Path| -> Option<Vec<String>> {
         Some(
             path.strip_prefix(base)
@@ -1447,7 +1504,10 @@ fn own_paths(ctx: &Context) -> Vec<String> {
     ];
     // runc's state (the records identity is read from) and the runtime's own.
     for dir in [ctx.runc_root, ctx.config.state_dir.as_path()] {
-        let c = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+        let c = ctx
+            .host
+            .canonicalize(dir)
+            .unwrap_or_else(|_| dir.to_path_buf());
         v.push(normalize(&c.to_string_lossy()));
     }
     if let Some(dir) = ctx.config.daemon_socket.parent() {
@@ -1461,119 +1521,153 @@ fn own_paths(ctx: &Context) -> Vec<String> {
 /// root-owned; runc is handed that canonical path, so no component can be swapped
 /// between this check and its mount.
 fn bind_sources(spec: &mut Value, ctx: &Context, ident: &Identity, f: &mut Findings) {
-    let prefixes = bind_prefixes(ctx, ident);
-    let bundle = std::fs::canonicalize(ctx.bundle).unwrap_or_else(|_| ctx.bundle.to_path_buf());
-    let bundle = normalize(&bundle.to_string_lossy());
-    let own = own_paths(ctx);
-    let rootfs = spec.pointer("/root/path").and_then(Value::as_str).map(|p| {
-        let full = if Path::new(p).is_absolute() {
-            PathBuf::from(p)
-        } else {
-            ctx.bundle.join(p)
-        };
-        normalize(&full.to_string_lossy())
-    });
+    let bundle = ctx
+        .host
+        .canonicalize(ctx.bundle)
+        .unwrap_or_else(|_| ctx.bundle.to_path_buf());
+    let scope = BindScope {
+        prefixes: bind_prefixes(ctx, ident),
+        bundle: normalize(&bundle.to_string_lossy()),
+        own: own_paths(ctx),
+        rootfs: spec.pointer("/root/path").and_then(Value::as_str).map(|p| {
+            let full = if Path::new(p).is_absolute() {
+                PathBuf::from(p)
+            } else {
+                ctx.bundle.join(p)
+            };
+            normalize(&full.to_string_lossy())
+        }),
+    };
     let Some(list) = spec.get_mut("mounts").and_then(Value::as_array_mut) else {
         return;
     };
     for (i, m) in list.iter_mut().enumerate() {
+        if let Some(c) = scope.judge(i, m, ctx, f)
+            && let Some(o) = m.as_object_mut()
+        {
+            o.insert("source".into(), json!(c));
+        }
+    }
+}
+
+/// Where a container's bind sources may come from, and what they may never be.
+struct BindScope {
+    /// Allowed prefixes, each with whether it may be bound writable.
+    prefixes: Vec<(String, bool)>,
+    /// The bundle, canonical.
+    bundle: String,
+    /// Tessera's own paths.
+    own: Vec<String>,
+    /// The container's rootfs (as written), normalized.
+    rootfs: Option<String>,
+}
+
+impl BindScope {
+    /// A bind mount's source judged: its canonical path, to write in its place; `None`
+    /// for a mount that is not a bind mount or is refused.
+    fn judge(&self, i: usize, m: &Value, ctx: &Context, f: &mut Findings) -> Option<String> {
         let ty = m.get("type").and_then(Value::as_str).unwrap_or("");
         let options = m.get("options").and_then(strings).unwrap_or_default();
         let bind = ty == "bind" || options.iter().any(|o| o == "bind" || o == "rbind");
         if !bind {
-            continue;
+            return None;
         }
         let at = format!("/mounts/{i}/source");
         let Some(source) = m.get("source").and_then(Value::as_str) else {
             f.refuse(format!("{at}: a bind mount needs a source"));
-            continue;
+            return None;
         };
         if !source.starts_with('/') {
-            continue; // mounts.rs refuses relative sources
+            return None; // mounts.rs refuses relative sources
         }
         // Never resolve a path inside the container's rootfs as root: its symlinks
         // are the tenant's.
-        if let Some(rootfs) = &rootfs
+        if let Some(rootfs) = &self.rootfs
             && is_under(&normalize(source), rootfs)
         {
             f.refuse(format!("{at}: {source} is inside the container's rootfs"));
-            continue;
+            return None;
         }
-        let canon = match std::fs::canonicalize(source) {
+        let canon = match ctx.host.canonicalize(Path::new(source)) {
             Ok(c) => c,
             Err(e) => {
                 f.refuse(format!("{at}: {source}: {e}"));
-                continue;
+                return None;
             }
         };
         let c = canon.to_string_lossy().into_owned();
-        if let Some(o) = own.iter().find(|o| is_under(&c, o)) {
-            f.refuse(format!("{at}: {c} is under Tessera's own {o}"));
-            continue;
-        }
         let readonly = options.iter().any(|o| o == "ro");
-        if is_under(&bundle, &c) {
-            f.refuse(format!(
-                "{at}: {c} is the bundle or a directory above it: the runtime and the engine keep files there that they trust later"
-            ));
-            continue;
+        let refused = self
+            .protected(&c, &canon, readonly, ctx)
+            .or_else(|| self.not_allowed(&c, readonly))
+            .or_else(|| {
+                bind_source_chain(ctx.host, &canon)
+                    .err()
+                    .map(|e| e.to_string())
+            });
+        if let Some(why) = refused {
+            f.refuse(format!("{at}: {why}"));
+            return None;
         }
-        if is_under(&c, &bundle)
+        Some(c)
+    }
+
+    /// Why `c` may never be bound (writable): Tessera's own paths, the bundle or above
+    /// it, a file of the bundle or of any container's engine directory.
+    fn protected(&self, c: &str, canon: &Path, readonly: bool, ctx: &Context) -> Option<String> {
+        if let Some(o) = self.own.iter().find(|o| is_under(c, o)) {
+            return Some(format!("{c} is under Tessera's own {o}"));
+        }
+        let bundle = &self.bundle;
+        if is_under(bundle, c) {
+            return Some(format!(
+                "{c} is the bundle or a directory above it: the runtime and the engine keep files there that they trust later"
+            ));
+        }
+        if is_under(c, bundle)
             && !readonly
-            && let Some(name) = Path::new(&c)
-                .strip_prefix(&bundle)
+            && let Some(name) = Path::new(c)
+                .strip_prefix(bundle)
                 .ok()
                 .and_then(|rel| rel.components().next())
                 .map(|first| first.as_os_str().to_string_lossy().into_owned())
             && (BUNDLE_FILES.contains(&name.as_str()) || name.starts_with(".config.json"))
         {
-            f.refuse(format!(
-                "{at}: {c} is the bundle's {name}, which the runtime or the engine reads later: never bind-mounted writable"
+            return Some(format!(
+                "{c} is the bundle's {name}, which the runtime or the engine reads later: never bind-mounted writable"
             ));
-            continue;
         }
         // Any container's engine directory (another's bundle, podman's run
         // directory), wherever a prefix allows it: its files are the engine's.
-        if !readonly && let Some(name) = engine_file(ctx, &canon) {
-            if name.is_empty() {
-                f.refuse(format!(
-                    "{at}: {c} is (or holds) a container's directory of the engine: never bind-mounted writable"
-                ));
-                continue;
-            }
-            if BUNDLE_FILES.contains(&name.as_str()) || name.starts_with(".config.json") {
-                f.refuse(format!(
-                    "{at}: {c} is a container's {name}, which the runtime or the engine reads later: never bind-mounted writable"
-                ));
-                continue;
-            }
+        let name = (!readonly).then(|| engine_file(ctx, canon)).flatten()?;
+        if name.is_empty() {
+            return Some(format!(
+                "{c} is (or holds) a container's directory of the engine: never bind-mounted writable"
+            ));
         }
-        let allowed = prefixes
+        (BUNDLE_FILES.contains(&name.as_str()) || name.starts_with(".config.json")).then(|| {
+            format!(
+                "{c} is a container's {name}, which the runtime or the engine reads later: never bind-mounted writable"
+            )
+        })
+    }
+
+    /// Why `c` is not under an allowed prefix (writable where it is bound writable).
+    fn not_allowed(&self, c: &str, readonly: bool) -> Option<String> {
+        let allowed = self
+            .prefixes
             .iter()
-            .filter(|(p, _)| is_under(&c, p))
+            .filter(|(p, _)| is_under(c, p))
             .map(|(_, w)| *w)
             .max();
         match allowed {
-            None => {
-                f.refuse(format!(
-                    "{at}: {c} is not under this container's bundle, its pod's sandbox or kubelet directories, or an operator-allowed prefix (policy.bind_sources)"
-                ));
-                continue;
-            }
-            Some(false) if !readonly => {
-                f.refuse(format!(
-                    "{at}: {c} may be bind-mounted read-only only (add \"ro\")"
-                ));
-                continue;
-            }
-            Some(_) => {}
-        }
-        if let Err(e) = bind_source_chain(&canon) {
-            f.refuse(format!("{at}: {e}"));
-            continue;
-        }
-        if let Some(o) = m.as_object_mut() {
-            o.insert("source".into(), json!(c));
+            None => Some(format!(
+                "{c} is not under this container's bundle, its pod's sandbox or kubelet directories, or an operator-allowed prefix (policy.bind_sources)"
+            )),
+            Some(false) if !readonly => Some(format!(
+                "{c} may be bind-mounted read-only only (add \"ro\")"
+            )),
+            Some(_) => None,
         }
     }
 }

@@ -1,21 +1,14 @@
 //! AppArmor: set the tenant profile when the host has the AppArmor LSM; without it the
 //! policy decides (`required` refuses, `if-available` goes on and says so).
 
-use super::{Context, Findings};
+use super::base::{Context, Findings};
 use crate::policy::AppArmorMode;
 use serde_json::{Value, json};
 
 /// The shipped profile text (configs/apparmor/tessera-tenant).
 pub const PROFILE_TEXT: &str = include_str!("../../../configs/apparmor/tessera-tenant");
 
-/// What the host offers.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct AppArmorHost {
-    /// The LSM is enabled (/sys/module/apparmor/parameters/enabled is "Y").
-    pub enabled: bool,
-    /// Names of loaded profiles, when readable.
-    pub loaded: Option<Vec<String>>,
-}
+pub use crate::host::AppArmorHost;
 
 /// The decision for one container.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,7 +62,7 @@ pub fn apply(spec: &mut Value, ctx: &Context, f: &mut Findings) {
     match decide(
         policy.apparmor,
         &policy.apparmor_profile,
-        &ctx.host.apparmor,
+        ctx.host.apparmor(),
     ) {
         Decision::Set(p) => {
             process.insert("apparmorProfile".to_string(), json!(p));

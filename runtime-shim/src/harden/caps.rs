@@ -1,6 +1,6 @@
 //! Capabilities: refuse forbidden ones by name, reduce every set to the allowlist.
 
-use super::{Findings, strings};
+use super::base::{Findings, strings};
 use crate::policy::{Policy, cap_name};
 use serde_json::{Value, json};
 

@@ -11,17 +11,27 @@
 
 use serde_json::Value;
 
+use super::base::{Context, Findings, strings};
 use super::mounts::normalize;
-use super::{Context, Findings, strings};
+use crate::lease::{LeaseDevice, ResolvedLease};
 
 /// Take the lease's own CDI edits out of `spec`, noting each.
 pub fn strip_lease_edits(spec: &mut Value, ctx: &Context, f: &mut Findings) {
     let Some(lease) = ctx.lease else {
         return;
     };
-    let same_node = |d: &crate::lease::LeaseDevice, kind: &str, major: i64, minor: i64| {
-        kind.len() == 1 && kind.starts_with(d.kind) && d.major == major && d.minor == minor
-    };
+    strip_nodes(spec, lease, f);
+    strip_rules(spec, lease, f);
+    strip_mounts(spec, lease, ctx, f);
+}
+
+/// Whether `d` is the node of this type and number.
+fn same_node(d: &LeaseDevice, kind: &str, major: i64, minor: i64) -> bool {
+    kind.len() == 1 && kind.starts_with(d.kind) && d.major == major && d.minor == minor
+}
+
+/// The lease's own device nodes.
+fn strip_nodes(spec: &mut Value, lease: &ResolvedLease, f: &mut Findings) {
     if let Some(nodes) = spec
         .pointer_mut("/linux/devices")
         .and_then(Value::as_array_mut)
@@ -46,6 +56,10 @@ pub fn strip_lease_edits(spec: &mut Value, ctx: &Context, f: &mut Findings) {
             !own
         });
     }
+}
+
+/// The device-cgroup rules that allow the lease's own nodes.
+fn strip_rules(spec: &mut Value, lease: &ResolvedLease, f: &mut Findings) {
     if let Some(rules) = spec
         .pointer_mut("/linux/resources/devices")
         .and_then(Value::as_array_mut)
@@ -74,6 +88,10 @@ pub fn strip_lease_edits(spec: &mut Value, ctx: &Context, f: &mut Findings) {
             !own
         });
     }
+}
+
+/// The lease's mounts and the driver's files, as the runtime will mount them.
+fn strip_mounts(spec: &mut Value, lease: &ResolvedLease, ctx: &Context, f: &mut Findings) {
     // The lease's mounts and the driver's files, as the runtime will mount them.
     let mut scratch = Findings::default();
     let own_mounts: Vec<(String, String)> = lease

@@ -3,7 +3,7 @@
 //! none goes under the lease's parent. A pids limit is always set, and the tenant may
 //! not write device, pids or cgroup-core files through `resources.unified`.
 
-use super::{Context, Findings};
+use super::base::{Context, Findings};
 use serde_json::{Value, json};
 
 /// Unified (cgroup v2) key prefixes a tenant spec may not set.
@@ -13,21 +13,28 @@ pub const UNIFIED_FORBIDDEN: &[&str] = &["devices.", "pids.", "cgroup.", "rdma."
 /// names no cgroup.
 pub const SYSTEMD_SLICE: &str = "tessera.slice";
 
+/// Why a lease's cgroup parent cannot hold its container.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ParentError {
+    #[error("the lease's cgroup parent {0:?} is not a clean path")]
+    NotClean(String),
+    #[error("the lease's cgroup parent is the root cgroup")]
+    Root,
+}
+
 /// The cgroupsPath for a container whose spec names none: under the lease's `parent`
 /// (cgroupfs), or `tessera.slice:tessera:<id>` (systemd: the lease's containers
 /// are found through their bindings, not through a tree).
-pub fn cgroups_path(parent: &str, id: &str, systemd: bool) -> Result<String, String> {
+pub fn cgroups_path(parent: &str, id: &str, systemd: bool) -> Result<String, ParentError> {
     if systemd {
         return Ok(format!("{SYSTEMD_SLICE}:tessera:{id}"));
     }
     if parent.split('/').any(|c| c == ".." || c == ".") || parent.contains('\0') {
-        return Err(format!(
-            "the lease's cgroup parent {parent:?} is not a clean path"
-        ));
+        return Err(ParentError::NotClean(parent.to_string()));
     }
     let p = super::mounts::normalize(parent);
     if p == "/" {
-        return Err("the lease's cgroup parent is the root cgroup".to_string());
+        return Err(ParentError::Root);
     }
     Ok(format!("{p}/{id}"))
 }
@@ -81,16 +88,16 @@ pub fn apply(spec: &mut Value, ctx: &Context, f: &mut Findings) {
         } else {
             match cgroups_path(&lease.cgroup_parent, id, ctx.systemd_cgroup) {
                 Ok(p) => {
-                    if let Some(linux) = super::obj_entry(spec, "linux") {
+                    if let Some(linux) = super::base::obj_entry(spec, "linux") {
                         linux.insert("cgroupsPath".to_string(), json!(p));
                     }
                 }
-                Err(e) => f.refuse(e),
+                Err(e) => f.refuse(e.to_string()),
             }
         }
     }
     if let Some(linux) = spec.get_mut("linux")
-        && let Some(res) = super::obj_entry(linux, "resources")
+        && let Some(res) = super::base::obj_entry(linux, "resources")
         && let Some(pids) = res
             .entry("pids")
             .or_insert_with(|| json!({}))

@@ -3,9 +3,9 @@
 //! then exactly the lease's nodes; runc appends its own defaults); the /proc entries of
 //! other GPUs and the MIG capabilities of other instances are masked.
 
-use super::{Context, Findings};
+use super::base::{Context, Findings};
+use crate::host::PathKind;
 use serde_json::{Value, json};
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
 
 /// The device nodes runc always creates and allows (path, major, minor).
 pub const RUNC_DEFAULT_NODES: &[(&str, i64, i64)] = &[
@@ -157,11 +157,10 @@ fn check_lease_nodes(ctx: &Context, f: &mut Findings) {
             continue;
         }
         // The host node must exist and be what the lease says it is.
-        match std::fs::symlink_metadata(&d.host_path) {
+        match ctx.host.lstat(&d.host_path) {
             Ok(m) => {
-                let ft = m.file_type();
-                let kind_ok = (d.kind == 'c' && ft.is_char_device())
-                    || (d.kind == 'b' && ft.is_block_device());
+                let kind_ok = (d.kind == 'c' && m.kind == PathKind::CharDevice)
+                    || (d.kind == 'b' && m.kind == PathKind::BlockDevice);
                 let rdev = m.rdev();
                 let (ma, mi) = (i64::from(libc::major(rdev)), i64::from(libc::minor(rdev)));
                 if !kind_ok || ma != d.major || mi != d.minor {
@@ -208,11 +207,11 @@ pub fn apply(spec: &mut Value, ctx: &Context, f: &mut Findings) {
         json!({"allow": true, "type": d.kind.to_string(), "major": d.major, "minor": d.minor,
                "access": d.permissions})
     }));
-    if let Some(linux) = super::obj_entry(spec, "linux") {
+    if let Some(linux) = super::base::obj_entry(spec, "linux") {
         linux.insert("devices".to_string(), Value::Array(nodes));
     }
     if let Some(linux) = spec.get_mut("linux")
-        && let Some(res) = super::obj_entry(linux, "resources")
+        && let Some(res) = super::base::obj_entry(linux, "resources")
     {
         res.insert("devices".to_string(), Value::Array(rules));
     }
@@ -236,12 +235,12 @@ pub fn masked_paths(ctx: &Context) -> Vec<String> {
         .iter()
         .map(|c| format!("{PROC}/capabilities/{c}"))
         .collect();
-    for (name, minor) in &ctx.host.nvidia_gpus {
+    for (name, minor) in ctx.host.nvidia_gpus() {
         if !minor.is_some_and(|m| allowed_minors.contains(&m)) {
             out.push(format!("{PROC}/gpus/{name}"));
         }
     }
-    for cap in &ctx.host.nvidia_capabilities {
+    for cap in ctx.host.nvidia_capabilities() {
         if !lease.granted_capabilities.contains(cap) {
             let p = format!("{PROC}/capabilities/{cap}");
             if !out.contains(&p) {

@@ -6,7 +6,8 @@
 //! capability beyond the container's bounding set, `noNewPrivileges` forced, the
 //! container's own AppArmor profile and SELinux label, the lease's variables.
 
-use super::{Findings, caps, strings};
+use super::base::{Findings, strings};
+use super::caps;
 use crate::cli::SubArgs;
 use crate::policy::{Policy, cap_name};
 use crate::record::{Record, User};
@@ -22,7 +23,7 @@ pub struct ContainerState {
     /// the same name.
     pub caps: std::collections::BTreeMap<String, Vec<String>>,
     /// The CPU resources it was granted (update may not loosen them).
-    pub cpu: Option<super::update::Cpu>,
+    pub cpu: Option<crate::resources::Cpu>,
     pub apparmor_profile: Option<String>,
     pub process_label: Option<String>,
     /// The user, group and additional groups the container was started with.
@@ -40,7 +41,7 @@ pub struct ContainerState {
 
 /// The environment variables the runtime sets from a lease.
 pub const LEASE_ENV_KEYS: &[&str] = &[
-    "TESSERA_LEASE_ID",
+    tessera_common::contract::LEASE_ID_ENV,
     "CUDA_VISIBLE_DEVICES",
     "NVIDIA_VISIBLE_DEVICES",
     "CUDA_MPS_PIPE_DIRECTORY",
@@ -107,7 +108,7 @@ impl ContainerState {
 pub fn lease_id_of(spec: &Value) -> Option<&str> {
     spec.pointer(&format!(
         "/annotations/{}",
-        super::LEASE_ID_ANNOTATION.replace('/', "~1")
+        super::base::LEASE_ID_ANNOTATION.replace('/', "~1")
     ))
     .and_then(Value::as_str)
 }
@@ -268,6 +269,46 @@ fn exec_user(asked: Option<&Value>, state: &ContainerState, f: &mut Findings) ->
     user
 }
 
+/// The process's AppArmor profile is the container's (another is noted and replaced);
+/// another SELinux label is refused.
+fn check_lsm(obj: &serde_json::Map<String, Value>, state: &ContainerState, f: &mut Findings) {
+    let asked_aa = obj
+        .get("apparmorProfile")
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty());
+    if let Some(a) = asked_aa
+        && Some(a) != state.apparmor_profile.as_deref()
+    {
+        // containerd sends the profile of the original spec (CRI's default profile, say);
+        // the process gets the container's own, whatever it asked for.
+        f.note(format!(
+            "exec --process AppArmor profile {a} replaced by the container's"
+        ));
+    }
+    let asked_label = obj
+        .get("selinuxLabel")
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty());
+    if let Some(l) = asked_label
+        && Some(l) != state.process_label.as_deref()
+    {
+        f.refuse(format!(
+            "exec --process asks for SELinux label {l}, not the container's"
+        ));
+    }
+}
+
+/// The process's variables with the lease's in place of any of the same name.
+fn with_lease_env(env: Option<&Value>, lease_env: &[String]) -> Vec<String> {
+    let mut env = env.and_then(strings).unwrap_or_default();
+    for e in lease_env {
+        let key = e.split('=').next().unwrap_or_default();
+        env.retain(|x| !x.starts_with(&format!("{key}=")));
+        env.push(e.clone());
+    }
+    env
+}
+
 /// Validate and harden an exec process JSON.
 pub fn harden_process(
     mut process: Value,
@@ -304,40 +345,12 @@ pub fn harden_process(
         "exec --process",
         f,
     );
-    let asked_aa = obj
-        .get("apparmorProfile")
-        .and_then(Value::as_str)
-        .filter(|s| !s.is_empty());
-    if let Some(a) = asked_aa
-        && Some(a) != state.apparmor_profile.as_deref()
-    {
-        // containerd sends the profile of the original spec (CRI's default profile, say);
-        // the process gets the container's own, whatever it asked for.
-        f.note(format!(
-            "exec --process AppArmor profile {a} replaced by the container's"
-        ));
-    }
-    let asked_label = obj
-        .get("selinuxLabel")
-        .and_then(Value::as_str)
-        .filter(|s| !s.is_empty());
-    if let Some(l) = asked_label
-        && Some(l) != state.process_label.as_deref()
-    {
-        f.refuse(format!(
-            "exec --process asks for SELinux label {l}, not the container's"
-        ));
-    }
+    check_lsm(obj, state, f);
     if let Some(obj) = process.as_object_mut() {
         // kubectl exec, exec probes and podman exec see the lease like the init
         // process: its variables win over the process JSON's.
         if !state.lease_env.is_empty() {
-            let mut env = obj.get("env").and_then(strings).unwrap_or_default();
-            for e in &state.lease_env {
-                let key = e.split('=').next().unwrap_or_default();
-                env.retain(|x| !x.starts_with(&format!("{key}=")));
-                env.push(e.clone());
-            }
+            let env = with_lease_env(obj.get("env"), &state.lease_env);
             obj.insert("env".to_string(), json!(env));
         }
         obj.insert("user".to_string(), user);
@@ -590,7 +603,7 @@ mod tests {
     #[test]
     fn an_exec_keeps_a_shared_mps_leases_limits() {
         let spec = json!({
-            "annotations": {super::super::LEASE_ID_ANNOTATION: "l-1"},
+            "annotations": {super::super::base::LEASE_ID_ANNOTATION: "l-1"},
             "process": {"user": {"uid": 1000, "gid": 1000}, "args": ["sleep"], "env": [
                 "PATH=/bin",
                 "CUDA_MPS_PIPE_DIRECTORY=/run/nvidia-mps",

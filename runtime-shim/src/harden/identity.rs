@@ -17,7 +17,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use super::{Context, Findings};
+use super::base::{Context, Findings};
+use crate::host::HostView;
 use crate::policy::Policy;
 
 /// containerd CRI's annotation: `sandbox` or `container`.
@@ -145,7 +146,6 @@ pub fn is_component(s: &str) -> bool {
 /// Who the container `ctx.container_id` with `spec` is; a claim that runc's state does
 /// not bear out is refused (and the container is then `Outside`).
 pub fn identify(spec: &Value, ctx: &Context, f: &mut Findings) -> Identity {
-    let id = ctx.container_id;
     let claimed_sandbox = annotation(spec, SANDBOX_ID);
     let claims: Vec<(&str, Fact, &str)> = POD_CLAIMS
         .iter()
@@ -155,7 +155,7 @@ pub fn identify(spec: &Value, ctx: &Context, f: &mut Findings) -> Identity {
     // Only the CRI makes pods: a container made under any other runc root (`ctr`,
     // podman, a direct call) is in no pod, whatever its spec claims.
     if (is_sandbox || claimed_sandbox.is_some() || !claims.is_empty())
-        && trusted_cri_root(ctx.runc_root, ctx.policy()).is_none()
+        && trusted_cri_root(ctx.host, ctx.runc_root, ctx.policy()).is_none()
     {
         f.refuse(format!(
             "/annotations: the spec names a pod, but --root {} is not the CRI's runc root (policy.cri_runc_roots: {}): only the CRI makes a pod's containers",
@@ -170,28 +170,7 @@ pub fn identify(spec: &Value, ctx: &Context, f: &mut Findings) -> Identity {
         return Identity::Outside;
     }
     if is_sandbox {
-        if claimed_sandbox != Some(id) {
-            f.refuse(format!(
-                "/annotations: the spec says it is a pod sandbox ({CONTAINER_TYPE}) but its {SANDBOX_ID} is not its own id {id:?}"
-            ));
-            return Identity::Outside;
-        }
-        if !super::is_cri_sandbox(spec, id, ctx.policy()) {
-            f.refuse(
-                "/annotations: the spec says it is a pod sandbox but asks for devices or forbidden capabilities a sandbox never has",
-            );
-            return Identity::Outside;
-        }
-        let Some(pod) = own_pod(&claims, f) else {
-            return Identity::Outside;
-        };
-        if !check_own_sandbox(spec, ctx, &pod, f) {
-            return Identity::Outside;
-        }
-        return Identity::OwnSandbox {
-            id: id.to_string(),
-            pod,
-        };
+        return identify_sandbox(spec, ctx, claimed_sandbox, &claims, f);
     }
     let Some(sid) = claimed_sandbox else {
         if let Some((k, _, _)) = claims.first() {
@@ -202,12 +181,58 @@ pub fn identify(spec: &Value, ctx: &Context, f: &mut Findings) -> Identity {
         }
         return Identity::Outside;
     };
+    identify_member(ctx, sid, &claims, f)
+}
+
+/// A spec that says it is a pod sandbox: its own, the CRI's, for one pod that has no
+/// other running sandbox.
+fn identify_sandbox(
+    spec: &Value,
+    ctx: &Context,
+    claimed_sandbox: Option<&str>,
+    claims: &[(&str, Fact, &str)],
+    f: &mut Findings,
+) -> Identity {
+    let id = ctx.container_id;
+    if claimed_sandbox != Some(id) {
+        f.refuse(format!(
+            "/annotations: the spec says it is a pod sandbox ({CONTAINER_TYPE}) but its {SANDBOX_ID} is not its own id {id:?}"
+        ));
+        return Identity::Outside;
+    }
+    if !super::base::is_cri_sandbox(spec, id, ctx.policy()) {
+        f.refuse(
+            "/annotations: the spec says it is a pod sandbox but asks for devices or forbidden capabilities a sandbox never has",
+        );
+        return Identity::Outside;
+    }
+    let Some(pod) = own_pod(claims, f) else {
+        return Identity::Outside;
+    };
+    if !check_own_sandbox(spec, ctx, &pod, f) {
+        return Identity::Outside;
+    }
+    Identity::OwnSandbox {
+        id: id.to_string(),
+        pod,
+    }
+}
+
+/// A container of the pod of running sandbox `sid`, as runc's record of it says; what
+/// the spec claims of the pod must be what that record says.
+fn identify_member(
+    ctx: &Context,
+    sid: &str,
+    claims: &[(&str, Fact, &str)],
+    f: &mut Findings,
+) -> Identity {
+    let id = ctx.container_id;
     let at = format!("/annotations/{}", SANDBOX_ID.replace('/', "~1"));
     if !is_component(sid) || sid == id {
         f.refuse(format!("{at}: {sid:?} is not another container's id"));
         return Identity::Outside;
     }
-    let sandbox = match read_sandbox(ctx.runc_root, sid, ctx.policy()) {
+    let sandbox = match read_sandbox(ctx.host, ctx.runc_root, sid, ctx.policy()) {
         Ok(s) => s,
         Err(e) => {
             f.refuse(format!("{at}: the pod sandbox {sid} is not known: {e}"));
@@ -215,7 +240,7 @@ pub fn identify(spec: &Value, ctx: &Context, f: &mut Findings) -> Identity {
         }
     };
     let mut ok = true;
-    for (k, fact, v) in &claims {
+    for (k, fact, v) in claims {
         let have = sandbox.pod.fact(*fact);
         if *v != have {
             f.refuse(format!(
@@ -277,23 +302,27 @@ pub fn is_pod_uid(uid: &str) -> bool {
 
 /// The configured CRI runc root (policy.cri_runc_roots) that `root` is, compared
 /// canonically; `None` when it is none of them.
-pub fn trusted_cri_root<'p>(root: &Path, policy: &'p Policy) -> Option<&'p Path> {
-    let canon = canonical_or_planned(root)?;
+pub fn trusted_cri_root<'p>(
+    host: &dyn HostView,
+    root: &Path,
+    policy: &'p Policy,
+) -> Option<&'p Path> {
+    let canon = canonical_or_planned(host, root)?;
     policy
         .cri_runc_roots
         .iter()
-        .find(|r| canonical_or_planned(r).is_some_and(|c| c == canon))
+        .find(|r| canonical_or_planned(host, r).is_some_and(|c| c == canon))
         .map(PathBuf::as_path)
 }
 
 /// `path` canonical; when it does not exist yet (runc makes its root on the first
 /// create of a boot), its nearest existing ancestor canonical with the rest appended,
 /// the rest having no `.` or `..`. `None` for a relative path.
-pub fn canonical_or_planned(path: &Path) -> Option<PathBuf> {
+pub fn canonical_or_planned(host: &dyn HostView, path: &Path) -> Option<PathBuf> {
     if !path.is_absolute() {
         return None;
     }
-    if let Ok(c) = std::fs::canonicalize(path) {
+    if let Ok(c) = host.canonicalize(path) {
         return Some(c);
     }
     let mut rest = Vec::new();
@@ -304,7 +333,7 @@ pub fn canonical_or_planned(path: &Path) -> Option<PathBuf> {
             _ => return None,
         }
         cur = cur.parent()?;
-        if let Ok(c) = std::fs::canonicalize(cur) {
+        if let Ok(c) = host.canonicalize(cur) {
             return Some(rest.iter().rev().fold(c, |p, n| p.join(n)));
         }
     }
@@ -402,7 +431,7 @@ fn check_own_sandbox(spec: &Value, ctx: &Context, pod: &Pod, f: &mut Findings) -
     };
     let mut ok = true;
     for other in candidates.iter().filter(|c| c.as_slice() != pod_cg) {
-        match cgroup_exists(other) {
+        match cgroup_exists(ctx.host, other) {
             Ok(None) => {}
             Ok(Some(_)) => {
                 f.refuse(format!(
@@ -419,7 +448,7 @@ fn check_own_sandbox(spec: &Value, ctx: &Context, pod: &Pod, f: &mut Findings) -
     }
     // The sandbox is its pod's first container: a pod cgroup that already holds
     // processes is another pod's (a sandbox claiming its uid).
-    match cgroup_has_processes(pod_cg) {
+    match cgroup_has_processes(ctx.host, pod_cg) {
         Ok(false) => {}
         Ok(true) => {
             f.refuse(format!(
@@ -436,7 +465,7 @@ fn check_own_sandbox(spec: &Value, ctx: &Context, pod: &Pod, f: &mut Findings) -
             ok = false;
         }
     }
-    if let Some(other) = running_sandbox_of(uid, ctx.container_id, policy) {
+    if let Some(other) = running_sandbox_of(ctx.host, uid, ctx.container_id, policy) {
         f.refuse(format!(
             "/annotations: pod {uid} already has a running sandbox {other}: a pod has one sandbox"
         ));
@@ -450,23 +479,28 @@ const MAX_SCANNED: usize = 10_000;
 
 /// A running pod sandbox of pod `uid` other than `except` under any CRI runc root,
 /// as `<root>/<id>`.
-fn running_sandbox_of(uid: &str, except: &str, policy: &Policy) -> Option<String> {
+fn running_sandbox_of(
+    host: &dyn HostView,
+    uid: &str,
+    except: &str,
+    policy: &Policy,
+) -> Option<String> {
     for root in &policy.cri_runc_roots {
-        let Ok(rd) = std::fs::read_dir(root) else {
+        let Ok(rd) = host.read_dir(root) else {
             continue;
         };
-        for e in rd.flatten().take(MAX_SCANNED) {
-            let name = e.file_name().to_string_lossy().into_owned();
+        for e in rd.into_iter().take(MAX_SCANNED) {
+            let name = e.name;
             if name == except || !is_component(&name) {
                 continue;
             }
-            let Ok(st) = read_state(root, &name) else {
+            let Ok(st) = read_state(host, root, &name) else {
                 continue;
             };
             let label = |k: &str| st.labels.get(k).map(String::as_str);
             if label(CONTAINER_TYPE) == Some("sandbox")
                 && label(SANDBOX_UID) == Some(uid)
-                && proc_start_time(st.init_pid) == Some(st.init_start)
+                && host.proc_start_time(st.init_pid) == Some(st.init_start)
             {
                 return Some(format!("{}/{name}", root.display()));
             }
@@ -490,41 +524,118 @@ pub struct RuncState {
 /// Read runc's record of container `id` under `root`: `<root>/<id>/state.json`,
 /// without following a symlink, at most [`MAX_STATE_BYTES`], root-owned and writable
 /// by nobody else all the way up.
-pub fn read_state(root: &Path, id: &str) -> Result<RuncState, String> {
+pub fn read_state(host: &dyn HostView, root: &Path, id: &str) -> Result<RuncState, RuncStateError> {
     if !is_component(id) {
-        return Err(format!("{id:?} is not a container id"));
+        return Err(RuncStateError::NotAnId(id.to_string()));
     }
-    let root = std::fs::canonicalize(root).map_err(|e| format!("{}: {e}", root.display()))?;
+    let root = host
+        .canonicalize(root)
+        .map_err(|source| RuncStateError::Root {
+            path: root.to_path_buf(),
+            source,
+        })?;
     let path = root.join(id).join("state.json");
-    let (bytes, mode) =
-        crate::bundle::read_with_mode(&path, MAX_STATE_BYTES).map_err(|e| e.to_string())?;
+    let (bytes, mode) = host.read_file(&path, MAX_STATE_BYTES)?;
     if mode & 0o022 != 0 {
-        return Err(format!("{} is writable by others", path.display()));
+        return Err(RuncStateError::Writable(path));
     }
-    super::allowlist::root_owned_chain(&path)?;
-    let v: Value =
-        serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
-    parse_state(&v).map_err(|e| format!("{}: {e}", path.display()))
+    crate::host::root_owned_chain(host, &path)?;
+    let v: Value = match serde_json::from_slice(&bytes) {
+        Ok(v) => v,
+        Err(source) => return Err(RuncStateError::Json { path, source }),
+    };
+    parse_state(&v).map_err(|reason| RuncStateError::Fields { path, reason })
+}
+
+/// Why runc's record of a container cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum RuncStateError {
+    #[error("{0:?} is not a container id")]
+    NotAnId(String),
+    #[error("{}: {source}", path.display())]
+    Root {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    File(#[from] crate::bundle::BundleError),
+    #[error("{} is writable by others", .0.display())]
+    Writable(PathBuf),
+    #[error(transparent)]
+    Chain(#[from] crate::host::ChainError),
+    #[error("{}: {source}", path.display())]
+    Json {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+    #[error("{}: {reason}", path.display())]
+    Fields { path: PathBuf, reason: StateError },
+}
+
+/// Why a pod sandbox is not known.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error(transparent)]
+    State(#[from] RuncStateError),
+    #[error("runc's record is of {0:?}")]
+    OtherRecord(String),
+    #[error("{id} is not a pod sandbox by its own record ({CONTAINER_TYPE}={container_type:?})")]
+    NotSandbox { id: String, container_type: String },
+    #[error("the sandbox {0} names no pod uid")]
+    NoPodUid(String),
+    #[error(
+        "the sandbox {id}'s cgroup /{cgroup} is not directly in a cgroup of its pod {pod} below a kubepods root (policy.kubepods_roots)"
+    )]
+    NotInPodCgroup {
+        id: String,
+        cgroup: String,
+        pod: String,
+    },
+    #[error("the sandbox {id} is not running (its init process {init_pid} is gone)")]
+    NotRunning { id: String, init_pid: u32 },
+}
+
+/// Why the cgroup hierarchies cannot be looked at.
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    #[error("{} is too deep or too wide to look at", .0.display())]
+    TooBig(PathBuf),
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// What a runc state document lacks.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("no {0}")]
+    Missing(&'static str),
+    #[error("the label {0} is there twice")]
+    LabelTwice(String),
+    #[error(transparent)]
+    Cgroup(#[from] crate::cgroup_names::CgroupNameError),
 }
 
 /// The identity-bearing fields of a runc state document.
-pub fn parse_state(v: &Value) -> Result<RuncState, String> {
+pub fn parse_state(v: &Value) -> Result<RuncState, StateError> {
     let id = v
         .get("id")
         .and_then(Value::as_str)
-        .ok_or("no id")?
+        .ok_or(StateError::Missing("id"))?
         .to_string();
     let init_pid = v
         .get("init_process_pid")
         .and_then(Value::as_u64)
         .and_then(|p| u32::try_from(p).ok())
         .filter(|p| *p > 1)
-        .ok_or("no init_process_pid")?;
+        .ok_or(StateError::Missing("init_process_pid"))?;
     let init_start = v
         .get("init_process_start")
         .and_then(Value::as_u64)
-        .ok_or("no init_process_start")?;
-    let config = v.get("config").ok_or("no config")?;
+        .ok_or(StateError::Missing("init_process_start"))?;
+    let config = v.get("config").ok_or(StateError::Missing("config"))?;
     let mut labels = BTreeMap::new();
     for l in config
         .get("labels")
@@ -535,10 +646,12 @@ pub fn parse_state(v: &Value) -> Result<RuncState, String> {
         if let Some((k, val)) = l.as_str().and_then(|l| l.split_once('='))
             && labels.insert(k.to_string(), val.to_string()).is_some()
         {
-            return Err(format!("the label {k} is there twice"));
+            return Err(StateError::LabelTwice(k.to_string()));
         }
     }
-    let cg = config.get("cgroups").ok_or("no cgroups")?;
+    let cg = config
+        .get("cgroups")
+        .ok_or(StateError::Missing("cgroups"))?;
     let s = |k: &str| cg.get(k).and_then(Value::as_str).unwrap_or("");
     let cgroup = if cg.get("Systemd").and_then(Value::as_bool) == Some(true) {
         let parent = if s("parent").is_empty() {
@@ -570,17 +683,22 @@ pub fn parse_state(v: &Value) -> Result<RuncState, String> {
 
 /// Read and check runc's record of the pod sandbox `id`: a sandbox by its own
 /// labels, running, with a pod uid and a pod cgroup that names it.
-pub fn read_sandbox(root: &Path, id: &str, policy: &Policy) -> Result<Sandbox, String> {
-    let st = read_state(root, id)?;
+pub fn read_sandbox(
+    host: &dyn HostView,
+    root: &Path,
+    id: &str,
+    policy: &Policy,
+) -> Result<Sandbox, SandboxError> {
+    let st = read_state(host, root, id)?;
     if st.id != id {
-        return Err(format!("runc's record is of {:?}", st.id));
+        return Err(SandboxError::OtherRecord(st.id));
     }
     let label = |k: &str| st.labels.get(k).map(String::as_str).unwrap_or("");
     if label(CONTAINER_TYPE) != "sandbox" || label(SANDBOX_ID) != id {
-        return Err(format!(
-            "{id} is not a pod sandbox by its own record ({CONTAINER_TYPE}={:?})",
-            label(CONTAINER_TYPE)
-        ));
+        return Err(SandboxError::NotSandbox {
+            id: id.to_string(),
+            container_type: label(CONTAINER_TYPE).to_string(),
+        });
     }
     let pod = Pod {
         uid: label(SANDBOX_UID).to_string(),
@@ -588,23 +706,23 @@ pub fn read_sandbox(root: &Path, id: &str, policy: &Policy) -> Result<Sandbox, S
         name: label(SANDBOX_NAME).to_string(),
     };
     if !is_pod_uid(&pod.uid) {
-        return Err(format!("the sandbox {id} names no pod uid"));
+        return Err(SandboxError::NoPodUid(id.to_string()));
     }
     let Some(pod_cgroup) = pod_cgroup_of(&st.cgroup, &pod.uid, policy).map(<[String]>::to_vec)
     else {
-        return Err(format!(
-            "the sandbox {id}'s cgroup /{} is not directly in a cgroup of its pod {} below a kubepods root (policy.kubepods_roots)",
-            st.cgroup.join("/"),
-            pod.uid
-        ));
+        return Err(SandboxError::NotInPodCgroup {
+            id: id.to_string(),
+            cgroup: st.cgroup.join("/"),
+            pod: pod.uid,
+        });
     };
-    match proc_start_time(st.init_pid) {
+    match host.proc_start_time(st.init_pid) {
         Some(t) if t == st.init_start => {}
         _ => {
-            return Err(format!(
-                "the sandbox {id} is not running (its init process {} is gone)",
-                st.init_pid
-            ));
+            return Err(SandboxError::NotRunning {
+                id: id.to_string(),
+                init_pid: st.init_pid,
+            });
         }
     }
     Ok(Sandbox {
@@ -617,48 +735,47 @@ pub fn read_sandbox(root: &Path, id: &str, policy: &Policy) -> Result<Sandbox, S
     })
 }
 
-/// A live process's start time (clock ticks after boot), from /proc/<pid>/stat;
-/// `None` when it is gone or a zombie (dead, not yet reaped: its namespaces are gone).
-pub fn proc_start_time(pid: u32) -> Option<u64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let (_, rest) = text.rsplit_once(')')?;
-    // After the command: field 3 (state) onwards; the start time is field 22.
-    let mut fields = rest.split_whitespace();
-    if matches!(fields.next(), Some("Z" | "X" | "x")) {
-        return None;
-    }
-    fields.nth(18)?.parse().ok()
-}
+pub use crate::host::proc_start_time;
 
 /// Whether any process is in cgroup `comps` or below it, in any mounted hierarchy
 /// (cgroup v1 controllers, the v2 tree). `Err` when it cannot be told.
-pub fn cgroup_has_processes(comps: &[String]) -> Result<bool, String> {
-    fn walk(dir: &Path, depth: usize, budget: &mut usize) -> Result<bool, String> {
+pub fn cgroup_has_processes(host: &dyn HostView, comps: &[String]) -> Result<bool, CgroupError> {
+    fn walk(
+        host: &dyn HostView,
+        dir: &Path,
+        depth: usize,
+        budget: &mut usize,
+    ) -> Result<bool, CgroupError> {
         if depth > 16 || *budget == 0 {
-            return Err(format!(
-                "{} is too deep or too wide to look at",
-                dir.display()
-            ));
+            return Err(CgroupError::TooBig(dir.to_path_buf()));
         }
         *budget -= 1;
         let procs = dir.join("cgroup.procs");
-        match std::fs::read_to_string(&procs) {
+        match host.read_to_string(&procs) {
             Ok(t) if t.trim().is_empty() => {}
             Ok(_) => return Ok(true),
-            Err(e) => return Err(format!("{}: {e}", procs.display())),
+            Err(source) => {
+                return Err(CgroupError::Io {
+                    path: procs,
+                    source,
+                });
+            }
         }
-        let rd = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        for e in rd.flatten() {
-            if e.file_type().is_ok_and(|t| t.is_dir()) && walk(&e.path(), depth + 1, budget)? {
+        let rd = host.read_dir(dir).map_err(|source| CgroupError::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        for e in rd {
+            if e.is_dir && walk(host, &e.path, depth + 1, budget)? {
                 return Ok(true);
             }
         }
         Ok(false)
     }
     let mut budget = 4096;
-    for point in cgroup_mounts()? {
+    for point in cgroup_mounts(host)? {
         let dir = point.join(comps.join("/"));
-        if dir.is_dir() && walk(&dir, 0, &mut budget)? {
+        if host.stat(&dir).is_ok_and(|m| m.is_dir()) && walk(host, &dir, 0, &mut budget)? {
             return Ok(true);
         }
     }
@@ -667,9 +784,13 @@ pub fn cgroup_has_processes(comps: &[String]) -> Result<bool, String> {
 
 /// The mount points of the cgroup hierarchies (v1 controllers, the v2 tree) whose
 /// root is the host's.
-fn cgroup_mounts() -> Result<Vec<PathBuf>, String> {
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo")
-        .map_err(|e| format!("/proc/self/mountinfo: {e}"))?;
+fn cgroup_mounts(host: &dyn HostView) -> Result<Vec<PathBuf>, CgroupError> {
+    let mounts = host
+        .read_to_string(Path::new("/proc/self/mountinfo"))
+        .map_err(|source| CgroupError::Io {
+            path: PathBuf::from("/proc/self/mountinfo"),
+            source,
+        })?;
     Ok(mounts
         .lines()
         .filter_map(|line| {
@@ -684,128 +805,40 @@ fn cgroup_mounts() -> Result<Vec<PathBuf>, String> {
 
 /// The first directory of cgroup `comps` that exists in any mounted hierarchy, if
 /// one does.
-pub fn cgroup_exists(comps: &[String]) -> Result<Option<PathBuf>, String> {
+pub fn cgroup_exists(
+    host: &dyn HostView,
+    comps: &[String],
+) -> Result<Option<PathBuf>, CgroupError> {
     if comps.is_empty() {
         return Ok(None);
     }
-    for point in cgroup_mounts()? {
+    for point in cgroup_mounts(host)? {
         let dir = point.join(comps.join("/"));
-        match std::fs::symlink_metadata(&dir) {
+        match host.lstat(&dir) {
             Ok(_) => return Ok(Some(dir)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(format!("{}: {e}", dir.display())),
+            Err(source) => return Err(CgroupError::Io { path: dir, source }),
         }
     }
     Ok(None)
 }
 
 /// Whether a process of this host is in the network namespace `(dev, ino)`.
-pub fn netns_in_use(dev: u64, ino: u64) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    let Ok(rd) = std::fs::read_dir("/proc") else {
+pub fn netns_in_use(host: &dyn HostView, dev: u64, ino: u64) -> bool {
+    let Ok(rd) = host.read_dir(Path::new("/proc")) else {
         return true;
     };
-    rd.flatten()
-        .filter(|e| {
-            e.file_name()
-                .to_string_lossy()
-                .bytes()
-                .all(|b| b.is_ascii_digit())
-        })
+    rd.iter()
+        .filter(|e| e.name.bytes().all(|b| b.is_ascii_digit()))
         .any(|e| {
-            std::fs::metadata(e.path().join("ns/net"))
-                .is_ok_and(|m| (m.dev(), m.ino()) == (dev, ino))
+            host.stat(&e.path.join("ns/net"))
+                .is_ok_and(|m| (m.dev, m.ino) == (dev, ino))
         })
 }
 
-/// A cgroupfs `cgroupsPath` as components: absolute, no empty, `.` or `..` component.
-pub fn cgroupfs_components(path: &str) -> Result<Vec<String>, String> {
-    let rest = path
-        .strip_prefix('/')
-        .ok_or_else(|| format!("{path:?} is not absolute"))?;
-    if rest.is_empty() {
-        return Err(format!("{path:?} is the root cgroup"));
-    }
-    rest.split('/')
-        .map(|c| {
-            if c.is_empty() || c == "." || c == ".." || c.contains('\0') {
-                Err(format!(
-                    "{path:?} has an empty, '.' or '..' component (it is not a clean path)"
-                ))
-            } else {
-                Ok(c.to_string())
-            }
-        })
-        .collect()
-}
-
-/// A systemd slice name as the cgroups systemd nests it in: `a-b-c.slice` lives at
-/// `a.slice/a-b.slice/a-b-c.slice`.
-pub fn expand_slice(slice: &str) -> Result<Vec<String>, String> {
-    let name = slice
-        .strip_suffix(".slice")
-        .ok_or_else(|| format!("{slice:?} is not a slice"))?;
-    if name == "-" {
-        return Err(format!("{slice:?} is the root slice"));
-    }
-    let valid = !name.is_empty()
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
-    if !valid || name.split('-').any(str::is_empty) {
-        return Err(format!("{slice:?} is not a plain slice name"));
-    }
-    let mut out = Vec::new();
-    let mut prefix = String::new();
-    for part in name.split('-') {
-        if !prefix.is_empty() {
-            prefix.push('-');
-        }
-        prefix.push_str(part);
-        out.push(format!("{prefix}.slice"));
-    }
-    Ok(out)
-}
-
-/// A systemd `cgroupsPath` (`slice:prefix:name`) as the components of the scope
-/// systemd makes for it (`<expanded slice>/<prefix>-<name>.scope`).
-pub fn systemd_components(path: &str) -> Result<Vec<String>, String> {
-    let parts: Vec<&str> = path.split(':').collect();
-    let [slice, prefix, name] = parts.as_slice() else {
-        return Err(format!("{path:?} is not slice:prefix:name"));
-    };
-    let plain = |s: &str| {
-        !s.is_empty()
-            && s.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-    };
-    if !plain(prefix) || !plain(name) || name.ends_with(".slice") {
-        return Err(format!(
-            "{path:?}: the prefix and name must be plain and name a scope"
-        ));
-    }
-    let mut c = expand_slice(slice)?;
-    c.push(format!("{prefix}-{name}.scope"));
-    Ok(c)
-}
-
-/// A `cgroupsPath` as components, in the driver's form.
-pub fn cgroup_components(path: &str, systemd: bool) -> Result<Vec<String>, String> {
-    if systemd {
-        systemd_components(path)
-    } else {
-        cgroupfs_components(path)
-    }
-}
-
-/// An operator-configured cgroup parent (`/a/b` or `a-b.slice`) as components.
-pub fn parent_components(parent: &str) -> Result<Vec<String>, String> {
-    if parent.ends_with(".slice") && !parent.contains('/') {
-        expand_slice(parent)
-    } else {
-        cgroupfs_components(parent)
-    }
-}
+pub use crate::cgroup_names::{
+    cgroup_components, cgroupfs_components, expand_slice, parent_components, systemd_components,
+};
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]

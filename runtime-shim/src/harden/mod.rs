@@ -4,88 +4,29 @@
 
 pub mod allowlist;
 pub mod apparmor;
+pub mod base;
 pub mod caps;
 pub mod cdi;
 pub mod cgroups;
 pub mod devices;
 pub mod exec;
 pub mod identity;
+pub mod json;
 pub mod mounts;
 pub mod namespaces;
 pub mod seccomp;
 pub mod update;
 
-use crate::config::RuntimeConfig;
-use crate::host::HostFacts;
-use crate::lease::ResolvedLease;
 use crate::policy::Policy;
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 use std::path::Path;
 
-/// The annotation carrying the lease token.
-pub const TOKEN_ANNOTATION: &str = "tessera.io/lease-token";
-/// The env variable (in `process.env`) that may carry the lease token instead.
-pub const TOKEN_ENV: &str = "TESSERA_LEASE_TOKEN";
-/// The annotation the runtime adds with the lease id.
-pub const LEASE_ID_ANNOTATION: &str = "tessera.io/lease-id";
-/// The CRI annotation with the pod's namespace.
-pub const SANDBOX_NAMESPACE_ANNOTATION: &str = "io.kubernetes.cri.sandbox-namespace";
-
-/// kubelet's annotation naming the container's termination-message path.
-pub const TERMINATION_PATH_ANNOTATION: &str = "io.kubernetes.container.terminationMessagePath";
-/// Where kubelet mounts the termination-message file unless the pod says otherwise.
-pub const DEFAULT_TERMINATION_PATH: &str = "/dev/termination-log";
-/// The annotations that name a container's pod, most stable first: the pod's uid
-/// (containerd's CRI, then kubelet's own), then the CRI sandbox id.
-pub const POD_ANNOTATIONS: &[&str] = &[
-    "io.kubernetes.cri.sandbox-uid",
-    "io.kubernetes.pod.uid",
-    "io.kubernetes.cri.sandbox-id",
-];
-
-/// Docker's default masked paths (kept even if the tenant spec dropped them).
-pub const DEFAULT_MASKED: &[&str] = &[
-    "/proc/acpi",
-    "/proc/asound",
-    "/proc/kcore",
-    "/proc/keys",
-    "/proc/latency_stats",
-    "/proc/timer_list",
-    "/proc/timer_stats",
-    "/proc/sched_debug",
-    "/proc/scsi",
-    "/sys/firmware",
-    "/sys/devices/virtual/powercap",
-];
-/// Docker's default read-only paths.
-pub const DEFAULT_READONLY: &[&str] = &[
-    "/proc/bus",
-    "/proc/fs",
-    "/proc/irq",
-    "/proc/sys",
-    "/proc/sysrq-trigger",
-];
-
-/// Everything the hardening needs besides the spec.
-#[derive(Debug, Clone, Copy)]
-pub struct Context<'a> {
-    pub config: &'a RuntimeConfig,
-    pub seccomp: &'a seccomp::Profile,
-    pub host: &'a HostFacts,
-    pub lease: Option<&'a ResolvedLease>,
-    pub container_id: &'a str,
-    pub systemd_cgroup: bool,
-    pub bundle: &'a Path,
-    /// runc's state root (`--root`): where the pod sandbox's state is read from.
-    pub runc_root: &'a Path,
-}
-
-impl Context<'_> {
-    /// The hardening policy.
-    pub fn policy(&self) -> &Policy {
-        &self.config.policy
-    }
-}
+pub use base::{
+    Context, DEFAULT_MASKED, DEFAULT_READONLY, DEFAULT_TERMINATION_PATH, Findings,
+    LEASE_ID_ANNOTATION, POD_ANNOTATIONS, SANDBOX_NAMESPACE_ANNOTATION,
+    TERMINATION_PATH_ANNOTATION, TOKEN_ANNOTATION, TOKEN_ENV, annotation, is_cri_sandbox,
+    obj_entry, pod_of, strings,
+};
 
 /// The outcome: admitted with the hardened spec, or refused with every reason.
 #[derive(Debug, Clone, PartialEq)]
@@ -112,6 +53,17 @@ impl PartialEq for BuiltinText {
 }
 
 impl Decision {
+    /// Refused before any hardening, for the reasons in `f`.
+    fn refused(f: Findings, spec: Value) -> Self {
+        Self {
+            admitted: false,
+            reasons: f.reasons,
+            notes: f.notes,
+            spec,
+            builtin_seccomp: None,
+        }
+    }
+
     /// The hardened spec as config.json: the built-in seccomp profile written where
     /// its placeholder is.
     pub fn config_json(&self) -> serde_json::Result<Vec<u8>> {
@@ -134,46 +86,6 @@ impl Decision {
         }
         spec
     }
-}
-
-/// Collects refusals and notes.
-#[derive(Debug, Default)]
-pub struct Findings {
-    pub reasons: Vec<String>,
-    pub notes: Vec<String>,
-}
-
-impl Findings {
-    pub fn refuse(&mut self, r: impl Into<String>) {
-        let r = r.into();
-        if !self.reasons.contains(&r) {
-            self.reasons.push(r);
-        }
-    }
-    pub fn note(&mut self, n: impl Into<String>) {
-        self.notes.push(n.into());
-    }
-}
-
-/// The object at `key` of `v` (created when absent or null); `None` if `v` is not an
-/// object or the entry is not an object.
-pub fn obj_entry<'v>(v: &'v mut Value, key: &str) -> Option<&'v mut Map<String, Value>> {
-    let map = v.as_object_mut()?;
-    let e = map
-        .entry(key.to_string())
-        .or_insert_with(|| Value::Object(Map::new()));
-    if e.is_null() {
-        *e = Value::Object(Map::new());
-    }
-    e.as_object_mut()
-}
-
-/// The strings of an array value, or `None` if it is not an array of strings.
-pub fn strings(v: &Value) -> Option<Vec<String>> {
-    v.as_array()?
-        .iter()
-        .map(|s| s.as_str().map(String::from))
-        .collect()
 }
 
 #[derive(Clone, Copy)]
@@ -244,9 +156,20 @@ pub fn check_shape(spec: &Value, f: &mut Findings) -> bool {
     f.reasons.len() == before
 }
 
+/// Why the spec's lease token cannot be told.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TokenError {
+    #[error("process.env sets {TOKEN_ENV} to different tokens")]
+    TwoInEnv,
+    #[error("the annotation {TOKEN_ANNOTATION} and {TOKEN_ENV} name different tokens")]
+    Disagree,
+    #[error("the lease token is empty")]
+    Empty,
+}
+
 /// Where the lease token is, if anywhere: the annotation, or `TESSERA_LEASE_TOKEN` in
 /// `process.env`. Two different tokens are an error.
-pub fn find_token(spec: &Value) -> Result<Option<String>, String> {
+pub fn find_token(spec: &Value) -> Result<Option<String>, TokenError> {
     let from_annotation = spec
         .pointer(&format!(
             "/annotations/{}",
@@ -265,23 +188,18 @@ pub fn find_token(spec: &Value) -> Result<Option<String>, String> {
         .collect();
     env_tokens.dedup();
     if env_tokens.len() > 1 {
-        return Err(format!("process.env sets {TOKEN_ENV} to different tokens"));
+        return Err(TokenError::TwoInEnv);
     }
     let from_env = env_tokens.pop();
     match (from_annotation, from_env) {
-        (Some(a), Some(e)) if a != e => Err(format!(
-            "the annotation {TOKEN_ANNOTATION} and {TOKEN_ENV} name different tokens"
-        )),
-        (Some(t), _) | (None, Some(t)) if t.trim().is_empty() => {
-            Err("the lease token is empty".to_string())
-        }
+        (Some(a), Some(e)) if a != e => Err(TokenError::Disagree),
+        (Some(t), _) | (None, Some(t)) if t.trim().is_empty() => Err(TokenError::Empty),
         (Some(t), _) | (None, Some(t)) => Ok(Some(t)),
         (None, None) => Ok(None),
     }
 }
 
-/// How a refusal of a privileged container begins.
-pub const PRIVILEGED_REFUSAL: &str = "privileged containers are not allowed";
+pub use crate::refusal::{PRIVILEGED_REFUSAL, line as refusal_line};
 
 /// The one reason to show for a privileged container (`podman --privileged`,
 /// Kubernetes `securityContext.privileged`): its spec allows every device in the
@@ -319,46 +237,6 @@ pub fn privileged(spec: &Value) -> Option<String> {
     ))
 }
 
-/// The one line a refusal is shown as (stderr and runc's log, which containerd and
-/// conmon read): a privileged container's single reason, or every reason joined,
-/// without line breaks. `true` when reasons were left out of the line.
-pub fn refusal_line(what: &str, reasons: &[String]) -> (String, bool) {
-    let flat = |r: &str| r.replace(['\n', '\r'], " ");
-    if let Some(p) = reasons.iter().find(|r| r.starts_with(PRIVILEGED_REFUSAL)) {
-        let more = reasons.len() - 1;
-        let tail = if more > 0 {
-            format!(" [{more} more reason(s): tessera-runtime check lists them]")
-        } else {
-            String::new()
-        };
-        return (
-            format!("tessera-runtime: {what} refused: {}{tail}", flat(p)),
-            more > 0,
-        );
-    }
-    let all: Vec<String> = reasons.iter().map(|r| flat(r)).collect();
-    (
-        format!("tessera-runtime: {what} refused: {}", all.join("; ")),
-        false,
-    )
-}
-
-fn annotation<'v>(spec: &'v Value, key: &str) -> Option<&'v str> {
-    spec.get("annotations")
-        .and_then(|a| a.get(key))
-        .and_then(Value::as_str)
-        .filter(|v| !v.is_empty())
-}
-
-/// The pod a container belongs to, from the annotations containerd's CRI sets (the
-/// pod uid, else the sandbox id); `None` outside Kubernetes.
-pub fn pod_of(spec: &Value) -> Option<String> {
-    POD_ANNOTATIONS
-        .iter()
-        .find_map(|k| annotation(spec, k))
-        .map(str::to_string)
-}
-
 /// The host path of the container's termination-message file: the source of the
 /// bind mount whose destination is the termination path (kubelet's annotation, else
 /// `/dev/termination-log`). Read from the hardened spec, whose bind sources are
@@ -382,44 +260,6 @@ pub fn termination_log_source(spec: &Value) -> Option<String> {
         .filter_map(|m| m.get("source").and_then(Value::as_str))
         .rfind(|s| s.starts_with('/'))
         .map(str::to_string)
-}
-
-/// Whether the spec really is containerd's pod sandbox (pause) container, which runs
-/// no tenant code: the CRI annotations agree (`container-type` sandbox, `sandbox-id`
-/// equal to this container's id), it asks for no device and for no forbidden
-/// capability. A spec that only claims to be one gets no exemption.
-pub fn is_cri_sandbox(spec: &Value, id: &str, policy: &Policy) -> bool {
-    let ann = |k: &str| {
-        spec.get("annotations")
-            .and_then(|a| a.get(k))
-            .and_then(Value::as_str)
-    };
-    if ann("io.kubernetes.cri.container-type") != Some("sandbox") {
-        return false;
-    }
-    let same_id = ann("io.kubernetes.cri.sandbox-id") == Some(id) && !id.is_empty();
-    let no_devices = spec
-        .pointer("/linux/devices")
-        .and_then(Value::as_array)
-        .is_none_or(Vec::is_empty);
-    let caps = spec
-        .pointer("/process/capabilities")
-        .and_then(Value::as_object)
-        .map(|sets| {
-            sets.values()
-                .filter_map(strings)
-                .flatten()
-                .map(|c| crate::policy::cap_name(&c))
-                .collect::<Vec<_>>()
-        })
-        .unwrap_or_default();
-    let no_forbidden = !caps.iter().any(|c| {
-        policy
-            .forbidden_capabilities
-            .iter()
-            .any(|f| crate::policy::cap_name(f) == *c)
-    });
-    same_id && no_devices && no_forbidden
 }
 
 fn check_hooks(spec: &mut Value, f: &mut Findings) {
@@ -464,8 +304,8 @@ fn check_root(spec: &Value, ctx: &Context, f: &mut Findings) {
         f.refuse("root.path is the host's /");
         return;
     }
-    match std::fs::symlink_metadata(&full) {
-        Ok(m) if m.file_type().is_symlink() => {
+    match ctx.host.lstat(&full) {
+        Ok(m) if m.is_symlink() => {
             f.refuse(format!("root.path {path} is a symlink"));
         }
         Ok(m) if !m.is_dir() => f.refuse(format!("root.path {path} is not a directory")),
@@ -608,26 +448,14 @@ pub fn harden(mut spec: Value, ctx: &Context) -> Decision {
     let mut f = Findings::default();
     if !spec.is_object() {
         f.refuse("the spec is not a JSON object");
-        return Decision {
-            admitted: false,
-            reasons: f.reasons,
-            notes: f.notes,
-            spec,
-            builtin_seccomp: None,
-        };
+        return Decision::refused(f, spec);
     }
     if !check_shape(&spec, &mut f) {
-        return Decision {
-            admitted: false,
-            reasons: f.reasons,
-            notes: f.notes,
-            spec,
-            builtin_seccomp: None,
-        };
+        return Decision::refused(f, spec);
     }
     allowlist::walk(&spec, "", &mut f);
     if let Err(e) = find_token(&spec) {
-        f.refuse(e);
+        f.refuse(e.to_string());
     }
     cdi::strip_lease_edits(&mut spec, ctx, &mut f);
     let ident = identity::identify(&spec, ctx, &mut f);

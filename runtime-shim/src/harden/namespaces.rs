@@ -2,25 +2,11 @@
 //! the policy allows it, no joining the host's namespaces by path; sysctls from a safe
 //! list only.
 
-use super::{Context, Findings};
-use crate::host::is_host_namespace;
+use super::base::{Context, Findings};
 use serde_json::Value;
-use std::os::unix::fs::MetadataExt;
+use std::path::Path;
 
-/// OCI namespace type -> the name under `/proc/<pid>/ns/`.
-pub fn proc_name(oci: &str) -> Option<&'static str> {
-    Some(match oci {
-        "pid" => "pid",
-        "network" => "net",
-        "mount" => "mnt",
-        "ipc" => "ipc",
-        "uts" => "uts",
-        "user" => "user",
-        "cgroup" => "cgroup",
-        "time" => "time",
-        _ => return None,
-    })
-}
+pub use crate::host::proc_name;
 
 /// Namespaces a tenant container must have of its own.
 const REQUIRED: &[&str] = &["pid", "ipc", "mount", "uts"];
@@ -47,7 +33,11 @@ pub fn apply(spec: &mut Value, ctx: &Context, f: &mut Findings) {
             None | Some(Value::Null) => {}
             Some(Value::String(p)) if p.is_empty() => {}
             Some(Value::String(p)) => {
-                match std::fs::metadata(p).and_then(|m| is_host_namespace(ty, m.dev(), m.ino())) {
+                let host = ctx.host;
+                match host
+                    .stat(Path::new(p))
+                    .and_then(|m| host.is_host_namespace(ty, m.dev, m.ino))
+                {
                     Ok(true) => {
                         let allowed = ty == "network" && policy.allow_host_network;
                         if !allowed {

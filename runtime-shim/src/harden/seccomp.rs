@@ -154,7 +154,7 @@ fn syscall_rules(v: &Value) -> Vec<Value> {
 /// Replace the spec's seccomp with the tenant profile (the built-in one as
 /// [`BUILTIN_PLACEHOLDER`]). Returns a note when the tenant's own profile was dropped.
 pub fn apply(spec: &mut Value, profile: &Profile) -> Option<String> {
-    let linux = super::obj_entry(spec, "linux")?;
+    let linux = super::json::obj_entry(spec, "linux")?;
     let had = linux.get("seccomp").is_some_and(|s| !s.is_null());
     let oci = match &profile.oci {
         Oci::Builtin(_) => Value::String(BUILTIN_PLACEHOLDER.to_string()),

@@ -5,11 +5,10 @@
 //! neither the JSON of `--resources` (a file or stdin) nor the flags, which become the
 //! same typed values.
 
-use super::Findings;
+use super::base::Findings;
 use super::exec::{ContainerState, device_rule_within};
 use crate::cli::SubArgs;
 use crate::policy::Policy;
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::BTreeMap;
 
@@ -24,22 +23,6 @@ pub const UPDATE_MAY_CHANGE: &str = "CPU, memory, pids, hugepages and cpuset";
 const UNIFIED_TUNABLE: &[&str] = &["cpu.", "cpuset.", "memory.", "hugetlb."];
 const UNIFIED_REFUSED: &[&str] = &["cpuset.cpus.partition"];
 
-/// A hugepage size as runc names the cgroup file with it (`hugetlb.<size>.limit_in_bytes`):
-/// digits and a unit, nothing that could make a path.
-pub fn page_size_ok(s: &str) -> bool {
-    let digits = s.trim_end_matches(|c: char| c.is_ascii_alphabetic());
-    let unit = &s[digits.len()..];
-    !digits.is_empty()
-        && digits.bytes().all(|b| b.is_ascii_digit())
-        && !digits.starts_with('0')
-        && matches!(unit, "KB" | "MB" | "GB")
-}
-
-/// A cgroup file name (runc joins it to the container's cgroup directory).
-pub fn cgroup_file_name_ok(s: &str) -> bool {
-    !s.is_empty() && !s.contains('/') && s != "." && s != ".." && !s.contains('\0')
-}
-
 /// A `memory.max`-like value within `granted` (`None`: no limit was granted, so
 /// `max` too).
 fn unified_limit_ok(value: &str, granted: Option<i64>) -> bool {
@@ -53,210 +36,10 @@ fn unified_limit_ok(value: &str, granted: Option<i64>) -> bool {
     }
 }
 
-/// The keys runc's Go decoder reads at each place of the resources JSON, spelt as
-/// the runtime reads them. A key spelt otherwise (Go would still match `LIMIT` to
-/// `limit`) is refused by its path.
-const KEYS: &[(&str, &[&str])] = &[
-    (
-        "",
-        &[
-            "devices",
-            "memory",
-            "cpu",
-            "pids",
-            "blockIO",
-            "hugepageLimits",
-            "network",
-            "rdma",
-            "unified",
-        ],
-    ),
-    (
-        "/memory",
-        &[
-            "limit",
-            "reservation",
-            "swap",
-            "kernel",
-            "kernelTCP",
-            "swappiness",
-            "disableOOMKiller",
-            "useHierarchy",
-            "checkBeforeUpdate",
-        ],
-    ),
-    (
-        "/cpu",
-        &[
-            "shares",
-            "quota",
-            "burst",
-            "period",
-            "realtimeRuntime",
-            "realtimePeriod",
-            "cpus",
-            "mems",
-            "idle",
-        ],
-    ),
-    ("/pids", &["limit"]),
-    (
-        "/blockIO",
-        &[
-            "weight",
-            "leafWeight",
-            "weightDevice",
-            "throttleReadBpsDevice",
-            "throttleWriteBpsDevice",
-            "throttleReadIOPSDevice",
-            "throttleWriteIOPSDevice",
-        ],
-    ),
-    (
-        "/blockIO/weightDevice/*",
-        &["major", "minor", "weight", "leafWeight"],
-    ),
-    (
-        "/blockIO/throttleReadBpsDevice/*",
-        &["major", "minor", "rate"],
-    ),
-    (
-        "/blockIO/throttleWriteBpsDevice/*",
-        &["major", "minor", "rate"],
-    ),
-    (
-        "/blockIO/throttleReadIOPSDevice/*",
-        &["major", "minor", "rate"],
-    ),
-    (
-        "/blockIO/throttleWriteIOPSDevice/*",
-        &["major", "minor", "rate"],
-    ),
-    ("/devices/*", &["allow", "type", "major", "minor", "access"]),
-    ("/hugepageLimits/*", &["pageSize", "limit"]),
-];
-
-macro_rules! opt_struct {
-    ($(#[$m:meta])* $name:ident { $($(#[$fm:meta])* $field:ident : $ty:ty),* $(,)? }) => {
-        $(#[$m])*
-        #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-        #[serde(deny_unknown_fields)]
-        pub struct $name {
-            $(
-                $(#[$fm])*
-                #[serde(default, skip_serializing_if = "Option::is_none")]
-                pub $field: Option<$ty>,
-            )*
-        }
-    };
-}
-
-opt_struct!(
-    /// runc's `LinuxMemory`.
-    Memory {
-        limit: i64,
-        reservation: i64,
-        swap: i64,
-        kernel: i64,
-        #[serde(rename = "kernelTCP")]
-        kernel_tcp: i64,
-        swappiness: u64,
-        #[serde(rename = "disableOOMKiller")]
-        disable_oom_killer: bool,
-        #[serde(rename = "useHierarchy")]
-        use_hierarchy: bool,
-        #[serde(rename = "checkBeforeUpdate")]
-        check_before_update: bool,
-    }
-);
-
-opt_struct!(
-    /// runc's `LinuxCPU`.
-    Cpu {
-        shares: u64,
-        quota: i64,
-        burst: u64,
-        period: u64,
-        #[serde(rename = "realtimeRuntime")]
-        realtime_runtime: i64,
-        #[serde(rename = "realtimePeriod")]
-        realtime_period: u64,
-        cpus: String,
-        mems: String,
-        idle: i64,
-    }
-);
-
-opt_struct!(
-    /// A device cgroup rule.
-    DeviceRule {
-        allow: bool,
-        #[serde(rename = "type")]
-        kind: String,
-        major: i64,
-        minor: i64,
-        access: String,
-    }
-);
-
-/// runc's `LinuxPids`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Pids {
-    pub limit: i64,
-}
-
-/// A hugepage limit.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Hugepage {
-    #[serde(rename = "pageSize")]
-    pub page_size: String,
-    pub limit: u64,
-}
-
-opt_struct!(
-    /// runc's `LinuxResources`, as `update --resources` reads it.
-    Resources {
-        devices: Vec<DeviceRule>,
-        memory: Memory,
-        cpu: Cpu,
-        pids: Pids,
-        #[serde(rename = "blockIO")]
-        block_io: Value,
-        #[serde(rename = "hugepageLimits")]
-        hugepage_limits: Vec<Hugepage>,
-        network: Value,
-        rdma: Value,
-        unified: BTreeMap<String, String>,
-    }
-);
-
-/// The paths of every key not spelt as [`KEYS`] says.
-fn unknown_keys(v: &Value, at: &str, pattern: &str, out: &mut Vec<String>) {
-    match v {
-        Value::Object(m) => {
-            let allowed = KEYS.iter().find(|(p, _)| *p == pattern).map(|(_, k)| *k);
-            for (k, child) in m {
-                let path = format!("{at}/{k}");
-                match allowed {
-                    Some(keys) if keys.contains(&k.as_str()) => {
-                        unknown_keys(child, &path, &format!("{pattern}/{k}"), out);
-                    }
-                    Some(_) => out.push(path),
-                    // Maps of free keys (unified) are judged elsewhere.
-                    None => {}
-                }
-            }
-        }
-        Value::Array(a) => {
-            for (i, child) in a.iter().enumerate() {
-                unknown_keys(child, &format!("{at}/{i}"), &format!("{pattern}/*"), out);
-            }
-        }
-        _ => {}
-    }
-}
+pub use crate::resources::{
+    Cpu, DeviceRule, Hugepage, Memory, Pids, Resources, cgroup_file_name_ok, page_size_ok,
+    parse_create, unknown_keys, without_values,
+};
 
 /// Parse a resources document (already through the strict parser) into typed values.
 pub fn parse(v: &Value, f: &mut Findings) -> Option<Resources> {
@@ -284,48 +67,6 @@ pub fn parse(v: &Value, f: &mut Findings) -> Option<Resources> {
             None
         }
     }
-}
-
-/// A decoder's message without the value it quotes (`invalid type: string "s3cret",
-/// expected i64` becomes `invalid type: string, expected i64`): the document may be
-/// any file root can read, named by whoever wrote the command line.
-pub fn without_values(msg: &str) -> String {
-    for lead in ["invalid type: ", "invalid value: "] {
-        if let Some(i) = msg.find(lead)
-            && let Some(j) = msg[i..].find(", expected")
-        {
-            let kind = msg[i + lead.len()..i + j]
-                .split([' ', '`', '"'])
-                .next()
-                .unwrap_or("");
-            return format!("{}{lead}{kind}{}", &msg[..i], without_values(&msg[i + j..]));
-        }
-    }
-    msg.to_string()
-}
-
-/// A create's `linux.resources` parsed into the same typed values: every key spelt as
-/// runc's Go structs name it (runc matches keys case-insensitively, so `LIMIT` would
-/// be its `limit` while a reader by exact name saw none), every value of its type.
-/// `Err` lists the reasons.
-pub fn parse_create(v: &Value) -> Result<Resources, Vec<String>> {
-    if !v.is_object() {
-        return Err(vec!["/linux/resources: not an object".to_string()]);
-    }
-    let mut unknown = Vec::new();
-    unknown_keys(v, "", "", &mut unknown);
-    if !unknown.is_empty() {
-        return Err(unknown
-            .into_iter()
-            .map(|p| format!("/linux/resources{p}: unknown key (keys are spelt as runc's)"))
-            .collect());
-    }
-    serde_json::from_value::<Resources>(v.clone()).map_err(|e| {
-        vec![format!(
-            "/linux/resources: {}",
-            without_values(&e.to_string())
-        )]
-    })
 }
 
 /// A cpuset list (`0-3,8`) as its members; `None` when it is not one.
@@ -462,64 +203,11 @@ pub fn judge(
     let before = f.reasons.len();
     let mut out = Resources::default();
     if let Some(p) = r.pids {
-        let cap = state
-            .pids_limit
-            .filter(|g| *g > 0)
-            .map_or(policy.pids_limit, |g| g.min(policy.pids_limit));
-        if !(1..=cap).contains(&p.limit) {
-            f.refuse(format!(
-                "/pids/limit: {} is refused: update may set a pids limit of 1..={cap} only (what the container was granted)",
-                p.limit
-            ));
-        }
+        judge_pids(&p, state, policy, f);
         out.pids = Some(p);
     }
     if let Some(m) = r.memory {
-        let granted = state.memory_limit.filter(|g| *g > 0);
-        if let Some(l) = m.limit
-            && (l < 0 || granted.is_some_and(|g| l > g))
-        {
-            f.refuse(format!(
-                "/memory/limit: {l} is refused: update may set a memory limit of 1..={} bytes only (0 leaves it)",
-                granted.map_or_else(|| "any".to_string(), |g| g.to_string())
-            ));
-        }
-        if let Some(s) = m.reservation
-            && (s < 0 || granted.is_some_and(|g| s > g))
-        {
-            f.refuse(format!(
-                "/memory/reservation: {s} is refused: 0..=the memory limit only"
-            ));
-        }
-        if let Some(s) = m.swap {
-            let gswap = state.memory_swap.filter(|g| *g > 0);
-            if s < 0 || gswap.is_some_and(|g| s > g) {
-                f.refuse(format!(
-                    "/memory/swap: {s} is refused: update may set a memory+swap limit of 0..={} only",
-                    gswap.map_or_else(|| "any".to_string(), |g| g.to_string())
-                ));
-            }
-        }
-        for (name, v) in [("kernel", m.kernel), ("kernelTCP", m.kernel_tcp)] {
-            if v.is_some_and(|v| v != 0) {
-                f.refuse(format!(
-                    "/memory/{name}: kernel memory limits are refused (update may change {UPDATE_MAY_CHANGE} only)"
-                ));
-            }
-        }
-        if m.disable_oom_killer == Some(true) {
-            f.refuse(
-                "/memory/disableOOMKiller: refused: a container over its limit must be killable",
-            );
-        }
-        if m.swappiness.is_some_and(|s| s > 100) {
-            f.refuse("/memory/swappiness: 0..=100 only");
-        }
-        out.memory = Some(Memory {
-            kernel: None,
-            kernel_tcp: None,
-            ..m
-        });
+        out.memory = Some(judge_memory(m, state, f));
     }
     if let Some(c) = r.cpu {
         for (name, set) in [
@@ -548,30 +236,7 @@ pub fn judge(
     }
     out.hugepage_limits = r.hugepage_limits;
     if let Some(u) = r.unified {
-        for (key, value) in &u {
-            let bound = match key.as_str() {
-                "memory.max" => Some(state.memory_limit.filter(|g| *g > 0)),
-                "memory.swap.max" => Some(state.memory_swap.filter(|g| *g > 0)),
-                _ => None,
-            };
-            if !cgroup_file_name_ok(key)
-                || !UNIFIED_TUNABLE.iter().any(|p| key.starts_with(p))
-                || UNIFIED_REFUSED.contains(&key.as_str())
-            {
-                f.refuse(format!(
-                    "/unified/{key}: update may change {UPDATE_MAY_CHANGE} only"
-                ));
-            } else if key.starts_with("cpu.") || key.starts_with("cpuset.") {
-                judge_unified_cpu(key, value, state.cpu.as_ref(), f);
-            } else if let Some(granted) = bound
-                && !unified_limit_ok(value, granted)
-            {
-                f.refuse(format!(
-                    "/unified/{key}: {value:?} is refused: at most {} bytes (what the container was granted)",
-                    granted.map_or_else(|| "any".to_string(), |g| g.to_string())
-                ));
-            }
-        }
+        judge_unified(&u, state, f);
         out.unified = Some(u);
     }
     for (name, v) in [
@@ -586,28 +251,131 @@ pub fn judge(
         }
     }
     if let Some(rules) = r.devices {
-        // containerd's CRI sends a deny-all rule and the device plugin's allows with
-        // every update: accepted when they allow nothing beyond the container's, and
-        // replaced by the container's own rules (re-applied).
-        for (i, rule) in rules.iter().enumerate() {
-            let v = serde_json::to_value(rule).unwrap_or(Value::Null);
-            if !device_rule_within(&v, &state.device_rules) {
-                f.refuse(format!(
-                    "/devices/{i}: update may not allow a device beyond the container's own ({v})"
-                ));
-            }
-        }
-        let own: Result<Vec<DeviceRule>, _> = state
-            .device_rules
-            .iter()
-            .map(|r| serde_json::from_value(r.clone()))
-            .collect();
-        match own {
-            Ok(own) => out.devices = Some(own),
-            Err(e) => f.refuse(format!("the container's own device rules: {e}")),
-        }
+        out.devices = judge_devices(&rules, state, f);
     }
     (f.reasons.len() == before).then_some(out)
+}
+
+/// A pids limit within what the container was granted (and the policy's).
+fn judge_pids(p: &Pids, state: &ContainerState, policy: &Policy, f: &mut Findings) {
+    let cap = state
+        .pids_limit
+        .filter(|g| *g > 0)
+        .map_or(policy.pids_limit, |g| g.min(policy.pids_limit));
+    if !(1..=cap).contains(&p.limit) {
+        f.refuse(format!(
+            "/pids/limit: {} is refused: update may set a pids limit of 1..={cap} only (what the container was granted)",
+            p.limit
+        ));
+    }
+}
+
+/// Memory limits within what the container was granted, no kernel memory limit, an
+/// OOM killer kept; what runc gets (kernel limits left out).
+fn judge_memory(m: Memory, state: &ContainerState, f: &mut Findings) -> Memory {
+    let granted = state.memory_limit.filter(|g| *g > 0);
+    if let Some(l) = m.limit
+        && (l < 0 || granted.is_some_and(|g| l > g))
+    {
+        f.refuse(format!(
+            "/memory/limit: {l} is refused: update may set a memory limit of 1..={} bytes only (0 leaves it)",
+            granted.map_or_else(|| "any".to_string(), |g| g.to_string())
+        ));
+    }
+    if let Some(s) = m.reservation
+        && (s < 0 || granted.is_some_and(|g| s > g))
+    {
+        f.refuse(format!(
+            "/memory/reservation: {s} is refused: 0..=the memory limit only"
+        ));
+    }
+    if let Some(s) = m.swap {
+        let gswap = state.memory_swap.filter(|g| *g > 0);
+        if s < 0 || gswap.is_some_and(|g| s > g) {
+            f.refuse(format!(
+                "/memory/swap: {s} is refused: update may set a memory+swap limit of 0..={} only",
+                gswap.map_or_else(|| "any".to_string(), |g| g.to_string())
+            ));
+        }
+    }
+    for (name, v) in [("kernel", m.kernel), ("kernelTCP", m.kernel_tcp)] {
+        if v.is_some_and(|v| v != 0) {
+            f.refuse(format!(
+                "/memory/{name}: kernel memory limits are refused (update may change {UPDATE_MAY_CHANGE} only)"
+            ));
+        }
+    }
+    if m.disable_oom_killer == Some(true) {
+        f.refuse("/memory/disableOOMKiller: refused: a container over its limit must be killable");
+    }
+    if m.swappiness.is_some_and(|s| s > 100) {
+        f.refuse("/memory/swappiness: 0..=100 only");
+    }
+    Memory {
+        kernel: None,
+        kernel_tcp: None,
+        ..m
+    }
+}
+
+/// cgroup v2 files: the same resources only, within what the container was granted.
+fn judge_unified(u: &BTreeMap<String, String>, state: &ContainerState, f: &mut Findings) {
+    for (key, value) in u {
+        let bound = match key.as_str() {
+            "memory.max" => Some(state.memory_limit.filter(|g| *g > 0)),
+            "memory.swap.max" => Some(state.memory_swap.filter(|g| *g > 0)),
+            _ => None,
+        };
+        if !cgroup_file_name_ok(key)
+            || !UNIFIED_TUNABLE.iter().any(|p| key.starts_with(p))
+            || UNIFIED_REFUSED.contains(&key.as_str())
+        {
+            f.refuse(format!(
+                "/unified/{key}: update may change {UPDATE_MAY_CHANGE} only"
+            ));
+        } else if key.starts_with("cpu.") || key.starts_with("cpuset.") {
+            judge_unified_cpu(key, value, state.cpu.as_ref(), f);
+        } else if let Some(granted) = bound
+            && !unified_limit_ok(value, granted)
+        {
+            f.refuse(format!(
+                "/unified/{key}: {value:?} is refused: at most {} bytes (what the container was granted)",
+                granted.map_or_else(|| "any".to_string(), |g| g.to_string())
+            ));
+        }
+    }
+}
+
+/// The device rules of an update allow nothing beyond the container's own; runc gets
+/// the container's own (re-applied).
+fn judge_devices(
+    rules: &[DeviceRule],
+    state: &ContainerState,
+    f: &mut Findings,
+) -> Option<Vec<DeviceRule>> {
+    // containerd's CRI sends a deny-all rule and the device plugin's allows with
+    // every update: accepted when they allow nothing beyond the container's, and
+    // replaced by the container's own rules (re-applied).
+    for (i, rule) in rules.iter().enumerate() {
+        let v = serde_json::to_value(rule).unwrap_or(Value::Null);
+        if !device_rule_within(&v, &state.device_rules) {
+            f.refuse(format!(
+                "/devices/{i}: update may not allow a device beyond the container's own ({v})"
+            ));
+        }
+    }
+    let own: Result<Vec<DeviceRule>, _> = state
+        .device_rules
+        .iter()
+        .map(|r| serde_json::from_value(r.clone()))
+        .collect();
+    match own {
+        Ok(own) => Some(own),
+        Err(e) => {
+            f.refuse(format!("the container's own device rules: {e}"));
+            None
+        }
+    }
 }
 
 /// go-units' `RAMInBytes` as far as the runtime accepts it: a decimal number of
@@ -654,20 +422,7 @@ pub fn from_flags(sub: &SubArgs, f: &mut Findings) -> Resources {
         }
         return r;
     }
-    for flag in ["l3-cache-schema", "mem-bw-schema"] {
-        if let Some(v) = sub.value(flag) {
-            f.refuse(format!(
-                "update --{flag} {v} is refused: cache and memory-bandwidth allocation are host-wide"
-            ));
-        }
-    }
-    for flag in ["blkio-weight", "kernel-memory", "kernel-memory-tcp"] {
-        if let Some(v) = sub.value(flag) {
-            f.refuse(format!(
-                "update --{flag} {v} is refused: update may change {UPDATE_MAY_CHANGE} only"
-            ));
-        }
-    }
+    refuse_other_flags(sub, f);
     let mut num = |flag: &str, signed: bool| -> Option<i64> {
         let v = sub.value(flag)?;
         let n = v
@@ -701,6 +456,31 @@ pub fn from_flags(sub: &SubArgs, f: &mut Findings) -> Resources {
     if let Some(l) = pids {
         r.pids = Some(Pids { limit: l });
     }
+    r.memory = memory_from_flags(sub, f);
+    r
+}
+
+/// The flags of what update may not change are refused.
+fn refuse_other_flags(sub: &SubArgs, f: &mut Findings) {
+    for flag in ["l3-cache-schema", "mem-bw-schema"] {
+        if let Some(v) = sub.value(flag) {
+            f.refuse(format!(
+                "update --{flag} {v} is refused: cache and memory-bandwidth allocation are host-wide"
+            ));
+        }
+    }
+    for flag in ["blkio-weight", "kernel-memory", "kernel-memory-tcp"] {
+        if let Some(v) = sub.value(flag) {
+            f.refuse(format!(
+                "update --{flag} {v} is refused: update may change {UPDATE_MAY_CHANGE} only"
+            ));
+        }
+    }
+}
+
+/// The memory flags (`--memory`, `--memory-reservation`, `--memory-swap`) as runc's
+/// `LinuxMemory`; `None` when none is given.
+fn memory_from_flags(sub: &SubArgs, f: &mut Findings) -> Option<Memory> {
     let mut mem = Memory::default();
     for (flag, slot) in [
         ("memory", &mut mem.limit),
@@ -716,10 +496,7 @@ pub fn from_flags(sub: &SubArgs, f: &mut Findings) -> Resources {
             }
         }
     }
-    if mem != Memory::default() {
-        r.memory = Some(mem);
-    }
-    r
+    (mem != Memory::default()).then_some(mem)
 }
 
 #[cfg(test)]

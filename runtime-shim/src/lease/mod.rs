@@ -3,7 +3,6 @@
 //! The runtime is synchronous; a current-thread tokio runtime exists only for the RPCs,
 //! each under a deadline.
 
-use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -13,6 +12,18 @@ use thiserror::Error;
 use tonic::transport::Channel;
 
 pub mod cache;
+
+/// What the daemon says a token may use: the grant of `tessera_common`, as the runtime
+/// names it.
+pub use tessera_common::grant::{
+    Grant as ResolvedLease, GrantDevice as LeaseDevice, GrantError, GrantMount as LeaseMount,
+};
+
+/// What a container running on every one of `leases` (in order) may use
+/// ([`ResolvedLease::merge`]).
+pub fn merge(leases: Vec<ResolvedLease>) -> Result<ResolvedLease, LeaseError> {
+    Ok(ResolvedLease::merge(leases)?)
+}
 
 /// Errors resolving a token or talking to the daemon.
 #[derive(Debug, Error)]
@@ -25,15 +36,10 @@ pub enum LeaseError {
     UnknownToken(String),
     #[error("lease token refused: {0}")]
     Denied(String),
-    #[error("lease {lease_id} is {state}, not ACTIVE")]
-    NotActive { lease_id: String, state: String },
-    #[error("lease {lease_id} expired at {expires_at_ms} ms")]
-    Expired {
-        lease_id: String,
-        expires_at_ms: i64,
-    },
-    #[error("the daemon's answer is not usable: {0}")]
-    Invalid(String),
+    /// The answer is not a lease to run on (not ACTIVE, expired, malformed), or the
+    /// leases cannot run in one container together.
+    #[error(transparent)]
+    Grant(#[from] GrantError),
     #[error("the daemon answered {code:?}: {message}")]
     Rpc { code: tonic::Code, message: String },
     #[error("starting the RPC runtime: {0}")]
@@ -41,9 +47,6 @@ pub enum LeaseError {
     /// The token list is malformed (empty entry, duplicate, too many).
     #[error("the lease token list is refused: {0}")]
     TokenList(String),
-    /// Several leases that cannot be given to one container together.
-    #[error("these leases cannot run in one container: {0}")]
-    Merge(String),
 }
 
 /// The most leases one container may run on (a Kubernetes container asking for
@@ -70,281 +73,6 @@ pub fn parse_tokens(s: &str) -> Result<Vec<String>, LeaseError> {
         }
     }
     Ok(out)
-}
-
-/// The variables whose values are lists a CUDA program reads in order: joined
-/// with `,` across leases.
-const JOINED_ENV: [&str; 3] = [
-    "TESSERA_LEASE_ID",
-    "CUDA_VISIBLE_DEVICES",
-    "NVIDIA_VISIBLE_DEVICES",
-];
-
-/// What a container running on every one of `leases` (in order) may use: the
-/// devices (each node once), device-cgroup rules, capabilities and GPUs of all,
-/// `CUDA_VISIBLE_DEVICES` and `NVIDIA_VISIBLE_DEVICES` joined in order, and the
-/// lease ids joined with `,`. One lease is returned unchanged. Refused: leases
-/// of different tenants, more than one MPS share (a process has one
-/// `CUDA_MPS_PIPE_DIRECTORY`), one container path naming different device nodes,
-/// and another variable set to different values.
-pub fn merge(mut leases: Vec<ResolvedLease>) -> Result<ResolvedLease, LeaseError> {
-    let bad = |m: String| LeaseError::Merge(m);
-    if leases.len() <= 1 {
-        return leases
-            .pop()
-            .ok_or_else(|| bad("no lease to run on".to_string()));
-    }
-    let mps = leases
-        .iter()
-        .filter(|l| l.env.contains_key("CUDA_MPS_PIPE_DIRECTORY") || !l.mounts.is_empty())
-        .count();
-    if mps > 1 {
-        return Err(bad(format!(
-            "CUDA_MPS_PIPE_DIRECTORY: {mps} of the leases are MPS shares and a container can use one MPS server"
-        )));
-    }
-    let mut it = leases.into_iter();
-    let mut out = it
-        .next()
-        .ok_or_else(|| bad("no lease to run on".to_string()))?;
-    for l in it {
-        if l.tenant != out.tenant {
-            return Err(bad(format!(
-                "tenant: lease {} belongs to {} and lease {} to {}",
-                out.lease_id, out.tenant, l.lease_id, l.tenant
-            )));
-        }
-        for d in l.devices {
-            match out
-                .devices
-                .iter_mut()
-                .find(|o| o.container_path == d.container_path)
-            {
-                None => out.devices.push(d),
-                Some(o) if (o.kind, o.major, o.minor) != (d.kind, d.major, d.minor) => {
-                    return Err(bad(format!(
-                        "devices: {} is {}:{} for one lease and {}:{} for lease {}",
-                        d.container_path, o.major, o.minor, d.major, d.minor, l.lease_id
-                    )));
-                }
-                Some(o) => {
-                    // The same node: the union of what the leases allow.
-                    for c in d.permissions.chars() {
-                        if !o.permissions.contains(c) {
-                            o.permissions.push(c);
-                        }
-                    }
-                    o.file_mode |= d.file_mode;
-                }
-            }
-        }
-        for (k, v) in l.env {
-            match out.env.get_mut(&k) {
-                None => {
-                    out.env.insert(k, v);
-                }
-                Some(o) if *o == v => {}
-                Some(o) if JOINED_ENV.contains(&k.as_str()) => {
-                    if !o.split(',').any(|x| x == v) {
-                        o.push(',');
-                        o.push_str(&v);
-                    }
-                }
-                Some(o) => {
-                    return Err(bad(format!(
-                        "env {k}: {o:?} for one lease and {v:?} for lease {}",
-                        l.lease_id
-                    )));
-                }
-            }
-        }
-        out.mounts.extend(l.mounts);
-        for g in l.visible_gpu_indices {
-            if !out.visible_gpu_indices.contains(&g) {
-                out.visible_gpu_indices.push(g);
-            }
-        }
-        for c in l.granted_capabilities {
-            if !out.granted_capabilities.contains(&c) {
-                out.granted_capabilities.push(c);
-            }
-        }
-        out.pids_limit = match (out.pids_limit, l.pids_limit) {
-            (0, b) => b,
-            (a, 0) => a,
-            (a, b) => a.min(b),
-        };
-        out.lease_id = format!("{},{}", out.lease_id, l.lease_id);
-    }
-    // The container's cgroup goes under the first lease's parent; every lease is
-    // bound to that cgroup, so revoking any of them stops the container.
-    Ok(out)
-}
-
-/// A device node the lease grants.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LeaseDevice {
-    pub host_path: PathBuf,
-    pub container_path: String,
-    /// 'c' or 'b'.
-    pub kind: char,
-    pub major: i64,
-    pub minor: i64,
-    /// Device cgroup access, a subset of "rwm".
-    pub permissions: String,
-    pub file_mode: u32,
-}
-
-/// A mount the lease asks for (the MPS pipe directory).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LeaseMount {
-    pub source: String,
-    pub destination: String,
-    pub options: Vec<String>,
-}
-
-/// What the daemon says a token may use.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct ResolvedLease {
-    pub lease_id: String,
-    pub tenant: String,
-    pub devices: Vec<LeaseDevice>,
-    pub env: BTreeMap<String, String>,
-    pub mounts: Vec<LeaseMount>,
-    pub visible_gpu_indices: Vec<u32>,
-    /// Relative to /proc/driver/nvidia/capabilities, e.g. "gpu0/mig/gi3/access".
-    pub granted_capabilities: Vec<String>,
-    pub cgroup_parent: String,
-    pub pids_limit: u64,
-    /// The pod the lease's token is bound to (the first pod that used it), or empty.
-    pub pod: String,
-}
-
-fn clean_abs(p: &str) -> bool {
-    p.starts_with('/') && !p.contains('\0') && !p.split('/').any(|c| c == ".." || c == ".")
-}
-
-impl ResolvedLease {
-    /// Check and convert the daemon's answer. `now_ms` is the current unix time.
-    pub fn from_proto(resp: pb::ResolveTokenResponse, now_ms: i64) -> Result<Self, LeaseError> {
-        let bad = |m: String| LeaseError::Invalid(m);
-        let lease = resp
-            .lease
-            .ok_or_else(|| bad("no lease in the answer".to_string()))?;
-        let state = pb::LeaseState::try_from(lease.state).unwrap_or(pb::LeaseState::Unspecified);
-        if state != pb::LeaseState::Active {
-            return Err(LeaseError::NotActive {
-                lease_id: lease.id,
-                state: state
-                    .as_str_name()
-                    .trim_start_matches("LEASE_STATE_")
-                    .to_string(),
-            });
-        }
-        if lease.expires_at_ms > 0 && lease.expires_at_ms <= now_ms {
-            return Err(LeaseError::Expired {
-                lease_id: lease.id,
-                expires_at_ms: lease.expires_at_ms,
-            });
-        }
-        if lease.id.is_empty() {
-            return Err(bad("the lease has no id".to_string()));
-        }
-        let tenant = match (resp.tenant.as_str(), lease.tenant.as_str()) {
-            ("", "") => return Err(bad("the lease has no tenant".to_string())),
-            (a, b) if !a.is_empty() && !b.is_empty() && a != b => {
-                return Err(bad(format!("tenant {a:?} differs from the lease's {b:?}")));
-            }
-            (a, b) => if a.is_empty() { b } else { a }.to_string(),
-        };
-        let mut devices = Vec::new();
-        for d in resp.devices {
-            let kind = match d.r#type.as_str() {
-                "c" => 'c',
-                "b" => 'b',
-                t => return Err(bad(format!("device {} has type {t:?}", d.host_path))),
-            };
-            if !clean_abs(&d.host_path)
-                || !clean_abs(&d.container_path)
-                || !d.container_path.starts_with("/dev/")
-            {
-                return Err(bad(format!(
-                    "device {} -> {} is not a clean /dev path",
-                    d.host_path, d.container_path
-                )));
-            }
-            if d.major < 0 || d.minor < 0 {
-                return Err(bad(format!("device {} has a negative number", d.host_path)));
-            }
-            let perms = if d.permissions.is_empty() {
-                "rw".to_string()
-            } else {
-                d.permissions
-            };
-            if !perms.chars().all(|c| "rwm".contains(c)) {
-                return Err(bad(format!(
-                    "device {} has permissions {perms:?}",
-                    d.host_path
-                )));
-            }
-            devices.push(LeaseDevice {
-                host_path: PathBuf::from(d.host_path),
-                container_path: d.container_path,
-                kind,
-                major: d.major,
-                minor: d.minor,
-                permissions: perms,
-                file_mode: if d.file_mode == 0 {
-                    0o666
-                } else {
-                    d.file_mode & 0o777
-                },
-            });
-        }
-        for k in resp.env.keys() {
-            if k.is_empty() || k.contains('=') || k.contains('\0') {
-                return Err(bad(format!("env name {k:?}")));
-            }
-        }
-        let mut mounts = Vec::new();
-        for m in resp.mounts {
-            if !(m.r#type.is_empty() || m.r#type == "bind") {
-                return Err(bad(format!(
-                    "mount {} has type {:?}",
-                    m.destination, m.r#type
-                )));
-            }
-            if !clean_abs(&m.source) || !clean_abs(&m.destination) {
-                return Err(bad(format!(
-                    "mount {} -> {} is not a clean absolute path",
-                    m.source, m.destination
-                )));
-            }
-            mounts.push(LeaseMount {
-                source: m.source,
-                destination: m.destination,
-                options: m.options,
-            });
-        }
-        for c in &resp.granted_capabilities {
-            if c.is_empty() || c.starts_with('/') || c.split('/').any(|p| p == ".." || p.is_empty())
-            {
-                return Err(bad(format!("capability path {c:?}")));
-            }
-        }
-        Ok(Self {
-            pod: lease.pod,
-            lease_id: lease.id,
-            tenant,
-            devices,
-            env: resp.env.into_iter().collect(),
-            mounts,
-            visible_gpu_indices: resp.visible_gpu_indices,
-            granted_capabilities: resp.granted_capabilities,
-            cgroup_parent: resp.cgroup_parent,
-            pids_limit: resp.pids_limit,
-        })
-    }
 }
 
 /// Current unix time in milliseconds.
@@ -585,7 +313,7 @@ mod tests {
         assert!(e.contains("REVOKED"), "{e}");
         assert!(matches!(
             ResolvedLease::from_proto(answer(), 3_000),
-            Err(LeaseError::Expired { .. })
+            Err(GrantError::Expired { .. })
         ));
         let mut a = answer();
         a.devices[0].container_path = "/dev/../etc/shadow".into();

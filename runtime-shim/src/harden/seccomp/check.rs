@@ -185,77 +185,151 @@ fn short(s: &str) -> String {
 /// Check a parsed profile and produce its OCI `linux.seccomp` object for `native`, the
 /// architecture the containers run on: only the names that resolve there are emitted.
 pub fn check(file: &ProfileFile, path: &Path, native: ScmpArch) -> Result<Value, SeccompError> {
-    let prof_err = |message: String| SeccompError::Profile {
-        path: path.to_path_buf(),
-        message,
-    };
-    if !DEFAULT_ACTIONS.contains(&file.default_action.as_str()) {
-        return Err(prof_err(format!(
-            "default_action {} is not a refusal: the profile must be an allowlist",
-            file.default_action
-        )));
+    let c = Checker::new(file, path, native)?;
+    let mut rules = Vec::new();
+    let mut allowed: HashSet<&str> = HashSet::new();
+    for (i, r) in file.allow.iter().enumerate() {
+        if let Some(rule) = c.allow_rule(i, r, &mut allowed)? {
+            rules.push(rule);
+        }
     }
-    let mut arches = Vec::new();
-    for a in &file.architectures {
-        let arch = ScmpArch::from_str(a)
-            .ok()
-            .filter(|arch| oci_arch_name(*arch).is_some())
-            .ok_or_else(|| prof_err(format!("unsupported architecture {a}")))?;
-        arches.push(arch);
+    for (i, r) in file.errno.iter().enumerate() {
+        let native_names = c.check_names("errno", i, &r.reason, &r.names, &c.arches)?;
+        c.not_allowed("errno", i, &r.reason, &r.names, &allowed)?;
+        let names: Vec<&str> = native_names.iter().map(|k| r.names[*k].as_str()).collect();
+        if !names.is_empty() {
+            rules.push(json!({"names": names, "action": "SCMP_ACT_ERRNO", "errnoRet": r.errno}));
+        }
     }
-    let native_name = oci_arch_name(native).unwrap_or("SCMP_ARCH_X86_64");
-    if !arches.contains(&native) {
-        return Err(prof_err(format!(
-            "architectures do not include the host's {native_name}"
-        )));
+    // [[deny]] entries document refusals the default action already gives (EPERM);
+    // they are checked (known names, not allowed elsewhere) but not emitted, which
+    // keeps the filter runc compiles small.
+    for (i, r) in file.deny.iter().enumerate() {
+        c.check_names("deny", i, &r.reason, &r.names, &c.arches)?;
+        c.not_allowed("deny", i, &r.reason, &r.names, &allowed)?;
+    }
+    let mut oci = json!({
+        "defaultAction": file.default_action,
+        "architectures": [c.native_name],
+        "syscalls": rules,
+    });
+    if file.default_action == "SCMP_ACT_ERRNO" {
+        oci["defaultErrnoRet"] = json!(file.default_errno);
+    }
+    Ok(oci)
+}
+
+/// A profile's checks, for one file and the native architecture.
+struct Checker<'a> {
+    path: &'a Path,
+    native: ScmpArch,
+    native_name: &'static str,
+    /// The profile's architectures.
+    arches: Vec<ScmpArch>,
+}
+
+impl<'a> Checker<'a> {
+    /// The profile's default action is a refusal and its architectures are known and
+    /// include the native one.
+    fn new(file: &ProfileFile, path: &'a Path, native: ScmpArch) -> Result<Self, SeccompError> {
+        let prof_err = |message: String| SeccompError::Profile {
+            path: path.to_path_buf(),
+            message,
+        };
+        if !DEFAULT_ACTIONS.contains(&file.default_action.as_str()) {
+            return Err(prof_err(format!(
+                "default_action {} is not a refusal: the profile must be an allowlist",
+                file.default_action
+            )));
+        }
+        let mut arches = Vec::new();
+        for a in &file.architectures {
+            let arch = ScmpArch::from_str(a)
+                .ok()
+                .filter(|arch| oci_arch_name(*arch).is_some())
+                .ok_or_else(|| prof_err(format!("unsupported architecture {a}")))?;
+            arches.push(arch);
+        }
+        let native_name = oci_arch_name(native).unwrap_or("SCMP_ARCH_X86_64");
+        if !arches.contains(&native) {
+            return Err(prof_err(format!(
+                "architectures do not include the host's {native_name}"
+            )));
+        }
+        Ok(Self {
+            path,
+            native,
+            native_name,
+            arches,
+        })
     }
 
-    let rule_err = |kind: &str, i: usize, reason: &str, message: String| SeccompError::Rule {
-        path: path.to_path_buf(),
-        rule: format!("[[{kind}]] #{} ({})", i + 1, short(reason)),
-        message,
-    };
-    // Every name must resolve on one of the rule's architectures; the result is the
-    // names that resolve on the native one (each name is resolved there only once).
-    let check_names = |kind: &str,
-                       i: usize,
-                       reason: &str,
-                       names: &[String],
-                       rule_arches: &[ScmpArch]|
-     -> Result<Vec<usize>, SeccompError> {
+    fn rule_err(&self, kind: &str, i: usize, reason: &str, message: String) -> SeccompError {
+        SeccompError::Rule {
+            path: self.path.to_path_buf(),
+            rule: format!("[[{kind}]] #{} ({})", i + 1, short(reason)),
+            message,
+        }
+    }
+
+    /// Every name must resolve on one of the rule's architectures; the result is the
+    /// names that resolve on the native one (each name is resolved there only once).
+    fn check_names(
+        &self,
+        kind: &str,
+        i: usize,
+        reason: &str,
+        names: &[String],
+        rule_arches: &[ScmpArch],
+    ) -> Result<Vec<usize>, SeccompError> {
         if reason.trim().is_empty() {
-            return Err(rule_err(kind, i, reason, "has no reason".to_string()));
+            return Err(self.rule_err(kind, i, reason, "has no reason".to_string()));
         }
         if names.is_empty() {
-            return Err(rule_err(kind, i, reason, "names no syscall".to_string()));
+            return Err(self.rule_err(kind, i, reason, "names no syscall".to_string()));
         }
+        let native = self.native;
         let on_native = rule_arches.contains(&native);
         let mut native_names = Vec::new();
         for (k, n) in names.iter().enumerate() {
             if on_native && resolves(n, native) {
                 native_names.push(k);
             } else if !rule_arches.iter().any(|a| *a != native && resolves(n, *a)) {
-                return Err(rule_err(
-                    kind,
-                    i,
-                    reason,
-                    format!("unknown syscall name {n:?}"),
-                ));
+                return Err(self.rule_err(kind, i, reason, format!("unknown syscall name {n:?}")));
             }
         }
         Ok(native_names)
-    };
+    }
 
-    let mut rules = Vec::new();
-    let mut allowed: HashSet<&str> = HashSet::new();
-    for (i, r) in file.allow.iter().enumerate() {
+    /// No name of an [[errno]] or [[deny]] rule is also allowed.
+    fn not_allowed(
+        &self,
+        kind: &str,
+        i: usize,
+        reason: &str,
+        names: &[String],
+        allowed: &HashSet<&str>,
+    ) -> Result<(), SeccompError> {
+        match names.iter().find(|n| allowed.contains(n.as_str())) {
+            Some(n) => Err(self.rule_err(
+                kind,
+                i,
+                reason,
+                format!("{n} is also allowed by an [[allow]] rule"),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// The architectures an [[allow]] rule names (all of the profile's when none).
+    fn rule_arches(&self, i: usize, r: &AllowRule) -> Result<Vec<ScmpArch>, SeccompError> {
         let mut rule_arches = Vec::new();
         for a in &r.arches {
             let arch = ScmpArch::from_str(a)
                 .ok()
-                .filter(|x| arches.contains(x))
+                .filter(|x| self.arches.contains(x))
                 .ok_or_else(|| {
-                    rule_err(
+                    self.rule_err(
                         "allow",
                         i,
                         &r.reason,
@@ -265,39 +339,45 @@ pub fn check(file: &ProfileFile, path: &Path, native: ScmpArch) -> Result<Value,
             rule_arches.push(arch);
         }
         if rule_arches.is_empty() {
-            rule_arches = arches.clone();
+            rule_arches.clone_from(&self.arches);
         }
-        let native_names = check_names("allow", i, &r.reason, &r.names, &rule_arches)?;
+        Ok(rule_arches)
+    }
+
+    /// An [[allow]] rule checked (known names, sane argument filters, nothing a GPU
+    /// tenant must never get, clone only with the namespace mask), its names added to
+    /// `allowed`; its OCI rule, unless no name resolves on the native architecture.
+    fn allow_rule<'f>(
+        &self,
+        i: usize,
+        r: &'f AllowRule,
+        allowed: &mut HashSet<&'f str>,
+    ) -> Result<Option<Value>, SeccompError> {
+        let rule_arches = self.rule_arches(i, r)?;
+        let native_names = self.check_names("allow", i, &r.reason, &r.names, &rule_arches)?;
+        let err = |message: String| self.rule_err("allow", i, &r.reason, message);
         for a in &r.args {
             if a.index > 5 || !OPS.contains(&a.op.as_str()) {
-                return Err(rule_err(
-                    "allow",
-                    i,
-                    &r.reason,
-                    format!("bad argument filter (index {}, op {})", a.index, a.op),
-                ));
+                return Err(err(format!(
+                    "bad argument filter (index {}, op {})",
+                    a.index, a.op
+                )));
             }
         }
+        let guarded = r.args.iter().any(|a| {
+            a.index == 0
+                && a.op == "SCMP_CMP_MASKED_EQ"
+                && a.value & CLONE_NS_MASK == CLONE_NS_MASK
+                && a.value_two == 0
+        });
         for n in &r.names {
             if MUST_DENY.contains(&n.as_str()) {
-                return Err(rule_err(
-                    "allow",
-                    i,
-                    &r.reason,
-                    format!("allows {n}, which a GPU tenant must never get"),
-                ));
+                return Err(err(format!(
+                    "allows {n}, which a GPU tenant must never get"
+                )));
             }
-            let guarded = r.args.iter().any(|a| {
-                a.index == 0
-                    && a.op == "SCMP_CMP_MASKED_EQ"
-                    && a.value & CLONE_NS_MASK == CLONE_NS_MASK
-                    && a.value_two == 0
-            });
             if n == "clone" && !guarded {
-                return Err(rule_err(
-                    "allow",
-                    i,
-                    &r.reason,
+                return Err(err(
                     "allows clone without the namespace-flag mask 0x7E020000".to_string(),
                 ));
             }
@@ -305,7 +385,7 @@ pub fn check(file: &ProfileFile, path: &Path, native: ScmpArch) -> Result<Value,
         }
         let names: Vec<&str> = native_names.iter().map(|k| r.names[*k].as_str()).collect();
         if names.is_empty() {
-            continue;
+            return Ok(None);
         }
         let mut rule = json!({"names": names, "action": "SCMP_ACT_ALLOW"});
         if !r.args.is_empty() {
@@ -319,55 +399,6 @@ pub fn check(file: &ProfileFile, path: &Path, native: ScmpArch) -> Result<Value,
                     .collect(),
             );
         }
-        rules.push(rule);
+        Ok(Some(rule))
     }
-    let mut emit_errno = |kind: &str,
-                          i: usize,
-                          reason: &str,
-                          names: &[String],
-                          errno: u32|
-     -> Result<(), SeccompError> {
-        let native_names = check_names(kind, i, reason, names, &arches)?;
-        for n in names {
-            if allowed.contains(n.as_str()) {
-                return Err(rule_err(
-                    kind,
-                    i,
-                    reason,
-                    format!("{n} is also allowed by an [[allow]] rule"),
-                ));
-            }
-        }
-        let names: Vec<&str> = native_names.iter().map(|k| names[*k].as_str()).collect();
-        if !names.is_empty() {
-            rules.push(json!({"names": names, "action": "SCMP_ACT_ERRNO", "errnoRet": errno}));
-        }
-        Ok(())
-    };
-    for (i, r) in file.errno.iter().enumerate() {
-        emit_errno("errno", i, &r.reason, &r.names, r.errno)?;
-    }
-    // [[deny]] entries document refusals the default action already gives (EPERM);
-    // they are checked (known names, not allowed elsewhere) but not emitted, which
-    // keeps the filter runc compiles small.
-    for (i, r) in file.deny.iter().enumerate() {
-        check_names("deny", i, &r.reason, &r.names, &arches)?;
-        if let Some(n) = r.names.iter().find(|n| allowed.contains(n.as_str())) {
-            return Err(rule_err(
-                "deny",
-                i,
-                &r.reason,
-                format!("{n} is also allowed by an [[allow]] rule"),
-            ));
-        }
-    }
-    let mut oci = json!({
-        "defaultAction": file.default_action,
-        "architectures": [native_name],
-        "syscalls": rules,
-    });
-    if file.default_action == "SCMP_ACT_ERRNO" {
-        oci["defaultErrnoRet"] = json!(file.default_errno);
-    }
-    Ok(oci)
 }
