@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use serde::Deserialize;
 
 use super::oidc::{self, OidcConfig};
-use super::role::Role;
+use super::role::{NamedBy, Role, parse_role};
 use super::validator::{ConfigError, Validator};
 
 /// A mapping from unix credentials or a client certificate to a principal.
@@ -122,30 +122,7 @@ fn validate_principal(
     if p.name.is_empty() || p.name.len() > 64 {
         return Err(v.err(&field("name"), "must be 1-64 characters".into()));
     }
-    let role = match (p.role.as_str(), p.tenant) {
-        ("admin", None) => Role::Admin,
-        ("runtime", None) => Role::Runtime,
-        ("tenant", Some(t)) => {
-            crate::names::validate_tenant(&t)
-                .map_err(|e| v.err(&field("tenant"), e.to_string()))?;
-            Role::Tenant(t)
-        }
-        ("tenant", None) => {
-            return Err(v.err(&field("tenant"), "role \"tenant\" needs a tenant".into()));
-        }
-        ("admin" | "runtime", Some(_)) => {
-            return Err(v.err(
-                &field("tenant"),
-                "only role \"tenant\" takes a tenant".into(),
-            ));
-        }
-        (other, _) => {
-            return Err(v.err(
-                &field("role"),
-                format!("{other:?} is not one of admin, runtime, tenant"),
-            ));
-        }
-    };
+    let role = parse_role(v, &field, &p.role, p.tenant, NamedBy::Principal)?;
     if p.uids.is_empty() && p.gids.is_empty() && p.cert_cns.is_empty() {
         return Err(v.err(
             &field("uids"),

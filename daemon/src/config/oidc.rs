@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::role::Role;
+use super::role::{NamedBy, Role, parse_role};
 use super::validator::{ConfigError, Validator};
 
 /// Most leeway accepted on `exp`, `nbf` and `iat`: clock skew, not a grace period.
@@ -274,35 +274,7 @@ fn validate_rule(v: &Validator<'_>, i: usize, r: RawRule) -> Result<ClaimRule, C
             "needs at least one non-empty value".into(),
         ));
     }
-    let role = match (r.role.as_str(), r.tenant) {
-        ("admin", None) => Role::Admin,
-        ("tenant", Some(t)) => {
-            crate::names::validate_tenant(&t)
-                .map_err(|e| v.err(&field("tenant"), e.to_string()))?;
-            Role::Tenant(t)
-        }
-        ("tenant", None) => {
-            return Err(v.err(&field("tenant"), "role \"tenant\" needs a tenant".into()));
-        }
-        ("admin", Some(_)) => {
-            return Err(v.err(
-                &field("tenant"),
-                "only role \"tenant\" takes a tenant".into(),
-            ));
-        }
-        ("runtime", _) => {
-            return Err(v.err(
-                &field("role"),
-                "a token is never the runtime (it calls on the node's unix socket): admin or tenant".into(),
-            ));
-        }
-        (other, _) => {
-            return Err(v.err(
-                &field("role"),
-                format!("{other:?} is not one of admin, tenant"),
-            ));
-        }
-    };
+    let role = parse_role(v, &field, &r.role, r.tenant, NamedBy::Token)?;
     Ok(ClaimRule {
         name: r.name,
         claim: r.claim,
