@@ -34,7 +34,7 @@ impl LeaseManager {
     ) -> Result<Lease, LeaseError> {
         self.wait_while_moving(id).await;
         let (lease, steps, before) = {
-            let mut st = self.lock();
+            let mut st = self.change();
             if st.moving.contains(id) {
                 return Err(LeaseError::FailedPrecondition(format!(
                     "lease {id} is being moved to another MIG placement; retry in a moment"
@@ -80,7 +80,7 @@ impl LeaseManager {
             (ending, steps, lease)
         };
         let result = self.teardown(lease, steps, before).await;
-        self.lock().tearing_down.remove(id);
+        self.change().tearing_down.remove(id);
         result
     }
 
@@ -133,7 +133,7 @@ impl LeaseManager {
         let intents = match self.write_teardown_intent(&lease, &steps).await {
             Ok(i) => i,
             Err(e) => {
-                if let Some(mut l) = self.lock().leases.get_mut(&lease.id) {
+                if let Some(mut l) = self.change().leases.get_mut(&lease.id) {
                     *l = before;
                 }
                 return Err(e);
@@ -217,7 +217,7 @@ impl LeaseManager {
     /// A teardown step failed: the lease stays revoking (its intent open), those
     /// partitions destroying, and watchers hear why; housekeeping retries.
     fn teardown_failed(&self, lease: &Lease, partition: &Partition, failed: &[(String, GpuError)]) {
-        let mut st = self.lock();
+        let mut st = self.change();
         for (pid, _) in failed {
             if let Some(mut p) = st.partitions.get_mut(pid) {
                 p.state = PartitionState::Destroying;
@@ -293,7 +293,7 @@ impl LeaseManager {
             }
             Err(e) => {
                 warn!(lease = %lease.id, error = %e, "stopping containers failed; will retry");
-                if let Some(mut l) = self.lock().leases.get_mut(&lease.id) {
+                if let Some(mut l) = self.change().leases.get_mut(&lease.id) {
                     *l = lease.clone();
                 }
                 format!("stopping containers failed, retrying: {e}")
@@ -315,7 +315,7 @@ impl LeaseManager {
         let now = now_ms();
         let final_state = lease.finish_end(now)?;
         let usage = {
-            let st = self.lock();
+            let st = self.read();
             parts
                 .iter()
                 .fold(crate::usage::Weights::default(), |acc, p| {

@@ -77,6 +77,14 @@ impl LeaseManager {
         Ok(plan)
     }
 
+    /// The table for a change outside a plan's sequence (a binding, a renewal, a
+    /// health mark, housekeeping's bookkeeping, a teardown's marks), held while the
+    /// caller decides and changes it: a decision and its change stay under one
+    /// lock. Reads go through [`LeaseManager::read`].
+    pub(super) fn change(&self) -> std::sync::MutexGuard<'_, State> {
+        self.lock()
+    }
+
     /// Run a `Place` plan already reserved: intent, hardware, outcome, publish.
     pub(super) async fn execute(&self, placed: Placement, now: i64) -> Result<Created, LeaseError> {
         let tok = token::generate();

@@ -67,7 +67,7 @@ impl LeaseManager {
         let tenant = ask.req.tenant.clone();
         let extra = self.grants_extra(&tenant, ask.now);
         let (host, setup) = {
-            let mut st = self.lock();
+            let mut st = self.change();
             let (host, setup) = self.decide_mig_mps_host(&st, ask, tenancy, extra)?;
             // Reserved in the table: a free pool instance marked as the tenant's
             // host, a new one as being created.
@@ -211,7 +211,7 @@ impl LeaseManager {
                     })
                     .await?;
                 info!(partition = %host, gpu = ready.gpu, tenant = %tenant_of(&ready), "MIG instance created to host MPS shares");
-                self.lock().partitions.insert(host.to_string(), ready);
+                self.change().partitions.insert(host.to_string(), ready);
                 Ok(())
             }
             Err(e) => {
@@ -238,7 +238,7 @@ impl LeaseManager {
     }
 
     fn give_back_host(&self, partition_id: &str) {
-        if let Some(mut p) = self.lock().partitions.get_mut(partition_id)
+        if let Some(mut p) = self.change().partitions.get_mut(partition_id)
             && let PartKind::Mig(m) = &mut p.kind
         {
             m.mps_host = None;
@@ -251,7 +251,7 @@ impl LeaseManager {
     /// it hosting nothing and is tried again at the next tick.
     pub(super) async fn reap_idle_mps_hosts(&self) {
         let idle: Vec<(Partition, Partition)> = {
-            let mut st = self.lock();
+            let mut st = self.change();
             let used: std::collections::HashSet<String> = st
                 .partitions
                 .values()
@@ -288,7 +288,7 @@ impl LeaseManager {
             if let Err(e) = self.reap_host(&p).await {
                 warn!(partition = %p.id, error = %e, "an idle MPS host instance could not be torn down; will retry");
                 // As it was: hosting nothing, tried again at the next tick.
-                self.lock().partitions.insert(before.id.clone(), before);
+                self.change().partitions.insert(before.id.clone(), before);
             }
         }
     }
@@ -344,7 +344,7 @@ impl LeaseManager {
                 w.finish_intent(intent, now, "done")
             })
             .await?;
-        self.lock().partitions.remove(&p.id);
+        self.change().partitions.remove(&p.id);
         info!(partition = %p.id, gpu = p.gpu, "MPS host instance destroyed with its last share");
         Ok(())
     }

@@ -88,7 +88,7 @@ impl LeaseManager {
         let mut moved = 0;
         for _ in 0..COMPACT_MOVES_PER_TICK {
             let mv = {
-                let st = self.lock();
+                let st = self.read();
                 let views = Self::placeable_views(&st);
                 partition::compact(&views, &opts, &Self::movable(&st))
             };
@@ -112,14 +112,14 @@ impl LeaseManager {
     pub(super) async fn move_idle(&self, mv: &Move, why: &'static str) -> Result<(), LeaseError> {
         let now = now_ms();
         let (lease, old, new) = {
-            let mut st = self.lock();
+            let mut st = self.change();
             let (lease, old, new) = Self::decide_move(&st, mv)?;
             st.partitions.insert(new.id.clone(), new.clone());
             st.moving.insert(lease.id.clone());
             (lease, old, new)
         };
         let result = self.move_steps(&lease, &old, new, now, why).await;
-        self.lock().moving.remove(&lease.id);
+        self.change().moving.remove(&lease.id);
         result
     }
 
@@ -361,7 +361,7 @@ impl LeaseManager {
             Err(e2) => {
                 warn!(lease = %lease.id, error = %e2, "a moved lease's instance could be created neither at its new nor at its old place; the lease is lost");
                 self.undo_half_or_set_aside(gpu, &m).await;
-                let current = self.lock().leases.get(&lease.id).cloned();
+                let current = self.read().leases.get(&lease.id).cloned();
                 let mut lost = current.unwrap_or_else(|| lease.clone());
                 if let Err(t) = lost.lose(
                     format!("its MIG instance was being moved and could not be created again: {cause}; {e2}"),
@@ -389,7 +389,7 @@ impl LeaseManager {
     /// calls), so the move's final record and theirs never cross.
     pub(super) async fn wait_while_moving(&self, id: &str) {
         for _ in 0..12_000 {
-            if !self.lock().moving.contains(id) {
+            if !self.read().moving.contains(id) {
                 return;
             }
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;

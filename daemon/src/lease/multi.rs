@@ -62,7 +62,7 @@ impl LeaseManager {
     /// Every partition a lease holds that is still recorded, in its order, and (for
     /// several) how their GPUs connect. Ended leases hold none.
     pub fn partitions_of(&self, lease: &Lease) -> (Vec<Partition>, Option<LeaseLinks>) {
-        let st = self.lock();
+        let st = self.read();
         let parts: Vec<Partition> = lease
             .partition_ids()
             .filter_map(|id| st.partitions.get(id).cloned())

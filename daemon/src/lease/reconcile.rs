@@ -87,7 +87,7 @@ impl LeaseManager {
             foreign = st.foreign.len(),
             "state loaded and reconciled with the hardware"
         );
-        *self.lock() = st;
+        *self.change() = st;
         Ok(())
     }
 

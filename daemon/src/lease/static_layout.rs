@@ -30,7 +30,7 @@ impl LeaseManager {
         for layout in &self.config.partition.static_layouts {
             for (profile, want) in &layout.devices {
                 loop {
-                    let missing = self.next_missing(&self.lock(), layout, profile, *want)?;
+                    let missing = self.next_missing(&self.read(), layout, profile, *want)?;
                     let Some(missing) = missing else { break };
                     self.create_static(missing)?;
                 }
@@ -137,7 +137,7 @@ impl LeaseManager {
                 mps_host: None,
             }),
         };
-        self.lock().partitions.insert(p.id.clone(), p.clone());
+        self.change().partitions.insert(p.id.clone(), p.clone());
         let pp = p.clone();
         let iid = self.store.write_blocking(move |w| {
             w.put_partition(&pp)?;
@@ -160,7 +160,7 @@ impl LeaseManager {
                     w.finish_intent(iid, now, "done")
                 })?;
                 info!(gpu = g, profile = %prof.name, start = m.placement.start, n = m.have + 1, "static partition created");
-                self.lock().partitions.insert(p.id.clone(), p);
+                self.change().partitions.insert(p.id.clone(), p);
                 Ok(())
             }
             Err(e) => {
@@ -169,14 +169,14 @@ impl LeaseManager {
                     && let Some(left) =
                         super::executor::undo_half_or_left(self.backend.as_ref(), g, mig)
                 {
-                    self.lock().foreign.push(left);
+                    self.change().foreign.push(left);
                 }
                 let pid = p.id.clone();
                 self.store.write_blocking(move |w| {
                     w.delete_partition(&pid)?;
                     w.finish_intent(iid, now, "failed")
                 })?;
-                self.lock().partitions.remove(&p.id);
+                self.change().partitions.remove(&p.id);
                 Err(e.into())
             }
         }
