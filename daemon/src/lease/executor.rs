@@ -596,6 +596,16 @@ impl LeaseManager {
         Ok(())
     }
 
+    /// [`Self::commit`] from a thread that may block (start-up's static layout):
+    /// the outcome written, then applied to the table, which is served already.
+    pub(super) fn commit_blocking(&self, outcome: Outcome) -> Result<(), StoreError> {
+        let recorded = outcome.clone();
+        self.store
+            .write_blocking(move |w| write_outcome_rows(w, &recorded))?;
+        apply(&mut self.lock(), outcome);
+        Ok(())
+    }
+
     /// Step 4 alone: the outcome in one durable commit.
     async fn store_outcome(&self, outcome: Outcome) -> Result<(), StoreError> {
         self.store

@@ -15,7 +15,7 @@ use crate::partition::{MigMpsDecision, PlanDecision, Shape};
 use super::error::Inconsistency;
 use super::error::LeaseError;
 use super::manager::LeaseManager;
-use super::plan::{Ask, HwCreate};
+use super::plan::{Ask, HwCreate, Outcome, Publish};
 use super::table::State;
 
 /// What setting up a host instance takes.
@@ -201,17 +201,16 @@ impl LeaseManager {
             Ok(inst) => {
                 let mut ready = p;
                 super::executor::ready(&mut ready, inst);
-                let (r2, now) = (ready.clone(), now_ms());
+                let (gpu, tenant) = (ready.gpu, tenant_of(&ready));
+                let made = Outcome {
+                    parts: vec![ready],
+                    finished: vec![(intent, now_ms(), "done")],
+                    ..Outcome::default()
+                };
                 // If this fails the instance exists with its intent open: the next
                 // start adopts it, and it stays occupied until then.
-                self.store
-                    .write(move |w| {
-                        w.put_partition(&r2)?;
-                        w.finish_intent(intent, now, "done")
-                    })
-                    .await?;
-                info!(partition = %host, gpu = ready.gpu, tenant = %tenant_of(&ready), "MIG instance created to host MPS shares");
-                self.change().partitions.insert(host.to_string(), ready);
+                self.commit(made, Publish::IfCommitted).await?;
+                info!(partition = %host, gpu, tenant = %tenant, "MIG instance created to host MPS shares");
                 Ok(())
             }
             Err(e) => {
@@ -337,14 +336,12 @@ impl LeaseManager {
                 return Err(LeaseError::Hardware(e));
             }
         }
-        let (id, now) = (p.id.clone(), now_ms());
-        self.store
-            .write(move |w| {
-                w.delete_partition(&id)?;
-                w.finish_intent(intent, now, "done")
-            })
-            .await?;
-        self.change().partitions.remove(&p.id);
+        let gone = Outcome {
+            gone: vec![p.id.clone()],
+            finished: vec![(intent, now_ms(), "done")],
+            ..Outcome::default()
+        };
+        self.commit(gone, Publish::IfCommitted).await?;
         info!(partition = %p.id, gpu = p.gpu, "MPS host instance destroyed with its last share");
         Ok(())
     }

@@ -12,6 +12,7 @@ use crate::partition::{self, PlanDecision, Shape};
 use super::error::Inconsistency;
 use super::error::LeaseError;
 use super::manager::LeaseManager;
+use super::plan::Outcome;
 use super::table::{GpuState, State};
 
 /// The next instance a static layout still lacks.
@@ -154,13 +155,13 @@ impl LeaseManager {
                     mig.uuid = Some(inst.uuid);
                 }
                 p.state = PartitionState::Ready;
-                let pp = p.clone();
-                self.store.write_blocking(move |w| {
-                    w.put_partition(&pp)?;
-                    w.finish_intent(iid, now, "done")
-                })?;
+                let made = Outcome {
+                    parts: vec![p],
+                    finished: vec![(iid, now, "done")],
+                    ..Outcome::default()
+                };
+                self.commit_blocking(made)?;
                 info!(gpu = g, profile = %prof.name, start = m.placement.start, n = m.have + 1, "static partition created");
-                self.change().partitions.insert(p.id.clone(), p);
                 Ok(())
             }
             Err(e) => {
@@ -171,12 +172,12 @@ impl LeaseManager {
                 {
                     self.change().foreign.push(left);
                 }
-                let pid = p.id.clone();
-                self.store.write_blocking(move |w| {
-                    w.delete_partition(&pid)?;
-                    w.finish_intent(iid, now, "failed")
-                })?;
-                self.change().partitions.remove(&p.id);
+                let failed = Outcome {
+                    gone: vec![p.id.clone()],
+                    finished: vec![(iid, now, "failed")],
+                    ..Outcome::default()
+                };
+                self.commit_blocking(failed)?;
                 Err(e.into())
             }
         }
