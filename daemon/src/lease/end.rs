@@ -80,7 +80,7 @@ impl LeaseManager {
             (ending, steps, lease)
         };
         let result = self.teardown(lease, steps, before).await;
-        self.change().tearing_down.remove(id);
+        self.teardown_finished(id);
         result
     }
 
@@ -133,9 +133,10 @@ impl LeaseManager {
         let intents = match self.write_teardown_intent(&lease, &steps).await {
             Ok(i) => i,
             Err(e) => {
-                if let Some(mut l) = self.change().leases.get_mut(&lease.id) {
-                    *l = before;
-                }
+                self.publish_only(Outcome {
+                    leases: vec![before],
+                    ..Outcome::default()
+                });
                 return Err(e);
             }
         };
@@ -293,9 +294,10 @@ impl LeaseManager {
             }
             Err(e) => {
                 warn!(lease = %lease.id, error = %e, "stopping containers failed; will retry");
-                if let Some(mut l) = self.change().leases.get_mut(&lease.id) {
-                    *l = lease.clone();
-                }
+                self.publish_only(Outcome {
+                    leases: vec![lease.clone()],
+                    ..Outcome::default()
+                });
                 format!("stopping containers failed, retrying: {e}")
             }
         };

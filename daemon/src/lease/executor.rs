@@ -606,6 +606,24 @@ impl LeaseManager {
         Ok(())
     }
 
+    /// Step 5 alone, for what no commit records: a lease put back as it was when
+    /// its teardown's intent could not be written, or when its containers could
+    /// not be stopped (the open intent records the rest).
+    pub(super) fn publish_only(&self, outcome: Outcome) {
+        apply(&mut self.lock(), outcome);
+    }
+
+    /// A teardown of lease `id` has ended (done, or left to housekeeping): another
+    /// may begin.
+    pub(super) fn teardown_finished(&self, id: &str) {
+        self.lock().tearing_down.remove(id);
+    }
+
+    /// A move of lease `id` has ended: it may be ended, renewed or resolved again.
+    pub(super) fn move_finished(&self, id: &str) {
+        self.lock().moving.remove(id);
+    }
+
     /// Step 4 alone: the outcome in one durable commit.
     async fn store_outcome(&self, outcome: Outcome) -> Result<(), StoreError> {
         self.store

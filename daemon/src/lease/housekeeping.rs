@@ -229,7 +229,7 @@ impl LeaseManager {
             (lease, steps)
         };
         let r = self.teardown(lease.clone(), steps, lease).await;
-        self.change().tearing_down.remove(id);
+        self.teardown_finished(id);
         r.map(|_| ())
     }
 

@@ -119,7 +119,7 @@ impl LeaseManager {
             (lease, old, new)
         };
         let result = self.move_steps(&lease, &old, new, now, why).await;
-        self.change().moving.remove(&lease.id);
+        self.move_finished(&lease.id);
         result
     }
 
