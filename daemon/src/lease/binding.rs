@@ -54,7 +54,7 @@ impl LeaseManager {
             return None;
         }
         let h = token::hash(tok);
-        let st = self.lock();
+        let st = self.read();
         let lease = st.leases.get(st.tokens.get(&h)?)?;
         Some((lease.tenant.clone(), lease.id.clone()))
     }
@@ -65,7 +65,7 @@ impl LeaseManager {
             return Err(not_found());
         }
         let h = token::hash(tok);
-        let lid = self.lock().tokens.get(&h).cloned().ok_or_else(not_found)?;
+        let lid = self.read().tokens.get(&h).cloned().ok_or_else(not_found)?;
         self.resolve(&lid, true, not_found)
     }
 
@@ -85,7 +85,7 @@ impl LeaseManager {
         not_found: impl Fn() -> LeaseError,
     ) -> Result<Resolved, LeaseError> {
         let (lease, partition, gpu, host) = {
-            let mut st = self.lock();
+            let mut st = self.change();
             let lease = resolvable(&st, lid, &not_found)?;
             if lease.partition_count() > 1 {
                 let parts = Self::lease_partitions(&st, &lease)?;
@@ -191,7 +191,7 @@ impl LeaseManager {
         let resolved = self.resolve_token(tok)?;
         check(&resolved)?;
         let (lease, handed, pod_claimed) = {
-            let mut st = self.lock();
+            let mut st = self.change();
             let n = st
                 .leases
                 .get(&resolved.lease.id)
@@ -276,7 +276,7 @@ impl LeaseManager {
         handed: Option<crate::model::Partition>,
         pod_claimed: bool,
     ) {
-        let mut st = self.lock();
+        let mut st = self.change();
         if let Some(mut l) = st.leases.get_mut(lease_id) {
             l.containers.retain(|c| c.id != container_id);
             l.containers.extend(previous);
@@ -329,7 +329,7 @@ impl LeaseManager {
             c.id == container_id && runtime_root.is_none_or(|r| c.runtime_root == r)
         };
         let unbound: Vec<(Lease, Vec<ContainerBinding>)> = {
-            let mut st = self.lock();
+            let mut st = self.change();
             let ids: Vec<String> = st
                 .leases
                 .values()
@@ -360,7 +360,7 @@ impl LeaseManager {
             .await
         {
             // Refused: still bound, in memory too.
-            let mut st = self.lock();
+            let mut st = self.change();
             for (lease, gone) in unbound {
                 if let Some(mut l) = st.leases.get_mut(&lease.id) {
                     l.containers.extend(gone);

@@ -125,7 +125,7 @@ impl LeaseManager {
         let mut rounds = 0u32;
         loop {
             let wait = {
-                let st = self.lock();
+                let st = self.read();
                 st.requests
                     .get(&key)
                     .cloned()
@@ -217,7 +217,7 @@ impl LeaseManager {
         shape: &Shape,
         gpu_index: Option<u32>,
     ) -> Result<(), LeaseError> {
-        wrong_mode(&self.lock(), shape, gpu_index)
+        wrong_mode(&self.read(), shape, gpu_index)
     }
 
     pub(super) async fn replay(&self, lease_id: &str) -> Result<Created, LeaseError> {
@@ -237,7 +237,7 @@ impl LeaseManager {
         self.store
             .write(move |w| w.add_token(&h2, &lid, now))
             .await?;
-        self.lock().tokens.insert(h, lease.id.clone());
+        self.change().tokens.insert(h, lease.id.clone());
         Ok(Created {
             lease,
             partition,

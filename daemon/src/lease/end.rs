@@ -6,7 +6,7 @@ use tracing::{info, warn};
 use crate::config::OnRelease;
 
 use crate::gpu::{GpuError, MpsMode};
-use crate::model::{IntentOp, Lease, LeaseState, Origin, PartKind, Partition, PartitionState};
+use crate::model::{Lease, LeaseState, Origin, PartKind, Partition, PartitionState};
 use crate::names::truncate;
 
 use super::enforce;
@@ -14,12 +14,8 @@ use super::error::Inconsistency;
 use super::error::LeaseError;
 use super::events::EventKind;
 use super::manager::LeaseManager;
+use super::plan::{DestroyError, HwDestroy, Outcome, Publish};
 use super::table::State;
-
-pub(super) enum HwDestroy {
-    Mig { gpu: u32, gi_id: u32 },
-    Mps { lease_id: String },
-}
 
 pub(super) fn hw_keeps(p: &Partition, on_release: OnRelease) -> bool {
     matches!(p.kind, PartKind::Mig(_))
@@ -38,7 +34,7 @@ impl LeaseManager {
     ) -> Result<Lease, LeaseError> {
         self.wait_while_moving(id).await;
         let (lease, steps, before) = {
-            let mut st = self.lock();
+            let mut st = self.change();
             if st.moving.contains(id) {
                 return Err(LeaseError::FailedPrecondition(format!(
                     "lease {id} is being moved to another MIG placement; retry in a moment"
@@ -84,7 +80,7 @@ impl LeaseManager {
             (ending, steps, lease)
         };
         let result = self.teardown(lease, steps, before).await;
-        self.lock().tearing_down.remove(id);
+        self.teardown_finished(id);
         result
     }
 
@@ -134,12 +130,13 @@ impl LeaseManager {
                 Inconsistency::LeaseWithoutPartition(lease.id.clone()),
             ));
         };
-        let intents = match self.record_teardown_intent(&lease, &steps).await {
+        let intents = match self.write_teardown_intent(&lease, &steps).await {
             Ok(i) => i,
             Err(e) => {
-                if let Some(mut l) = self.lock().leases.get_mut(&lease.id) {
-                    *l = before;
-                }
+                self.publish_only(Outcome {
+                    leases: vec![before],
+                    ..Outcome::default()
+                });
                 return Err(e);
             }
         };
@@ -191,9 +188,15 @@ impl LeaseManager {
             // The MPS directories go with the daemon (a shared server's stay while
             // it serves other leases).
             let stops_mps = matches!(hw, Some(HwDestroy::Mps { .. }));
-            if let Some(hw) = hw
-                && let Err(e) = self.destroy_hw(hw).await?
-            {
+            let done = match hw {
+                Some(hw) => self.destroy_hw(hw).await,
+                None => Ok(()),
+            };
+            if let Err(e) = done {
+                let e = match e {
+                    DestroyError::Hardware(e) => e,
+                    task => return Err(task.into_lease_error()),
+                };
                 warn!(lease = %lease.id, partition = %p.id, error = %e, "teardown failed; will retry");
                 failed.push((p.id.clone(), e));
                 parts.push(p);
@@ -215,7 +218,7 @@ impl LeaseManager {
     /// A teardown step failed: the lease stays revoking (its intent open), those
     /// partitions destroying, and watchers hear why; housekeeping retries.
     fn teardown_failed(&self, lease: &Lease, partition: &Partition, failed: &[(String, GpuError)]) {
-        let mut st = self.lock();
+        let mut st = self.change();
         for (pid, _) in failed {
             if let Some(mut p) = st.partitions.get_mut(pid) {
                 p.state = PartitionState::Destroying;
@@ -232,50 +235,6 @@ impl LeaseManager {
             Some(partition),
             format!("teardown failed, retrying: {}", why.join("; ")),
         );
-    }
-
-    /// The teardown's intents (one per partition with a hardware step), written
-    /// with the lease (revoking) and those partitions (destroying) in one commit
-    /// before anything is touched. Without a hardware step only the lease
-    /// (revoking) is written, before its containers are stopped.
-    async fn record_teardown_intent(
-        &self,
-        lease: &Lease,
-        steps: &[(Partition, Option<HwDestroy>)],
-    ) -> Result<Vec<Option<i64>>, LeaseError> {
-        let ops: Vec<(Partition, Option<IntentOp>)> = steps
-            .iter()
-            .map(|(p, hw)| {
-                let op = match hw {
-                    Some(HwDestroy::Mig { .. }) => Some(IntentOp::DestroyMig),
-                    Some(HwDestroy::Mps { .. }) => Some(IntentOp::StopMps),
-                    None => None,
-                };
-                let mut destroying = p.clone();
-                if op.is_some() {
-                    destroying.state = PartitionState::Destroying;
-                }
-                (destroying, op)
-            })
-            .collect();
-        let (l2, now) = (lease.clone(), now_ms());
-        let ids = self
-            .store
-            .write(move |w| {
-                w.put_lease(&l2)?;
-                let mut ids = Vec::with_capacity(ops.len());
-                for (p, op) in &ops {
-                    let Some(op) = op else {
-                        ids.push(None);
-                        continue;
-                    };
-                    w.put_partition(p)?;
-                    ids.push(Some(w.begin_intent(*op, &p.id, Some(&l2.id), now)?));
-                }
-                Ok(ids)
-            })
-            .await?;
-        Ok(ids)
     }
 
     /// Stop every container bound to the lease: SIGTERM, then SIGKILL after the
@@ -335,52 +294,15 @@ impl LeaseManager {
             }
             Err(e) => {
                 warn!(lease = %lease.id, error = %e, "stopping containers failed; will retry");
-                if let Some(mut l) = self.lock().leases.get_mut(&lease.id) {
-                    *l = lease.clone();
-                }
+                self.publish_only(Outcome {
+                    leases: vec![lease.clone()],
+                    ..Outcome::default()
+                });
                 format!("stopping containers failed, retrying: {e}")
             }
         };
         self.emit(EventKind::Revoking, lease, Some(partition), message);
         Ok(res.is_ok())
-    }
-
-    /// The hardware step of a teardown. Outer error: the task itself failed.
-    /// Destroying what is already gone (NVML NotFound) counts as done.
-    pub(super) async fn destroy_hw(
-        &self,
-        hw: HwDestroy,
-    ) -> Result<Result<(), GpuError>, LeaseError> {
-        let backend = self.backend.clone();
-        let done = match hw {
-            HwDestroy::Mig { gpu, gi_id } if backend.instance_calls_are_quick() => {
-                backend.destroy_instance(gpu, gi_id)
-            }
-            hw => tokio::task::spawn_blocking(move || match hw {
-                HwDestroy::Mig { gpu, gi_id } => backend.destroy_instance(gpu, gi_id),
-                HwDestroy::Mps { lease_id } => backend.mps_stop(&lease_id),
-            })
-            .await
-            .map_err(|source| LeaseError::Task {
-                what: "hardware teardown",
-                source,
-            })?,
-        };
-        Ok(match done {
-            Err(e) if e.nvml_code() == Some(crate::gpu::NvmlCode::NotFound) => {
-                info!(error = %e, "the instance to destroy is already gone: teardown done");
-                Ok(())
-            }
-            // A GPU fallen off the bus comes back only through a reset or a reboot,
-            // and either destroys its MIG instances: nothing is left to tear down.
-            // Should it return without one, the instance is foreign at the next
-            // start: counted as occupied, never handed out.
-            Err(e) if e.nvml_code() == Some(crate::gpu::NvmlCode::GpuIsLost) => {
-                warn!(error = %e, "the GPU is lost; its instance goes with it: teardown done");
-                Ok(())
-            }
-            other => other,
-        })
     }
 
     /// The end, durably: the lease ended (with its usage record), its partitions
@@ -394,22 +316,8 @@ impl LeaseManager {
     ) -> Result<Lease, LeaseError> {
         let now = now_ms();
         let final_state = lease.finish_end(now)?;
-        let on_release = self.config.partition.on_release;
-        // (partition, back to the pool as this).
-        let outcome: Vec<(Partition, Option<Partition>)> = parts
-            .iter()
-            .map(|p| {
-                let freed = hw_keeps(p, on_release).then(|| {
-                    let mut f = p.clone();
-                    f.lease_id = None;
-                    f.state = PartitionState::Ready;
-                    f
-                });
-                (p.clone(), freed)
-            })
-            .collect();
         let usage = {
-            let st = self.lock();
+            let st = self.read();
             parts
                 .iter()
                 .fold(crate::usage::Weights::default(), |acc, p| {
@@ -422,25 +330,28 @@ impl LeaseManager {
                     acc.plus(crate::usage::weights_of_partition(&lease, p, gpu_memory))
                 })
         };
-        let (l2, o2) = (lease.clone(), outcome.clone());
-        self.store
-            .write(move |w| {
-                w.put_lease(&l2)?;
-                crate::usage::insert_record(w.conn(), &l2, &usage)?;
-                for (p, freed) in &o2 {
-                    match freed {
-                        Some(f) => w.put_partition(f)?,
-                        None => w.delete_partition(&p.id)?,
-                    }
-                }
-                w.delete_tokens(&l2.id)?;
-                for i in intents.iter().flatten() {
-                    w.finish_intent(*i, now, "done")?;
-                }
-                Ok(())
-            })
-            .await?;
-        self.forget_ended(&lease, outcome);
+        let mut end = Outcome {
+            ended: vec![lease.clone()],
+            usage: Some((lease.clone(), usage)),
+            finished: intents
+                .into_iter()
+                .flatten()
+                .map(|i| (i, now, "done"))
+                .collect(),
+            ..Outcome::default()
+        };
+        // Each partition back in the pool (its hardware kept), or gone.
+        for p in &parts {
+            if hw_keeps(p, self.config.partition.on_release) {
+                let mut freed = p.clone();
+                freed.lease_id = None;
+                freed.state = PartitionState::Ready;
+                end.parts.push(freed);
+            } else {
+                end.gone.push(p.id.clone());
+            }
+        }
+        self.commit(end, Publish::IfCommitted).await?;
         let kind = if final_state == LeaseState::Released {
             EventKind::Released
         } else {
@@ -454,23 +365,6 @@ impl LeaseManager {
         );
         info!(lease = %lease.id, state = final_state.as_str(), "lease ended");
         Ok(lease)
-    }
-
-    /// An ended lease leaves the table; each partition returns to the pool (its
-    /// freed copy) or goes.
-    fn forget_ended(&self, lease: &Lease, parts: Vec<(Partition, Option<Partition>)>) {
-        let mut st = self.lock();
-        st.forget_lease(lease);
-        for (p, freed) in parts {
-            match freed {
-                Some(f) => {
-                    st.partitions.insert(f.id.clone(), f);
-                }
-                None => {
-                    st.partitions.remove(&p.id);
-                }
-            }
-        }
     }
 }
 

@@ -24,6 +24,8 @@ use tessera_common::clock::now_ms;
 use tokio::sync::{Notify, broadcast};
 use tracing::{info, warn};
 
+use crate::store::Writer;
+
 use crate::config::{Amounts, TenancyConfig};
 use crate::gpu::{GpuBackend, GpuError, MigInstance, NvmlCode};
 use crate::model::{
@@ -31,11 +33,12 @@ use crate::model::{
 };
 use crate::store::StoreError;
 
-use super::end::HwDestroy;
 use super::error::LeaseError;
 use super::events::EventKind;
 use super::manager::{LeaseManager, mps_dirs};
-use super::plan::{Ask, Created, HwCreate, Placement, Plan};
+use super::plan::{
+    Ask, Created, DestroyError, HwCreate, HwDestroy, Outcome, Placement, Plan, Publish,
+};
 use super::table::State;
 use super::token;
 
@@ -72,6 +75,14 @@ impl LeaseManager {
             Plan::Move(..) | Plan::SameRequest => {}
         }
         Ok(plan)
+    }
+
+    /// The table for a change outside a plan's sequence (a binding, a renewal, a
+    /// health mark, housekeeping's bookkeeping, a teardown's marks), held while the
+    /// caller decides and changes it: a decision and its change stay under one
+    /// lock. Reads go through [`LeaseManager::read`].
+    pub(super) fn change(&self) -> std::sync::MutexGuard<'_, State> {
+        self.lock()
     }
 
     /// Run a `Place` plan already reserved: intent, hardware, outcome, publish.
@@ -179,19 +190,18 @@ impl LeaseManager {
         made: &[Partition],
         intents: Vec<Option<i64>>,
     ) -> Result<(), LeaseError> {
-        let (l2, p2, done_at) = (lease.clone(), made.to_vec(), now_ms());
-        self.store
-            .write(move |w| {
-                for p in &p2 {
-                    w.put_partition(p)?;
-                }
-                w.put_lease(&l2)?;
-                for i in intents.iter().flatten() {
-                    w.finish_intent(*i, done_at, "done")?;
-                }
-                Ok(())
-            })
-            .await?;
+        let done_at = now_ms();
+        let outcome = Outcome {
+            parts: made.to_vec(),
+            leases: vec![lease.clone()],
+            finished: intents
+                .into_iter()
+                .flatten()
+                .map(|i| (i, done_at, "done"))
+                .collect(),
+            ..Outcome::default()
+        };
+        self.store_outcome(outcome).await?;
         Ok(())
     }
 
@@ -329,8 +339,10 @@ impl LeaseManager {
             let gone = self
                 .destroy_hw(HwDestroy::Mig { gpu: p.gpu, gi_id })
                 .await
-                .map_err(|t| GpuError::Task(t.to_string()))
-                .and_then(|r| r);
+                .map_err(|e| match e {
+                    DestroyError::Hardware(e) => e,
+                    task => GpuError::Task(task.into_lease_error().to_string()),
+                });
             match gone {
                 Ok(()) => undo.destroyed += 1,
                 Err(d) => {
@@ -529,6 +541,212 @@ impl LeaseManager {
         tokio::task::spawn_blocking(run)
             .await
             .map_err(|e| GpuError::Task(e.to_string()))?
+    }
+}
+
+/// The one commit sequence's last steps, for every plan: the outcome written in
+/// one durable commit, then the table.
+impl LeaseManager {
+    /// Steps 4 and 5 of a plan that is not a CreateLease (a teardown, a move): the
+    /// outcome, durably, then in the table (`publish` says whether the table takes
+    /// it when the commit fails).
+    pub(super) async fn commit(
+        &self,
+        outcome: Outcome,
+        publish: Publish,
+    ) -> Result<(), StoreError> {
+        let written = self.store_outcome(outcome.clone()).await;
+        if written.is_ok() || publish == Publish::Always {
+            apply(&mut self.lock(), outcome);
+        }
+        written
+    }
+
+    /// Steps 4 and 5 where what is recorded depends on the table as it is when
+    /// the hardware step ends: `decide` reads it and the outcome is applied under
+    /// that one lock, then written durably. If the commit fails, the table still
+    /// follows the hardware and the open intent finishes the record at the next
+    /// start. Returns what `decide` answered with the outcome.
+    pub(super) async fn publish_then_commit<T>(
+        &self,
+        decide: impl FnOnce(&State) -> (Outcome, T),
+    ) -> Result<T, StoreError> {
+        let (outcome, answer) = {
+            let mut st = self.lock();
+            let (outcome, answer) = decide(&st);
+            let recorded = outcome.clone();
+            apply(&mut st, outcome);
+            (recorded, answer)
+        };
+        self.store_outcome(outcome).await?;
+        Ok(answer)
+    }
+
+    /// Steps 4 and 5 at start-up, before the table is served: the outcome written
+    /// (blocking), then applied to `st`, the table being loaded.
+    pub(super) fn commit_at_start(
+        &self,
+        st: &mut State,
+        outcome: Outcome,
+    ) -> Result<(), StoreError> {
+        let recorded = outcome.clone();
+        self.store
+            .write_blocking(move |w| write_outcome_rows(w, &recorded))?;
+        apply(st, outcome);
+        Ok(())
+    }
+
+    /// [`Self::commit`] from a thread that may block (start-up's static layout):
+    /// the outcome written, then applied to the table, which is served already.
+    pub(super) fn commit_blocking(&self, outcome: Outcome) -> Result<(), StoreError> {
+        let recorded = outcome.clone();
+        self.store
+            .write_blocking(move |w| write_outcome_rows(w, &recorded))?;
+        apply(&mut self.lock(), outcome);
+        Ok(())
+    }
+
+    /// Step 5 alone, for what no commit records: a lease put back as it was when
+    /// its teardown's intent could not be written, or when its containers could
+    /// not be stopped (the open intent records the rest).
+    pub(super) fn publish_only(&self, outcome: Outcome) {
+        apply(&mut self.lock(), outcome);
+    }
+
+    /// A teardown of lease `id` has ended (done, or left to housekeeping): another
+    /// may begin.
+    pub(super) fn teardown_finished(&self, id: &str) {
+        self.lock().tearing_down.remove(id);
+    }
+
+    /// A move of lease `id` has ended: it may be ended, renewed or resolved again.
+    pub(super) fn move_finished(&self, id: &str) {
+        self.lock().moving.remove(id);
+    }
+
+    /// Step 4 alone: the outcome in one durable commit.
+    async fn store_outcome(&self, outcome: Outcome) -> Result<(), StoreError> {
+        self.store
+            .write(move |w| write_outcome_rows(w, &outcome))
+            .await
+    }
+
+    /// Step 2 of a teardown: one intent per partition with a hardware step, written
+    /// with the lease (revoking) and those partitions (destroying) in one commit
+    /// before anything is touched (the ids in the steps' order). Without a
+    /// hardware step only the lease (revoking) is written, before its containers
+    /// are stopped.
+    pub(super) async fn write_teardown_intent(
+        &self,
+        lease: &Lease,
+        steps: &[(Partition, Option<HwDestroy>)],
+    ) -> Result<Vec<Option<i64>>, LeaseError> {
+        let ops: Vec<(Partition, Option<IntentOp>)> = steps
+            .iter()
+            .map(|(p, hw)| {
+                let op = hw.as_ref().map(HwDestroy::intent);
+                let mut destroying = p.clone();
+                if op.is_some() {
+                    destroying.state = PartitionState::Destroying;
+                }
+                (destroying, op)
+            })
+            .collect();
+        let (l2, now) = (lease.clone(), now_ms());
+        let ids = self
+            .store
+            .write(move |w| {
+                w.put_lease(&l2)?;
+                let mut ids = Vec::with_capacity(ops.len());
+                for (p, op) in &ops {
+                    let Some(op) = op else {
+                        ids.push(None);
+                        continue;
+                    };
+                    w.put_partition(p)?;
+                    ids.push(Some(w.begin_intent(*op, &p.id, Some(&l2.id), now)?));
+                }
+                Ok(ids)
+            })
+            .await?;
+        Ok(ids)
+    }
+
+    /// Step 3 of a teardown: the hardware step. Destroying what is already gone
+    /// (NVML NotFound) counts as done.
+    pub(super) async fn destroy_hw(&self, hw: HwDestroy) -> Result<(), DestroyError> {
+        let backend = self.backend.clone();
+        let done = match hw {
+            HwDestroy::Mig { gpu, gi_id } if backend.instance_calls_are_quick() => {
+                backend.destroy_instance(gpu, gi_id)
+            }
+            hw => tokio::task::spawn_blocking(move || match hw {
+                HwDestroy::Mig { gpu, gi_id } => backend.destroy_instance(gpu, gi_id),
+                HwDestroy::Mps { lease_id } => backend.mps_stop(&lease_id),
+            })
+            .await
+            .map_err(DestroyError::Task)?,
+        };
+        match done {
+            Err(e) if e.nvml_code() == Some(NvmlCode::NotFound) => {
+                info!(error = %e, "the instance to destroy is already gone: teardown done");
+                Ok(())
+            }
+            // A GPU fallen off the bus comes back only through a reset or a reboot,
+            // and either destroys its MIG instances: nothing is left to tear down.
+            // Should it return without one, the instance is foreign at the next
+            // start: counted as occupied, never handed out.
+            Err(e) if e.nvml_code() == Some(NvmlCode::GpuIsLost) => {
+                warn!(error = %e, "the GPU is lost; its instance goes with it: teardown done");
+                Ok(())
+            }
+            other => other.map_err(DestroyError::Hardware),
+        }
+    }
+}
+
+/// An outcome's rows, in one transaction: leases (the ended ones with their usage
+/// record), partitions deleted then written, the ended leases' tokens, the intents.
+fn write_outcome_rows(w: &Writer<'_>, o: &Outcome) -> Result<(), StoreError> {
+    for l in &o.ended {
+        w.put_lease(l)?;
+    }
+    if let Some((l, usage)) = &o.usage {
+        crate::usage::insert_record(w.conn(), l, usage)?;
+    }
+    for l in &o.leases {
+        w.put_lease(l)?;
+    }
+    for id in &o.gone {
+        w.delete_partition(id)?;
+    }
+    for p in &o.parts {
+        w.put_partition(p)?;
+    }
+    for l in &o.ended {
+        w.delete_tokens(&l.id)?;
+    }
+    for (i, at, how) in &o.finished {
+        w.finish_intent(*i, *at, how)?;
+    }
+    Ok(())
+}
+
+/// Step 5 of an outcome: the table as the commit left the store.
+fn apply(st: &mut State, o: Outcome) {
+    for id in &o.gone {
+        st.partitions.remove(id);
+    }
+    for p in o.parts {
+        st.partitions.insert(p.id.clone(), p);
+    }
+    for l in o.leases {
+        if let Some(mut held) = st.leases.get_mut(&l.id) {
+            *held = l;
+        }
+    }
+    for l in &o.ended {
+        st.forget_lease(l);
     }
 }
 

@@ -90,7 +90,7 @@ impl LeaseManager {
     /// its active temporary grants.
     pub fn quota_of(&self, tenant: &str) -> (Option<TenantQuota>, Amounts, Amounts, String) {
         let t = self.tenancy();
-        let used = self.lock().leases.live_usage(tenant);
+        let used = self.read().leases.live_usage(tenant);
         let q = t.tenants.get(tenant).cloned();
         let class = q
             .as_ref()

@@ -74,7 +74,7 @@ impl State {
 impl LeaseManager {
     /// Every GPU and instance out of service now.
     pub fn health_marks(&self) -> Vec<HealthMark> {
-        let mut marks: Vec<HealthMark> = self.lock().health.values().cloned().collect();
+        let mut marks: Vec<HealthMark> = self.read().health.values().cloned().collect();
         marks.sort_by_key(|m| (m.gpu, m.gi_id));
         marks
     }
@@ -124,7 +124,7 @@ impl LeaseManager {
         source: HealthSource,
     ) -> Result<bool, LeaseError> {
         let mark = {
-            let st = self.lock();
+            let st = self.read();
             let Some(g) = st.gpus.iter().find(|g| g.info.index == gpu) else {
                 return Err(LeaseError::NotFound(format!("no GPU {gpu}")));
             };
@@ -143,7 +143,7 @@ impl LeaseManager {
         self.store.write(move |w| w.put_health_mark(&m2)).await?;
         warn!(mark = %mark.describe(), source = source.as_str(), "taken out of service: no new placements");
         let affected = {
-            let mut st = self.lock();
+            let mut st = self.change();
             st.health.insert((gpu, gi_id), mark.clone());
             st.refresh_lease_health();
             self.leases_under(&st, gpu, gi_id)
@@ -181,8 +181,8 @@ impl LeaseManager {
         source: HealthSource,
         why: &str,
     ) -> Result<Option<HealthMark>, LeaseError> {
-        let Some(mark) = self.lock().health.get(&(gpu, gi_id)).cloned() else {
-            if !self.lock().gpus.iter().any(|g| g.info.index == gpu) {
+        let Some(mark) = self.read().health.get(&(gpu, gi_id)).cloned() else {
+            if !self.read().gpus.iter().any(|g| g.info.index == gpu) {
                 return Err(LeaseError::NotFound(format!("no GPU {gpu}")));
             }
             return Ok(None);
@@ -209,7 +209,7 @@ impl LeaseManager {
             .await?;
         info!(mark = %mark.describe(), source = source.as_str(), why, "back in service");
         let affected = {
-            let mut st = self.lock();
+            let mut st = self.change();
             st.health.remove(&(gpu, gi_id));
             st.refresh_lease_health();
             self.leases_under(&st, gpu, gi_id)
@@ -234,7 +234,7 @@ impl LeaseManager {
     /// still does not answer; nothing changes then.
     async fn refresh_gpu(&self, gpu: u32) -> Result<(), crate::gpu::GpuError> {
         let (faulty, mig, needs_profiles) = {
-            let st = self.lock();
+            let st = self.read();
             let Some(g) = st.gpus.iter().find(|g| g.info.index == gpu) else {
                 return Ok(());
             };
@@ -264,7 +264,7 @@ impl LeaseManager {
         .await
         .map_err(|e| crate::gpu::GpuError::Task(e.to_string()))?;
         let (info, profiles) = read?;
-        if let Some(g) = self.lock().gpus.iter_mut().find(|g| g.info.index == gpu) {
+        if let Some(g) = self.change().gpus.iter_mut().find(|g| g.info.index == gpu) {
             if let Some(info) = info {
                 g.info = info;
             }
@@ -304,7 +304,7 @@ impl LeaseManager {
     /// Poll every GPU for what events do not cover; clear poll-made marks that the
     /// hardware says are over.
     pub async fn poll_health(&self) {
-        let gpus: Vec<u32> = self.lock().gpus.iter().map(|g| g.info.index).collect();
+        let gpus: Vec<u32> = self.read().gpus.iter().map(|g| g.info.index).collect();
         for gpu in gpus {
             let backend = self.backend.clone();
             let read = tokio::task::spawn_blocking(move || backend.health_poll(gpu)).await;
@@ -316,7 +316,7 @@ impl LeaseManager {
                 }
                 Err(_) => continue,
             };
-            let current = self.lock().health.get(&(gpu, None)).cloned();
+            let current = self.read().health.get(&(gpu, None)).cloned();
             let result = match (reading, current) {
                 (Some(cause), None) => self
                     .mark_unhealthy(gpu, None, cause, HealthSource::Poll)

@@ -29,7 +29,7 @@ impl LeaseManager {
         let now = now_ms();
         let notice = self.config.lease.expiring_notice.as_millis() as i64;
         let (expired, expiring, stuck) = {
-            let mut st = self.lock();
+            let mut st = self.change();
             let mut expired = Vec::new();
             let mut expiring = Vec::new();
             let mut stuck = Vec::new();
@@ -78,7 +78,7 @@ impl LeaseManager {
             }
             // Still blocked: wait longer before the next try (250 ms doubling up
             // to 5 s), so a long-blocked teardown neither spins nor floods the log.
-            let mut st = self.lock();
+            let mut st = self.change();
             let blocked = st
                 .leases
                 .get(&id)
@@ -109,7 +109,7 @@ impl LeaseManager {
     /// runtime killed, another config) leaves no stale binding behind.
     pub(super) async fn prune_gone_containers(&self, now: i64) {
         let candidates: Vec<(String, String, String)> = {
-            let st = self.lock();
+            let st = self.read();
             st.leases
                 .values()
                 .filter(|l| l.state() == LeaseState::Active)
@@ -146,7 +146,7 @@ impl LeaseManager {
     /// with the lease's limits, backing off exponentially (1 s .. 60 s) per lease.
     pub(super) async fn supervise_mps(&self, now: i64) {
         {
-            let mut st = self.lock();
+            let mut st = self.change();
             if now - st.mps_checked_ms < 1000 {
                 return;
             }
@@ -167,7 +167,7 @@ impl LeaseManager {
                 }
                 Err(_) => return,
             };
-        let due = mps_due(&mut self.lock(), &running, now);
+        let due = mps_due(&mut self.change(), &running, now);
         for (lease, p, attempts) in due {
             self.restart_mps(&lease, &p, attempts, now).await;
         }
@@ -182,7 +182,7 @@ impl LeaseManager {
         let (sm_percent, memory_bytes) = (spec.sm_percent, spec.memory_bytes);
         let res = self.hw_create(HwCreate::Mps(spec)).await;
         let delay = 1000i64 << attempts.min(6);
-        self.lock()
+        self.change()
             .mps_backoff
             .insert(lease.id.clone(), (attempts + 1, now + delay.min(60_000)));
         match res {
@@ -208,7 +208,7 @@ impl LeaseManager {
 
     pub(super) async fn retry_teardown(&self, id: &str) -> Result<(), LeaseError> {
         let (lease, steps) = {
-            let mut st = self.lock();
+            let mut st = self.change();
             if st.tearing_down.contains(id) {
                 return Ok(());
             }
@@ -229,7 +229,7 @@ impl LeaseManager {
             (lease, steps)
         };
         let r = self.teardown(lease.clone(), steps, lease).await;
-        self.lock().tearing_down.remove(id);
+        self.teardown_finished(id);
         r.map(|_| ())
     }
 

@@ -124,8 +124,29 @@ impl LeaseManager {
             .store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
+    /// The table under its lock. Only the executor (`executor.rs`: the plans'
+    /// sequences and [`LeaseManager::change`]) and this file take it; every other
+    /// file reads through [`LeaseManager::read`].
     pub(super) fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock would be a bug; keep serving with the data.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The table, read only, under its lock until the answer is dropped: a query,
+    /// or a decision whose change the executor makes.
+    pub(super) fn read(&self) -> Reading<'_> {
+        Reading(self.lock())
+    }
+}
+
+/// The table held for reading ([`LeaseManager::read`]): nothing can change it
+/// through this guard.
+pub(super) struct Reading<'a>(MutexGuard<'a, State>);
+
+impl std::ops::Deref for Reading<'_> {
+    type Target = State;
+
+    fn deref(&self) -> &State {
+        &self.0
     }
 }

@@ -15,7 +15,7 @@ use crate::partition::{MigMpsDecision, PlanDecision, Shape};
 use super::error::Inconsistency;
 use super::error::LeaseError;
 use super::manager::LeaseManager;
-use super::plan::{Ask, HwCreate};
+use super::plan::{Ask, HwCreate, Outcome, Publish};
 use super::table::State;
 
 /// What setting up a host instance takes.
@@ -67,7 +67,7 @@ impl LeaseManager {
         let tenant = ask.req.tenant.clone();
         let extra = self.grants_extra(&tenant, ask.now);
         let (host, setup) = {
-            let mut st = self.lock();
+            let mut st = self.change();
             let (host, setup) = self.decide_mig_mps_host(&st, ask, tenancy, extra)?;
             // Reserved in the table: a free pool instance marked as the tenant's
             // host, a new one as being created.
@@ -201,17 +201,16 @@ impl LeaseManager {
             Ok(inst) => {
                 let mut ready = p;
                 super::executor::ready(&mut ready, inst);
-                let (r2, now) = (ready.clone(), now_ms());
+                let (gpu, tenant) = (ready.gpu, tenant_of(&ready));
+                let made = Outcome {
+                    parts: vec![ready],
+                    finished: vec![(intent, now_ms(), "done")],
+                    ..Outcome::default()
+                };
                 // If this fails the instance exists with its intent open: the next
                 // start adopts it, and it stays occupied until then.
-                self.store
-                    .write(move |w| {
-                        w.put_partition(&r2)?;
-                        w.finish_intent(intent, now, "done")
-                    })
-                    .await?;
-                info!(partition = %host, gpu = ready.gpu, tenant = %tenant_of(&ready), "MIG instance created to host MPS shares");
-                self.lock().partitions.insert(host.to_string(), ready);
+                self.commit(made, Publish::IfCommitted).await?;
+                info!(partition = %host, gpu, tenant = %tenant, "MIG instance created to host MPS shares");
                 Ok(())
             }
             Err(e) => {
@@ -238,7 +237,7 @@ impl LeaseManager {
     }
 
     fn give_back_host(&self, partition_id: &str) {
-        if let Some(mut p) = self.lock().partitions.get_mut(partition_id)
+        if let Some(mut p) = self.change().partitions.get_mut(partition_id)
             && let PartKind::Mig(m) = &mut p.kind
         {
             m.mps_host = None;
@@ -251,7 +250,7 @@ impl LeaseManager {
     /// it hosting nothing and is tried again at the next tick.
     pub(super) async fn reap_idle_mps_hosts(&self) {
         let idle: Vec<(Partition, Partition)> = {
-            let mut st = self.lock();
+            let mut st = self.change();
             let used: std::collections::HashSet<String> = st
                 .partitions
                 .values()
@@ -288,7 +287,7 @@ impl LeaseManager {
             if let Err(e) = self.reap_host(&p).await {
                 warn!(partition = %p.id, error = %e, "an idle MPS host instance could not be torn down; will retry");
                 // As it was: hosting nothing, tried again at the next tick.
-                self.lock().partitions.insert(before.id.clone(), before);
+                self.change().partitions.insert(before.id.clone(), before);
             }
         }
     }
@@ -337,14 +336,12 @@ impl LeaseManager {
                 return Err(LeaseError::Hardware(e));
             }
         }
-        let (id, now) = (p.id.clone(), now_ms());
-        self.store
-            .write(move |w| {
-                w.delete_partition(&id)?;
-                w.finish_intent(intent, now, "done")
-            })
-            .await?;
-        self.lock().partitions.remove(&p.id);
+        let gone = Outcome {
+            gone: vec![p.id.clone()],
+            finished: vec![(intent, now_ms(), "done")],
+            ..Outcome::default()
+        };
+        self.commit(gone, Publish::IfCommitted).await?;
         info!(partition = %p.id, gpu = p.gpu, "MPS host instance destroyed with its last share");
         Ok(())
     }

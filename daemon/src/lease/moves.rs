@@ -40,6 +40,7 @@ pub(super) const COMPACT_MOVES_PER_TICK: usize = crate::partition::COMPACT_MOVES
 use super::error::LeaseError;
 use super::events::EventKind;
 use super::manager::LeaseManager;
+use super::plan::{Outcome, Publish};
 use super::table::State;
 
 impl LeaseManager {
@@ -87,7 +88,7 @@ impl LeaseManager {
         let mut moved = 0;
         for _ in 0..COMPACT_MOVES_PER_TICK {
             let mv = {
-                let st = self.lock();
+                let st = self.read();
                 let views = Self::placeable_views(&st);
                 partition::compact(&views, &opts, &Self::movable(&st))
             };
@@ -111,14 +112,14 @@ impl LeaseManager {
     pub(super) async fn move_idle(&self, mv: &Move, why: &'static str) -> Result<(), LeaseError> {
         let now = now_ms();
         let (lease, old, new) = {
-            let mut st = self.lock();
+            let mut st = self.change();
             let (lease, old, new) = Self::decide_move(&st, mv)?;
             st.partitions.insert(new.id.clone(), new.clone());
             st.moving.insert(lease.id.clone());
             (lease, old, new)
         };
         let result = self.move_steps(&lease, &old, new, now, why).await;
-        self.lock().moving.remove(&lease.id);
+        self.move_finished(&lease.id);
         result
     }
 
@@ -297,26 +298,23 @@ impl LeaseManager {
         new: &Partition,
         intent: i64,
     ) -> Result<Lease, LeaseError> {
-        let moved = {
-            let mut st = self.lock();
-            st.partitions.remove(&old.id);
-            st.partitions.insert(new.id.clone(), new.clone());
-            let l = st.leases.get_mut(&lease.id);
-            let mut moved = l.as_ref().map_or_else(|| lease.clone(), |l| (*l).clone());
-            moved.partition_id = new.id.clone();
-            moved.gpu = new.gpu;
-            if let Some(mut l) = l {
-                *l = moved.clone();
-            }
-            moved
-        };
-        let (p2, l2, old_id, done) = (new.clone(), moved.clone(), old.id.clone(), now_ms());
-        self.store
-            .write(move |w| {
-                w.delete_partition(&old_id)?;
-                w.put_partition(&p2)?;
-                w.put_lease(&l2)?;
-                w.finish_intent(intent, done, "moved")
+        let moved = self
+            .publish_then_commit(|st| {
+                let mut moved = st
+                    .leases
+                    .get(&lease.id)
+                    .cloned()
+                    .unwrap_or_else(|| lease.clone());
+                moved.partition_id = new.id.clone();
+                moved.gpu = new.gpu;
+                let outcome = Outcome {
+                    gone: vec![old.id.clone()],
+                    parts: vec![new.clone()],
+                    leases: vec![moved.clone()],
+                    finished: vec![(intent, now_ms(), "moved")],
+                    ..Outcome::default()
+                };
+                (outcome, moved)
             })
             .await?;
         Ok(moved)
@@ -349,20 +347,13 @@ impl LeaseManager {
                     mm.ci_id = inst.ci_id;
                     mm.uuid = Some(inst.uuid);
                 }
-                let (p2, nid) = (back.clone(), new.id.clone());
-                let res = self
-                    .store
-                    .write(move |w| {
-                        w.put_partition(&p2)?;
-                        w.delete_partition(&nid)?;
-                        w.finish_intent(intent, now, "failed")
-                    })
-                    .await;
-                let mut st = self.lock();
-                st.partitions.insert(back.id.clone(), back);
-                st.partitions.remove(&new.id);
-                drop(st);
-                match res {
+                let back = Outcome {
+                    gone: vec![new.id.clone()],
+                    parts: vec![back],
+                    finished: vec![(intent, now, "failed")],
+                    ..Outcome::default()
+                };
+                match self.commit(back, Publish::Always).await {
                     Ok(()) => LeaseError::Hardware(cause),
                     Err(e) => e.into(),
                 }
@@ -370,7 +361,7 @@ impl LeaseManager {
             Err(e2) => {
                 warn!(lease = %lease.id, error = %e2, "a moved lease's instance could be created neither at its new nor at its old place; the lease is lost");
                 self.undo_half_or_set_aside(gpu, &m).await;
-                let current = self.lock().leases.get(&lease.id).cloned();
+                let current = self.read().leases.get(&lease.id).cloned();
                 let mut lost = current.unwrap_or_else(|| lease.clone());
                 if let Err(t) = lost.lose(
                     format!("its MIG instance was being moved and could not be created again: {cause}; {e2}"),
@@ -378,23 +369,13 @@ impl LeaseManager {
                 ) {
                     return t.into();
                 }
-                let (l2, oid, nid) = (lost.clone(), old.id.clone(), new.id.clone());
-                let res = self
-                    .store
-                    .write(move |w| {
-                        w.put_lease(&l2)?;
-                        w.delete_tokens(&l2.id)?;
-                        w.delete_partition(&oid)?;
-                        w.delete_partition(&nid)?;
-                        w.finish_intent(intent, now, "failed")
-                    })
-                    .await;
-                {
-                    let mut st = self.lock();
-                    st.partitions.remove(&old.id);
-                    st.partitions.remove(&new.id);
-                    st.forget_lease(&lost);
-                }
+                let gone = Outcome {
+                    gone: vec![old.id.clone(), new.id.clone()],
+                    ended: vec![lost.clone()],
+                    finished: vec![(intent, now, "failed")],
+                    ..Outcome::default()
+                };
+                let res = self.commit(gone, Publish::Always).await;
                 self.emit(EventKind::Revoked, &lost, None, lost_reason(&lost));
                 match res {
                     Ok(()) => LeaseError::Hardware(cause),
@@ -408,7 +389,7 @@ impl LeaseManager {
     /// calls), so the move's final record and theirs never cross.
     pub(super) async fn wait_while_moving(&self, id: &str) {
         for _ in 0..12_000 {
-            if !self.lock().moving.contains(id) {
+            if !self.read().moving.contains(id) {
                 return;
             }
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
@@ -448,12 +429,12 @@ impl LeaseManager {
             .as_ref()
             .and_then(|l| st.leases.get(l).cloned());
         let Some(lease) = lease else {
-            let pid = new.id.clone();
-            self.store.write_blocking(move |w| {
-                w.delete_partition(&pid)?;
-                w.finish_intent(iid, now, "orphan")
-            })?;
-            st.partitions.remove(&new.id);
+            let orphan = Outcome {
+                gone: vec![new.id.clone()],
+                finished: vec![(iid, now, "orphan")],
+                ..Outcome::default()
+            };
+            self.commit_at_start(st, orphan)?;
             return Ok(());
         };
         let Some(nm) = new.mig().cloned() else {
@@ -549,15 +530,13 @@ impl LeaseManager {
             m.ci_id = there.ci_id;
             m.uuid = Some(there.uuid.clone());
         }
-        let (pid, k2) = (new.id.clone(), kept.clone());
-        self.store.write_blocking(move |w| {
-            w.delete_partition(&pid)?;
-            w.put_partition(&k2)?;
-            w.finish_intent(iid, now, "rolled back")
-        })?;
-        st.partitions.remove(&new.id);
-        st.partitions.insert(kept.id.clone(), kept);
-        Ok(())
+        let rolled_back = Outcome {
+            gone: vec![new.id.clone()],
+            parts: vec![kept],
+            finished: vec![(iid, now, "rolled back")],
+            ..Outcome::default()
+        };
+        Ok(self.commit_at_start(st, rolled_back)?)
     }
 
     /// The new instance of an interrupted move: adopted when it exists complete,
@@ -613,21 +592,14 @@ impl LeaseManager {
         super::executor::ready(&mut p, Some(inst));
         lease.partition_id = p.id.clone();
         lease.gpu = p.gpu;
-        let (pp, ll, oid) = (p.clone(), lease.clone(), old_id.clone());
-        self.store.write_blocking(move |w| {
-            if let Some(o) = &oid {
-                w.delete_partition(o)?;
-            }
-            w.put_partition(&pp)?;
-            w.put_lease(&ll)?;
-            w.finish_intent(iid, now, "moved")
-        })?;
-        if let Some(o) = &old_id {
-            st.partitions.remove(o);
-        }
-        st.partitions.insert(p.id.clone(), p);
-        st.leases.insert(lease.id.clone(), lease);
-        Ok(())
+        let moved = Outcome {
+            gone: old_id.into_iter().collect(),
+            parts: vec![p],
+            leases: vec![lease],
+            finished: vec![(iid, now, "moved")],
+            ..Outcome::default()
+        };
+        Ok(self.commit_at_start(st, moved)?)
     }
 
     /// An interrupted move whose instance can be made neither at its new nor at its
@@ -645,22 +617,13 @@ impl LeaseManager {
             format!("its MIG instance was being moved when the daemon stopped and could not be created again: {e}"),
             now,
         )?;
-        let (ll, nid, oid) = (lease.clone(), new.id.clone(), old_id.clone());
-        self.store.write_blocking(move |w| {
-            if let Some(o) = &oid {
-                w.delete_partition(o)?;
-            }
-            w.delete_partition(&nid)?;
-            w.put_lease(&ll)?;
-            w.delete_tokens(&ll.id)?;
-            w.finish_intent(iid, now, "failed")
-        })?;
-        if let Some(o) = &old_id {
-            st.partitions.remove(o);
-        }
-        st.partitions.remove(&new.id);
-        st.forget_lease(&lease);
-        Ok(())
+        let lost = Outcome {
+            gone: old_id.into_iter().chain([new.id.clone()]).collect(),
+            ended: vec![lease],
+            finished: vec![(iid, now, "failed")],
+            ..Outcome::default()
+        };
+        Ok(self.commit_at_start(st, lost)?)
     }
 }
 
@@ -705,15 +668,14 @@ impl LeaseManager {
             m.uuid = Some(inst.uuid.clone());
         }
         instances.entry(old.gpu).or_default().push(inst);
-        let (b2, nid) = (back.clone(), new.id.clone());
-        self.store.write_blocking(move |w| {
-            w.put_partition(&b2)?;
-            w.delete_partition(&nid)?;
-            w.finish_intent(iid, now, "moved back")
-        })?;
+        let moved_back = Outcome {
+            gone: vec![new.id.clone()],
+            parts: vec![back],
+            finished: vec![(iid, now, "moved back")],
+            ..Outcome::default()
+        };
+        self.commit_at_start(st, moved_back)?;
         warn!(partition = %old.id, "an interrupted move could not finish: the lease's instance was made again at its old place (new MIG device UUID)");
-        st.partitions.remove(&new.id);
-        st.partitions.insert(back.id.clone(), back);
         Ok(true)
     }
 }

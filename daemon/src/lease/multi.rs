@@ -22,6 +22,7 @@ use super::error::Inconsistency;
 use super::error::LeaseError;
 use super::executor::ready;
 use super::manager::LeaseManager;
+use super::plan::Outcome;
 use super::table::State;
 
 /// How the GPUs of a multi-partition lease connect.
@@ -61,7 +62,7 @@ impl LeaseManager {
     /// Every partition a lease holds that is still recorded, in its order, and (for
     /// several) how their GPUs connect. Ended leases hold none.
     pub fn partitions_of(&self, lease: &Lease) -> (Vec<Partition>, Option<LeaseLinks>) {
-        let st = self.lock();
+        let st = self.read();
         let parts: Vec<Partition> = lease
             .partition_ids()
             .filter_map(|id| st.partitions.get(id).cloned())
@@ -133,22 +134,15 @@ impl LeaseManager {
             ready_parts.push(p);
         }
         lease.activate()?;
-        let (l2, p2, i2) = (lease.clone(), ready_parts.clone(), ids.to_vec());
-        self.store.write_blocking(move |w| {
-            for p in &p2 {
-                w.put_partition(p)?;
-            }
-            w.put_lease(&l2)?;
-            for i in &i2 {
-                w.finish_intent(*i, now, "adopted")?;
-            }
-            Ok(())
-        })?;
-        for p in ready_parts {
-            st.partitions.insert(p.id.clone(), p);
-        }
-        st.leases.insert(lease.id.clone(), lease.clone());
-        info!(lease = %lease.id, "multi-partition lease found complete at start: adopted");
+        let lease_id = lease.id.clone();
+        let adopted = Outcome {
+            parts: ready_parts,
+            leases: vec![lease],
+            finished: ids.iter().map(|i| (*i, now, "adopted")).collect(),
+            ..Outcome::default()
+        };
+        self.commit_at_start(st, adopted)?;
+        info!(lease = %lease_id, "multi-partition lease found complete at start: adopted");
         Ok(())
     }
 
@@ -192,29 +186,24 @@ impl LeaseManager {
         if lease.fail(reason.clone(), now).is_err() {
             lease.lose(reason, now)?;
         }
-        let (l2, p2, i2) = (lease.clone(), parts.to_vec(), ids.to_vec());
-        self.store.write_blocking(move |w| {
-            for p in &p2 {
-                w.give_back_partition(p)?;
-            }
-            w.put_lease(&l2)?;
-            w.delete_tokens(&l2.id)?;
-            for i in &i2 {
-                w.finish_intent(*i, now, "rolled back")?;
-            }
-            Ok(())
-        })?;
+        let mut rolled_back = Outcome {
+            ended: vec![lease.clone()],
+            finished: ids.iter().map(|i| (*i, now, "rolled back")).collect(),
+            ..Outcome::default()
+        };
+        // Each place given back: a static one ready and unleased again, a dynamic
+        // one gone.
         for p in parts {
             if p.origin == Origin::Static {
-                if let Some(mut back) = st.partitions.get_mut(&p.id) {
-                    back.lease_id = None;
-                    back.state = PartitionState::Ready;
-                }
+                let mut back = p.clone();
+                back.lease_id = None;
+                back.state = PartitionState::Ready;
+                rolled_back.parts.push(back);
             } else {
-                st.partitions.remove(&p.id);
+                rolled_back.gone.push(p.id.clone());
             }
         }
-        st.forget_lease(&lease);
+        self.commit_at_start(st, rolled_back)?;
         warn!(lease = %lease.id, kept = kept.len(),
             "multi-partition lease interrupted by a crash: rolled back");
         Ok(())

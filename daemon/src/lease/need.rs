@@ -27,7 +27,7 @@ impl LeaseManager {
         gpu_index: Option<u32>,
     ) -> Result<Shape, LeaseError> {
         need.validate()?;
-        let st = self.lock();
+        let st = self.read();
         let candidates = match need.isolation {
             Isolation::Hardware => Self::hardware_candidates(&st, need),
             Isolation::Shared => Self::shared_candidates(&st, need),

@@ -27,7 +27,7 @@ impl LeaseManager {
         let tenancy = self.tenancy();
         let extra = self.grants_extra(tenant, now_ms());
         let (after, before) = {
-            let mut st = self.lock();
+            let mut st = self.change();
             let lease = st.leases.get(id).cloned().ok_or_else(|| {
                 LeaseError::NotFound(format!("no live lease {:?}", truncate(id, 80)))
             })?;
@@ -63,7 +63,7 @@ impl LeaseManager {
         };
         let stored = after.clone();
         if let Err(e) = self.store.write(move |w| w.put_lease(&stored)).await {
-            let mut st = self.lock();
+            let mut st = self.change();
             if let Some(mut l) = st.leases.get_mut(id)
                 && l.tenant == after.tenant
                 && l.labels == after.labels

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::gpu::MpsSpec;
+use crate::gpu::{GpuError, MpsSpec};
 use crate::model::{IntentOp, Lease, Partition};
 use crate::partition::{self, Shape};
 
@@ -59,6 +59,73 @@ impl HwCreate {
             HwCreate::Mps(_) => IntentOp::StartMps,
         }
     }
+}
+
+/// A hardware step that ends a partition, after a durable intent.
+pub(super) enum HwDestroy {
+    Mig { gpu: u32, gi_id: u32 },
+    Mps { lease_id: String },
+}
+
+impl HwDestroy {
+    /// The intent that announces this step.
+    pub(super) fn intent(&self) -> IntentOp {
+        match self {
+            HwDestroy::Mig { .. } => IntentOp::DestroyMig,
+            HwDestroy::Mps { .. } => IntentOp::StopMps,
+        }
+    }
+}
+
+/// Why a [`HwDestroy`] step did not finish: the hardware refused, or the task
+/// running the call failed.
+pub(super) enum DestroyError {
+    Hardware(GpuError),
+    Task(tokio::task::JoinError),
+}
+
+impl DestroyError {
+    /// As the lease core's error (the task's failure names the teardown).
+    pub(super) fn into_lease_error(self) -> LeaseError {
+        match self {
+            DestroyError::Hardware(e) => LeaseError::Hardware(e),
+            DestroyError::Task(source) => LeaseError::Task {
+                what: "hardware teardown",
+                source,
+            },
+        }
+    }
+}
+
+/// What the hardware steps of a plan came to, as the executor records it: one
+/// durable commit, then the same in the table ([`super::manager::LeaseManager`]'s
+/// `commit`). Every sequence (create, teardown, move, start-up) ends with one.
+#[derive(Default, Clone)]
+pub(super) struct Outcome {
+    /// Partition records deleted (their hardware gone, or never made).
+    pub(super) gone: Vec<String>,
+    /// Partition records written (ready, moved, back in the pool). Written after
+    /// `gone`, so a record can be deleted and put back in one outcome.
+    pub(super) parts: Vec<Partition>,
+    /// Leases written that stay in the table: its copy is replaced (one it no
+    /// longer holds is not put back).
+    pub(super) leases: Vec<Lease>,
+    /// Leases written that end here: their tokens go and they leave the table.
+    pub(super) ended: Vec<Lease>,
+    /// The usage record of an ended lease.
+    pub(super) usage: Option<(Lease, crate::usage::Weights)>,
+    /// Intents finished: (intent, when, what came of it).
+    pub(super) finished: Vec<(i64, i64, &'static str)>,
+}
+
+/// When the table takes an outcome whose commit failed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Publish {
+    /// Only once it is durable (the open intents redo the step at the next start).
+    IfCommitted,
+    /// Either way: the table follows the hardware, and the open intent finishes the
+    /// record at the next start.
+    Always,
 }
 
 /// A new lease placed: the lease (reserved: pending while any partition needs the

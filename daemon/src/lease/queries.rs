@@ -55,7 +55,7 @@ impl LeaseManager {
                 Vec::new()
             }
         };
-        let st = self.lock();
+        let st = self.read();
         let views = Self::views(&st);
         let mut by_gpu: HashMap<u32, Vec<Partition>> = HashMap::new();
         for p in st.partitions.values() {
@@ -122,7 +122,7 @@ impl LeaseManager {
     /// A lease (live from memory, ended from the store) with its partition.
     pub fn get(&self, id: &str) -> Result<(Lease, Option<Partition>), LeaseError> {
         {
-            let st = self.lock();
+            let st = self.read();
             if let Some(l) = st.leases.get(id) {
                 let p = st.partitions.get(&l.partition_id).cloned();
                 return Ok((l.clone(), p));
@@ -145,7 +145,7 @@ impl LeaseManager {
     ) -> Result<Vec<(Lease, Option<Partition>)>, LeaseError> {
         let live_only = state.is_none_or(LeaseState::is_live) && !include_ended;
         if live_only {
-            let st = self.lock();
+            let st = self.read();
             let mut out: Vec<_> = st
                 .leases
                 .values()
@@ -161,7 +161,7 @@ impl LeaseManager {
             state,
             limit: 1000,
         })?;
-        let st = self.lock();
+        let st = self.read();
         Ok(rows
             .into_iter()
             .map(|l| {
@@ -192,7 +192,7 @@ impl LeaseManager {
         };
         let live_only = state.is_none_or(LeaseState::is_live) && !include_ended;
         if live_only {
-            let st = self.lock();
+            let st = self.read();
             // Read under the state lock: a change is in the state before its
             // event is published, so every event up to here is in this view.
             let revision = self.revision();
@@ -229,7 +229,7 @@ impl LeaseManager {
             .list_leases_page(tenant, state, after, limit + 1)?;
         let more = rows.len() > limit;
         rows.truncate(limit);
-        let st = self.lock();
+        let st = self.read();
         let leases = rows
             .into_iter()
             .map(|l| {
@@ -249,14 +249,14 @@ impl LeaseManager {
 
     /// Shared read of state for tests and metrics: (live leases, partitions).
     pub fn counts(&self) -> (usize, usize) {
-        let st = self.lock();
+        let st = self.read();
         (st.leases.len(), st.partitions.len())
     }
 
     /// The MIG profiles and GPU memory usage weights are computed from.
     pub fn usage_catalog(&self) -> crate::usage::Catalog {
         let mut c = crate::usage::Catalog::default();
-        for g in &self.lock().gpus {
+        for g in &self.read().gpus {
             c.gpu_memory.insert(g.info.index, g.info.memory_bytes);
             for p in &g.profiles {
                 c.mig_profiles

@@ -36,7 +36,7 @@ struct Waiting {
 }
 
 impl AdmissionQueue {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Waiting> {
+    fn waiting(&self) -> std::sync::MutexGuard<'_, Waiting> {
         self.waiting.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -46,7 +46,7 @@ impl AdmissionQueue {
     }
 
     pub(super) fn len(&self) -> usize {
-        self.lock().tickets.len()
+        self.waiting().tickets.len()
     }
 
     /// A place in the queue, unless `tenant` already has `per_tenant` calls waiting
@@ -58,7 +58,7 @@ impl AdmissionQueue {
         per_tenant: usize,
         total: usize,
     ) -> Result<Ticket<'_>, LeaseError> {
-        let mut w = self.lock();
+        let mut w = self.waiting();
         let mine = w.tickets.iter().filter(|(_, _, t)| t == tenant).count();
         if mine >= per_tenant {
             return Err(LeaseError::ResourceExhausted(format!(
@@ -87,7 +87,7 @@ pub(super) struct Ticket<'q> {
 impl Ticket<'_> {
     /// No older ticket has the same key.
     pub(super) fn first_of_its_key(&self) -> bool {
-        let w = self.queue.lock();
+        let w = self.queue.waiting();
         let Some(key) = w
             .tickets
             .iter()
@@ -106,7 +106,7 @@ impl Ticket<'_> {
 impl Drop for Ticket<'_> {
     fn drop(&mut self) {
         self.queue
-            .lock()
+            .waiting()
             .tickets
             .retain(|(id, _, _)| *id != self.id);
         self.queue.room_changed();

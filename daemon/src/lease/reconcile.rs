@@ -12,6 +12,7 @@ use crate::model::{IntentOp, Lease, MigPart, PartKind, Partition, PartitionState
 use super::error::LeaseError;
 use super::manager::LeaseManager;
 use super::manager::mps_dirs;
+use super::plan::Outcome;
 use super::table::GpuState;
 use super::table::State;
 
@@ -86,7 +87,7 @@ impl LeaseManager {
             foreign = st.foreign.len(),
             "state loaded and reconciled with the hardware"
         );
-        *self.lock() = st;
+        *self.change() = st;
         Ok(())
     }
 
@@ -303,8 +304,11 @@ impl LeaseManager {
     ) -> Result<(), LeaseError> {
         let iid = intent.id;
         let Some(p) = st.partitions.get(&intent.partition_id).cloned() else {
-            self.store
-                .write_blocking(move |w| w.finish_intent(iid, now, "orphan"))?;
+            let orphan = Outcome {
+                finished: vec![(iid, now, "orphan")],
+                ..Outcome::default()
+            };
+            self.commit_at_start(st, orphan)?;
             return Ok(());
         };
         let lease = p.lease_id.as_ref().and_then(|l| st.leases.get(l).cloned());
@@ -504,19 +508,13 @@ impl LeaseManager {
         {
             l.activate()?;
         }
-        let (pp, ll) = (p.clone(), lease.clone());
-        self.store.write_blocking(move |w| {
-            w.put_partition(&pp)?;
-            if let Some(l) = &ll {
-                w.put_lease(l)?;
-            }
-            w.finish_intent(iid, now, "adopted")
-        })?;
-        st.partitions.insert(p.id.clone(), p);
-        if let Some(l) = lease {
-            st.leases.insert(l.id.clone(), l);
-        }
-        Ok(())
+        let adopted = Outcome {
+            parts: vec![p],
+            leases: lease.into_iter().collect(),
+            finished: vec![(iid, now, "adopted")],
+            ..Outcome::default()
+        };
+        Ok(self.commit_at_start(st, adopted)?)
     }
 
     /// At start: forget a partition, end its lease (as the caller set it) and
@@ -530,20 +528,13 @@ impl LeaseManager {
         now: i64,
         outcome: &'static str,
     ) -> Result<(), LeaseError> {
-        let (pid, ll) = (partition_id.to_string(), lease.clone());
-        self.store.write_blocking(move |w| {
-            w.delete_partition(&pid)?;
-            if let Some(l) = &ll {
-                w.put_lease(l)?;
-                w.delete_tokens(&l.id)?;
-            }
-            w.finish_intent(iid, now, outcome)
-        })?;
-        st.partitions.remove(partition_id);
-        if let Some(l) = lease {
-            st.forget_lease(&l);
-        }
-        Ok(())
+        let dropped = Outcome {
+            gone: vec![partition_id.to_string()],
+            ended: lease.into_iter().collect(),
+            finished: vec![(iid, now, outcome)],
+            ..Outcome::default()
+        };
+        Ok(self.commit_at_start(st, dropped)?)
     }
 
     pub(super) fn recreate_vanished(
@@ -571,12 +562,12 @@ impl LeaseManager {
                     mm.ci_id = inst.ci_id;
                     mm.uuid = Some(inst.uuid);
                 }
-                let pp = p2.clone();
-                self.store.write_blocking(move |w| {
-                    w.put_partition(&pp)?;
-                    w.finish_intent(iid, now, "recreated")
-                })?;
-                st.partitions.insert(p2.id.clone(), p2);
+                let recreated = Outcome {
+                    parts: vec![p2],
+                    finished: vec![(iid, now, "recreated")],
+                    ..Outcome::default()
+                };
+                self.commit_at_start(st, recreated)?;
                 report.recreated += 1;
             }
             Err(e) => {
@@ -633,32 +624,15 @@ impl LeaseManager {
                 f
             })
             .collect();
-        let (pid, ll, o2, f2) = (p.id.clone(), l2.clone(), others.clone(), freed.clone());
-        self.store.write_blocking(move |w| {
-            w.delete_partition(&pid)?;
-            for o in &o2 {
-                w.delete_partition(o)?;
-            }
-            for f in &f2 {
-                w.put_partition(f)?;
-            }
-            if let Some(l) = &ll {
-                w.put_lease(l)?;
-                w.delete_tokens(&l.id)?;
-            }
-            w.finish_intent(iid, now, "failed")
-        })?;
-        st.partitions.remove(&p.id);
-        for o in &others {
-            st.partitions.remove(o);
-        }
-        for f in freed {
-            st.partitions.insert(f.id.clone(), f);
-        }
-        if let Some(l) = l2 {
-            st.forget_lease(&l);
-        }
-        Ok(())
+        let lost = Outcome {
+            gone: std::iter::once(p.id.clone()).chain(others).collect(),
+            // Deleted, then written back: the static ones return to the pool.
+            parts: freed,
+            ended: l2.into_iter().collect(),
+            finished: vec![(iid, now, "failed")],
+            ..Outcome::default()
+        };
+        Ok(self.commit_at_start(st, lost)?)
     }
 }
 

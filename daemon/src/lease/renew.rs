@@ -16,7 +16,7 @@ impl LeaseManager {
     pub async fn renew(&self, id: &str, ttl: Option<Duration>) -> Result<Lease, LeaseError> {
         self.wait_while_moving(id).await;
         let lease = {
-            let mut st = self.lock();
+            let mut st = self.change();
             if st.moving.contains(id) {
                 return Err(LeaseError::FailedPrecondition(format!(
                     "lease {id} is being moved to another MIG placement; retry in a moment"
@@ -56,7 +56,7 @@ impl LeaseManager {
         if let Err(e) = self.store.write(move |w| w.put_lease(&l2)).await {
             // Refused: the renewal did not happen, in memory either (unless another
             // renewal has replaced this one meanwhile).
-            let mut st = self.lock();
+            let mut st = self.change();
             let undone = match st.leases.get_mut(id) {
                 Some(mut l) if l.expires_at_ms == lease.expires_at_ms => {
                     (l.expires_at_ms, l.ttl_secs) = before;

@@ -12,6 +12,7 @@ use crate::partition::{self, PlanDecision, Shape};
 use super::error::Inconsistency;
 use super::error::LeaseError;
 use super::manager::LeaseManager;
+use super::plan::Outcome;
 use super::table::{GpuState, State};
 
 /// The next instance a static layout still lacks.
@@ -30,7 +31,7 @@ impl LeaseManager {
         for layout in &self.config.partition.static_layouts {
             for (profile, want) in &layout.devices {
                 loop {
-                    let missing = self.next_missing(&self.lock(), layout, profile, *want)?;
+                    let missing = self.next_missing(&self.read(), layout, profile, *want)?;
                     let Some(missing) = missing else { break };
                     self.create_static(missing)?;
                 }
@@ -137,7 +138,7 @@ impl LeaseManager {
                 mps_host: None,
             }),
         };
-        self.lock().partitions.insert(p.id.clone(), p.clone());
+        self.change().partitions.insert(p.id.clone(), p.clone());
         let pp = p.clone();
         let iid = self.store.write_blocking(move |w| {
             w.put_partition(&pp)?;
@@ -154,13 +155,13 @@ impl LeaseManager {
                     mig.uuid = Some(inst.uuid);
                 }
                 p.state = PartitionState::Ready;
-                let pp = p.clone();
-                self.store.write_blocking(move |w| {
-                    w.put_partition(&pp)?;
-                    w.finish_intent(iid, now, "done")
-                })?;
+                let made = Outcome {
+                    parts: vec![p],
+                    finished: vec![(iid, now, "done")],
+                    ..Outcome::default()
+                };
+                self.commit_blocking(made)?;
                 info!(gpu = g, profile = %prof.name, start = m.placement.start, n = m.have + 1, "static partition created");
-                self.lock().partitions.insert(p.id.clone(), p);
                 Ok(())
             }
             Err(e) => {
@@ -169,14 +170,14 @@ impl LeaseManager {
                     && let Some(left) =
                         super::executor::undo_half_or_left(self.backend.as_ref(), g, mig)
                 {
-                    self.lock().foreign.push(left);
+                    self.change().foreign.push(left);
                 }
-                let pid = p.id.clone();
-                self.store.write_blocking(move |w| {
-                    w.delete_partition(&pid)?;
-                    w.finish_intent(iid, now, "failed")
-                })?;
-                self.lock().partitions.remove(&p.id);
+                let failed = Outcome {
+                    gone: vec![p.id.clone()],
+                    finished: vec![(iid, now, "failed")],
+                    ..Outcome::default()
+                };
+                self.commit_blocking(failed)?;
                 Err(e.into())
             }
         }
