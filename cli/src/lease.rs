@@ -43,9 +43,10 @@ pub enum LeaseCmd {
 #[derive(Debug, Args)]
 #[command(group(clap::ArgGroup::new("shape").required(true).multiple(false)))]
 pub struct CreateArgs {
-    /// Tenant the lease is for.
+    /// Tenant the lease is for. Default: the caller's own tenant (a tenant's unix
+    /// principal, client certificate or token decides it); an admin names one.
     #[arg(long)]
-    pub tenant: String,
+    pub tenant: Option<String>,
     /// A MIG instance: GPU instance profile, optionally /compute profile (1g.10gb, 3g.40gb/1c).
     #[arg(long, group = "shape", value_parser = parse::parse_mig, value_name = "PROFILE[/CI]")]
     pub mig: Option<pb::MigShape>,
@@ -266,7 +267,7 @@ impl CreateArgs {
             }
         }
         Ok(pb::CreateLeaseRequest {
-            tenant: self.tenant.clone(),
+            tenant: self.tenant.clone().unwrap_or_default(),
             shape: Some(pb::Shape { kind: Some(kind) }),
             ttl_seconds: self.ttl.map_or(0, |d| d.as_secs()),
             request_id: self.request_id.clone().unwrap_or_default(),
@@ -640,6 +641,12 @@ mod tests {
         let err =
             create(&["--tenant", "t", "--mps", "25%,8GiB", "--mps-mode", "both"]).unwrap_err();
         assert_eq!(err.kind(), clap::error::ErrorKind::InvalidValue);
+    }
+
+    #[test]
+    fn without_tenant_the_daemon_takes_the_callers_own() {
+        let req = create(&["--gpu"]).unwrap().to_request().unwrap();
+        assert_eq!(req.tenant, "", "an empty tenant: the caller's own");
     }
 
     #[test]

@@ -648,12 +648,8 @@ fn a_tenant_creates_lists_and_releases_a_lease_with_a_token_alone_through_the_cl
             String::from_utf8_lossy(&out.stderr).to_string(),
         )
     };
-    let (code, out, err) = tessera(
-        &token,
-        &[
-            "--json", "lease", "create", "--tenant", "team-a", "--mig", "1g.10gb",
-        ],
-    );
+    // No --tenant: the token's tenant is the lease's.
+    let (code, out, err) = tessera(&token, &["--json", "lease", "create", "--mig", "1g.10gb"]);
     assert_eq!(code, Some(0), "{out}{err}");
     let created: Value = serde_json::from_str(&out).unwrap();
     let id = created["id"]
@@ -664,6 +660,11 @@ fn a_tenant_creates_lists_and_releases_a_lease_with_a_token_alone_through_the_cl
     let (code, out, err) = tessera(&token, &["lease", "list"]);
     assert_eq!(code, Some(0), "{err}");
     assert!(out.contains(&id), "{out}");
+    let made = r.block_on(s.all_leases());
+    assert!(
+        made.iter().any(|l| l.id == id && l.tenant == "team-a"),
+        "{made:?}"
+    );
     // --token-file wins over the environment's.
     let (code, out, err) = tessera(
         Path::new("/nonexistent/token"),
