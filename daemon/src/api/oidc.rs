@@ -38,6 +38,9 @@ use crate::config::{ClaimRule, JwksSource, OidcAlgorithm, OidcConfig};
 
 /// Largest token looked at (IdP tokens with many groups are a few KiB).
 pub const MAX_TOKEN_BYTES: usize = 16 * 1024;
+/// Most characters of a header field (`alg`, `kid`) a refusal repeats: the
+/// field is the caller's, and a refusal's message goes into the audit log.
+const MAX_ECHO_CHARS: usize = 64;
 /// Largest discovery or JWKS document read.
 const MAX_DOCUMENT_BYTES: usize = 1024 * 1024;
 /// One fetch (connect, TLS, request, body) takes at most this long.
@@ -366,7 +369,10 @@ impl Verifier {
         Err(Refusal::token(
             "TOKEN_UNKNOWN_KEY",
             match kid {
-                Some(kid) => format!("signed with a key the issuer does not publish (kid {kid:?})"),
+                Some(kid) => format!(
+                    "signed with a key the issuer does not publish (kid {})",
+                    echo(kid)
+                ),
                 None => "it names no key (kid) and the issuer has several".into(),
             },
         ))
@@ -390,7 +396,10 @@ impl Verifier {
         else {
             return Err(Refusal::token(
                 "TOKEN_ALGORITHM_REFUSED",
-                format!("its algorithm {alg_name:?} is not accepted (allowed: {allowed})"),
+                format!(
+                    "its algorithm {} is not accepted (allowed: {allowed})",
+                    echo(alg_name)
+                ),
             ));
         };
         // RFC 7515 4.1.11: extensions marked critical must be understood; none are.
@@ -441,6 +450,11 @@ impl Verifier {
                 Refusal::token(reason, why)
             })?;
         let claims = data.claims;
+        // RFC 7519 4.1.1: `iss` is one string (the library also takes an array
+        // naming the issuer among others).
+        if !matches!(claims.get("iss"), Some(Value::String(_))) {
+            return Err(Refusal::token("TOKEN_MALFORMED", "its iss is not a string"));
+        }
         check_iat(&claims, v.leeway)?;
         let text = |k: &str| claims.get(k).and_then(Value::as_str).map(str::to_string);
         let subject = text("sub").filter(|s| !s.is_empty()).ok_or_else(|| {
@@ -512,6 +526,15 @@ impl Verifier {
             )));
         };
         TokenVerdict(self.verify(token).await.map(Arc::new))
+    }
+}
+
+/// A header field as a refusal repeats it: quoted, escaped, and cut to
+/// [`MAX_ECHO_CHARS`] characters.
+fn echo(field: &str) -> String {
+    match field.char_indices().nth(MAX_ECHO_CHARS) {
+        Some((end, _)) => format!("{:?}...", &field[..end]),
+        None => format!("{field:?}"),
     }
 }
 
@@ -1321,5 +1344,55 @@ mod tests {
         req.headers_mut()
             .insert(http::header::AUTHORIZATION, good.parse().unwrap());
         assert!(!plain.oneshot(req).await.unwrap());
+    }
+
+    /// A token signed over any header and payload text, by `key`.
+    fn sign_raw(key: &Signer, header: &str, payload: &str) -> String {
+        let msg = format!("{}.{}", B64.encode(header), B64.encode(payload));
+        let ek = EncodingKey::from_ec_der(&key.pair.serialize_der());
+        let sig = jsonwebtoken::crypto::sign(msg.as_bytes(), &ek, Algorithm::ES256).unwrap();
+        format!("{msg}.{sig}")
+    }
+
+    /// An unauthenticated caller chooses the header's `kid` and `alg`: a refusal
+    /// repeats a short start of them, never kilobytes (each refusal is an audit
+    /// record, and its message goes there).
+    #[tokio::test]
+    async fn a_refusal_repeats_at_most_a_short_start_of_the_callers_header() {
+        let dir = tempfile::tempdir().unwrap();
+        let jwks = dir.path().join("jwks.json");
+        let key = Signer::new("k1");
+        write_jwks(&jwks, &[&key]);
+        let v = verifier(&jwks, Duration::from_secs(3600));
+        let long = "A".repeat(9000);
+        let payload = claims().to_string();
+        for (header, says) in [
+            (json!({"alg": "ES256", "kid": long}), "does not publish"),
+            (json!({"alg": long, "kid": "k1"}), "is not accepted"),
+        ] {
+            let m = refused(
+                v.verify(&sign_raw(&key, &header.to_string(), &payload))
+                    .await,
+            );
+            assert!(m.contains(says), "{m}");
+            assert!(m.len() < 300, "{} bytes: {m}", m.len());
+            assert!(m.contains("\"AAAA"), "{m}");
+        }
+    }
+
+    /// `iss` is one string: an array that names the issuer among others is
+    /// refused, though the library would take it.
+    #[tokio::test]
+    async fn an_issuer_array_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let jwks = dir.path().join("jwks.json");
+        let key = Signer::new("k1");
+        write_jwks(&jwks, &[&key]);
+        let v = verifier(&jwks, Duration::from_secs(3600));
+        for iss in [json!([ISSUER]), json!(["https://other.example", ISSUER])] {
+            let m = refused(v.verify(&key.sign(&with(claims(), "iss", iss))).await);
+            assert!(m.contains("iss"), "{m}");
+        }
+        v.verify(&key.sign(&claims())).await.unwrap();
     }
 }
