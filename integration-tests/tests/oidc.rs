@@ -51,9 +51,17 @@ impl Pki {
 
     /// (cert pem, key pem) for `cn`, valid for localhost and 127.0.0.1.
     fn leaf(&self, cn: &str) -> (String, String) {
+        self.leaf_named(Some(cn))
+    }
+
+    /// (cert pem, key pem) whose subject has a common name `cn`, or none at all.
+    fn leaf_named(&self, cn: Option<&str>) -> (String, String) {
         let key = rcgen::KeyPair::generate().unwrap();
         let mut p = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
-        p.distinguished_name.push(rcgen::DnType::CommonName, cn);
+        p.distinguished_name = rcgen::DistinguishedName::new();
+        if let Some(cn) = cn {
+            p.distinguished_name.push(rcgen::DnType::CommonName, cn);
+        }
         p.subject_alt_names
             .push(rcgen::SanType::IpAddress("127.0.0.1".parse().unwrap()));
         let cert = p.signed_by(&key, &self.issuer).unwrap();
@@ -344,11 +352,26 @@ tenant = "team-a"
             impl tonic::service::Interceptor + use<>,
         >,
     > {
+        self.client_with(token, cn.map(|cn| self.pki.leaf(cn)))
+            .await
+    }
+
+    /// A client of the TLS listener sending `token` (and the certificate and key
+    /// `identity`).
+    async fn client_with(
+        &self,
+        token: &str,
+        identity: Option<(String, String)>,
+    ) -> TesseraClient<
+        tonic::service::interceptor::InterceptedService<
+            Channel,
+            impl tonic::service::Interceptor + use<>,
+        >,
+    > {
         let mut tls = ClientTlsConfig::new()
             .ca_certificate(Certificate::from_pem(&self.pki.ca_pem))
             .domain_name("localhost");
-        if let Some(cn) = cn {
-            let (cert, key) = self.pki.leaf(cn);
+        if let Some((cert, key)) = identity {
             tls = tls.identity(Identity::from_pem(cert, key));
         }
         let ch = Endpoint::from_shared(format!("https://127.0.0.1:{}", self.port))
@@ -780,4 +803,37 @@ fn python_grpcio_signs_in_with_access_token_credentials() {
         run.summary()
     ));
     assert!(output.contains("2 passed"), "{output}");
+}
+
+/// A client certificate is an identity even without a common name: with a token
+/// on the same call, two identities, refused, and nothing created.
+#[test]
+fn a_certificate_without_a_common_name_and_a_token_are_two_identities() {
+    let r = rt();
+    let s = Setup::start(&r);
+    let good = s.key.sign(&s.claims());
+    r.block_on(async {
+        let mut both = s.client_with(&good, Some(s.pki.leaf_named(None))).await;
+        let e = both
+            .create_lease(create_req("team-a", shape::mig("1g.10gb")))
+            .await
+            .expect_err("a certificate and a token are two identities");
+        assert_eq!(e.code(), Code::PermissionDenied, "{}", e.message());
+        assert!(e.message().contains("two identities"), "{}", e.message());
+        assert!(
+            s.all_leases().await.is_empty(),
+            "a refused caller created a lease"
+        );
+        // The certificate alone maps to no principal.
+        let mut cert = s.client_with("", Some(s.pki.leaf_named(None))).await;
+        let e = cert
+            .create_lease(create_req("team-a", shape::mig("1g.10gb")))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::PermissionDenied, "{}", e.message());
+        assert!(
+            s.all_leases().await.is_empty(),
+            "a refused caller created a lease"
+        );
+    });
 }

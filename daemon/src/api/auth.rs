@@ -195,8 +195,9 @@ pub fn caller_of<T>(req: &Request<T>) -> Caller {
             .and_then(|certs| certs.first().and_then(|c| common_name(c.as_ref())))
     };
     if let Some(TokenVerdict(verdict)) = req.extensions().get::<TokenVerdict>() {
-        if let Some(cn) = cert_cn() {
-            return Caller::Refused(Refusal::two_identities(&cn));
+        // Any client certificate is an identity, one without a common name too.
+        if req.peer_certs().is_some_and(|certs| !certs.is_empty()) {
+            return Caller::Refused(Refusal::two_identities(&cert_cn().unwrap_or_default()));
         }
         return match verdict {
             Ok(t) => Caller::Token(t.clone()),
