@@ -837,3 +837,38 @@ fn a_certificate_without_a_common_name_and_a_token_are_two_identities() {
         );
     });
 }
+
+/// A JWKS document without one usable key (empty, or only keys this daemon
+/// refuses) is a failed fetch: the keys there were stay. An unknown kid cannot
+/// make the daemon drop the issuer's keys at such a moment.
+#[test]
+fn a_fetched_jwks_without_a_usable_key_keeps_the_keys_there_were() {
+    let r = rt();
+    let s = Setup::start(&r);
+    let good = s.key.sign(&s.claims());
+    let stranger = SigningKey::es256("k-unknown");
+    r.block_on(async {
+        let mut a = s.client(&good, None).await;
+        a.list_leases(pb::ListLeasesRequest::default())
+            .await
+            .expect("the issuer's key verifies");
+        for published in [
+            json!([]),
+            json!([{"kty": "oct", "kid": "k1", "k": B64.encode("shared-secret")}]),
+        ] {
+            *s.idp.published.lock().unwrap() = published.as_array().unwrap().clone();
+            let before = s.idp.fetches();
+            // An unknown kid makes the daemon fetch the keys again (min_refetch 0s).
+            let mut x = s.client(&stranger.sign(&s.claims()), None).await;
+            let e = x
+                .list_leases(pb::ListLeasesRequest::default())
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), Code::Unauthenticated, "{}", e.message());
+            assert!(s.idp.fetches() > before, "the keys were not fetched again");
+            a.list_leases(pb::ListLeasesRequest::default())
+                .await
+                .unwrap_or_else(|e| panic!("after {published}: the good key was dropped: {e:?}"));
+        }
+    });
+}

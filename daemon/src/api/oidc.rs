@@ -701,10 +701,19 @@ async fn fetch_jwks(
         });
     };
     let jwks = https_get(jwks_uri, tls).await?;
-    KeySet::parse(&jwks, max).map_err(|message| OidcError::Document {
+    let set = KeySet::parse(&jwks, max).map_err(|message| OidcError::Document {
         what: jwks_uri.to_string(),
         message,
-    })
+    })?;
+    // A document without a key this daemon can use is a failed fetch (as a
+    // `jwks_file` without one is): the keys there were stay.
+    if set.by_kid.is_empty() && set.unnamed.is_empty() {
+        return Err(OidcError::Document {
+            what: jwks_uri.to_string(),
+            message: "no signing key this daemon can use".into(),
+        });
+    }
+    Ok(set)
 }
 
 /// GET an https:// URL: one HTTP/1.1 request, no redirects, a bounded body, a
