@@ -1404,4 +1404,106 @@ mod tests {
         }
         v.verify(&key.sign(&claims())).await.unwrap();
     }
+
+    /// Header tricks an outsider tries, each refused: an algorithm of another
+    /// family than the key its kid names, no kid while the issuer has several keys,
+    /// a key of its own in the header (`jwk`, `jku`, `x5u`), a kid given twice.
+    #[tokio::test]
+    async fn header_tricks_never_choose_the_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let jwks = dir.path().join("jwks.json");
+        let key = Signer::new("k1");
+        let other = Signer::new("k2");
+        write_jwks(&jwks, &[&key, &other]);
+        let v = verifier(&jwks, Duration::from_secs(3600));
+        let payload = claims().to_string();
+        let attacker = Signer::new("k1");
+        let cases = [
+            // RS256 is configured, but k1 is an EC key.
+            (
+                sign_raw(&key, r#"{"alg":"RS256","kid":"k1"}"#, &payload),
+                "TOKEN_ALGORITHM_REFUSED",
+            ),
+            (
+                sign_raw(&key, r#"{"alg":"ES256"}"#, &payload),
+                "TOKEN_UNKNOWN_KEY",
+            ),
+            (
+                sign_raw(
+                    &attacker,
+                    &json!({"alg": "ES256", "kid": "k1", "jwk": attacker.jwk(),
+                            "jku": "https://evil.example/jwks", "x5u": "https://evil.example/c"})
+                    .to_string(),
+                    &payload,
+                ),
+                "TOKEN_BAD_SIGNATURE",
+            ),
+            (
+                sign_raw(
+                    &attacker,
+                    &json!({"alg": "ES256", "kid": "unknown", "jwk": attacker.jwk()}).to_string(),
+                    &payload,
+                ),
+                "TOKEN_UNKNOWN_KEY",
+            ),
+            (
+                sign_raw(&key, r#"{"alg":"ES256","kid":"zz","kid":"k1"}"#, &payload),
+                "TOKEN_MALFORMED",
+            ),
+            (
+                sign_raw(
+                    &key,
+                    r#"{"alg":"ES256","alg":"RS256","kid":"k1"}"#,
+                    &payload,
+                ),
+                "TOKEN_ALGORITHM_REFUSED",
+            ),
+        ];
+        for (token, reason) in cases {
+            let e = v.verify(&token).await.expect_err(reason);
+            assert_eq!(e.reason, reason, "{}", e.message);
+        }
+        // The same header, honest, passes: the refusals above are the tricks'.
+        v.verify(&sign_raw(&key, r#"{"alg":"ES256","kid":"k1"}"#, &payload))
+            .await
+            .unwrap();
+    }
+
+    /// Claim values match byte for byte: case, look-alike letters, surrounding
+    /// space, an empty value, a nested array, an object keyed by the value, a
+    /// number or a bool never match a rule.
+    #[test]
+    fn claim_values_of_another_shape_or_spelling_never_match() {
+        use crate::config::Role;
+        let rules = vec![
+            rule("admins", "groups", "tessera-admins", Role::Admin),
+            rule("nested", "a.b", "x", Role::Admin),
+            rule("num", "level", "1", Role::Admin),
+        ];
+        for claims in [
+            json!({"groups": "Tessera-Admins"}),
+            json!({"groups": ["tessera-admins "]}),
+            json!({"groups": ["tessera\u{2010}admins"]}),
+            json!({"groups": ["tessera-admins\u{0}"]}),
+            json!({"groups": [""]}),
+            json!({"groups": [["tessera-admins"]]}),
+            json!({"groups": {"tessera-admins": true}}),
+            json!({"groups": [{"name": "tessera-admins"}]}),
+            json!({"level": 1}),
+            json!({"level": true}),
+            json!({"a": [{"b": "x"}]}),
+            json!({"a": {"b": {"x": 1}}}),
+        ] {
+            assert!(
+                map_claims(&rules, &verified(claims.clone())).is_err(),
+                "{claims} matched"
+            );
+        }
+        assert_eq!(
+            map_claims(&rules, &verified(json!({"groups": "tessera-admins"})))
+                .unwrap()
+                .name,
+            "admins"
+        );
+    }
 }
