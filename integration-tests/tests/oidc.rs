@@ -157,6 +157,11 @@ struct Idp {
     issuer: String,
     published: Arc<Mutex<Vec<Value>>>,
     jwks_fetches: Arc<Mutex<usize>>,
+    /// When set, the whole HTTP answer to the discovery document's path (status
+    /// line, headers and body): a hostile or broken issuer.
+    discovery: Arc<Mutex<Option<String>>>,
+    /// Keys served at `/realms/gpu/alt-jwks` (only a hostile discovery names it).
+    alt: Arc<Mutex<Vec<Value>>>,
 }
 
 impl Idp {
@@ -181,7 +186,10 @@ impl Idp {
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
         let published = Arc::new(Mutex::new(Vec::new()));
         let jwks_fetches = Arc::new(Mutex::new(0));
+        let discovery = Arc::new(Mutex::new(None::<String>));
+        let alt = Arc::new(Mutex::new(Vec::new()));
         let (keys, fetches, iss) = (published.clone(), jwks_fetches.clone(), issuer.clone());
+        let (disc, alt_keys) = (discovery.clone(), alt.clone());
         tokio::spawn(async move {
             loop {
                 let Ok((tcp, _)) = listener.accept().await else {
@@ -189,6 +197,7 @@ impl Idp {
                 };
                 let (acceptor, keys, fetches, iss) =
                     (acceptor.clone(), keys.clone(), fetches.clone(), iss.clone());
+                let (disc, alt_keys) = (disc.clone(), alt_keys.clone());
                 tokio::spawn(async move {
                     let Ok(mut s) = acceptor.accept(tcp).await else {
                         return;
@@ -206,12 +215,24 @@ impl Idp {
                         .next()
                         .unwrap_or("")
                         .to_string();
+                    let raw = disc.lock().unwrap().clone();
+                    if let Some(raw) = raw
+                        && line.starts_with("GET /realms/gpu/.well-known/openid-configuration ")
+                    {
+                        let _ = s.write_all(raw.as_bytes()).await;
+                        let _ = s.shutdown().await;
+                        return;
+                    }
                     let (status, body) = if line
                         .starts_with("GET /realms/gpu/.well-known/openid-configuration ")
                     {
                         let doc = json!({"issuer": iss, "jwks_uri": format!("{iss}/jwks"),
                                          "id_token_signing_alg_values_supported": ["RS256", "ES256"]});
                         ("200 OK", doc.to_string())
+                    } else if line.starts_with("GET /realms/gpu/alt-jwks ") {
+                        *fetches.lock().unwrap() += 1;
+                        let keys = alt_keys.lock().unwrap().clone();
+                        ("200 OK", json!({ "keys": keys }).to_string())
                     } else if line.starts_with("GET /realms/gpu/jwks ") {
                         *fetches.lock().unwrap() += 1;
                         let keys = keys.lock().unwrap().clone();
@@ -232,6 +253,8 @@ impl Idp {
             issuer,
             published,
             jwks_fetches,
+            discovery,
+            alt,
         }
     }
 
@@ -871,4 +894,104 @@ fn a_fetched_jwks_without_a_usable_key_keeps_the_keys_there_were() {
                 .unwrap_or_else(|e| panic!("after {published}: the good key was dropped: {e:?}"));
         }
     });
+}
+
+/// The issuer's keys come only from its own discovery document, over HTTPS, in
+/// one answer: a discovery document naming another issuer, a redirect, a
+/// `jwks_uri` over http://, or a JWKS over 1 MiB never brings in a key (an
+/// attacker's key is published there each time and its token refused), and the
+/// keys there were stay.
+#[test]
+fn a_hostile_discovery_or_jwks_never_brings_in_a_key() {
+    let r = rt();
+    let s = Setup::start(&r);
+    let good = s.key.sign(&s.claims());
+    let evil = SigningKey::es256("k-evil");
+    *s.idp.alt.lock().unwrap() = vec![evil.jwk.clone()];
+    let alt = format!("{}/alt-jwks", s.idp.issuer);
+    let answer = |status: &str, headers: &str, body: &str| {
+        format!(
+            "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{headers}connection: close\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    let doc =
+        |issuer: &str, jwks_uri: &str| json!({"issuer": issuer, "jwks_uri": jwks_uri}).to_string();
+    let huge = {
+        let mut keys = vec![evil.jwk.clone()];
+        keys.extend((0..2000).map(|i| json!({"kty": "EC", "use": "enc", "kid": format!("pad-{i}"), "pad": "x".repeat(600)})));
+        json!({ "keys": keys }).to_string()
+    };
+    assert!(huge.len() > 1 << 20);
+    let cases = [
+        (
+            "another issuer",
+            answer("200 OK", "", &doc("https://evil.example/realms/gpu", &alt)),
+        ),
+        (
+            "issuer with a trailing slash",
+            answer("200 OK", "", &doc(&format!("{}/", s.idp.issuer), &alt)),
+        ),
+        (
+            "a redirect",
+            answer("302 Found", &format!("location: {alt}\r\n"), ""),
+        ),
+        (
+            "an http:// jwks_uri",
+            answer(
+                "200 OK",
+                "",
+                &doc(&s.idp.issuer, &alt.replace("https://", "http://")),
+            ),
+        ),
+        ("not JSON", answer("200 OK", "", "<html>")),
+    ];
+    r.block_on(async {
+        let mut a = s.client(&good, None).await;
+        a.list_leases(pb::ListLeasesRequest::default())
+            .await
+            .unwrap();
+        let mut e = s.client(&evil.sign(&s.claims()), None).await;
+        for (what, raw) in &cases {
+            *s.idp.discovery.lock().unwrap() = Some(raw.clone());
+            let st = e
+                .list_leases(pb::ListLeasesRequest::default())
+                .await
+                .expect_err(what);
+            assert_eq!(st.code(), Code::Unauthenticated, "{what}: {}", st.message());
+            assert!(
+                st.message().contains("does not publish"),
+                "{what}: {}",
+                st.message()
+            );
+            a.list_leases(pb::ListLeasesRequest::default())
+                .await
+                .unwrap_or_else(|st| panic!("{what}: the good key was dropped: {st:?}"));
+        }
+        // An honest discovery document naming a JWKS over 1 MiB.
+        *s.idp.discovery.lock().unwrap() = None;
+        s.idp.alt.lock().unwrap().clear();
+        *s.idp.published.lock().unwrap() = serde_json::from_str::<Value>(&huge).unwrap()["keys"]
+            .as_array()
+            .unwrap()
+            .clone();
+        let before = s.idp.fetches();
+        let st = e
+            .list_leases(pb::ListLeasesRequest::default())
+            .await
+            .expect_err("a JWKS over 1 MiB");
+        assert!(s.idp.fetches() > before, "the JWKS was not fetched");
+        assert_eq!(st.code(), Code::Unauthenticated, "{}", st.message());
+        a.list_leases(pb::ListLeasesRequest::default())
+            .await
+            .unwrap_or_else(|st| panic!("over 1 MiB: the good key was dropped: {st:?}"));
+        // The control: the issuer's own discovery document naming that JWKS does
+        // bring its key in (so each refusal above is the hostile answer's).
+        *s.idp.alt.lock().unwrap() = vec![evil.jwk.clone()];
+        *s.idp.discovery.lock().unwrap() = Some(answer("200 OK", "", &doc(&s.idp.issuer, &alt)));
+        e.list_leases(pb::ListLeasesRequest::default())
+            .await
+            .expect("the issuer's own discovery document names its keys");
+    });
+    assert!(r.block_on(s.all_leases()).is_empty());
 }
