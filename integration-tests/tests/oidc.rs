@@ -995,3 +995,59 @@ fn a_hostile_discovery_or_jwks_never_brings_in_a_key() {
     });
     assert!(r.block_on(s.all_leases()).is_empty());
 }
+
+/// What an outsider with no credentials can make the daemon write: one short
+/// audit record per refused call, whatever it puts in the token's header (a kid
+/// of 9,000 characters included); and a token sent to the unix socket is refused
+/// even when the socket's peer is root (a token never adds to a local uid).
+#[test]
+fn an_outsiders_refusal_is_a_short_audit_record_and_a_token_on_the_socket_is_refused() {
+    let r = rt();
+    let s = Setup::start(&r);
+    let payload = B64.encode(s.claims().to_string());
+    let long_kid = format!(
+        "{}.{payload}.{}",
+        B64.encode(json!({"alg": "ES256", "kid": "K".repeat(9000)}).to_string()),
+        B64.encode([1u8; 64])
+    );
+    let good = s.key.sign(&s.claims());
+    r.block_on(async {
+        let mut x = s.client(&long_kid, None).await;
+        let st = x
+            .list_leases(pb::ListLeasesRequest::default())
+            .await
+            .unwrap_err();
+        assert_eq!(st.code(), Code::Unauthenticated, "{}", st.message());
+        assert!(st.message().len() < 300, "{}", st.message());
+
+        let mut unix = s.d.client().await.unwrap();
+        let mut req = tonic::Request::new(pb::ListLeasesRequest::default());
+        req.metadata_mut()
+            .insert("authorization", format!("Bearer {good}").parse().unwrap());
+        let st = unix.list_leases(req).await.unwrap_err();
+        assert_eq!(st.code(), Code::Unauthenticated, "{}", st.message());
+        assert!(
+            st.message().contains("only on the TLS listener"),
+            "{}",
+            st.message()
+        );
+        let mut req = tonic::Request::new(create_req("team-a", shape::mig("1g.10gb")));
+        req.metadata_mut()
+            .insert("authorization", format!("Bearer {good}").parse().unwrap());
+        unix.create_lease(req).await.unwrap_err();
+        assert!(
+            s.all_leases().await.is_empty(),
+            "a refused caller created a lease"
+        );
+    });
+    let text = std::fs::read_to_string(s.d.dir.path().join("state/audit.jsonl")).unwrap();
+    let refused: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("Unauthenticated"))
+        .collect();
+    assert_eq!(refused.len(), 3, "{text}");
+    for l in refused {
+        assert!(l.len() < 1024, "{} bytes: {l}", l.len());
+        assert!(!l.contains(&good), "a token is in the audit log");
+    }
+}
