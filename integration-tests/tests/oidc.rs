@@ -1051,3 +1051,60 @@ fn an_outsiders_refusal_is_a_short_audit_record_and_a_token_on_the_socket_is_ref
         assert!(!l.contains(&good), "a token is in the audit log");
     }
 }
+
+/// FINDING (open): a watch opened with a token outlives what made it allowed.
+/// Once `tessera reload` takes the token's group out of the rules, the same
+/// token is refused on every new call, but its open WatchLeases stream goes on
+/// delivering the tenant's lease events (and it would past the token's `exp`
+/// too). Expected: the stream ends when its principal no longer holds.
+#[test]
+#[ignore = "open finding: a token's WatchLeases stream outlives a reload that unmaps it"]
+fn a_watch_opened_with_a_token_ends_when_a_reload_unmaps_the_token() {
+    let r = rt();
+    let s = Setup::start(&r);
+    let good = s.key.sign(&s.claims());
+    r.block_on(async {
+        let mut a = s.client(&good, None).await;
+        let mut stream = a
+            .watch_leases(pb::WatchLeasesRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+        let text = std::fs::read_to_string(&s.d.config).unwrap();
+        std::fs::write(
+            &s.d.config,
+            text.replace("values = [\"tessera-team-a\"]", "values = [\"gpu-team-a\"]"),
+        )
+        .unwrap();
+        let (ok, out) = s.d.cli(&["reload"]);
+        assert!(ok, "{out}");
+        // New calls with the token are refused now.
+        let st = a
+            .list_leases(pb::ListLeasesRequest::default())
+            .await
+            .unwrap_err();
+        assert_eq!(st.code(), Code::PermissionDenied, "{}", st.message());
+        // team-a gets a lease (made by root on the socket).
+        let mut root = s.d.client().await.unwrap();
+        let id = root
+            .create_lease(create_req("team-a", shape::mig("1g.10gb")))
+            .await
+            .unwrap()
+            .into_inner()
+            .lease
+            .unwrap()
+            .id;
+        loop {
+            let next = tokio::time::timeout(Duration::from_secs(60), stream.message())
+                .await
+                .expect("the watch neither ended nor delivered the new lease");
+            match next {
+                Ok(Some(ev)) if ev.lease.as_ref().is_some_and(|l| l.id == id) => {
+                    panic!("the unmapped token's watch delivered team-a's lease {id}")
+                }
+                Ok(Some(_)) => continue,
+                Ok(None) | Err(_) => break,
+            }
+        }
+    });
+}
