@@ -1050,6 +1050,8 @@ fn an_outsiders_refusal_is_a_short_audit_record_and_a_token_on_the_socket_is_ref
         assert!(l.len() < 1024, "{} bytes: {l}", l.len());
         assert!(!l.contains(&good), "a token is in the audit log");
     }
+    let sig = good.rsplit('.').next().unwrap();
+    assert!(!s.d.log().contains(sig), "a token is in the daemon's log");
 }
 
 /// FINDING (open): a watch opened with a token outlives what made it allowed.
