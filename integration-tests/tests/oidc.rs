@@ -1054,13 +1054,11 @@ fn an_outsiders_refusal_is_a_short_audit_record_and_a_token_on_the_socket_is_ref
     assert!(!s.d.log().contains(sig), "a token is in the daemon's log");
 }
 
-/// FINDING (open): a watch opened with a token outlives what made it allowed.
-/// Once `tessera reload` takes the token's group out of the rules, the same
-/// token is refused on every new call, but its open WatchLeases stream goes on
-/// delivering the tenant's lease events (and it would past the token's `exp`
-/// too). Expected: the stream ends when its principal no longer holds.
+/// A watch opened with a token lasts only while the token maps to the principal it
+/// began as: once `tessera reload` takes the token's group out of the rules, new
+/// calls are refused and the open WatchLeases stream ends (PERMISSION_DENIED)
+/// before it delivers another event of the tenant.
 #[test]
-#[ignore = "open finding: a token's WatchLeases stream outlives a reload that unmaps it"]
 fn a_watch_opened_with_a_token_ends_when_a_reload_unmaps_the_token() {
     let r = rt();
     let s = Setup::start(&r);
@@ -1105,8 +1103,44 @@ fn a_watch_opened_with_a_token_ends_when_a_reload_unmaps_the_token() {
                     panic!("the unmapped token's watch delivered team-a's lease {id}")
                 }
                 Ok(Some(_)) => continue,
-                Ok(None) | Err(_) => break,
+                Ok(None) => panic!("the watch ended without saying why"),
+                Err(st) => {
+                    assert_eq!(st.code(), Code::PermissionDenied, "{}", st.message());
+                    assert!(st.message().contains("the watch ends"), "{}", st.message());
+                    break;
+                }
             }
         }
+    });
+}
+
+/// A watch opened with a token ends when the token expires, telling the caller to
+/// sign in again and from which revision to go on.
+#[test]
+fn a_watch_opened_with_a_token_ends_when_the_token_expires() {
+    let r = rt();
+    let s = Setup::start(&r);
+    let short = s.key.sign(&with(s.claims(), "exp", json!(now() + 3)));
+    r.block_on(async {
+        let mut a = s.client(&short, None).await;
+        let mut stream = a
+            .watch_leases(pb::WatchLeasesRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+        let end = tokio::time::timeout(Duration::from_secs(60), async {
+            loop {
+                match stream.message().await {
+                    Ok(Some(_)) => continue,
+                    other => return other,
+                }
+            }
+        })
+        .await
+        .expect("the watch went on past its token's exp");
+        let st = end.unwrap_err();
+        assert_eq!(st.code(), Code::Unauthenticated, "{}", st.message());
+        assert!(st.message().contains("expired"), "{}", st.message());
+        assert!(st.message().contains("from revision"), "{}", st.message());
     });
 }

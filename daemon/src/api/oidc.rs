@@ -73,6 +73,20 @@ pub struct Verified {
     pub claims: Map<String, Value>,
 }
 
+impl Verified {
+    /// How long until the token's `exp` (verified to be there and a number; zero
+    /// once past).
+    pub fn expires_in(&self) -> Duration {
+        let exp = self
+            .claims
+            .get("exp")
+            .and_then(Value::as_f64)
+            .unwrap_or(0.0);
+        let now = jsonwebtoken::get_current_timestamp() as f64;
+        Duration::try_from_secs_f64(exp - now).unwrap_or(Duration::ZERO)
+    }
+}
+
 /// Why a bearer token was not accepted: the status the caller gets.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {

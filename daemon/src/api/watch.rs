@@ -34,6 +34,14 @@ pub const REVISION_TOO_OLD: &str = "REVISION_TOO_OLD";
 /// The reason of a watcher dropped because it did not keep up.
 pub const WATCHER_TOO_SLOW: &str = "WATCHER_TOO_SLOW";
 
+/// Whether the watch's caller may still watch: its principal as it was when the
+/// watch began (checked again before each event, so a reload that unmaps the caller
+/// ends the watch), and the end of its bearer token's validity.
+pub struct Standing {
+    pub check: Box<dyn Fn() -> Result<(), Status> + Send + Sync>,
+    pub expires_in: Option<Duration>,
+}
+
 enum Item {
     Event(Arc<LeaseEvent>),
     Bookmark(u64),
@@ -45,6 +53,7 @@ pub fn start(
     tenant: Option<String>,
     since: Option<u64>,
     bookmarks: bool,
+    standing: Standing,
 ) -> Result<EventStream, Status> {
     let api = &mgr.config().api;
     let sub = mgr.subscribe_from(since).map_err(|e| match e {
@@ -71,12 +80,15 @@ pub fn start(
     let bookmark = bookmarks.then_some(api.watch_bookmark_interval);
     tokio::spawn(forward(
         sub.live,
-        tx,
-        fatal.clone(),
+        Queue {
+            tx,
+            fatal: fatal.clone(),
+            capacity: api.watch_queue,
+        },
         tenant,
         sub.start,
         bookmark,
-        api.watch_queue,
+        standing,
     ));
     Ok(Box::pin(WatchStream {
         replay,
@@ -96,25 +108,36 @@ fn too_slow(message: String) -> Status {
     )
 }
 
-/// Move live events into the watcher's queue until the client goes away, the
-/// queue is full, or the lease core closes.
-async fn forward(
-    mut live: broadcast::Receiver<Arc<LeaseEvent>>,
+/// Where a watcher's events go, and the status it ends with when it is dropped.
+struct Queue {
     tx: mpsc::Sender<Item>,
     fatal: Arc<Mutex<Option<Status>>>,
+    capacity: usize,
+}
+
+impl Queue {
+    fn fail(&self, st: Status) {
+        *self.fatal.lock().unwrap_or_else(|p| p.into_inner()) = Some(st);
+    }
+}
+
+/// Move live events into the watcher's queue until the client goes away, the
+/// queue is full, the lease core closes, or the caller may no longer watch (its
+/// token expired, or a reload no longer maps it to the principal it watched as).
+async fn forward(
+    mut live: broadcast::Receiver<Arc<LeaseEvent>>,
+    q: Queue,
     tenant: Option<String>,
     mut reached: u64,
     bookmark: Option<Duration>,
-    capacity: usize,
+    standing: Standing,
 ) {
     let mut tick = bookmark.map(|d| {
         let mut i = tokio::time::interval_at(tokio::time::Instant::now() + d, d);
         i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         i
     });
-    let fail = |st: Status| {
-        *fatal.lock().unwrap_or_else(|p| p.into_inner()) = Some(st);
-    };
+    let expiry = standing.expires_in.map(|d| tokio::time::Instant::now() + d);
     loop {
         let item = tokio::select! {
             r = live.recv() => match r {
@@ -126,7 +149,7 @@ async fn forward(
                     Item::Event(ev)
                 }
                 Err(broadcast::error::RecvError::Lagged(n)) => {
-                    fail(too_slow(format!(
+                    q.fail(too_slow(format!(
                         "this watcher fell {n} events behind and was dropped; watch again from the last revision it received"
                     )));
                     return;
@@ -135,7 +158,7 @@ async fn forward(
             },
             // A watcher whose client left ends now, not at the next event it
             // would be sent (with a tenant filter that may never come).
-            () = tx.closed() => return,
+            () = q.tx.closed() => return,
             () = async {
                 match tick.as_mut() {
                     Some(t) => {
@@ -144,12 +167,28 @@ async fn forward(
                     None => std::future::pending().await,
                 }
             } => Item::Bookmark(reached),
+            () = async {
+                match expiry {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                q.fail(Status::unauthenticated(format!(
+                    "the bearer token this watch began with has expired: sign in again and watch from revision {reached}"
+                )));
+                return;
+            }
         };
-        match tx.try_send(item) {
+        if let Err(st) = (standing.check)() {
+            q.fail(st);
+            return;
+        }
+        match q.tx.try_send(item) {
             Ok(()) => {}
             Err(mpsc::error::TrySendError::Full(_)) => {
-                fail(too_slow(format!(
-                    "this watcher's queue of {capacity} events (api.watch_queue) is full: it does not read as fast as events come, and was dropped; watch again from the last revision it received"
+                q.fail(too_slow(format!(
+                    "this watcher's queue of {} events (api.watch_queue) is full: it does not read as fast as events come, and was dropped; watch again from the last revision it received",
+                    q.capacity
                 )));
                 return;
             }

@@ -31,7 +31,7 @@ use std::time::Duration;
 use tonic::{Request, Response, Status};
 use tonic_types::StatusExt;
 
-use super::auth::{self, Principal, Rpc};
+use super::auth::{self, Caller, Principal, Rpc};
 use super::errors::{self, DOMAIN};
 use super::state::ApiState;
 use crate::audit::{OidcSubject, Record};
@@ -58,6 +58,8 @@ pub(super) trait Handler: Sized + Send + 'static {
 pub(super) struct Call<T> {
     pub(super) api: Arc<ApiState>,
     pub(super) who: Principal,
+    /// How the caller reached the daemon (a stream checks it again as it goes on).
+    pub(super) caller: Caller,
     /// The caller's deadline (`grpc-timeout`), when it sent one.
     pub(super) deadline: Option<Duration>,
     pub(super) req: T,
@@ -130,7 +132,7 @@ pub(super) async fn serve<H: Handler>(
     api: &Arc<ApiState>,
     req: Request<H>,
 ) -> Result<Response<H::Reply>, Status> {
-    let who = begin(api, H::RPC, &req)?;
+    let (who, caller) = begin(api, H::RPC, &req)?;
     let deadline = grpc_timeout(req.metadata());
     let req = req.into_inner();
     let to_end = req.runs_to_end();
@@ -141,6 +143,7 @@ pub(super) async fn serve<H: Handler>(
         let cx = Call {
             api: api.clone(),
             who,
+            caller,
             deadline,
             req,
         };
@@ -162,7 +165,7 @@ fn audit_code(code: tonic::Code) -> String {
 
 /// Identify the caller and check that its kind may call `rpc` at all; for a call
 /// that changes something, its audit record written ahead.
-fn begin<T>(api: &ApiState, rpc: Rpc, req: &Request<T>) -> Result<Principal, Status> {
+fn begin<T>(api: &ApiState, rpc: Rpc, req: &Request<T>) -> Result<(Principal, Caller), Status> {
     let caller = auth::caller_of(req);
     let refuse = |st: Status, who: String| {
         api.count(rpc, st.code());
@@ -187,7 +190,7 @@ fn begin<T>(api: &ApiState, rpc: Rpc, req: &Request<T>) -> Result<Principal, Sta
     if rpc.mutates() {
         audit_ahead(api, rpc, &who)?;
     }
-    Ok(who)
+    Ok((who, caller))
 }
 
 /// Before a call changes anything: its audit record, written ahead. When that

@@ -1,12 +1,13 @@
 //! The lease calls: CreateLease, RenewLease, ReleaseLease, GetLease, ListLeases,
 //! WatchLeases. Each is the call into the lease core; the envelope does the rest.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tessera_proto::v1 as pb;
 use tonic::Status;
 
-use super::super::auth::{Principal, Rpc};
+use super::super::auth::{Caller, Principal, Rpc};
 use super::super::convert::{self, status};
 use super::super::envelope::{About, Call, Handled, Handler};
 use super::super::errors::bad_field;
@@ -45,6 +46,7 @@ impl Handler for pb::CreateLeaseRequest {
             who,
             deadline,
             mut req,
+            ..
         } = cx;
         let tenant = match api.scope(&who, &req.tenant) {
             Ok(t) => t,
@@ -238,6 +240,34 @@ fn fill(api: &ApiState, page: &[Listed]) -> (Vec<pb::Lease>, Option<crate::store
     (leases, last, false)
 }
 
+/// A watch goes on while its caller is still the principal it began as (a reload
+/// may map it to another, or to none) and, for a bearer token, until the token's
+/// `exp`.
+fn standing(api: &Arc<ApiState>, who: &Principal, caller: &Caller) -> watch::Standing {
+    let expires_in = match caller {
+        Caller::Token(t) => Some(t.expires_in()),
+        _ => None,
+    };
+    let (auth, who, caller) = (api.auth.clone(), who.clone(), caller.clone());
+    let check = move || match auth.identify(&caller) {
+        Ok(now) if now == who => Ok(()),
+        Ok(now) => Err(Status::permission_denied(format!(
+            "{} is principal {:?} now, not {:?} as when this watch began: the watch ends; watch again",
+            caller.describe(),
+            now.name(),
+            who.name()
+        ))),
+        Err(st) => Err(Status::permission_denied(format!(
+            "{}: the watch ends",
+            st.message()
+        ))),
+    };
+    watch::Standing {
+        check: Box::new(check),
+        expires_in,
+    }
+}
+
 impl Handler for pb::WatchLeasesRequest {
     const RPC: Rpc = Rpc::WatchLeases;
     type Reply = EventStream;
@@ -249,7 +279,8 @@ impl Handler for pb::WatchLeasesRequest {
             Err(st) => return Handled::new(Err(st), About::tenant(&r.tenant)),
         };
         let since = (r.since_revision != 0).then_some(r.since_revision);
-        let result = watch::start(&api.mgr, tenant.clone(), since, r.bookmarks);
+        let standing = standing(api, &cx.who, &cx.caller);
+        let result = watch::start(&api.mgr, tenant.clone(), since, r.bookmarks, standing);
         Handled::new(result, About::tenant(tenant.as_deref().unwrap_or("")))
     }
 }
