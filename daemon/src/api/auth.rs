@@ -7,10 +7,11 @@
 //! both a client certificate and a token, or a token anywhere else than the TLS
 //! listener with `[auth.oidc]`, is refused.
 
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
 
 use tonic::transport::server::UdsConnectInfo;
+
 use tonic::{Request, Status};
 
 use super::oidc::{self, Refusal, TokenVerdict, Verified};
@@ -306,6 +307,9 @@ pub struct Authenticator {
     oidc_rules: RwLock<Arc<Vec<ClaimRule>>>,
     oidc: Option<Arc<oidc::Verifier>>,
     own_uid: u32,
+    /// Counts rule replacements: a caller identified at one generation is the same
+    /// principal until the next.
+    generation: AtomicU64,
 }
 
 impl Authenticator {
@@ -315,6 +319,7 @@ impl Authenticator {
             oidc_rules: RwLock::new(Arc::new(Vec::new())),
             oidc: None,
             own_uid: nix::unistd::geteuid().as_raw(),
+            generation: AtomicU64::new(0),
         }
     }
 
@@ -333,10 +338,17 @@ impl Authenticator {
 
     pub fn set_oidc_rules(&self, rules: Vec<ClaimRule>) {
         *self.oidc_rules.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(rules);
+        self.generation.fetch_add(1, Ordering::SeqCst);
     }
 
     pub fn set_rules(&self, rules: Vec<PrincipalRule>) {
         *self.rules.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(rules);
+        self.generation.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Which set of rules is in force: it changes whenever the rules are replaced.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::SeqCst)
     }
 
     /// The principal of a caller, or PermissionDenied naming who was refused.

@@ -34,7 +34,7 @@ use tonic_types::StatusExt;
 use super::auth::{self, Caller, Principal, Rpc};
 use super::errors::{self, DOMAIN};
 use super::state::ApiState;
-use crate::audit::{OidcSubject, Record};
+use crate::audit::Record;
 use crate::config::AuditOnFailure;
 
 /// One RPC: its request type, what it answers, and the call into the core.
@@ -138,16 +138,14 @@ pub(super) async fn serve<H: Handler>(
     let to_end = req.runs_to_end();
     let api = api.clone();
     let call = async move {
-        let name = who.name().to_string();
-        let subject = who.oidc().cloned();
         let cx = Call {
             api: api.clone(),
-            who,
+            who: who.clone(),
             caller,
             deadline,
             req,
         };
-        finish(&api, H::RPC, (&name, subject), H::handle(cx).await).map(Response::new)
+        finish(&api, H::RPC, &who, H::handle(cx).await).map(Response::new)
     };
     if to_end {
         tokio::spawn(call)
@@ -236,12 +234,8 @@ fn audit_ahead(api: &ApiState, rpc: Rpc, who: &Principal) -> Result<(), Status> 
 
 /// The outcome of a call: its error details, its count and its audit records (each
 /// naming the person behind a token, when the caller showed one).
-fn finish<R>(
-    api: &ApiState,
-    rpc: Rpc,
-    (who, subject): (&str, Option<OidcSubject>),
-    h: Handled<R>,
-) -> Result<R, Status> {
+fn finish<R>(api: &ApiState, rpc: Rpc, who: &Principal, h: Handled<R>) -> Result<R, Status> {
+    let subject = who.oidc().cloned();
     let r = h.result.map_err(errors::with_error_info);
     api.count(rpc, r.as_ref().err().map_or(tonic::Code::Ok, Status::code));
     if h.record {
@@ -249,7 +243,7 @@ fn finish<R>(
             Ok(_) => ("ok".to_string(), vec![]),
             Err(st) => (audit_code(st.code()), vec![st.message().to_string()]),
         };
-        let mut rec = ApiState::record(who, rpc.name(), result);
+        let mut rec = ApiState::record(who.name(), rpc.name(), result);
         rec.tenant = h.about.tenant;
         rec.lease = h.about.lease;
         // An id is at most 1024 bytes where it is accepted; a refused one may be

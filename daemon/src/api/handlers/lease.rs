@@ -2,12 +2,13 @@
 //! WatchLeases. Each is the call into the lease core; the envelope does the rest.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tessera_proto::v1 as pb;
 use tonic::Status;
 
-use super::super::auth::{Caller, Principal, Rpc};
+use super::super::auth::{Authenticator, Caller, Principal, Rpc};
 use super::super::convert::{self, status};
 use super::super::envelope::{About, Call, Handled, Handler};
 use super::super::errors::bad_field;
@@ -249,8 +250,28 @@ fn standing(api: &Arc<ApiState>, who: &Principal, caller: &Caller) -> watch::Sta
         _ => None,
     };
     let (auth, who, caller) = (api.auth.clone(), who.clone(), caller.clone());
-    let check = move || match auth.identify(&caller) {
-        Ok(now) if now == who => Ok(()),
+    // The caller is identified again only when the rules changed since it last was
+    // (the first check always: a reload may have come since the call began).
+    let checked_at = AtomicU64::new(u64::MAX);
+    let check = move || {
+        let now_at = auth.generation();
+        if checked_at.load(Ordering::SeqCst) == now_at {
+            return Ok(());
+        }
+        still_the_same(&auth, &caller, &who)?;
+        checked_at.store(now_at, Ordering::SeqCst);
+        Ok(())
+    };
+    watch::Standing {
+        check: Box::new(check),
+        expires_in,
+    }
+}
+
+/// `caller` is still `who` under the rules in force.
+fn still_the_same(auth: &Authenticator, caller: &Caller, who: &Principal) -> Result<(), Status> {
+    match auth.identify(caller) {
+        Ok(now) if now == *who => Ok(()),
         Ok(now) => Err(Status::permission_denied(format!(
             "{} is principal {:?} now, not {:?} as when this watch began: the watch ends; watch again",
             caller.describe(),
@@ -261,10 +282,6 @@ fn standing(api: &Arc<ApiState>, who: &Principal, caller: &Caller) -> watch::Sta
             "{}: the watch ends",
             st.message()
         ))),
-    };
-    watch::Standing {
-        check: Box::new(check),
-        expires_in,
     }
 }
 
