@@ -186,9 +186,22 @@ impl LeaseManager {
         let mut failed = Vec::new();
         for (p, hw) in steps {
             // The MPS directories go with the daemon (a shared server's stay while
-            // it serves other leases).
-            let stops_mps = matches!(hw, Some(HwDestroy::Mps { .. }));
+            // it serves other leases), in the same step on the server as its stop.
             let done = match hw {
+                Some(HwDestroy::Mps { lease_id: key }) => {
+                    let step = async {
+                        let done = self
+                            .destroy_hw(HwDestroy::Mps {
+                                lease_id: key.clone(),
+                            })
+                            .await;
+                        if done.is_ok() {
+                            self.remove_mps_dirs(&lease.id, &p);
+                        }
+                        done
+                    };
+                    self.mps_server_step(&key, step).await
+                }
                 Some(hw) => self.destroy_hw(hw).await,
                 None => Ok(()),
             };
@@ -202,17 +215,21 @@ impl LeaseManager {
                 parts.push(p);
                 continue;
             }
-            if let PartKind::Mps(m) = &p.kind
-                && stops_mps
-                && let Some(base) = m.pipe_dir.parent()
-                && base.starts_with(self.config.daemon.run_dir.join("mps"))
-                && let Err(e) = self.host.remove_dir_all(base)
-            {
-                warn!(lease = %lease.id, dir = %base.display(), error = %e, "could not remove the MPS directories");
-            }
             parts.push(p);
         }
         Ok((parts, failed))
+    }
+
+    /// An MPS share's directories, once its server is stopped (only those under
+    /// the daemon's `run_dir`).
+    fn remove_mps_dirs(&self, lease_id: &str, p: &Partition) {
+        if let PartKind::Mps(m) = &p.kind
+            && let Some(base) = m.pipe_dir.parent()
+            && base.starts_with(self.config.daemon.run_dir.join("mps"))
+            && let Err(e) = self.host.remove_dir_all(base)
+        {
+            warn!(lease = %lease_id, dir = %base.display(), error = %e, "could not remove the MPS directories");
+        }
     }
 
     /// A teardown step failed: the lease stays revoking (its intent open), those

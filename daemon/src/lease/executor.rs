@@ -519,6 +519,40 @@ impl LeaseManager {
     }
 
     pub(super) async fn hw_create(&self, hw: HwCreate) -> Result<Option<MigInstance>, GpuError> {
+        match &hw {
+            HwCreate::Mps(spec) => {
+                let key = spec.lease_id.clone();
+                self.mps_server_step(&key, self.hw_create_now(hw)).await
+            }
+            HwCreate::Mig { .. } => self.hw_create_now(hw).await,
+        }
+    }
+
+    /// One MPS server's steps one at a time: a share that joins a shared server
+    /// while the server's last lease stops it and removes its directories waits for
+    /// the stop, then starts the server again; it never finds its directories gone
+    /// halfway.
+    pub(super) async fn mps_server_step<T>(&self, key: &str, step: impl Future<Output = T>) -> T {
+        let lock = self
+            .mps_steps
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(key.to_string())
+            .or_default()
+            .clone();
+        let out = {
+            let _one = lock.lock().await;
+            step.await
+        };
+        let mut steps = self.mps_steps.lock().unwrap_or_else(|p| p.into_inner());
+        // The map's and this step's: nobody else waits on this server.
+        if Arc::strong_count(&lock) == 2 {
+            steps.remove(key);
+        }
+        out
+    }
+
+    async fn hw_create_now(&self, hw: HwCreate) -> Result<Option<MigInstance>, GpuError> {
         let (backend, host) = (self.backend.clone(), self.host.clone());
         let quick = matches!(hw, HwCreate::Mig { .. }) && backend.instance_calls_are_quick();
         let run = move || match hw {

@@ -2,6 +2,7 @@
 //! and what the rest of the core reaches them through. Start-up (load, reconcile,
 //! static layout) is here; each concern's methods are in its own file.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tessera_common::clock::now_ms;
@@ -37,6 +38,9 @@ pub struct LeaseManager {
     /// The nvidia-uvm and nvidia-caps majors last read from `/proc/devices`, and
     /// when (see `device_majors`).
     pub(super) majors: Mutex<Option<(std::time::Instant, (i64, i64))>>,
+    /// Per MPS server (its key), the step on it in progress: a start, or a stop
+    /// with the removal of its directories (`mps_server_step`).
+    pub(super) mps_steps: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl std::fmt::Debug for LeaseManager {
@@ -83,6 +87,7 @@ impl LeaseManager {
             history: events::History::new(0, 0),
             shutting_down: std::sync::atomic::AtomicBool::new(false),
             majors: Mutex::new(None),
+            mps_steps: Mutex::new(HashMap::new()),
             heartbeat: std::sync::atomic::AtomicI64::new(now_ms()),
             tenancy: std::sync::RwLock::new(Arc::new(config.tenancy.clone())),
             grants: Mutex::new(Vec::new()),
