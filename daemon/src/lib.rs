@@ -4,6 +4,7 @@ pub mod api;
 pub mod audit;
 pub mod cdi;
 pub mod config;
+pub mod dra;
 pub mod gpu;
 pub mod host;
 pub mod k8s;
