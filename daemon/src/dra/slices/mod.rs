@@ -629,3 +629,25 @@ pub fn is_dns_label(s: &str) -> bool {
         && s.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
         && s.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric())
 }
+
+impl SliceConfig {
+    /// The publisher's settings from the daemon's configuration: the MPS classes of
+    /// `[[kubernetes.mps_classes]]` and the health policy of `[health]`.
+    pub fn from_config(config: &crate::config::Config, node_name: &str) -> SliceConfig {
+        SliceConfig {
+            node_name: node_name.to_string(),
+            mps_classes: config
+                .kubernetes
+                .mps_classes
+                .iter()
+                .map(|c| MpsClass {
+                    name: c.name.clone(),
+                    sm_percent: c.sm_percent,
+                    memory_bytes: c.memory_bytes,
+                    slots: c.slots,
+                })
+                .collect(),
+            on_unhealthy: config.health.on_unhealthy,
+        }
+    }
+}
