@@ -30,11 +30,12 @@
 //!   republish after recovery drops it.
 //!
 //! Order: the scheduler's allocator takes the first device of a slice that fits, in
-//! the slice's order. Within a GPU, free MIG placements come in the order Tessera's
-//! best-fit planner prefers them (least loss of [`capacity_value`], then start), so
-//! first fit lands where Tessera's planner would have put the instance; placements
-//! that cannot be created now follow. GPUs come fullest first. A GPU's devices are
-//! never split across slices (the order of slices is the allocator's own).
+//! the slice's order. Free MIG placements come in the order Tessera's best-fit
+//! planner prefers them (least loss of [`capacity_value`], then the fuller GPU, then
+//! start), so first fit lands where Tessera's planner would have put the instance;
+//! placements that cannot be created now follow. GPUs are packed into slices fullest
+//! first, and a GPU's devices are never split across slices (the order in which the
+//! allocator visits slices is its own).
 
 pub mod sched;
 pub mod state;
@@ -161,7 +162,7 @@ pub fn build(
     gpus.sort_by_key(|g| (free_share(g), g.view.info.index));
 
     let mut counter_sets = Vec::new();
-    let mut per_gpu: Vec<Vec<Device>> = Vec::new();
+    let mut per_gpu: Vec<Vec<(OrderKey, Device)>> = Vec::new();
     for g in &gpus {
         counter_sets.push(counter_set(g));
         let devices = devices_of(cfg, node, g);
@@ -175,14 +176,23 @@ pub fn build(
             per_gpu.push(devices);
         }
     }
-    // Pack whole GPUs into device slices, in order.
-    let mut device_slices: Vec<Vec<Device>> = Vec::new();
+    // Pack whole GPUs into device slices, in order; within a slice, the devices of
+    // its GPUs in one order (best fit's across GPUs: least loss first, then the
+    // fuller GPU).
+    let mut packed: Vec<Vec<(OrderKey, Device)>> = Vec::new();
     for devices in per_gpu {
-        match device_slices.last_mut() {
+        match packed.last_mut() {
             Some(last) if last.len() + devices.len() <= MAX_DEVICES => last.extend(devices),
-            _ => device_slices.push(devices),
+            _ => packed.push(devices),
         }
     }
+    let device_slices: Vec<Vec<Device>> = packed
+        .into_iter()
+        .map(|mut v| {
+            v.sort_by_key(|(k, _)| *k);
+            v.into_iter().map(|(_, d)| d).collect()
+        })
+        .collect();
     let counter_slices: Vec<Vec<CounterSet>> = counter_sets
         .chunks(MAX_COUNTER_SETS)
         .map(<[CounterSet]>::to_vec)
@@ -351,8 +361,13 @@ fn counter_set(g: &GpuState) -> CounterSet {
     }
 }
 
-/// The devices of one GPU, in the order first fit should meet them.
-fn devices_of(cfg: &SliceConfig, node: &NodeState, g: &GpuState) -> Vec<Device> {
+/// Where a device goes in its slice: (taken or blocked, best fit's loss, how free
+/// its GPU is, GPU index, start or slot).
+type OrderKey = (u8, u64, u64, u32, u32);
+
+/// The devices of one GPU, each with its place in the order first fit should meet
+/// them.
+fn devices_of(cfg: &SliceConfig, node: &NodeState, g: &GpuState) -> Vec<(OrderKey, Device)> {
     let mut planned = if mig_mode(g) {
         mig_devices(g)
     } else {
@@ -365,9 +380,14 @@ fn devices_of(cfg: &SliceConfig, node: &NodeState, g: &GpuState) -> Vec<Device> 
         OnUnhealthy::Revoke => "NoExecute",
         OnUnhealthy::Keep => "NoSchedule",
     };
+    let free = free_share(g);
+    let index = g.view.info.index;
     planned
         .into_iter()
-        .map(|p| finish(p, g, node, effect))
+        .map(|p| {
+            let (taken, loss, at) = p.key;
+            ((taken, loss, free, index, at), finish(p, g, node, effect))
+        })
         .collect()
 }
 
