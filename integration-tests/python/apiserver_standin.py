@@ -26,7 +26,8 @@ unique, every consumed counter set and counter defined in the pool, and no devic
 consuming more of a counter than the set has) and answers the problems found.
 
 Run: `python3 apiserver_standin.py [--port 0]`; it prints `LISTENING <port>` once
-it serves.
+it serves. `python3 apiserver_standin.py --validate FILE...` checks the documents of
+YAML manifests against the same schemas instead.
 """
 
 import argparse
@@ -565,10 +566,44 @@ def immutable_and_defaults(new, old):
     return errs
 
 
+def validate_files(paths):
+    """`--validate FILE...`: every document of the YAML files against the schema of
+    its kind (any kind Kubernetes 1.36 has), and the stand-in's rules for slices and
+    claims. Prints each problem; the exit status is 1 when there is one."""
+    import yaml
+    bad = 0
+    for path in paths:
+        with open(path) as f:
+            docs = [d for d in yaml.safe_load_all(f) if d]
+        for d in docs:
+            kind = d.get("kind")
+            name = (d.get("metadata") or {}).get("name")
+            errs = []
+            try:
+                kubernetes_validate.validate(d, K8S_VERSION, strict=True)
+            except kubernetes_validate.ValidationError as e:
+                errs.append(f"schema: {'.'.join(str(p) for p in e.path)}: {e.message}")
+            except Exception as e:
+                errs.append(f"schema: {getattr(e, 'message', e)}")
+            if kind == "ResourceSlice":
+                errs += slice_rules(d)
+            elif kind == "ResourceClaim":
+                errs += claim_rules(d)
+            for e in errs:
+                print(f"{path}: {kind} {name}: {e}")
+            bad += len(errs)
+            if not errs:
+                print(f"{path}: {kind} {name}: valid")
+    return 1 if bad else 0
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--validate", nargs="+", metavar="FILE")
     args = ap.parse_args()
+    if args.validate:
+        return validate_files(args.validate)
     srv = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
     srv.daemon_threads = True
     print(f"LISTENING {srv.server_address[1]}", flush=True)

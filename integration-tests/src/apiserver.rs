@@ -52,19 +52,49 @@ fn python() -> Result<PathBuf, String> {
     Ok(py)
 }
 
+/// The Python for the stand-in, or None after printing SKIPPED (an error under
+/// `TESSERA_REQUIRE_PYTHON=1`).
+fn python_or_skip() -> anyhow::Result<Option<PathBuf>> {
+    match python() {
+        Ok(py) => Ok(Some(py)),
+        Err(why) if std::env::var("TESSERA_REQUIRE_PYTHON").as_deref() == Ok("1") => {
+            bail!("TESSERA_REQUIRE_PYTHON=1 but {why}")
+        }
+        Err(why) => {
+            say(&format!("SKIPPED: {why}"));
+            Ok(None)
+        }
+    }
+}
+
+/// Checks the documents of YAML manifests against the Kubernetes 1.36 schemas (and
+/// the stand-in's rules): Some((all valid, the report)), None when skipped.
+pub fn validate_manifests(paths: &[PathBuf]) -> anyhow::Result<Option<(bool, String)>> {
+    let Some(py) = python_or_skip()? else {
+        return Ok(None);
+    };
+    let out = Command::new(&py)
+        .arg(repo().join("integration-tests/python/apiserver_standin.py"))
+        .arg("--validate")
+        .args(paths)
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .stdin(Stdio::null())
+        .output()
+        .context("run the stand-in's validator")?;
+    let report = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(Some((out.status.success(), report)))
+}
+
 impl ApiServer {
     /// Starts the stand-in; None after printing SKIPPED when no Python can run it
     /// (an error instead under `TESSERA_REQUIRE_PYTHON=1`).
     pub fn start() -> anyhow::Result<Option<ApiServer>> {
-        let py = match python() {
-            Ok(py) => py,
-            Err(why) if std::env::var("TESSERA_REQUIRE_PYTHON").as_deref() == Ok("1") => {
-                bail!("TESSERA_REQUIRE_PYTHON=1 but {why}")
-            }
-            Err(why) => {
-                say(&format!("SKIPPED: {why}"));
-                return Ok(None);
-            }
+        let Some(py) = python_or_skip()? else {
+            return Ok(None);
         };
         let script = repo().join("integration-tests/python/apiserver_standin.py");
         let mut child = Command::new(&py)

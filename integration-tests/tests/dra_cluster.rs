@@ -12,6 +12,8 @@
 //! * an unhealthy GPU's devices are tainted, and untainted on recovery;
 //! * the publisher task republishes on its own after a lease event;
 //! * the claim reader returns a claim's allocation, checked against its UID;
+//! * a watch of the node's slices sees the publisher's changes;
+//! * the DRA manifests in deploy/kubernetes/dra validate against the same schemas;
 //! * scheduler side: first fit with the counters rule over the published slices
 //!   allocates a stream of claims onto disjoint hardware; how much first fit over
 //!   Tessera's order and over NVML's order strands is printed (no assertion on it).
@@ -25,7 +27,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::{Value, json};
-use tessera_integration_tests::apiserver::ApiServer;
+use tessera_integration_tests::apiserver::{ApiServer, validate_manifests};
 use tessera_integration_tests::python::say;
 use tesserad::config::{Config, OnUnhealthy};
 use tesserad::dra::claims::{ClaimRef, ClaimSource, ClaimSourceError};
@@ -673,4 +675,76 @@ async fn first_fit_over_the_slices_allocates_disjoint_hardware_and_measures_stra
         "DRA first fit, {steps} claims and releases on 2 H100s: Tessera's order allocated {ta}, refused {tr} ({ts} with the memory slices free); NVML's order allocated {na}, refused {nr} ({ns} with the memory slices free)"
     ));
     assert!(ta > 0 && na > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_of_the_nodes_slices_sees_the_publishers_changes() {
+    use kube::api::{WatchEvent, WatchParams};
+    use tokio_stream::StreamExt;
+    let Some(api) = ApiServer::start().unwrap() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mgr = manager(dir.path());
+    let client = client(&api);
+    let mut publisher = Publisher::new(client.clone(), slice_config(&mgr));
+    publisher
+        .publish(&slices::state::node_state(&mgr, None))
+        .await
+        .unwrap();
+    let all: Api<ResourceSlice> = Api::all(client.clone());
+    let wp = WatchParams::default()
+        .fields(&format!("spec.nodeName={NODE},spec.driver={DRIVER_NAME}"))
+        .timeout(20);
+    let mut stream = Box::pin(all.watch(&wp, "0").await.unwrap());
+    let mut added = 0;
+    // The slices there now come first, as ADDED.
+    while added < 2 {
+        match stream.next().await.unwrap().unwrap() {
+            WatchEvent::Added(s) => {
+                assert_eq!(s.spec.node_name.as_deref(), Some(NODE));
+                added += 1;
+            }
+            e => panic!("{e:?}"),
+        }
+    }
+    mig_lease(&mgr, "7g.80gb", false).await;
+    let out = publisher
+        .publish(&slices::state::node_state(&mgr, None))
+        .await
+        .unwrap();
+    let mut modified = BTreeSet::new();
+    while modified.len() < out.replaced {
+        match stream.next().await.unwrap().unwrap() {
+            WatchEvent::Modified(s) => {
+                assert_eq!(s.spec.pool.generation, out.generation);
+                modified.insert(s.metadata.name.unwrap());
+            }
+            WatchEvent::Bookmark(_) => {}
+            e => panic!("{e:?}"),
+        }
+    }
+    assert_eq!(modified.len(), 2, "{modified:?}");
+}
+
+#[test]
+fn the_dra_manifests_validate_against_the_kubernetes_schema() {
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let files: Vec<_> = ["deviceclasses.yaml", "rbac.yaml", "sample-claims.yaml"]
+        .iter()
+        .map(|f| repo.join("deploy/kubernetes/dra").join(f))
+        .collect();
+    let Some((ok, report)) = validate_manifests(&files).unwrap() else {
+        return;
+    };
+    assert!(ok, "{report}");
+    assert_eq!(report.matches(": valid").count(), 12, "{report}");
+    // The check can fail: an unknown field in a DeviceClass is refused.
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(&files[0]).unwrap();
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(&bad, text.replacen("selectors:", "selector:", 1)).unwrap();
+    let (ok, report) = validate_manifests(&[bad]).unwrap().unwrap();
+    assert!(!ok, "{report}");
+    assert!(report.contains("selector"), "{report}");
 }
