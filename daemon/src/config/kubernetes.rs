@@ -433,6 +433,36 @@ mod tests {
     }
 
     #[test]
+    fn dra_publishing_keys_kubeconfig_and_mps_slots() {
+        let c = parse(
+            "[kubernetes]\nkubeconfig = \"/etc/tessera/kubeconfig\"\n[[kubernetes.mps_classes]]\nname = \"small\"\nsm_percent = 25\nmemory = \"20GiB\"\nslots = 3\n[[kubernetes.mps_classes]]\nname = \"big\"\nsm_percent = 50\nmemory = \"40GiB\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            c.kubernetes.kubeconfig.as_deref(),
+            Some(Path::new("/etc/tessera/kubeconfig"))
+        );
+        let classes = &c.kubernetes.mps_classes;
+        assert_eq!(classes.len(), 2);
+        assert_eq!(
+            (classes[0].name.as_str(), classes[0].slots),
+            ("small", Some(3))
+        );
+        assert_eq!(
+            (classes[1].memory_bytes, classes[1].slots),
+            (40 << 30, None)
+        );
+        assert!(parse("").unwrap().kubernetes.kubeconfig.is_none());
+        let e = parse("[kubernetes]\nkubeconfig = \"kubeconfig\"\n").unwrap_err();
+        assert!(e.contains("kubernetes.kubeconfig"), "{e}");
+        let e = parse(
+            "[[kubernetes.mps_classes]]\nname = \"x\"\nsm_percent = 25\nmemory = \"1GiB\"\nslots = 17\n",
+        )
+        .unwrap_err();
+        assert!(e.contains("slots"), "{e}");
+    }
+
+    #[test]
     fn off_by_default_with_kubelet_paths() {
         let c = parse("").unwrap();
         assert!(!c.kubernetes.device_plugin);
