@@ -182,8 +182,8 @@ def slice_rules(obj):
                 if not QUANTITY.match(str(v.get("value", ""))):
                     errs.append(f"{at}.consumesCounters[{j}].counters[{k!r}]: bad quantity")
         taints = d.get("taints") or []
-        if len(taints) > 4:
-            errs.append(f"{at}.taints: {len(taints)}, at most 4")
+        if len(taints) > 16:
+            errs.append(f"{at}.taints: {len(taints)}, at most 16")
         for j, t in enumerate(taints):
             if not qualified_name(t.get("key", "")):
                 errs.append(f"{at}.taints[{j}].key {t.get('key')!r}: not a label name")
