@@ -307,17 +307,23 @@ fn health_becomes_taints_and_recovery_drops_them() {
 }
 
 /// First fit over the published order lands where Tessera's best-fit planner puts
-/// the instance, layout after layout.
+/// the instance, layout after layout, on one GPU and across two.
 #[test]
 fn first_fit_over_the_published_order_follows_the_planner() {
-    for base in [h100_mig(0), a100_mig(0)] {
-        let mut view = base.clone();
-        let profiles: Vec<String> = view.profiles.iter().map(|p| p.name.clone()).collect();
+    for base in [
+        vec![h100_mig(0)],
+        vec![a100_mig(0)],
+        vec![h100_mig(0), h100_mig(1)],
+    ] {
+        let mut views = base.clone();
+        let profiles: Vec<String> = views[0].profiles.iter().map(|p| p.name.clone()).collect();
         // A fixed stream of requests (every profile, small ones more often).
-        let stream: Vec<&str> = [0usize, 0, 2, 0, 3, 1, 0, 4, 0, 2, 0, 0, 3, 0]
-            .iter()
-            .map(|&i| profiles[i % profiles.len()].as_str())
-            .collect();
+        let stream: Vec<&str> = [
+            0usize, 0, 2, 0, 3, 1, 0, 4, 0, 2, 0, 0, 3, 0, 1, 2, 0, 3, 0, 0,
+        ]
+        .iter()
+        .map(|&i| profiles[i % profiles.len()].as_str())
+        .collect();
         for want in stream {
             let opts = PlanOptions {
                 strategy: Strategy::BestFit,
@@ -328,48 +334,48 @@ fn first_fit_over_the_published_order_follows_the_planner() {
                     profile: want.to_string(),
                     compute_profile: None,
                 },
-                std::slice::from_ref(&view),
+                &views,
                 &opts,
             );
-            let mut g = state(view.clone());
-            // Everything on it is the scheduler's (DRA claims).
-            g.dra_mig = view.mig.iter().map(|m| m.placement).collect();
-            let slices = build(&cfg(), &node(vec![g]), 1).unwrap();
+            // Everything on the GPUs is the scheduler's (DRA claims).
+            let gpus = views
+                .iter()
+                .map(|v| {
+                    let mut g = state(v.clone());
+                    g.dra_mig = v.mig.iter().map(|m| m.placement).collect();
+                    g
+                })
+                .collect();
+            let slices = build(&cfg(), &node(gpus), 1).unwrap();
             let mut alloc = Allocator::new(&slices);
-            for m in &view.mig {
-                let prof = view
-                    .profiles
-                    .iter()
-                    .find(|p| p.id == m.gi_profile_id)
-                    .unwrap();
-                let name = DeviceName::Mig {
-                    gpu: 0,
-                    profile: prof.name.clone(),
-                    start: m.placement.start,
+            for v in &views {
+                for m in &v.mig {
+                    let prof = v.profiles.iter().find(|p| p.id == m.gi_profile_id).unwrap();
+                    let name = DeviceName::Mig {
+                        gpu: v.info.index,
+                        profile: prof.name.clone(),
+                        start: m.placement.start,
+                    }
+                    .to_string();
+                    assert!(alloc.allocated_before(&name), "{name}");
                 }
-                .to_string();
-                assert!(alloc.allocated_before(&name), "{name}");
             }
             let got = alloc.allocate(&|d: &Device| attr(d, "profile") == Some(want));
             match planned {
-                Ok(PlanDecision::NewMig { placement, .. }) => {
+                Ok(PlanDecision::NewMig { gpu, placement, .. }) => {
                     let got = got.unwrap_or_else(|| panic!("no {want} allocated"));
+                    let name = DeviceName::parse(&got).unwrap();
                     assert_eq!(
-                        mig_placement(&got, &view),
-                        Some(placement),
+                        (name.gpu(), mig_placement(&got, &views[0])),
+                        (gpu, Some(placement)),
                         "{want}: first fit took {got}"
                     );
-                    occupy(&mut view, want, placement.start);
+                    let v = views.iter_mut().find(|v| v.info.index == gpu).unwrap();
+                    occupy(v, want, placement.start);
                 }
-                _ => {
-                    // The planner finds no room: neither may the scheduler
-                    // (max_count aside, which counters do not express).
-                    if let Some(got) = got {
-                        let p = view.gi_profile(want).unwrap();
-                        let present = view.mig.iter().filter(|m| m.gi_profile_id == p.id).count();
-                        assert!(present as u32 >= p.max_count, "{want}: took {got}");
-                    }
-                }
+                // No room for the planner (overlaps, max_count): none for the
+                // scheduler either.
+                _ => assert_eq!(got, None, "{want}"),
             }
         }
     }
