@@ -18,6 +18,8 @@
 //!   UID kubelet named.
 
 mod claims;
+#[cfg(test)]
+mod tests;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -33,7 +35,7 @@ use crate::dra::DRIVER_NAME;
 use crate::dra::slices::{self, NodeState, SliceConfig, SliceError};
 use crate::lease::LeaseManager;
 
-pub use claims::KubeClaimSource;
+pub use claims::{KubeClaimSource, allocation_of};
 
 /// How often a conflicting write is retried before the publish is given up (and
 /// tried again at the next change or resync).
