@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
+pub mod apiserver;
 pub mod cri;
 pub mod devnodes;
 pub mod invariants;

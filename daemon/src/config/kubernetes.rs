@@ -55,6 +55,23 @@ pub struct KubernetesConfig {
     pub cdi: bool,
     /// Where the per-lease CDI specs are written.
     pub cdi_dir: PathBuf,
+    /// `[[kubernetes.mps_classes]]` as declared (the DRA driver publishes slots of
+    /// each).
+    pub mps_classes: Vec<MpsClassSpec>,
+    /// The kubeconfig the DRA driver reaches the API server with; None: in-cluster
+    /// (the pod's service account).
+    pub kubeconfig: Option<PathBuf>,
+}
+
+/// One `[[kubernetes.mps_classes]]` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MpsClassSpec {
+    pub name: String,
+    pub sm_percent: u32,
+    pub memory_bytes: u64,
+    /// DRA: MPS devices of this class published per GPU (`slots`); None: as many
+    /// as fit the GPU by SM percent and by memory (at most 16).
+    pub slots: Option<u32>,
 }
 
 impl Default for KubernetesConfig {
@@ -71,6 +88,8 @@ impl Default for KubernetesConfig {
             mix: BTreeMap::new(),
             cdi: true,
             cdi_dir: PathBuf::from("/var/run/cdi"),
+            mps_classes: Vec::new(),
+            kubeconfig: None,
         }
     }
 }
@@ -107,6 +126,7 @@ pub(super) struct RawKubernetes {
     mps_classes: Vec<RawMpsClass>,
     cdi: Option<bool>,
     cdi_dir: Option<PathBuf>,
+    kubeconfig: Option<PathBuf>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -115,6 +135,7 @@ struct RawMpsClass {
     name: String,
     sm_percent: u32,
     memory: String,
+    slots: Option<u32>,
 }
 
 /// A DNS-label-like name: 1-63 of [a-z0-9-.], starting and ending alphanumeric.
@@ -160,7 +181,7 @@ pub(super) fn validate_kubernetes(
         declared: tenant_declared,
     };
     tenants.check(&default_tenant, &raw.namespaces)?;
-    let mps = mps_classes(v, raw.mps_classes)?;
+    let (mps, mps_specs) = mps_classes(v, raw.mps_classes)?;
     let mix = mix(v, raw.mix, &mps)?;
     let (release_grace, poll_interval, lease_ttl) = timing(
         v,
@@ -180,12 +201,17 @@ pub(super) fn validate_kubernetes(
         mix,
         cdi: raw.cdi.unwrap_or(true),
         cdi_dir: raw.cdi_dir.unwrap_or(d.cdi_dir),
+        mps_classes: mps_specs,
+        kubeconfig: raw.kubeconfig,
     };
     for (field, p) in [
         ("kubernetes.device_plugin_dir", &k.device_plugin_dir),
         ("kubernetes.pod_resources_socket", &k.pod_resources_socket),
         ("kubernetes.cdi_dir", &k.cdi_dir),
-    ] {
+    ]
+    .into_iter()
+    .chain(k.kubeconfig.as_ref().map(|p| ("kubernetes.kubeconfig", p)))
+    {
         if !p.is_absolute() {
             return Err(v.err(field, format!("{} is not an absolute path", p.display())));
         }
@@ -238,12 +264,14 @@ impl Tenants<'_> {
     }
 }
 
-/// `[[kubernetes.mps_classes]]`: name -> the MPS shape of its devices.
+/// `[[kubernetes.mps_classes]]`: name -> the MPS shape of its devices, and the
+/// classes as declared.
 fn mps_classes(
     v: &Validator<'_>,
     raw: Vec<RawMpsClass>,
-) -> Result<BTreeMap<String, Shape>, ConfigError> {
+) -> Result<(BTreeMap<String, Shape>, Vec<MpsClassSpec>), ConfigError> {
     let mut mps = BTreeMap::new();
+    let mut specs = Vec::new();
     for (i, c) in raw.into_iter().enumerate() {
         let field = |k: &str| format!("kubernetes.mps_classes[{i}].{k}");
         if !label_ok(&c.name) || c.name.len() > 40 {
@@ -266,6 +294,17 @@ fn mps_classes(
         if memory_bytes == 0 {
             return Err(v.err(&field("memory"), "must be more than 0".into()));
         }
+        if let Some(n) = c.slots
+            && !(1..=16).contains(&n)
+        {
+            return Err(v.err(&field("slots"), format!("{n} is not in 1..=16")));
+        }
+        specs.push(MpsClassSpec {
+            name: c.name.clone(),
+            sm_percent: c.sm_percent,
+            memory_bytes,
+            slots: c.slots,
+        });
         if mps
             .insert(
                 c.name.clone(),
@@ -282,7 +321,7 @@ fn mps_classes(
             return Err(v.err(&field("name"), format!("{:?} is defined twice", c.name)));
         }
     }
-    Ok(mps)
+    Ok((mps, specs))
 }
 
 /// `[kubernetes.mix]`: class -> its shape and how many devices are kept reserved.
@@ -391,6 +430,36 @@ mod tests {
 
     fn parse(extra: &str) -> Result<Config, String> {
         Config::parse(Path::new("t.toml"), &format!("{GPU}{extra}")).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn dra_publishing_keys_kubeconfig_and_mps_slots() {
+        let c = parse(
+            "[kubernetes]\nkubeconfig = \"/etc/tessera/kubeconfig\"\n[[kubernetes.mps_classes]]\nname = \"small\"\nsm_percent = 25\nmemory = \"20GiB\"\nslots = 3\n[[kubernetes.mps_classes]]\nname = \"big\"\nsm_percent = 50\nmemory = \"40GiB\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            c.kubernetes.kubeconfig.as_deref(),
+            Some(Path::new("/etc/tessera/kubeconfig"))
+        );
+        let classes = &c.kubernetes.mps_classes;
+        assert_eq!(classes.len(), 2);
+        assert_eq!(
+            (classes[0].name.as_str(), classes[0].slots),
+            ("small", Some(3))
+        );
+        assert_eq!(
+            (classes[1].memory_bytes, classes[1].slots),
+            (40 << 30, None)
+        );
+        assert!(parse("").unwrap().kubernetes.kubeconfig.is_none());
+        let e = parse("[kubernetes]\nkubeconfig = \"kubeconfig\"\n").unwrap_err();
+        assert!(e.contains("kubernetes.kubeconfig"), "{e}");
+        let e = parse(
+            "[[kubernetes.mps_classes]]\nname = \"x\"\nsm_percent = 25\nmemory = \"1GiB\"\nslots = 17\n",
+        )
+        .unwrap_err();
+        assert!(e.contains("slots"), "{e}");
     }
 
     #[test]
