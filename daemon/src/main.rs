@@ -468,6 +468,7 @@ async fn run(
     }
     let metrics_listen = cfg.metrics.listen;
     let kubernetes = cfg.kubernetes.clone();
+    let kubernetes_dra = cfg.kubernetes.clone();
     let cdi = cfg.cdi.clone();
     // The hardware is touched from here on (reconcile, static layout).
     let mgr = LeaseManager::start(cfg, backend, store.clone())?;
@@ -497,6 +498,7 @@ async fn run(
     }
     let service = TesseraService::new(mgr.clone(), auth.clone(), Some(audit), Some(metrics));
     serve_tokens(checked.oidc.as_ref(), &service, &auth, &stop_rx);
+    tasks.dra = start_dra(&mgr, &store, &kubernetes_dra, &stop_rx).await?;
     tasks.plugin = device_plugin.map(|p| {
         let on_reload = p.clone();
         service.on_reload(Arc::new(move |cfg: &Config| {
@@ -540,6 +542,43 @@ async fn start_device_plugin(
     Ok(None)
 }
 
+/// Where startup gets the DRA driver's claim source: the API server's
+/// ResourceClaims. THE ONE PLACE to plug it in (the kube-rs `KubeClaimSource` of
+/// `dra::kube`); until then `[kubernetes] dra = true` fails startup rather than
+/// serve a plugin that can prepare nothing.
+fn dra_claim_source(
+    _kubernetes: &tesserad::config::KubernetesConfig,
+) -> anyhow::Result<Option<Arc<dyn tesserad::dra::claims::ClaimSource>>> {
+    Ok(None)
+}
+
+/// The DRA kubelet plugin when `[kubernetes] dra` is on.
+async fn start_dra(
+    mgr: &Arc<LeaseManager>,
+    store: &Arc<Store>,
+    kubernetes: &tesserad::config::KubernetesConfig,
+    stop_rx: &tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
+    if !kubernetes.dra {
+        return Ok(None);
+    }
+    let Some(claims) = dra_claim_source(kubernetes)? else {
+        anyhow::bail!(
+            "[kubernetes] dra = true, but this tesserad has no Kubernetes API client to read ResourceClaims with; set dra = false"
+        );
+    };
+    let (_, task) = tesserad::dra::start(
+        mgr.clone(),
+        store.clone(),
+        kubernetes.clone(),
+        claims,
+        stop_rx.clone(),
+    )
+    .await
+    .context("kubernetes DRA plugin")?;
+    Ok(Some(task))
+}
+
 /// The daemon's background tasks, stopped by the stop channel they were given.
 struct Background {
     housekeeping: tokio::task::JoinHandle<()>,
@@ -549,6 +588,7 @@ struct Background {
     health: tokio::task::JoinHandle<()>,
     usage: tokio::task::JoinHandle<()>,
     plugin: Option<tokio::task::JoinHandle<()>>,
+    dra: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Background {
@@ -571,6 +611,7 @@ impl Background {
                 stop_rx.clone(),
             )),
             plugin: None,
+            dra: None,
         }
     }
 
@@ -582,6 +623,9 @@ impl Background {
         let _ = self.health.await;
         let _ = self.usage.await;
         if let Some(t) = self.plugin {
+            let _ = t.await;
+        }
+        if let Some(t) = self.dra {
             let _ = t.await;
         }
     }
