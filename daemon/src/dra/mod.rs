@@ -176,3 +176,6 @@ async fn run(
     }
     served.shutdown().await;
 }
+
+#[cfg(test)]
+mod tests;

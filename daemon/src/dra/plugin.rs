@@ -45,7 +45,7 @@ pub struct DeviceHealth {
 /// The DRA kubelet plugin's state: the lease core, the store, the claim source.
 pub struct DraPlugin {
     mgr: Arc<LeaseManager>,
-    store: Arc<Store>,
+    pub(super) store: Arc<Store>,
     cfg: KubernetesConfig,
     claims: Arc<dyn ClaimSource>,
     /// This node's pool name.
