@@ -14,7 +14,8 @@
 //! the call prepared); a claim over its tenant's quota refused; another driver's and
 //! another pool's results ignored; unprepare releases (and an unknown claim is
 //! unprepared); a restart (a new lease core and plugin on the same store) answers
-//! the same prepared claims; health of prepared devices.
+//! the same prepared claims; health of prepared devices, and a GPU out of service
+//! streamed as its device's UNHEALTHY.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -449,6 +450,30 @@ async fn claims_become_leases_at_exactly_their_placement_and_survive_a_restart()
                 ("gpu-2-mps-small-3".to_string(), healthy),
             ]
         );
+        // GPU 2 out of service: its device is reported unhealthy, with why.
+        node.mgr
+            .mark_unhealthy(
+                2,
+                None,
+                tesserad::gpu::HealthCause::DoubleBitEcc,
+                tesserad::lease::HealthSource::Operator,
+            )
+            .await
+            .unwrap();
+        let unhealthy = health::HealthStatus::Unhealthy as i32;
+        let mut seen = None;
+        for _ in 0..10 {
+            let m = stream.message().await.unwrap().unwrap();
+            if let Some(d) = m.devices.iter().find(|d| {
+                d.device.as_ref().unwrap().device_name == "gpu-2-mps-small-3"
+                    && d.health == unhealthy
+            }) {
+                seen = Some(d.clone());
+                break;
+            }
+        }
+        let d = seen.expect("the unhealthy device is streamed");
+        assert!(d.message.contains("GPU 2"), "{d:?}");
     }
 
     // Unprepare releases; again, or an unknown claim, is success.
@@ -531,4 +556,39 @@ async fn a_v1beta1_kubelet_prepares_and_unprepares_too() {
     assert_eq!(r.claims["u-1"].error, "");
     assert_eq!(node.mgr.get(&id).unwrap().0.state(), LeaseState::Released);
     node.stop().await;
+}
+
+/// A socket removed (an operator cleaning up, a kubelet wiping its directories) is
+/// made again, and kubelet's plugin watcher registers the plugin anew; prepared
+/// claims are still answered on the new endpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removed_sockets_are_made_again() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let claims = Arc::new(Claims::default());
+    let node = Node::start(dir, claims.clone()).await;
+    let mut kubelet = Kubelet::register(dir).await;
+    claims.set("u-1", &[(DRIVER, NODE, "gpu-1")]);
+    let first = kubelet.prepare_one("ml", "c", "u-1").await;
+    ok(&first);
+    let registration = dir.join("plugins_registry").join("gpu.tessera.io-reg.sock");
+    let endpoint = PathBuf::from(&kubelet.info.endpoint);
+    std::fs::remove_file(&registration).unwrap();
+    std::fs::remove_file(&endpoint).unwrap();
+    // Made again at the plugin's next look (every poll_interval, 2s by default).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !(registration.exists() && endpoint.exists()) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the sockets were not made again"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let mut kubelet = Kubelet::register(dir).await;
+    assert_eq!(kubelet.prepare_one("ml", "c", "u-1").await, first);
+    node.stop().await;
+    assert!(
+        !registration.exists() && !endpoint.exists(),
+        "a stopped plugin leaves no socket for kubelet to find"
+    );
 }
