@@ -266,13 +266,42 @@ impl Kubelet {
     }
 }
 
-/// The lease a prepared device's CDI id names.
+/// The lease a prepared device's CDI id names (the first; the second is its claim's
+/// token spec).
 fn lease_of(d: &drav1::Device) -> String {
-    assert_eq!(d.cdi_device_ids.len(), 1, "{d:?}");
+    assert_eq!(d.cdi_device_ids.len(), 2, "{d:?}");
+    assert!(
+        d.cdi_device_ids[1].starts_with("tessera.io/claim="),
+        "{d:?}"
+    );
     d.cdi_device_ids[0]
         .strip_prefix("tessera.io/lease=")
         .unwrap_or_else(|| panic!("not a per-lease CDI id: {d:?}"))
         .to_string()
+}
+
+/// The tokens claim `uid`'s token spec gives its containers (root-only file).
+fn claim_tokens(dir: &Path, uid: &str) -> Vec<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join("cdi").join(format!("tessera.io-claim-{uid}.json"));
+    let meta = std::fs::metadata(&path).unwrap();
+    assert_eq!(
+        meta.permissions().mode() & 0o777,
+        0o600,
+        "{}",
+        path.display()
+    );
+    let spec: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    assert_eq!(spec["kind"], "tessera.io/claim");
+    assert_eq!(spec["devices"][0]["name"], uid);
+    let env = spec["devices"][0]["containerEdits"]["env"][0]
+        .as_str()
+        .unwrap();
+    env.strip_prefix("TESSERA_LEASE_TOKEN=")
+        .unwrap()
+        .split(',')
+        .map(String::from)
+        .collect()
 }
 
 fn ok(r: &drav1::NodePrepareResourceResponse) -> &drav1::Device {
@@ -327,6 +356,14 @@ async fn claims_become_leases_at_exactly_their_placement_and_survive_a_restart()
             .join(format!("tessera.io-lease-{mig_lease}.json"))
             .is_file(),
         "the per-lease CDI spec is written"
+    );
+    // The claim's token spec binds a container to the lease (tessera-runtime reads
+    // TESSERA_LEASE_TOKEN).
+    let tokens = claim_tokens(dir, "u-mig");
+    assert_eq!(tokens.len(), 1);
+    assert_eq!(
+        node.mgr.resolve_token(&tokens[0]).unwrap().lease.id,
+        mig_lease
     );
 
     // An MPS slot on GPU 2 (the class's share), a whole GPU 1.
@@ -485,6 +522,10 @@ async fn claims_become_leases_at_exactly_their_placement_and_survive_a_restart()
             .join(format!("tessera.io-lease-{whole_lease}.json"))
             .exists(),
         "its CDI spec is gone"
+    );
+    assert!(
+        !dir.join("cdi").join("tessera.io-claim-u-gpu.json").exists(),
+        "its claim's token spec is gone"
     );
     assert_eq!(kubelet.unprepare("ml", "gpu", "u-gpu").await, "");
     assert_eq!(kubelet.unprepare("ml", "never", "u-never").await, "");

@@ -248,6 +248,12 @@ pub(super) fn validate_kubernetes(
             return Err(v.err(field, format!("{} is not an absolute path", p.display())));
         }
     }
+    if k.dra && !k.cdi {
+        return Err(v.err(
+            "kubernetes.cdi",
+            "dra = true needs cdi = true: a prepared claim's devices reach its containers only as CDI devices".into(),
+        ));
+    }
     if k.device_plugin && k.mix.values().all(|c| c.count == 0) {
         return Err(v.err(
             "kubernetes.mix",
@@ -513,6 +519,8 @@ mod tests {
         assert!(err.contains("kubernetes.dra_gpus"), "{err}");
         let c = parse(&both.replace("dra = true\n", "dra = true\ndra_gpus = [1]\n")).unwrap();
         assert!(c.kubernetes.dra_serves(1) && !c.kubernetes.dra_serves(0));
+        let err = parse("[kubernetes]\ndra = true\ncdi = false\n").unwrap_err();
+        assert!(err.contains("kubernetes.cdi"), "{err}");
         let err = parse("[kubernetes]\ndra = true\ndra_gpus = [0, 0]\n").unwrap_err();
         assert!(err.contains("twice"), "{err}");
         let err = parse("[kubernetes]\ndra = true\nnode_name = \"Node_1\"\n").unwrap_err();

@@ -34,8 +34,13 @@
 //!   the namespace, claim name and UID; an MPS slot device is a share of its
 //!   `[[kubernetes.mps_classes]]` class (isolated mode: pods of any namespace may
 //!   share a GPU). A claim is all or nothing: a device refused releases the others.
-//!   The answer per device is the CDI id of the per-lease spec
-//!   (`tessera.io/lease=<id>`, written by `crate::cdi`).
+//!   The answer per device is two CDI ids: the per-lease spec
+//!   (`tessera.io/lease=<id>`, written by `crate::cdi`: the lease's device nodes,
+//!   mounts and env) and the claim's token spec (`tessera.io/claim=<uid>`, mode
+//!   0600, written here: `TESSERA_LEASE_TOKEN` with the claim's leases' tokens,
+//!   which tessera-runtime binds the container with, as it does the device
+//!   plugin's token annotation). A container may use one claim of this driver (two
+//!   would set two different token values).
 //! * Idempotent on the claim UID, across restarts: the claim's record (store table
 //!   `dra_claims`: UID -> devices, leases and tokens) is written before any lease is
 //!   made, with a random nonce naming the leases' request ids, so a prepare cut off

@@ -120,6 +120,19 @@ impl DraPlugin {
     }
 
     async fn prepare_locked(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>, DraError> {
+        // A UID names files and records: an API server UID's characters only.
+        if claim.uid.is_empty()
+            || claim.uid.len() > 128
+            || !claim
+                .uid
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        {
+            return Err(DraError::Claim(format!(
+                "claim {}/{}: {:?} is not a UID",
+                claim.namespace, claim.name, claim.uid
+            )));
+        }
         let recorded = self.store.dra_claim(&claim.uid)?;
         if let Some(rec) = &recorded
             && rec.prepared
@@ -140,7 +153,23 @@ impl DraPlugin {
         // releases them).
         let mut rec = match recorded {
             Some(r) if r.tenant == tenant => r,
-            _ => DraClaim {
+            Some(old) => {
+                // Cut off under another tenant (the namespace map changed across a
+                // restart): what it made goes first.
+                self.release(&old, "dra: claim prepared again for another tenant")
+                    .await?;
+                DraClaim {
+                    uid: claim.uid.clone(),
+                    namespace: claim.namespace.clone(),
+                    name: claim.name.clone(),
+                    tenant: tenant.clone(),
+                    nonce: new_id(""),
+                    prepared: false,
+                    devices: Vec::new(),
+                    created_at_ms: now_ms(),
+                }
+            }
+            None => DraClaim {
                 uid: claim.uid.clone(),
                 namespace: claim.namespace.clone(),
                 name: claim.name.clone(),
@@ -294,8 +323,13 @@ impl DraPlugin {
         Ok(())
     }
 
-    /// The answer for a prepared claim; refused when a lease no longer serves.
+    /// The answer for a prepared claim; refused when a lease no longer serves. The
+    /// claim's token spec is written (again: `cdi_dir` may be a tmpfs).
     fn answer(&self, rec: &DraClaim) -> Result<Vec<PreparedDevice>, DraError> {
+        if self.cfg.cdi {
+            let tokens: Vec<&str> = rec.devices.iter().map(|d| d.token.as_str()).collect();
+            write_token_spec(&self.cfg.cdi_dir, &rec.uid, &tokens)?;
+        }
         rec.devices
             .iter()
             .map(|d| {
@@ -311,7 +345,10 @@ impl DraPlugin {
                     pool: d.pool.clone(),
                     device: d.device.clone(),
                     cdi_device_ids: if self.cfg.cdi {
-                        vec![format!("{CDI_KIND}={}", d.lease_id)]
+                        vec![
+                            format!("{CDI_KIND}={}", d.lease_id),
+                            format!("{CLAIM_CDI_KIND}={}", rec.uid),
+                        ]
                     } else {
                         Vec::new()
                     },
@@ -330,6 +367,9 @@ impl DraPlugin {
         };
         let reason = format!("dra: claim {}/{} unprepared", claim.namespace, claim.name);
         self.release(&rec, &reason).await?;
+        if self.cfg.cdi {
+            remove_token_spec(&self.cfg.cdi_dir, &rec.uid)?;
+        }
         self.store
             .write(move |w| w.delete_dra_claim(&rec.uid))
             .await?;
@@ -465,6 +505,69 @@ impl DraPlugin {
             }
         });
         Ok(())
+    }
+}
+
+/// The CDI kind of a claim's token spec: `tessera.io/claim=<claim uid>` sets
+/// `TESSERA_LEASE_TOKEN` to the tokens of the claim's leases (joined by `,`), which
+/// tessera-runtime binds the container with (as the device plugin's annotation
+/// does). Root-only (0600): containerd reads it as root.
+pub const CLAIM_CDI_KIND: &str = "tessera.io/claim";
+
+fn token_spec_path(dir: &std::path::Path, uid: &str) -> std::path::PathBuf {
+    dir.join(format!("tessera.io-claim-{uid}.json"))
+}
+
+/// Write claim `uid`'s token spec atomically (mode 0600).
+fn write_token_spec(dir: &std::path::Path, uid: &str, tokens: &[&str]) -> Result<(), DraError> {
+    use std::os::unix::fs::PermissionsExt;
+    let spec = cdi::Spec {
+        cdi_version: cdi::CDI_VERSION.into(),
+        kind: CLAIM_CDI_KIND.into(),
+        devices: vec![cdi::Device {
+            name: uid.to_string(),
+            container_edits: cdi::ContainerEdits {
+                env: vec![format!(
+                    "{}={}",
+                    tessera_common::contract::LEASE_TOKEN_ENV,
+                    tokens.join(",")
+                )],
+                ..Default::default()
+            },
+        }],
+        container_edits: cdi::ContainerEdits::default(),
+    };
+    cdi::validate(&spec)?;
+    let io = |path: &std::path::Path| {
+        let path = path.to_path_buf();
+        move |source| DraError::Io { path, source }
+    };
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    let body = serde_json::to_vec_pretty(&spec)
+        .map_err(|e| DraError::Cdi(cdi::CdiError::Invalid(e.to_string())))?;
+    // tempfile creates the file 0600, and it stays so.
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".tessera-claim-")
+        .permissions(std::fs::Permissions::from_mode(0o600))
+        .tempfile_in(dir)
+        .map_err(io(dir))?;
+    std::io::Write::write_all(&mut tmp, &body).map_err(io(tmp.path()))?;
+    tmp.as_file().sync_all().map_err(io(tmp.path()))?;
+    let path = token_spec_path(dir, uid);
+    tmp.persist(&path).map_err(|e| DraError::Io {
+        path: path.clone(),
+        source: e.error,
+    })?;
+    Ok(())
+}
+
+/// Remove claim `uid`'s token spec (absent is fine).
+fn remove_token_spec(dir: &std::path::Path, uid: &str) -> Result<(), DraError> {
+    let path = token_spec_path(dir, uid);
+    match std::fs::remove_file(&path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(DraError::Io { path, source }),
     }
 }
 

@@ -103,6 +103,27 @@ async fn a_claim_is_all_or_nothing() {
     assert_eq!(got.len(), 2);
     assert_ne!(got[0].lease_id, got[1].lease_id);
     assert_eq!(live(&mgr), 2);
+    // One token spec for the claim, with both leases' tokens in their order.
+    let spec: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(dir.path().join("cdi/tessera.io-claim-u2.json")).unwrap(),
+    )
+    .unwrap();
+    let env = spec["devices"][0]["containerEdits"]["env"][0]
+        .as_str()
+        .unwrap();
+    let tokens: Vec<&str> = env
+        .strip_prefix("TESSERA_LEASE_TOKEN=")
+        .unwrap()
+        .split(',')
+        .collect();
+    let leases: Vec<String> = tokens
+        .iter()
+        .map(|t| mgr.resolve_token(t).unwrap().lease.id)
+        .collect();
+    assert_eq!(leases, [got[0].lease_id.clone(), got[1].lease_id.clone()]);
+    // A UID that is not one names no file and no record.
+    let e = p.prepare(&claim("../x")).await.unwrap_err().to_string();
+    assert!(e.contains("is not a UID"), "{e}");
 }
 
 #[tokio::test]
