@@ -345,10 +345,11 @@ async fn the_device_plugin_reserves_nothing_on_the_dra_drivers_gpus() {
          [[sim.gpus]]\nmodel = \"a100-40gb\"\nmig = false\n\
          [[sim.gpus]]\nmodel = \"a100-40gb\"\nmig = false\n\
          [kubernetes]\ndevice_plugin = true\ndra = true\ndra_gpus = [0, 1]\n\
-         cdi = false\ndevice_plugin_dir = {s:?}\n\
+         cdi_dir = {c:?}\ndevice_plugin_dir = {s:?}\n\
          [kubernetes.mix]\n\"mig-1g.10gb\" = 1\ngpu = 2\n",
         s = d.display().to_string(),
         f = d.join("sim.json").display().to_string(),
+        c = d.join("cdi").display().to_string(),
     );
     let cfg = Config::parse(std::path::Path::new("test.toml"), &text).unwrap();
     let k = cfg.kubernetes.clone();
