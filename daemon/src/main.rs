@@ -567,7 +567,7 @@ async fn start_dra(
             "[kubernetes] dra = true, but this tesserad has no Kubernetes API client to read ResourceClaims with; set dra = false"
         );
     };
-    let (_, task) = tesserad::dra::start(
+    let (_, task) = tesserad::dra::node::start(
         mgr.clone(),
         store.clone(),
         kubernetes.clone(),

@@ -143,7 +143,7 @@ impl Node {
         let store = Arc::new(Store::open(dir).unwrap());
         let mgr = LeaseManager::start(cfg, sim, store.clone()).unwrap();
         let (stop, stop_rx) = watch::channel(false);
-        let (_, task) = tesserad::dra::start(mgr.clone(), store.clone(), k, claims, stop_rx)
+        let (_, task) = tesserad::dra::node::start(mgr.clone(), store.clone(), k, claims, stop_rx)
             .await
             .unwrap();
         Node {

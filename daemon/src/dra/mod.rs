@@ -10,7 +10,8 @@
 //!
 //! # The node side (kubelet plugin)
 //!
-//! Off unless `[kubernetes] dra = true`; [`start`] runs it.
+//! Off unless `[kubernetes] dra = true`; [`node::start`] runs it. This file only
+//! declares: its children use its names, it uses none of theirs (no import loop).
 //!
 //! * `registration.rs`: kubelet's plugin watcher finds the registration socket
 //!   `<dra_registry_dir>/gpu.tessera.io-reg.sock` and calls `GetInfo`: type
@@ -60,21 +61,15 @@
 
 pub mod claims;
 pub mod device;
+pub mod node;
 pub mod plugin;
 mod registration;
 mod service;
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
-use tokio::sync::watch;
-use tracing::{info, warn};
-
-use crate::config::KubernetesConfig;
-use crate::lease::{LeaseError, LeaseManager};
-use crate::store::{Store, StoreError};
-
-pub use plugin::{DeviceHealth, DraPlugin, PreparedDevice};
+use crate::lease::LeaseError;
+use crate::store::StoreError;
 
 /// The DRA driver name (the `driver` of every slice, device class and allocation).
 pub const DRIVER_NAME: &str = "gpu.tessera.io";
@@ -120,66 +115,6 @@ pub enum DraError {
     /// `[kubernetes] dra = true` without what it needs.
     #[error("kubernetes.dra: {0}")]
     Config(String),
-}
-
-/// Start the DRA kubelet plugin: serve `dra.sock` and the registration socket until
-/// `stop`, renew the prepared claims' leases, follow health. The returned task ends
-/// after `stop`. Fails (serving nothing) when no node name is known.
-pub async fn start(
-    mgr: Arc<LeaseManager>,
-    store: Arc<Store>,
-    cfg: KubernetesConfig,
-    claims: Arc<dyn claims::ClaimSource>,
-    stop: watch::Receiver<bool>,
-) -> Result<(Arc<DraPlugin>, tokio::task::JoinHandle<()>), DraError> {
-    let pool = cfg.dra_node_name().ok_or_else(|| {
-        DraError::Config(
-            "no node name: set [kubernetes] node_name or the NODE_NAME environment variable (the DaemonSet sets it from spec.nodeName)".into(),
-        )
-    })?;
-    let plugin = DraPlugin::new(mgr, store, cfg, claims, pool)?;
-    let served = registration::Sockets::bind(&plugin)?;
-    info!(
-        pool = %plugin.pool(),
-        endpoint = %served.endpoint().display(),
-        registration = %served.registration().display(),
-        "dra: kubelet plugin {DRIVER_NAME} on"
-    );
-    let task = tokio::spawn(run(plugin.clone(), served, stop));
-    Ok((plugin, task))
-}
-
-/// Serve until `stop`: the sockets (made again when removed), renewals and health.
-async fn run(
-    plugin: Arc<DraPlugin>,
-    mut served: registration::Sockets,
-    mut stop: watch::Receiver<bool>,
-) {
-    let mut events = plugin.mgr_subscribe();
-    let interval = plugin.config().poll_interval;
-    let mut next = tokio::time::Instant::now() + interval;
-    loop {
-        tokio::select! {
-            _ = tokio::time::sleep_until(next) => {}
-            ev = events.recv() => {
-                if matches!(ev, Err(tokio::sync::broadcast::error::RecvError::Closed)) {
-                    break;
-                }
-                if let Err(e) = plugin.refresh_health() {
-                    warn!(error = %e, "dra: device health not refreshed");
-                }
-                continue;
-            }
-            _ = stop.changed() => break,
-        }
-        plugin.renew().await;
-        if let Err(e) = plugin.refresh_health() {
-            warn!(error = %e, "dra: device health not refreshed");
-        }
-        served.keep(&plugin);
-        next = tokio::time::Instant::now() + interval;
-    }
-    served.shutdown().await;
 }
 
 #[cfg(test)]

@@ -15,8 +15,9 @@ use tracing::{info, warn};
 
 use crate::api::transport::uds_authority::NormalizeAuthority;
 
+use super::plugin::DraPlugin;
 use super::service::{DraService, HealthService, RegistrationService, plugin_info};
-use super::{DraError, DraPlugin, PLUGIN_SOCKET, REGISTRATION_SOCKET};
+use super::{DraError, PLUGIN_SOCKET, REGISTRATION_SOCKET};
 
 /// A socket file's identity (device, inode, change time).
 type SocketId = (u64, u64, i64, i64);

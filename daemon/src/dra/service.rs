@@ -15,8 +15,9 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 use tracing::{error, info, warn};
 
+use super::DRIVER_NAME;
 use super::claims::ClaimRef;
-use super::{DRIVER_NAME, DeviceHealth, DraPlugin, PreparedDevice};
+use super::plugin::{DeviceHealth, DraPlugin, PreparedDevice};
 
 /// How often the health stream repeats itself when nothing changes (kubelet
 /// treats a device not reported for a while as of unknown health).

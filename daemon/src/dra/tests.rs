@@ -9,11 +9,14 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use super::claims::{AllocatedDevice, ClaimAllocation, ClaimRef, ClaimSource, ClaimSourceError};
+use super::plugin::{DeviceHealth, DraPlugin};
 use super::*;
 use crate::config::Config;
+use crate::lease::LeaseManager;
 use crate::lease::{CreateRequest, ExactPlacement, HealthSource};
 use crate::model::LeaseState;
 use crate::partition::Shape;
+use crate::store::Store;
 use crate::store::{DraClaim, DraDevice};
 
 #[derive(Default)]

@@ -18,12 +18,13 @@
 //! core (it stores what it is given) or the hardware.
 
 mod dra;
+mod dra_claim;
 pub mod faults;
 mod k8s;
 mod k8s_device;
 mod schema;
 
-pub use dra::{DraClaim, DraDevice};
+pub use dra_claim::{DraClaim, DraDevice};
 pub use k8s_device::K8sDevice;
 
 use std::fs::File;
