@@ -213,6 +213,11 @@ mod tests {
 
     /// GPU 0: an H100 with MIG on; GPU 1: an A100 with MIG off.
     fn manager(dir: &Path) -> Arc<LeaseManager> {
+        manager_with(dir, |_| {})
+    }
+
+    /// [`manager`], `before` run on the simulated hardware before the lease core starts.
+    fn manager_with(dir: &Path, before: impl FnOnce(&crate::gpu::SimBackend)) -> Arc<LeaseManager> {
         let text = format!(
             "[daemon]\nstate_dir = {d:?}\nrun_dir = {d:?}\n[gpu]\nbackend = \"sim\"\n\
              [sim]\nstate_file = {s:?}\n[[sim.gpus]]\nmodel = \"h100-80gb\"\nmig = true\n\
@@ -222,6 +227,7 @@ mod tests {
         );
         let config = Config::parse(Path::new("test.toml"), &text).unwrap();
         let sim = Arc::new(crate::gpu::open_sim(&config.sim).unwrap());
+        before(&sim);
         let store = Arc::new(Store::open(dir).unwrap());
         LeaseManager::start(config, sim, store).unwrap()
     }
@@ -345,5 +351,32 @@ mod tests {
         assert_eq!(c.lease.gpu, 1);
         let err = mgr.create(share(60)).await.unwrap_err();
         assert!(matches!(err, LeaseError::ResourceExhausted(_)), "{err:?}");
+    }
+
+    #[tokio::test]
+    async fn an_instance_tessera_does_not_know_is_taken_and_left_alone() {
+        use crate::gpu::GpuBackend;
+        let dir = tempfile::tempdir().unwrap();
+        let mut made = None;
+        let mgr = manager_with(dir.path(), |sim| {
+            let at = crate::gpu::Placement { start: 3, size: 1 };
+            made = Some(
+                sim.create_instance(0, tessera_common::mig::GI_PROFILE_1_SLICE, at, None)
+                    .unwrap(),
+            );
+        });
+        let err = mgr.create(mig_at("1g.10gb", 0, 3)).await.unwrap_err();
+        assert!(err.to_string().contains("is taken"), "{err}");
+        let still = mgr.backend().instances(0).unwrap();
+        assert_eq!(
+            still,
+            vec![made.unwrap()],
+            "the foreign instance is untouched"
+        );
+        // The slice next to it is free.
+        assert_eq!(
+            start_of(&mgr.create(mig_at("1g.10gb", 0, 4)).await.unwrap()),
+            (0, 4)
+        );
     }
 }
