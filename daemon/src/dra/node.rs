@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use tokio::sync::watch;
-use tracing::{info, warn};
+use tracing::info;
 
 use crate::config::KubernetesConfig;
 use crate::lease::LeaseManager;
@@ -54,17 +54,13 @@ async fn run(plugin: Arc<DraPlugin>, mut served: Sockets, mut stop: watch::Recei
                 if matches!(ev, Err(tokio::sync::broadcast::error::RecvError::Closed)) {
                     break;
                 }
-                if let Err(e) = plugin.refresh_health() {
-                    warn!(error = %e, "dra: device health not refreshed");
-                }
+                plugin.refresh_health();
                 continue;
             }
             _ = stop.changed() => break,
         }
         plugin.renew().await;
-        if let Err(e) = plugin.refresh_health() {
-            warn!(error = %e, "dra: device health not refreshed");
-        }
+        plugin.refresh_health();
         served.keep(&plugin);
         next = tokio::time::Instant::now() + interval;
     }

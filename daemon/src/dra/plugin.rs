@@ -54,6 +54,9 @@ pub struct DraPlugin {
     busy: Mutex<()>,
     nvidia: Option<NvidiaCdi>,
     health: watch::Sender<Vec<DeviceHealth>>,
+    /// The prepared claims' devices, (pool, device, lease id): the store's, kept in
+    /// memory for renewals and health (read on every lease event).
+    prepared: std::sync::Mutex<Vec<(String, String, String)>>,
 }
 
 impl std::fmt::Debug for DraPlugin {
@@ -95,8 +98,9 @@ impl DraPlugin {
             busy: Mutex::new(()),
             nvidia,
             health: watch::channel(Vec::new()).0,
+            prepared: std::sync::Mutex::new(Vec::new()),
         });
-        plugin.refresh_health()?;
+        plugin.reload_prepared()?;
         Ok(plugin)
     }
 
@@ -113,8 +117,8 @@ impl DraPlugin {
     pub async fn prepare(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>, DraError> {
         let _one = self.busy.lock().await;
         let out = self.prepare_locked(claim).await;
-        if let Err(e) = self.refresh_health() {
-            warn!(error = %e, "dra: device health not refreshed");
+        if let Err(e) = self.reload_prepared() {
+            warn!(error = %e, "dra: prepared devices not read again from the store; renewals and health may lag");
         }
         out
     }
@@ -374,8 +378,8 @@ impl DraPlugin {
             .write(move |w| w.delete_dra_claim(&rec.uid))
             .await?;
         info!(claim = %claim, "dra: claim unprepared");
-        if let Err(e) = self.refresh_health() {
-            warn!(error = %e, "dra: device health not refreshed");
+        if let Err(e) = self.reload_prepared() {
+            warn!(error = %e, "dra: prepared devices not read again from the store; renewals and health may lag");
         }
         Ok(())
     }
@@ -445,23 +449,35 @@ impl DraPlugin {
         Ok(self.store.write(move |w| w.put_dra_claim(&rec)).await?)
     }
 
+    /// The prepared devices from the store again (after a prepare or an
+    /// unprepare), and their health.
+    fn reload_prepared(&self) -> Result<(), DraError> {
+        let list: Vec<(String, String, String)> = self
+            .store
+            .dra_claims()?
+            .into_iter()
+            .filter(|c| c.prepared)
+            .flat_map(|c| c.devices)
+            .map(|d| (d.pool, d.device, d.lease_id))
+            .collect();
+        *self.prepared.lock().unwrap_or_else(|p| p.into_inner()) = list;
+        self.refresh_health();
+        Ok(())
+    }
+
+    fn prepared(&self) -> Vec<(String, String, String)> {
+        self.prepared
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
     /// Renew the prepared claims' leases that are past half their TTL.
     pub async fn renew(&self) {
-        let claims = match self.store.dra_claims() {
-            Ok(c) => c,
-            Err(e) => {
-                warn!(error = %e, "dra: prepared claims not read; leases not renewed");
-                return;
-            }
-        };
         let now = now_ms();
         let half = i64::try_from(self.cfg.lease_ttl.as_millis() / 2).unwrap_or(i64::MAX);
-        for d in claims
-            .iter()
-            .filter(|c| c.prepared)
-            .flat_map(|c| &c.devices)
-        {
-            if let Ok((l, _)) = self.mgr.get(&d.lease_id)
+        for (_, _, lease_id) in self.prepared() {
+            if let Ok((l, _)) = self.mgr.get(&lease_id)
                 && l.state() == LeaseState::Active
                 && l.expires_at_ms - now < half
                 && let Err(e) = self.mgr.renew(&l.id, Some(self.cfg.lease_ttl)).await
@@ -478,21 +494,19 @@ impl DraPlugin {
 
     /// Recompute the prepared devices' health from their leases (the lease core's
     /// health marks: `Lease::unhealthy`).
-    pub fn refresh_health(&self) -> Result<(), DraError> {
+    pub fn refresh_health(&self) {
         let mut list = Vec::new();
-        for c in self.store.dra_claims()?.iter().filter(|c| c.prepared) {
-            for d in &c.devices {
-                let lease = self.mgr.get(&d.lease_id).ok().map(|(l, _)| l);
-                let why = ended(lease.as_ref())
-                    .map(|w| format!("lease {} {w}", d.lease_id))
-                    .or_else(|| lease.as_ref().and_then(|l| l.unhealthy.clone()));
-                list.push(DeviceHealth {
-                    pool: d.pool.clone(),
-                    device: d.device.clone(),
-                    healthy: why.is_none(),
-                    message: why.unwrap_or_default(),
-                });
-            }
+        for (pool, device, lease_id) in self.prepared() {
+            let lease = self.mgr.get(&lease_id).ok().map(|(l, _)| l);
+            let why = ended(lease.as_ref())
+                .map(|w| format!("lease {lease_id} {w}"))
+                .or_else(|| lease.as_ref().and_then(|l| l.unhealthy.clone()));
+            list.push(DeviceHealth {
+                pool,
+                device,
+                healthy: why.is_none(),
+                message: why.unwrap_or_default(),
+            });
         }
         list.sort_by(|a, b| (&a.pool, &a.device).cmp(&(&b.pool, &b.device)));
         list.dedup_by(|a, b| a.pool == b.pool && a.device == b.device);
@@ -504,7 +518,6 @@ impl DraPlugin {
                 true
             }
         });
-        Ok(())
     }
 }
 

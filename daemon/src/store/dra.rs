@@ -3,10 +3,10 @@
 //! same leases again after a retry or a restart of tesserad or kubelet, and
 //! NodeUnprepareResources finds what to release.
 
-use rusqlite::params;
+use rusqlite::{OptionalExtension, params};
 
 use super::dra_claim::DraClaim;
-use super::{Store, StoreError, Writer, decode_rows, encode};
+use super::{Store, StoreError, Writer, decode, decode_rows, encode};
 
 impl Store {
     /// Every claim of the DRA driver.
@@ -16,7 +16,16 @@ impl Store {
 
     /// The claim of this UID, if recorded.
     pub fn dra_claim(&self, uid: &str) -> Result<Option<DraClaim>, StoreError> {
-        Ok(self.dra_claims()?.into_iter().find(|c| c.uid == uid))
+        self.read(|conn| {
+            let body: Option<String> = conn
+                .query_row(
+                    "SELECT body FROM dra_claims WHERE uid = ?1",
+                    params![uid],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            body.map(|b| decode("dra claim", uid, &b)).transpose()
+        })
     }
 }
 
