@@ -474,6 +474,10 @@ async fn run(
     let mgr = LeaseManager::start(cfg, backend, store.clone())?;
     // The device plugin's reservations are leases: made before anything is served.
     let device_plugin = start_device_plugin(&mgr, &store, kubernetes).await?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    // The DRA plugin answers kubelet from here on (before READY, like the device
+    // plugin's sockets).
+    let dra = start_dra(&mgr, &store, &kubernetes_dra, &stop_rx).await?;
 
     // Every listener is bound before READY.
     let listener = tesserad::api::bind_unix(&socket, mode)?;
@@ -487,7 +491,6 @@ async fn run(
     };
     info!(socket = %socket.display(), "serving the tessera.v1 API");
 
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut tasks = Background::spawn(&mgr, &store, &stop_rx);
     // The handle the API service records calls and admissions on.
     let metrics = tesserad::metrics::spawn(metrics_listen, mgr.clone(), stop_rx.clone()).await?;
@@ -498,7 +501,7 @@ async fn run(
     }
     let service = TesseraService::new(mgr.clone(), auth.clone(), Some(audit), Some(metrics));
     serve_tokens(checked.oidc.as_ref(), &service, &auth, &stop_rx);
-    tasks.dra = start_dra(&mgr, &store, &kubernetes_dra, &stop_rx).await?;
+    tasks.dra = dra;
     tasks.plugin = device_plugin.map(|p| {
         let on_reload = p.clone();
         service.on_reload(Arc::new(move |cfg: &Config| {
