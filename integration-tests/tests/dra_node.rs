@@ -539,7 +539,20 @@ async fn claims_become_leases_at_exactly_their_placement_and_survive_a_restart()
     node.stop().await;
     let node = Node::start(dir, claims.clone()).await;
     let mut kubelet = Kubelet::register(dir).await;
+    // The CDI directory is a tmpfs: a reboot empties it; a prepare writes it again.
+    std::fs::remove_dir_all(dir.join("cdi")).unwrap();
     assert_eq!(kubelet.prepare_one("ml", "mig", "u-mig").await, mig);
+    assert!(
+        dir.join("cdi")
+            .join(format!("tessera.io-lease-{mig_lease}.json"))
+            .is_file()
+    );
+    let tokens = claim_tokens(dir, "u-mig");
+    assert_eq!(
+        node.mgr.resolve_token(&tokens[0]).unwrap().lease.id,
+        mig_lease,
+        "the token still binds to the lease after the restart"
+    );
     assert_eq!(kubelet.prepare_one("ml", "mps", "u-mps").await, mps);
     assert_eq!(
         node.mgr.get(&mig_lease).unwrap().0.state(),

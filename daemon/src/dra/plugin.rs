@@ -328,7 +328,7 @@ impl DraPlugin {
     }
 
     /// The answer for a prepared claim; refused when a lease no longer serves. The
-    /// claim's token spec is written (again: `cdi_dir` may be a tmpfs).
+    /// CDI specs it names are written (again: `cdi_dir` may be a tmpfs).
     fn answer(&self, rec: &DraClaim) -> Result<Vec<PreparedDevice>, DraError> {
         if self.cfg.cdi {
             let tokens: Vec<&str> = rec.devices.iter().map(|d| d.token.as_str()).collect();
@@ -343,6 +343,11 @@ impl DraPlugin {
                         "device {}: lease {} {why}",
                         d.device, d.lease_id
                     )));
+                }
+                if self.cfg.cdi {
+                    // Written again: `cdi_dir` may be a tmpfs emptied by a reboot.
+                    let resolved = self.mgr.view_devices(&d.lease_id)?;
+                    cdi::write_spec(&self.cfg.cdi_dir, &resolved, self.nvidia.as_ref())?;
                 }
                 Ok(PreparedDevice {
                     requests: d.requests.clone(),
