@@ -314,6 +314,11 @@ fn ok(r: &drav1::NodePrepareResourceResponse) -> &drav1::Device {
 async fn claims_become_leases_at_exactly_their_placement_and_survive_a_restart() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
+    {
+        // As an operator may have made it.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
     let claims = Arc::new(Claims::default());
     let node = Node::start(dir, claims.clone()).await;
     let mut kubelet = Kubelet::register(dir).await;
@@ -511,6 +516,13 @@ async fn claims_become_leases_at_exactly_their_placement_and_survive_a_restart()
         }
         let d = seen.expect("the unhealthy device is streamed");
         assert!(d.message.contains("GPU 2"), "{d:?}");
+    }
+
+    // The store holds the leases' tokens: the state directory is tesserad's only.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir).unwrap().permissions().mode();
+        assert_eq!(mode & 0o077, 0, "state dir mode {mode:o}");
     }
 
     // Unprepare releases; again, or an unknown claim, is success.

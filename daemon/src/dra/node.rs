@@ -30,6 +30,8 @@ pub async fn start(
             "no node name: set [kubernetes] node_name or the NODE_NAME environment variable (the DaemonSet sets it from spec.nodeName)".into(),
         )
     })?;
+    // The store keeps the claims' lease tokens: only tesserad's user may read it.
+    private_dir(&mgr.config().daemon.state_dir)?;
     let plugin = DraPlugin::new(mgr, store, cfg, claims, pool)?;
     let served = Sockets::bind(&plugin)?;
     info!(
@@ -65,4 +67,19 @@ async fn run(plugin: Arc<DraPlugin>, mut served: Sockets, mut stop: watch::Recei
         next = tokio::time::Instant::now() + interval;
     }
     served.shutdown().await;
+}
+
+/// `dir` readable by its owner only (0700): tightened when group or others may enter.
+fn private_dir(dir: &std::path::Path) -> Result<(), DraError> {
+    use std::os::unix::fs::PermissionsExt;
+    let io = |source| DraError::Io {
+        path: dir.to_path_buf(),
+        source,
+    };
+    let mode = std::fs::metadata(dir).map_err(io)?.permissions().mode();
+    if mode & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(io)?;
+        tracing::warn!(dir = %dir.display(), was = format!("{:o}", mode & 0o777), "dra: the state directory holds the prepared claims' lease tokens: made 0700");
+    }
+    Ok(())
 }
