@@ -151,6 +151,18 @@ impl DraPlugin {
             )));
         }
         let wanted = self.ours(&alloc.devices)?;
+        // A device is one claim's at a time (the scheduler allocates it so): an MPS
+        // slot would otherwise become a second share.
+        let held = self.prepared();
+        if let Some(w) = wanted.iter().find(|w| {
+            held.iter()
+                .any(|(p, d, _)| *p == self.pool && *d == w.device)
+        }) {
+            return Err(DraError::Claim(format!(
+                "device {} is prepared for another claim; unprepare it first",
+                w.device
+            )));
+        }
         let tenant = self.cfg.tenant_of(&claim.namespace).to_string();
         // Recorded before any lease is made: a crash part way leaves a record whose
         // request ids find the leases made (a retry replays them, an unprepare

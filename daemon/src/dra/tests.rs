@@ -124,6 +124,17 @@ async fn a_claim_is_all_or_nothing() {
         .map(|t| mgr.resolve_token(t).unwrap().lease.id)
         .collect();
     assert_eq!(leases, [got[0].lease_id.clone(), got[1].lease_id.clone()]);
+    // A device already prepared for another claim: refused (an MPS slot would
+    // otherwise become a second share).
+    claims.set("u3", &["gpu-0-mig-1-1g-10gb"]);
+    let e = p.prepare(&claim("u3")).await.unwrap_err().to_string();
+    assert!(e.contains("prepared for another claim"), "{e}");
+    claims.set("s1", &["gpu-1-mps-small-0"]);
+    claims.set("s2", &["gpu-1-mps-small-0"]);
+    p.prepare(&claim("s1")).await.unwrap();
+    let e = p.prepare(&claim("s2")).await.unwrap_err().to_string();
+    assert!(e.contains("prepared for another claim"), "{e}");
+    assert_eq!(live(&mgr), 3);
     // A UID that is not one names no file and no record.
     let e = p.prepare(&claim("../x")).await.unwrap_err().to_string();
     assert!(e.contains("is not a UID"), "{e}");
