@@ -35,6 +35,8 @@
 //!   the namespace, claim name and UID; an MPS slot device is a share of its
 //!   `[[kubernetes.mps_classes]]` class (isolated mode: pods of any namespace may
 //!   share a GPU). A claim is all or nothing: a device refused releases the others.
+//!   A device is one claim's at a time: one prepared for another claim is refused
+//!   (an MPS slot would otherwise become a second share).
 //!   The answer per device is two CDI ids: the per-lease spec
 //!   (`tessera.io/lease=<id>`, written by `crate::cdi`: the lease's device nodes,
 //!   mounts and env) and the claim's token spec (`tessera.io/claim=<uid>`, mode
