@@ -135,6 +135,8 @@ pub fn create_request_from_pb(
         need,
         count,
         topology,
+        // The API has no exact placement (the DRA driver's, in-process).
+        exact: None,
     })
 }
 

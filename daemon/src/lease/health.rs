@@ -458,6 +458,7 @@ mod tests {
             need: None,
             count: 0,
             topology: Default::default(),
+            exact: None,
         }
     }
 

@@ -17,6 +17,7 @@
 //! | `housekeeping.rs` | the background loop |
 //! | `owner.rs` | a live lease handed to another tenant (the device plugin: reserved -> the pod's tenant) |
 //! | `moves.rs` | idle MIG leases moved (write-ahead) to make room for a request |
+//! | `exact.rs` | an exact placement (DRA): there or refused, never elsewhere |
 //! | `need.rs` | ask by need: memory and isolation to the smallest shape that fits now |
 //! | `health.rs` | GPUs and instances out of service: marks, their leases, no new placements |
 //! | `reconcile.rs`, `static_layout.rs` | start: store vs hardware, the operator's static layout |
@@ -52,6 +53,7 @@ mod end;
 pub mod enforce;
 mod error;
 mod events;
+mod exact;
 mod executor;
 mod grants;
 mod health;
@@ -81,7 +83,7 @@ pub use events::{EventKind, GENERATION_SHIFT, LeaseEvent, ResumeError, Subscript
 pub use health::HealthSource;
 pub use manager::LeaseManager;
 pub use multi::LeaseLinks;
-pub use plan::{CreateRequest, Created, Isolation, Need};
+pub use plan::{CreateRequest, Created, ExactPlacement, Isolation, Need};
 pub use queries::{GpuReport, Page};
 pub use table::GpuState;
 pub use validate::validate_create;

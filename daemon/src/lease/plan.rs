@@ -29,6 +29,18 @@ pub struct CreateRequest {
     pub count: u32,
     /// With `count` > 1: how closely the partitions' GPUs must be connected.
     pub topology: crate::partition::topology::TopologyConstraint,
+    /// Exactly where the lease goes (`exact.rs`): there, or refused.
+    pub exact: Option<ExactPlacement>,
+}
+
+/// An exact target for one partition: GPU `gpu` whole or an MPS share on it (by the
+/// request's shape), or the MIG profile of the shape at placement start
+/// `mig_start`. The lease is placed there or refused, never elsewhere.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExactPlacement {
+    pub gpu: u32,
+    /// The MIG placement's start slice (a MIG shape only, and required for one).
+    pub mig_start: Option<u32>,
 }
 
 #[derive(Debug, Clone)]

@@ -82,6 +82,7 @@ fn mig_request(request_id: &str) -> CreateRequest {
         need: None,
         count: 0,
         topology: Default::default(),
+        exact: None,
     }
 }
 
