@@ -159,9 +159,15 @@ impl LeaseManager {
             .iter()
             .map(|(p, gpu)| self.devices_of(lease, p, gpu, &minors, majors))
             .collect();
-        devices::merge_several(each).ok_or_else(|| {
-            LeaseError::Inconsistent(Inconsistency::LeaseWithoutPartition(lease.id.clone()))
-        })
+        let inconsistent = |i| LeaseError::Inconsistent(i);
+        devices::merge_several(each)
+            .map_err(|e| {
+                inconsistent(Inconsistency::PartitionsDisagree {
+                    lease: lease.id.clone(),
+                    reason: e.to_string(),
+                })
+            })?
+            .ok_or_else(|| inconsistent(Inconsistency::LeaseWithoutPartition(lease.id.clone())))
     }
 
     /// Record a container on the lease its token names (the runtime calls this
