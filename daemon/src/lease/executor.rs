@@ -37,7 +37,8 @@ use super::error::LeaseError;
 use super::events::EventKind;
 use super::manager::{LeaseManager, mps_dirs};
 use super::plan::{
-    Ask, Created, DestroyError, HwCreate, HwDestroy, Outcome, Placement, Plan, Publish,
+    Ask, Change, Created, DestroyError, Durability, HwCreate, HwDestroy, Marks, Outcome, Placement,
+    Plan, Publish,
 };
 use super::table::State;
 use super::token;
@@ -658,6 +659,90 @@ impl LeaseManager {
         self.lock().moving.remove(id);
     }
 
+    /// Run a change outside a hardware sequence: `decide` reads the table and
+    /// answers the [`Change`] (or the refusal, and nothing changes); its outcome is
+    /// applied to the table under that one lock, so no other change comes between
+    /// a decision and its effect. Then `act` (what the change does on the host,
+    /// e.g. MPS directories handed to a container's uid) and the commit (none
+    /// when the outcome writes nothing). When either fails, the records the change
+    /// replaced are put back wherever the table still holds what it applied (a
+    /// later change is never undone), `undo` undoes the host's side, and the error
+    /// is answered.
+    pub(super) async fn run_change<T>(
+        &self,
+        decide: impl FnOnce(&State) -> Result<Change<T>, LeaseError>,
+        act: impl AsyncFnOnce(&T) -> Result<(), LeaseError>,
+        undo: impl FnOnce(&T),
+    ) -> Result<T, LeaseError> {
+        let (change, replaced) = {
+            let mut st = self.lock();
+            let change = decide(&st)?;
+            let replaced = Replaced::of(&st, &change.outcome);
+            apply(&mut st, change.outcome.clone());
+            (change, replaced)
+        };
+        let Change {
+            outcome,
+            durability,
+            answer,
+        } = change;
+        let done = match act(&answer).await {
+            Ok(()) if outcome.writes_nothing() => Ok(()),
+            Ok(()) => {
+                let recorded = outcome.clone();
+                let put = move |w: &Writer<'_>| write_outcome_rows(w, &recorded);
+                match durability {
+                    Durability::Durable => self.store.write(put).await,
+                    Durability::Relaxed => self.store.write_relaxed(put).await,
+                }
+                .map_err(LeaseError::from)
+            }
+            Err(e) => Err(e),
+        };
+        match done {
+            Ok(()) => Ok(answer),
+            Err(e) => {
+                replaced.restore(&mut self.lock(), &outcome);
+                undo(&answer);
+                Err(e)
+            }
+        }
+    }
+
+    /// A change the table alone holds until an intent or a commit records it (a
+    /// reservation, a partition marked before its teardown's intent): `decide`
+    /// reads the table and answers the outcome, applied under that one lock;
+    /// nothing is written.
+    pub(super) fn hold_in_table<T>(
+        &self,
+        decide: impl FnOnce(&State) -> Result<(Outcome, T), LeaseError>,
+    ) -> Result<T, LeaseError> {
+        let mut st = self.lock();
+        let (outcome, answer) = decide(&st)?;
+        apply(&mut st, outcome);
+        Ok(answer)
+    }
+
+    /// A CreateLease no longer holds MPS host instance `host` (its share is
+    /// reserved there, or it gave up).
+    pub(super) fn release_host_claim(&self, host: &str) {
+        let mut st = self.lock();
+        if let Some(n) = st.host_claims.get_mut(host) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                st.host_claims.remove(host);
+            }
+        }
+    }
+
+    /// [`Self::run_change`] of a change with nothing to do on the host.
+    pub(super) async fn run_records<T>(
+        &self,
+        decide: impl FnOnce(&State) -> Result<Change<T>, LeaseError>,
+    ) -> Result<T, LeaseError> {
+        self.run_change(decide, async |_| Ok(()), |_| {}).await
+    }
+
     /// Step 4 alone: the outcome in one durable commit.
     async fn store_outcome(&self, outcome: Outcome) -> Result<(), StoreError> {
         self.store
@@ -763,6 +848,12 @@ fn write_outcome_rows(w: &Writer<'_>, o: &Outcome) -> Result<(), StoreError> {
     for (i, at, how) in &o.finished {
         w.finish_intent(*i, *at, how)?;
     }
+    for m in &o.marked {
+        w.put_health_mark(m)?;
+    }
+    for m in &o.unmarked {
+        w.delete_health_mark(&m.key())?;
+    }
     Ok(())
 }
 
@@ -781,6 +872,114 @@ fn apply(st: &mut State, o: Outcome) {
     }
     for l in &o.ended {
         st.forget_lease(l);
+    }
+    apply_marks(st, o.marks);
+    let health_changed = !(o.marked.is_empty() && o.unmarked.is_empty());
+    for m in o.marked {
+        st.health.insert((m.gpu, m.gi_id), m);
+    }
+    for m in &o.unmarked {
+        st.health.remove(&(m.gpu, m.gi_id));
+    }
+    if health_changed {
+        st.refresh_lease_health();
+    }
+}
+
+/// The table's bookkeeping of an outcome.
+fn apply_marks(st: &mut State, m: Marks) {
+    for id in m.notices_sent {
+        st.expiring_notified.insert(id);
+    }
+    for id in &m.notices_cleared {
+        st.expiring_notified.remove(id);
+    }
+    st.tearing_down.extend(m.tearing_down);
+    for (id, backoff) in m.teardown_backoff {
+        match backoff {
+            Some(b) => st.teardown_backoff.insert(id, b),
+            None => st.teardown_backoff.remove(&id),
+        };
+    }
+    for (id, backoff) in m.mps_backoff {
+        match backoff {
+            Some(b) => st.mps_backoff.insert(id, b),
+            None => st.mps_backoff.remove(&id),
+        };
+    }
+    if let Some(at) = m.mps_checked_ms {
+        st.mps_checked_ms = at;
+    }
+    for h in m.host_claims {
+        *st.host_claims.entry(h).or_default() += 1;
+    }
+    if let Some(read) = m.gpu_read
+        && let Some(g) = st.gpus.iter_mut().find(|g| g.info.index == read.gpu)
+    {
+        if let Some(info) = read.info {
+            g.info = info;
+        }
+        g.profiles = read.profiles;
+    }
+}
+
+/// What a [`Change`]'s outcome replaced in the table: put back when its commit is
+/// refused.
+struct Replaced {
+    leases: Vec<Option<Lease>>,
+    parts: Vec<Option<Partition>>,
+    notified: Vec<bool>,
+}
+
+impl Replaced {
+    fn of(st: &State, o: &Outcome) -> Self {
+        Replaced {
+            leases: o
+                .leases
+                .iter()
+                .map(|l| st.leases.get(&l.id).cloned())
+                .collect(),
+            parts: o
+                .parts
+                .iter()
+                .map(|p| st.partitions.get(&p.id).cloned())
+                .collect(),
+            notified: o
+                .marks
+                .notices_cleared
+                .iter()
+                .map(|id| st.expiring_notified.contains(id))
+                .collect(),
+        }
+    }
+
+    /// Every record of `applied` the table still holds as applied, as it was.
+    fn restore(self, st: &mut State, applied: &Outcome) {
+        for (now, before) in applied.leases.iter().zip(self.leases) {
+            if let (Some(mut held), Some(before)) = (st.leases.get_mut(&now.id), before)
+                && *held == *now
+            {
+                *held = before;
+            }
+        }
+        for (now, before) in applied.parts.iter().zip(self.parts) {
+            if st.partitions.get(&now.id) != Some(now) {
+                continue;
+            }
+            match before {
+                Some(before) => {
+                    st.partitions.insert(now.id.clone(), before);
+                }
+                None => {
+                    st.partitions.remove(&now.id);
+                }
+            }
+        }
+        for (id, was) in applied.marks.notices_cleared.iter().zip(self.notified) {
+            if was {
+                st.expiring_notified.insert(id.clone());
+            }
+        }
     }
 }
 
