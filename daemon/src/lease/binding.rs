@@ -11,7 +11,7 @@ use super::error::LeaseError;
 use super::error::invalid;
 use super::events::EventKind;
 use super::manager::LeaseManager;
-use super::plan::{Change, Durability};
+use super::plan::{Change, Durability, Marks, Outcome};
 use super::table::State;
 use super::token;
 
@@ -85,28 +85,23 @@ impl LeaseManager {
         hold: bool,
         not_found: impl Fn() -> LeaseError,
     ) -> Result<Resolved, LeaseError> {
-        let (lease, partition, gpu, host) = {
-            let mut st = self.change();
-            let lease = resolvable(&st, lid, &not_found)?;
-            if lease.partition_count() > 1 {
-                let parts = Self::lease_partitions(&st, &lease)?;
-                let mut each = Vec::with_capacity(parts.len());
-                for p in parts {
-                    let gpu = gpu_of(&st, &p)?;
-                    each.push((p, gpu));
-                }
-                if hold {
-                    st.resolved.insert(lease.id.clone());
-                }
-                drop(st);
-                return self.resolve_several(&lease, each);
-            }
-            let (partition, gpu, host) = one_partition(&st, &lease)?;
-            if hold {
-                // A runtime now holds these devices: the lease never moves again.
-                st.resolved.insert(lease.id.clone());
-            }
-            (lease, partition, gpu, host)
+        // A runtime that resolves a lease holds its devices: it never moves again.
+        let found = self.hold_in_table(|st| {
+            let found = found_in(st, lid, &not_found)?;
+            let held = Outcome::marks(Marks {
+                resolved: hold.then(|| found.lease().id.clone()).into_iter().collect(),
+                ..Marks::default()
+            });
+            Ok((held, found))
+        })?;
+        let (lease, partition, gpu, host) = match found {
+            Found::Several(lease, each) => return self.resolve_several(&lease, each),
+            Found::One {
+                lease,
+                partition,
+                gpu,
+                host,
+            } => (lease, partition, gpu, host),
         };
         let device = host.as_ref().unwrap_or(&partition);
         let minors = match device.kind {
@@ -373,6 +368,52 @@ fn gpu_of(st: &State, p: &Partition) -> Result<crate::gpu::GpuInfo, LeaseError> 
                 gpu: p.gpu,
             })
         })
+}
+
+/// A live lease a runtime may have the devices of, as the table holds it.
+enum Found {
+    /// A lease of several partitions, each with its GPU.
+    Several(Lease, Vec<(Partition, crate::gpu::GpuInfo)>),
+    /// A lease of one: its partition, its GPU, and (MPS inside MIG) the host
+    /// instance whose devices the container gets.
+    One {
+        lease: Lease,
+        partition: Partition,
+        gpu: crate::gpu::GpuInfo,
+        host: Option<Partition>,
+    },
+}
+
+impl Found {
+    fn lease(&self) -> &Lease {
+        match self {
+            Found::Several(lease, _) | Found::One { lease, .. } => lease,
+        }
+    }
+}
+
+/// Live lease `lid` and what its devices are made of; refused while it is not
+/// resolvable (see [`resolvable`]).
+fn found_in(
+    st: &State,
+    lid: &str,
+    not_found: &impl Fn() -> LeaseError,
+) -> Result<Found, LeaseError> {
+    let lease = resolvable(st, lid, not_found)?;
+    if lease.partition_count() > 1 {
+        let each = LeaseManager::lease_partitions(st, &lease)?
+            .into_iter()
+            .map(|p| gpu_of(st, &p).map(|gpu| (p, gpu)))
+            .collect::<Result<Vec<_>, _>>()?;
+        return Ok(Found::Several(lease, each));
+    }
+    let (partition, gpu, host) = one_partition(st, &lease)?;
+    Ok(Found::One {
+        lease,
+        partition,
+        gpu,
+        host,
+    })
 }
 
 /// An MPS partition handed to a container's uid: the partition (its owner set),

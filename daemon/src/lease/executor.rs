@@ -592,9 +592,37 @@ impl LeaseManager {
     ) -> Result<(), StoreError> {
         let written = self.store_outcome(outcome.clone()).await;
         if written.is_ok() || publish == Publish::Always {
+            if !outcome.quota_grants.is_empty() {
+                self.grants
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .extend(outcome.quota_grants.iter().cloned());
+            }
             apply(&mut self.lock(), outcome);
         }
         written
+    }
+
+    /// Start: the table loaded and reconciled with the hardware is served.
+    pub(super) fn serve(&self, st: State) {
+        *self.lock() = st;
+    }
+
+    /// [`Self::write_partition_intent`] from a thread that may block (start-up's
+    /// static layout): the record of partition `p` (creating) in the table, then
+    /// it and its intent in one durable commit.
+    pub(super) fn write_partition_intent_blocking(
+        &self,
+        p: &Partition,
+        op: IntentOp,
+        now: i64,
+    ) -> Result<i64, StoreError> {
+        self.lock().partitions.insert(p.id.clone(), p.clone());
+        let p2 = p.clone();
+        self.store.write_blocking(move |w| {
+            w.put_partition(&p2)?;
+            w.begin_intent(op, &p2.id, None, now)
+        })
     }
 
     /// Steps 4 and 5 where what is recorded depends on the table as it is when
@@ -848,6 +876,9 @@ fn write_outcome_rows(w: &Writer<'_>, o: &Outcome) -> Result<(), StoreError> {
     for (i, at, how) in &o.finished {
         w.finish_intent(*i, *at, how)?;
     }
+    for g in &o.quota_grants {
+        w.put_grant(g)?;
+    }
     for m in &o.marked {
         w.put_health_mark(m)?;
     }
@@ -894,6 +925,7 @@ fn apply_marks(st: &mut State, m: Marks) {
     for id in &m.notices_cleared {
         st.expiring_notified.remove(id);
     }
+    st.resolved.extend(m.resolved);
     st.tearing_down.extend(m.tearing_down);
     for (id, backoff) in m.teardown_backoff {
         match backoff {
@@ -907,6 +939,7 @@ fn apply_marks(st: &mut State, m: Marks) {
             None => st.mps_backoff.remove(&id),
         };
     }
+    st.foreign.extend(m.foreign);
     if let Some(at) = m.mps_checked_ms {
         st.mps_checked_ms = at;
     }

@@ -7,12 +7,13 @@ use std::collections::BTreeMap;
 use tessera_common::clock::now_ms;
 
 use crate::config::{Amounts, TenancyConfig};
-use crate::model::{Lease, LeaseState};
-use crate::names::{truncate, validate_tenant};
+use crate::model::Lease;
+use crate::names::validate_tenant;
 
 use super::error::LeaseError;
 use super::manager::LeaseManager;
 use super::plan::Change;
+use super::renew::active_lease;
 use super::table::State;
 use super::validate::validate_labels;
 
@@ -43,16 +44,7 @@ impl LeaseManager {
         labels: BTreeMap<String, String>,
         (tenancy, extra): (&TenancyConfig, Amounts),
     ) -> Result<Change<Lease>, LeaseError> {
-        let mut lease =
-            st.leases.get(id).cloned().ok_or_else(|| {
-                LeaseError::NotFound(format!("no live lease {:?}", truncate(id, 80)))
-            })?;
-        if lease.state() != LeaseState::Active {
-            return Err(LeaseError::FailedPrecondition(format!(
-                "lease {id} is {}, only active leases change hands",
-                lease.state().as_str()
-            )));
-        }
+        let mut lease = active_lease(st, id, "change hands")?;
         let mut merged = lease.labels.clone();
         merged.extend(labels);
         validate_labels(&merged)?;

@@ -120,6 +120,8 @@ pub(super) struct Outcome {
     pub(super) marked: Vec<HealthMark>,
     /// Health marks deleted: back in service.
     pub(super) unmarked: Vec<HealthMark>,
+    /// Temporary quota raises granted.
+    pub(super) quota_grants: Vec<crate::model::Grant>,
     /// The table's own bookkeeping that goes with it (nothing of it is written).
     pub(super) marks: Marks,
 }
@@ -133,6 +135,8 @@ pub(super) struct Marks {
     /// Leases whose expiry notice is forgotten (a renewal): told again when they
     /// near their new expiry.
     pub(super) notices_cleared: Vec<String>,
+    /// Leases whose devices a runtime has asked for: they never move again.
+    pub(super) resolved: Vec<String>,
     /// Leases whose teardown runs now (another waits for it).
     pub(super) tearing_down: Vec<String>,
     /// A retried teardown's backoff: (lease, its tries and the next try's time,
@@ -148,6 +152,9 @@ pub(super) struct Marks {
     /// A GPU read again (its description where it was unreadable, its MIG
     /// profiles).
     pub(super) gpu_read: Option<GpuRead>,
+    /// MIG instances no record explains (a GI a failed create left that could not
+    /// be undone): never touched, counted as occupied.
+    pub(super) foreign: Vec<crate::gpu::MigInstance>,
 }
 
 impl Outcome {
@@ -179,6 +186,7 @@ impl Outcome {
             && self.finished.is_empty()
             && self.marked.is_empty()
             && self.unmarked.is_empty()
+            && self.quota_grants.is_empty()
     }
 }
 

@@ -87,7 +87,7 @@ impl LeaseManager {
             foreign = st.foreign.len(),
             "state loaded and reconciled with the hardware"
         );
-        *self.change() = st;
+        self.serve(st);
         Ok(())
     }
 

@@ -8,11 +8,11 @@ use crate::model::{Lease, LeaseState};
 use crate::names::truncate;
 
 use super::error::LeaseError;
-use super::error::invalid;
 use super::events::EventKind;
 use super::manager::LeaseManager;
 use super::plan::Change;
 use super::table::State;
+use super::validate::validate_ttl;
 
 impl LeaseManager {
     pub async fn renew(&self, id: &str, ttl: Option<Duration>) -> Result<Lease, LeaseError> {
@@ -39,33 +39,30 @@ impl LeaseManager {
                 "lease {id} is being moved to another MIG placement; retry in a moment"
             )));
         }
-        let mut lease =
-            st.leases.get(id).cloned().ok_or_else(|| {
-                LeaseError::NotFound(format!("no live lease {:?}", truncate(id, 80)))
-            })?;
-        if lease.state() != LeaseState::Active {
-            return Err(LeaseError::FailedPrecondition(format!(
-                "lease {id} is {}, only active leases can be renewed",
-                lease.state().as_str()
-            )));
-        }
+        let mut lease = active_lease(st, id, "can be renewed")?;
         let ttl = ttl.unwrap_or(Duration::from_secs(lease.ttl_secs));
-        let cfg = &self.config.lease;
-        if ttl < cfg.min_ttl || ttl > cfg.max_ttl {
-            return Err(invalid(
-                "ttl_seconds",
-                format!(
-                    "{}s is outside the allowed {}s..={}s",
-                    ttl.as_secs(),
-                    cfg.min_ttl.as_secs(),
-                    cfg.max_ttl.as_secs()
-                ),
-            ));
-        }
+        validate_ttl(ttl, &self.config.lease)?;
         lease.expires_at_ms = now + ttl.as_millis() as i64;
         lease.ttl_secs = ttl.as_secs();
         let mut change = Change::leases(vec![lease.clone()], lease);
         change.outcome.marks.notices_cleared.push(id.to_string());
         Ok(change)
     }
+}
+
+/// Live lease `id` as the table holds it, when it is active; else the refusal
+/// (`only`: what only active leases do).
+pub(super) fn active_lease(st: &State, id: &str, only: &str) -> Result<Lease, LeaseError> {
+    let lease = st
+        .leases
+        .get(id)
+        .cloned()
+        .ok_or_else(|| LeaseError::NotFound(format!("no live lease {:?}", truncate(id, 80))))?;
+    if lease.state() != LeaseState::Active {
+        return Err(LeaseError::FailedPrecondition(format!(
+            "lease {id} is {}, only active leases {only}",
+            lease.state().as_str()
+        )));
+    }
+    Ok(lease)
 }
