@@ -89,20 +89,20 @@ impl LeaseManager {
         let found = self.hold_in_table(|st| {
             let found = found_in(st, lid, &not_found)?;
             let held = Outcome::marks(Marks {
-                resolved: hold.then(|| found.lease().id.clone()).into_iter().collect(),
+                resolved: hold.then(|| found.lease.id.clone()).into_iter().collect(),
                 ..Marks::default()
             });
             Ok((held, found))
         })?;
-        let (lease, partition, gpu, host) = match found {
-            Found::Several(lease, each) => return self.resolve_several(&lease, each),
-            Found::One {
-                lease,
-                partition,
-                gpu,
-                host,
-            } => (lease, partition, gpu, host),
-        };
+        let Found {
+            lease,
+            mut parts,
+            host,
+        } = found;
+        if parts.len() != 1 {
+            return self.resolve_several(&lease, parts);
+        }
+        let (partition, gpu) = parts.remove(0);
         let device = host.as_ref().unwrap_or(&partition);
         let minors = match device.kind {
             PartKind::Mig(_) => self.backend.mig_minors()?,
@@ -370,26 +370,13 @@ fn gpu_of(st: &State, p: &Partition) -> Result<crate::gpu::GpuInfo, LeaseError> 
         })
 }
 
-/// A live lease a runtime may have the devices of, as the table holds it.
-enum Found {
-    /// A lease of several partitions, each with its GPU.
-    Several(Lease, Vec<(Partition, crate::gpu::GpuInfo)>),
-    /// A lease of one: its partition, its GPU, and (MPS inside MIG) the host
-    /// instance whose devices the container gets.
-    One {
-        lease: Lease,
-        partition: Partition,
-        gpu: crate::gpu::GpuInfo,
-        host: Option<Partition>,
-    },
-}
-
-impl Found {
-    fn lease(&self) -> &Lease {
-        match self {
-            Found::Several(lease, _) | Found::One { lease, .. } => lease,
-        }
-    }
+/// A live lease a runtime may have the devices of, as the table holds it: its
+/// partitions, each with its GPU, and (MPS inside MIG) the host instance whose
+/// devices the container gets.
+struct Found {
+    lease: Lease,
+    parts: Vec<(Partition, crate::gpu::GpuInfo)>,
+    host: Option<Partition>,
 }
 
 /// Live lease `lid` and what its devices are made of; refused while it is not
@@ -401,17 +388,20 @@ fn found_in(
 ) -> Result<Found, LeaseError> {
     let lease = resolvable(st, lid, not_found)?;
     if lease.partition_count() > 1 {
-        let each = LeaseManager::lease_partitions(st, &lease)?
+        let parts = LeaseManager::lease_partitions(st, &lease)?
             .into_iter()
             .map(|p| gpu_of(st, &p).map(|gpu| (p, gpu)))
             .collect::<Result<Vec<_>, _>>()?;
-        return Ok(Found::Several(lease, each));
+        return Ok(Found {
+            lease,
+            parts,
+            host: None,
+        });
     }
     let (partition, gpu, host) = one_partition(st, &lease)?;
-    Ok(Found::One {
+    Ok(Found {
         lease,
-        partition,
-        gpu,
+        parts: vec![(partition, gpu)],
         host,
     })
 }

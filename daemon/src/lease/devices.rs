@@ -149,6 +149,46 @@ pub fn merge_several(each: Vec<Resolved>) -> Result<Option<Resolved>, GrantError
     Ok(Some(out))
 }
 
+/// A MIG instance's access: the read-only capability nodes of its GI and CI (their
+/// minors as the driver numbers them, else as it would) and the capabilities
+/// granted.
+fn mig_access(
+    dev: &Path,
+    gpu: u32,
+    m: &crate::model::MigPart,
+    minors: &MigMinors,
+    caps_major: i64,
+) -> (Vec<GrantDevice>, Vec<String>) {
+    let gi = m.gi_id.unwrap_or_default();
+    let ci = m.ci_id.unwrap_or_default();
+    let gi_minor = minors
+        .gi_access
+        .get(&(gpu, gi))
+        .copied()
+        .unwrap_or(3 + gpu * 135 + gi * 9);
+    let ci_minor = minors
+        .ci_access
+        .get(&(gpu, gi, ci))
+        .copied()
+        .unwrap_or(3 + gpu * 135 + gi * 9 + 1 + ci);
+    let nodes = [gi_minor, ci_minor]
+        .into_iter()
+        .map(|minor| {
+            let name = format!("nvidia-caps/nvidia-cap{minor}");
+            GrantDevice {
+                file_mode: 0o444,
+                permissions: "r".into(),
+                ..node(dev, &name, caps_major, i64::from(minor))
+            }
+        })
+        .collect();
+    let access = vec![
+        format!("gpu{gpu}/mig/gi{gi}/access"),
+        format!("gpu{gpu}/mig/gi{gi}/ci{ci}/access"),
+    ];
+    (nodes, access)
+}
+
 /// Build the devices, env and mounts of a lease.
 #[allow(clippy::too_many_arguments)]
 pub fn resolve(
@@ -180,28 +220,9 @@ pub fn resolve(
     env.insert("NVIDIA_VISIBLE_DEVICES".into(), "void".into());
     match &partition.kind {
         PartKind::Mig(m) => {
-            let gi = m.gi_id.unwrap_or_default();
-            let ci = m.ci_id.unwrap_or_default();
-            let gi_minor = minors
-                .gi_access
-                .get(&(gpu, gi))
-                .copied()
-                .unwrap_or(3 + gpu * 135 + gi * 9);
-            let ci_minor = minors
-                .ci_access
-                .get(&(gpu, gi, ci))
-                .copied()
-                .unwrap_or(3 + gpu * 135 + gi * 9 + 1 + ci);
-            for minor in [gi_minor, ci_minor] {
-                let name = format!("nvidia-caps/nvidia-cap{minor}");
-                devices.push(GrantDevice {
-                    file_mode: 0o444,
-                    permissions: "r".into(),
-                    ..node(dev, &name, caps_major, i64::from(minor))
-                });
-            }
-            caps.push(format!("gpu{gpu}/mig/gi{gi}/access"));
-            caps.push(format!("gpu{gpu}/mig/gi{gi}/ci{ci}/access"));
+            let (nodes, access) = mig_access(dev, gpu, m, minors, caps_major);
+            devices.extend(nodes);
+            caps.extend(access);
             if let Some(uuid) = &m.uuid {
                 env.insert("CUDA_VISIBLE_DEVICES".into(), uuid.clone());
             }

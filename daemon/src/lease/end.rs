@@ -14,7 +14,7 @@ use super::error::Inconsistency;
 use super::error::LeaseError;
 use super::events::EventKind;
 use super::manager::LeaseManager;
-use super::plan::{DestroyError, HwDestroy, Marks, Outcome, Publish};
+use super::plan::{DestroyError, HwDestroy, Marks, Outcome, Publish, TeardownStep};
 use super::table::State;
 
 pub(super) fn hw_keeps(p: &Partition, on_release: OnRelease) -> bool {
@@ -67,7 +67,7 @@ impl LeaseManager {
         id: &str,
         ending_as: LeaseState,
         reason: &str,
-    ) -> Result<Option<(Lease, Vec<(Partition, Option<HwDestroy>)>, Lease)>, LeaseError> {
+    ) -> Result<Option<(Lease, Vec<TeardownStep>, Lease)>, LeaseError> {
         if st.moving.contains(id) {
             return Err(LeaseError::FailedPrecondition(format!(
                 "lease {id} is being moved to another MIG placement; retry in a moment"

@@ -12,7 +12,7 @@ use crate::model::{Lease, LeaseState, Partition, PartitionState};
 use super::error::LeaseError;
 use super::events::EventKind;
 use super::manager::LeaseManager;
-use super::plan::{HwCreate, HwDestroy, Marks, Outcome};
+use super::plan::{HwCreate, Marks, Outcome, TeardownStep};
 use super::table::State;
 
 /// How long after its bind a container's runtime state must exist (the runtime binds
@@ -256,9 +256,6 @@ impl LeaseManager {
         }
     }
 }
-
-/// A partition and the hardware step that ends it.
-type TeardownStep = (Partition, Option<HwDestroy>);
 
 /// What housekeeping finds due at `now`: the leases expired, those to tell they
 /// expire within `notice` (not told yet), and the revoking leases whose teardown

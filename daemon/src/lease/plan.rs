@@ -77,6 +77,9 @@ impl HwDestroy {
     }
 }
 
+/// A partition and the hardware step that ends it (none: its hardware stays).
+pub(super) type TeardownStep = (Partition, Option<HwDestroy>);
+
 /// Why a [`HwDestroy`] step did not finish: the hardware refused, or the task
 /// running the call failed.
 pub(super) enum DestroyError {
