@@ -11,6 +11,7 @@ use anyhow::{Context, bail};
 
 pub mod cri;
 pub mod devnodes;
+pub mod import_graph;
 pub mod invariants;
 pub mod python;
 use tessera_proto::v1::tessera_client::TesseraClient;
