@@ -15,6 +15,12 @@
 //!
 //! The other plans act and hand back to the decision: preempt burst leases, move
 //! idle ones, wait for teardowns.
+//!
+//! A change outside a hardware sequence (a binding, a renewal, a new owner) is a
+//! [`Change`] its decision answers from the table; [`LeaseManager::run_change`]
+//! applies it under that lock, runs its host step, commits it through the same
+//! outcome writer and undoes it if refused. What the table alone holds (a teardown
+//! begun, notices, back-offs) is an outcome's [`Marks`].
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -36,9 +42,10 @@ use crate::store::StoreError;
 use super::error::LeaseError;
 use super::events::EventKind;
 use super::manager::{LeaseManager, mps_dirs};
+use super::outcome::{Replaced, apply, write_outcome_rows};
 use super::plan::{
-    Ask, Change, Created, DestroyError, Durability, HwCreate, HwDestroy, Marks, Outcome, Placement,
-    Plan, Publish,
+    Ask, Change, Created, DestroyError, Durability, HwCreate, HwDestroy, Outcome, Placement, Plan,
+    Publish,
 };
 use super::table::State;
 use super::token;
@@ -78,10 +85,11 @@ impl LeaseManager {
         Ok(plan)
     }
 
-    /// The table for a change outside a plan's sequence (a binding, a renewal, a
-    /// health mark, housekeeping's bookkeeping, a teardown's marks), held while the
-    /// caller decides and changes it: a decision and its change stay under one
-    /// lock. Reads go through [`LeaseManager::read`].
+    /// The table held while the caller changes it (left to a CreateLease's token
+    /// and a move's start; every other change is a [`Change`] run by
+    /// [`Self::run_change`], or an outcome applied by [`Self::hold_in_table`],
+    /// [`Self::commit`] or [`Self::publish_only`]). Reads go through
+    /// [`LeaseManager::read`].
     pub(super) fn change(&self) -> std::sync::MutexGuard<'_, State> {
         self.lock()
     }
@@ -848,170 +856,6 @@ impl LeaseManager {
                 Ok(())
             }
             other => other.map_err(DestroyError::Hardware),
-        }
-    }
-}
-
-/// An outcome's rows, in one transaction: leases (the ended ones with their usage
-/// record), partitions deleted then written, the ended leases' tokens, the intents.
-fn write_outcome_rows(w: &Writer<'_>, o: &Outcome) -> Result<(), StoreError> {
-    for l in &o.ended {
-        w.put_lease(l)?;
-    }
-    if let Some((l, usage)) = &o.usage {
-        crate::usage::insert_record(w.conn(), l, usage)?;
-    }
-    for l in &o.leases {
-        w.put_lease(l)?;
-    }
-    for id in &o.gone {
-        w.delete_partition(id)?;
-    }
-    for p in &o.parts {
-        w.put_partition(p)?;
-    }
-    for l in &o.ended {
-        w.delete_tokens(&l.id)?;
-    }
-    for (i, at, how) in &o.finished {
-        w.finish_intent(*i, *at, how)?;
-    }
-    for g in &o.quota_grants {
-        w.put_grant(g)?;
-    }
-    for m in &o.marked {
-        w.put_health_mark(m)?;
-    }
-    for m in &o.unmarked {
-        w.delete_health_mark(&m.key())?;
-    }
-    Ok(())
-}
-
-/// Step 5 of an outcome: the table as the commit left the store.
-fn apply(st: &mut State, o: Outcome) {
-    for id in &o.gone {
-        st.partitions.remove(id);
-    }
-    for p in o.parts {
-        st.partitions.insert(p.id.clone(), p);
-    }
-    for l in o.leases {
-        if let Some(mut held) = st.leases.get_mut(&l.id) {
-            *held = l;
-        }
-    }
-    for l in &o.ended {
-        st.forget_lease(l);
-    }
-    apply_marks(st, o.marks);
-    let health_changed = !(o.marked.is_empty() && o.unmarked.is_empty());
-    for m in o.marked {
-        st.health.insert((m.gpu, m.gi_id), m);
-    }
-    for m in &o.unmarked {
-        st.health.remove(&(m.gpu, m.gi_id));
-    }
-    if health_changed {
-        st.refresh_lease_health();
-    }
-}
-
-/// The table's bookkeeping of an outcome.
-fn apply_marks(st: &mut State, m: Marks) {
-    for id in m.notices_sent {
-        st.expiring_notified.insert(id);
-    }
-    for id in &m.notices_cleared {
-        st.expiring_notified.remove(id);
-    }
-    st.resolved.extend(m.resolved);
-    st.tearing_down.extend(m.tearing_down);
-    for (id, backoff) in m.teardown_backoff {
-        match backoff {
-            Some(b) => st.teardown_backoff.insert(id, b),
-            None => st.teardown_backoff.remove(&id),
-        };
-    }
-    for (id, backoff) in m.mps_backoff {
-        match backoff {
-            Some(b) => st.mps_backoff.insert(id, b),
-            None => st.mps_backoff.remove(&id),
-        };
-    }
-    st.foreign.extend(m.foreign);
-    if let Some(at) = m.mps_checked_ms {
-        st.mps_checked_ms = at;
-    }
-    for h in m.host_claims {
-        *st.host_claims.entry(h).or_default() += 1;
-    }
-    if let Some(read) = m.gpu_read
-        && let Some(g) = st.gpus.iter_mut().find(|g| g.info.index == read.gpu)
-    {
-        if let Some(info) = read.info {
-            g.info = info;
-        }
-        g.profiles = read.profiles;
-    }
-}
-
-/// What a [`Change`]'s outcome replaced in the table: put back when its commit is
-/// refused.
-struct Replaced {
-    leases: Vec<Option<Lease>>,
-    parts: Vec<Option<Partition>>,
-    notified: Vec<bool>,
-}
-
-impl Replaced {
-    fn of(st: &State, o: &Outcome) -> Self {
-        Replaced {
-            leases: o
-                .leases
-                .iter()
-                .map(|l| st.leases.get(&l.id).cloned())
-                .collect(),
-            parts: o
-                .parts
-                .iter()
-                .map(|p| st.partitions.get(&p.id).cloned())
-                .collect(),
-            notified: o
-                .marks
-                .notices_cleared
-                .iter()
-                .map(|id| st.expiring_notified.contains(id))
-                .collect(),
-        }
-    }
-
-    /// Every record of `applied` the table still holds as applied, as it was.
-    fn restore(self, st: &mut State, applied: &Outcome) {
-        for (now, before) in applied.leases.iter().zip(self.leases) {
-            if let (Some(mut held), Some(before)) = (st.leases.get_mut(&now.id), before)
-                && *held == *now
-            {
-                *held = before;
-            }
-        }
-        for (now, before) in applied.parts.iter().zip(self.parts) {
-            if st.partitions.get(&now.id) != Some(now) {
-                continue;
-            }
-            match before {
-                Some(before) => {
-                    st.partitions.insert(now.id.clone(), before);
-                }
-                None => {
-                    st.partitions.remove(&now.id);
-                }
-            }
-        }
-        for (id, was) in applied.marks.notices_cleared.iter().zip(self.notified) {
-            if was {
-                st.expiring_notified.insert(id.clone());
-            }
         }
     }
 }
