@@ -616,6 +616,20 @@ impl LeaseManager {
         *self.lock() = st;
     }
 
+    /// The intent of a hardware step on partition `p` at start, its record
+    /// already stored (an instance that vanished, created again), in one durable
+    /// commit.
+    pub(super) fn begin_intent_at_start(
+        &self,
+        op: IntentOp,
+        p: &Partition,
+        now: i64,
+    ) -> Result<i64, StoreError> {
+        let (pid, lid) = (p.id.clone(), p.lease_id.clone());
+        self.store
+            .write_blocking(move |w| w.begin_intent(op, &pid, lid.as_deref(), now))
+    }
+
     /// [`Self::write_partition_intent`] from a thread that may block (start-up's
     /// static layout): the record of partition `p` (creating) in the table, then
     /// it and its intent in one durable commit.
