@@ -172,3 +172,62 @@ impl Replaced {
         }
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::model::{Origin, PartKind, PartitionState};
+
+    fn part(id: &str, state: PartitionState) -> Partition {
+        Partition {
+            id: id.into(),
+            gpu: 0,
+            gpu_uuid: "GPU-0".into(),
+            origin: Origin::Dynamic,
+            state,
+            lease_id: None,
+            kind: PartKind::WholeGpu,
+        }
+    }
+
+    /// A refused change is undone record by record, except where a later change
+    /// has replaced what it applied.
+    #[test]
+    fn a_refused_change_is_put_back_but_a_later_change_is_kept() {
+        let mut st = State::default();
+        st.partitions
+            .insert("a".into(), part("a", PartitionState::Ready));
+        st.partitions
+            .insert("b".into(), part("b", PartitionState::Ready));
+        st.expiring_notified.insert("l1".into());
+        let change = Outcome {
+            parts: vec![
+                part("a", PartitionState::Destroying),
+                part("b", PartitionState::Destroying),
+                part("c", PartitionState::Creating),
+            ],
+            marks: Marks {
+                notices_cleared: vec!["l1".into()],
+                ..Marks::default()
+            },
+            ..Outcome::default()
+        };
+        let replaced = Replaced::of(&st, &change);
+        apply(&mut st, change.clone());
+        assert!(!st.expiring_notified.contains("l1"));
+        // Another change replaces b before the commit is refused.
+        st.partitions
+            .insert("b".into(), part("b", PartitionState::Ready));
+        st.partitions.get_mut("b").unwrap().lease_id = Some("l2".into());
+        replaced.restore(&mut st, &change);
+        assert_eq!(st.partitions.get("a").unwrap().state, PartitionState::Ready);
+        assert_eq!(
+            st.partitions.get("b").unwrap().lease_id.as_deref(),
+            Some("l2"),
+            "the later change stays"
+        );
+        assert!(st.partitions.get("c").is_none(), "a record it added goes");
+        assert!(st.expiring_notified.contains("l1"), "the notice is back");
+    }
+}
