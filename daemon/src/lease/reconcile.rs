@@ -554,12 +554,10 @@ impl LeaseManager {
             .create_instance(p.gpu, m.gi_profile_id, m.placement, m.ci_profile_id)
         {
             Ok(inst) => {
+                // A ready record (only those are re-created): ready again, with
+                // the new instance's ids.
                 let mut p2 = p.clone();
-                if let PartKind::Mig(mm) = &mut p2.kind {
-                    mm.gi_id = Some(inst.gi_id);
-                    mm.ci_id = inst.ci_id;
-                    mm.uuid = Some(inst.uuid);
-                }
+                super::executor::ready(&mut p2, Some(inst));
                 let recreated = Outcome {
                     parts: vec![p2],
                     finished: vec![(iid, now, "recreated")],

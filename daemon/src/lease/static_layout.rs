@@ -144,12 +144,7 @@ impl LeaseManager {
             .create_instance(g, prof.id, m.placement, m.ci_profile_id)
         {
             Ok(inst) => {
-                if let PartKind::Mig(mig) = &mut p.kind {
-                    mig.gi_id = Some(inst.gi_id);
-                    mig.ci_id = inst.ci_id;
-                    mig.uuid = Some(inst.uuid);
-                }
-                p.state = PartitionState::Ready;
+                super::executor::ready(&mut p, Some(inst));
                 let made = Outcome {
                     parts: vec![p],
                     finished: vec![(iid, now, "done")],
