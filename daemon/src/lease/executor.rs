@@ -85,8 +85,8 @@ impl LeaseManager {
         Ok(plan)
     }
 
-    /// The table held while the caller changes it (left to a CreateLease's token
-    /// and a move's start; every other change is a [`Change`] run by
+    /// The table held while the caller changes it (left to a replayed
+    /// CreateLease's new token and a move's start; every other change is a [`Change`] run by
     /// [`Self::run_change`], or an outcome applied by [`Self::hold_in_table`],
     /// [`Self::commit`] or [`Self::publish_only`]). Reads go through
     /// [`LeaseManager::read`].
