@@ -21,7 +21,7 @@
 //! | `need.rs` | ask by need: memory and isolation to the smallest shape that fits now |
 //! | `health.rs` | GPUs and instances out of service: marks, their leases, no new placements |
 //! | `reconcile.rs`, `static_layout.rs` | start: store vs hardware, the operator's static layout |
-//! | `devices.rs`, `token.rs`, `error.rs` | device nodes of a lease, tokens, errors |
+//! | `devices.rs`, `token.rs`, `error.rs` | a lease's grant (the common `Grant`), tokens, errors |
 //! | `events.rs`, `publish.rs` | WatchLeases events and their history; sending them |
 //! | `queue.rs`, `multi.rs`, `mig_mps.rs` | the admission queue; leases of several partitions; MPS inside MIG |
 //!
