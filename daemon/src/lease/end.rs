@@ -391,11 +391,7 @@ impl LeaseManager {
         let mut end = Outcome {
             ended: vec![lease.clone()],
             usage: Some((lease.clone(), usage)),
-            finished: intents
-                .into_iter()
-                .flatten()
-                .map(|i| (i, now, "done"))
-                .collect(),
+            finished: Outcome::finishing(intents, now, "done"),
             ..Outcome::default()
         };
         // Each partition back in the pool (its hardware kept), or gone.

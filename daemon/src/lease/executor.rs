@@ -203,11 +203,7 @@ impl LeaseManager {
         let outcome = Outcome {
             parts: made.to_vec(),
             leases: vec![lease.clone()],
-            finished: intents
-                .into_iter()
-                .flatten()
-                .map(|i| (i, done_at, "done"))
-                .collect(),
+            finished: Outcome::finishing(intents, done_at, "done"),
             ..Outcome::default()
         };
         self.store_outcome(outcome).await?;

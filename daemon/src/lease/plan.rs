@@ -161,6 +161,20 @@ pub(super) struct Marks {
 }
 
 impl Outcome {
+    /// The intents of a sequence's hardware steps (`None`: a step without one),
+    /// each finished at `at` as `how`.
+    pub(super) fn finishing(
+        intents: Vec<Option<i64>>,
+        at: i64,
+        how: &'static str,
+    ) -> Vec<(i64, i64, &'static str)> {
+        intents
+            .into_iter()
+            .flatten()
+            .map(|i| (i, at, how))
+            .collect()
+    }
+
     /// Only the table's bookkeeping.
     pub(super) fn marks(marks: Marks) -> Self {
         Outcome {
