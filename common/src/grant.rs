@@ -2,7 +2,8 @@
 //! mounts, GPUs, driver capabilities, its cgroup parent and pids limit), as the daemon
 //! answers `ResolveToken` and as the runtime judges a spec against it. The daemon's
 //! answer is checked as it is converted ([`Grant::from_proto`]: fail closed, every path
-//! clean); several leases of one container are merged by one rule ([`Grant::merge`]).
+//! clean); several leases of one container (the runtime) and the partitions of one
+//! multi-partition lease (the daemon) are merged by one rule ([`Grant::merge`]).
 //!
 //! The merge keys device nodes by their *container* path: that is where two leases'
 //! nodes can collide, and one container path naming two different nodes is refused;
