@@ -12,6 +12,7 @@ use anyhow::{Context, bail};
 pub mod apiserver;
 pub mod cri;
 pub mod devnodes;
+pub mod import_graph;
 pub mod invariants;
 pub mod python;
 use tessera_proto::v1::tessera_client::TesseraClient;
