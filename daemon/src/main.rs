@@ -473,9 +473,7 @@ async fn run(
     // classes) and the node name.
     let dra_slices = match (cfg.kubernetes.dra, cfg.kubernetes.dra_node_name()) {
         (false, _) => None,
-        (true, Some(node)) => Some(tesserad::dra::slices::SliceConfig::from_config(
-            &cfg, &node,
-        )),
+        (true, Some(node)) => Some(tesserad::dra::slices::SliceConfig::from_config(&cfg, &node)),
         (true, None) => anyhow::bail!(
             "[kubernetes] dra = true needs this node's name: set kubernetes.node_name or the NODE_NAME environment variable"
         ),

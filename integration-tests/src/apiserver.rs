@@ -131,4 +131,77 @@ impl ApiServer {
     pub fn port(&self) -> u16 {
         self.port
     }
+
+    /// A kubeconfig naming this stand-in as the cluster (what tesserad's
+    /// `[kubernetes] kubeconfig` reads), written to `path`.
+    pub fn write_kubeconfig(&self, path: &std::path::Path) -> anyhow::Result<()> {
+        std::fs::write(
+            path,
+            format!(
+                "apiVersion: v1\nkind: Config\ncurrent-context: standin\nclusters:\n- name: standin\n  cluster:\n    server: {}\nusers:\n- name: tesserad\n  user: {{}}\ncontexts:\n- name: standin\n  context:\n    cluster: standin\n    user: tesserad\n",
+                self.url()
+            ),
+        )
+        .with_context(|| path.display().to_string())
+    }
+
+    /// A kube-rs client of this stand-in (call inside a tokio runtime).
+    pub fn client(&self) -> anyhow::Result<kube::Client> {
+        let cfg = kube::Config::new(self.url().parse().context("the stand-in's URL")?);
+        Ok(kube::Client::try_from(cfg)?)
+    }
+
+    /// Creates ResourceClaim `namespace/name` asking for one device of `class`, and
+    /// writes its status as the scheduler would: allocated `device` of `pool`, this
+    /// driver's. Its UID.
+    pub async fn allocated_claim(
+        client: &kube::Client,
+        namespace: &str,
+        name: &str,
+        class: &str,
+        pool: &str,
+        device: &str,
+    ) -> anyhow::Result<String> {
+        let claim = serde_json::json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": class, "allocationMode": "ExactCount", "count": 1}}]}}
+        });
+        let base = format!("/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims");
+        let mut created = request(client, "POST", &base, Some(claim)).await?;
+        let uid = created["metadata"]["uid"]
+            .as_str()
+            .context("the created claim has no uid")?
+            .to_string();
+        created["status"] = serde_json::json!({"allocation": {"devices": {"results": [
+            {"request": "gpu", "driver": "gpu.tessera.io", "pool": pool, "device": device}
+        ]}}});
+        request(
+            client,
+            "PUT",
+            &format!("{base}/{name}/status"),
+            Some(created),
+        )
+        .await?;
+        Ok(uid)
+    }
+}
+
+/// One JSON request to the API server (`path` below its base URL).
+pub async fn request(
+    client: &kube::Client,
+    method: &str,
+    path: &str,
+    body: Option<serde_json::Value>,
+) -> anyhow::Result<serde_json::Value> {
+    let req = http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("Content-Type", "application/json")
+        .body(body.map(|b| b.to_string().into_bytes()).unwrap_or_default())?;
+    client
+        .request::<serde_json::Value>(req)
+        .await
+        .with_context(|| format!("{method} {path}"))
 }

@@ -14,6 +14,7 @@ pub mod cri;
 pub mod devnodes;
 pub mod import_graph;
 pub mod invariants;
+pub mod kubelet_dra;
 pub mod python;
 use tessera_proto::v1::tessera_client::TesseraClient;
 use tonic::transport::Channel;

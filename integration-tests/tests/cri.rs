@@ -1089,3 +1089,200 @@ fn a_device_plugin_allocation_runs_its_container_bound_to_the_lease_through_cri(
         );
     });
 }
+
+/// DRA from published slice to running container: tesserad publishes its node's
+/// ResourceSlices to the API server stand-in, the scheduler's allocator (first fit
+/// with the counters rule) picks a 1g.10gb MIG placement, an MPS slot and a whole GPU
+/// from them, each claim's allocation is written to the stand-in as the scheduler
+/// writes it, and a kubelet stand-in prepares the claims over the plugin's sockets.
+/// Each pod's container then gets the CDI devices of the answer (applied as
+/// containerd 1.7 would; Debian's 1.6 has no CDI) and runs through containerd and
+/// tessera-runtime on exactly the allocated placement; unprepare releases the lease.
+#[test]
+fn dra_claims_for_a_mig_instance_an_mps_share_and_a_whole_gpu_run_their_pods_through_cri() {
+    use k8s_openapi::api::resource::v1::ResourceSlice;
+    use tessera_integration_tests::apiserver::ApiServer;
+    use tessera_integration_tests::kubelet_dra::{Kubelet, claim_tokens, lease_of};
+    use tesserad::dra::device::DeviceName;
+    use tesserad::dra::slices::sched::{Allocator, Selector, attr};
+    const NODE: &str = "node-e2e";
+    let Some(api) = ApiServer::start().unwrap() else {
+        return;
+    };
+    let kubelet = tempfile::Builder::new()
+        .prefix("tdra")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let k = kubelet.path();
+    let cdi = k.join("cdi");
+    api.write_kubeconfig(&k.join("kubeconfig")).unwrap();
+    let extra = format!(
+        "[kubernetes]\ndra = true\nnode_name = \"{NODE}\"\nkubeconfig = {kc:?}\n\
+         dra_plugin_dir = {plugins:?}\ndra_registry_dir = {registry:?}\ncdi_dir = {cdi:?}\n\
+         [kubernetes.namespaces]\nml = \"team-a\"\n\
+         [[kubernetes.mps_classes]]\nname = \"small\"\nsm_percent = 25\nmemory = \"8GiB\"\n",
+        kc = k.join("kubeconfig"),
+        plugins = k.join("plugins"),
+        registry = k.join("registry"),
+    );
+    let Some(w) = World::with_config(false, &extra) else {
+        return;
+    };
+    rt().block_on(async {
+        let client = api.client().unwrap();
+        let slices: kube::Api<ResourceSlice> = kube::Api::all(client.clone());
+        let by_node = kube::api::ListParams::default().fields(&format!("spec.nodeName={NODE}"));
+        let mut published = Vec::new();
+        for _ in 0..300 {
+            published = slices.list(&by_node).await.unwrap().items;
+            if published
+                .iter()
+                .any(|s| s.spec.devices.as_ref().is_some_and(|d| !d.is_empty()))
+            {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        // One scheduler for the whole test: it holds each claim's device until the
+        // claim is deallocated. GPU 2 (MIG off) serves both the MPS slot and the
+        // whole GPU, whose counters overlap: the whole GPU is allocated only once the
+        // MPS claim is gone.
+        let mut alloc = Allocator::new(&published);
+        let kinds: [(&str, &str, Selector<'_>); 3] = [
+            ("train", "mig.gpu.tessera.io", &|d| {
+                attr(d, "profile") == Some("1g.10gb")
+            }),
+            ("infer", "mps.gpu.tessera.io", &|d| {
+                attr(d, "type") == Some("mps")
+            }),
+            ("render", "gpu.gpu.tessera.io", &|d| {
+                attr(d, "type") == Some("gpu")
+            }),
+        ];
+        let mut kubelet = Kubelet::register(&k.join("registry")).await;
+        for (name, class, selector) in kinds {
+            let device = alloc.allocate(selector).unwrap_or_else(|| {
+                let names: Vec<&str> = alloc.devices().iter().map(|d| d.name.as_str()).collect();
+                panic!("no {class} device left of {names:?}")
+            });
+            let uid = ApiServer::allocated_claim(&client, "ml", name, class, NODE, &device)
+                .await
+                .unwrap();
+            let answer = kubelet.prepare_one("ml", name, &uid).await;
+            assert!(
+                answer.error.is_empty(),
+                "{name} ({device}) refused: {}",
+                answer.error
+            );
+            assert_eq!(answer.devices.len(), 1, "{answer:?}");
+            let d = &answer.devices[0];
+            assert_eq!(
+                (d.pool_name.as_str(), d.device_name.as_str()),
+                (NODE, device.as_str())
+            );
+            let lease_id = lease_of(d);
+            let lease = w.lease_now(&lease_id).await;
+            assert_eq!(lease.tenant, "team-a", "the namespace's tenant");
+            let part = lease.partition.clone().unwrap();
+            match DeviceName::parse(&device).unwrap() {
+                DeviceName::Mig {
+                    gpu,
+                    profile,
+                    start,
+                } => {
+                    let mig = part.mig.as_ref().unwrap();
+                    assert_eq!(
+                        (part.gpu_index, mig.profile.as_str(), mig.placement_start),
+                        (gpu, profile.as_str(), start),
+                        "the lease is at exactly the allocated placement"
+                    );
+                }
+                other => assert_eq!(part.gpu_index, other.gpu(), "{device}: {part:?}"),
+            }
+            // The driver made the device nodes on the host; the simulator's stand in.
+            let token = claim_tokens(&cdi, &uid).remove(0);
+            let resolved = w
+                .daemon
+                .client()
+                .await
+                .unwrap()
+                .resolve_token(tpb::ResolveTokenRequest {
+                    token: token.clone(),
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            devnodes::lease_nodes(&resolved, &w.dev).unwrap();
+
+            let pod = w.pod(name);
+            let sandbox = w
+                .run_pod(&pod)
+                .await
+                .unwrap_or_else(|e| panic!("RunPodSandbox: {e}\n{}", tail(&w.ctrd.log())));
+            let mut cfg = pod
+                .container_config("cuda", 0, cri::TEST_IMAGE, INIT_ENV_AND_SLEEP, &[])
+                .unwrap();
+            for id in &d.cdi_device_ids {
+                cri::apply_cdi_device(&mut cfg, &cdi, id).unwrap();
+            }
+            let id = w
+                .start_container(&sandbox, &pod, cfg)
+                .await
+                .unwrap_or_else(|e| panic!("start {name}: {e}\n{}", tail(&w.ctrd.log())));
+            let gpu = part.gpu_index;
+            let (code, out, err) = w
+                .exec(
+                    &id,
+                    &format!("probe open /dev/nvidia{gpu}; cat /tmp/init-env; env"),
+                )
+                .await;
+            assert_eq!(code, 0, "{out}{err}");
+            assert!(
+                has_line(&out, &format!("open /dev/nvidia{gpu} errno=6")),
+                "{name}: the allocated GPU's node is there:\n{out}{err}"
+            );
+            assert!(
+                has_line(&out, &format!("TESSERA_LEASE_ID={lease_id}")),
+                "{out}"
+            );
+            for (k, v) in &resolved.env {
+                assert!(
+                    has_line(&out, &format!("{k}={v}")),
+                    "{name} lacks {k}={v}:\n{out}"
+                );
+            }
+            assert!(
+                !out.contains(&token),
+                "{name}: the token reached the container:\n{out}"
+            );
+            let held = w.lease_now(&lease_id).await;
+            assert!(
+                held.containers.iter().any(|c| c.id == id),
+                "{name}: the claim's lease holds the pod's container: {:?}",
+                held.containers
+            );
+            // The pod goes, then kubelet unprepares its claim: the lease ends, and
+            // the scheduler may give the device again.
+            let mut rs = w.ctrd.runtime().await.unwrap();
+            rs.stop_pod_sandbox(pb::StopPodSandboxRequest {
+                pod_sandbox_id: sandbox.clone(),
+            })
+            .await
+            .unwrap();
+            rs.remove_pod_sandbox(pb::RemovePodSandboxRequest {
+                pod_sandbox_id: sandbox.clone(),
+            })
+            .await
+            .unwrap();
+            let err = kubelet.unprepare("ml", name, &uid).await;
+            assert!(err.is_empty(), "unprepare {name}: {err}");
+            let l = w.lease_now(&lease_id).await;
+            assert_ne!(l.state, tpb::LeaseState::Active as i32, "{name}: {l:?}");
+            assert!(
+                !cdi.join(format!("tessera.io-claim-{uid}.json")).exists(),
+                "{name}: the claim's token spec is removed"
+            );
+            alloc.free(&device);
+        }
+    });
+}

@@ -23,9 +23,9 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use tessera_integration_tests::kubelet_dra::{Kubelet, claim_tokens, lease_of};
 use tessera_proto::k8s::dra::{v1 as drav1, v1beta1 as drav1beta1};
 use tessera_proto::k8s::dra_health::v1 as health;
-use tessera_proto::k8s::pluginregistration::v1 as reg;
 use tesserad::config::Config;
 use tesserad::dra::claims::{
     AllocatedDevice, ClaimAllocation, ClaimRef, ClaimSource, ClaimSourceError,
@@ -34,7 +34,6 @@ use tesserad::lease::LeaseManager;
 use tesserad::model::{LeaseState, PartKind};
 use tesserad::store::Store;
 use tokio::sync::watch;
-use tonic::transport::Channel;
 
 const NODE: &str = "node-1";
 const DRIVER: &str = "gpu.tessera.io";
@@ -171,139 +170,6 @@ impl Node {
     }
 }
 
-/// kubelet's side: registered through the registry dir, a client of the endpoint.
-struct Kubelet {
-    info: reg::PluginInfo,
-    dra: drav1::dra_plugin_client::DraPluginClient<Channel>,
-}
-
-impl Kubelet {
-    /// What kubelet's plugin watcher does: find the socket in the registry dir,
-    /// GetInfo, check it, dial the endpoint, and say it registered.
-    async fn register(dir: &Path) -> Kubelet {
-        let registry = dir.join("plugins_registry");
-        let sockets: Vec<PathBuf> = std::fs::read_dir(&registry)
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .collect();
-        assert_eq!(sockets.len(), 1, "one registration socket: {sockets:?}");
-        let ch = tessera_common::unix::channel(&sockets[0]).await.unwrap();
-        let mut registration = reg::registration_client::RegistrationClient::new(ch);
-        let info = registration
-            .get_info(reg::InfoRequest {})
-            .await
-            .unwrap()
-            .into_inner();
-        // kubelet's DRA handler: the newest DRAPlugin service it knows.
-        let chosen = info
-            .supported_versions
-            .iter()
-            .find(|v| ["v1.DRAPlugin", "v1beta1.DRAPlugin"].contains(&v.as_str()))
-            .expect("a DRAPlugin service kubelet knows");
-        assert_eq!(chosen, "v1.DRAPlugin");
-        let ch = tessera_common::unix::channel(Path::new(&info.endpoint))
-            .await
-            .unwrap();
-        registration
-            .notify_registration_status(reg::RegistrationStatus {
-                plugin_registered: true,
-                error: String::new(),
-            })
-            .await
-            .unwrap();
-        Kubelet {
-            info,
-            dra: drav1::dra_plugin_client::DraPluginClient::new(ch),
-        }
-    }
-
-    async fn prepare(
-        &mut self,
-        claims: &[(&str, &str, &str)],
-    ) -> HashMap<String, drav1::NodePrepareResourceResponse> {
-        let claims = claims
-            .iter()
-            .map(|(ns, name, uid)| drav1::Claim {
-                namespace: ns.to_string(),
-                name: name.to_string(),
-                uid: uid.to_string(),
-            })
-            .collect();
-        self.dra
-            .node_prepare_resources(drav1::NodePrepareResourcesRequest { claims })
-            .await
-            .unwrap()
-            .into_inner()
-            .claims
-    }
-
-    async fn prepare_one(
-        &mut self,
-        ns: &str,
-        name: &str,
-        uid: &str,
-    ) -> drav1::NodePrepareResourceResponse {
-        let mut out = self.prepare(&[(ns, name, uid)]).await;
-        assert_eq!(out.len(), 1);
-        out.remove(uid).expect("the claim's answer")
-    }
-
-    async fn unprepare(&mut self, ns: &str, name: &str, uid: &str) -> String {
-        let mut out = self
-            .dra
-            .node_unprepare_resources(drav1::NodeUnprepareResourcesRequest {
-                claims: vec![drav1::Claim {
-                    namespace: ns.into(),
-                    name: name.into(),
-                    uid: uid.into(),
-                }],
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .claims;
-        out.remove(uid).expect("the claim's answer").error
-    }
-}
-
-/// The lease a prepared device's CDI id names (the first; the second is its claim's
-/// token spec).
-fn lease_of(d: &drav1::Device) -> String {
-    assert_eq!(d.cdi_device_ids.len(), 2, "{d:?}");
-    assert!(
-        d.cdi_device_ids[1].starts_with("tessera.io/claim="),
-        "{d:?}"
-    );
-    d.cdi_device_ids[0]
-        .strip_prefix("tessera.io/lease=")
-        .unwrap_or_else(|| panic!("not a per-lease CDI id: {d:?}"))
-        .to_string()
-}
-
-/// The tokens claim `uid`'s token spec gives its containers (root-only file).
-fn claim_tokens(dir: &Path, uid: &str) -> Vec<String> {
-    use std::os::unix::fs::PermissionsExt;
-    let path = dir.join("cdi").join(format!("tessera.io-claim-{uid}.json"));
-    let meta = std::fs::metadata(&path).unwrap();
-    assert_eq!(
-        meta.permissions().mode() & 0o777,
-        0o600,
-        "{}",
-        path.display()
-    );
-    let spec: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-    assert_eq!(spec["kind"], "tessera.io/claim");
-    assert_eq!(spec["devices"][0]["name"], uid);
-    let env = spec["devices"][0]["containerEdits"]["env"][0]
-        .as_str()
-        .unwrap();
-    env.strip_prefix("TESSERA_LEASE_TOKEN=")
-        .unwrap()
-        .split(',')
-        .map(String::from)
-        .collect()
-}
-
 fn ok(r: &drav1::NodePrepareResourceResponse) -> &drav1::Device {
     assert!(r.error.is_empty(), "refused: {}", r.error);
     assert_eq!(r.devices.len(), 1, "{r:?}");
@@ -321,7 +187,7 @@ async fn claims_become_leases_at_exactly_their_placement_and_survive_a_restart()
     }
     let claims = Arc::new(Claims::default());
     let node = Node::start(dir, claims.clone()).await;
-    let mut kubelet = Kubelet::register(dir).await;
+    let mut kubelet = Kubelet::register(&dir.join("plugins_registry")).await;
 
     // The registration answer.
     assert_eq!(kubelet.info.r#type, "DRAPlugin");
@@ -364,7 +230,7 @@ async fn claims_become_leases_at_exactly_their_placement_and_survive_a_restart()
     );
     // The claim's token spec binds a container to the lease (tessera-runtime reads
     // TESSERA_LEASE_TOKEN).
-    let tokens = claim_tokens(dir, "u-mig");
+    let tokens = claim_tokens(&dir.join("cdi"), "u-mig");
     assert_eq!(tokens.len(), 1);
     assert_eq!(
         node.mgr.resolve_token(&tokens[0]).unwrap().lease.id,
@@ -550,7 +416,7 @@ async fn claims_become_leases_at_exactly_their_placement_and_survive_a_restart()
     drop(kubelet);
     node.stop().await;
     let node = Node::start(dir, claims.clone()).await;
-    let mut kubelet = Kubelet::register(dir).await;
+    let mut kubelet = Kubelet::register(&dir.join("plugins_registry")).await;
     // The CDI directory is a tmpfs: a reboot empties it; a prepare writes it again.
     std::fs::remove_dir_all(dir.join("cdi")).unwrap();
     assert_eq!(kubelet.prepare_one("ml", "mig", "u-mig").await, mig);
@@ -559,7 +425,7 @@ async fn claims_become_leases_at_exactly_their_placement_and_survive_a_restart()
             .join(format!("tessera.io-lease-{mig_lease}.json"))
             .is_file()
     );
-    let tokens = claim_tokens(dir, "u-mig");
+    let tokens = claim_tokens(&dir.join("cdi"), "u-mig");
     assert_eq!(
         node.mgr.resolve_token(&tokens[0]).unwrap().lease.id,
         mig_lease,
@@ -586,7 +452,7 @@ async fn a_v1beta1_kubelet_prepares_and_unprepares_too() {
     let dir = tmp.path();
     let claims = Arc::new(Claims::default());
     let node = Node::start(dir, claims.clone()).await;
-    let kubelet = Kubelet::register(dir).await;
+    let kubelet = Kubelet::register(&dir.join("plugins_registry")).await;
     let ch = tessera_common::unix::channel(Path::new(&kubelet.info.endpoint))
         .await
         .unwrap();
@@ -633,7 +499,7 @@ async fn removed_sockets_are_made_again() {
     let dir = tmp.path();
     let claims = Arc::new(Claims::default());
     let node = Node::start(dir, claims.clone()).await;
-    let mut kubelet = Kubelet::register(dir).await;
+    let mut kubelet = Kubelet::register(&dir.join("plugins_registry")).await;
     claims.set("u-1", &[(DRIVER, NODE, "gpu-1")]);
     let first = kubelet.prepare_one("ml", "c", "u-1").await;
     ok(&first);
@@ -650,7 +516,7 @@ async fn removed_sockets_are_made_again() {
         );
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
-    let mut kubelet = Kubelet::register(dir).await;
+    let mut kubelet = Kubelet::register(&dir.join("plugins_registry")).await;
     assert_eq!(kubelet.prepare_one("ml", "c", "u-1").await, first);
     node.stop().await;
     assert!(

@@ -298,9 +298,13 @@ fn check_lsm(obj: &serde_json::Map<String, Value>, state: &ContainerState, f: &m
     }
 }
 
-/// The process's variables with the lease's in place of any of the same name.
+/// The process's variables without the lease token (the runtime's to read, never the
+/// process's: containerd builds an exec's env from the container's spec as it was
+/// before the runtime judged it) and with the lease's in place of any of the same name.
 fn with_lease_env(env: Option<&Value>, lease_env: &[String]) -> Vec<String> {
+    let token = format!("{}=", tessera_common::contract::LEASE_TOKEN_ENV);
     let mut env = env.and_then(strings).unwrap_or_default();
+    env.retain(|x| !x.starts_with(&token));
     for e in lease_env {
         let key = e.split('=').next().unwrap_or_default();
         env.retain(|x| !x.starts_with(&format!("{key}=")));
@@ -348,8 +352,8 @@ pub fn harden_process(
     check_lsm(obj, state, f);
     if let Some(obj) = process.as_object_mut() {
         // kubectl exec, exec probes and podman exec see the lease like the init
-        // process: its variables win over the process JSON's.
-        if !state.lease_env.is_empty() {
+        // process: its variables win over the process JSON's, and the token is gone.
+        if obj.contains_key("env") || !state.lease_env.is_empty() {
             let env = with_lease_env(obj.get("env"), &state.lease_env);
             obj.insert("env".to_string(), json!(env));
         }
@@ -655,6 +659,49 @@ mod tests {
         let p = process_from_flags(&rec, &sub, &mut f);
         assert_eq!(p["args"], json!(["sh", "-c", "env"]));
         assert_eq!(p["terminal"], true);
+    }
+
+    /// containerd builds an exec's env from the container's spec as it stood before
+    /// the runtime judged it: a token delivered as a variable (a DRA claim's CDI
+    /// spec, `podman run -e`) must not reach the exec'd process either.
+    #[test]
+    fn an_exec_never_carries_the_lease_token() {
+        let spec = json!({
+            "annotations": {super::super::base::LEASE_ID_ANNOTATION: "l-1"},
+            "process": {"user": {"uid": 1000, "gid": 1000}, "args": ["sleep"], "env": ["PATH=/bin"]}
+        });
+        let rec = Record::from_spec(
+            "c1",
+            "/r",
+            std::path::Path::new("/b"),
+            &spec,
+            lease_id_of(&spec),
+            LEASE_ENV_KEYS,
+        )
+        .unwrap();
+        let line = "exec -e TESSERA_LEASE_TOKEN=tsr1_flag c1 sh -c env";
+        let inv =
+            crate::cli::parse_strings(line.split_whitespace().map(String::from).collect()).unwrap();
+        let sub = inv.command.unwrap().1;
+        let mut f = Findings::default();
+        let from_flags = process_from_flags(&rec, &sub, &mut f);
+        for lease_env in [vec![], vec!["TESSERA_LEASE_ID=l-1".to_string()]] {
+            let mut st = ContainerState::from_record(&rec);
+            st.lease_env = lease_env;
+            for p in [
+                from_flags.clone(),
+                json!({"args": ["sh"], "env": ["PATH=/bin", "TESSERA_LEASE_TOKEN=tsr1_json"]}),
+            ] {
+                let out = harden_process(p, &st, &crate::policy::Policy::default(), &mut f);
+                assert!(f.reasons.is_empty(), "{:?}", f.reasons);
+                let env = strings(&out["env"]).unwrap();
+                assert!(
+                    !env.iter().any(|e| e.starts_with("TESSERA_LEASE_TOKEN=")),
+                    "{env:?}"
+                );
+                assert!(env.iter().any(|e| e == "PATH=/bin"), "{env:?}");
+            }
+        }
     }
 
     #[test]
