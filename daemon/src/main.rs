@@ -468,25 +468,16 @@ async fn run(
     }
     let metrics_listen = cfg.metrics.listen;
     let kubernetes = cfg.kubernetes.clone();
-    let kubernetes_dra = cfg.kubernetes.clone();
-    // The DRA driver's slices are built from the whole config (health policy, MPS
-    // classes) and the node name.
-    let dra_slices = match (cfg.kubernetes.dra, cfg.kubernetes.dra_node_name()) {
-        (false, _) => None,
-        (true, Some(node)) => Some(tesserad::dra::slices::SliceConfig::from_config(&cfg, &node)),
-        (true, None) => anyhow::bail!(
-            "[kubernetes] dra = true needs this node's name: set kubernetes.node_name or the NODE_NAME environment variable"
-        ),
-    };
+    let dra_slices = dra_slice_config(&cfg)?;
     let cdi = cfg.cdi.clone();
     // The hardware is touched from here on (reconcile, static layout).
     let mgr = LeaseManager::start(cfg, backend, store.clone())?;
     // The device plugin's reservations are leases: made before anything is served.
-    let device_plugin = start_device_plugin(&mgr, &store, kubernetes).await?;
+    let device_plugin = start_device_plugin(&mgr, &store, kubernetes.clone()).await?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     // The DRA plugin answers kubelet from here on (before READY, like the device
     // plugin's sockets).
-    let dra = start_dra(&mgr, &store, &kubernetes_dra, dra_slices, &stop_rx).await?;
+    let dra = start_dra(&mgr, &store, &kubernetes, dra_slices, &stop_rx).await?;
 
     // Every listener is bound before READY.
     let listener = tesserad::api::bind_unix(&socket, mode)?;
@@ -503,11 +494,7 @@ async fn run(
     let mut tasks = Background::spawn(&mgr, &store, &stop_rx);
     // The handle the API service records calls and admissions on.
     let metrics = tesserad::metrics::spawn(metrics_listen, mgr.clone(), stop_rx.clone()).await?;
-    if cdi.enabled {
-        tokio::spawn(tesserad::cdi::run(mgr.clone(), cdi, stop_rx.clone()));
-    } else {
-        info!(dir = %cdi.dir.display(), "cdi: no per-lease specs ([cdi] enabled = false, or the directory is absent)");
-    }
+    spawn_cdi(&mgr, cdi, &stop_rx);
     let service = TesseraService::new(mgr.clone(), auth.clone(), Some(audit), Some(metrics));
     serve_tokens(checked.oidc.as_ref(), &service, &auth, &stop_rx);
     tasks.dra = dra;
@@ -552,6 +539,33 @@ async fn start_device_plugin(
         );
     }
     Ok(None)
+}
+
+/// The DRA driver's slice settings, built from the whole config (health policy, MPS
+/// classes) and the node name; None when `[kubernetes] dra` is off.
+fn dra_slice_config(cfg: &Config) -> anyhow::Result<Option<tesserad::dra::slices::SliceConfig>> {
+    match (cfg.kubernetes.dra, cfg.kubernetes.dra_node_name()) {
+        (false, _) => Ok(None),
+        (true, Some(node)) => Ok(Some(tesserad::dra::slices::SliceConfig::from_config(
+            cfg, &node,
+        ))),
+        (true, None) => anyhow::bail!(
+            "[kubernetes] dra = true needs this node's name: set kubernetes.node_name or the NODE_NAME environment variable"
+        ),
+    }
+}
+
+/// The per-lease CDI specs of `[cdi]`, kept until `stop`.
+fn spawn_cdi(
+    mgr: &Arc<LeaseManager>,
+    cdi: tesserad::config::CdiConfig,
+    stop_rx: &tokio::sync::watch::Receiver<bool>,
+) {
+    if cdi.enabled {
+        tokio::spawn(tesserad::cdi::run(mgr.clone(), cdi, stop_rx.clone()));
+    } else {
+        info!(dir = %cdi.dir.display(), "cdi: no per-lease specs ([cdi] enabled = false, or the directory is absent)");
+    }
 }
 
 /// The DRA driver when `[kubernetes] dra` is on: the kubelet plugin (claims become

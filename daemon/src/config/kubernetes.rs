@@ -260,6 +260,13 @@ pub(super) fn validate_kubernetes(
         node_name: raw.node_name,
         dra_gpus,
     };
+    check_kubernetes(v, &k)?;
+    Ok(k)
+}
+
+/// What no single key can say: paths absolute, DRA with CDI, a device plugin with
+/// something to advertise.
+fn check_kubernetes(v: &Validator<'_>, k: &KubernetesConfig) -> Result<(), ConfigError> {
     for (field, p) in [
         ("kubernetes.device_plugin_dir", &k.device_plugin_dir),
         ("kubernetes.pod_resources_socket", &k.pod_resources_socket),
@@ -287,7 +294,7 @@ pub(super) fn validate_kubernetes(
                 .into(),
         ));
     }
-    Ok(k)
+    Ok(())
 }
 
 /// `dra_gpus`: distinct GPU indices, at least one; required when the device plugin
