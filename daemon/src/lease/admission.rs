@@ -67,18 +67,78 @@ impl LeaseManager {
         self.decide_one(&fit, opts)
     }
 
-    /// One partition (not a share inside MIG): the planner's place, else idle MIG
-    /// leases moved, else burst leases preempted, else a refusal.
+    /// One partition (not a share inside MIG): [`LeaseManager::decide_one_on`] the
+    /// placeable GPUs, less the regions held for other profiles' refused large MIG
+    /// requests (`partition::reservation`). A MIG request placed uses up its own
+    /// profile's reservation there; one refused for lack of room may hold a region.
     fn decide_one(&self, fit: &Fit<'_>, opts: PlanOptions) -> Result<Plan, LeaseError> {
+        let views = Self::placeable_views(fit.st);
+        let reserve = self.config.partition.reserve;
+        let Shape::Mig { profile, .. } = &fit.ask.shape else {
+            return self.decide_one_on(fit, opts, &views);
+        };
+        if !reserve.enabled() {
+            return self.decide_one_on(fit, opts, &views);
+        }
+        let now = u64::try_from(fit.ask.now).unwrap_or(0);
+        // Held through the decision (which never waits), so two decisions never
+        // interleave their reservations.
+        let mut guard = self.queue.reservations(reserve);
+        let Some(held) = guard.as_mut() else {
+            return self.decide_one_on(fit, opts, &views);
+        };
+        held.refresh(&views, now);
+        let ttl_ms = u64::try_from(fit.ask.ttl.as_millis()).unwrap_or(u64::MAX);
+        let expires_at = Some(now.saturating_add(ttl_ms));
+        let out = self.decide_one_on(fit, opts, &held.view(&views, profile, expires_at));
+        match &out {
+            Ok(Plan::Place(p)) => {
+                for (part, _) in &p.parts {
+                    if let Some(m) = part.mig() {
+                        held.granted(profile, part.gpu, m.placement);
+                    }
+                }
+            }
+            Err(LeaseError::ResourceExhausted(_)) => {
+                held.refused(profile, &views, &Self::instance_ends(fit.st), now);
+            }
+            _ => {}
+        }
+        out
+    }
+
+    /// When each leased MIG instance expires at the latest: (GPU, placement, Unix ms).
+    fn instance_ends(st: &State) -> Vec<partition::InstanceEnd> {
+        st.partitions
+            .values()
+            .filter_map(|p| {
+                let m = p.mig()?;
+                let lease = st.leases.get(p.lease_id.as_deref()?)?;
+                Some((
+                    p.gpu,
+                    m.placement,
+                    u64::try_from(lease.expires_at_ms).unwrap_or(0),
+                ))
+            })
+            .collect()
+    }
+
+    /// One partition on `views`: the planner's place, else idle MIG leases moved,
+    /// else burst leases preempted, else a refusal.
+    fn decide_one_on(
+        &self,
+        fit: &Fit<'_>,
+        opts: PlanOptions,
+        views: &[partition::GpuView],
+    ) -> Result<Plan, LeaseError> {
         let (st, ask) = (fit.st, fit.ask);
-        let views = Self::placeable_views(st);
         // Temporal packing: the planner weighs when the new lease and those present
         // expire (MIG best fit only; other shapes ignore it).
         let opts = PlanOptions {
             expiry: Some(Self::expiry(st, ask.now, ask.ttl)),
             ..opts
         };
-        let decision = match partition::plan(&ask.shape, &views, &opts) {
+        let decision = match partition::plan(&ask.shape, views, &opts) {
             Ok(d) => d,
             Err(PlanError::NoCapacity(msg))
                 if self.config.partition.move_idle
@@ -86,7 +146,7 @@ impl LeaseManager {
                     && matches!(ask.shape, Shape::Mig { .. }) =>
             {
                 let movable = Self::movable(st);
-                match partition::plan_with_moves(&ask.shape, &views, &opts, &movable) {
+                match partition::plan_with_moves(&ask.shape, views, &opts, &movable) {
                     Ok(p) if !p.moves.is_empty() => return Ok(Plan::Move(p.moves, msg)),
                     Ok(p) => p.decision,
                     Err(_) => return fit.refused_or_preempt(&opts, msg),
