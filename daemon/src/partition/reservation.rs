@@ -53,7 +53,7 @@ pub struct ReserveOptions {
 /// The daemon's defaults, in milliseconds (`[partition] reserve_*`).
 pub const RESERVE_DEFAULTS_MS: ReserveOptions = ReserveOptions {
     min_slices: 4,
-    grace: 15 * 60 * 1000,
+    grace: 18 * 60 * 1000,
     max_hold: 2 * 60 * 60 * 1000,
     aging: 16,
     max_per_profile: 2,
