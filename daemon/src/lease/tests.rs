@@ -668,16 +668,36 @@ async fn leases_in_use_or_pinned_never_move_and_moves_can_be_turned_off() {
     let (a, _) = idle_lease_in_the_way(&mgr, true).await;
     refused(mgr.create(seven_g("big")).await.unwrap_err());
     assert_eq!(mgr.get(&a.lease.id).unwrap().0.gpu, 1);
-    // Reserved by the device plugin: its CDI spec names the instance's nodes.
+    // A device plugin lease a pod holds (a reserved one moves: the plugin rewrites
+    // its CDI spec).
     let dir = tempfile::tempdir().unwrap();
     let (mgr, _) = two_h100(dir.path(), true);
-    let k8s = BTreeMap::from([(
-        crate::names::LABEL_K8S_CLASS.to_string(),
-        "mig-1g.10gb".to_string(),
-    )]);
+    let k8s = BTreeMap::from([
+        (
+            crate::names::LABEL_K8S_CLASS.to_string(),
+            "mig-1g.10gb".to_string(),
+        ),
+        (
+            crate::names::LABEL_K8S_POD.to_string(),
+            "trainer".to_string(),
+        ),
+    ]);
     let (a, _) = idle_lease_in_the_way_labelled(&mgr, false, k8s).await;
     refused(mgr.create(seven_g("big")).await.unwrap_err());
     assert_eq!(mgr.get(&a.lease.id).unwrap().0.gpu, 1);
+    let dir = tempfile::tempdir().unwrap();
+    let (mgr, _) = two_h100(dir.path(), true);
+    let reserved = BTreeMap::from([(
+        crate::names::LABEL_K8S_CLASS.to_string(),
+        "mig-1g.10gb".to_string(),
+    )]);
+    let (a, _) = idle_lease_in_the_way_labelled(&mgr, false, reserved).await;
+    mgr.create(seven_g("big")).await.unwrap();
+    assert_eq!(
+        mgr.get(&a.lease.id).unwrap().0.gpu,
+        0,
+        "a reserved lease moves"
+    );
     // move_idle = false.
     let dir = tempfile::tempdir().unwrap();
     let (mgr, _) = two_h100(dir.path(), false);
