@@ -107,6 +107,30 @@ impl LeaseManager {
         out
     }
 
+    /// `views` less the regions held against MIG request `ask` (several instances of
+    /// one profile stay out of other profiles' reservations, but make none).
+    fn outside_held_regions(
+        &self,
+        ask: &Ask<'_>,
+        views: Vec<partition::GpuView>,
+    ) -> Vec<partition::GpuView> {
+        let reserve = self.config.partition.reserve;
+        let Shape::Mig { profile, .. } = &ask.shape else {
+            return views;
+        };
+        if !reserve.enabled() {
+            return views;
+        }
+        let now = u64::try_from(ask.now).unwrap_or(0);
+        let ttl_ms = u64::try_from(ask.ttl.as_millis()).unwrap_or(u64::MAX);
+        let mut guard = self.queue.reservations(reserve);
+        let Some(held) = guard.as_mut() else {
+            return views;
+        };
+        held.refresh(&views, now);
+        held.view(&views, profile, Some(now.saturating_add(ttl_ms)))
+    }
+
     /// When each leased MIG instance expires at the latest: (GPU, placement, Unix ms).
     fn instance_ends(st: &State) -> Vec<partition::InstanceEnd> {
         st.partitions
@@ -208,7 +232,7 @@ impl LeaseManager {
     /// else a refusal (idle leases are not moved for several).
     fn decide_several(&self, fit: &Fit<'_>, opts: &PlanOptions) -> Result<Plan, LeaseError> {
         let (st, ask) = (fit.st, fit.ask);
-        let views = Self::placeable_views(st);
+        let views = self.outside_held_regions(ask, Self::placeable_views(st));
         match Self::plan_several(st, ask, &views, opts) {
             Ok(decisions) => {
                 let parts = self.partitions_for_several(st, ask, decisions)?;
