@@ -51,6 +51,7 @@ fn mig_request(request_id: &str, profile: &str) -> CreateRequest {
         need: None,
         count: 0,
         topology: Default::default(),
+        exact: None,
     }
 }
 

@@ -2,7 +2,8 @@
 //! mounts, GPUs, driver capabilities, its cgroup parent and pids limit), as the daemon
 //! answers `ResolveToken` and as the runtime judges a spec against it. The daemon's
 //! answer is checked as it is converted ([`Grant::from_proto`]: fail closed, every path
-//! clean); several leases of one container are merged by one rule ([`Grant::merge`]).
+//! clean); several leases of one container (the runtime) and the partitions of one
+//! multi-partition lease (the daemon) are merged by one rule ([`Grant::merge`]).
 //!
 //! The merge keys device nodes by their *container* path: that is where two leases'
 //! nodes can collide, and one container path naming two different nodes is refused;
@@ -160,8 +161,11 @@ impl Grant {
 
     /// What a container running on every one of `leases` (in order) may use: the
     /// devices (each container path once), device-cgroup rules, capabilities and GPUs
-    /// of all, `CUDA_VISIBLE_DEVICES` and `NVIDIA_VISIBLE_DEVICES` joined in order, and
-    /// the lease ids joined with `,`. One lease is returned unchanged. Refused: leases
+    /// (their indices sorted) of all, `CUDA_VISIBLE_DEVICES` and
+    /// `NVIDIA_VISIBLE_DEVICES` joined in order, and the lease ids joined with `,`,
+    /// each once. The runtime merges the leases of several tokens with it, the
+    /// daemon the partitions of one multi-partition lease (one grant per partition,
+    /// all of one lease id). One lease is returned unchanged. Refused: leases
     /// of different tenants, more than one MPS share (a process has one
     /// `CUDA_MPS_PIPE_DIRECTORY`), one container path naming different device nodes,
     /// and another variable set to different values.
@@ -180,8 +184,12 @@ impl Grant {
         let mut out = it
             .next()
             .ok_or_else(|| bad("no lease to run on".to_string()))?;
+        let several = it.len() > 0;
         for l in it {
             out.add(l)?;
+        }
+        if several {
+            out.visible_gpu_indices.sort_unstable();
         }
         // The container's cgroup goes under the first lease's parent; every lease is
         // bound to that cgroup, so revoking any of them stops the container.
@@ -210,7 +218,9 @@ impl Grant {
             (a, 0) => a,
             (a, b) => a.min(b),
         };
-        self.lease_id = format!("{},{}", self.lease_id, l.lease_id);
+        if !self.lease_id.split(',').any(|id| id == l.lease_id) {
+            self.lease_id = format!("{},{}", self.lease_id, l.lease_id);
+        }
         Ok(())
     }
 
@@ -427,5 +437,37 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(Grant::from_proto(g.to_proto(lease), 1_000).unwrap(), g);
+    }
+
+    /// A multi-partition lease: one grant per partition, all of one lease id.
+    #[test]
+    fn the_partitions_of_one_lease_merge_with_its_id_once_and_gpus_sorted() {
+        let part = |gpu: u32, uuid: &str| Grant {
+            lease_id: "l1".into(),
+            tenant: "acme".into(),
+            devices: vec![GrantDevice {
+                host_path: format!("/dev/nvidia{gpu}").into(),
+                container_path: format!("/dev/nvidia{gpu}"),
+                kind: 'c',
+                major: 195,
+                minor: i64::from(gpu),
+                permissions: "rw".into(),
+                file_mode: 0o666,
+            }],
+            env: [
+                (LEASE_ID_ENV.to_string(), "l1".to_string()),
+                ("CUDA_VISIBLE_DEVICES".to_string(), uuid.to_string()),
+            ]
+            .into(),
+            visible_gpu_indices: vec![gpu],
+            cgroup_parent: "tessera/l1".into(),
+            ..Grant::default()
+        };
+        let m = Grant::merge(vec![part(3, "GPU-d"), part(1, "GPU-b"), part(3, "GPU-d")]).unwrap();
+        assert_eq!(m.lease_id, "l1");
+        assert_eq!(m.env[LEASE_ID_ENV], "l1");
+        assert_eq!(m.env["CUDA_VISIBLE_DEVICES"], "GPU-d,GPU-b");
+        assert_eq!(m.visible_gpu_indices, [1, 3]);
+        assert_eq!(m.devices.len(), 2);
     }
 }

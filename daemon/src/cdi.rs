@@ -47,12 +47,13 @@ fn spec_path(dir: &Path, lease_id: &str) -> PathBuf {
 /// env, and the driver's files from the NVIDIA spec when there is one.
 pub fn spec_for(r: &Resolved, nvidia: Option<&NvidiaCdi>) -> Spec {
     let device_nodes = r
+        .grant
         .devices
         .iter()
         .map(|d| DeviceNode {
             path: d.container_path.clone(),
             host_path: Some(d.host_path.to_string_lossy().into_owned()),
-            kind: Some("c".into()),
+            kind: Some(d.kind.to_string()),
             major: Some(d.major),
             minor: Some(d.minor),
             file_mode: Some(d.file_mode),
@@ -60,10 +61,11 @@ pub fn spec_for(r: &Resolved, nvidia: Option<&NvidiaCdi>) -> Spec {
         })
         .collect();
     let mut mounts: Vec<Mount> = r
+        .grant
         .mounts
         .iter()
         .map(|m| Mount {
-            host_path: m.source.to_string_lossy().into_owned(),
+            host_path: m.source.clone(),
             container_path: m.destination.clone(),
             options: m.options.clone(),
             kind: Some("bind".into()),
@@ -78,7 +80,12 @@ pub fn spec_for(r: &Resolved, nvidia: Option<&NvidiaCdi>) -> Spec {
         devices: vec![Device {
             name: r.lease.id.clone(),
             container_edits: ContainerEdits {
-                env: r.env.iter().map(|(k, v)| format!("{k}={v}")).collect(),
+                env: r
+                    .grant
+                    .env
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect(),
                 device_nodes,
                 mounts,
             },

@@ -468,11 +468,27 @@ async fn run(
     }
     let metrics_listen = cfg.metrics.listen;
     let kubernetes = cfg.kubernetes.clone();
+    let kubernetes_dra = cfg.kubernetes.clone();
+    // The DRA driver's slices are built from the whole config (health policy, MPS
+    // classes) and the node name.
+    let dra_slices = match (cfg.kubernetes.dra, cfg.kubernetes.dra_node_name()) {
+        (false, _) => None,
+        (true, Some(node)) => Some(tesserad::dra::slices::SliceConfig::from_config(
+            &cfg, &node,
+        )),
+        (true, None) => anyhow::bail!(
+            "[kubernetes] dra = true needs this node's name: set kubernetes.node_name or the NODE_NAME environment variable"
+        ),
+    };
     let cdi = cfg.cdi.clone();
     // The hardware is touched from here on (reconcile, static layout).
     let mgr = LeaseManager::start(cfg, backend, store.clone())?;
     // The device plugin's reservations are leases: made before anything is served.
     let device_plugin = start_device_plugin(&mgr, &store, kubernetes).await?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    // The DRA plugin answers kubelet from here on (before READY, like the device
+    // plugin's sockets).
+    let dra = start_dra(&mgr, &store, &kubernetes_dra, dra_slices, &stop_rx).await?;
 
     // Every listener is bound before READY.
     let listener = tesserad::api::bind_unix(&socket, mode)?;
@@ -486,7 +502,6 @@ async fn run(
     };
     info!(socket = %socket.display(), "serving the tessera.v1 API");
 
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut tasks = Background::spawn(&mgr, &store, &stop_rx);
     // The handle the API service records calls and admissions on.
     let metrics = tesserad::metrics::spawn(metrics_listen, mgr.clone(), stop_rx.clone()).await?;
@@ -497,6 +512,7 @@ async fn run(
     }
     let service = TesseraService::new(mgr.clone(), auth.clone(), Some(audit), Some(metrics));
     serve_tokens(checked.oidc.as_ref(), &service, &auth, &stop_rx);
+    tasks.dra = dra;
     tasks.plugin = device_plugin.map(|p| {
         let on_reload = p.clone();
         service.on_reload(Arc::new(move |cfg: &Config| {
@@ -540,6 +556,50 @@ async fn start_device_plugin(
     Ok(None)
 }
 
+/// The DRA driver when `[kubernetes] dra` is on: the kubelet plugin (claims become
+/// leases, read from the API server's ResourceClaims) and the publisher of this
+/// node's ResourceSlices, one task that ends when both have stopped. The API server
+/// is reached through `kubernetes.kubeconfig`, else in-cluster; it need not be up
+/// now (the publisher retries, a prepare fails until it answers).
+async fn start_dra(
+    mgr: &Arc<LeaseManager>,
+    store: &Arc<Store>,
+    kubernetes: &tesserad::config::KubernetesConfig,
+    slices: Option<tesserad::dra::slices::SliceConfig>,
+    stop_rx: &tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
+    let Some(slices) = slices.filter(|_| kubernetes.dra) else {
+        return Ok(None);
+    };
+    let client = tesserad::dra::kube::connect(kubernetes.kubeconfig.as_deref())
+        .await
+        .context("kubernetes DRA: the API server client")?;
+    let (_, plugin) = tesserad::dra::node::start(
+        mgr.clone(),
+        store.clone(),
+        kubernetes.clone(),
+        tesserad::dra::kube::claim_source(client.clone()),
+        stop_rx.clone(),
+    )
+    .await
+    .context("kubernetes DRA plugin")?;
+    let mut opts = tesserad::dra::kube::PublisherOptions::new(slices);
+    opts.gpus = kubernetes
+        .dra_gpus
+        .as_ref()
+        .map(|g| g.iter().copied().collect());
+    let publisher =
+        tesserad::dra::kube::start_publisher(mgr.clone(), client, opts, stop_rx.clone());
+    info!(
+        node = %kubernetes.dra_node_name().unwrap_or_default(),
+        "kubernetes DRA driver gpu.tessera.io on"
+    );
+    Ok(Some(tokio::spawn(async move {
+        let _ = plugin.await;
+        let _ = publisher.await;
+    })))
+}
+
 /// The daemon's background tasks, stopped by the stop channel they were given.
 struct Background {
     housekeeping: tokio::task::JoinHandle<()>,
@@ -549,6 +609,7 @@ struct Background {
     health: tokio::task::JoinHandle<()>,
     usage: tokio::task::JoinHandle<()>,
     plugin: Option<tokio::task::JoinHandle<()>>,
+    dra: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Background {
@@ -571,6 +632,7 @@ impl Background {
                 stop_rx.clone(),
             )),
             plugin: None,
+            dra: None,
         }
     }
 
@@ -582,6 +644,9 @@ impl Background {
         let _ = self.health.await;
         let _ = self.usage.await;
         if let Some(t) = self.plugin {
+            let _ = t.await;
+        }
+        if let Some(t) = self.dra {
             let _ = t.await;
         }
     }

@@ -760,3 +760,77 @@ pub const KUBELET_READONLY_PATHS: &[&str] = &[
     "/proc/sys",
     "/proc/sysrq-trigger",
 ];
+
+/// What containerd (1.7 and later, `enable_cdi`) does with a `CDIDevice` kubelet names
+/// in a ContainerConfig, done here because Debian's containerd 1.6 has no CDI: the
+/// fully-qualified `id` (`vendor.io/class=name`) is looked up in the specs of
+/// `cdi_dir`, and the spec's and the device's container edits are applied to `cfg` as
+/// the env, device nodes and bind mounts containerd would put in the OCI spec. The
+/// device is also named in `cdi_devices`, as kubelet sends it.
+pub fn apply_cdi_device(
+    cfg: &mut pb::ContainerConfig,
+    cdi_dir: &Path,
+    id: &str,
+) -> anyhow::Result<()> {
+    use tessera_common::cdi::{ContainerEdits, Spec};
+    let (kind, name) = id
+        .split_once('=')
+        .with_context(|| format!("CDI device {id:?} is not kind=name"))?;
+    let mut found: Option<(Spec, ContainerEdits)> = None;
+    for entry in std::fs::read_dir(cdi_dir).with_context(|| cdi_dir.display().to_string())? {
+        let path = entry?.path();
+        if path.extension().and_then(|e| e.to_str()) != Some("json") {
+            continue;
+        }
+        let body = std::fs::read(&path).with_context(|| path.display().to_string())?;
+        let spec: Spec =
+            serde_json::from_slice(&body).with_context(|| path.display().to_string())?;
+        if spec.kind != kind {
+            continue;
+        }
+        if let Some(d) = spec.devices.iter().find(|d| d.name == name) {
+            if found.is_some() {
+                bail!(
+                    "CDI device {id} is in more than one spec of {}",
+                    cdi_dir.display()
+                );
+            }
+            let edits = d.container_edits.clone();
+            found = Some((spec, edits));
+        }
+    }
+    let Some((spec, device)) = found else {
+        bail!("no CDI spec in {} has the device {id}", cdi_dir.display());
+    };
+    for edits in [&spec.container_edits, &device] {
+        for env in &edits.env {
+            let (k, v) = env.split_once('=').unwrap_or((env.as_str(), ""));
+            cfg.envs.retain(|kv| kv.key != k);
+            cfg.envs.push(pb::KeyValue {
+                key: k.to_string(),
+                value: v.as_bytes().to_vec(),
+            });
+        }
+        for n in &edits.device_nodes {
+            cfg.devices.push(pb::Device {
+                container_path: n.path.clone(),
+                host_path: n.host_path.clone().unwrap_or_else(|| n.path.clone()),
+                permissions: n.permissions.clone().unwrap_or_else(|| "rwm".into()),
+            });
+        }
+        for m in &edits.mounts {
+            cfg.mounts.push(pb::Mount {
+                container_path: m.container_path.clone(),
+                host_path: m.host_path.clone(),
+                readonly: m.options.iter().any(|o| o == "ro"),
+                selinux_relabel: false,
+                propagation: pb::MountPropagation::PropagationPrivate as i32,
+                ..Default::default()
+            });
+        }
+    }
+    cfg.cdi_devices.push(pb::CdiDevice {
+        name: id.to_string(),
+    });
+    Ok(())
+}

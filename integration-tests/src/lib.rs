@@ -9,8 +9,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
+pub mod apiserver;
 pub mod cri;
 pub mod devnodes;
+pub mod import_graph;
 pub mod invariants;
 pub mod python;
 use tessera_proto::v1::tessera_client::TesseraClient;

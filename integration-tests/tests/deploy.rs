@@ -3,6 +3,10 @@
 //! host and is privileged only in the container that must be; its ConfigMap is a
 //! tesserad config that validates with the device plugin on; the sample pod asks
 //! for a MIG partition with the tessera runtime class; the quota is on requests.
+//! The DRA files (deploy/kubernetes/dra/) parse as the Kubernetes types they are:
+//! device classes selecting the driver's devices by type, sample claims for a MIG
+//! profile and an MPS class, the DaemonSet patch (node name, plugin directories,
+//! service account) and RBAC narrowed to the node's own slices.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -148,4 +152,194 @@ fn pods_asking_for_tessera_resources_must_use_the_runtime_class() {
     );
     assert_eq!(docs[1]["spec"]["policyName"], docs[0]["metadata"]["name"]);
     assert_eq!(docs[1]["spec"]["validationActions"][0], "Deny");
+}
+
+fn documents(name: &str) -> Vec<Value> {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../deploy/kubernetes/dra")
+        .join(name);
+    let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    serde_yaml_ng::Deserializer::from_str(&text)
+        .map(|d| serde::Deserialize::deserialize(d).unwrap_or_else(|e| panic!("{name}: {e}")))
+        .collect()
+}
+
+/// A YAML document as the k8s-openapi type of its kind (fields and types checked).
+fn typed<T: serde::de::DeserializeOwned>(doc: &Value) -> T {
+    let json = serde_json::to_value(doc).unwrap();
+    serde_json::from_value(json).unwrap_or_else(|e| panic!("{doc:?}: {e}"))
+}
+
+#[test]
+fn the_dra_device_classes_select_the_drivers_devices_by_type() {
+    use k8s_openapi::api::resource::v1::DeviceClass;
+    let classes: Vec<DeviceClass> = documents("deviceclasses.yaml").iter().map(typed).collect();
+    let names: Vec<_> = classes
+        .iter()
+        .map(|c| c.metadata.name.clone().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "mig.gpu.tessera.io",
+            "mps.gpu.tessera.io",
+            "gpu.gpu.tessera.io"
+        ]
+    );
+    for c in &classes {
+        let kind = c
+            .metadata
+            .name
+            .as_deref()
+            .unwrap()
+            .split('.')
+            .next()
+            .unwrap();
+        let cel = &c.spec.selectors.as_ref().unwrap()[0]
+            .cel
+            .as_ref()
+            .unwrap()
+            .expression;
+        assert!(cel.contains(&format!(
+            "device.driver == \"{}\"",
+            tesserad::dra::DRIVER_NAME
+        )));
+        assert!(
+            cel.contains(&format!(
+                "device.attributes[\"gpu.tessera.io\"].type == \"{kind}\""
+            )),
+            "{cel}"
+        );
+    }
+}
+
+#[test]
+fn the_sample_claims_ask_for_a_mig_profile_and_an_mps_class_with_the_runtime_class() {
+    use k8s_openapi::api::core::v1::Pod;
+    use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
+    let docs = documents("sample-claims.yaml");
+    let templates: Vec<ResourceClaimTemplate> = docs
+        .iter()
+        .filter(|d| d["kind"] == "ResourceClaimTemplate")
+        .map(typed)
+        .collect();
+    let pods: Vec<Pod> = docs
+        .iter()
+        .filter(|d| d["kind"] == "Pod")
+        .map(typed)
+        .collect();
+    assert_eq!((templates.len(), pods.len()), (2, 2));
+    let request = |t: &ResourceClaimTemplate| {
+        let r = &t
+            .spec
+            .spec
+            .devices
+            .as_ref()
+            .unwrap()
+            .requests
+            .as_ref()
+            .unwrap()[0];
+        let e = r.exactly.as_ref().unwrap();
+        (
+            e.device_class_name.clone(),
+            e.selectors.as_ref().unwrap()[0]
+                .cel
+                .as_ref()
+                .unwrap()
+                .expression
+                .clone(),
+        )
+    };
+    let (class, cel) = request(&templates[0]);
+    assert_eq!(class, "mig.gpu.tessera.io");
+    assert!(cel.contains("profile == \"1g.10gb\""), "{cel}");
+    let (class, cel) = request(&templates[1]);
+    assert_eq!(class, "mps.gpu.tessera.io");
+    assert!(cel.contains("mpsClass == \"small\""), "{cel}");
+    for p in &pods {
+        let spec = p.spec.as_ref().unwrap();
+        assert_eq!(spec.runtime_class_name.as_deref(), Some("tessera"));
+        let claim = &spec.resource_claims.as_ref().unwrap()[0];
+        assert!(
+            templates
+                .iter()
+                .any(|t| t.metadata.name == claim.resource_claim_template_name)
+        );
+        let used = &spec.containers[0]
+            .resources
+            .as_ref()
+            .unwrap()
+            .claims
+            .as_ref()
+            .unwrap()[0];
+        assert_eq!(used.name, claim.name);
+    }
+}
+
+#[test]
+fn the_dra_daemonset_patch_names_the_node_mounts_the_plugin_dirs_and_uses_the_rbac_account() {
+    let patch = &documents("daemonset-patch.yaml")[0];
+    let spec = s(patch, &["spec", "template", "spec"]);
+    let rbac = documents("rbac.yaml");
+    let account = rbac.iter().find(|d| d["kind"] == "ServiceAccount").unwrap();
+    assert_eq!(spec["serviceAccountName"], account["metadata"]["name"]);
+    assert_eq!(spec["automountServiceAccountToken"], true);
+    let daemon = &spec["containers"][0];
+    // The patch merges into the DaemonSet's container of that name.
+    let ds = manifest("daemonset.yaml");
+    assert_eq!(
+        &daemon["name"],
+        s(
+            &ds,
+            &["spec", "template", "spec", "containers", "0", "name"]
+        )
+    );
+    let env = daemon["env"].as_sequence().unwrap();
+    assert!(
+        env.iter().any(|e| e["name"] == "NODE_NAME"
+            && e["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName")
+    );
+    for want in [
+        "/var/lib/kubelet/plugins",
+        "/var/lib/kubelet/plugins_registry",
+    ] {
+        let vol = spec["volumes"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .find(|v| v["hostPath"]["path"] == want)
+            .unwrap_or_else(|| panic!("no hostPath {want}"));
+        assert!(
+            daemon["volumeMounts"]
+                .as_sequence()
+                .unwrap()
+                .iter()
+                .any(|m| m["name"] == vol["name"] && m["mountPath"] == want),
+            "{want} not mounted"
+        );
+    }
+    // RBAC: slices written, claims only read; the policy keeps writes to the node's own.
+    let role = rbac.iter().find(|d| d["kind"] == "ClusterRole").unwrap();
+    let rules = role["rules"].as_sequence().unwrap();
+    let claims = rules
+        .iter()
+        .find(|r| r["resources"][0] == "resourceclaims")
+        .unwrap();
+    assert_eq!(claims["verbs"].as_sequence().unwrap().len(), 1);
+    assert_eq!(claims["verbs"][0], "get");
+    let policy = rbac
+        .iter()
+        .find(|d| d["kind"] == "ValidatingAdmissionPolicy")
+        .unwrap();
+    let rules = serde_json::to_string(&policy["spec"]["validations"]).unwrap();
+    assert!(
+        rules.contains("spec.?nodeName") && rules.contains("userNodeName"),
+        "{rules}"
+    );
+    assert!(rules.contains("gpu.tessera.io"), "{rules}");
+    let binding = rbac
+        .iter()
+        .find(|d| d["kind"] == "ValidatingAdmissionPolicyBinding")
+        .unwrap();
+    assert_eq!(binding["spec"]["policyName"], policy["metadata"]["name"]);
 }

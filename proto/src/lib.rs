@@ -1,5 +1,5 @@
 //! Generated code for the `tessera.v1` gRPC API and for the kubelet APIs the device
-//! plugin speaks. Generated code only: no logic here.
+//! plugin and the DRA driver speak. Generated code only: no logic here.
 
 #![allow(clippy::all, clippy::pedantic, missing_docs)]
 
@@ -38,6 +38,53 @@ pub mod k8s {
     pub mod podresources {
         pub mod v1 {
             include!(concat!(env!("OUT_DIR"), "/k8s/podresources/v1/v1.rs"));
+        }
+    }
+
+    /// `k8s.io/kubelet/pkg/apis/pluginregistration/v1` (package `pluginregistration`):
+    /// Registration, served by a plugin on its socket in kubelet's `plugins_registry`.
+    pub mod pluginregistration {
+        pub mod v1 {
+            include!(concat!(
+                env!("OUT_DIR"),
+                "/k8s/pluginregistration/v1/pluginregistration.rs"
+            ));
+
+            /// `PluginInfo.type` of a DRA driver's plugin.
+            pub const DRA_PLUGIN: &str = "DRAPlugin";
+        }
+    }
+
+    /// `k8s.io/kubelet/pkg/apis/dra`: DRAPlugin, served by a DRA driver's plugin.
+    pub mod dra {
+        pub mod v1 {
+            include!(concat!(
+                env!("OUT_DIR"),
+                "/k8s/dra/v1/k8s.io.kubelet.pkg.apis.dra.v1.rs"
+            ));
+
+            /// The name a plugin lists in `PluginInfo.supported_versions` for this service.
+            pub const SERVICE: &str = "v1.DRAPlugin";
+        }
+        pub mod v1beta1 {
+            include!(concat!(
+                env!("OUT_DIR"),
+                "/k8s/dra/v1beta1/k8s.io.kubelet.pkg.apis.dra.v1beta1.rs"
+            ));
+
+            /// The name a plugin lists in `PluginInfo.supported_versions` for this service.
+            pub const SERVICE: &str = "v1beta1.DRAPlugin";
+        }
+    }
+
+    /// `k8s.io/kubelet/pkg/apis/dra-health/v1` (package `v1`): DRAResourceHealth
+    /// (KEP-4680), served by a DRA driver's plugin.
+    pub mod dra_health {
+        pub mod v1 {
+            include!(concat!(env!("OUT_DIR"), "/k8s/dra-health/v1/v1.rs"));
+
+            /// The name a plugin lists in `PluginInfo.supported_versions` for this service.
+            pub const SERVICE: &str = "v1.DRAResourceHealth";
         }
     }
 }

@@ -135,6 +135,8 @@ pub fn create_request_from_pb(
         need,
         count,
         topology,
+        // The API has no exact placement (the DRA driver's, in-process).
+        exact: None,
     })
 }
 
@@ -422,6 +424,8 @@ pub fn gpu_to_pb(g: &GpuReport) -> pb::Gpu {
     }
 }
 
+/// The answer to ResolveToken: the grant's own conversion, with the lease (all its
+/// partitions for a multi-partition lease).
 pub fn resolved_to_pb(r: &Resolved) -> pb::ResolveTokenResponse {
     let mut lease = lease_to_pb(&r.lease, Some(&r.partition));
     if !r.more_partitions.is_empty() {
@@ -430,41 +434,7 @@ pub fn resolved_to_pb(r: &Resolved) -> pb::ResolveTokenResponse {
             .collect();
         add_partitions(&mut lease, &all, None);
     }
-    pb::ResolveTokenResponse {
-        lease: Some(lease),
-        tenant: r.lease.tenant.clone(),
-        devices: r.devices.iter().map(device_to_pb).collect(),
-        env: r.env.clone().into_iter().collect(),
-        mounts: r.mounts.iter().map(mount_to_pb).collect(),
-        visible_gpu_indices: r.visible_gpu_indices.clone(),
-        granted_capabilities: r.granted_capabilities.clone(),
-        cgroup_parent: r.cgroup_parent.clone(),
-        pids_limit: r.pids_limit,
-        bind_checks_resolution: true,
-    }
-}
-
-/// A device node of a resolution: a character device the container gets.
-fn device_to_pb(d: &crate::lease::devices::DeviceNode) -> pb::DeviceNode {
-    pb::DeviceNode {
-        host_path: d.host_path.display().to_string(),
-        container_path: d.container_path.clone(),
-        r#type: "c".into(),
-        major: d.major,
-        minor: d.minor,
-        permissions: d.permissions.clone(),
-        file_mode: d.file_mode,
-    }
-}
-
-/// A mount of a resolution: a bind mount the container gets.
-fn mount_to_pb(m: &crate::lease::devices::MountSpec) -> pb::Mount {
-    pb::Mount {
-        source: m.source.display().to_string(),
-        destination: m.destination.clone(),
-        r#type: "bind".into(),
-        options: m.options.clone(),
-    }
+    r.grant.to_proto(lease)
 }
 
 /// Whether two answers to ResolveToken agree in what a runtime judges a spec by and

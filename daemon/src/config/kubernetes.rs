@@ -55,6 +55,39 @@ pub struct KubernetesConfig {
     pub cdi: bool,
     /// Where the per-lease CDI specs are written.
     pub cdi_dir: PathBuf,
+    /// `[[kubernetes.mps_classes]]` as declared (the DRA driver publishes slots of
+    /// each).
+    pub mps_classes: Vec<MpsClassSpec>,
+    /// The kubeconfig the DRA driver reaches the API server with; None: in-cluster
+    /// (the pod's service account).
+    pub kubeconfig: Option<PathBuf>,
+    /// `[[kubernetes.mps_classes]]`: MPS class name -> the shape of its shares (the
+    /// device plugin's `mps-<name>` classes, the DRA driver's `gpu-<i>-mps-<name>-<slot>`
+    /// devices).
+    pub mps_shapes: BTreeMap<String, Shape>,
+    /// Serve kubelet's DRA plugin API as the driver `gpu.tessera.io` (`dra = true`).
+    pub dra: bool,
+    /// The DRA plugin's directory; its gRPC socket is `dra.sock` in it.
+    pub dra_plugin_dir: PathBuf,
+    /// kubelet's plugin registration directory (its plugin watcher).
+    pub dra_registry_dir: PathBuf,
+    /// This node's name, the DRA pool name (else the `NODE_NAME` environment
+    /// variable at start, see [`KubernetesConfig::dra_node_name`]).
+    pub node_name: Option<String>,
+    /// The GPUs the DRA driver serves (None: every GPU). With the device plugin on
+    /// too, it is required, and the device plugin reserves only on the others.
+    pub dra_gpus: Option<Vec<u32>>,
+}
+
+/// One `[[kubernetes.mps_classes]]` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MpsClassSpec {
+    pub name: String,
+    pub sm_percent: u32,
+    pub memory_bytes: u64,
+    /// DRA: MPS devices of this class published per GPU (`slots`); None: as many
+    /// as fit the GPU by SM percent and by memory (at most 16).
+    pub slots: Option<u32>,
 }
 
 impl Default for KubernetesConfig {
@@ -71,6 +104,14 @@ impl Default for KubernetesConfig {
             mix: BTreeMap::new(),
             cdi: true,
             cdi_dir: PathBuf::from("/var/run/cdi"),
+            mps_classes: Vec::new(),
+            kubeconfig: None,
+            mps_shapes: BTreeMap::new(),
+            dra: false,
+            dra_plugin_dir: PathBuf::from("/var/lib/kubelet/plugins/gpu.tessera.io"),
+            dra_registry_dir: PathBuf::from("/var/lib/kubelet/plugins_registry"),
+            node_name: None,
+            dra_gpus: None,
         }
     }
 }
@@ -81,6 +122,19 @@ impl KubernetesConfig {
         self.namespaces
             .get(namespace)
             .map_or(self.default_tenant.as_str(), String::as_str)
+    }
+
+    /// Whether the DRA driver serves GPU `gpu` (the device plugin serves the others).
+    pub fn dra_serves(&self, gpu: u32) -> bool {
+        self.dra && self.dra_gpus.as_ref().is_none_or(|g| g.contains(&gpu))
+    }
+
+    /// The DRA pool name: `node_name`, else the `NODE_NAME` environment variable (the
+    /// DaemonSet sets it from `spec.nodeName`); None when neither is set.
+    pub fn dra_node_name(&self) -> Option<String> {
+        self.node_name
+            .clone()
+            .or_else(|| std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty()))
     }
 }
 
@@ -107,6 +161,12 @@ pub(super) struct RawKubernetes {
     mps_classes: Vec<RawMpsClass>,
     cdi: Option<bool>,
     cdi_dir: Option<PathBuf>,
+    kubeconfig: Option<PathBuf>,
+    dra: Option<bool>,
+    dra_plugin_dir: Option<PathBuf>,
+    dra_registry_dir: Option<PathBuf>,
+    node_name: Option<String>,
+    dra_gpus: Option<Vec<u32>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -115,6 +175,7 @@ struct RawMpsClass {
     name: String,
     sm_percent: u32,
     memory: String,
+    slots: Option<u32>,
 }
 
 /// A DNS-label-like name: 1-63 of [a-z0-9-.], starting and ending alphanumeric.
@@ -153,15 +214,25 @@ pub(super) fn validate_kubernetes(
 ) -> Result<KubernetesConfig, ConfigError> {
     let d = KubernetesConfig::default();
     let device_plugin = raw.device_plugin.unwrap_or(false);
+    let dra = raw.dra.unwrap_or(false);
     let default_tenant = raw.default_tenant.unwrap_or(d.default_tenant);
     let tenants = Tenants {
         v,
-        device_plugin,
+        device_plugin: device_plugin || dra,
         declared: tenant_declared,
     };
     tenants.check(&default_tenant, &raw.namespaces)?;
-    let mps = mps_classes(v, raw.mps_classes)?;
+    let (mps, mps_specs) = mps_classes(v, raw.mps_classes)?;
     let mix = mix(v, raw.mix, &mps)?;
+    let dra_gpus = dra_gpus(v, device_plugin && dra, raw.dra_gpus)?;
+    if let Some(n) = &raw.node_name
+        && !node_name_ok(n)
+    {
+        return Err(v.err(
+            "kubernetes.node_name",
+            format!("{n:?} is not a node name (1-253 characters of a-z, 0-9, '-' or '.')"),
+        ));
+    }
     let (release_grace, poll_interval, lease_ttl) = timing(
         v,
         [raw.release_grace, raw.poll_interval, raw.lease_ttl],
@@ -180,15 +251,34 @@ pub(super) fn validate_kubernetes(
         mix,
         cdi: raw.cdi.unwrap_or(true),
         cdi_dir: raw.cdi_dir.unwrap_or(d.cdi_dir),
+        mps_classes: mps_specs,
+        kubeconfig: raw.kubeconfig,
+        mps_shapes: mps,
+        dra,
+        dra_plugin_dir: raw.dra_plugin_dir.unwrap_or(d.dra_plugin_dir),
+        dra_registry_dir: raw.dra_registry_dir.unwrap_or(d.dra_registry_dir),
+        node_name: raw.node_name,
+        dra_gpus,
     };
     for (field, p) in [
         ("kubernetes.device_plugin_dir", &k.device_plugin_dir),
         ("kubernetes.pod_resources_socket", &k.pod_resources_socket),
         ("kubernetes.cdi_dir", &k.cdi_dir),
-    ] {
+        ("kubernetes.dra_plugin_dir", &k.dra_plugin_dir),
+        ("kubernetes.dra_registry_dir", &k.dra_registry_dir),
+    ]
+    .into_iter()
+    .chain(k.kubeconfig.as_ref().map(|p| ("kubernetes.kubeconfig", p)))
+    {
         if !p.is_absolute() {
             return Err(v.err(field, format!("{} is not an absolute path", p.display())));
         }
+    }
+    if k.dra && !k.cdi {
+        return Err(v.err(
+            "kubernetes.cdi",
+            "dra = true needs cdi = true: a prepared claim's devices reach its containers only as CDI devices".into(),
+        ));
     }
     if k.device_plugin && k.mix.values().all(|c| c.count == 0) {
         return Err(v.err(
@@ -198,6 +288,48 @@ pub(super) fn validate_kubernetes(
         ));
     }
     Ok(k)
+}
+
+/// `dra_gpus`: distinct GPU indices, at least one; required when the device plugin
+/// runs too (`both`), so that no GPU is served by both.
+fn dra_gpus(
+    v: &Validator<'_>,
+    both: bool,
+    raw: Option<Vec<u32>>,
+) -> Result<Option<Vec<u32>>, ConfigError> {
+    let field = "kubernetes.dra_gpus";
+    let Some(mut gpus) = raw else {
+        if both {
+            return Err(v.err(
+                field,
+                "device_plugin = true and dra = true: name the GPUs the DRA driver serves \
+                 (e.g. dra_gpus = [0, 1]); the device plugin serves the others, and no GPU both"
+                    .into(),
+            ));
+        }
+        return Ok(None);
+    };
+    if gpus.is_empty() {
+        return Err(v.err(field, "names no GPU".into()));
+    }
+    let n = gpus.len();
+    gpus.sort_unstable();
+    gpus.dedup();
+    if gpus.len() != n {
+        return Err(v.err(field, "names a GPU twice".into()));
+    }
+    Ok(Some(gpus))
+}
+
+/// A Kubernetes node name (a DNS subdomain): 1-253 of [a-z0-9-.], starting and
+/// ending alphanumeric.
+fn node_name_ok(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && s.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+        && s.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric())
 }
 
 /// The tenants `[kubernetes]` names: valid names, and with quotas on, tenants with
@@ -238,12 +370,14 @@ impl Tenants<'_> {
     }
 }
 
-/// `[[kubernetes.mps_classes]]`: name -> the MPS shape of its devices.
+/// `[[kubernetes.mps_classes]]`: name -> the MPS shape of its devices, and the
+/// classes as declared.
 fn mps_classes(
     v: &Validator<'_>,
     raw: Vec<RawMpsClass>,
-) -> Result<BTreeMap<String, Shape>, ConfigError> {
+) -> Result<(BTreeMap<String, Shape>, Vec<MpsClassSpec>), ConfigError> {
     let mut mps = BTreeMap::new();
+    let mut specs = Vec::new();
     for (i, c) in raw.into_iter().enumerate() {
         let field = |k: &str| format!("kubernetes.mps_classes[{i}].{k}");
         if !label_ok(&c.name) || c.name.len() > 40 {
@@ -266,6 +400,17 @@ fn mps_classes(
         if memory_bytes == 0 {
             return Err(v.err(&field("memory"), "must be more than 0".into()));
         }
+        if let Some(n) = c.slots
+            && !(1..=16).contains(&n)
+        {
+            return Err(v.err(&field("slots"), format!("{n} is not in 1..=16")));
+        }
+        specs.push(MpsClassSpec {
+            name: c.name.clone(),
+            sm_percent: c.sm_percent,
+            memory_bytes,
+            slots: c.slots,
+        });
         if mps
             .insert(
                 c.name.clone(),
@@ -282,7 +427,7 @@ fn mps_classes(
             return Err(v.err(&field("name"), format!("{:?} is defined twice", c.name)));
         }
     }
-    Ok(mps)
+    Ok((mps, specs))
 }
 
 /// `[kubernetes.mix]`: class -> its shape and how many devices are kept reserved.
@@ -391,6 +536,64 @@ mod tests {
 
     fn parse(extra: &str) -> Result<Config, String> {
         Config::parse(Path::new("t.toml"), &format!("{GPU}{extra}")).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn dra_publishing_keys_kubeconfig_and_mps_slots() {
+        let c = parse(
+            "[kubernetes]\nkubeconfig = \"/etc/tessera/kubeconfig\"\n[[kubernetes.mps_classes]]\nname = \"small\"\nsm_percent = 25\nmemory = \"20GiB\"\nslots = 3\n[[kubernetes.mps_classes]]\nname = \"big\"\nsm_percent = 50\nmemory = \"40GiB\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            c.kubernetes.kubeconfig.as_deref(),
+            Some(Path::new("/etc/tessera/kubeconfig"))
+        );
+        let classes = &c.kubernetes.mps_classes;
+        assert_eq!(classes.len(), 2);
+        assert_eq!(
+            (classes[0].name.as_str(), classes[0].slots),
+            ("small", Some(3))
+        );
+        assert_eq!(
+            (classes[1].memory_bytes, classes[1].slots),
+            (40 << 30, None)
+        );
+        assert!(parse("").unwrap().kubernetes.kubeconfig.is_none());
+        let e = parse("[kubernetes]\nkubeconfig = \"kubeconfig\"\n").unwrap_err();
+        assert!(e.contains("kubernetes.kubeconfig"), "{e}");
+        let e = parse(
+            "[[kubernetes.mps_classes]]\nname = \"x\"\nsm_percent = 25\nmemory = \"1GiB\"\nslots = 17\n",
+        )
+        .unwrap_err();
+        assert!(e.contains("slots"), "{e}");
+    }
+
+    #[test]
+    fn dra_is_off_by_default_and_shares_no_gpu_with_the_device_plugin() {
+        let c = parse("").unwrap();
+        assert!(!c.kubernetes.dra);
+        assert_eq!(
+            c.kubernetes.dra_plugin_dir,
+            Path::new("/var/lib/kubelet/plugins/gpu.tessera.io")
+        );
+        assert_eq!(
+            c.kubernetes.dra_registry_dir,
+            Path::new("/var/lib/kubelet/plugins_registry")
+        );
+        let c = parse("[kubernetes]\ndra = true\nnode_name = \"node-1\"\n").unwrap();
+        assert!(c.kubernetes.dra_serves(3), "without dra_gpus: every GPU");
+        assert_eq!(c.kubernetes.dra_node_name().as_deref(), Some("node-1"));
+        let both = "[kubernetes]\ndra = true\ndevice_plugin = true\n[kubernetes.mix]\ngpu = 1\n";
+        let err = parse(both).unwrap_err();
+        assert!(err.contains("kubernetes.dra_gpus"), "{err}");
+        let c = parse(&both.replace("dra = true\n", "dra = true\ndra_gpus = [1]\n")).unwrap();
+        assert!(c.kubernetes.dra_serves(1) && !c.kubernetes.dra_serves(0));
+        let err = parse("[kubernetes]\ndra = true\ncdi = false\n").unwrap_err();
+        assert!(err.contains("kubernetes.cdi"), "{err}");
+        let err = parse("[kubernetes]\ndra = true\ndra_gpus = [0, 0]\n").unwrap_err();
+        assert!(err.contains("twice"), "{err}");
+        let err = parse("[kubernetes]\ndra = true\nnode_name = \"Node_1\"\n").unwrap_err();
+        assert!(err.contains("node name"), "{err}");
     }
 
     #[test]

@@ -460,16 +460,14 @@ impl DevicePlugin {
         shape: &crate::partition::Shape,
         device: Option<&K8sDevice>,
     ) -> Result<K8sDevice, K8sError> {
-        let created = self
-            .mgr
-            .create(CreateRequest {
-                tenant: self.cfg.default_tenant.clone(),
-                shape: Some(shape.clone()),
-                ttl: Some(self.cfg.lease_ttl),
-                labels: BTreeMap::from([(LABEL_CLASS.to_string(), class.to_string())]),
-                ..Default::default()
-            })
-            .await?;
+        let req = CreateRequest {
+            tenant: self.cfg.default_tenant.clone(),
+            shape: Some(shape.clone()),
+            ttl: Some(self.cfg.lease_ttl),
+            labels: BTreeMap::from([(LABEL_CLASS.to_string(), class.to_string())]),
+            ..Default::default()
+        };
+        let created = self.create_off_dra_gpus(req).await?;
         let lease_id = created.lease.id.clone();
         let Some(token) = created.token else {
             return Err(K8sError::DeviceEnded {
@@ -518,6 +516,37 @@ impl DevicePlugin {
             return Err(e);
         }
         Ok(d)
+    }
+
+    /// Create `req` on a GPU the DRA driver does not serve (`[kubernetes] dra_gpus`):
+    /// each other GPU in turn while DRA is on, any GPU otherwise.
+    async fn create_off_dra_gpus(
+        &self,
+        req: CreateRequest,
+    ) -> Result<crate::lease::Created, LeaseError> {
+        if !self.cfg.dra {
+            return self.mgr.create(req).await;
+        }
+        let mut last = LeaseError::ResourceExhausted(
+            "every GPU of this node is served by the DRA driver (kubernetes.dra_gpus)".into(),
+        );
+        for g in self.mgr.node().iter().map(|r| r.info.index) {
+            if self.cfg.dra_serves(g) {
+                continue;
+            }
+            match self
+                .mgr
+                .create(CreateRequest {
+                    gpu_index: Some(g),
+                    ..req.clone()
+                })
+                .await
+            {
+                Ok(c) => return Ok(c),
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
     }
 
     /// kubelet gives a device whose pod is gone to a new pod (it frees a terminated

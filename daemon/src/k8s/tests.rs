@@ -329,3 +329,42 @@ async fn a_device_kubelet_gives_to_a_new_pod_gets_a_fresh_lease() {
         b
     );
 }
+
+/// With the DRA driver on some GPUs, the device plugin reserves only on the others.
+#[tokio::test]
+async fn the_device_plugin_reserves_nothing_on_the_dra_drivers_gpus() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let text = format!(
+        "[daemon]\nstate_dir = {s:?}\nrun_dir = {s:?}\n[gpu]\nbackend = \"sim\"\n\
+         [sim]\nstate_file = {f:?}\n[[sim.gpus]]\nmodel = \"h100-80gb\"\nmig = true\n\
+         [[sim.gpus]]\nmodel = \"a100-40gb\"\nmig = false\n\
+         [[sim.gpus]]\nmodel = \"a100-40gb\"\nmig = false\n\
+         [kubernetes]\ndevice_plugin = true\ndra = true\ndra_gpus = [0, 1]\n\
+         cdi_dir = {c:?}\ndevice_plugin_dir = {s:?}\n\
+         [kubernetes.mix]\n\"mig-1g.10gb\" = 1\ngpu = 2\n",
+        s = d.display().to_string(),
+        f = d.join("sim.json").display().to_string(),
+        c = d.join("cdi").display().to_string(),
+    );
+    let cfg = Config::parse(std::path::Path::new("test.toml"), &text).unwrap();
+    let k = cfg.kubernetes.clone();
+    let sim = Arc::new(crate::gpu::open_sim(&cfg.sim).unwrap());
+    let store = Arc::new(Store::open(d).unwrap());
+    let mgr = LeaseManager::start(cfg, sim, store.clone()).unwrap();
+    let p = DevicePlugin::start(mgr.clone(), store, k).await.unwrap();
+    // The only MIG GPU and one of the whole GPUs are DRA's: one whole GPU left.
+    assert!(advertised(&p, "mig-1g.10gb").is_empty());
+    assert_eq!(advertised(&p, "gpu").len(), 1);
+    let gpus: Vec<u32> = mgr
+        .list(None, None, false)
+        .unwrap()
+        .iter()
+        .map(|(l, _)| l.gpu)
+        .collect();
+    assert_eq!(gpus, [2]);
+}

@@ -58,6 +58,12 @@ impl LeaseManager {
             admission,
             rounds,
         };
+        // An exact placement (DRA): there or refused, nothing moved or preempted.
+        if let Some(at) = req.exact {
+            let decision = super::exact::decide(&ask.shape, at, &Self::placeable_views(st), &opts)?;
+            let part = self.partition_for(st, decision, ask, &ask.partition_id)?;
+            return Ok(Plan::Place(Box::new(fit.placement(vec![part]))));
+        }
         if ask.count > 1 {
             return self.decide_several(&fit, &opts);
         }

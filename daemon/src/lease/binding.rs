@@ -1,6 +1,6 @@
 //! The runtime's side: resolve a token to devices, bind and unbind containers.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use crate::gpu::MpsMode;
 use crate::model::{ContainerBinding, Lease, LeaseState, PartKind, Partition};
@@ -11,6 +11,7 @@ use super::error::LeaseError;
 use super::error::invalid;
 use super::events::EventKind;
 use super::manager::LeaseManager;
+use super::plan::{Change, Durability, Marks, Outcome};
 use super::table::State;
 use super::token;
 
@@ -84,29 +85,24 @@ impl LeaseManager {
         hold: bool,
         not_found: impl Fn() -> LeaseError,
     ) -> Result<Resolved, LeaseError> {
-        let (lease, partition, gpu, host) = {
-            let mut st = self.change();
-            let lease = resolvable(&st, lid, &not_found)?;
-            if lease.partition_count() > 1 {
-                let parts = Self::lease_partitions(&st, &lease)?;
-                let mut each = Vec::with_capacity(parts.len());
-                for p in parts {
-                    let gpu = gpu_of(&st, &p)?;
-                    each.push((p, gpu));
-                }
-                if hold {
-                    st.resolved.insert(lease.id.clone());
-                }
-                drop(st);
-                return self.resolve_several(&lease, each);
-            }
-            let (partition, gpu, host) = one_partition(&st, &lease)?;
-            if hold {
-                // A runtime now holds these devices: the lease never moves again.
-                st.resolved.insert(lease.id.clone());
-            }
-            (lease, partition, gpu, host)
-        };
+        // A runtime that resolves a lease holds its devices: it never moves again.
+        let found = self.hold_in_table(|st| {
+            let found = found_in(st, lid, &not_found)?;
+            let held = Outcome::marks(Marks {
+                resolved: hold.then(|| found.lease.id.clone()).into_iter().collect(),
+                ..Marks::default()
+            });
+            Ok((held, found))
+        })?;
+        let Found {
+            lease,
+            mut parts,
+            host,
+        } = found;
+        if parts.len() != 1 {
+            return self.resolve_several(&lease, parts);
+        }
+        let (partition, gpu) = parts.remove(0);
         let device = host.as_ref().unwrap_or(&partition);
         let minors = match device.kind {
             PartKind::Mig(_) => self.backend.mig_minors()?,
@@ -159,9 +155,15 @@ impl LeaseManager {
             .iter()
             .map(|(p, gpu)| self.devices_of(lease, p, gpu, &minors, majors))
             .collect();
-        devices::merge_several(each).ok_or_else(|| {
-            LeaseError::Inconsistent(Inconsistency::LeaseWithoutPartition(lease.id.clone()))
-        })
+        let inconsistent = |i| LeaseError::Inconsistent(i);
+        devices::merge_several(each)
+            .map_err(|e| {
+                inconsistent(Inconsistency::PartitionsDisagree {
+                    lease: lease.id.clone(),
+                    reason: e.to_string(),
+                })
+            })?
+            .ok_or_else(|| inconsistent(Inconsistency::LeaseWithoutPartition(lease.id.clone())))
     }
 
     /// Record a container on the lease its token names (the runtime calls this
@@ -190,58 +192,21 @@ impl LeaseManager {
         check_binding(&binding)?;
         let resolved = self.resolve_token(tok)?;
         check(&resolved)?;
-        let (lease, handed, pod_claimed) = {
-            let mut st = self.change();
-            let n = st
-                .leases
-                .get(&resolved.lease.id)
-                .map(|l| l.containers.len())
-                .unwrap_or(0);
-            if n >= 1024 {
-                return Err(LeaseError::ResourceExhausted(format!(
-                    "lease {} already has {n} containers",
-                    resolved.lease.id
-                )));
-            }
-            let handed = hand_mps_server(&mut st, &resolved.partition, uid)?;
-            let mut l = st
-                .leases
-                .get_mut(&resolved.lease.id)
-                .ok_or_else(|| LeaseError::NotFound("lease ended".into()))?;
-            let pod_claimed = claim_for_pod(&mut l, &binding.pod)?;
-            let previous = l.containers.iter().position(|c| c.id == binding.id);
-            let previous = previous.map(|i| l.containers.remove(i));
-            l.containers.push(binding.clone());
-            (l.clone(), (handed, previous), pod_claimed)
-        };
-        let (handed, previous) = handed;
-        if let Err(e) = self.record_binding(&lease, uid, &handed, pod_claimed).await {
-            // Refused: the binding did not happen, in memory either.
-            self.undo_bind(
-                &lease.id,
-                &binding.id,
-                previous,
-                handed.map(|h| h.0),
-                pod_claimed,
-            );
-            return Err(e);
-        }
+        let lease = self
+            .run_change(
+                |st| decide_binding(st, &resolved, &binding, uid),
+                async |b: &Bound| self.hand_dirs(uid, b.handed.as_ref()),
+                |b: &Bound| self.hand_dirs_back(b.handed.as_ref()),
+            )
+            .await?
+            .lease;
         self.emit(EventKind::ContainerBound, &lease, None, binding.id);
         Ok(lease)
     }
 
-    /// A binding, durably: the MPS directories handed to `uid` (when its server
-    /// was), then the lease (and the partition's owner). A binding only says which
-    /// containers run, and an OS crash that could lose an unsynced commit ends them
-    /// all: relaxed (no fsync on the runtime's path). What outlives the containers
-    /// is durable: a pod's claim on the token, and the uid an MPS server was handed.
-    async fn record_binding(
-        &self,
-        lease: &Lease,
-        uid: Option<u32>,
-        handed: &Option<Handed>,
-        pod_claimed: bool,
-    ) -> Result<(), LeaseError> {
+    /// The host side of a binding: the MPS directories handed to `uid` when its
+    /// server was.
+    fn hand_dirs(&self, uid: Option<u32>, handed: Option<&Handed>) -> Result<(), LeaseError> {
         if let (Some(uid), Some((_, pipe, log))) = (uid, handed) {
             for dir in [pipe.parent(), Some(pipe.as_path()), Some(log.as_path())]
                 .into_iter()
@@ -250,68 +215,24 @@ impl LeaseManager {
                 self.host.chown(dir, uid)?;
             }
         }
-        let l2 = lease.clone();
-        let p2 = handed.as_ref().map(|(p, _, _)| p.clone());
-        let put = move |w: &crate::store::Writer<'_>| {
-            if let Some(p) = &p2 {
-                w.put_partition(p)?;
-            }
-            w.put_lease(&l2)
-        };
-        if handed.is_none() && !pod_claimed {
-            self.store.write_relaxed(put).await?;
-        } else {
-            self.store.write(put).await?;
-        }
         Ok(())
     }
 
-    /// Put a lease's bindings (and its MPS partition's owner) back as they were
-    /// before a bind that could not be recorded.
-    fn undo_bind(
-        &self,
-        lease_id: &str,
-        container_id: &str,
-        previous: Option<ContainerBinding>,
-        handed: Option<crate::model::Partition>,
-        pod_claimed: bool,
-    ) {
-        let mut st = self.change();
-        if let Some(mut l) = st.leases.get_mut(lease_id) {
-            l.containers.retain(|c| c.id != container_id);
-            l.containers.extend(previous);
-            if pod_claimed {
-                l.pod = None;
-            }
+    /// A binding that could not be recorded: the MPS directories it handed to a
+    /// uid go back to root, unless a shared server's other leases use them.
+    fn hand_dirs_back(&self, handed: Option<&Handed>) {
+        let Some((p, pipe, log)) = handed else {
+            return;
+        };
+        if self.read().partitions.shared_server_owner(p).is_some() {
+            return;
         }
-        let cleared = handed.and_then(|p| {
-            let mut p = st.partitions.get_mut(&p.id)?;
-            let PartKind::Mps(m) = &mut p.kind else {
-                return None;
-            };
-            m.owner_uid = None;
-            Some((*p).clone())
-        });
-        let dirs = cleared.and_then(|p| {
-            // A shared server's directories stay with the uid its other leases use.
-            if st.partitions.shared_server_owner(&p).is_some() {
-                return None;
-            }
-            let PartKind::Mps(m) = &p.kind else {
-                return None;
-            };
-            Some([
-                m.pipe_dir.parent().map(Path::to_path_buf),
-                Some(m.pipe_dir.clone()),
-                Some(m.log_dir.clone()),
-            ])
-        });
-        drop(st);
-        if let Some(dirs) = dirs {
-            for dir in dirs.into_iter().flatten() {
-                if let Err(e) = self.host.chown(&dir, 0) {
-                    tracing::warn!(dir = %dir.display(), error = %e, "could not hand an MPS directory back to root");
-                }
+        for dir in [pipe.parent(), Some(pipe.as_path()), Some(log.as_path())]
+            .into_iter()
+            .flatten()
+        {
+            if let Err(e) = self.host.chown(dir, 0) {
+                tracing::warn!(dir = %dir.display(), error = %e, "could not hand an MPS directory back to root");
             }
         }
     }
@@ -328,47 +249,10 @@ impl LeaseManager {
         let this = |c: &ContainerBinding| {
             c.id == container_id && runtime_root.is_none_or(|r| c.runtime_root == r)
         };
-        let unbound: Vec<(Lease, Vec<ContainerBinding>)> = {
-            let mut st = self.change();
-            let ids: Vec<String> = st
-                .leases
-                .values()
-                .filter(|l| l.containers.iter().any(this))
-                .map(|l| l.id.clone())
-                .collect();
-            let mut unbound = Vec::with_capacity(ids.len());
-            for id in ids {
-                let Some(mut l) = st.leases.get_mut(&id) else {
-                    continue;
-                };
-                let gone: Vec<ContainerBinding> =
-                    l.containers.iter().filter(|c| this(c)).cloned().collect();
-                l.containers.retain(|c| !this(c));
-                unbound.push((l.clone(), gone));
-            }
-            unbound
-        };
-        if unbound.is_empty() {
-            return Ok(());
-        }
-        let leases: Vec<Lease> = unbound.iter().map(|(l, _)| l.clone()).collect();
-        // Relaxed, as a bind is: a binding an OS crash brings back names a container
-        // that crash ended, and housekeeping drops it.
-        if let Err(e) = self
-            .store
-            .write_relaxed(move |w| leases.iter().try_for_each(|l| w.put_lease(l)))
-            .await
-        {
-            // Refused: still bound, in memory too.
-            let mut st = self.change();
-            for (lease, gone) in unbound {
-                if let Some(mut l) = st.leases.get_mut(&lease.id) {
-                    l.containers.extend(gone);
-                }
-            }
-            return Err(e.into());
-        }
-        for (lease, _) in &unbound {
+        let unbound = self
+            .run_records(|st| Ok(decide_unbinding(st, this)))
+            .await?;
+        for lease in &unbound {
             self.emit(
                 EventKind::ContainerUnbound,
                 lease,
@@ -378,6 +262,72 @@ impl LeaseManager {
         }
         Ok(())
     }
+}
+
+/// A container on a lease, as the decision to bind it answers: the lease with
+/// the binding, and the MPS partition handed to the container's uid, if it was.
+struct Bound {
+    lease: Lease,
+    handed: Option<Handed>,
+}
+
+/// The binding of `binding` (a container of `uid`) on `resolved`'s lease: the
+/// lease with it (a binding of the same container replaced), the pod's claim on
+/// the token, an MPS server handed to the uid; or the refusal. A binding only
+/// says which containers run, and an OS crash that could lose an unsynced commit
+/// ends them all: relaxed (no fsync on the runtime's path). What outlives the
+/// containers is durable: a pod's claim on the token, and the uid an MPS server
+/// was handed.
+fn decide_binding(
+    st: &State,
+    resolved: &Resolved,
+    binding: &ContainerBinding,
+    uid: Option<u32>,
+) -> Result<Change<Bound>, LeaseError> {
+    let id = &resolved.lease.id;
+    let n = st.leases.get(id).map(|l| l.containers.len()).unwrap_or(0);
+    if n >= 1024 {
+        return Err(LeaseError::ResourceExhausted(format!(
+            "lease {id} already has {n} containers"
+        )));
+    }
+    let handed = hand_mps_server(st, &resolved.partition, uid)?;
+    let mut lease = st
+        .leases
+        .get(id)
+        .cloned()
+        .ok_or_else(|| LeaseError::NotFound("lease ended".into()))?;
+    let pod_claimed = claim_for_pod(&mut lease, &binding.pod)?;
+    lease.containers.retain(|c| c.id != binding.id);
+    lease.containers.push(binding.clone());
+    let mut change = Change::leases(vec![lease.clone()], Bound { lease, handed });
+    if let Some((p, _, _)) = &change.answer.handed {
+        change.outcome.parts.push(p.clone());
+    }
+    if change.answer.handed.is_none() && !pod_claimed {
+        change.durability = Durability::Relaxed;
+    }
+    Ok(change)
+}
+
+/// A container forgotten on every lease it is bound to (`this` names its
+/// bindings): those leases without it, written relaxed as a bind is (a binding an
+/// OS crash brings back names a container that crash ended, and housekeeping
+/// drops it).
+fn decide_unbinding(st: &State, this: impl Fn(&ContainerBinding) -> bool) -> Change<Vec<Lease>> {
+    let unbound: Vec<Lease> = st
+        .leases
+        .values()
+        .filter(|l| l.containers.iter().any(&this))
+        .map(|l| {
+            let mut l = l.clone();
+            l.containers.retain(|c| !this(c));
+            l
+        })
+        .collect();
+    let mut change = Change::leases(unbound.clone(), unbound);
+    change.durability = Durability::Relaxed;
+    change
 }
 
 /// A termination-message path is a clean absolute host path (the daemon writes a
@@ -418,6 +368,42 @@ fn gpu_of(st: &State, p: &Partition) -> Result<crate::gpu::GpuInfo, LeaseError> 
                 gpu: p.gpu,
             })
         })
+}
+
+/// A live lease a runtime may have the devices of, as the table holds it: its
+/// partitions, each with its GPU, and (MPS inside MIG) the host instance whose
+/// devices the container gets.
+struct Found {
+    lease: Lease,
+    parts: Vec<(Partition, crate::gpu::GpuInfo)>,
+    host: Option<Partition>,
+}
+
+/// Live lease `lid` and what its devices are made of; refused while it is not
+/// resolvable (see [`resolvable`]).
+fn found_in(
+    st: &State,
+    lid: &str,
+    not_found: &impl Fn() -> LeaseError,
+) -> Result<Found, LeaseError> {
+    let lease = resolvable(st, lid, not_found)?;
+    if lease.partition_count() > 1 {
+        let parts = LeaseManager::lease_partitions(st, &lease)?
+            .into_iter()
+            .map(|p| gpu_of(st, &p).map(|gpu| (p, gpu)))
+            .collect::<Result<Vec<_>, _>>()?;
+        return Ok(Found {
+            lease,
+            parts,
+            host: None,
+        });
+    }
+    let (partition, gpu, host) = one_partition(st, &lease)?;
+    Ok(Found {
+        lease,
+        parts: vec![(partition, gpu)],
+        host,
+    })
 }
 
 /// An MPS partition handed to a container's uid: the partition (its owner set),
@@ -501,14 +487,15 @@ fn check_binding(binding: &ContainerBinding) -> Result<(), LeaseError> {
 /// shared server serves one uid (MPS starts a server per uid and makes other uids
 /// wait): the uid of the first container bound to any of its leases.
 fn hand_mps_server(
-    st: &mut State,
+    st: &State,
     partition: &Partition,
     uid: Option<u32>,
 ) -> Result<Option<Handed>, LeaseError> {
     let server_owner = st.partitions.shared_server_owner(partition);
-    let (Some(uid), Some(mut p)) = (uid, st.partitions.get_mut(&partition.id)) else {
+    let (Some(uid), Some(p)) = (uid, st.partitions.get(&partition.id)) else {
         return Ok(None);
     };
+    let mut p = p.clone();
     let PartKind::Mps(m) = &mut p.kind else {
         return Ok(None);
     };

@@ -39,6 +39,7 @@ impl LeaseManager {
         if self.shutting_down.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(LeaseError::ShuttingDown);
         }
+        super::exact::pin(&mut req)?;
         let (shape, ttl) = match self.check(&mut req).await? {
             Checked::New(shape, ttl) => (shape, ttl),
             Checked::Retry(answer) => return Ok(*answer),

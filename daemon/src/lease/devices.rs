@@ -1,7 +1,10 @@
 //! What a container on a lease needs: device nodes, env, mounts (ResolveToken).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+use tessera_common::contract::LEASE_ID_ENV;
+use tessera_common::grant::{Grant, GrantDevice, GrantError, GrantMount};
 
 use crate::config::DevicesConfig;
 use crate::gpu::MigMinors;
@@ -17,38 +20,17 @@ pub const SIM_CAPS_MAJOR: i64 = 511;
 /// Where the lease's MPS pipe directory appears inside the container.
 pub const CONTAINER_MPS_PIPE_DIR: &str = "/run/nvidia-mps";
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeviceNode {
-    pub host_path: PathBuf,
-    pub container_path: String,
-    pub major: i64,
-    pub minor: i64,
-    pub permissions: String,
-    pub file_mode: u32,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MountSpec {
-    pub source: PathBuf,
-    pub destination: String,
-    pub options: Vec<String>,
-}
-
-/// Everything the runtime needs for one lease.
+/// Everything the runtime needs for one lease: the lease, its partitions and the
+/// grant (`tessera_common::grant::Grant`, the type the runtime judges a spec
+/// against), answered to ResolveToken through [`Grant::to_proto`].
 #[derive(Debug, Clone)]
 pub struct Resolved {
     pub lease: Lease,
     pub partition: Partition,
     /// A multi-partition lease: its partitions after the first (their devices are
-    /// in `devices` too).
+    /// in the grant too).
     pub more_partitions: Vec<Partition>,
-    pub devices: Vec<DeviceNode>,
-    pub env: BTreeMap<String, String>,
-    pub mounts: Vec<MountSpec>,
-    pub visible_gpu_indices: Vec<u32>,
-    pub granted_capabilities: Vec<String>,
-    pub cgroup_parent: String,
-    pub pids_limit: u64,
+    pub grant: Grant,
 }
 
 /// Why a lease's device nodes cannot be described on this host.
@@ -96,10 +78,11 @@ pub fn dynamic_majors(
     ))
 }
 
-fn node(dev_root: &Path, name: &str, major: i64, minor: i64) -> DeviceNode {
-    DeviceNode {
+fn node(dev_root: &Path, name: &str, major: i64, minor: i64) -> GrantDevice {
+    GrantDevice {
         host_path: dev_root.join(name),
         container_path: format!("/dev/{name}"),
+        kind: 'c',
         major,
         minor,
         permissions: "rw".into(),
@@ -109,7 +92,7 @@ fn node(dev_root: &Path, name: &str, major: i64, minor: i64) -> DeviceNode {
 
 /// An MPS client's side: the pipe directory (mounted) and, for a shared server,
 /// the lease's limits as client env.
-fn mps_client(m: &MpsPart, env: &mut BTreeMap<String, String>, mounts: &mut Vec<MountSpec>) {
+fn mps_client(m: &MpsPart, env: &mut BTreeMap<String, String>, mounts: &mut Vec<GrantMount>) {
     env.insert(
         "CUDA_MPS_PIPE_DIRECTORY".into(),
         CONTAINER_MPS_PIPE_DIR.to_string(),
@@ -127,8 +110,8 @@ fn mps_client(m: &MpsPart, env: &mut BTreeMap<String, String>, mounts: &mut Vec<
             format!("0={}M", (m.memory_bytes >> 20).max(1)),
         );
     }
-    mounts.push(MountSpec {
-        source: m.pipe_dir.clone(),
+    mounts.push(GrantMount {
+        source: m.pipe_dir.display().to_string(),
         destination: CONTAINER_MPS_PIPE_DIR.to_string(),
         options: ["rbind", "nosuid", "nodev", "noexec"]
             .map(String::from)
@@ -141,52 +124,69 @@ fn mps_client(m: &MpsPart, env: &mut BTreeMap<String, String>, mounts: &mut Vec<
 /// lease's partition.
 pub fn add_mps_share(resolved: &mut Resolved, share: &Partition) {
     if let PartKind::Mps(m) = &share.kind {
-        mps_client(m, &mut resolved.env, &mut resolved.mounts);
+        mps_client(m, &mut resolved.grant.env, &mut resolved.grant.mounts);
     }
     resolved.partition = share.clone();
 }
 
-/// A multi-partition lease: the devices, env and capabilities of each partition
-/// (`each`, in the lease's order, as [`resolve`] built them) in one answer. Device
-/// nodes shared by them (`nvidiactl`, `nvidia-uvm`, a GPU holding several of its
-/// instances) appear once; `CUDA_VISIBLE_DEVICES` lists every partition's UUID in
-/// order, so the container sees all of them and only them.
-pub fn merge_several(mut each: Vec<Resolved>) -> Option<Resolved> {
-    if each.is_empty() {
-        return None;
-    }
-    let mut out = each.remove(0);
-    let mut uuids: Vec<String> = out
-        .env
-        .get("CUDA_VISIBLE_DEVICES")
-        .cloned()
-        .into_iter()
-        .collect();
-    for r in each {
-        for d in r.devices {
-            if !out.devices.iter().any(|o| o.host_path == d.host_path) {
-                out.devices.push(d);
-            }
-        }
-        if let Some(u) = r.env.get("CUDA_VISIBLE_DEVICES") {
-            uuids.push(u.clone());
-        }
-        for i in r.visible_gpu_indices {
-            if !out.visible_gpu_indices.contains(&i) {
-                out.visible_gpu_indices.push(i);
-            }
-        }
-        for c in r.granted_capabilities {
-            if !out.granted_capabilities.contains(&c) {
-                out.granted_capabilities.push(c);
-            }
-        }
+/// A multi-partition lease: the grants of each partition (`each`, in the lease's
+/// order, as [`resolve`] built them) in one answer, by the one merge of
+/// [`Grant::merge`]: device nodes shared by them (`nvidiactl`, `nvidia-uvm`, a GPU
+/// holding several of its instances) appear once, `CUDA_VISIBLE_DEVICES` lists
+/// every partition's UUID in order (so the container sees all of them and only
+/// them), the GPU indices sorted, the lease id once. None when `each` is empty.
+pub fn merge_several(each: Vec<Resolved>) -> Result<Option<Resolved>, GrantError> {
+    let mut it = each.into_iter();
+    let Some(mut out) = it.next() else {
+        return Ok(None);
+    };
+    let mut grants = vec![std::mem::take(&mut out.grant)];
+    for r in it {
+        grants.push(r.grant);
         out.more_partitions.push(r.partition);
     }
-    out.visible_gpu_indices.sort_unstable();
-    out.env
-        .insert("CUDA_VISIBLE_DEVICES".into(), uuids.join(","));
-    Some(out)
+    out.grant = Grant::merge(grants)?;
+    Ok(Some(out))
+}
+
+/// A MIG instance's access: the read-only capability nodes of its GI and CI (their
+/// minors as the driver numbers them, else as it would) and the capabilities
+/// granted.
+fn mig_access(
+    dev: &Path,
+    gpu: u32,
+    m: &crate::model::MigPart,
+    minors: &MigMinors,
+    caps_major: i64,
+) -> (Vec<GrantDevice>, Vec<String>) {
+    let gi = m.gi_id.unwrap_or_default();
+    let ci = m.ci_id.unwrap_or_default();
+    let gi_minor = minors
+        .gi_access
+        .get(&(gpu, gi))
+        .copied()
+        .unwrap_or(3 + gpu * 135 + gi * 9);
+    let ci_minor = minors
+        .ci_access
+        .get(&(gpu, gi, ci))
+        .copied()
+        .unwrap_or(3 + gpu * 135 + gi * 9 + 1 + ci);
+    let nodes = [gi_minor, ci_minor]
+        .into_iter()
+        .map(|minor| {
+            let name = format!("nvidia-caps/nvidia-cap{minor}");
+            GrantDevice {
+                file_mode: 0o444,
+                permissions: "r".into(),
+                ..node(dev, &name, caps_major, i64::from(minor))
+            }
+        })
+        .collect();
+    let access = vec![
+        format!("gpu{gpu}/mig/gi{gi}/access"),
+        format!("gpu{gpu}/mig/gi{gi}/ci{ci}/access"),
+    ];
+    (nodes, access)
 }
 
 /// Build the devices, env and mounts of a lease.
@@ -216,32 +216,13 @@ pub fn resolve(
     let mut env = BTreeMap::new();
     let mut mounts = Vec::new();
     let mut caps = Vec::new();
-    env.insert("TESSERA_LEASE_ID".into(), lease.id.clone());
+    env.insert(LEASE_ID_ENV.into(), lease.id.clone());
     env.insert("NVIDIA_VISIBLE_DEVICES".into(), "void".into());
     match &partition.kind {
         PartKind::Mig(m) => {
-            let gi = m.gi_id.unwrap_or_default();
-            let ci = m.ci_id.unwrap_or_default();
-            let gi_minor = minors
-                .gi_access
-                .get(&(gpu, gi))
-                .copied()
-                .unwrap_or(3 + gpu * 135 + gi * 9);
-            let ci_minor = minors
-                .ci_access
-                .get(&(gpu, gi, ci))
-                .copied()
-                .unwrap_or(3 + gpu * 135 + gi * 9 + 1 + ci);
-            for minor in [gi_minor, ci_minor] {
-                let name = format!("nvidia-caps/nvidia-cap{minor}");
-                devices.push(DeviceNode {
-                    file_mode: 0o444,
-                    permissions: "r".into(),
-                    ..node(dev, &name, caps_major, i64::from(minor))
-                });
-            }
-            caps.push(format!("gpu{gpu}/mig/gi{gi}/access"));
-            caps.push(format!("gpu{gpu}/mig/gi{gi}/ci{ci}/access"));
+            let (nodes, access) = mig_access(dev, gpu, m, minors, caps_major);
+            devices.extend(nodes);
+            caps.extend(access);
             if let Some(uuid) = &m.uuid {
                 env.insert("CUDA_VISIBLE_DEVICES".into(), uuid.clone());
             }
@@ -258,13 +239,18 @@ pub fn resolve(
         lease: lease.clone(),
         partition: partition.clone(),
         more_partitions: Vec::new(),
-        devices,
-        env,
-        mounts,
-        visible_gpu_indices: vec![gpu],
-        granted_capabilities: caps,
-        cgroup_parent: format!("tessera/{}", lease.id),
-        pids_limit,
+        grant: Grant {
+            lease_id: lease.id.clone(),
+            tenant: lease.tenant.clone(),
+            devices,
+            env,
+            mounts,
+            visible_gpu_indices: vec![gpu],
+            granted_capabilities: caps,
+            cgroup_parent: format!("tessera/{}", lease.id),
+            pids_limit,
+            pod: lease.pod.clone().unwrap_or_default(),
+        },
     }
 }
 

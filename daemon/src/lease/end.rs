@@ -14,7 +14,7 @@ use super::error::Inconsistency;
 use super::error::LeaseError;
 use super::events::EventKind;
 use super::manager::LeaseManager;
-use super::plan::{DestroyError, HwDestroy, Outcome, Publish};
+use super::plan::{DestroyError, HwDestroy, Marks, Outcome, Publish, TeardownStep};
 use super::table::State;
 
 pub(super) fn hw_keeps(p: &Partition, on_release: OnRelease) -> bool {
@@ -33,55 +33,87 @@ impl LeaseManager {
         reason: &str,
     ) -> Result<Lease, LeaseError> {
         self.wait_while_moving(id).await;
-        let (lease, steps, before) = {
-            let mut st = self.change();
-            if st.moving.contains(id) {
-                return Err(LeaseError::FailedPrecondition(format!(
-                    "lease {id} is being moved to another MIG placement; retry in a moment"
-                )));
-            }
-            let Some(lease) = st.leases.get(id).cloned() else {
-                // Already ended: releasing twice is not an error.
-                return match self.store.get_lease(id)? {
-                    Some(l) => Ok(l),
-                    None => Err(LeaseError::NotFound(format!(
-                        "no lease {:?}",
-                        truncate(id, 80)
-                    ))),
-                };
+        let (lease, steps, before) = match self.hold_in_table(|st| {
+            let Some(ending) = self.decide_end(st, id, ending_as, reason)? else {
+                return Ok((Outcome::default(), None));
             };
-            match lease.state() {
-                LeaseState::Pending => {
-                    return Err(LeaseError::FailedPrecondition(format!(
-                        "lease {id} is still being created; retry in a moment"
-                    )));
-                }
-                LeaseState::Revoking => return Ok(lease),
-                _ => {}
-            }
-            if st.tearing_down.contains(id) {
-                return Ok(lease);
-            }
-            // Every partition it holds (several for a multi-partition lease).
-            let steps: Vec<(Partition, Option<HwDestroy>)> = Self::lease_partitions(&st, &lease)?
-                .into_iter()
-                .map(|p| {
-                    let hw = self.teardown_for(&st, &p);
-                    (p, hw)
-                })
-                .collect();
-            let mut l = st.leases.get_mut(id).ok_or_else(|| {
-                LeaseError::Inconsistent(Inconsistency::LeaseVanished(id.to_string()))
-            })?;
-            l.begin_end(ending_as, reason)?;
-            let ending = l.clone();
-            drop(l);
-            st.tearing_down.insert(id.to_string());
-            (ending, steps, lease)
+            // The lease revoking in the table, its teardown running; its intent
+            // records both.
+            let begun = Outcome {
+                leases: vec![ending.0.clone()],
+                marks: Marks {
+                    tearing_down: vec![id.to_string()],
+                    ..Marks::default()
+                },
+                ..Outcome::default()
+            };
+            Ok((begun, Some(ending)))
+        })? {
+            Some(ending) => ending,
+            None => return self.ended_already(id),
         };
         let result = self.teardown(lease, steps, before).await;
         self.teardown_finished(id);
         result
+    }
+
+    /// The end of live lease `id` as `ending_as`: the lease revoking, each of its
+    /// partitions with its hardware step, and the lease as it was; or the refusal.
+    /// `Ok(None)`: nothing to begin (already ended, already revoking, its teardown
+    /// running): [`Self::ended_already`] answers.
+    fn decide_end(
+        &self,
+        st: &State,
+        id: &str,
+        ending_as: LeaseState,
+        reason: &str,
+    ) -> Result<Option<(Lease, Vec<TeardownStep>, Lease)>, LeaseError> {
+        if st.moving.contains(id) {
+            return Err(LeaseError::FailedPrecondition(format!(
+                "lease {id} is being moved to another MIG placement; retry in a moment"
+            )));
+        }
+        let Some(lease) = st.leases.get(id) else {
+            return Ok(None);
+        };
+        match lease.state() {
+            LeaseState::Pending => {
+                return Err(LeaseError::FailedPrecondition(format!(
+                    "lease {id} is still being created; retry in a moment"
+                )));
+            }
+            LeaseState::Revoking => return Ok(None),
+            _ => {}
+        }
+        if st.tearing_down.contains(id) {
+            return Ok(None);
+        }
+        // Every partition it holds (several for a multi-partition lease).
+        let steps: Vec<(Partition, Option<HwDestroy>)> = Self::lease_partitions(st, lease)?
+            .into_iter()
+            .map(|p| {
+                let hw = self.teardown_for(st, &p);
+                (p, hw)
+            })
+            .collect();
+        let mut ending = lease.clone();
+        ending.begin_end(ending_as, reason)?;
+        Ok(Some((ending, steps, lease.clone())))
+    }
+
+    /// The answer to ending lease `id` that had nothing to begin: the lease as the
+    /// table or the store holds it (releasing twice is not an error).
+    fn ended_already(&self, id: &str) -> Result<Lease, LeaseError> {
+        if let Some(l) = self.read().leases.get(id) {
+            return Ok(l.clone());
+        }
+        match self.store.get_lease(id)? {
+            Some(l) => Ok(l),
+            None => Err(LeaseError::NotFound(format!(
+                "no lease {:?}",
+                truncate(id, 80)
+            ))),
+        }
     }
 
     /// The hardware step that ends `p`'s lease. A shared MPS server is stopped only
@@ -235,16 +267,25 @@ impl LeaseManager {
     /// A teardown step failed: the lease stays revoking (its intent open), those
     /// partitions destroying, and watchers hear why; housekeeping retries.
     fn teardown_failed(&self, lease: &Lease, partition: &Partition, failed: &[(String, GpuError)]) {
-        let mut st = self.change();
-        for (pid, _) in failed {
-            if let Some(mut p) = st.partitions.get_mut(pid) {
-                p.state = PartitionState::Destroying;
-            }
+        let marked = self.hold_in_table(|st| {
+            let parts = failed
+                .iter()
+                .filter_map(|(pid, _)| st.partitions.get(pid))
+                .map(|p| Partition {
+                    state: PartitionState::Destroying,
+                    ..p.clone()
+                })
+                .collect();
+            let marked = Outcome {
+                parts,
+                leases: vec![lease.clone()],
+                ..Outcome::default()
+            };
+            Ok((marked, ()))
+        });
+        if let Err(e) = marked {
+            warn!(lease = %lease.id, error = %e, "could not mark a failed teardown");
         }
-        if let Some(mut l) = st.leases.get_mut(&lease.id) {
-            *l = lease.clone();
-        }
-        drop(st);
         let why: Vec<String> = failed.iter().map(|(_, e)| e.to_string()).collect();
         self.emit(
             EventKind::Revoking,
@@ -262,7 +303,7 @@ impl LeaseManager {
         partition: &Partition,
     ) -> Result<bool, LeaseError> {
         let containers = self
-            .lock()
+            .read()
             .leases
             .get(&lease.id)
             .map(|l| l.containers.clone())
@@ -350,11 +391,7 @@ impl LeaseManager {
         let mut end = Outcome {
             ended: vec![lease.clone()],
             usage: Some((lease.clone(), usage)),
-            finished: intents
-                .into_iter()
-                .flatten()
-                .map(|i| (i, now, "done"))
-                .collect(),
+            finished: Outcome::finishing(intents, now, "done"),
             ..Outcome::default()
         };
         // Each partition back in the pool (its hardware kept), or gone.

@@ -123,6 +123,8 @@ pub enum Inconsistency {
     LeaseWithoutPartition(String),
     #[error("partition {partition} is on GPU {gpu}, which the daemon does not know")]
     PartitionOnUnknownGpu { partition: String, gpu: u32 },
+    #[error("the partitions of lease {lease} cannot be given to one container: {reason}")]
+    PartitionsDisagree { lease: String, reason: String },
     #[error("lease {0} vanished while it was being changed")]
     LeaseVanished(String),
     #[error("lease {0} needed a hardware step but no intent was recorded")]

@@ -15,6 +15,12 @@
 //!
 //! The other plans act and hand back to the decision: preempt burst leases, move
 //! idle ones, wait for teardowns.
+//!
+//! A change outside a hardware sequence (a binding, a renewal, a new owner) is a
+//! [`Change`] its decision answers from the table; [`LeaseManager::run_change`]
+//! applies it under that lock, runs its host step, commits it through the same
+//! outcome writer and undoes it if refused. What the table alone holds (a teardown
+//! begun, notices, back-offs) is an outcome's [`Marks`].
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -36,8 +42,10 @@ use crate::store::StoreError;
 use super::error::LeaseError;
 use super::events::EventKind;
 use super::manager::{LeaseManager, mps_dirs};
+use super::outcome::{Replaced, apply, write_outcome_rows};
 use super::plan::{
-    Ask, Created, DestroyError, HwCreate, HwDestroy, Outcome, Placement, Plan, Publish,
+    Ask, Change, Created, DestroyError, Durability, HwCreate, HwDestroy, Outcome, Placement, Plan,
+    Publish,
 };
 use super::table::State;
 use super::token;
@@ -77,10 +85,11 @@ impl LeaseManager {
         Ok(plan)
     }
 
-    /// The table for a change outside a plan's sequence (a binding, a renewal, a
-    /// health mark, housekeeping's bookkeeping, a teardown's marks), held while the
-    /// caller decides and changes it: a decision and its change stay under one
-    /// lock. Reads go through [`LeaseManager::read`].
+    /// The table held while the caller changes it (left to a replayed
+    /// CreateLease's new token and a move's start; every other change is a [`Change`] run by
+    /// [`Self::run_change`], or an outcome applied by [`Self::hold_in_table`],
+    /// [`Self::commit`] or [`Self::publish_only`]). Reads go through
+    /// [`LeaseManager::read`].
     pub(super) fn change(&self) -> std::sync::MutexGuard<'_, State> {
         self.lock()
     }
@@ -194,11 +203,7 @@ impl LeaseManager {
         let outcome = Outcome {
             parts: made.to_vec(),
             leases: vec![lease.clone()],
-            finished: intents
-                .into_iter()
-                .flatten()
-                .map(|i| (i, done_at, "done"))
-                .collect(),
+            finished: Outcome::finishing(intents, done_at, "done"),
             ..Outcome::default()
         };
         self.store_outcome(outcome).await?;
@@ -591,9 +596,51 @@ impl LeaseManager {
     ) -> Result<(), StoreError> {
         let written = self.store_outcome(outcome.clone()).await;
         if written.is_ok() || publish == Publish::Always {
+            if !outcome.quota_grants.is_empty() {
+                self.grants
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .extend(outcome.quota_grants.iter().cloned());
+            }
             apply(&mut self.lock(), outcome);
         }
         written
+    }
+
+    /// Start: the table loaded and reconciled with the hardware is served.
+    pub(super) fn serve(&self, st: State) {
+        *self.lock() = st;
+    }
+
+    /// The intent of a hardware step on partition `p` at start, its record
+    /// already stored (an instance that vanished, created again), in one durable
+    /// commit.
+    pub(super) fn begin_intent_at_start(
+        &self,
+        op: IntentOp,
+        p: &Partition,
+        now: i64,
+    ) -> Result<i64, StoreError> {
+        let (pid, lid) = (p.id.clone(), p.lease_id.clone());
+        self.store
+            .write_blocking(move |w| w.begin_intent(op, &pid, lid.as_deref(), now))
+    }
+
+    /// [`Self::write_partition_intent`] from a thread that may block (start-up's
+    /// static layout): the record of partition `p` (creating) in the table, then
+    /// it and its intent in one durable commit.
+    pub(super) fn write_partition_intent_blocking(
+        &self,
+        p: &Partition,
+        op: IntentOp,
+        now: i64,
+    ) -> Result<i64, StoreError> {
+        self.lock().partitions.insert(p.id.clone(), p.clone());
+        let p2 = p.clone();
+        self.store.write_blocking(move |w| {
+            w.put_partition(&p2)?;
+            w.begin_intent(op, &p2.id, None, now)
+        })
     }
 
     /// Steps 4 and 5 where what is recorded depends on the table as it is when
@@ -656,6 +703,90 @@ impl LeaseManager {
     /// A move of lease `id` has ended: it may be ended, renewed or resolved again.
     pub(super) fn move_finished(&self, id: &str) {
         self.lock().moving.remove(id);
+    }
+
+    /// Run a change outside a hardware sequence: `decide` reads the table and
+    /// answers the [`Change`] (or the refusal, and nothing changes); its outcome is
+    /// applied to the table under that one lock, so no other change comes between
+    /// a decision and its effect. Then `act` (what the change does on the host,
+    /// e.g. MPS directories handed to a container's uid) and the commit (none
+    /// when the outcome writes nothing). When either fails, the records the change
+    /// replaced are put back wherever the table still holds what it applied (a
+    /// later change is never undone), `undo` undoes the host's side, and the error
+    /// is answered.
+    pub(super) async fn run_change<T>(
+        &self,
+        decide: impl FnOnce(&State) -> Result<Change<T>, LeaseError>,
+        act: impl AsyncFnOnce(&T) -> Result<(), LeaseError>,
+        undo: impl FnOnce(&T),
+    ) -> Result<T, LeaseError> {
+        let (change, replaced) = {
+            let mut st = self.lock();
+            let change = decide(&st)?;
+            let replaced = Replaced::of(&st, &change.outcome);
+            apply(&mut st, change.outcome.clone());
+            (change, replaced)
+        };
+        let Change {
+            outcome,
+            durability,
+            answer,
+        } = change;
+        let done = match act(&answer).await {
+            Ok(()) if outcome.writes_nothing() => Ok(()),
+            Ok(()) => {
+                let recorded = outcome.clone();
+                let put = move |w: &Writer<'_>| write_outcome_rows(w, &recorded);
+                match durability {
+                    Durability::Durable => self.store.write(put).await,
+                    Durability::Relaxed => self.store.write_relaxed(put).await,
+                }
+                .map_err(LeaseError::from)
+            }
+            Err(e) => Err(e),
+        };
+        match done {
+            Ok(()) => Ok(answer),
+            Err(e) => {
+                replaced.restore(&mut self.lock(), &outcome);
+                undo(&answer);
+                Err(e)
+            }
+        }
+    }
+
+    /// A change the table alone holds until an intent or a commit records it (a
+    /// reservation, a partition marked before its teardown's intent): `decide`
+    /// reads the table and answers the outcome, applied under that one lock;
+    /// nothing is written.
+    pub(super) fn hold_in_table<T>(
+        &self,
+        decide: impl FnOnce(&State) -> Result<(Outcome, T), LeaseError>,
+    ) -> Result<T, LeaseError> {
+        let mut st = self.lock();
+        let (outcome, answer) = decide(&st)?;
+        apply(&mut st, outcome);
+        Ok(answer)
+    }
+
+    /// A CreateLease no longer holds MPS host instance `host` (its share is
+    /// reserved there, or it gave up).
+    pub(super) fn release_host_claim(&self, host: &str) {
+        let mut st = self.lock();
+        if let Some(n) = st.host_claims.get_mut(host) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                st.host_claims.remove(host);
+            }
+        }
+    }
+
+    /// [`Self::run_change`] of a change with nothing to do on the host.
+    pub(super) async fn run_records<T>(
+        &self,
+        decide: impl FnOnce(&State) -> Result<Change<T>, LeaseError>,
+    ) -> Result<T, LeaseError> {
+        self.run_change(decide, async |_| Ok(()), |_| {}).await
     }
 
     /// Step 4 alone: the outcome in one durable commit.
@@ -736,51 +867,6 @@ impl LeaseManager {
             }
             other => other.map_err(DestroyError::Hardware),
         }
-    }
-}
-
-/// An outcome's rows, in one transaction: leases (the ended ones with their usage
-/// record), partitions deleted then written, the ended leases' tokens, the intents.
-fn write_outcome_rows(w: &Writer<'_>, o: &Outcome) -> Result<(), StoreError> {
-    for l in &o.ended {
-        w.put_lease(l)?;
-    }
-    if let Some((l, usage)) = &o.usage {
-        crate::usage::insert_record(w.conn(), l, usage)?;
-    }
-    for l in &o.leases {
-        w.put_lease(l)?;
-    }
-    for id in &o.gone {
-        w.delete_partition(id)?;
-    }
-    for p in &o.parts {
-        w.put_partition(p)?;
-    }
-    for l in &o.ended {
-        w.delete_tokens(&l.id)?;
-    }
-    for (i, at, how) in &o.finished {
-        w.finish_intent(*i, *at, how)?;
-    }
-    Ok(())
-}
-
-/// Step 5 of an outcome: the table as the commit left the store.
-fn apply(st: &mut State, o: Outcome) {
-    for id in &o.gone {
-        st.partitions.remove(id);
-    }
-    for p in o.parts {
-        st.partitions.insert(p.id.clone(), p);
-    }
-    for l in o.leases {
-        if let Some(mut held) = st.leases.get_mut(&l.id) {
-            *held = l;
-        }
-    }
-    for l in &o.ended {
-        st.forget_lease(l);
     }
 }
 

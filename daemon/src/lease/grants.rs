@@ -12,6 +12,7 @@ use crate::names::{new_id, validate_tenant};
 use super::error::LeaseError;
 use super::error::invalid;
 use super::manager::LeaseManager;
+use super::plan::{Outcome, Publish};
 use super::quota;
 
 impl LeaseManager {
@@ -75,13 +76,12 @@ impl LeaseManager {
             granted_by: granted_by.to_string(),
             created_at_ms: now,
         };
-        let g2 = g.clone();
-        self.store.write(move |w| w.put_grant(&g2)).await?;
         let id = g.id.clone();
-        self.grants
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(g);
+        let granted = Outcome {
+            quota_grants: vec![g],
+            ..Outcome::default()
+        };
+        self.commit(granted, Publish::IfCommitted).await?;
         info!(grant = %id, tenant, "temporary quota raise granted");
         Ok(id)
     }

@@ -18,6 +18,7 @@ use crate::model::{HealthMark, LeaseState, PartKind};
 use super::error::LeaseError;
 use super::events::EventKind;
 use super::manager::LeaseManager;
+use super::plan::{GpuRead, Marks, Outcome, Publish};
 use super::table::State;
 
 /// Where a health change comes from (for the log and the events).
@@ -139,15 +140,13 @@ impl LeaseManager {
                 since_ms: now_ms(),
             }
         };
-        let m2 = mark.clone();
-        self.store.write(move |w| w.put_health_mark(&m2)).await?;
-        warn!(mark = %mark.describe(), source = source.as_str(), "taken out of service: no new placements");
-        let affected = {
-            let mut st = self.change();
-            st.health.insert((gpu, gi_id), mark.clone());
-            st.refresh_lease_health();
-            self.leases_under(&st, gpu, gi_id)
+        let marked = Outcome {
+            marked: vec![mark.clone()],
+            ..Outcome::default()
         };
+        self.commit(marked, Publish::IfCommitted).await?;
+        warn!(mark = %mark.describe(), source = source.as_str(), "taken out of service: no new placements");
+        let affected = self.leases_under(&self.read(), gpu, gi_id);
         let revoke = self.config.health.on_unhealthy == OnUnhealthy::Revoke;
         for (lease, partition) in &affected {
             let then = if revoke {
@@ -194,7 +193,7 @@ impl LeaseManager {
             && let Err(e) = self.refresh_gpu(gpu).await
         {
             let unreadable = self
-                .lock()
+                .read()
                 .gpus
                 .iter()
                 .any(|g| g.info.index == gpu && g.info.fault.is_some());
@@ -203,17 +202,13 @@ impl LeaseManager {
             }
             warn!(gpu, error = %e, "could not read the MIG profiles of a GPU back in service");
         }
-        let key = mark.key();
-        self.store
-            .write(move |w| w.delete_health_mark(&key))
-            .await?;
-        info!(mark = %mark.describe(), source = source.as_str(), why, "back in service");
-        let affected = {
-            let mut st = self.change();
-            st.health.remove(&(gpu, gi_id));
-            st.refresh_lease_health();
-            self.leases_under(&st, gpu, gi_id)
+        let unmarked = Outcome {
+            unmarked: vec![mark.clone()],
+            ..Outcome::default()
         };
+        self.commit(unmarked, Publish::IfCommitted).await?;
+        info!(mark = %mark.describe(), source = source.as_str(), why, "back in service");
+        let affected = self.leases_under(&self.read(), gpu, gi_id);
         for (lease, partition) in &affected {
             self.emit(
                 EventKind::Healthy,
@@ -264,12 +259,14 @@ impl LeaseManager {
         .await
         .map_err(|e| crate::gpu::GpuError::Task(e.to_string()))?;
         let (info, profiles) = read?;
-        if let Some(g) = self.change().gpus.iter_mut().find(|g| g.info.index == gpu) {
-            if let Some(info) = info {
-                g.info = info;
-            }
-            g.profiles = profiles;
-        }
+        self.publish_only(Outcome::marks(Marks {
+            gpu_read: Some(GpuRead {
+                gpu,
+                info,
+                profiles,
+            }),
+            ..Marks::default()
+        }));
         Ok(())
     }
 
@@ -458,6 +455,7 @@ mod tests {
             need: None,
             count: 0,
             topology: Default::default(),
+            exact: None,
         }
     }
 

@@ -12,7 +12,7 @@ use crate::model::{Lease, LeaseState, Partition, PartitionState};
 use super::error::LeaseError;
 use super::events::EventKind;
 use super::manager::LeaseManager;
-use super::plan::HwCreate;
+use super::plan::{HwCreate, Marks, Outcome, TeardownStep};
 use super::table::State;
 
 /// How long after its bind a container's runtime state must exist (the runtime binds
@@ -28,34 +28,16 @@ impl LeaseManager {
     pub async fn tick(&self) -> usize {
         let now = now_ms();
         let notice = self.config.lease.expiring_notice.as_millis() as i64;
-        let (expired, expiring, stuck) = {
-            let mut st = self.change();
-            let mut expired = Vec::new();
-            let mut expiring = Vec::new();
-            let mut stuck = Vec::new();
-            // Through the indexes: only the leases due now, not every lease.
-            for l in st.leases.active_expiring_by(now.saturating_add(notice)) {
-                if l.expires_at_ms <= now {
-                    expired.push(l.id.clone());
-                } else if !st.expiring_notified.contains(&l.id) {
-                    expiring.push(l.clone());
-                }
-            }
-            for l in st.leases.revoking() {
-                if !st.tearing_down.contains(&l.id)
-                    && st
-                        .teardown_backoff
-                        .get(&l.id)
-                        .is_none_or(|(_, next)| *next <= now)
-                {
-                    stuck.push(l.id.clone());
-                }
-            }
-            for l in &expiring {
-                st.expiring_notified.insert(l.id.clone());
-            }
-            (expired, expiring, stuck)
-        };
+        let (expired, expiring, stuck) = self
+            .hold_in_table(|st| {
+                let due = due_now(st, now, notice);
+                let told = Outcome::marks(Marks {
+                    notices_sent: due.1.iter().map(|l| l.id.clone()).collect(),
+                    ..Marks::default()
+                });
+                Ok((told, due))
+            })
+            .unwrap_or_default();
         for l in expiring {
             let left = (l.expires_at_ms - now).max(0) / 1000;
             self.emit(
@@ -78,20 +60,16 @@ impl LeaseManager {
             }
             // Still blocked: wait longer before the next try (250 ms doubling up
             // to 5 s), so a long-blocked teardown neither spins nor floods the log.
-            let mut st = self.change();
-            let blocked = st
-                .leases
-                .get(&id)
-                .is_some_and(|l| l.state() == LeaseState::Revoking);
-            if blocked {
-                let (n, next) = st.teardown_backoff.entry(id).or_insert((0, 0));
-                *n = n.saturating_add(1);
-                *next = now_ms()
-                    + TEARDOWN_RETRY_MS
-                        .saturating_mul(1 << (*n).min(5))
-                        .min(5_000);
-            } else {
-                st.teardown_backoff.remove(&id);
+            let backoff = self.hold_in_table(|st| {
+                let next = teardown_backoff(st, &id, now_ms());
+                let marks = Marks {
+                    teardown_backoff: vec![(id.clone(), next)],
+                    ..Marks::default()
+                };
+                Ok((Outcome::marks(marks), ()))
+            });
+            if let Err(e) = backoff {
+                warn!(lease = %id, error = %e, "could not note a teardown's backoff");
             }
         }
         self.supervise_mps(now).await;
@@ -145,15 +123,18 @@ impl LeaseManager {
     /// Restart the MPS control daemon of any active MPS lease whose daemon died,
     /// with the lease's limits, backing off exponentially (1 s .. 60 s) per lease.
     pub(super) async fn supervise_mps(&self, now: i64) {
-        {
-            let mut st = self.change();
+        let check = self.hold_in_table(|st| {
             if now - st.mps_checked_ms < 1000 {
-                return;
+                return Ok((Outcome::default(), false));
             }
-            st.mps_checked_ms = now;
-            if !st.partitions.values().any(|p| p.mps().is_some()) {
-                return;
-            }
+            let checked = Outcome::marks(Marks {
+                mps_checked_ms: Some(now),
+                ..Marks::default()
+            });
+            Ok((checked, st.partitions.values().any(|p| p.mps().is_some())))
+        });
+        if !check.unwrap_or(false) {
+            return;
         }
         // Which daemons run, first: then only the leases whose daemon does not are
         // looked at (and copied), not every MPS lease every second.
@@ -167,8 +148,15 @@ impl LeaseManager {
                 }
                 Err(_) => return,
             };
-        let due = mps_due(&mut self.change(), &running, now);
-        for (lease, p, attempts) in due {
+        let due = self.hold_in_table(|st| {
+            let (healthy, due) = mps_due(st, &running, now);
+            let forgotten = Outcome::marks(Marks {
+                mps_backoff: healthy.into_iter().map(|id| (id, None)).collect(),
+                ..Marks::default()
+            });
+            Ok((forgotten, due))
+        });
+        for (lease, p, attempts) in due.unwrap_or_default() {
             self.restart_mps(&lease, &p, attempts, now).await;
         }
     }
@@ -182,9 +170,11 @@ impl LeaseManager {
         let (sm_percent, memory_bytes) = (spec.sm_percent, spec.memory_bytes);
         let res = self.hw_create(HwCreate::Mps(spec)).await;
         let delay = 1000i64 << attempts.min(6);
-        self.change()
-            .mps_backoff
-            .insert(lease.id.clone(), (attempts + 1, now + delay.min(60_000)));
+        let next = (attempts + 1, now + delay.min(60_000));
+        self.publish_only(Outcome::marks(Marks {
+            mps_backoff: vec![(lease.id.clone(), Some(next))],
+            ..Marks::default()
+        }));
         match res {
             Ok(_) => {
                 warn!(lease = %lease.id, attempt = attempts + 1, "MPS control daemon had died; restarted with the lease's limits");
@@ -207,30 +197,40 @@ impl LeaseManager {
     }
 
     pub(super) async fn retry_teardown(&self, id: &str) -> Result<(), LeaseError> {
-        let (lease, steps) = {
-            let mut st = self.change();
-            if st.tearing_down.contains(id) {
-                return Ok(());
-            }
-            let Some(lease) = st.leases.get(id).cloned() else {
-                return Ok(());
+        let retry = self.hold_in_table(|st| {
+            let Some(retry) = self.decide_retry(st, id) else {
+                return Ok((Outcome::default(), None));
             };
-            let Ok(parts) = Self::lease_partitions(&st, &lease) else {
-                return Ok(());
-            };
-            st.tearing_down.insert(id.to_string());
-            let steps: Vec<_> = parts
-                .into_iter()
-                .map(|p| {
-                    let hw = self.teardown_for(&st, &p);
-                    (p, hw)
-                })
-                .collect();
-            (lease, steps)
+            let running = Outcome::marks(Marks {
+                tearing_down: vec![id.to_string()],
+                ..Marks::default()
+            });
+            Ok((running, Some(retry)))
+        })?;
+        let Some((lease, steps)) = retry else {
+            return Ok(());
         };
         let r = self.teardown(lease.clone(), steps, lease).await;
         self.teardown_finished(id);
         r.map(|_| ())
+    }
+
+    /// The teardown of revoking lease `id` to try again: the lease and each of its
+    /// partitions with its hardware step. None when it is running now or gone.
+    fn decide_retry(&self, st: &State, id: &str) -> Option<(Lease, Vec<TeardownStep>)> {
+        if st.tearing_down.contains(id) {
+            return None;
+        }
+        let lease = st.leases.get(id).cloned()?;
+        let parts = Self::lease_partitions(st, &lease).ok()?;
+        let steps = parts
+            .into_iter()
+            .map(|p| {
+                let hw = self.teardown_for(st, &p);
+                (p, hw)
+            })
+            .collect();
+        Some((lease, steps))
     }
 
     /// Run [`LeaseManager::tick`] until `stop` fires.
@@ -257,10 +257,63 @@ impl LeaseManager {
     }
 }
 
+/// What housekeeping finds due at `now`: the leases expired, those to tell they
+/// expire within `notice` (not told yet), and the revoking leases whose teardown
+/// is to be tried again (not running, their backoff passed). Through the indexes:
+/// only the leases due now, not every lease.
+fn due_now(st: &State, now: i64, notice: i64) -> (Vec<String>, Vec<Lease>, Vec<String>) {
+    let mut expired = Vec::new();
+    let mut expiring = Vec::new();
+    for l in st.leases.active_expiring_by(now.saturating_add(notice)) {
+        if l.expires_at_ms <= now {
+            expired.push(l.id.clone());
+        } else if !st.expiring_notified.contains(&l.id) {
+            expiring.push(l.clone());
+        }
+    }
+    let stuck = st
+        .leases
+        .revoking()
+        .filter(|l| {
+            !st.tearing_down.contains(&l.id)
+                && st
+                    .teardown_backoff
+                    .get(&l.id)
+                    .is_none_or(|(_, next)| *next <= now)
+        })
+        .map(|l| l.id.clone())
+        .collect();
+    (expired, expiring, stuck)
+}
+
+/// The backoff of lease `id`'s teardown after a try at `now`: the next try later
+/// while it is still revoking, else none.
+fn teardown_backoff(st: &State, id: &str, now: i64) -> Option<(u32, i64)> {
+    let blocked = st
+        .leases
+        .get(id)
+        .is_some_and(|l| l.state() == LeaseState::Revoking);
+    if !blocked {
+        return None;
+    }
+    let n = st
+        .teardown_backoff
+        .get(id)
+        .map_or(0, |(n, _)| *n)
+        .saturating_add(1);
+    Some((
+        n,
+        now + TEARDOWN_RETRY_MS.saturating_mul(1 << n.min(5)).min(5_000),
+    ))
+}
+
 /// The MPS leases whose daemon is not `running` and whose backoff has passed, with
-/// their restarts so far; the backoff of daemons healthy again is forgotten. A
-/// daemon runs under its key: the lease's id (isolated) or the shared server's.
-fn mps_due(st: &mut State, running: &HashSet<String>, now: i64) -> Vec<(Lease, Partition, u32)> {
+/// their restarts so far, and the leases whose daemon runs again (their backoff
+/// forgotten). A daemon runs under its key: the lease's id (isolated) or the
+/// shared server's.
+type MpsDue = (Vec<String>, Vec<(Lease, Partition, u32)>);
+
+fn mps_due(st: &State, running: &HashSet<String>, now: i64) -> MpsDue {
     // Healthy again for a whole check: forget old failures.
     let healthy: Vec<String> = st
         .mps_backoff
@@ -274,10 +327,8 @@ fn mps_due(st: &mut State, running: &HashSet<String>, now: i64) -> Vec<(Lease, P
         })
         .cloned()
         .collect();
-    for id in healthy {
-        st.mps_backoff.remove(&id);
-    }
-    st.partitions
+    let due = st
+        .partitions
         .values()
         .filter(|p| p.state == PartitionState::Ready && p.mps().is_some())
         .filter(|p| {
@@ -292,8 +343,13 @@ fn mps_due(st: &mut State, running: &HashSet<String>, now: i64) -> Vec<(Lease, P
                 .then(|| (l.clone(), p.clone()))
         })
         .filter_map(|(l, p)| {
-            let (n, next) = st.mps_backoff.get(&l.id).copied().unwrap_or((0, 0));
+            let backoff = st
+                .mps_backoff
+                .get(&l.id)
+                .filter(|_| !healthy.contains(&l.id));
+            let (n, next) = backoff.copied().unwrap_or((0, 0));
             (next <= now).then_some((l, p, n))
         })
-        .collect()
+        .collect();
+    (healthy, due)
 }

@@ -130,8 +130,8 @@ impl LeaseManager {
     }
 
     /// The table under its lock. Only the executor (`executor.rs`: the plans'
-    /// sequences and [`LeaseManager::change`]) and this file take it; every other
-    /// file reads through [`LeaseManager::read`].
+    /// sequences, the changes and outcomes it applies) and this file take it;
+    /// every other file reads through [`LeaseManager::read`].
     pub(super) fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock would be a bug; keep serving with the data.
         self.state.lock().unwrap_or_else(|p| p.into_inner())

@@ -15,7 +15,7 @@ use crate::partition::{MigMpsDecision, PlanDecision, Shape};
 use super::error::Inconsistency;
 use super::error::LeaseError;
 use super::manager::LeaseManager;
-use super::plan::{Ask, HwCreate, Outcome, Publish};
+use super::plan::{Ask, DestroyError, HwCreate, HwDestroy, Marks, Outcome, Publish};
 use super::table::State;
 
 /// What setting up a host instance takes.
@@ -37,13 +37,7 @@ pub(super) struct HostClaim<'m> {
 impl Drop for HostClaim<'_> {
     fn drop(&mut self) {
         if let Some(h) = self.host.take() {
-            let mut st = self.mgr.lock();
-            if let Some(n) = st.host_claims.get_mut(&h) {
-                *n = n.saturating_sub(1);
-                if *n == 0 {
-                    st.host_claims.remove(&h);
-                }
-            }
+            self.mgr.release_host_claim(&h);
         }
     }
 }
@@ -66,21 +60,24 @@ impl LeaseManager {
         }
         let tenant = ask.req.tenant.clone();
         let extra = self.grants_extra(&tenant, ask.now);
-        let (host, setup) = {
-            let mut st = self.change();
-            let (host, setup) = self.decide_mig_mps_host(&st, ask, tenancy, extra)?;
-            // Reserved in the table: a free pool instance marked as the tenant's
-            // host, a new one as being created.
-            match &setup {
-                Some(Setup::Static(p) | Setup::New(p, _)) => {
-                    st.partitions.insert(p.id.clone(), p.clone());
-                }
-                None => {}
-            }
-            *st.host_claims.entry(host.clone()).or_default() += 1;
-            claim.host = Some(host.clone());
-            (host, setup)
-        };
+        // Reserved in the table: a free pool instance marked as the tenant's host,
+        // a new one as being created; either held by this call.
+        let (host, setup) = self.hold_in_table(|st| {
+            let (host, setup) = self.decide_mig_mps_host(st, ask, tenancy, extra)?;
+            let held = Outcome {
+                parts: match &setup {
+                    Some(Setup::Static(p) | Setup::New(p, _)) => vec![p.clone()],
+                    None => Vec::new(),
+                },
+                marks: Marks {
+                    host_claims: vec![host.clone()],
+                    ..Marks::default()
+                },
+                ..Outcome::default()
+            };
+            Ok((held, (host, setup)))
+        })?;
+        claim.host = Some(host.clone());
         match setup {
             None => {}
             Some(Setup::Static(p)) => self.adopt_static_host(p, &tenant).await?,
@@ -178,7 +175,11 @@ impl LeaseManager {
     /// A free static-pool instance, now the tenant's host: its record.
     async fn adopt_static_host(&self, p: Partition, tenant: &str) -> Result<(), LeaseError> {
         let id = p.id.clone();
-        if let Err(e) = self.store.write(move |w| w.put_partition(&p)).await {
+        let adopted = Outcome {
+            parts: vec![p],
+            ..Outcome::default()
+        };
+        if let Err(e) = self.commit(adopted, Publish::IfCommitted).await {
             self.give_back_host(&id);
             return Err(e.into());
         }
@@ -237,10 +238,28 @@ impl LeaseManager {
     }
 
     fn give_back_host(&self, partition_id: &str) {
-        if let Some(mut p) = self.change().partitions.get_mut(partition_id)
-            && let PartKind::Mig(m) = &mut p.kind
-        {
-            m.mps_host = None;
+        let given_back = self.hold_in_table(|st| -> Result<_, LeaseError> {
+            let mut parts = Vec::new();
+            if let Some(p) = st.partitions.get(partition_id)
+                && let PartKind::Mig(m) = &p.kind
+            {
+                let mut p = p.clone();
+                p.kind = PartKind::Mig(crate::model::MigPart {
+                    mps_host: None,
+                    ..m.clone()
+                });
+                parts.push(p);
+            }
+            Ok((
+                Outcome {
+                    parts,
+                    ..Outcome::default()
+                },
+                (),
+            ))
+        });
+        if let Err(e) = given_back {
+            warn!(partition = %partition_id, error = %e, "could not give an MPS host instance back");
         }
     }
 
@@ -249,102 +268,109 @@ impl LeaseManager {
     /// free pool instance (a static one, or `on_release = "keep"`). A failure leaves
     /// it hosting nothing and is tried again at the next tick.
     pub(super) async fn reap_idle_mps_hosts(&self) {
-        let idle: Vec<(Partition, Partition)> = {
-            let mut st = self.change();
-            let used: std::collections::HashSet<String> = st
-                .partitions
-                .values()
-                .filter_map(|p| p.mps().and_then(|m| m.host.clone()))
-                .collect();
-            let ids: Vec<String> = st
-                .partitions
-                .values()
-                .filter(|p| {
-                    p.state == PartitionState::Ready
-                        && p.mig().is_some_and(|m| m.mps_host.is_some())
-                        && !used.contains(&p.id)
-                        && !st.host_claims.contains_key(&p.id)
-                })
-                .map(|p| p.id.clone())
-                .collect();
-            let keep = self.config.partition.on_release == OnRelease::Keep;
-            ids.into_iter()
-                .filter_map(|id| {
-                    let mut p = st.partitions.get_mut(&id)?;
-                    let before = p.clone();
-                    if p.origin == Origin::Static || keep {
-                        if let PartKind::Mig(m) = &mut p.kind {
-                            m.mps_host = None;
-                        }
-                    } else {
-                        p.state = PartitionState::Destroying;
-                    }
-                    Some((before, p.clone()))
-                })
-                .collect()
-        };
-        for (before, p) in idle {
+        let keep = self.config.partition.on_release == OnRelease::Keep;
+        let idle = self.hold_in_table(|st| {
+            let idle = idle_hosts(st, keep);
+            let marked = Outcome {
+                parts: idle.iter().map(|(_, p)| p.clone()).collect(),
+                ..Outcome::default()
+            };
+            Ok((marked, idle))
+        });
+        for (before, p) in idle.unwrap_or_default() {
             if let Err(e) = self.reap_host(&p).await {
                 warn!(partition = %p.id, error = %e, "an idle MPS host instance could not be torn down; will retry");
                 // As it was: hosting nothing, tried again at the next tick.
-                self.change().partitions.insert(before.id.clone(), before);
+                self.publish_only(Outcome {
+                    parts: vec![before],
+                    ..Outcome::default()
+                });
             }
         }
     }
 
+    /// One idle host instance (`p` as [`idle_hosts`] marked it): back in the
+    /// pool (its record), or destroyed write-ahead: the intent, the hardware, the
+    /// outcome (its record gone; or, when the hardware refused, ready again with
+    /// its intent failed).
     async fn reap_host(&self, p: &Partition) -> Result<(), LeaseError> {
         if p.state != PartitionState::Destroying {
             // Back to the pool: only the record changes.
-            let p2 = p.clone();
-            self.store.write(move |w| w.put_partition(&p2)).await?;
+            let back = Outcome {
+                parts: vec![p.clone()],
+                ..Outcome::default()
+            };
+            self.commit(back, Publish::IfCommitted).await?;
             info!(partition = %p.id, "MPS host instance has no shares left: back in the free pool");
             return Ok(());
         }
         let Some(gi_id) = p.mig().and_then(|m| m.gi_id) else {
             return Ok(());
         };
-        let (p2, now) = (p.clone(), now_ms());
         let intent = self
-            .store
-            .write(move |w| {
-                w.put_partition(&p2)?;
-                w.begin_intent(IntentOp::DestroyMig, &p2.id, None, now)
-            })
+            .write_partition_intent(p, IntentOp::DestroyMig, None, now_ms())
             .await?;
-        let backend = self.backend.clone();
         let gpu = p.gpu;
-        let done = tokio::task::spawn_blocking(move || backend.destroy_instance(gpu, gi_id))
-            .await
-            .map_err(|source| LeaseError::Task {
-                what: "MPS host teardown",
-                source,
-            })?;
-        match done {
-            Ok(()) => {}
-            Err(e) if e.nvml_code() == Some(crate::gpu::NvmlCode::NotFound) => {}
-            Err(e) => {
-                let now = now_ms();
+        let outcome = match self.destroy_hw(HwDestroy::Mig { gpu, gi_id }).await {
+            Ok(()) => Outcome {
+                gone: vec![p.id.clone()],
+                finished: vec![(intent, now_ms(), "done")],
+                ..Outcome::default()
+            },
+            Err(DestroyError::Task(source)) => {
+                return Err(LeaseError::Task {
+                    what: "MPS host teardown",
+                    source,
+                });
+            }
+            Err(DestroyError::Hardware(e)) => {
+                // The instance is still there and its record says so.
                 let mut back = p.clone();
                 back.state = PartitionState::Ready;
-                // The instance is still there and its record says so.
-                self.store
-                    .write(move |w| {
-                        w.put_partition(&back)?;
-                        w.finish_intent(intent, now, "failed")
-                    })
-                    .await?;
+                let kept = Outcome {
+                    parts: vec![back],
+                    finished: vec![(intent, now_ms(), "failed")],
+                    ..Outcome::default()
+                };
+                self.commit(kept, Publish::IfCommitted).await?;
                 return Err(LeaseError::Hardware(e));
             }
-        }
-        let gone = Outcome {
-            gone: vec![p.id.clone()],
-            finished: vec![(intent, now_ms(), "done")],
-            ..Outcome::default()
         };
-        self.commit(gone, Publish::IfCommitted).await?;
+        self.commit(outcome, Publish::IfCommitted).await?;
         info!(partition = %p.id, gpu = p.gpu, "MPS host instance destroyed with its last share");
         Ok(())
     }
+}
+
+/// Every MIG instance hosting MPS shares whose last share has gone and that no
+/// CreateLease holds: (as it is, as it goes) -- hosting nothing (a static one, or
+/// `keep`) or destroying. Reads only `st`.
+fn idle_hosts(st: &State, keep: bool) -> Vec<(Partition, Partition)> {
+    let used: std::collections::HashSet<&str> = st
+        .partitions
+        .values()
+        .filter_map(|p| p.mps().and_then(|m| m.host.as_deref()))
+        .collect();
+    st.partitions
+        .values()
+        .filter(|p| {
+            p.state == PartitionState::Ready
+                && p.mig().is_some_and(|m| m.mps_host.is_some())
+                && !used.contains(p.id.as_str())
+                && !st.host_claims.contains_key(&p.id)
+        })
+        .map(|before| {
+            let mut p = before.clone();
+            if p.origin == Origin::Static || keep {
+                if let PartKind::Mig(m) = &mut p.kind {
+                    m.mps_host = None;
+                }
+            } else {
+                p.state = PartitionState::Destroying;
+            }
+            (before.clone(), p)
+        })
+        .collect()
 }
 
 fn tenant_of(p: &Partition) -> String {

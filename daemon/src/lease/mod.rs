@@ -10,17 +10,19 @@
 //! | `plan.rs` | a CreateLease request, checked (`Ask`), and the `Plan` decided for it |
 //! | `create.rs` | CreateLease: check, answer a retry, decide and act until placed |
 //! | `admission.rs` | the decision: quota, placement, preemption and moves, pure over the table |
-//! | `executor.rs` | runs every plan: reserve, intent, hardware, outcome, publish |
+//! | `executor.rs` | runs every plan: reserve, intent, hardware, outcome, publish; runs every change outside a hardware sequence |
+//! | `outcome.rs` | an outcome's rows in the store and its effect on the table |
 //! | `grants.rs`, `quota.rs` | the tenancy policy in force, temporary grants; quota arithmetic |
 //! | `renew.rs`, `end.rs` | a new expiry; release, expiry and revocation with write-ahead teardown |
 //! | `binding.rs` | the runtime's side: token -> devices, container bindings |
 //! | `housekeeping.rs` | the background loop |
 //! | `owner.rs` | a live lease handed to another tenant (the device plugin: reserved -> the pod's tenant) |
 //! | `moves.rs` | idle MIG leases moved (write-ahead) to make room for a request |
+//! | `exact.rs` | an exact placement (DRA): there or refused, never elsewhere |
 //! | `need.rs` | ask by need: memory and isolation to the smallest shape that fits now |
 //! | `health.rs` | GPUs and instances out of service: marks, their leases, no new placements |
 //! | `reconcile.rs`, `static_layout.rs` | start: store vs hardware, the operator's static layout |
-//! | `devices.rs`, `token.rs`, `error.rs` | device nodes of a lease, tokens, errors |
+//! | `devices.rs`, `token.rs`, `error.rs` | a lease's grant (the common `Grant`), tokens, errors |
 //! | `events.rs`, `publish.rs` | WatchLeases events and their history; sending them |
 //! | `queue.rs`, `multi.rs`, `mig_mps.rs` | the admission queue; leases of several partitions; MPS inside MIG |
 //!
@@ -52,6 +54,7 @@ mod end;
 pub mod enforce;
 mod error;
 mod events;
+mod exact;
 mod executor;
 mod grants;
 mod health;
@@ -62,6 +65,7 @@ mod mig_mps;
 mod moves;
 mod multi;
 mod need;
+mod outcome;
 mod owner;
 mod plan;
 mod publish;
@@ -81,7 +85,7 @@ pub use events::{EventKind, GENERATION_SHIFT, LeaseEvent, ResumeError, Subscript
 pub use health::HealthSource;
 pub use manager::LeaseManager;
 pub use multi::LeaseLinks;
-pub use plan::{CreateRequest, Created, Isolation, Need};
+pub use plan::{CreateRequest, Created, ExactPlacement, Isolation, Need};
 pub use queries::{GpuReport, Page};
 pub use table::GpuState;
 pub use validate::validate_create;

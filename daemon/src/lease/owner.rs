@@ -6,11 +6,15 @@ use std::collections::BTreeMap;
 
 use tessera_common::clock::now_ms;
 
-use crate::model::{Lease, LeaseState};
-use crate::names::{truncate, validate_tenant};
+use crate::config::{Amounts, TenancyConfig};
+use crate::model::Lease;
+use crate::names::validate_tenant;
 
 use super::error::LeaseError;
 use super::manager::LeaseManager;
+use super::plan::Change;
+use super::renew::active_lease;
+use super::table::State;
 use super::validate::validate_labels;
 
 impl LeaseManager {
@@ -26,52 +30,39 @@ impl LeaseManager {
         validate_tenant(tenant)?;
         let tenancy = self.tenancy();
         let extra = self.grants_extra(tenant, now_ms());
-        let (after, before) = {
-            let mut st = self.change();
-            let lease = st.leases.get(id).cloned().ok_or_else(|| {
-                LeaseError::NotFound(format!("no live lease {:?}", truncate(id, 80)))
-            })?;
-            if lease.state() != LeaseState::Active {
-                return Err(LeaseError::FailedPrecondition(format!(
-                    "lease {id} is {}, only active leases change hands",
-                    lease.state().as_str()
-                )));
-            }
-            let mut merged = lease.labels.clone();
-            merged.extend(labels);
-            validate_labels(&merged)?;
-            if lease.tenant == tenant && merged == lease.labels {
-                return Ok(lease);
-            }
-            if lease.tenant != tenant {
-                Self::admit(
-                    &st,
-                    &tenancy,
-                    tenant,
-                    &lease.shape,
-                    lease.partition_count(),
-                    extra,
-                )?;
-            }
-            let mut l = st.leases.get_mut(id).ok_or_else(|| {
-                LeaseError::NotFound(format!("no live lease {:?}", truncate(id, 80)))
-            })?;
-            let before = (l.tenant.clone(), l.labels.clone());
-            l.tenant = tenant.to_string();
-            l.labels = merged;
-            (l.clone(), before)
-        };
-        let stored = after.clone();
-        if let Err(e) = self.store.write(move |w| w.put_lease(&stored)).await {
-            let mut st = self.change();
-            if let Some(mut l) = st.leases.get_mut(id)
-                && l.tenant == after.tenant
-                && l.labels == after.labels
-            {
-                (l.tenant, l.labels) = before;
-            }
-            return Err(e.into());
+        self.run_records(|st| Self::decide_owner(st, id, tenant, labels, (&tenancy, extra)))
+            .await
+    }
+
+    /// Lease `id` given to `tenant` with `labels` merged into its own: the lease
+    /// as it is then (unchanged when nothing changes), or the refusal (not
+    /// active, labels invalid, the new tenant's quota).
+    fn decide_owner(
+        st: &State,
+        id: &str,
+        tenant: &str,
+        labels: BTreeMap<String, String>,
+        (tenancy, extra): (&TenancyConfig, Amounts),
+    ) -> Result<Change<Lease>, LeaseError> {
+        let mut lease = active_lease(st, id, "change hands")?;
+        let mut merged = lease.labels.clone();
+        merged.extend(labels);
+        validate_labels(&merged)?;
+        if lease.tenant == tenant && merged == lease.labels {
+            return Ok(Change::leases(Vec::new(), lease));
         }
-        Ok(after)
+        if lease.tenant != tenant {
+            Self::admit(
+                st,
+                tenancy,
+                tenant,
+                &lease.shape,
+                lease.partition_count(),
+                extra,
+            )?;
+        }
+        lease.tenant = tenant.to_string();
+        lease.labels = merged;
+        Ok(Change::leases(vec![lease.clone()], lease))
     }
 }

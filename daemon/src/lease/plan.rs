@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::gpu::{GpuError, MpsSpec};
-use crate::model::{IntentOp, Lease, Partition};
+use crate::model::{HealthMark, IntentOp, Lease, Partition};
 use crate::partition::{self, Shape};
 
 use super::error::{LeaseError, invalid};
@@ -29,6 +29,18 @@ pub struct CreateRequest {
     pub count: u32,
     /// With `count` > 1: how closely the partitions' GPUs must be connected.
     pub topology: crate::partition::topology::TopologyConstraint,
+    /// Exactly where the lease goes (`exact.rs`): there, or refused.
+    pub exact: Option<ExactPlacement>,
+}
+
+/// An exact target for one partition: GPU `gpu` whole or an MPS share on it (by the
+/// request's shape), or the MIG profile of the shape at placement start
+/// `mig_start`. The lease is placed there or refused, never elsewhere.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExactPlacement {
+    pub gpu: u32,
+    /// The MIG placement's start slice (a MIG shape only, and required for one).
+    pub mig_start: Option<u32>,
 }
 
 #[derive(Debug, Clone)]
@@ -77,6 +89,9 @@ impl HwDestroy {
     }
 }
 
+/// A partition and the hardware step that ends it (none: its hardware stays).
+pub(super) type TeardownStep = (Partition, Option<HwDestroy>);
+
 /// Why a [`HwDestroy`] step did not finish: the hardware refused, or the task
 /// running the call failed.
 pub(super) enum DestroyError {
@@ -116,6 +131,128 @@ pub(super) struct Outcome {
     pub(super) usage: Option<(Lease, crate::usage::Weights)>,
     /// Intents finished: (intent, when, what came of it).
     pub(super) finished: Vec<(i64, i64, &'static str)>,
+    /// Health marks stored: a GPU or MIG instance out of service.
+    pub(super) marked: Vec<HealthMark>,
+    /// Health marks deleted: back in service.
+    pub(super) unmarked: Vec<HealthMark>,
+    /// Temporary quota raises granted.
+    pub(super) quota_grants: Vec<crate::model::Grant>,
+    /// The table's own bookkeeping that goes with it (nothing of it is written).
+    pub(super) marks: Marks,
+}
+
+/// The table's own bookkeeping beside the records: applied with an outcome,
+/// never written (a start rebuilds it).
+#[derive(Default, Clone)]
+pub(super) struct Marks {
+    /// Leases told they near their expiry.
+    pub(super) notices_sent: Vec<String>,
+    /// Leases whose expiry notice is forgotten (a renewal): told again when they
+    /// near their new expiry.
+    pub(super) notices_cleared: Vec<String>,
+    /// Leases whose devices a runtime has asked for: they never move again.
+    pub(super) resolved: Vec<String>,
+    /// Leases whose teardown runs now (another waits for it).
+    pub(super) tearing_down: Vec<String>,
+    /// A retried teardown's backoff: (lease, its tries and the next try's time,
+    /// or None: forgotten).
+    pub(super) teardown_backoff: Vec<(String, Option<(u32, i64)>)>,
+    /// A dead MPS daemon's restart backoff, the same way.
+    pub(super) mps_backoff: Vec<(String, Option<(u32, i64)>)>,
+    /// When MPS daemons were last checked.
+    pub(super) mps_checked_ms: Option<i64>,
+    /// MPS host instances a CreateLease holds until its share is reserved, so
+    /// housekeeping never reaps them in between.
+    pub(super) host_claims: Vec<String>,
+    /// A GPU read again (its description where it was unreadable, its MIG
+    /// profiles).
+    pub(super) gpu_read: Option<GpuRead>,
+    /// MIG instances no record explains (a GI a failed create left that could not
+    /// be undone): never touched, counted as occupied.
+    pub(super) foreign: Vec<crate::gpu::MigInstance>,
+}
+
+impl Outcome {
+    /// The intents of a sequence's hardware steps (`None`: a step without one),
+    /// each finished at `at` as `how`.
+    pub(super) fn finishing(
+        intents: Vec<Option<i64>>,
+        at: i64,
+        how: &'static str,
+    ) -> Vec<(i64, i64, &'static str)> {
+        intents
+            .into_iter()
+            .flatten()
+            .map(|i| (i, at, how))
+            .collect()
+    }
+
+    /// Only the table's bookkeeping.
+    pub(super) fn marks(marks: Marks) -> Self {
+        Outcome {
+            marks,
+            ..Outcome::default()
+        }
+    }
+}
+
+/// A GPU that did not answer, read again.
+#[derive(Clone)]
+pub(super) struct GpuRead {
+    pub(super) gpu: u32,
+    pub(super) info: Option<crate::gpu::GpuInfo>,
+    pub(super) profiles: Vec<crate::gpu::GiProfile>,
+}
+
+impl Outcome {
+    /// True when committing it would write no row.
+    pub(super) fn writes_nothing(&self) -> bool {
+        self.gone.is_empty()
+            && self.parts.is_empty()
+            && self.leases.is_empty()
+            && self.ended.is_empty()
+            && self.usage.is_none()
+            && self.finished.is_empty()
+            && self.marked.is_empty()
+            && self.unmarked.is_empty()
+            && self.quota_grants.is_empty()
+    }
+}
+
+/// How the commit of a [`Change`] is written.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Durability {
+    /// Synced before the caller is answered.
+    Durable,
+    /// Atomic and in the write-ahead log (it survives the daemon's crash) but
+    /// without a sync of its own: which containers run on a lease, which a power
+    /// loss ends anyway.
+    Relaxed,
+}
+
+/// A change outside a hardware sequence (a renewal, a new owner, a binding, an
+/// unbinding, a health mark), as its decision answers it from the table: the
+/// records it writes, how durably, and what the caller is answered. The executor
+/// runs it (`run_change`): applied to the table under the decision's lock,
+/// committed, and undone in the table if the commit is refused.
+pub(super) struct Change<T> {
+    pub(super) outcome: Outcome,
+    pub(super) durability: Durability,
+    pub(super) answer: T,
+}
+
+impl<T> Change<T> {
+    /// Leases written durably, answering `answer`.
+    pub(super) fn leases(leases: Vec<Lease>, answer: T) -> Self {
+        Change {
+            outcome: Outcome {
+                leases,
+                ..Outcome::default()
+            },
+            durability: Durability::Durable,
+            answer,
+        }
+    }
 }
 
 /// When the table takes an outcome whose commit failed.

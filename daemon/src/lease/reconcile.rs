@@ -87,7 +87,7 @@ impl LeaseManager {
             foreign = st.foreign.len(),
             "state loaded and reconciled with the hardware"
         );
-        *self.change() = st;
+        self.serve(st);
         Ok(())
     }
 
@@ -184,11 +184,11 @@ impl LeaseManager {
             cause,
             since_ms: now_ms(),
         };
-        let m2 = mark.clone();
-        self.store.write_blocking(move |w| w.put_health_mark(&m2))?;
-        st.health.insert((gpu, None), mark);
-        st.refresh_lease_health();
-        Ok(())
+        let marked = Outcome {
+            marked: vec![mark],
+            ..Outcome::default()
+        };
+        Ok(self.commit_at_start(st, marked)?)
     }
 
     /// Records that point at hardware: a MIG instance that vanished (GPU reset,
@@ -239,9 +239,11 @@ impl LeaseManager {
                         .filter(|u| *u != p.gpu_uuid)
                     {
                         p.gpu_uuid = uuid;
-                        let p2 = p.clone();
-                        self.store.write_blocking(move |w| w.put_partition(&p2))?;
-                        st.partitions.insert(p.id.clone(), p.clone());
+                        let followed = Outcome {
+                            parts: vec![p.clone()],
+                            ..Outcome::default()
+                        };
+                        self.commit_at_start(st, followed)?;
                     }
                     if let Some(lid) = &p.lease_id
                         && let Some(spec) = p.mps_spec(lid)
@@ -546,22 +548,16 @@ impl LeaseManager {
         report: &mut Reconciled,
     ) -> Result<(), LeaseError> {
         warn!(partition = %p.id, gpu = p.gpu, "MIG instance of a record is gone (GPU reset or reboot?): re-creating it");
-        let pid = p.id.clone();
-        let lid = p.lease_id.clone();
-        let iid = self.store.write_blocking(move |w| {
-            w.begin_intent(IntentOp::CreateMig, &pid, lid.as_deref(), now)
-        })?;
+        let iid = self.begin_intent_at_start(IntentOp::CreateMig, p, now)?;
         match self
             .backend
             .create_instance(p.gpu, m.gi_profile_id, m.placement, m.ci_profile_id)
         {
             Ok(inst) => {
+                // A ready record (only those are re-created): ready again, with
+                // the new instance's ids.
                 let mut p2 = p.clone();
-                if let PartKind::Mig(mm) = &mut p2.kind {
-                    mm.gi_id = Some(inst.gi_id);
-                    mm.ci_id = inst.ci_id;
-                    mm.uuid = Some(inst.uuid);
-                }
+                super::executor::ready(&mut p2, Some(inst));
                 let recreated = Outcome {
                     parts: vec![p2],
                     finished: vec![(iid, now, "recreated")],

@@ -8,68 +8,61 @@ use crate::model::{Lease, LeaseState};
 use crate::names::truncate;
 
 use super::error::LeaseError;
-use super::error::invalid;
 use super::events::EventKind;
 use super::manager::LeaseManager;
+use super::plan::Change;
+use super::table::State;
+use super::validate::validate_ttl;
 
 impl LeaseManager {
     pub async fn renew(&self, id: &str, ttl: Option<Duration>) -> Result<Lease, LeaseError> {
         self.wait_while_moving(id).await;
-        let lease = {
-            let mut st = self.change();
-            if st.moving.contains(id) {
-                return Err(LeaseError::FailedPrecondition(format!(
-                    "lease {id} is being moved to another MIG placement; retry in a moment"
-                )));
-            }
-            let mut lease = st.leases.get_mut(id).ok_or_else(|| {
-                LeaseError::NotFound(format!("no live lease {:?}", truncate(id, 80)))
-            })?;
-            if lease.state() != LeaseState::Active {
-                return Err(LeaseError::FailedPrecondition(format!(
-                    "lease {id} is {}, only active leases can be renewed",
-                    lease.state().as_str()
-                )));
-            }
-            let ttl = ttl.unwrap_or(Duration::from_secs(lease.ttl_secs));
-            if ttl < self.config.lease.min_ttl || ttl > self.config.lease.max_ttl {
-                return Err(invalid(
-                    "ttl_seconds",
-                    format!(
-                        "{}s is outside the allowed {}s..={}s",
-                        ttl.as_secs(),
-                        self.config.lease.min_ttl.as_secs(),
-                        self.config.lease.max_ttl.as_secs()
-                    ),
-                ));
-            }
-            let before = (lease.expires_at_ms, lease.ttl_secs);
-            lease.expires_at_ms = now_ms() + ttl.as_millis() as i64;
-            lease.ttl_secs = ttl.as_secs();
-            let l = lease.clone();
-            drop(lease);
-            let notified = st.expiring_notified.remove(id);
-            (l, before, notified)
-        };
-        let (lease, before, notified) = lease;
-        let l2 = lease.clone();
-        if let Err(e) = self.store.write(move |w| w.put_lease(&l2)).await {
-            // Refused: the renewal did not happen, in memory either (unless another
-            // renewal has replaced this one meanwhile).
-            let mut st = self.change();
-            let undone = match st.leases.get_mut(id) {
-                Some(mut l) if l.expires_at_ms == lease.expires_at_ms => {
-                    (l.expires_at_ms, l.ttl_secs) = before;
-                    true
-                }
-                _ => false,
-            };
-            if undone && notified {
-                st.expiring_notified.insert(id.to_string());
-            }
-            return Err(e.into());
-        }
+        let now = now_ms();
+        let lease = self
+            .run_records(|st| self.decide_renewal(st, id, ttl, now))
+            .await?;
         self.emit(EventKind::Renewed, &lease, None, String::new());
         Ok(lease)
     }
+
+    /// The renewal of lease `id` by `ttl` (its own when none) at `now`: the lease
+    /// with its new expiry and its expiry notice forgotten, or the refusal.
+    fn decide_renewal(
+        &self,
+        st: &State,
+        id: &str,
+        ttl: Option<Duration>,
+        now: i64,
+    ) -> Result<Change<Lease>, LeaseError> {
+        if st.moving.contains(id) {
+            return Err(LeaseError::FailedPrecondition(format!(
+                "lease {id} is being moved to another MIG placement; retry in a moment"
+            )));
+        }
+        let mut lease = active_lease(st, id, "can be renewed")?;
+        let ttl = ttl.unwrap_or(Duration::from_secs(lease.ttl_secs));
+        validate_ttl(ttl, &self.config.lease)?;
+        lease.expires_at_ms = now + ttl.as_millis() as i64;
+        lease.ttl_secs = ttl.as_secs();
+        let mut change = Change::leases(vec![lease.clone()], lease);
+        change.outcome.marks.notices_cleared.push(id.to_string());
+        Ok(change)
+    }
+}
+
+/// Live lease `id` as the table holds it, when it is active; else the refusal
+/// (`only`: what only active leases do).
+pub(super) fn active_lease(st: &State, id: &str, only: &str) -> Result<Lease, LeaseError> {
+    let lease = st
+        .leases
+        .get(id)
+        .cloned()
+        .ok_or_else(|| LeaseError::NotFound(format!("no live lease {:?}", truncate(id, 80))))?;
+    if lease.state() != LeaseState::Active {
+        return Err(LeaseError::FailedPrecondition(format!(
+            "lease {id} is {}, only active leases {only}",
+            lease.state().as_str()
+        )));
+    }
+    Ok(lease)
 }

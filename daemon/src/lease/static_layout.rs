@@ -12,7 +12,7 @@ use crate::partition::{self, PlanDecision, Shape};
 use super::error::Inconsistency;
 use super::error::LeaseError;
 use super::manager::LeaseManager;
-use super::plan::Outcome;
+use super::plan::{Marks, Outcome};
 use super::table::{GpuState, State};
 
 /// The next instance a static layout still lacks.
@@ -138,23 +138,13 @@ impl LeaseManager {
                 mps_host: None,
             }),
         };
-        self.change().partitions.insert(p.id.clone(), p.clone());
-        let pp = p.clone();
-        let iid = self.store.write_blocking(move |w| {
-            w.put_partition(&pp)?;
-            w.begin_intent(IntentOp::CreateMig, &pp.id, None, now)
-        })?;
+        let iid = self.write_partition_intent_blocking(&p, IntentOp::CreateMig, now)?;
         match self
             .backend
             .create_instance(g, prof.id, m.placement, m.ci_profile_id)
         {
             Ok(inst) => {
-                if let PartKind::Mig(mig) = &mut p.kind {
-                    mig.gi_id = Some(inst.gi_id);
-                    mig.ci_id = inst.ci_id;
-                    mig.uuid = Some(inst.uuid);
-                }
-                p.state = PartitionState::Ready;
+                super::executor::ready(&mut p, Some(inst));
                 let made = Outcome {
                     parts: vec![p],
                     finished: vec![(iid, now, "done")],
@@ -166,15 +156,16 @@ impl LeaseManager {
             }
             Err(e) => {
                 // A GI made without its CI goes (else it is set aside as foreign).
-                if let Some(mig) = p.mig()
-                    && let Some(left) =
-                        super::executor::undo_half_or_left(self.backend.as_ref(), g, mig)
-                {
-                    self.change().foreign.push(left);
-                }
+                let foreign = p.mig().and_then(|mig| {
+                    super::executor::undo_half_or_left(self.backend.as_ref(), g, mig)
+                });
                 let failed = Outcome {
                     gone: vec![p.id.clone()],
                     finished: vec![(iid, now, "failed")],
+                    marks: Marks {
+                        foreign: foreign.into_iter().collect(),
+                        ..Marks::default()
+                    },
                     ..Outcome::default()
                 };
                 self.commit_blocking(failed)?;

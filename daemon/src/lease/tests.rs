@@ -82,6 +82,7 @@ fn mig_request(request_id: &str) -> CreateRequest {
         need: None,
         count: 0,
         topology: Default::default(),
+        exact: None,
     }
 }
 
@@ -419,7 +420,7 @@ async fn close_resolves_read_proc_devices_once() {
     let first = mgr.resolve_token(&token).unwrap();
     for _ in 0..3 {
         let again = mgr.resolve_token(&token).unwrap();
-        assert_eq!(again.devices, first.devices);
+        assert_eq!(again.grant.devices, first.grant.devices);
     }
     let reads = host
         .calls()
@@ -1283,16 +1284,22 @@ async fn a_lease_of_three_instances_holds_sees_counts_and_ends_all_of_them() {
         .iter()
         .map(|p| p.mig().unwrap().uuid.clone().unwrap())
         .collect();
-    assert_eq!(r.env["CUDA_VISIBLE_DEVICES"], uuids.join(","));
-    assert_eq!(r.visible_gpu_indices, vec![0, 1]);
+    assert_eq!(r.grant.env["CUDA_VISIBLE_DEVICES"], uuids.join(","));
+    assert_eq!(r.grant.visible_gpu_indices, vec![0, 1]);
     let caps = r
+        .grant
         .devices
         .iter()
         .filter(|d| d.container_path.starts_with("/dev/nvidia-caps/"))
         .count();
     assert_eq!(caps, 6, "a GI and a CI access node per instance");
     for gpu in ["/dev/nvidia0", "/dev/nvidia1"] {
-        let n = r.devices.iter().filter(|d| d.container_path == gpu).count();
+        let n = r
+            .grant
+            .devices
+            .iter()
+            .filter(|d| d.container_path == gpu)
+            .count();
         assert_eq!(n, 1, "{gpu} once");
     }
     assert_eq!(r.more_partitions.len(), 2);
@@ -1449,7 +1456,7 @@ async fn whole_gpus_by_count_and_the_refusals() {
     assert_eq!(parts.iter().map(|p| p.gpu).collect::<Vec<_>>(), vec![0, 1]);
     assert_eq!(links.unwrap().min_nvlinks, 12, "a bridged pair");
     let r = mgr.resolve_token(two.token.as_deref().unwrap()).unwrap();
-    assert_eq!(r.visible_gpu_indices, vec![0, 1]);
+    assert_eq!(r.grant.visible_gpu_indices, vec![0, 1]);
     // Two left (2 and 3): three is beyond the node now.
     let e = mgr.create(whole("three", 3, T::Any)).await.unwrap_err();
     assert!(matches!(e, LeaseError::ResourceExhausted(_)), "{e:?}");

@@ -99,17 +99,7 @@ pub fn validate_create(
         validate_priority_class(class)?;
     }
     let ttl = req.ttl.unwrap_or(limits.default_ttl);
-    if ttl < limits.min_ttl || ttl > limits.max_ttl {
-        return Err(invalid(
-            "ttl_seconds",
-            format!(
-                "{}s is outside the allowed {}s..={}s",
-                ttl.as_secs(),
-                limits.min_ttl.as_secs(),
-                limits.max_ttl.as_secs()
-            ),
-        ));
-    }
+    validate_ttl(ttl, limits)?;
     Ok((shape, ttl))
 }
 
@@ -142,6 +132,25 @@ fn validate_count(req: &CreateRequest, shape: &Shape) -> Result<(), LeaseError> 
         return Err(invalid(
             "gpu_index",
             "a lease of several partitions is placed by topology and cannot be pinned to one GPU",
+        ));
+    }
+    Ok(())
+}
+
+/// A lease's TTL (a new lease's, a renewal's) within the configured range.
+pub(super) fn validate_ttl(
+    ttl: std::time::Duration,
+    limits: &crate::config::LeaseConfig,
+) -> Result<(), LeaseError> {
+    if ttl < limits.min_ttl || ttl > limits.max_ttl {
+        return Err(invalid(
+            "ttl_seconds",
+            format!(
+                "{}s is outside the allowed {}s..={}s",
+                ttl.as_secs(),
+                limits.min_ttl.as_secs(),
+                limits.max_ttl.as_secs()
+            ),
         ));
     }
     Ok(())

@@ -3,13 +3,33 @@
 
 use std::time::Duration;
 
-use crate::model::{PartKind, PartitionState};
+use crate::model::{PartKind, Partition, PartitionState};
 use crate::partition::{Expiry, GpuView, MigMpsHost, MpsShare, OccupiedMig, PlanOptions};
 
 use super::manager::LeaseManager;
 use super::table::State;
 
 impl LeaseManager {
+    /// The planner's view of every GPU, and the partitions of the live leases that
+    /// carry the label `label`, from one reading of the table (the DRA publisher's
+    /// input: which hardware the scheduler's own claims hold).
+    pub fn views_and_labelled(&self, label: &str) -> (Vec<GpuView>, Vec<Partition>) {
+        let st = self.read();
+        let parts = st
+            .leases
+            .values()
+            .filter(|l| l.labels.contains_key(label))
+            .flat_map(|l| {
+                l.partition_ids()
+                    .filter_map(|id| st.partitions.get(id))
+                    .filter(|p| p.lease_id.as_deref() == Some(l.id.as_str()))
+                    .cloned()
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        (Self::views(&st), parts)
+    }
+
     pub(super) fn plan_options(&self, gpu_index: Option<u32>) -> PlanOptions {
         self.config.partition.plan_options(gpu_index)
     }

@@ -17,11 +17,14 @@
 //! Owns: the database file and its schema. May use: model. May not touch: the lease
 //! core (it stores what it is given) or the hardware.
 
+mod dra;
+mod dra_claim;
 pub mod faults;
 mod k8s;
 mod k8s_device;
 mod schema;
 
+pub use dra_claim::{DraClaim, DraDevice};
 pub use k8s_device::K8sDevice;
 
 use std::fs::File;

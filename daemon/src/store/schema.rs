@@ -87,6 +87,12 @@ const MIGRATIONS: &[&str] = &[
         key TEXT PRIMARY KEY,
         value INTEGER NOT NULL
     );",
+    // 8: the DRA driver's prepared claims: claim UID -> its leases, so that a
+    // prepare is answered the same after a restart and an unprepare releases them
+    "CREATE TABLE dra_claims (
+        uid TEXT PRIMARY KEY,
+        body TEXT NOT NULL
+    );",
 ];
 
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
