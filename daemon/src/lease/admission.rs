@@ -81,22 +81,27 @@ impl LeaseManager {
         let views = Self::placeable_views(fit.st);
         let reserve = self.config.partition.reserve;
         let Shape::Mig { profile, .. } = &fit.ask.shape else {
-            return self.decide_one_on(fit, opts, &views);
+            return self.decide_one_on(fit, opts, &views, &|v| v.to_vec());
         };
         if !reserve.enabled() {
-            return self.decide_one_on(fit, opts, &views);
+            return self.decide_one_on(fit, opts, &views, &|v| v.to_vec());
         }
         let now = u64::try_from(fit.ask.now).unwrap_or(0);
         // Held through the decision (which never waits), so two decisions never
         // interleave their reservations.
         let mut guard = self.queue.reservations(reserve);
         let Some(held) = guard.as_mut() else {
-            return self.decide_one_on(fit, opts, &views);
+            return self.decide_one_on(fit, opts, &views, &|v| v.to_vec());
         };
         held.refresh(&views, now);
         let ttl_ms = u64::try_from(fit.ask.ttl.as_millis()).unwrap_or(u64::MAX);
         let expires_at = Some(now.saturating_add(ttl_ms));
-        let out = self.decide_one_on(fit, opts, &held.view(&views, profile, expires_at));
+        let out = {
+            let held: &partition::Reservations = held;
+            // Burst leases are preempted only for room outside the held regions.
+            let outside = |v: &[partition::GpuView]| held.view(v, profile, expires_at);
+            self.decide_one_on(fit, opts, &outside(&views), &outside)
+        };
         match &out {
             Ok(Plan::Place(p)) => {
                 for (part, _) in &p.parts {
@@ -154,12 +159,14 @@ impl LeaseManager {
     }
 
     /// One partition on `views`: the planner's place, else idle MIG leases moved,
-    /// else burst leases preempted, else a refusal.
+    /// else burst leases preempted (where `outside` of the held regions, the views
+    /// with the victims gone, has room), else a refusal.
     fn decide_one_on(
         &self,
         fit: &Fit<'_>,
         opts: PlanOptions,
         views: &[partition::GpuView],
+        outside: &dyn Fn(&[partition::GpuView]) -> Vec<partition::GpuView>,
     ) -> Result<Plan, LeaseError> {
         let (st, ask) = (fit.st, fit.ask);
         // Temporal packing: the planner weighs when the new lease and those present
@@ -179,10 +186,10 @@ impl LeaseManager {
                 match partition::plan_with_moves(&ask.shape, views, &opts, &movable) {
                     Ok(p) if !p.moves.is_empty() => return Ok(Plan::Move(p.moves, msg)),
                     Ok(p) => p.decision,
-                    Err(_) => return fit.refused_or_preempt(&opts, msg),
+                    Err(_) => return fit.refused_or_preempt(&opts, msg, outside),
                 }
             }
-            Err(PlanError::NoCapacity(msg)) => return fit.refused_or_preempt(&opts, msg),
+            Err(PlanError::NoCapacity(msg)) => return fit.refused_or_preempt(&opts, msg, outside),
             Err(e) => return Err(e.into()),
         };
         let part = self.partition_for(st, decision, ask, &ask.partition_id)?;
@@ -637,8 +644,14 @@ impl Fit<'_> {
 
     /// No room: a guaranteed request may preempt burst leases of other tenants (or
     /// wait for teardowns in progress) and plan again; anything else is refused.
-    fn refused_or_preempt(&self, opts: &PlanOptions, msg: String) -> Result<Plan, LeaseError> {
-        let fits = |v: &[partition::GpuView]| partition::plan(&self.ask.shape, v, opts).is_ok();
+    fn refused_or_preempt(
+        &self,
+        opts: &PlanOptions,
+        msg: String,
+        outside: &dyn Fn(&[partition::GpuView]) -> Vec<partition::GpuView>,
+    ) -> Result<Plan, LeaseError> {
+        let fits =
+            |v: &[partition::GpuView]| partition::plan(&self.ask.shape, &outside(v), opts).is_ok();
         self.preempt_or_refuse(self.victims_if_allowed(&fits), PlanError::NoCapacity(msg))
     }
 
