@@ -64,7 +64,7 @@ TESSERA_BENCH_ARGS ?= --seconds 5 --clients 1,8,32 --prefill $(BENCH_PREFILL) --
 # runtime-bench needs root, runc and busybox; its bundles go on tmpfs as containerd's
 # do (/run), here /dev/shm.
 RUNTIME_BENCH_ARGS ?= --iterations 300 --sim-lease --workdir /dev/shm
-# placement-bench: 3 mixes x 3 loads x 2 duration laws x 3 seeds on 8 simulated H100s,
+# placement-bench: 3 mixes x 3 loads (0.8, 1.0, 1.3) x 2 duration laws x 3 seeds on 8 simulated H100s,
 # TTLs upper bounds of the durations (--ttl upper, its default); drop --quiet to see
 # every trace.
 PLACEMENT_BENCH_ARGS ?= --quiet

@@ -51,7 +51,7 @@ use tesserad::gpu::profiles::GpuModel;
 use tesserad::gpu::{GiProfile, GpuInfo, Placement};
 use tesserad::partition::{
     COMPACT_MOVES_PER_PASS, Expiry, GpuView, Movable, Move, OccupiedMig, PlanDecision, PlanError,
-    PlanOptions, Shape, compact, plan, plan_with_moves,
+    PlanOptions, Reservations, ReserveOptions, Shape, compact, plan, plan_with_moves,
 };
 
 /// Durations, each with mean 1 (the time unit of a trace).
@@ -151,8 +151,33 @@ pub enum Policy {
         moves: bool,
         max_wait: f64,
         reserve: bool,
+        /// The daemon's reservations for refused large requests (in mean durations).
+        holds: Option<ReserveOptions>,
+    },
+    /// The planner (moving idle leases when `moves`) with the daemon's reservations
+    /// for large requests refused for lack of room ([`Reservations`]); times in
+    /// mean durations.
+    Reserving {
+        opts: PlanOptions,
+        moves: bool,
+        reserve: ReserveOptions,
     },
 }
+
+/// `r`, whose times count [`RESERVE_UNIT`]ths of the mean duration, in trace ticks.
+fn reserve_in_ticks(r: &ReserveOptions) -> ReserveOptions {
+    ReserveOptions {
+        grace: r.grace.saturating_mul(TICKS_PER_UNIT / RESERVE_UNIT),
+        max_hold: r.max_hold.saturating_mul(TICKS_PER_UNIT / RESERVE_UNIT),
+        ..*r
+    }
+}
+
+/// Trace ticks per mean duration.
+pub const TICKS_PER_UNIT: u64 = 1_000_000_000;
+/// The times of a [`ReserveOptions`] given to [`Policy::Reserving`] count
+/// thousandths of the mean duration.
+pub const RESERVE_UNIT: u64 = 1000;
 
 /// What one profile of the mix was offered and got (warm-up excluded).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -344,7 +369,9 @@ fn slices_per_gpu(profiles: &[GiProfile]) -> u32 {
 /// Trace time in integer ticks (1e-9 of the mean duration), so events order exactly.
 fn ticks(t: f64) -> u64 {
     // Times are finite and >= 0 by construction; saturating float-to-int is fine.
-    (t * 1e9) as u64
+    #[allow(clippy::cast_precision_loss)]
+    let per_unit = TICKS_PER_UNIT as f64;
+    (t * per_unit) as u64
 }
 
 /// Replay `requests` of `spec` under `policy`.
@@ -383,13 +410,26 @@ fn server_for(
             Box::new(s)
         }
         Policy::Static(o) => Box::new(PlannerServer::with_static_layout(spec, profiles, o)?),
+        Policy::Reserving {
+            opts,
+            moves,
+            reserve,
+        } => {
+            let mut s = PlannerServer::new(spec, opts.clone(), *moves);
+            s.reservations = Some(Reservations::new(reserve_in_ticks(reserve)));
+            Box::new(s)
+        }
         Policy::Queued {
             opts,
             moves,
             reserve,
+            holds,
             ..
         } => {
             let mut s = PlannerServer::new(spec, opts.clone(), *moves);
+            s.reservations = holds
+                .as_ref()
+                .map(|h| Reservations::new(reserve_in_ticks(h)));
             s.queue = Some(Queue {
                 waiting: VecDeque::new(),
                 reserve: *reserve,
@@ -537,6 +577,8 @@ struct PlannerServer {
     moves: u64,
     queue: Option<Queue>,
     housekeeping: bool,
+    /// The daemon's reservations for refused large requests.
+    reservations: Option<Reservations>,
 }
 
 /// Housekeeping moves at most this many idle instances per grant or end, as the
@@ -663,6 +705,7 @@ impl PlannerServer {
             moves: 0,
             queue: None,
             housekeeping: false,
+            reservations: None,
         }
     }
 
@@ -712,6 +755,7 @@ impl PlannerServer {
             moves: 0,
             queue: None,
             housekeeping: false,
+            reservations: None,
         })
     }
 
@@ -863,13 +907,23 @@ impl PlannerServer {
                 latest,
             }
         });
+        if let Some(r) = self.reservations.as_mut() {
+            r.refresh(&self.gpus, now);
+        }
         let held_view;
-        let gpus = if held.is_empty() {
+        let mut gpus = if held.is_empty() {
             &self.gpus
         } else {
             held_view = hold(&self.gpus, held);
             &held_view
         };
+        let reserved_view;
+        if let Some(r) = &self.reservations
+            && r.holds_against(&profile.name, expires_at)
+        {
+            reserved_view = r.view(gpus, &profile.name, expires_at);
+            gpus = &reserved_view;
+        }
         let decision = if self.with_moves {
             let movable = self.movable(now);
             match plan_with_moves(&shape, gpus, &self.opts, &movable) {
@@ -885,8 +939,25 @@ impl PlannerServer {
             plan(&shape, gpus, &self.opts)
         };
         match decision {
-            Ok(d) => Ok(Some(d)),
-            Err(PlanError::NoCapacity(_)) => Ok(None),
+            Ok(d) => {
+                if let (Some(r), PlanDecision::NewMig { gpu, placement, .. }) =
+                    (self.reservations.as_mut(), &d)
+                {
+                    r.granted(&profile.name, *gpu, *placement);
+                }
+                Ok(Some(d))
+            }
+            Err(PlanError::NoCapacity(_)) => {
+                if let Some(r) = self.reservations.as_mut() {
+                    let ends: Vec<_> = self
+                        .live
+                        .values()
+                        .filter_map(|l| Some((l.gpu, l.placement, l.expires_at?)))
+                        .collect();
+                    r.refused(&profile.name, &self.gpus, &ends, now);
+                }
+                Ok(None)
+            }
             Err(e) => Err(e.into()),
         }
     }
@@ -1365,6 +1436,7 @@ mod tests {
             moves: true,
             max_wait,
             reserve,
+            holds: None,
         }
     }
 

@@ -17,11 +17,14 @@ use tesserad::partition::Shape;
 use tesserad::store::Store;
 
 /// A lease core on eight simulated H100s with MIG, as `placement-bench` models them:
-/// best fit, moves of idle leases at refusal, no temporal term.
+/// best fit, moves of idle leases at refusal, no temporal term, no reservations (those
+/// are `partition::reservation`, the same code in the model and the lease core, tested
+/// there).
 fn eight_h100_for_a_trace(dir: &Path) -> Arc<LeaseManager> {
     let text = format!(
         "[daemon]\nstate_dir = {d:?}\nrun_dir = {d:?}\n[gpu]\nbackend = \"sim\"\n\
          [partition]\nmove_idle = true\ncompact_idle = false\nexpiry_weight = 0\n\
+         reserve_min_slices = 0\n\
          [sim]\nstate_file = {s:?}\n{gpus}",
         d = dir.display().to_string(),
         s = dir.join("sim.json").display().to_string(),

@@ -232,6 +232,9 @@ pub struct PartitionConfig {
     /// Temporal packing: best fit's weight on how far a new lease's expiry extends a
     /// GPU's latest (0 = expiries ignored).
     pub expiry_weight: u32,
+    /// Regions held for large MIG requests refused for lack of room (times in
+    /// milliseconds; `partition::reservation`).
+    pub reserve: crate::partition::ReserveOptions,
 }
 
 impl PartitionConfig {
@@ -450,6 +453,11 @@ struct RawPartition {
     move_idle: Option<bool>,
     compact_idle: Option<bool>,
     expiry_weight: Option<u32>,
+    reserve_min_slices: Option<u32>,
+    reserve_grace: Option<String>,
+    reserve_max_hold: Option<String>,
+    reserve_aging: Option<u32>,
+    reserve_max_per_profile: Option<u32>,
     #[serde(default, rename = "static")]
     static_layouts: Vec<RawStatic>,
 }
@@ -639,6 +647,7 @@ fn partition_section(
     gpu: &GpuConfig,
     sim: &SimSection,
 ) -> Result<PartitionConfig, ConfigError> {
+    let reserve = reserve_options(v, &p)?;
     let mut static_layouts = Vec::new();
     for (i, s) in p.static_layouts.into_iter().enumerate() {
         if gpu.backend == BackendKind::Sim && s.gpu as usize >= sim.gpus.gpus.len() {
@@ -667,6 +676,7 @@ fn partition_section(
         });
     }
     Ok(PartitionConfig {
+        reserve,
         strategy: p.strategy.unwrap_or_default(),
         dynamic_mig: p.dynamic_mig.unwrap_or(true),
         on_release: p.on_release.unwrap_or_default(),
@@ -676,6 +686,34 @@ fn partition_section(
         move_idle: p.move_idle.unwrap_or(true),
         compact_idle: p.compact_idle.unwrap_or(false),
         expiry_weight: p.expiry_weight.unwrap_or(crate::partition::EXPIRY_WEIGHT),
+    })
+}
+
+/// `[partition] reserve_*`: see `partition::reservation` (defaults
+/// `partition::RESERVE_DEFAULTS_MS`).
+fn reserve_options(
+    v: &Validator<'_>,
+    p: &RawPartition,
+) -> Result<crate::partition::ReserveOptions, ConfigError> {
+    let d = crate::partition::RESERVE_DEFAULTS_MS;
+    let ms = |field: &str, value: &Option<String>, default: u64| -> Result<u64, ConfigError> {
+        let t = v.duration(field, value.clone(), &format!("{default}ms"))?;
+        Ok(u64::try_from(t.as_millis()).unwrap_or(u64::MAX))
+    };
+    let aging = p.reserve_aging.unwrap_or(d.aging);
+    if aging == 0 {
+        return Err(v.err("partition.reserve_aging", "must be at least 1".into()));
+    }
+    Ok(crate::partition::ReserveOptions {
+        min_slices: p.reserve_min_slices.unwrap_or(d.min_slices),
+        grace: ms("partition.reserve_grace", &p.reserve_grace, d.grace)?,
+        max_hold: ms(
+            "partition.reserve_max_hold",
+            &p.reserve_max_hold,
+            d.max_hold,
+        )?,
+        aging,
+        max_per_profile: p.reserve_max_per_profile.unwrap_or(d.max_per_profile),
     })
 }
 

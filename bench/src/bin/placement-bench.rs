@@ -33,7 +33,38 @@ use anyhow::{Context, bail};
 use clap::Parser;
 use tessera_bench::trace::{self, Durations, Outcome, Policy, TraceSpec, TtlModel};
 use tesserad::gpu::profiles::GpuModel;
-use tesserad::partition::{PlanOptions, Strategy, Temporal};
+use tesserad::partition::{PlanOptions, RESERVE_DEFAULTS_MS, ReserveOptions, Strategy, Temporal};
+
+/// The mean lease duration the daemon's default times are read against (ms).
+const MEAN_LEASE_MS: f64 = 3_600_000.0;
+
+/// The daemon's reservation grace and longest hold, in mean durations of an hour.
+fn default_reserve() -> (f64, f64) {
+    #[allow(clippy::cast_precision_loss)]
+    let f = |ms: u64| ms as f64 / MEAN_LEASE_MS;
+    (
+        f(RESERVE_DEFAULTS_MS.grace),
+        f(RESERVE_DEFAULTS_MS.max_hold),
+    )
+}
+
+/// The reservation options of `--reserve-*`, times in [`trace::RESERVE_UNIT`]ths of
+/// the mean duration.
+fn reserve_options(args: &Args) -> ReserveOptions {
+    #[allow(
+        clippy::cast_precision_loss,
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss
+    )]
+    let units = |md: f64| (md.max(0.0) * trace::RESERVE_UNIT as f64).round() as u64;
+    ReserveOptions {
+        min_slices: args.reserve_min_slices,
+        grace: units(args.reserve_grace),
+        max_hold: units(args.reserve_max_hold),
+        aging: args.reserve_aging,
+        max_per_profile: args.reserve_max,
+    }
+}
 
 #[derive(Parser, Debug)]
 #[command(about = "MIG placement strategies against a free-repacking reference")]
@@ -42,7 +73,7 @@ struct Args {
     #[arg(long, value_delimiter = ',', default_value = "1,2,3")]
     seeds: Vec<u64>,
     /// Offered loads: slices asked for at once over the node's slices.
-    #[arg(long, value_delimiter = ',', default_value = "0.8,1.0,1.2")]
+    #[arg(long, value_delimiter = ',', default_value = "0.8,1.0,1.3")]
     loads: Vec<f64>,
     /// Profile mixes: balanced, small, large (or all).
     #[arg(long, value_delimiter = ',', default_value = "all")]
@@ -60,15 +91,36 @@ struct Args {
     #[arg(long, default_value = "h100-80gb")]
     model: String,
     /// Mean idle period at the start of a lease (before a container binds), as a
-    /// fraction of the mean lease duration: only idle leases may be moved.
-    #[arg(long, default_value_t = 0.05)]
+    /// fraction of the mean lease duration: only idle leases may be moved. 0 (the
+    /// measure): a container on every lease from its grant, so none ever moves.
+    #[arg(long, default_value_t = 0.0)]
     startup: f64,
+    /// Reservations for refused large requests: how long a held region that came
+    /// free waits for its profile, in mean durations (the daemon's
+    /// `partition.reserve_grace` over a mean lease of an hour by default).
+    #[arg(long, default_value_t = default_reserve().0)]
+    reserve_grace: f64,
+    /// The longest a reservation lasts, in mean durations (`partition.reserve_max_hold`
+    /// over an hour by default).
+    #[arg(long, default_value_t = default_reserve().1)]
+    reserve_max_hold: f64,
+    /// Refusals per extra region a starved profile may hold (`partition.reserve_aging`).
+    #[arg(long, default_value_t = RESERVE_DEFAULTS_MS.aging)]
+    reserve_aging: u32,
+    /// The most regions one profile may hold (`partition.reserve_max_per_profile`).
+    #[arg(long, default_value_t = RESERVE_DEFAULTS_MS.max_per_profile)]
+    reserve_max: u32,
+    /// Profiles of at least this many memory slices get reservations
+    /// (`partition.reserve_min_slices`).
+    #[arg(long, default_value_t = RESERVE_DEFAULTS_MS.min_slices)]
+    reserve_min_slices: u32,
     /// How long a refused request may wait in the admission queue, in mean durations
-    /// (the "queue" policies).
-    #[arg(long, default_value_t = 0.05)]
+    /// (the "queue" policies; the default is `lease.max_queue_wait` over a mean lease
+    /// of an hour).
+    #[arg(long, default_value_t = 10.0 / 60.0)]
     queue_wait: f64,
     /// Policies to run besides the reference (all by default): first-fit, best-fit,
-    /// static, moves, housekeeping, queue, queue-reserve.
+    /// static, moves, reserve, housekeeping, queue, queue-bench-reserve.
     #[arg(long, value_delimiter = ',', default_value = "all")]
     policies: Vec<String>,
     /// What the planner is told of when leases end: none (no TTL), exact (TTL = the
@@ -151,11 +203,13 @@ fn policies(args: &Args) -> anyhow::Result<Vec<(String, Policy)>> {
         strategy,
         ..PlanOptions::default()
     };
-    let queued = |reserve| Policy::Queued {
+    let holds = reserve_options(args);
+    let queued = |reserve, holds| Policy::Queued {
         opts: with(Strategy::BestFit),
         moves: true,
         max_wait: args.queue_wait,
         reserve,
+        holds,
     };
     let all = vec![
         ("reference", Policy::Reference),
@@ -163,6 +217,14 @@ fn policies(args: &Args) -> anyhow::Result<Vec<(String, Policy)>> {
         ("best-fit", Policy::Planner(with(Strategy::BestFit))),
         ("static", Policy::Static(with(Strategy::BestFit))),
         ("moves", Policy::PlannerWithMoves(with(Strategy::BestFit))),
+        (
+            "reserve",
+            Policy::Reserving {
+                opts: with(Strategy::BestFit),
+                moves: true,
+                reserve: holds,
+            },
+        ),
         (
             "housekeeping",
             Policy::Housekeeping(with(Strategy::BestFit)),
@@ -173,8 +235,8 @@ fn policies(args: &Args) -> anyhow::Result<Vec<(String, Policy)>> {
                 max_wait: args.queue_wait,
             },
         ),
-        ("queue", queued(false)),
-        ("queue-reserve", queued(true)),
+        ("queue", queued(false, Some(holds))),
+        ("queue-bench-reserve", queued(true, None)),
     ];
     let every = args.policies.iter().any(|p| p == "all");
     let mut out: Vec<(String, Policy)> = all
@@ -203,26 +265,36 @@ fn policies(args: &Args) -> anyhow::Result<Vec<(String, Policy)>> {
 #[derive(Default)]
 struct Summary {
     ratios: Vec<f64>,
+    /// Accepted slice-time over canonical first fit's, per trace.
+    ff_ratios: Vec<f64>,
     /// Per profile of the mixes (by name): requests accepted and offered, all traces.
     per_profile: std::collections::BTreeMap<String, (u64, u64)>,
-    /// Per profile: the wait of every accepted request, all traces.
-    waits: std::collections::BTreeMap<String, Vec<f64>>,
+    /// Per offered load and profile: the wait of every accepted request.
+    waits: std::collections::BTreeMap<(String, String), Vec<f64>>,
     least_profile: Option<(f64, String)>,
     moves: u64,
 }
 
 impl Summary {
     /// One policy's outcome `o` on one trace (`label`), against `reference`.
-    fn record(&mut self, o: &Outcome, reference: &Outcome, label: &str) -> f64 {
+    fn record(
+        &mut self,
+        o: &Outcome,
+        [reference, first_fit]: [&Outcome; 2],
+        label: &str,
+        load: f64,
+    ) -> f64 {
         let ratio = o.accepted_slice_time() / reference.accepted_slice_time();
         self.ratios.push(ratio);
+        self.ff_ratios
+            .push(o.accepted_slice_time() / first_fit.accepted_slice_time());
         self.moves += o.moves;
         for p in &o.profiles {
             let e = self.per_profile.entry(p.name.clone()).or_default();
             e.0 += p.accepted;
             e.1 += p.offered;
             self.waits
-                .entry(p.name.clone())
+                .entry((format!("{load}"), p.name.clone()))
                 .or_default()
                 .extend_from_slice(&p.waits);
         }
@@ -283,8 +355,18 @@ fn main() -> anyhow::Result<()> {
             }
         }
     }
-    print_shares(&args, &policies, &summary);
-    print_summary(&args, &policies, &summary)
+    let mut results = match &args.results {
+        Some(p) => Some(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)
+                .with_context(|| format!("{}", p.display()))?,
+        ),
+        None => None,
+    };
+    print_shares(&args, &policies, &summary, &mut results)?;
+    print_summary(&policies, &summary, &mut results)
 }
 
 fn duration_laws(names: &[String]) -> anyhow::Result<Vec<(String, Durations)>> {
@@ -337,12 +419,16 @@ fn run_trace(
     let queued_reference = policies
         .iter()
         .position(|(_, p)| matches!(p, Policy::ReferenceQueued { .. }));
+    let first_fit = policies
+        .iter()
+        .position(|(n, _)| n == "first-fit")
+        .map_or(reference, |i| &outcomes[i]);
     for (i, o) in outcomes.iter().enumerate() {
         let reference = match (&policies[i].1, queued_reference) {
             (Policy::Queued { .. }, Some(q)) => &outcomes[q],
             _ => reference,
         };
-        let ratio = summary[i].record(o, reference, label);
+        let ratio = summary[i].record(o, [reference, first_fit], label, spec.load);
         if !args.quiet {
             print!(
                 "  {:<14} {:>6.3} {:>9.3}",
@@ -364,7 +450,12 @@ fn run_trace(
 
 /// The share of requests each policy accepted per profile, and the queued policies'
 /// waits.
-fn print_shares(args: &Args, policies: &[(String, Policy)], summary: &[Summary]) {
+fn print_shares(
+    args: &Args,
+    policies: &[(String, Policy)],
+    summary: &[Summary],
+    results: &mut Option<std::fs::File>,
+) -> anyhow::Result<()> {
     println!();
     println!("share of requests accepted per profile, all traces:");
     print!("  {:<14}", "policy");
@@ -387,7 +478,7 @@ fn print_shares(args: &Args, policies: &[(String, Policy)], summary: &[Summary])
         .iter()
         .any(|(_, p)| matches!(p, Policy::Queued { .. }))
     {
-        return;
+        return Ok(());
     }
     println!();
     println!(
@@ -395,7 +486,7 @@ fn print_shares(args: &Args, policies: &[(String, Policy)], summary: &[Summary])
          (queue wait at most {}):",
         args.queue_wait
     );
-    print!("  {:<14}", "policy");
+    print!("  {:<20}", "policy, load");
     for n in &names {
         print!(" {n:>15}");
     }
@@ -404,24 +495,33 @@ fn print_shares(args: &Args, policies: &[(String, Policy)], summary: &[Summary])
         if !matches!(p, Policy::Queued { .. }) {
             continue;
         }
-        print!("  {name:<14}");
-        for w in s.waits.values() {
-            #[allow(clippy::cast_precision_loss)]
-            let mean = w.iter().sum::<f64>() / w.len().max(1) as f64;
-            print!(
-                " {:>15}",
-                format!("{mean:.4}/{:.4}", trace::percentile(w, 0.99))
-            );
+        let mut loads: Vec<&String> = s.waits.keys().map(|(l, _)| l).collect();
+        loads.dedup();
+        for load in loads {
+            print!("  {:<20}", format!("{name}, {load}"));
+            let mut worst = 0.0f64;
+            for ((_, _), w) in s.waits.iter().filter(|((l, _), _)| l == load) {
+                #[allow(clippy::cast_precision_loss)]
+                let mean = w.iter().sum::<f64>() / w.len().max(1) as f64;
+                let p99 = trace::percentile(w, 0.99);
+                worst = worst.max(p99);
+                print!(" {:>15}", format!("{mean:.4}/{p99:.4}"));
+            }
+            println!();
+            if let Some(f) = results.as_mut() {
+                writeln!(f, "placement.{name}.p99_wait.load{load} {worst}")
+                    .context("writing --results")?;
+            }
         }
-        println!();
     }
+    Ok(())
 }
 
 /// The summary table, and its figures appended to `--results`.
 fn print_summary(
-    args: &Args,
     policies: &[(String, Policy)],
     summary: &[Summary],
+    results: &mut Option<std::fs::File>,
 ) -> anyhow::Result<()> {
     println!();
     println!(
@@ -430,41 +530,38 @@ fn print_summary(
         summary.first().map_or(0, |s| s.ratios.len())
     );
     println!(
-        "  {:<14} {:>9} {:>9} {:>8}  least-served profile",
-        "policy", "min ratio", "mean", "moves"
+        "  {:<20} {:>9} {:>9} {:>9} {:>9} {:>8}  least-served profile",
+        "policy", "min ratio", "mean", "min vs ff", "mean v ff", "moves"
     );
-    let mut results = match &args.results {
-        Some(p) => Some(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(p)
-                .with_context(|| format!("{}", p.display()))?,
-        ),
-        None => None,
-    };
     // The daemon's default: its default strategy, moving idle leases when a request
-    // would be refused (`[partition] move_idle = true`).
+    // would be refused (`[partition] move_idle = true`) and holding regions for
+    // refused large requests (`[partition] reserve_*`).
     let default = match PlanOptions::default().strategy {
-        Strategy::BestFit => "moves",
+        Strategy::BestFit => "reserve",
         Strategy::FirstFit => "first-fit",
     };
     for ((name, _), s) in policies.iter().zip(summary) {
         let min = s.ratios.iter().copied().fold(f64::INFINITY, f64::min);
         #[allow(clippy::cast_precision_loss)]
         let mean = s.ratios.iter().sum::<f64>() / s.ratios.len().max(1) as f64;
+        let ff_min = s.ff_ratios.iter().copied().fold(f64::INFINITY, f64::min);
+        #[allow(clippy::cast_precision_loss)]
+        let ff_mean = s.ff_ratios.iter().sum::<f64>() / s.ff_ratios.len().max(1) as f64;
         let (least, which) = s.least_profile.clone().unwrap_or((1.0, "-".to_string()));
         println!(
-            "  {name:<14} {min:>9.3} {mean:>9.3} {:>8}  {least:.3} {which}",
+            "  {name:<20} {min:>9.3} {mean:>9.3} {ff_min:>9.3} {ff_mean:>9.3} {:>8}  {least:.3} {which}",
             s.moves
         );
         if let Some(f) = results.as_mut() {
             writeln!(f, "placement.{name}.min_ratio {min}")
                 .and_then(|()| writeln!(f, "placement.{name}.mean_ratio {mean}"))
+                .and_then(|()| writeln!(f, "placement.{name}.ff_mean_ratio {ff_mean}"))
                 .and_then(|()| writeln!(f, "placement.{name}.least_profile {least}"))
                 .context("writing --results")?;
             if *name == default {
                 writeln!(f, "placement.default.min_ratio {min}")
+                    .and_then(|()| writeln!(f, "placement.default.mean_ratio {mean}"))
+                    .and_then(|()| writeln!(f, "placement.default.ff_mean_ratio {ff_mean}"))
                     .and_then(|()| writeln!(f, "placement.default.least_profile {least}"))
                     .context("writing --results")?;
             }

@@ -244,6 +244,13 @@ impl DevicePlugin {
             nvidia,
         });
         plugin.release_orphans().await;
+        // Devices kubelet allocated stay pinned across a restart (what pins a lease
+        // is kept in memory only).
+        for d in plugin.devices.lock().await.iter().filter(|d| d.allocated) {
+            if let Err(e) = plugin.pin(d) {
+                warn!(device = %d.device_id, error = %e, "kubernetes: allocated device not pinned");
+            }
+        }
         plugin.reconcile().await;
         Ok(plugin)
     }
@@ -481,7 +488,9 @@ impl DevicePlugin {
         };
         let recorded = async {
             if self.cfg.cdi {
-                let resolved = self.mgr.resolve_token(&d.token)?;
+                // A view, not a hold: a reserved lease may still move (its spec is
+                // rewritten on `moved`) until kubelet allocates it.
+                let resolved = self.mgr.view_devices(&lease_id)?;
                 cdi::write_spec(&self.cfg.cdi_dir, &resolved, self.nvidia.as_ref())?;
             }
             self.persist(&d).await?;
@@ -579,6 +588,41 @@ impl DevicePlugin {
         *d = self.make_lease(&class, &shape, Some(d)).await?;
         info!(device = %d.device_id, lease = %d.lease_id, previous_pod = %pod, "kubernetes: device given to a new pod: a fresh lease");
         Ok(())
+    }
+
+    /// Holds `d`'s lease for a pod (ResolveToken: it never moves again) and writes
+    /// its CDI spec from that answer.
+    fn pin(&self, d: &K8sDevice) -> Result<(), K8sError> {
+        let resolved = self.mgr.resolve_token(&d.token)?;
+        if self.cfg.cdi {
+            cdi::write_spec(&self.cfg.cdi_dir, &resolved, self.nvidia.as_ref())?;
+        }
+        Ok(())
+    }
+
+    /// A lease moved: if it is a device's (a reserved one), its CDI spec names the
+    /// new instance's device nodes.
+    async fn moved(&self, lease_id: &str) {
+        if !self.cfg.cdi {
+            return;
+        }
+        let devices = self.devices.lock().await;
+        if !devices.iter().any(|d| d.lease_id == lease_id) {
+            return;
+        }
+        let written = self
+            .mgr
+            .view_devices(lease_id)
+            .map_err(K8sError::from)
+            .and_then(|r| {
+                cdi::write_spec(&self.cfg.cdi_dir, &r, self.nvidia.as_ref()).map_err(K8sError::from)
+            });
+        match written {
+            Ok(_) => info!(lease = %lease_id, "kubernetes: CDI spec rewritten after a move"),
+            Err(e) => {
+                warn!(lease = %lease_id, error = %e, "kubernetes: CDI spec not rewritten after a move")
+            }
+        }
     }
 
     /// Advertise every class's devices (health from the lease).
@@ -704,6 +748,10 @@ impl DevicePlugin {
                 reason,
             });
         }
+        // A pod gets it: the lease never moves again, and its CDI spec names the
+        // instance it is pinned on (a move may have come since the spec was written;
+        // a lease moving right now refuses, and kubelet asks again).
+        self.pin(d)?;
         if !d.allocated {
             d.allocated = true;
             d.unseen_since_ms = None;
@@ -877,6 +925,11 @@ impl DevicePlugin {
                     if matches!(ev, Err(tokio::sync::broadcast::error::RecvError::Closed)) {
                         // The lease core is gone: nothing left to serve.
                         break;
+                    }
+                    if let Ok(e) = &ev
+                        && e.kind == crate::lease::EventKind::Moved
+                    {
+                        self.moved(&e.lease.id).await;
                     }
                     // Health and state changes show at once.
                     self.publish().await;

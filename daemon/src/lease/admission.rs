@@ -73,18 +73,109 @@ impl LeaseManager {
         self.decide_one(&fit, opts)
     }
 
-    /// One partition (not a share inside MIG): the planner's place, else idle MIG
-    /// leases moved, else burst leases preempted, else a refusal.
+    /// One partition (not a share inside MIG): [`LeaseManager::decide_one_on`] the
+    /// placeable GPUs, less the regions held for other profiles' refused large MIG
+    /// requests (`partition::reservation`). A MIG request placed uses up its own
+    /// profile's reservation there; one refused for lack of room may hold a region.
     fn decide_one(&self, fit: &Fit<'_>, opts: PlanOptions) -> Result<Plan, LeaseError> {
+        let views = Self::placeable_views(fit.st);
+        let reserve = self.config.partition.reserve;
+        let Shape::Mig { profile, .. } = &fit.ask.shape else {
+            return self.decide_one_on(fit, opts, &views, &|v| v.to_vec());
+        };
+        if !reserve.enabled() {
+            return self.decide_one_on(fit, opts, &views, &|v| v.to_vec());
+        }
+        let now = u64::try_from(fit.ask.now).unwrap_or(0);
+        // Held through the decision (which never waits), so two decisions never
+        // interleave their reservations.
+        let mut guard = self.queue.reservations(reserve);
+        let Some(held) = guard.as_mut() else {
+            return self.decide_one_on(fit, opts, &views, &|v| v.to_vec());
+        };
+        held.refresh(&views, now);
+        let ttl_ms = u64::try_from(fit.ask.ttl.as_millis()).unwrap_or(u64::MAX);
+        let expires_at = Some(now.saturating_add(ttl_ms));
+        let out = {
+            let held: &partition::Reservations = held;
+            // Burst leases are preempted only for room outside the held regions.
+            let outside = |v: &[partition::GpuView]| held.view(v, profile, expires_at);
+            self.decide_one_on(fit, opts, &outside(&views), &outside)
+        };
+        match &out {
+            Ok(Plan::Place(p)) => {
+                for (part, _) in &p.parts {
+                    if let Some(m) = part.mig() {
+                        held.granted(profile, part.gpu, m.placement);
+                    }
+                }
+            }
+            Err(LeaseError::ResourceExhausted(_)) => {
+                held.refused(profile, &views, &Self::instance_ends(fit.st), now);
+            }
+            _ => {}
+        }
+        out
+    }
+
+    /// `views` less the regions held against MIG request `ask` (several instances of
+    /// one profile stay out of other profiles' reservations, but make none).
+    fn outside_held_regions(
+        &self,
+        ask: &Ask<'_>,
+        views: Vec<partition::GpuView>,
+    ) -> Vec<partition::GpuView> {
+        let reserve = self.config.partition.reserve;
+        let Shape::Mig { profile, .. } = &ask.shape else {
+            return views;
+        };
+        if !reserve.enabled() {
+            return views;
+        }
+        let now = u64::try_from(ask.now).unwrap_or(0);
+        let ttl_ms = u64::try_from(ask.ttl.as_millis()).unwrap_or(u64::MAX);
+        let mut guard = self.queue.reservations(reserve);
+        let Some(held) = guard.as_mut() else {
+            return views;
+        };
+        held.refresh(&views, now);
+        held.view(&views, profile, Some(now.saturating_add(ttl_ms)))
+    }
+
+    /// When each leased MIG instance expires at the latest: (GPU, placement, Unix ms).
+    fn instance_ends(st: &State) -> Vec<partition::InstanceEnd> {
+        st.partitions
+            .values()
+            .filter_map(|p| {
+                let m = p.mig()?;
+                let lease = st.leases.get(p.lease_id.as_deref()?)?;
+                Some((
+                    p.gpu,
+                    m.placement,
+                    u64::try_from(lease.expires_at_ms).unwrap_or(0),
+                ))
+            })
+            .collect()
+    }
+
+    /// One partition on `views`: the planner's place, else idle MIG leases moved,
+    /// else burst leases preempted (where `outside` of the held regions, the views
+    /// with the victims gone, has room), else a refusal.
+    fn decide_one_on(
+        &self,
+        fit: &Fit<'_>,
+        opts: PlanOptions,
+        views: &[partition::GpuView],
+        outside: &dyn Fn(&[partition::GpuView]) -> Vec<partition::GpuView>,
+    ) -> Result<Plan, LeaseError> {
         let (st, ask) = (fit.st, fit.ask);
-        let views = Self::placeable_views(st);
         // Temporal packing: the planner weighs when the new lease and those present
         // expire (MIG best fit only; other shapes ignore it).
         let opts = PlanOptions {
             expiry: Some(Self::expiry(st, ask.now, ask.ttl)),
             ..opts
         };
-        let decision = match partition::plan(&ask.shape, &views, &opts) {
+        let decision = match partition::plan(&ask.shape, views, &opts) {
             Ok(d) => d,
             Err(PlanError::NoCapacity(msg))
                 if self.config.partition.move_idle
@@ -92,13 +183,13 @@ impl LeaseManager {
                     && matches!(ask.shape, Shape::Mig { .. }) =>
             {
                 let movable = Self::movable(st);
-                match partition::plan_with_moves(&ask.shape, &views, &opts, &movable) {
+                match partition::plan_with_moves(&ask.shape, views, &opts, &movable) {
                     Ok(p) if !p.moves.is_empty() => return Ok(Plan::Move(p.moves, msg)),
                     Ok(p) => p.decision,
-                    Err(_) => return fit.refused_or_preempt(&opts, msg),
+                    Err(_) => return fit.refused_or_preempt(&opts, msg, outside),
                 }
             }
-            Err(PlanError::NoCapacity(msg)) => return fit.refused_or_preempt(&opts, msg),
+            Err(PlanError::NoCapacity(msg)) => return fit.refused_or_preempt(&opts, msg, outside),
             Err(e) => return Err(e.into()),
         };
         let part = self.partition_for(st, decision, ask, &ask.partition_id)?;
@@ -154,7 +245,7 @@ impl LeaseManager {
     /// else a refusal (idle leases are not moved for several).
     fn decide_several(&self, fit: &Fit<'_>, opts: &PlanOptions) -> Result<Plan, LeaseError> {
         let (st, ask) = (fit.st, fit.ask);
-        let views = Self::placeable_views(st);
+        let views = self.outside_held_regions(ask, Self::placeable_views(st));
         match Self::plan_several(st, ask, &views, opts) {
             Ok(decisions) => {
                 let parts = self.partitions_for_several(st, ask, decisions)?;
@@ -553,8 +644,14 @@ impl Fit<'_> {
 
     /// No room: a guaranteed request may preempt burst leases of other tenants (or
     /// wait for teardowns in progress) and plan again; anything else is refused.
-    fn refused_or_preempt(&self, opts: &PlanOptions, msg: String) -> Result<Plan, LeaseError> {
-        let fits = |v: &[partition::GpuView]| partition::plan(&self.ask.shape, v, opts).is_ok();
+    fn refused_or_preempt(
+        &self,
+        opts: &PlanOptions,
+        msg: String,
+        outside: &dyn Fn(&[partition::GpuView]) -> Vec<partition::GpuView>,
+    ) -> Result<Plan, LeaseError> {
+        let fits =
+            |v: &[partition::GpuView]| partition::plan(&self.ask.shape, &outside(v), opts).is_ok();
         self.preempt_or_refuse(self.victims_if_allowed(&fits), PlanError::NoCapacity(msg))
     }
 

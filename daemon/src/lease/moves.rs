@@ -4,7 +4,9 @@
 //!
 //! A lease is *idle* while it is active, on a dynamic MIG partition that is ready and in
 //! service, it was not pinned to its GPU (`gpu_index`), no container (and no pod) is
-//! bound to it, and no runtime has asked for its devices
+//! bound to it (and no pod holds it, for the Kubernetes device plugin's leases: a
+//! reserved one moves, and the plugin rewrites its CDI spec), and no runtime has asked
+//! for its devices
 //! (ResolveToken) since the daemon started: a runtime that resolved the old devices
 //! never binds to a moved instance. While a lease moves, ResolveToken and
 //! BindContainer refuse it (FAILED_PRECONDITION, retry).
@@ -55,10 +57,10 @@ impl LeaseManager {
                     && !l.pinned_gpu
                     // A multi-partition lease was placed as a whole, by topology.
                     && l.more_partitions.is_empty()
-                    // The device plugin's leases are published as CDI specs naming
-                    // their instance's device nodes, read by the container runtime at
-                    // any time: they stay where they are.
-                    && !l.labels.contains_key(crate::names::LABEL_K8S_CLASS)
+                    // A device plugin lease a pod holds stays where it is (a reserved
+                    // one moves, and the plugin rewrites its CDI spec on `moved`; it
+                    // pins the lease when kubelet allocates it).
+                    && !l.labels.contains_key(crate::names::LABEL_K8S_POD)
                     && !st.resolved.contains(&l.id)
                     && !st.moving.contains(&l.id)
                     && !st.tearing_down.contains(&l.id)

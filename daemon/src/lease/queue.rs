@@ -12,6 +12,10 @@
 //! bounded (`lease.max_queued_per_tenant`, `lease.max_queued`): a call beyond either
 //! bound is refused at once, so no tenant can fill it, nor make every lease event
 //! cost a try for thousands of waiting calls.
+//!
+//! The queue also keeps the node's reservations (`partition::reservation`): regions
+//! held for large MIG requests refused for lack of room, whether they wait here or
+//! their callers try again later. They are soft state, kept in memory only.
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
@@ -20,12 +24,15 @@ use tokio::sync::Notify;
 
 use super::error::LeaseError;
 use super::plan::CreateRequest;
-use crate::partition::Shape;
+use crate::partition::{Reservations, ReserveOptions, Shape};
 
 #[derive(Debug, Default)]
 pub(super) struct AdmissionQueue {
     waiting: Mutex<Waiting>,
     pub(super) room: Notify,
+    /// The regions held for refused large MIG requests (made on first use, with the
+    /// options of the configuration then in force).
+    reservations: Mutex<Option<Reservations>>,
 }
 
 #[derive(Debug, Default)]
@@ -38,6 +45,19 @@ struct Waiting {
 impl AdmissionQueue {
     fn waiting(&self) -> std::sync::MutexGuard<'_, Waiting> {
         self.waiting.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The node's reservations, with `opts` (the configuration's).
+    pub(super) fn reservations(
+        &self,
+        opts: ReserveOptions,
+    ) -> std::sync::MutexGuard<'_, Option<Reservations>> {
+        let mut r = self.reservations.lock().unwrap_or_else(|p| p.into_inner());
+        match r.as_mut() {
+            Some(held) => held.opts = opts,
+            None => *r = Some(Reservations::new(opts)),
+        }
+        r
     }
 
     /// Wake every waiting call to look again.

@@ -669,16 +669,36 @@ async fn leases_in_use_or_pinned_never_move_and_moves_can_be_turned_off() {
     let (a, _) = idle_lease_in_the_way(&mgr, true).await;
     refused(mgr.create(seven_g("big")).await.unwrap_err());
     assert_eq!(mgr.get(&a.lease.id).unwrap().0.gpu, 1);
-    // Reserved by the device plugin: its CDI spec names the instance's nodes.
+    // A device plugin lease a pod holds (a reserved one moves: the plugin rewrites
+    // its CDI spec).
     let dir = tempfile::tempdir().unwrap();
     let (mgr, _) = two_h100(dir.path(), true);
-    let k8s = BTreeMap::from([(
-        crate::names::LABEL_K8S_CLASS.to_string(),
-        "mig-1g.10gb".to_string(),
-    )]);
+    let k8s = BTreeMap::from([
+        (
+            crate::names::LABEL_K8S_CLASS.to_string(),
+            "mig-1g.10gb".to_string(),
+        ),
+        (
+            crate::names::LABEL_K8S_POD.to_string(),
+            "trainer".to_string(),
+        ),
+    ]);
     let (a, _) = idle_lease_in_the_way_labelled(&mgr, false, k8s).await;
     refused(mgr.create(seven_g("big")).await.unwrap_err());
     assert_eq!(mgr.get(&a.lease.id).unwrap().0.gpu, 1);
+    let dir = tempfile::tempdir().unwrap();
+    let (mgr, _) = two_h100(dir.path(), true);
+    let reserved = BTreeMap::from([(
+        crate::names::LABEL_K8S_CLASS.to_string(),
+        "mig-1g.10gb".to_string(),
+    )]);
+    let (a, _) = idle_lease_in_the_way_labelled(&mgr, false, reserved).await;
+    mgr.create(seven_g("big")).await.unwrap();
+    assert_eq!(
+        mgr.get(&a.lease.id).unwrap().0.gpu,
+        0,
+        "a reserved lease moves"
+    );
     // move_idle = false.
     let dir = tempfile::tempdir().unwrap();
     let (mgr, _) = two_h100(dir.path(), false);
@@ -1747,4 +1767,38 @@ async fn a_new_lease_joins_the_gpu_whose_leases_outlast_it() {
         let hour = mgr.create(req).await.unwrap();
         assert_eq!(hour.lease.gpu, want, "expiry_weight = {weight}");
     }
+}
+
+/// A refused 7g holds the GPU whose lease ends first (`partition::reservation`): new
+/// small leases that would outlast it go to the other GPU, and are refused once that
+/// one is full although the held GPU has room; when its lease ends, the 7g fits there.
+#[tokio::test]
+async fn a_refused_7g_holds_the_gpu_that_empties_first_until_it_fits() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mgr, _) = two_h100(dir.path(), false);
+    let one_g = |id: &str, gpu: Option<u32>, ttl_s: u64| CreateRequest {
+        gpu_index: gpu,
+        ttl: Some(Duration::from_secs(ttl_s)),
+        ..mig_request(id)
+    };
+    mgr.create(one_g("long", Some(0), 3600)).await.unwrap();
+    let short = mgr.create(one_g("short", Some(1), 600)).await.unwrap();
+    let err = mgr.create(seven_g("big")).await.unwrap_err();
+    assert!(matches!(err, LeaseError::ResourceExhausted(_)), "{err}");
+    // gpu0 takes six more 1g (seven at most); none goes to the held gpu1.
+    for i in 0..6 {
+        let c = mgr
+            .create(one_g(&format!("f{i}"), None, 3600))
+            .await
+            .unwrap();
+        assert_eq!(c.lease.gpu, 0, "f{i}");
+    }
+    let err = mgr.create(one_g("f6", None, 3600)).await.unwrap_err();
+    assert!(matches!(err, LeaseError::ResourceExhausted(_)), "{err}");
+    // Its lease ends: the 7g gets gpu1.
+    mgr.end(&short.lease.id, LeaseState::Released, "test")
+        .await
+        .unwrap();
+    let big = mgr.create(seven_g("big-again")).await.unwrap();
+    assert_eq!(big.lease.gpu, 1);
 }

@@ -12,6 +12,7 @@ pub mod mig_mps;
 pub mod planner;
 #[cfg(test)]
 mod planner_props;
+pub mod reservation;
 #[cfg(test)]
 pub(crate) mod test_fixtures;
 pub mod topology;
@@ -25,4 +26,7 @@ pub use planner::{
 };
 
 pub use crate::gpu::MpsMode;
+pub use reservation::{
+    InstanceEnd, RESERVE_DEFAULTS_MS, Reservation, Reservations, ReserveOptions,
+};
 pub use view::{GpuView, MpsLoad, MpsShare, OccupiedMig, Shape};
