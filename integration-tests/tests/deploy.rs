@@ -6,7 +6,8 @@
 //! The DRA files (deploy/kubernetes/dra/) parse as the Kubernetes types they are:
 //! device classes selecting the driver's devices by type, sample claims for a MIG
 //! profile and an MPS class, the DaemonSet patch (node name, plugin directories,
-//! service account) and RBAC narrowed to the node's own slices.
+//! service account), RBAC narrowed to the node's own slices and pool, and the
+//! policy that holds pods using ResourceClaims to the tessera runtime class.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -337,9 +338,48 @@ fn the_dra_daemonset_patch_names_the_node_mounts_the_plugin_dirs_and_uses_the_rb
         "{rules}"
     );
     assert!(rules.contains("gpu.tessera.io"), "{rules}");
+    // Another node's pool is refused too (a slice of this node naming node B's pool
+    // at a higher generation would hide B's devices from the scheduler), and an
+    // UPDATE is judged on the slice as it was as well as as it would be.
+    assert!(
+        rules.contains("s.spec.pool.name == variables.userNodeName"),
+        "{rules}"
+    );
+    let vars = serde_json::to_string(&policy["spec"]["variables"]).unwrap();
+    assert!(vars.contains("[oldObject, object]"), "{vars}");
     let binding = rbac
         .iter()
         .find(|d| d["kind"] == "ValidatingAdmissionPolicyBinding")
         .unwrap();
     assert_eq!(binding["spec"]["policyName"], policy["metadata"]["name"]);
+}
+
+#[test]
+fn pods_using_resource_claims_must_use_the_runtime_class() {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+    // Without it, a pod with a gpu.tessera.io claim and no runtimeClassName runs
+    // under plain runc with the claim's CDI devices and token, never judged by
+    // tessera-runtime.
+    let docs = documents("admission-policy.yaml");
+    let policy: ValidatingAdmissionPolicy = typed(&docs[0]);
+    let binding: ValidatingAdmissionPolicyBinding = typed(&docs[1]);
+    let spec = policy.spec.unwrap();
+    assert_eq!(spec.failure_policy.as_deref(), Some("Fail"));
+    let rules = spec.match_constraints.unwrap().resource_rules.unwrap();
+    assert_eq!(
+        rules[0].resources.as_deref(),
+        Some(&["pods".to_string()][..])
+    );
+    let ops = rules[0].operations.clone().unwrap();
+    assert!(ops.contains(&"CREATE".to_string()) && ops.contains(&"UPDATE".to_string()));
+    let vars = serde_json::to_string(&spec.variables).unwrap();
+    assert!(vars.contains("object.spec.resourceClaims"), "{vars}");
+    let rule = &spec.validations.unwrap()[0].expression;
+    assert!(rule.contains("!variables.usesClaims"), "{rule}");
+    assert!(rule.contains("runtimeClassName == 'tessera'"), "{rule}");
+    let b = binding.spec;
+    assert_eq!(Some(b.policy_name), policy.metadata.name);
+    assert_eq!(b.validation_actions, ["Deny"]);
 }

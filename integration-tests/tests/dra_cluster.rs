@@ -730,15 +730,20 @@ async fn a_watch_of_the_nodes_slices_sees_the_publishers_changes() {
 #[test]
 fn the_dra_manifests_validate_against_the_kubernetes_schema() {
     let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let files: Vec<_> = ["deviceclasses.yaml", "rbac.yaml", "sample-claims.yaml"]
-        .iter()
-        .map(|f| repo.join("deploy/kubernetes/dra").join(f))
-        .collect();
+    let files: Vec<_> = [
+        "deviceclasses.yaml",
+        "rbac.yaml",
+        "sample-claims.yaml",
+        "admission-policy.yaml",
+    ]
+    .iter()
+    .map(|f| repo.join("deploy/kubernetes/dra").join(f))
+    .collect();
     let Some((ok, report)) = validate_manifests(&files).unwrap() else {
         return;
     };
     assert!(ok, "{report}");
-    assert_eq!(report.matches(": valid").count(), 12, "{report}");
+    assert_eq!(report.matches(": valid").count(), 14, "{report}");
     // The check can fail: an unknown field in a DeviceClass is refused.
     let dir = tempfile::tempdir().unwrap();
     let text = std::fs::read_to_string(&files[0]).unwrap();

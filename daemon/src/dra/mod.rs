@@ -30,7 +30,8 @@
 //!   `NodeUnprepareResources` answer per claim: one claim's failure is its own
 //!   `error`, never the whole call's.
 //! * `plugin.rs`: a claim becomes leases. Its allocation is read through the
-//!   [`claims::ClaimSource`] (the API server); the results of this driver and this
+//!   [`claims::ClaimSource`] (the API server), before the plugin's one-at-a-time lock
+//!   (a hung API server answer holds up only its own claim); the results of this driver and this
 //!   node's pool (the node name) are ours, the others' ignored. Each device name
 //!   ([`device::DeviceName`]) is a lease at exactly that placement
 //!   ([`crate::lease::ExactPlacement`]: the lease core places it there or refuses,

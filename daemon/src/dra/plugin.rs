@@ -115,35 +115,38 @@ impl DraPlugin {
     /// NodePrepareResources for one claim: its devices' leases (made now, or those
     /// made before for the same claim UID).
     pub async fn prepare(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>, DraError> {
+        check_uid(claim)?;
+        // The allocation is read before taking the lock: a slow or hung API server
+        // answer holds up this claim only, never every other prepare and unprepare.
+        let early = match self.store.dra_claim(&claim.uid)? {
+            Some(rec) if rec.prepared => None,
+            _ => Some(self.claims.allocation(claim).await?),
+        };
         let _one = self.busy.lock().await;
-        let out = self.prepare_locked(claim).await;
+        let out = self.prepare_locked(claim, early).await;
         if let Err(e) = self.reload_prepared() {
             warn!(error = %e, "dra: prepared devices not read again from the store; renewals and health may lag");
         }
         out
     }
 
-    async fn prepare_locked(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>, DraError> {
-        // A UID names files and records: an API server UID's characters only.
-        if claim.uid.is_empty()
-            || claim.uid.len() > 128
-            || !claim
-                .uid
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-')
-        {
-            return Err(DraError::Claim(format!(
-                "claim {}/{}: {:?} is not a UID",
-                claim.namespace, claim.name, claim.uid
-            )));
-        }
+    async fn prepare_locked(
+        &self,
+        claim: &ClaimRef,
+        early: Option<super::claims::ClaimAllocation>,
+    ) -> Result<Vec<PreparedDevice>, DraError> {
         let recorded = self.store.dra_claim(&claim.uid)?;
         if let Some(rec) = &recorded
             && rec.prepared
         {
             return self.answer(rec);
         }
-        let alloc = self.claims.allocation(claim).await?;
+        // Read before the lock, unless the claim was prepared then (and unprepared
+        // since, by a call that held the lock meanwhile).
+        let alloc = match early {
+            Some(a) => a,
+            None => self.claims.allocation(claim).await?,
+        };
         if alloc.uid != claim.uid {
             return Err(DraError::Claim(format!(
                 "the API server's claim {}/{} has UID {}, kubelet asked for {}",
@@ -599,6 +602,23 @@ fn remove_token_spec(dir: &std::path::Path, uid: &str) -> Result<(), DraError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(source) => Err(DraError::Io { path, source }),
     }
+}
+
+/// A UID names files and records: an API server UID's characters only.
+fn check_uid(claim: &ClaimRef) -> Result<(), DraError> {
+    if claim.uid.is_empty()
+        || claim.uid.len() > 128
+        || !claim
+            .uid
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+    {
+        return Err(DraError::Claim(format!(
+            "claim {}/{}: {:?} is not a UID",
+            claim.namespace, claim.name, claim.uid
+        )));
+    }
+    Ok(())
 }
 
 /// The request id of a claim's `i`th device's lease.

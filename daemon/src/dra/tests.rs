@@ -20,11 +20,24 @@ use crate::store::Store;
 use crate::store::{DraClaim, DraDevice};
 
 #[derive(Default)]
-struct Claims(Mutex<HashMap<String, ClaimAllocation>>);
+struct Claims(Mutex<HashMap<String, ClaimAllocation>>, Hang);
+
+/// A claim whose read hangs (a slow API server) until `go`.
+#[derive(Default)]
+struct Hang {
+    uid: Mutex<Option<String>>,
+    entered: tokio::sync::Notify,
+    go: tokio::sync::Notify,
+}
 
 #[tonic::async_trait]
 impl ClaimSource for Claims {
     async fn allocation(&self, claim: &ClaimRef) -> Result<ClaimAllocation, ClaimSourceError> {
+        let hangs = self.1.uid.lock().unwrap().as_deref() == Some(claim.uid.as_str());
+        if hangs {
+            self.1.entered.notify_one();
+            self.1.go.notified().await;
+        }
         self.0
             .lock()
             .unwrap()
@@ -276,4 +289,32 @@ async fn health_follows_the_lease_cores_marks() {
     );
     p.unprepare(&claim("u1")).await.unwrap();
     assert!(rx.borrow().is_empty());
+}
+
+#[tokio::test]
+async fn a_hung_claim_read_holds_up_only_its_own_claim() {
+    let dir = tempfile::tempdir().unwrap();
+    let (p, mgr, claims) = setup(dir.path(), "");
+    claims.set("slow", &["gpu-0-mig-0-1g-10gb"]);
+    claims.set("u2", &["gpu-0-mig-1-1g-10gb"]);
+    *claims.1.uid.lock().unwrap() = Some("slow".into());
+    let slow = tokio::spawn({
+        let p = p.clone();
+        async move { p.prepare(&claim("slow")).await }
+    });
+    claims.1.entered.notified().await;
+    // The API server has not answered for "slow": another claim is still prepared
+    // and unprepared (the guard only turns a wedge into a failure, it times nothing).
+    let other = async {
+        let got = p.prepare(&claim("u2")).await.unwrap();
+        assert_eq!(got.len(), 1);
+        p.unprepare(&claim("u2")).await.unwrap();
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(120), other)
+        .await
+        .expect("a hung claim read wedged every other prepare");
+    claims.1.go.notify_one();
+    let got = slow.await.unwrap().unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(live(&mgr), 1);
 }
