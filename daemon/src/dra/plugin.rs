@@ -154,18 +154,7 @@ impl DraPlugin {
             )));
         }
         let wanted = self.ours(&alloc.devices)?;
-        // A device is one claim's at a time (the scheduler allocates it so): an MPS
-        // slot would otherwise become a second share.
-        let held = self.prepared();
-        if let Some(w) = wanted.iter().find(|w| {
-            held.iter()
-                .any(|(p, d, _)| *p == self.pool && *d == w.device)
-        }) {
-            return Err(DraError::Claim(format!(
-                "device {} is prepared for another claim; unprepare it first",
-                w.device
-            )));
-        }
+        self.refuse_held(&wanted)?;
         let tenant = self.cfg.tenant_of(&claim.namespace).to_string();
         // Recorded before any lease is made: a crash part way leaves a record whose
         // request ids find the leases made (a retry replays them, an unprepare
@@ -177,27 +166,9 @@ impl DraPlugin {
                 // restart): what it made goes first.
                 self.release(&old, "dra: claim prepared again for another tenant")
                     .await?;
-                DraClaim {
-                    uid: claim.uid.clone(),
-                    namespace: claim.namespace.clone(),
-                    name: claim.name.clone(),
-                    tenant: tenant.clone(),
-                    nonce: new_id(""),
-                    prepared: false,
-                    devices: Vec::new(),
-                    created_at_ms: now_ms(),
-                }
+                fresh_record(claim, &tenant)
             }
-            None => DraClaim {
-                uid: claim.uid.clone(),
-                namespace: claim.namespace.clone(),
-                name: claim.name.clone(),
-                tenant: tenant.clone(),
-                nonce: new_id(""),
-                prepared: false,
-                devices: Vec::new(),
-                created_at_ms: now_ms(),
-            },
+            None => fresh_record(claim, &tenant),
         };
         rec.devices = wanted
             .iter()
@@ -225,6 +196,22 @@ impl DraPlugin {
                     .await;
                 Err(e)
             }
+        }
+    }
+
+    /// A device is one claim's at a time (the scheduler allocates it so): an MPS slot
+    /// would otherwise become a second share.
+    fn refuse_held(&self, wanted: &[Wanted]) -> Result<(), DraError> {
+        let held = self.prepared();
+        match wanted.iter().find(|w| {
+            held.iter()
+                .any(|(p, d, _)| *p == self.pool && *d == w.device)
+        }) {
+            Some(w) => Err(DraError::Claim(format!(
+                "device {} is prepared for another claim; unprepare it first",
+                w.device
+            ))),
+            None => Ok(()),
         }
     }
 
@@ -645,5 +632,20 @@ impl DraPlugin {
         &self,
     ) -> tokio::sync::broadcast::Receiver<Arc<crate::lease::LeaseEvent>> {
         self.mgr.subscribe()
+    }
+}
+
+/// A claim's record before any of its leases is made: a new nonce names their
+/// request ids.
+fn fresh_record(claim: &ClaimRef, tenant: &str) -> DraClaim {
+    DraClaim {
+        uid: claim.uid.clone(),
+        namespace: claim.namespace.clone(),
+        name: claim.name.clone(),
+        tenant: tenant.to_string(),
+        nonce: new_id(""),
+        prepared: false,
+        devices: Vec::new(),
+        created_at_ms: now_ms(),
     }
 }

@@ -99,6 +99,33 @@ pub(super) fn decide(
     }
 }
 
+/// The placement of `prof` that starts at `start`, or why there is none.
+fn placement_at(
+    prof: &crate::gpu::GiProfile,
+    gpu: u32,
+    start: u32,
+) -> Result<crate::gpu::Placement, LeaseError> {
+    prof.placements
+        .iter()
+        .copied()
+        .find(|p| p.start == start)
+        .ok_or_else(|| {
+            let starts: Vec<String> = prof
+                .placements
+                .iter()
+                .map(|p| p.start.to_string())
+                .collect();
+            invalid(
+                "placement",
+                format!(
+                    "{start} is not a placement start of {} on gpu{gpu} (its starts: {})",
+                    prof.name,
+                    starts.join(", ")
+                ),
+            )
+        })
+}
+
 /// A MIG instance of `profile` at placement `start` on `view`'s GPU: the free
 /// static-pool instance there, or a new one when the slices are free.
 fn mig_at(
@@ -120,31 +147,14 @@ fn mig_at(
             format!("gpu{gpu} offers no MIG profile {profile}"),
         ));
     };
-    let Some(placement) = prof.placements.iter().copied().find(|p| p.start == start) else {
-        let starts: Vec<String> = prof
-            .placements
-            .iter()
-            .map(|p| p.start.to_string())
-            .collect();
-        return Err(invalid(
-            "placement",
-            format!(
-                "{start} is not a placement start of {} on gpu{gpu} (its starts: {})",
-                prof.name,
-                starts.join(", ")
-            ),
-        ));
-    };
-    let ci_profile_id = match compute_profile {
-        None => None,
-        Some(c) => Some(
-            prof.ci_profile(c)
-                .ok_or_else(|| {
-                    invalid("shape", format!("{} has no compute profile {c}", prof.name))
-                })?
-                .id,
-        ),
-    };
+    let placement = placement_at(prof, gpu, start)?;
+    let ci_profile_id = compute_profile
+        .map(|c| {
+            prof.ci_profile(c).map(|ci| ci.id).ok_or_else(|| {
+                invalid("shape", format!("{} has no compute profile {c}", prof.name))
+            })
+        })
+        .transpose()?;
     let what = format!(
         "{} at placement {start} on gpu{gpu} (memory slices {}..{})",
         prof.name,

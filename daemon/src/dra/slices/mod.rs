@@ -147,6 +147,54 @@ struct Planned {
     taint: Option<String>,
 }
 
+/// Whole GPUs' devices packed into device slices, in order; within a slice, the
+/// devices of its GPUs in one order (best fit's across GPUs: least loss first, then
+/// the fuller GPU).
+fn pack(per_gpu: Vec<Vec<(OrderKey, Device)>>) -> Vec<Vec<Device>> {
+    let mut packed: Vec<Vec<(OrderKey, Device)>> = Vec::new();
+    for devices in per_gpu {
+        match packed.last_mut() {
+            Some(last) if last.len() + devices.len() <= MAX_DEVICES => last.extend(devices),
+            _ => packed.push(devices),
+        }
+    }
+    packed
+        .into_iter()
+        .map(|mut v| {
+            v.sort_by_key(|(k, _)| *k);
+            v.into_iter().map(|(_, d)| d).collect()
+        })
+        .collect()
+}
+
+/// One slice of this node's pool.
+fn one_slice(
+    cfg: &SliceConfig,
+    pool: &ResourcePool,
+    name: String,
+    devices: Option<Vec<Device>>,
+    shared: Option<Vec<CounterSet>>,
+) -> ResourceSlice {
+    ResourceSlice {
+        metadata: ObjectMeta {
+            name: Some(name),
+            labels: Some(BTreeMap::from([(
+                SLICE_LABEL.to_string(),
+                DRIVER_NAME.to_string(),
+            )])),
+            ..ObjectMeta::default()
+        },
+        spec: ResourceSliceSpec {
+            driver: DRIVER_NAME.to_string(),
+            node_name: Some(cfg.node_name.clone()),
+            pool: pool.clone(),
+            devices,
+            shared_counters: shared,
+            ..ResourceSliceSpec::default()
+        },
+    }
+}
+
 /// The slices of the pool at `generation`: counter slices first, then device slices.
 /// Every slice names the same pool, generation and slice count.
 pub fn build(
@@ -176,53 +224,21 @@ pub fn build(
             per_gpu.push(devices);
         }
     }
-    // Pack whole GPUs into device slices, in order; within a slice, the devices of
-    // its GPUs in one order (best fit's across GPUs: least loss first, then the
-    // fuller GPU).
-    let mut packed: Vec<Vec<(OrderKey, Device)>> = Vec::new();
-    for devices in per_gpu {
-        match packed.last_mut() {
-            Some(last) if last.len() + devices.len() <= MAX_DEVICES => last.extend(devices),
-            _ => packed.push(devices),
-        }
-    }
-    let device_slices: Vec<Vec<Device>> = packed
-        .into_iter()
-        .map(|mut v| {
-            v.sort_by_key(|(k, _)| *k);
-            v.into_iter().map(|(_, d)| d).collect()
-        })
-        .collect();
+    let device_slices = pack(per_gpu);
     let counter_slices: Vec<Vec<CounterSet>> = counter_sets
         .chunks(MAX_COUNTER_SETS)
         .map(<[CounterSet]>::to_vec)
         .collect();
-    let count = i64::try_from(counter_slices.len() + device_slices.len()).unwrap_or(i64::MAX);
     // An empty pool is still one slice, so that the pool says "no devices".
-    let count = count.max(1);
+    let count = i64::try_from(counter_slices.len() + device_slices.len())
+        .unwrap_or(i64::MAX)
+        .max(1);
     let pool = ResourcePool {
         name: cfg.node_name.clone(),
         generation,
         resource_slice_count: count,
     };
-    let slice = |name: String, devices, shared| ResourceSlice {
-        metadata: ObjectMeta {
-            name: Some(name),
-            labels: Some(BTreeMap::from([(
-                SLICE_LABEL.to_string(),
-                DRIVER_NAME.to_string(),
-            )])),
-            ..ObjectMeta::default()
-        },
-        spec: ResourceSliceSpec {
-            driver: DRIVER_NAME.to_string(),
-            node_name: Some(cfg.node_name.clone()),
-            pool: pool.clone(),
-            devices,
-            shared_counters: shared,
-            ..ResourceSliceSpec::default()
-        },
-    };
+    let slice = |name: String, devices, shared| one_slice(cfg, &pool, name, devices, shared);
     let mut out = Vec::new();
     for (i, sets) in counter_slices.into_iter().enumerate() {
         out.push(slice(
