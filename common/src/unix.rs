@@ -1,4 +1,5 @@
-//! A gRPC channel to tesserad over its unix socket (one HTTP/2 connection).
+//! Unix sockets: a gRPC channel to tesserad over its socket (one HTTP/2
+//! connection), and binding a server's socket with its mode already set.
 
 use std::path::{Path, PathBuf};
 
@@ -39,9 +40,60 @@ pub async fn channel(socket: &Path) -> Result<Channel, ConnectError> {
         })
 }
 
+/// Bind a server's unix socket at `path` with `mode`, replacing what is there (a
+/// stale socket of an earlier run): the socket is bound under a temporary name in the
+/// same directory, given `mode`, then renamed over `path`, so nothing ever connects
+/// to it with the mode the umask gave. The parent directory is made if absent.
+pub fn bind_socket(path: &Path, mode: u32) -> std::io::Result<tokio::net::UnixListener> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+    let tmp = dir.join(format!(
+        ".{}.{}.tmp",
+        name.as_deref().unwrap_or("socket"),
+        std::process::id()
+    ));
+    match std::fs::remove_file(&tmp) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let listener = tokio::net::UnixListener::bind(&tmp)?;
+    let placed = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if let Err(e) = placed {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    Ok(listener)
+}
+
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_bound_socket_replaces_a_stale_one_with_its_mode_and_no_temporary_left() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/plugin.sock");
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, b"stale").unwrap();
+        let listener = bind_socket(&path, 0o600).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let entries: Vec<_> = std::fs::read_dir(path.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(entries, vec![std::ffi::OsString::from("plugin.sock")]);
+        let connect = tokio::net::UnixStream::connect(&path);
+        let (client, accepted) = tokio::join!(connect, listener.accept());
+        client.unwrap();
+        accepted.unwrap();
+    }
 
     #[tokio::test]
     async fn a_missing_socket_is_an_error_naming_it() {

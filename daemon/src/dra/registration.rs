@@ -2,7 +2,7 @@
 //! finds in `plugins_registry`, and `dra.sock`, the endpoint it names. Each is
 //! served until stop, and made again when its file is removed or replaced.
 
-use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -61,22 +61,11 @@ pub(super) struct Sockets {
 }
 
 fn bind(path: &Path) -> Result<tokio::net::UnixListener, DraError> {
-    let io = |source| DraError::Io {
+    // Prepare makes leases for any namespace's tenant: kubelet (root) only.
+    tessera_common::unix::bind_socket(path, 0o600).map_err(|source| DraError::Io {
         path: path.to_path_buf(),
         source,
-    };
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(io)?;
-    }
-    match std::fs::remove_file(path) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io(e)),
-    }
-    let l = tokio::net::UnixListener::bind(path).map_err(io)?;
-    // Prepare makes leases for any namespace's tenant: kubelet (root) only.
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(io)?;
-    Ok(l)
+    })
 }
 
 fn serve(plugin: &Arc<DraPlugin>, which: Which, path: PathBuf) -> Result<Served, DraError> {

@@ -3,7 +3,7 @@
 //! socket there and makes a new kubelet.sock), and the PodResources List.
 
 use std::collections::BTreeMap;
-use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -51,19 +51,11 @@ struct Endpoint {
 }
 
 fn bind(path: &Path) -> Result<tokio::net::UnixListener, K8sError> {
-    let io = |source| K8sError::Io {
+    // Allocate answers lease tokens: kubelet (root) only.
+    tessera_common::unix::bind_socket(path, 0o600).map_err(|source| K8sError::Io {
         path: path.to_path_buf(),
         source,
-    };
-    match std::fs::remove_file(path) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io(e)),
-    }
-    let l = tokio::net::UnixListener::bind(path).map_err(io)?;
-    // Allocate answers lease tokens: kubelet (root) only.
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(io)?;
-    Ok(l)
+    })
 }
 
 fn serve(

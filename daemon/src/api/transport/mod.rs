@@ -39,28 +39,16 @@ pub enum ServeError {
 
 /// Bind the unix socket (removing a stale one), set its mode, and return the listener.
 pub fn bind_unix(path: &Path, mode: u32) -> Result<tokio::net::UnixListener, ServeError> {
-    use std::os::unix::fs::PermissionsExt;
     let io = |source| ServeError::Io {
         path: path.to_path_buf(),
         source,
     };
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(|source| ServeError::Io {
-            path: dir.to_path_buf(),
-            source,
-        })?;
+    if path.exists() && std::os::unix::net::UnixStream::connect(path).is_ok() {
+        return Err(ServeError::InUse {
+            path: path.to_path_buf(),
+        });
     }
-    if path.exists() {
-        if std::os::unix::net::UnixStream::connect(path).is_ok() {
-            return Err(ServeError::InUse {
-                path: path.to_path_buf(),
-            });
-        }
-        std::fs::remove_file(path).map_err(io)?;
-    }
-    let listener = tokio::net::UnixListener::bind(path).map_err(io)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(io)?;
-    Ok(listener)
+    tessera_common::unix::bind_socket(path, mode).map_err(io)
 }
 
 async fn router(service: TesseraService) -> Result<tonic::service::Routes, ServeError> {
