@@ -44,11 +44,19 @@ pub async fn start(
     Ok((plugin, task))
 }
 
-/// Serve until `stop`: the sockets (made again when removed), renewals and health.
+/// How often prepared claims are looked up on the API server for ones kubelet never
+/// unprepared ([`DraPlugin::sweep_orphans`]).
+pub const ORPHAN_SWEEP: std::time::Duration = std::time::Duration::from_secs(60);
+/// How long such a claim must have been gone before its leases are released.
+pub const ORPHAN_GRACE: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// Serve until `stop`: the sockets (made again when removed), renewals, health and
+/// the orphan sweep.
 async fn run(plugin: Arc<DraPlugin>, mut served: Sockets, mut stop: watch::Receiver<bool>) {
     let mut events = plugin.mgr_subscribe();
     let interval = plugin.config().poll_interval;
     let mut next = tokio::time::Instant::now() + interval;
+    let mut next_sweep = tokio::time::Instant::now() + ORPHAN_SWEEP;
     loop {
         tokio::select! {
             _ = tokio::time::sleep_until(next) => {}
@@ -64,6 +72,10 @@ async fn run(plugin: Arc<DraPlugin>, mut served: Sockets, mut stop: watch::Recei
         plugin.renew().await;
         plugin.refresh_health();
         served.keep(&plugin);
+        if tokio::time::Instant::now() >= next_sweep {
+            plugin.sweep_orphans(ORPHAN_GRACE).await;
+            next_sweep = tokio::time::Instant::now() + ORPHAN_SWEEP;
+        }
         next = tokio::time::Instant::now() + interval;
     }
     served.shutdown().await;

@@ -17,7 +17,7 @@ use crate::names::new_id;
 use crate::partition::Shape;
 use crate::store::{DraClaim, DraDevice, Store};
 
-use super::claims::{ClaimRef, ClaimSource};
+use super::claims::{ClaimRef, ClaimSource, ClaimSourceError};
 use super::device::DeviceName;
 use super::{DRIVER_NAME, DraError, LABEL_CLAIM, LABEL_CLAIM_UID, LABEL_NAMESPACE};
 
@@ -57,6 +57,9 @@ pub struct DraPlugin {
     /// The prepared claims' devices, (pool, device, lease id): the store's, kept in
     /// memory for renewals and health (read on every lease event).
     prepared: std::sync::Mutex<Vec<(String, String, String)>>,
+    /// Prepared claims the API server answered as gone: UID -> when first seen so
+    /// ([`DraPlugin::sweep_orphans`]).
+    orphans: std::sync::Mutex<BTreeMap<String, i64>>,
 }
 
 impl std::fmt::Debug for DraPlugin {
@@ -99,6 +102,7 @@ impl DraPlugin {
             nvidia,
             health: watch::channel(Vec::new()).0,
             prepared: std::sync::Mutex::new(Vec::new()),
+            orphans: std::sync::Mutex::new(BTreeMap::new()),
         });
         plugin.reload_prepared()?;
         Ok(plugin)
@@ -477,6 +481,61 @@ impl DraPlugin {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    /// Release what kubelet never unprepared. kubelet unprepares a claim before its
+    /// pod's sandbox goes; a claim it never unprepared (its pod force-deleted while
+    /// the node was away, kubelet's state wiped) would keep its leases, renewed, for
+    /// good. A prepared claim the API server answers as gone (deleted, recreated
+    /// under another UID, or no longer allocated) is unprepared here once it has
+    /// been gone for `grace` on every sweep since it was first seen so. An API server
+    /// that does not answer proves nothing: it neither starts nor ends the wait.
+    pub async fn sweep_orphans(&self, grace: std::time::Duration) {
+        let claims = match self.store.dra_claims() {
+            Ok(c) => c,
+            Err(e) => {
+                warn!(error = %e, "dra: prepared claims not read for the orphan sweep");
+                return;
+            }
+        };
+        let now = now_ms();
+        let grace = i64::try_from(grace.as_millis()).unwrap_or(i64::MAX);
+        let mut due = Vec::new();
+        for c in claims.into_iter().filter(|c| c.prepared) {
+            let r = ClaimRef {
+                namespace: c.namespace.clone(),
+                name: c.name.clone(),
+                uid: c.uid.clone(),
+            };
+            let gone = match self.claims.allocation(&r).await {
+                Ok(a) => a.uid != c.uid,
+                Err(ClaimSourceError::NotFound(_) | ClaimSourceError::NotAllocated(_)) => true,
+                Err(ClaimSourceError::Api { .. }) => continue,
+            };
+            let mut orphans = self.orphans.lock().unwrap_or_else(|p| p.into_inner());
+            if !gone {
+                orphans.remove(&c.uid);
+                continue;
+            }
+            let since = *orphans.entry(c.uid.clone()).or_insert(now);
+            if now.saturating_sub(since) >= grace {
+                due.push(r);
+            }
+        }
+        for r in due {
+            warn!(claim = %r, "dra: the API server no longer has this prepared claim and kubelet never unprepared it: releasing its leases");
+            match self.unprepare(&r).await {
+                Ok(()) => {
+                    self.orphans
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .remove(&r.uid);
+                }
+                Err(e) => {
+                    warn!(claim = %r, error = %e, "dra: orphaned claim not released; tried again at the next sweep")
+                }
+            }
+        }
     }
 
     /// Renew the prepared claims' leases that are past half their TTL.

@@ -19,8 +19,14 @@ use crate::partition::Shape;
 use crate::store::Store;
 use crate::store::{DraClaim, DraDevice};
 
+/// The API server's claims as the test sets them; while `.2` is set, every read
+/// fails as an unreachable API server's does.
 #[derive(Default)]
-struct Claims(Mutex<HashMap<String, ClaimAllocation>>, Hang);
+struct Claims(
+    Mutex<HashMap<String, ClaimAllocation>>,
+    Hang,
+    std::sync::atomic::AtomicBool,
+);
 
 /// A claim whose read hangs (a slow API server) until `go`.
 #[derive(Default)]
@@ -33,6 +39,12 @@ struct Hang {
 #[tonic::async_trait]
 impl ClaimSource for Claims {
     async fn allocation(&self, claim: &ClaimRef) -> Result<ClaimAllocation, ClaimSourceError> {
+        if self.2.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(ClaimSourceError::Api {
+                claim: claim.to_string(),
+                message: "connection refused".into(),
+            });
+        }
         let hangs = self.1.uid.lock().unwrap().as_deref() == Some(claim.uid.as_str());
         if hangs {
             self.1.entered.notify_one();
@@ -317,4 +329,49 @@ async fn a_hung_claim_read_holds_up_only_its_own_claim() {
     let got = slow.await.unwrap().unwrap();
     assert_eq!(got.len(), 1);
     assert_eq!(live(&mgr), 1);
+}
+
+/// A claim gone from the API server that kubelet never unprepared is released once
+/// it has been gone for the grace; one still there, or an API server that does not
+/// answer, releases nothing.
+#[tokio::test]
+async fn claims_kubelet_never_unprepared_are_released_once_gone_for_the_grace() {
+    use std::sync::atomic::Ordering;
+    use std::time::Duration;
+    let dir = tempfile::tempdir().unwrap();
+    let (p, mgr, claims) = setup(dir.path(), "");
+    claims.set("kept", &["gpu-0-mig-0-1g-10gb"]);
+    claims.set("gone", &["gpu-0-mig-1-1g-10gb"]);
+    p.prepare(&claim("kept")).await.unwrap();
+    p.prepare(&claim("gone")).await.unwrap();
+    assert_eq!(live(&mgr), 2);
+    claims.0.lock().unwrap().remove("gone");
+
+    // The API server does not answer: nothing is released, however long.
+    claims.2.store(true, Ordering::SeqCst);
+    p.sweep_orphans(Duration::ZERO).await;
+    assert_eq!(live(&mgr), 2, "an unreachable API server proves nothing");
+    claims.2.store(false, Ordering::SeqCst);
+
+    // Gone, but not for the grace yet.
+    p.sweep_orphans(Duration::from_secs(3600)).await;
+    assert_eq!(live(&mgr), 2, "released before its grace");
+    assert!(p.store.dra_claim("gone").unwrap().is_some());
+
+    // Gone for the grace: released, its record and token spec gone; the other kept.
+    p.sweep_orphans(Duration::ZERO).await;
+    assert_eq!(live(&mgr), 1);
+    assert!(p.store.dra_claim("gone").unwrap().is_none());
+    assert!(
+        !dir.path().join("cdi/tessera.io-claim-gone.json").exists(),
+        "the token spec goes with it"
+    );
+    assert!(p.store.dra_claim("kept").unwrap().is_some());
+
+    // A claim recreated under the same name is another claim: the old one is gone.
+    let mut swapped = claims.0.lock().unwrap().get("kept").cloned().unwrap();
+    swapped.uid = "kept-again".into();
+    claims.0.lock().unwrap().insert("kept".into(), swapped);
+    p.sweep_orphans(Duration::ZERO).await;
+    assert_eq!(live(&mgr), 0);
 }
