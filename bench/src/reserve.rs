@@ -1,5 +1,6 @@
 //! Reservations for MIG requests that wait in the trace model's admission queue (its
-//! "queue-reserve" policy; the daemon's own admission queue holds no regions).
+//! "queue-reserve" policy, one region per waiting request; the daemon's own regions,
+//! held for refused large profiles, are `tesserad::partition::reservation`).
 //!
 //! A request the planner refuses may wait for room. While it waits, one (GPU,
 //! placement) is *reserved* for it: the region whose present instances are the least to wait for (fewest memory
