@@ -13,7 +13,7 @@
 
 use tesserad::gpu::Placement;
 use tesserad::partition::fragmentation::instance_count;
-use tesserad::partition::{GpuView, Movable, OccupiedMig};
+use tesserad::partition::{GpuView, Movable};
 
 /// A region held for a waiting request of GI profile `gi_profile_id`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,11 +117,7 @@ pub fn hold(gpus: &[GpuView], held: &[Reservation]) -> Vec<GpuView> {
     let mut out = gpus.to_vec();
     for r in held {
         if let Some(g) = out.iter_mut().find(|g| g.info.index == r.gpu) {
-            g.mig.push(OccupiedMig {
-                gi_profile_id: r.gi_profile_id,
-                placement: r.placement,
-                free_static: None,
-            });
+            g.hold_region(r.gi_profile_id, r.placement);
         }
     }
     out
@@ -134,6 +130,7 @@ mod tests {
     use proptest::prelude::*;
     use tesserad::gpu::profiles::GpuModel;
     use tesserad::gpu::{GiProfile, GpuInfo};
+    use tesserad::partition::OccupiedMig;
     use tesserad::partition::{
         MovePlan, PlanDecision, PlanOptions, Shape, Strategy, plan, plan_with_moves,
     };

@@ -153,11 +153,7 @@ impl Reservations {
             .filter(|r| Self::keeps_out(r, profile, expires_at))
         {
             if let Some(g) = out.iter_mut().find(|g| g.info.index == r.gpu) {
-                g.mig.push(OccupiedMig {
-                    gi_profile_id: r.gi_profile_id,
-                    placement: r.placement,
-                    free_static: None,
-                });
+                g.hold_region(r.gi_profile_id, r.placement);
             }
         }
         out

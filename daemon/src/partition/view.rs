@@ -140,6 +140,17 @@ pub struct GpuView {
 }
 
 impl GpuView {
+    /// Count the region of GI profile `gi_profile_id` at `placement` as present (an
+    /// instance that is never free and never moves): what a held region is to the
+    /// planner.
+    pub fn hold_region(&mut self, gi_profile_id: u32, placement: Placement) {
+        self.mig.push(OccupiedMig {
+            gi_profile_id,
+            placement,
+            free_static: None,
+        });
+    }
+
     /// The GI profile of this name ("1g.10gb", any case) this GPU offers.
     pub fn gi_profile(&self, name: &str) -> Option<&GiProfile> {
         self.profiles
