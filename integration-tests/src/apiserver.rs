@@ -14,7 +14,7 @@ use std::process::{Child, Command, Stdio};
 
 use anyhow::{Context, bail};
 
-use crate::python::{repo, say};
+use crate::python::{python_with_or_skip, repo};
 
 /// A running stand-in.
 pub struct ApiServer {
@@ -29,42 +29,13 @@ impl Drop for ApiServer {
     }
 }
 
-/// The Python with kubernetes-validate, or why there is none.
-fn python() -> Result<PathBuf, String> {
-    let py = std::env::var_os("TESSERA_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("python3"));
-    let out = Command::new(&py)
-        .args(["-c", "import kubernetes_validate, jsonschema"])
-        .output()
-        .map_err(|e| format!("{}: {e}", py.display()))?;
-    if !out.status.success() {
-        return Err(format!(
-            "{} lacks kubernetes-validate (`make pyvenv` installs it): {}",
-            py.display(),
-            String::from_utf8_lossy(&out.stderr)
-                .lines()
-                .last()
-                .unwrap_or("")
-                .trim()
-        ));
-    }
-    Ok(py)
-}
-
-/// The Python for the stand-in, or None after printing SKIPPED (an error under
-/// `TESSERA_REQUIRE_PYTHON=1`).
+/// The Python for the stand-in (with kubernetes-validate), or None after printing
+/// SKIPPED (an error under `TESSERA_REQUIRE_PYTHON=1`).
 fn python_or_skip() -> anyhow::Result<Option<PathBuf>> {
-    match python() {
-        Ok(py) => Ok(Some(py)),
-        Err(why) if std::env::var("TESSERA_REQUIRE_PYTHON").as_deref() == Ok("1") => {
-            bail!("TESSERA_REQUIRE_PYTHON=1 but {why}")
-        }
-        Err(why) => {
-            say(&format!("SKIPPED: {why}"));
-            Ok(None)
-        }
-    }
+    python_with_or_skip(
+        &["kubernetes_validate", "jsonschema"],
+        "kubernetes-validate",
+    )
 }
 
 /// Checks the documents of YAML manifests against the Kubernetes 1.36 schemas (and

@@ -24,18 +24,19 @@ pub fn say(line: &str) {
     let _ = writeln!(std::io::stderr(), "{line}");
 }
 
-/// The Python to use, or why there is none.
-fn python() -> Result<PathBuf, String> {
+/// The Python to use if it can import every one of `modules`, or why there is none
+/// (`lacks` names the packages for the message).
+fn python(modules: &[&str], lacks: &str) -> Result<PathBuf, String> {
     let py = std::env::var_os("TESSERA_PYTHON")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("python3"));
     let out = Command::new(&py)
-        .args(["-c", "import grpc, grpc_tools, pytest"])
+        .args(["-c", &format!("import {}", modules.join(", "))])
         .output()
         .map_err(|e| format!("{}: {e}", py.display()))?;
     if !out.status.success() {
         return Err(format!(
-            "{} lacks grpcio, grpcio-tools or pytest (`make pyvenv` installs them): {}",
+            "{} lacks {lacks} (`make pyvenv` installs them): {}",
             py.display(),
             String::from_utf8_lossy(&out.stderr)
                 .lines()
@@ -47,10 +48,10 @@ fn python() -> Result<PathBuf, String> {
     Ok(py)
 }
 
-/// The Python with grpcio, or `None` after printing SKIPPED with the reason; an
-/// error when `TESSERA_REQUIRE_PYTHON=1` forbids skipping.
-pub fn python_or_skip() -> anyhow::Result<Option<PathBuf>> {
-    match python() {
+/// The Python that imports `modules`, or `None` after printing SKIPPED with the
+/// reason; an error when `TESSERA_REQUIRE_PYTHON=1` forbids skipping.
+pub fn python_with_or_skip(modules: &[&str], lacks: &str) -> anyhow::Result<Option<PathBuf>> {
+    match python(modules, lacks) {
         Ok(py) => Ok(Some(py)),
         Err(why) if std::env::var("TESSERA_REQUIRE_PYTHON").as_deref() == Ok("1") => {
             bail!("TESSERA_REQUIRE_PYTHON=1 but {why}")
@@ -60,6 +61,15 @@ pub fn python_or_skip() -> anyhow::Result<Option<PathBuf>> {
             Ok(None)
         }
     }
+}
+
+/// The Python with grpcio, or `None` after printing SKIPPED with the reason; an
+/// error when `TESSERA_REQUIRE_PYTHON=1` forbids skipping.
+pub fn python_or_skip() -> anyhow::Result<Option<PathBuf>> {
+    python_with_or_skip(
+        &["grpc", "grpc_tools", "pytest"],
+        "grpcio, grpcio-tools or pytest",
+    )
 }
 
 /// Python stubs for `files` (paths below proto/), generated into `out`.
